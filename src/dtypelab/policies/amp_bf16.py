@@ -1,0 +1,18 @@
+"""Autocast to bfloat16: float32 master weights, bf16 matmuls/convs. No loss scaling needed."""
+
+import torch
+
+from ..hardware import HardwareInfo
+from .base import AutocastPolicy
+
+
+class AmpBF16(AutocastPolicy):
+    name = "amp-bf16"
+    summary = "torch.autocast(bfloat16) with float32 weights"
+    compute_dtype = "bfloat16"
+    dtype = torch.bfloat16
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        if hw.is_cuda and hw.native("bfloat16") is False:
+            return f"bfloat16 autocast needs compute capability >= 8.0 (this GPU is {hw.cuda_capability})"
+        return None

@@ -1,0 +1,101 @@
+"""The precision-policy interface: hooks that default to no-ops, overridden per policy."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..hardware import HardwareInfo
+from ..task import map_tensors
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a policy can run here; ``slow`` means it can but was measured pathologically slow."""
+
+    ok: bool
+    reason: str = ""
+    slow: bool = False
+
+
+class Policy:
+    """One way to run a model's numerics. Subclasses override only the hooks they need.
+
+    Order of use in a training step: ``session()`` around the whole run (process-wide flags),
+    ``convert_module`` once, then per step ``convert_inputs`` -> ``forward_context`` (forward + loss)
+    -> ``backward`` -> ``optimizer_step``.
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    compute_dtype: ClassVar[str] = "float32"  # what the matmuls run in; the probe's throughput key
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+
+    # --- applicability -------------------------------------------------------------------------
+    def supported(self, hw: HardwareInfo) -> str | None:
+        """Why this policy cannot run on this hardware at all, or None when it can."""
+        return None
+
+    def availability(self, hw: HardwareInfo) -> Availability:
+        why_not = self.supported(hw)
+        if why_not:
+            return Availability(False, why_not)
+        slow = hw.slow_reason(self.compute_dtype)
+        if slow:
+            return Availability(True, slow, slow=True)
+        return Availability(True)
+
+    # --- hooks ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """Set process-wide state for the run and restore it afterwards."""
+        yield
+
+    def convert_module(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def convert_inputs(self, batch: Any) -> Any:
+        return batch
+
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step the optimizer; return False when the step was skipped (e.g. inf gradients)."""
+        optimizer.step()
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        """Policy-specific measurements to keep in the record (e.g. GradScaler history)."""
+        return {}
+
+
+class CastPolicy(Policy):
+    """Pure low/high precision: parameters, buffers and floating inputs all cast to one dtype."""
+
+    dtype: ClassVar[torch.dtype]
+
+    def convert_module(self, model: nn.Module) -> nn.Module:
+        return model.to(self.dtype)
+
+    def convert_inputs(self, batch: Any) -> Any:
+        return map_tensors(lambda t: t.to(self.dtype) if t.is_floating_point() else t, batch)
+
+
+class AutocastPolicy(Policy):
+    """Weights stay float32; autocast runs eligible ops in a lower precision during forward."""
+
+    dtype: ClassVar[torch.dtype]
+
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(self.device.type, dtype=self.dtype)

@@ -1,0 +1,18 @@
+"""Pure bfloat16: fp32's range with 8 bits of mantissa, weights and optimizer state included."""
+
+import torch
+
+from ..hardware import HardwareInfo
+from .base import CastPolicy
+
+
+class BF16(CastPolicy):
+    name = "bf16"
+    summary = "bfloat16 weights, activations, gradients and optimizer state"
+    compute_dtype = "bfloat16"
+    dtype = torch.bfloat16
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        if hw.is_cuda and hw.native("bfloat16") is False:
+            return f"bfloat16 needs compute capability >= 8.0 (this GPU is {hw.cuda_capability})"
+        return None

@@ -1,0 +1,129 @@
+"""Renderers: terminal table, Markdown, HTML and JSON. They only read Report records."""
+
+from __future__ import annotations
+
+import html
+import math
+
+from .policies import BASELINE
+from .recommend import Recommendation, recommend, speedup
+from .results import PolicyResult, Report
+
+FORMATS = ("table", "markdown", "html", "json")
+MB = 2**20
+
+
+def _num(x: float | None, fmt: str = ".4g") -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return format(x, fmt)
+
+
+def _timing(r: PolicyResult) -> str:
+    t = r.timing
+    if t is None:
+        return "—"
+    text = f"{t.median * 1e3:.3g} ± {t.iqr * 1e3:.2g}"
+    return text + " (noisy)" if t.noisy else text
+
+
+def _delta(r: PolicyResult, base: PolicyResult | None, metric: str) -> str:
+    v, b = r.metric(metric), base.metric(metric) if base else None
+    if v is None or b is None or r.policy == BASELINE:
+        return "—"
+    if not (math.isfinite(v) and math.isfinite(b)):
+        return "—"
+    rel = f" ({(v - b) / abs(b) * 100:+.1f}%)" if b else ""
+    return f"{v - b:+.3g}{rel}"
+
+
+def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[list[str]]]:
+    """Headers and cell texts shared by every renderer."""
+    cfg = report.config
+    metric = cfg.metric + (" ↑" if cfg.higher_is_better else " ↓")
+    base = report.result(BASELINE)
+    infer = cfg.mode == "infer"
+    headers = ["policy", "status", "latency ms (median ± IQR)" if infer else "step ms (median ± IQR)",
+               "speedup", "samples/s", "peak MB", "size MB"]
+    headers += ["max abs err", "SQNR dB"] if infer else ["final loss"]
+    headers += [metric, f"Δ {cfg.metric}", "verdict"]
+    rows = []
+    for r in report.results:
+        sp = speedup(r, base) if base and r.ran else None
+        row = [r.policy, r.status, _timing(r), f"{sp:.2f}x" if sp else "—", _num(r.throughput, ".4g"),
+               _num(r.peak_memory_bytes / MB if r.peak_memory_bytes is not None else None, ".1f"),
+               _num(r.model_bytes / MB if r.model_bytes is not None else None, ".3f")]
+        if infer:
+            row += [_num(r.fidelity.get("max_abs_err"), ".3g"), _num(r.fidelity.get("sqnr_db"), ".1f")]
+        else:
+            row += [_num(r.final_loss)]
+        row += [_num(r.metric(cfg.metric)), _delta(r, base, cfg.metric), rec.verdicts.get(r.policy, "")]
+        rows.append(row)
+    return headers, rows
+
+
+def _title(report: Report) -> str:
+    cfg, hw = report.config, report.environment.get("hardware", {})
+    what = "inference" if cfg.mode == "infer" else "training"
+    return (f"dtypelab {what}: {cfg.task} · {cfg.steps} steps × batch {cfg.batch_size} · "
+            f"{hw.get('device_name') or cfg.device} · torch {report.environment.get('torch', '?')}")
+
+
+def render_markdown(report: Report) -> str:
+    rec = recommend(report)
+    headers, rows = table_rows(report, rec)
+    lines = [f"**{_title(report)}**", "", "| " + " | ".join(headers) + " |",
+             "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    lines += [""] + [f"- {s}" for s in rec.sentences]
+    return "\n".join(lines) + "\n"
+
+
+def render_html(report: Report) -> str:
+    rec = recommend(report)
+    headers, rows = table_rows(report, rec)
+    esc = html.escape
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
+    notes = "".join(f"<li>{esc(s)}</li>" for s in rec.sentences)
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>dtypelab report</title><style>"
+        "body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child"
+        "{text-align:left}</style></head><body>"
+        f"<h2>{esc(_title(report))}</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        f"<ul>{notes}</ul></body></html>\n"
+    )
+
+
+def render_json(report: Report) -> str:
+    return report.to_json() + "\n"
+
+
+def render_table(report: Report, console: object | None = None) -> None:
+    """Print the table and the recommendation with rich."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    rec = recommend(report)
+    headers, rows = table_rows(report, rec)
+    table = Table(title=_title(report), title_justify="left")
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="left" if i in (0, 1, len(headers) - 1) else "right",
+                         overflow="fold", max_width=28 if i == len(headers) - 1 else None)
+    styles = {"ok": "", "diverged": "red", "failed": "red", "timeout": "red", "oom": "red",
+              "skipped": "dim", "interrupted": "yellow"}
+    for r, row in zip(report.results, rows, strict=True):
+        style = "bold green" if r.policy == rec.best else styles.get(r.status, "")
+        table.add_row(*row, style=style)
+    console.print(table)
+    for s in rec.sentences:
+        console.print(f"• {s}", highlight=False)
+
+
+def render(report: Report, fmt: str) -> str:
+    """Text of the report in a non-terminal format."""
+    return {"markdown": render_markdown, "html": render_html, "json": render_json}[fmt](report)

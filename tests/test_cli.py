@@ -1,0 +1,77 @@
+"""The command line end to end, in real subprocesses, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import TINY
+
+
+def dtypelab(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "dtypelab.cli", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env=env)
+
+
+@pytest.mark.slow
+def test_bench_then_show_end_to_end(tmp_path):
+    out = tmp_path / "out.json"
+    run = dtypelab("bench", f"{TINY}:make_task", "--policies", "fp32,amp-bf16,bf16", "--steps", "20",
+                   "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    for text in ("fp32", "amp-bf16", "bf16", "step ms", "accuracy", "verdict"):
+        assert text in run.stdout
+    assert any(line.startswith("• Use ") or line.startswith("• Keep fp32") for line in run.stdout.splitlines())
+    assert "results saved to" in run.stderr
+    data = json.loads(out.read_text())
+    assert [r["policy"] for r in data["results"]] == ["fp32", "amp-bf16", "bf16"]
+    assert data["environment"]["torch"] and data["environment"]["hardware"]["gflops"]["float32"] > 0
+
+    shown = dtypelab("show", str(out))
+    assert shown.returncode == 0 and "amp-bf16" in shown.stdout
+    md = dtypelab("show", str(out), "--format", "markdown")
+    assert md.stdout.count("\n| ") == 4
+    js = dtypelab("show", str(out), "--format", "json")
+    assert json.loads(js.stdout) == data
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("bench", "missing.py:make_task"), "task file not found: missing.py"),
+    (("bench", f"{TINY}:make_tsk"), "did you mean 'make_task'"),
+    (("bench", f"{TINY}:make_task", "--policies", "bf61"), "unknown policy 'bf61' (did you mean 'bf16'?)"),
+    (("bench", f"{TINY}:make_task", "--policies", "tf32", "--device", "cpu"), "policy tf32 cannot run here"),
+    (("bench", f"{TINY}:make_task", "--tolerance", "lots"), "bad tolerance 'lots'"),
+    (("bench", f"{TINY}:make_task", "--format", "pdf"), "unknown format 'pdf'"),
+    (("show", "nowhere.json"), "no such result file: nowhere.json"),
+])
+def test_user_mistakes_get_one_line_and_nonzero_exit(args, message):
+    run = dtypelab(*args)
+    assert run.returncode == 2
+    assert message in run.stderr
+    assert "Traceback" not in run.stderr and run.stderr.strip().count("\n") == 0, run.stderr
+
+
+def test_a_raising_task_shows_the_users_traceback_only():
+    run = dtypelab("bench", f"{TINY}:make_broken_task")
+    assert run.returncode == 2
+    assert "the user's own bug" in run.stderr and "helper_that_fails" in run.stderr
+    assert "Traceback" not in run.stderr and "dtypelab/task.py" not in run.stderr
+
+
+def test_policies_command_explains_each_policy():
+    run = dtypelab("policies", "--device", "cpu")
+    assert run.returncode == 0
+    assert "tf32" in run.stdout and "CUDA" in run.stdout and "amp-fp16" in run.stdout
+
+
+def test_nothing_imports_the_cli():
+    src = os.path.join(os.path.dirname(TINY), "..", "src", "dtypelab")
+    for root, _, files in os.walk(src):
+        for f in files:
+            if f.endswith(".py") and f != "cli.py":
+                text = open(os.path.join(root, f)).read()
+                assert "from .cli" not in text and "dtypelab.cli" not in text and "from ..cli" not in text, f

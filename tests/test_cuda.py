@@ -1,0 +1,35 @@
+"""CUDA-only paths: run where a GPU is present, skipped cleanly elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dtypelab import bench, probe
+from dtypelab.measure import MemoryMeter
+
+pytestmark = pytest.mark.cuda
+
+
+def test_probe_on_cuda_measures_tf32_on_ampere_or_newer():
+    hw = probe("cuda", budget_s=0.05)
+    assert hw.cuda_capability is not None and hw.gflops["float32"] > 0
+    if hw.cuda_capability >= (8, 0):
+        assert "tf32" in hw.gflops and hw.native("bfloat16")
+
+
+def test_cuda_memory_meter_counts_allocations():
+    meter = MemoryMeter(torch.device("cuda"))
+    meter.start()
+    x = torch.empty(32 * 2**20, dtype=torch.uint8, device="cuda")
+    assert meter.peak_bytes() >= 32 * 2**20
+    del x
+
+
+def test_sweep_on_cuda_including_tf32_and_amp_fp16(tiny):
+    report = bench(tiny, "fp32,tf32,amp-fp16,amp-bf16,bf16", device="cuda", steps=20)
+    for r in report.results:
+        assert r.status == "ok", (r.policy, r.reason)
+        assert r.memory_method.startswith("cuda")
+    scaler = report.result("amp-fp16").extras
+    assert len(scaler["grad_scale"]) == 20 and scaler["skipped_steps"] >= 0

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dtypelab.measure import MemoryMeter, StepTimer, model_bytes, summarize
+
+
+class FakeClock:
+    def __init__(self, times):
+        self.times = iter(times)
+
+    def __call__(self) -> float:
+        return next(self.times)
+
+
+def test_step_timer_uses_injected_clock_and_sync():
+    synced = []
+    timer = StepTimer(clock=FakeClock([0.0, 0.5, 1.0, 1.25, 10.0, 13.0]), sync=lambda: synced.append(1))
+    for _ in range(3):
+        timer.start()
+        timer.stop()
+    assert timer.samples == [0.5, 0.25, 3.0]
+    assert len(synced) == 6  # before every clock read: device work lands in the step that issued it
+
+
+def test_stop_without_start_is_an_error():
+    with pytest.raises(RuntimeError):
+        StepTimer(clock=FakeClock([0.0])).stop()
+
+
+def test_summary_median_iqr_and_noise_flag():
+    s = summarize([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (s.median, s.q1, s.q3, s.iqr) == (3.0, 2.0, 4.0, 2.0)
+    assert s.noisy  # IQR/median 0.67 > 0.10
+    steady = summarize([1.0, 1.01, 0.99, 1.0, 1.02])
+    assert not steady.noisy
+    assert summarize([]) is None
+
+
+def test_summary_is_robust_to_one_outlier():
+    s = summarize([1.0] * 20 + [100.0])
+    assert s.median == 1.0 and not s.noisy
+
+
+def test_memory_meter_sees_a_large_allocation():
+    meter = MemoryMeter(torch.device("cpu"))
+    meter.start()
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    peak = meter.peak_bytes()
+    del block
+    assert 60 * 2**20 <= peak <= 200 * 2**20, peak
+    assert "baseline" in meter.method
+
+
+def test_model_bytes_counts_dtype_and_shared_tensors_once():
+    lin = torch.nn.Linear(100, 100)
+    fp32 = model_bytes(lin)
+    assert 40_400 <= fp32 <= 40_400 + 1024  # payload + safetensors header
+    assert model_bytes(lin.to(torch.bfloat16)) < fp32 * 0.55
+    tied = torch.nn.Sequential(torch.nn.Embedding(50, 100), torch.nn.Linear(100, 50, bias=False))
+    tied[1].weight = tied[0].weight
+    assert model_bytes(tied) < 50 * 100 * 4 + 1024

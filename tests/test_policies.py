@@ -1,0 +1,116 @@
+"""Every registered policy: dtypes under the policy, and every global it may touch restored."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+import torch
+from conftest import fake_hardware
+
+from dtypelab.policies import REGISTRY, parse_policies, policy_class
+from dtypelab.task import load_task
+from dtypelab.worker import Job, run_job
+
+
+def global_state() -> dict:
+    return {
+        "default_dtype": torch.get_default_dtype(),
+        "grad_enabled": torch.is_grad_enabled(),
+        "threads": torch.get_num_threads(),
+        "autocast_cpu": torch.is_autocast_enabled("cpu"),
+        "autocast_cuda": torch.is_autocast_enabled("cuda"),
+        "autocast_cpu_dtype": torch.get_autocast_dtype("cpu"),
+        "autocast_cuda_dtype": torch.get_autocast_dtype("cuda"),
+        "matmul_fp32_precision": torch.backends.cuda.matmul.fp32_precision,
+        "cudnn_conv_fp32_precision": torch.backends.cudnn.conv.fp32_precision,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "inference_mode": torch.is_inference_mode_enabled(),
+    }
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+@pytest.mark.parametrize("mode", ["train", "infer"])
+def test_every_policy_restores_globals(name, mode, tiny):
+    before = global_state()
+    with tempfile.TemporaryDirectory() as wd:
+        if mode == "infer":  # inference needs the fp32 reference weights first
+            run_job(Job(tiny, "fp32", "reference", 3, 8, 1, 0, "cpu", wd))
+        result = run_job(Job(tiny, name, mode, 3, 8, 1, 0, "cpu", wd, threads=1))
+    assert result.ran, result.reason  # pure fp16 + Adam may diverge (eps=1e-8 is 0 in fp16): still ran
+    assert global_state() == before
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_session_restores_globals_even_on_error(name):
+    before = global_state()
+    with pytest.raises(RuntimeError), policy_class(name)("cpu").session():
+        raise RuntimeError("boom")
+    assert global_state() == before
+
+
+EXPECTED = {  # policy -> (parameter dtype, dtype of a Linear's output in forward)
+    "fp64": (torch.float64, torch.float64),
+    "fp32": (torch.float32, torch.float32),
+    "tf32": (torch.float32, torch.float32),
+    "bf16": (torch.bfloat16, torch.bfloat16),
+    "fp16": (torch.float16, torch.float16),
+    "amp-bf16": (torch.float32, torch.bfloat16),
+    "amp-fp16": (torch.float32, torch.float16),
+}
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_module_and_activation_dtypes(name, tiny):
+    assert set(EXPECTED) == set(REGISTRY), "add the new policy to EXPECTED"
+    policy = policy_class(name)("cpu")
+    task = load_task(tiny)
+    model = policy.convert_module(task.make_model())
+    seen = []
+    model.net[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    x, y = task.train_batch(0, 4)
+    with policy.session():
+        x = policy.convert_inputs(x)
+        with policy.forward_context():
+            loss = task.loss_fn(model(x), y)
+        policy.backward(loss)
+    param_dtype, act_dtype = EXPECTED[name]
+    assert {p.dtype for p in model.parameters()} == {param_dtype}
+    assert seen == [act_dtype]
+    assert all(p.grad is not None and p.grad.dtype == param_dtype for p in model.parameters())
+
+
+def test_gradscaler_records_scale_and_skipped_steps():
+    policy = policy_class("amp-fp16")("cpu")
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    for value in (1.0, float("inf"), 1.0):  # the middle step overflows and must be skipped
+        opt.zero_grad()
+        with policy.forward_context():
+            loss = (w * value).sum()
+        policy.backward(loss)
+        policy.optimizer_step(opt)
+    stats = policy.stats()
+    assert stats["skipped_steps"] == 1
+    assert stats["first_skipped_step"] == 1
+    assert stats["grad_scale"][2] == stats["grad_scale"][1] / 2  # backed off after the overflow
+
+
+def test_availability_on_a_cpu_without_fp16():
+    hw = fake_hardware(fp16_gflops=0.5)
+    assert not policy_class("tf32")("cpu").availability(hw).ok
+    fp16 = policy_class("fp16")("cpu").availability(hw)
+    assert fp16.ok and fp16.slow and "0.5 GFLOP/s vs 100" in fp16.reason and "no native float16" in fp16.reason
+    assert not policy_class("amp-bf16")("cpu").availability(hw).slow
+    fast = fake_hardware(fp16_gflops=300.0)
+    assert not policy_class("fp16")("cpu").availability(fast).slow
+
+
+def test_unknown_policy_suggests_closest():
+    from dtypelab import DtypelabError
+
+    with pytest.raises(DtypelabError, match="did you mean 'amp-bf16'"):
+        parse_policies("fp32,amp_bf16")
+    with pytest.raises(DtypelabError, match="empty"):
+        parse_policies(" , ")
+    assert parse_policies("fp32, bf16,fp32") == ["fp32", "bf16"]

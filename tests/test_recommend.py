@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dtypelab import DtypelabError, PolicyResult, Report, RunConfig, Tolerance, recommend
+from dtypelab.render import render_html, render_markdown
+
+
+def result(name, ms, metric, status="ok", mem=100, nonfinite=None, reason=""):
+    return PolicyResult(name, status, reason, batch_size=10, warmup=0, step_times_s=(ms / 1e3,) * 5 if ms else (),
+                        losses=(1.0,), first_nonfinite_step=nonfinite,
+                        metrics={"acc": metric} if metric is not None else {}, peak_memory_bytes=mem)
+
+
+def report(*results, tolerance="1%", higher=True) -> Report:
+    cfg = RunConfig(task="t", mode="train", policies=tuple(r.policy for r in results), steps=5, batch_size=10,
+                    warmup=0, seed=0, tolerance=tolerance, device="cpu", force=False, timeout_s=1,
+                    metric="acc", higher_is_better=higher)
+    return Report(cfg, {"hardware": {}}, tuple(results))
+
+
+def test_tolerance_parsing():
+    assert Tolerance.parse("1%") == Tolerance(0.01, True)
+    assert Tolerance.parse("0.5%").allowed(0.8) == pytest.approx(0.004)
+    assert Tolerance.parse("0.02") == Tolerance(0.02, False)
+    for bad in ("abc", "-1%", "nan", "%", "inf"):
+        with pytest.raises(DtypelabError, match="bad tolerance"):
+            Tolerance.parse(bad)
+
+
+def test_fastest_within_tolerance_wins_and_rejections_are_explained():
+    rec = recommend(report(result("fp32", 10, 0.965), result("amp-bf16", 4, 0.962),
+                           result("bf16", 3, 0.945), result("fp16", None, None, "skipped", reason="slow here")))
+    assert rec.best == "amp-bf16"
+    text = " ".join(rec.sentences)
+    assert text.startswith("Use amp-bf16: 2.50x faster than fp32, acc 0.962 vs 0.965 (-0.3%, within 1%).")
+    assert "bf16: 3.33x faster than fp32, acc 0.945 (-2.1%, outside 1%)." in text
+    assert "fp16: skipped — slow here." in text
+    assert rec.verdicts["bf16"] == "acc outside 1%"
+
+
+def test_lower_is_better_metric_and_absolute_tolerance():
+    rec = recommend(report(result("fp32", 10, 2.00), result("bf16", 5, 2.04), result("amp-bf16", 6, 2.01),
+                           higher=False, tolerance="0.02"))
+    assert rec.best == "amp-bf16"  # bf16 is faster but 0.04 bits worse than the allowed 0.02
+
+
+def test_unstable_and_diverged_runs_are_never_recommended():
+    rec = recommend(report(result("fp32", 10, 0.9), result("fp16", 2, 0.9, nonfinite=3),
+                           result("bf16", 1, math.nan, status="diverged", nonfinite=0)))
+    assert rec.best == "fp32"
+    assert rec.sentences[0].startswith("Keep fp32")
+    assert rec.verdicts["fp16"].startswith("unstable") and rec.verdicts["bf16"].startswith("diverged")
+
+
+def test_lowest_memory_is_reported_when_it_differs():
+    rec = recommend(report(result("fp32", 10, 0.9, mem=100 * 2**20), result("amp-bf16", 5, 0.9, mem=90 * 2**20),
+                           result("bf16", 6, 0.9, mem=50 * 2**20)))
+    assert rec.best == "amp-bf16" and rec.lowest_memory == "bf16"
+    assert any("Lowest peak memory within tolerance: bf16 (50.0 MB vs 90.0 MB" in s for s in rec.sentences)
+
+
+def test_no_recommendation_without_a_baseline():
+    rec = recommend(report(result("fp32", None, None, status="failed", reason="boom"), result("bf16", 5, 0.9)))
+    assert rec.best is None and "baseline did not complete (failed: boom)" in rec.sentences[0]
+
+
+def test_renderers_show_every_policy():
+    r = report(result("fp32", 10, 0.965), result("bf16", 3, 0.945))
+    md = render_markdown(r)
+    assert md.count("\n| ") == 3 and "| bf16 | ok | 3 ± 0 |" in md
+    html = render_html(r)
+    assert "<td>bf16</td>" in html and "outside 1%" in html

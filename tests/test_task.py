@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY
+
+from dtypelab import Task, TaskError, load_task
+from dtypelab.task import BUILTIN, call_model, map_tensors
+
+
+@pytest.mark.parametrize("name", list(BUILTIN))
+def test_builtin_tasks_load_and_are_deterministic(name):
+    task = load_task(name)
+    assert task.name == name and task.metric
+    x1, y1 = task.train_batch(7, 4)
+    x2, y2 = task.train_batch(7, 4)
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert not torch.equal(task.train_batch(8, 4)[0], x1)
+
+
+@pytest.mark.parametrize("name", list(BUILTIN))
+def test_builtin_tasks_learn_in_a_few_steps(name):
+    """Twenty fp32 steps lower the loss, and evaluate() reports the primary metric."""
+    task = load_task(name)
+    torch.manual_seed(0)
+    model = task.make_model()
+    opt = task.make_optimizer(model.parameters())
+    losses = []
+    for step in range(20):
+        x, y = task.train_batch(step, task.batch_size)
+        opt.zero_grad()
+        loss = task.loss_fn(call_model(model, x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert sum(losses[-5:]) < sum(losses[:5])
+    model.eval()
+    with torch.no_grad():
+        metrics = task.evaluate(lambda inputs: call_model(model, inputs).float())
+    assert task.metric in metrics
+
+
+def test_load_from_file_and_module(monkeypatch):
+    assert load_task(f"{TINY}:make_task").name == "tiny"
+    assert load_task(TINY).name == "tiny"  # ':make_task' is the default attribute
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(TINY).parent))
+    assert load_task("tiny_task:make_task").name == "tiny"
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("nope.py:make_task", "task file not found: nope.py"),
+    (f"{TINY}:make_tsk", "has no attribute 'make_tsk' (did you mean 'make_task'?)"),
+    (f"{TINY}:not_a_task", "returned int, expected dtypelab.Task"),
+    (f"{TINY}:X", "neither a Task nor a function"),
+    ("no_such_pkg.mod:make_task", "no module named 'no_such_pkg.mod'"),
+    ("digit", "unknown task 'digit' (did you mean 'digits'?)"),
+])
+def test_bad_specs_give_one_line_errors(spec, message):
+    with pytest.raises(TaskError) as info:
+        load_task(spec)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_raising_factory_names_the_users_line():
+    with pytest.raises(TaskError, match=r"RuntimeError: the user's own bug \(at tiny_task.py:\d+ in helper_that_fails\)"):
+        load_task(f"{TINY}:make_broken_task")
+
+
+def test_task_validation():
+    with pytest.raises(TaskError, match="steps and batch_size must be positive"):
+        Task("t", lambda: None, lambda s, b: None, lambda o, t: None, lambda p: {}, "m", True, steps=0)
+    with pytest.raises(TaskError, match="loss_fn must be callable"):
+        Task("t", lambda: None, lambda s, b: None, None, lambda p: {}, "m", True)
+
+
+def test_map_tensors_and_call_model_handle_nested_batches():
+    batch = {"a": torch.ones(2), "b": (torch.zeros(1), 3)}
+    doubled = map_tensors(lambda t: t * 2, batch)
+    assert doubled["a"].tolist() == [2.0, 2.0] and doubled["b"][1] == 3
+    assert call_model(lambda a, b: a + b[0].sum(), (torch.ones(1), [torch.ones(2)])).item() == 3.0
