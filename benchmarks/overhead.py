@@ -1,8 +1,9 @@
 """Harness overhead: `dtypelab bench` step time vs a minimal hand-written training loop, in one run.
 
-    python benchmarks/overhead.py [--task digits] [--policies fp32,amp-bf16] [--steps 300] [--rounds 3]
+    python benchmarks/overhead.py [--task digits] [--policies fp32,amp-bf16,bf16] [--rounds 5]
 
-The hand loop and dtypelab's isolated child alternate (round-robin) so that machine drift hits both.
+Both run in fresh processes (dtypelab: its child; the hand loop: a subprocess of this script), and
+they alternate round by round so that drift in machine speed hits both alike.
 Goal: dtypelab's median step time within 3% of the hand loop's.
 """
 
@@ -11,20 +12,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
 
 from dtypelab import bench, load_task, probe
-from dtypelab.policies import policy_class
 
 
 def hand_loop(task_name: str, policy: str, steps: int, warmup: int) -> float:
-    """What a user would write: the same model, batches and optimizer, timed per step."""
+    """What a user would write: the same model, batches and optimizer, each step timed."""
     task = load_task(task_name)
     torch.manual_seed(0)
     model = task.make_model()
-    ctx = contextlib.nullcontext
     if policy == "bf16":
         model = model.to(torch.bfloat16)
     opt = task.make_optimizer(model.parameters())
@@ -35,7 +36,8 @@ def hand_loop(task_name: str, policy: str, steps: int, warmup: int) -> float:
         if policy == "bf16":
             x = x.to(torch.bfloat16) if x.is_floating_point() else x
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16) if policy == "amp-bf16" else ctx():
+        amp = torch.autocast("cpu", dtype=torch.bfloat16) if policy == "amp-bf16" else contextlib.nullcontext()
+        with amp:
             loss = task.loss_fn(model(x), y)
         loss.backward()
         opt.step()
@@ -49,21 +51,25 @@ def main() -> None:
     ap.add_argument("--task", default="digits")
     ap.add_argument("--policies", default="fp32,amp-bf16,bf16")
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--hand", help=argparse.SUPPRESS)  # internal: run the hand loop for one policy
     args = ap.parse_args()
-    hw = probe("cpu")
     warmup = max(1, min(10, args.steps // 10))
+    if args.hand:
+        print(hand_loop(args.task, args.hand, args.steps, warmup))
+        return
+    hw = probe("cpu")
     for policy in args.policies.split(","):
-        policy_class(policy)
         hand, tool = [], []
         for _ in range(args.rounds):
-            hand.append(hand_loop(args.task, policy, args.steps, warmup))
+            cmd = [sys.executable, __file__, "--hand", policy, "--task", args.task, "--steps", str(args.steps)]
+            hand.append(float(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
             rep = bench(args.task, [policy], steps=args.steps, hardware=hw)
             tool.append(rep.result(policy).timing.median)
         h, t = statistics.median(hand), statistics.median(tool)
         print(f"{args.task} {policy:9s} hand {h * 1e3:7.3f} ms  dtypelab {t * 1e3:7.3f} ms  "
-              f"overhead {100 * (t / h - 1):+5.1f}%  (medians of {args.rounds} rounds; "
-              f"rounds hand {[round(x * 1e3, 2) for x in hand]} dtypelab {[round(x * 1e3, 2) for x in tool]})")
+              f"overhead {100 * (t / h - 1):+5.1f}%   rounds: hand {[round(x * 1e3, 2) for x in hand]} "
+              f"dtypelab {[round(x * 1e3, 2) for x in tool]}", flush=True)
 
 
 if __name__ == "__main__":

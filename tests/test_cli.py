@@ -73,5 +73,6 @@ def test_nothing_imports_the_cli():
     for root, _, files in os.walk(src):
         for f in files:
             if f.endswith(".py") and f != "cli.py":
-                text = open(os.path.join(root, f)).read()
+                with open(os.path.join(root, f)) as fh:
+                    text = fh.read()
                 assert "from .cli" not in text and "dtypelab.cli" not in text and "from ..cli" not in text, f

@@ -35,8 +35,8 @@ def test_fastest_within_tolerance_wins_and_rejections_are_explained():
                            result("bf16", 3, 0.945), result("fp16", None, None, "skipped", reason="slow here")))
     assert rec.best == "amp-bf16"
     text = " ".join(rec.sentences)
-    assert text.startswith("Use amp-bf16: 2.50x faster than fp32, acc 0.962 vs 0.965 (-0.3%, within 1%).")
-    assert "bf16: 3.33x faster than fp32, acc 0.945 (-2.1%, outside 1%)." in text
+    assert text.startswith("Use amp-bf16: 2.50x faster than fp32, acc 0.962 vs 0.965 (-0.31%, within 1%).")
+    assert "bf16: 3.33x faster than fp32, acc 0.945 (-2.07%, outside 1%)." in text
     assert "fp16: skipped — slow here." in text
     assert rec.verdicts["bf16"] == "acc outside 1%"
 

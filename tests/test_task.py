@@ -62,7 +62,8 @@ def test_bad_specs_give_one_line_errors(spec, message):
 
 
 def test_a_raising_factory_names_the_users_line():
-    with pytest.raises(TaskError, match=r"RuntimeError: the user's own bug \(at tiny_task.py:\d+ in helper_that_fails\)"):
+    expected = r"RuntimeError: the user's own bug \(at tiny_task.py:\d+ in helper_that_fails\)"
+    with pytest.raises(TaskError, match=expected):
         load_task(f"{TINY}:make_broken_task")
 
 

@@ -13,7 +13,7 @@ import torch
 from . import __version__
 from .errors import DtypelabError
 from .hardware import HardwareInfo, probe, resolve_device
-from .policies import BASELINE, parse_policies, policy_class
+from .policies import BASELINE, REGISTRY, parse_policies, policy_class
 from .recommend import Tolerance
 from .results import PolicyResult, Report, RunConfig
 from .runner import Event, OnEvent, run_inline, run_isolated
@@ -94,6 +94,8 @@ def bench(
     if warmup >= steps:
         raise DtypelabError(f"--warmup ({warmup}) must be smaller than --steps ({steps})")
     order = [BASELINE] + [n for n in names if n != BASELINE]  # the baseline runs first, always
+    if names == list(REGISTRY):  # default sweep: table in the registry's order
+        order = list(REGISTRY)
     config = RunConfig(
         task=task, mode=mode, policies=tuple(order), steps=steps, batch_size=batch_size, warmup=warmup,
         seed=seed, tolerance=str(tol), device=str(dev), force=force, timeout_s=timeout_s,
@@ -102,7 +104,7 @@ def bench(
     report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
     runnable: list[str] = []
-    for name in order:
+    for name in [BASELINE] + [n for n in order if n != BASELINE]:  # the baseline always runs first
         avail = policy_class(name)(dev).availability(hardware)
         if not avail.ok and explicit and name in names:
             raise DtypelabError(f"policy {name} cannot run here: {avail.reason}")
@@ -139,9 +141,7 @@ def bench(
                 report = report.with_result(PolicyResult(name, "interrupted", "interrupted before it finished"))
             _save(report, json_path)
             raise
-    # Table order follows the config, whichever order the results arrived in.
-    ranked = tuple(r for n in order for r in report.results if r.policy == n)
-    return Report(report.config, report.environment, ranked, report.created)
+    return report
 
 
 def _save(report: Report, path: str | None) -> None:
@@ -154,8 +154,6 @@ def _save(report: Report, path: str | None) -> None:
 
 def policy_table(device: str | None = None, hardware: HardwareInfo | None = None) -> list[tuple[str, str, str]]:
     """(name, summary, verdict here) for every registered policy."""
-    from .policies import REGISTRY
-
     dev = resolve_device(device)
     hw = hardware or probe(dev)
     rows = []

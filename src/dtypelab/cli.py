@@ -14,7 +14,8 @@ from .errors import DtypelabError, TaskError, format_user_traceback
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure which numeric precision your PyTorch model should use, on this hardware.")
 err = Console(stderr=True)
-out = Console()
+# Piped or redirected output has no width; rich would assume 80 columns and fold the table.
+out = Console() if Console().is_terminal else Console(width=200)
 
 
 def _fail(exc: DtypelabError) -> typer.Exit:

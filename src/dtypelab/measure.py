@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
@@ -103,10 +104,9 @@ def _rss_parts_kib() -> dict[str, int]:
 def release_free_memory() -> None:
     """Return freed heap pages to the OS (glibc malloc_trim) so RSS reflects memory in use."""
     gc.collect()
-    try:
+    # Not glibc: RSS may include freed-but-kept heap, and the figure is then an upper bound.
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: RSS may include freed-but-kept heap; the figure is then an upper bound
 
 
 def _current_rss() -> int:

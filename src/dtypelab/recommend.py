@@ -24,7 +24,8 @@ class Tolerance:
         try:
             value = float(raw[:-1] if relative else raw)
         except ValueError:
-            raise DtypelabError(f"bad tolerance {raw!r}: use a percentage like 1% or an absolute value like 0.005") from None
+            raise DtypelabError(
+                f"bad tolerance {raw!r}: use a percentage like 1% or an absolute value like 0.005") from None
         if not math.isfinite(value) or value < 0:
             raise DtypelabError(f"bad tolerance {raw!r}: must be a finite number >= 0")
         return cls(value / 100 if relative else value, relative)
@@ -50,7 +51,7 @@ def _fmt(x: float) -> str:
 
 def _delta_text(value: float, base: float, tol: Tolerance) -> str:
     delta = value - base
-    rel = f"{delta / abs(base) * 100:+.1f}%" if base else "n/a"
+    rel = f"{delta / abs(base) * 100:+.2f}%" if base else "n/a"
     return f"{rel}" if tol.relative else f"{delta:+.4g} ({rel})"
 
 
@@ -129,13 +130,13 @@ def recommend(report: Report) -> Recommendation:
         )
         verdicts[best] = "recommended"
         if b.timing.noisy or base.timing.noisy:
-            sentences.append("Timings were noisy (IQR above 10% of the median): re-run before trusting small gaps.")
+            sentences.append(f"Timings of {best} or {BASELINE} were noisy: re-run before trusting a small gap.")
     for name, note in notes.items():
         if name != best:
             sentences.append(note)
     if lowest and lowest != best:
         low, b = report.result(lowest), report.result(best or BASELINE)
-        if low.peak_memory_bytes < (b.peak_memory_bytes or 0):
+        if low.peak_memory_bytes < 0.95 * (b.peak_memory_bytes or 0):  # smaller gaps are measurement noise
             sentences.append(f"Lowest peak memory within tolerance: {lowest} "
                              f"({low.peak_memory_bytes / 2**20:.1f} MB vs {b.peak_memory_bytes / 2**20:.1f} MB "
                              f"for {b.policy}).")

@@ -26,7 +26,7 @@ def _timing(r: PolicyResult) -> str:
     if t is None:
         return "—"
     text = f"{t.median * 1e3:.3g} ± {t.iqr * 1e3:.2g}"
-    return text + " (noisy)" if t.noisy else text
+    return text + " *" if t.noisy else text  # footnoted below the table
 
 
 def _delta(r: PolicyResult, base: PolicyResult | None, metric: str) -> str:
@@ -35,8 +35,7 @@ def _delta(r: PolicyResult, base: PolicyResult | None, metric: str) -> str:
         return "—"
     if not (math.isfinite(v) and math.isfinite(b)):
         return "—"
-    rel = f" ({(v - b) / abs(b) * 100:+.1f}%)" if b else ""
-    return f"{v - b:+.3g}{rel}"
+    return f"{(v - b) / abs(b) * 100:+.2f}%" if b else f"{v - b:+.3g}"
 
 
 def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[list[str]]]:
@@ -52,13 +51,13 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
     rows = []
     for r in report.results:
         sp = speedup(r, base) if base and r.ran else None
-        row = [r.policy, r.status, _timing(r), f"{sp:.2f}x" if sp else "—", _num(r.throughput, ".4g"),
+        row = [r.policy, r.status, _timing(r), f"{sp:.2f}x" if sp else "—", _num(r.throughput, ",.0f"),
                _num(r.peak_memory_bytes / MB if r.peak_memory_bytes is not None else None, ".1f"),
                _num(r.model_bytes / MB if r.model_bytes is not None else None, ".3f")]
         if infer:
             row += [_num(r.fidelity.get("max_abs_err"), ".3g"), _num(r.fidelity.get("sqnr_db"), ".1f")]
         else:
-            row += [_num(r.final_loss)]
+            row += [_num(r.final_loss, "#.4g")]
         row += [_num(r.metric(cfg.metric)), _delta(r, base, cfg.metric), rec.verdicts.get(r.policy, "")]
         rows.append(row)
     return headers, rows
@@ -71,13 +70,20 @@ def _title(report: Report) -> str:
             f"{hw.get('device_name') or cfg.device} · torch {report.environment.get('torch', '?')}")
 
 
+def _notes(report: Report, rec: Recommendation) -> list[str]:
+    notes = list(rec.sentences)
+    if any(r.timing and r.timing.noisy for r in report.results):
+        notes.append("* noisy timing: IQR above 10% of the median; compare such policies with care.")
+    return notes
+
+
 def render_markdown(report: Report) -> str:
     rec = recommend(report)
     headers, rows = table_rows(report, rec)
     lines = [f"**{_title(report)}**", "", "| " + " | ".join(headers) + " |",
              "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
-    lines += [""] + [f"- {s}" for s in rec.sentences]
+    lines += [""] + [f"- {s}" for s in _notes(report, rec)]
     return "\n".join(lines) + "\n"
 
 
@@ -87,7 +93,7 @@ def render_html(report: Report) -> str:
     esc = html.escape
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
-    notes = "".join(f"<li>{esc(s)}</li>" for s in rec.sentences)
+    notes = "".join(f"<li>{esc(s)}</li>" for s in _notes(report, rec))
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>dtypelab report</title><style>"
         "body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
@@ -111,17 +117,18 @@ def render_table(report: Report, console: object | None = None) -> None:
     rec = recommend(report)
     headers, rows = table_rows(report, rec)
     table = Table(title=_title(report), title_justify="left")
-    for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i in (0, 1, len(headers) - 1) else "right",
-                         overflow="fold", max_width=28 if i == len(headers) - 1 else None)
+    last = len(headers) - 1
+    for i, h in enumerate(headers):  # numbers never wrap; the verdict column gives way instead
+        table.add_column(h, justify="left" if i in (0, 1, last) else "right", no_wrap=i != last,
+                         overflow="fold")
     styles = {"ok": "", "diverged": "red", "failed": "red", "timeout": "red", "oom": "red",
               "skipped": "dim", "interrupted": "yellow"}
     for r, row in zip(report.results, rows, strict=True):
         style = "bold green" if r.policy == rec.best else styles.get(r.status, "")
         table.add_row(*row, style=style)
     console.print(table)
-    for s in rec.sentences:
-        console.print(f"• {s}", highlight=False)
+    for s in _notes(report, rec):
+        console.print(s if s.startswith("*") else f"• {s}", highlight=False)
 
 
 def render(report: Report, fmt: str) -> str:

@@ -90,8 +90,11 @@ class Report:
     schema_version: int = SCHEMA_VERSION
 
     def with_result(self, result: PolicyResult) -> Report:
-        kept = tuple(r for r in self.results if r.policy != result.policy)
-        return replace(self, results=(*kept, result))
+        """A new report with ``result`` added (or replaced), kept in the config's policy order."""
+        kept = [r for r in self.results if r.policy != result.policy] + [result]
+        order = {name: i for i, name in enumerate(self.config.policies)}
+        kept.sort(key=lambda r: order.get(r.policy, len(order)))
+        return replace(self, results=tuple(kept))
 
     def result(self, policy: str) -> PolicyResult | None:
         return next((r for r in self.results if r.policy == policy), None)

@@ -1,25 +1,33 @@
-"""Runs each policy in its own child process and streams results to disk as each one finishes."""
+"""Runs each policy in its own child process and reports progress and the result back.
+
+The child is a fresh ``python -m dtypelab.runner`` (not multiprocessing's spawn, which re-imports
+the parent's ``__main__``: that breaks under ``python -`` and re-runs unguarded user scripts). Messages
+travel over a dedicated pipe, so whatever the user's model prints cannot corrupt them; the child's
+own stdout/stderr go to a log whose last line explains a hard crash.
+"""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import queue
+import os
+import pickle
 import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
 
 from .results import PolicyResult
 from .worker import Job, run_job
 
-# Spawn, not fork: a forked child would inherit the parent's OpenMP/CUDA state, which is unsafe.
-_CTX = mp.get_context("spawn")
 _PROGRESS_EVERY_S = 0.1
 
 
 @dataclass(frozen=True)
 class Event:
-    """Progress of a sweep, for progress bars: kind is 'start', 'step' or 'done'."""
+    """Progress of a sweep, for progress bars: kind is 'probe', 'start', 'step' or 'done'."""
 
     kind: str
     policy: str
@@ -32,9 +40,96 @@ class Event:
 OnEvent = Callable[[Event], None]
 
 
-def _child(job: Job, q: mp.Queue) -> None:
-    # The parent handles Ctrl-C (it terminates us); a KeyboardInterrupt traceback here is just noise.
+def _last_line(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            lines = [ln.strip() for ln in f if ln.strip()]
+        return lines[-1][:300] if lines else ""
+    except OSError:
+        return ""
+
+
+def _death_reason(returncode: int, log: str) -> tuple[str, str]:
+    tail = _last_line(log)
+    tail = f" (last output: {tail})" if tail else ""
+    if returncode < 0:
+        sig = signal.Signals(-returncode).name
+        if sig == "SIGKILL":
+            return "oom", f"child killed by SIGKILL, most likely out of memory{tail}"
+        return "failed", f"child died from {sig}{tail}"
+    return "failed", f"child exited with code {returncode} before reporting a result{tail}"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_isolated(job: Job, timeout_s: float, on_step: Callable[[int, int], None]) -> PolicyResult:
+    """Run a job in a fresh process; a crash, hang or OOM becomes a result with its reason."""
+    read_fd, write_fd = os.pipe()
+    log = os.path.join(job.workdir, f"{job.policy}-{job.mode}.log")
+    start = time.monotonic()
+    with open(log, "wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dtypelab.runner", str(write_fd)], stdin=subprocess.PIPE,
+            stdout=log_file, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
+        )
+    os.close(write_fd)  # only the child holds the write end: its exit means EOF here
+    conn = Connection(read_fd, writable=False)
+    result: PolicyResult | None = None
+    try:
+        proc.stdin.write(pickle.dumps(job))
+        proc.stdin.close()
+        while result is None:
+            if time.monotonic() - start > timeout_s:
+                result = PolicyResult(job.policy, "timeout", f"stopped after the {timeout_s:g} s time limit")
+            elif conn.poll(0.05):
+                try:
+                    msg = conn.recv()
+                except EOFError:
+                    proc.wait()
+                    result = PolicyResult(job.policy, *_death_reason(proc.returncode, log))
+                    break
+                if msg[0] == "step":
+                    on_step(msg[1], msg[2])
+                else:
+                    result = msg[1]
+    finally:
+        conn.close()
+        if result is not None and result.status not in ("timeout",):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        _stop(proc)  # also on Ctrl-C in the parent: never leave a child running
+    return result if result.wall_s else replace(result, wall_s=time.monotonic() - start)
+
+
+def run_inline(job: Job, timeout_s: float, on_step: Callable[[int, int], None]) -> PolicyResult:
+    """Same job in this process (debugging, fast tests): no crash, memory or time-limit isolation."""
+    return run_job(job, on_step)
+
+
+def _exit_with_parent() -> None:
+    parent = os.getppid()
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:  # the parent died: nobody will read our result
+            os._exit(1)
+
+
+def _child_main(fd: int) -> None:
+    # The parent handles Ctrl-C and terminates us; a KeyboardInterrupt traceback here is noise.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
+    job = pickle.loads(sys.stdin.buffer.read())
+    conn = Connection(fd, readable=False)
     last = 0.0
 
     def progress(done: int, total: int) -> None:
@@ -42,63 +137,11 @@ def _child(job: Job, q: mp.Queue) -> None:
         now = time.monotonic()
         if now - last >= _PROGRESS_EVERY_S or done == total:
             last = now
-            q.put(("step", done, total))
+            conn.send(("step", done, total))
 
-    q.put(("result", run_job(job, progress)))
-
-
-def _death_reason(exitcode: int | None) -> tuple[str, str]:
-    if exitcode is not None and exitcode < 0:
-        sig = signal.Signals(-exitcode).name
-        if sig == "SIGKILL":
-            return "oom", "child killed by SIGKILL (most likely out of memory)"
-        return "failed", f"child died from {sig}"
-    return "failed", f"child exited with code {exitcode} before reporting a result"
+    conn.send(("result", run_job(job, progress)))
+    conn.close()
 
 
-def run_isolated(job: Job, timeout_s: float, on_step: Callable[[int, int], None]) -> PolicyResult:
-    """Run a job in a fresh process; a crash, hang or OOM becomes a result with its reason."""
-    q: mp.Queue = _CTX.Queue()
-    proc = _CTX.Process(target=_child, args=(job, q), daemon=True)
-    start = time.monotonic()
-    proc.start()
-    result: PolicyResult | None = None
-    try:
-        while result is None:
-            try:
-                msg = q.get(timeout=0.05)
-            except queue.Empty:
-                if not proc.is_alive():
-                    try:  # it may have put its result just before exiting
-                        msg = q.get(timeout=0.5)
-                    except queue.Empty:
-                        status, reason = _death_reason(proc.exitcode)
-                        result = PolicyResult(job.policy, status, reason)
-                        break
-                elif time.monotonic() - start > timeout_s:
-                    result = PolicyResult(job.policy, "timeout", f"stopped after the {timeout_s:g} s time limit")
-                    break
-                else:
-                    continue
-            if msg[0] == "step":
-                on_step(msg[1], msg[2])
-            else:
-                result = msg[1]
-    finally:
-        if proc.is_alive():
-            proc.join(timeout=2 if result is not None and result.status not in ("timeout",) else 0)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-        q.close()
-    if result.wall_s == 0.0:
-        result = PolicyResult(**{**result.__dict__, "wall_s": time.monotonic() - start})
-    return result
-
-
-def run_inline(job: Job, timeout_s: float, on_step: Callable[[int, int], None]) -> PolicyResult:
-    """Same job in this process (for debugging and fast tests); no crash or time-limit isolation."""
-    return run_job(job, on_step)
+if __name__ == "__main__":
+    _child_main(int(sys.argv[1]))

@@ -113,20 +113,24 @@ def _evaluate(task: Task, model: nn.Module, policy: Policy, device: torch.device
 
 
 def _prime(task: Task, job: Job, train_step: bool) -> None:
-    """One throwaway step on a separate model, under a separate policy instance, so PyTorch creates
-    its lazy runtime state (thread pools, kernel caches) before the memory baseline is taken."""
+    """Two throwaway steps on a separate model, under a separate policy instance, so PyTorch creates
+    its lazy runtime state (thread pools, kernel and optimizer caches) before the memory baseline."""
     device = torch.device(job.device)
     policy = policy_class(job.policy)(device)
     model = policy.convert_module(task.make_model().to(device))
+    optimizer = task.make_optimizer(model.parameters()) if train_step else None
     inputs, target = map_tensors(lambda t: t.to(device), task.train_batch(0, job.batch_size))
     with policy.session():
-        if train_step:
+        for _ in range(2):
+            if optimizer is None:
+                make_predict(model, policy, device)(inputs)
+                continue
             with policy.forward_context():
                 loss = task.loss_fn(call_model(model, policy.convert_inputs(inputs)), policy.convert_inputs(target))
             policy.backward(loss)
-        else:
-            make_predict(model, policy, device)(inputs)
-    del model
+            policy.optimizer_step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+    del model, optimizer
 
 
 def train(task: Task, job: Job, policy: Policy, progress: Progress) -> PolicyResult:

@@ -7,7 +7,7 @@ import difflib
 from ..errors import DtypelabError
 from .amp_bf16 import AmpBF16
 from .amp_fp16 import AmpFP16
-from .base import Availability, AutocastPolicy, CastPolicy, Policy
+from .base import AutocastPolicy, Availability, CastPolicy, Policy
 from .bf16 import BF16
 from .fp16 import FP16
 from .fp32 import FP32

@@ -77,7 +77,7 @@ def make_task() -> Task:
     return Task(
         name="charlm", make_model=lambda: CharLM(len(chars)), train_batch=train_batch, loss_fn=_loss,
         evaluate=evaluate, metric="bits_per_char", higher_is_better=False,
-        make_optimizer=lambda p: torch.optim.AdamW(p, lr=2e-3, weight_decay=0.01),
+        make_optimizer=lambda p: torch.optim.AdamW(p, lr=4e-3, weight_decay=0.01),
         steps=300, batch_size=32, infer_batch=lambda n: eval_x[:n],
         description=f"2-layer transformer (d=128), {len(chars)}-char vocabulary, {len(text):,}-char "
                     "corpus of CPython docstrings; held-out bits per character",
