@@ -1,6 +1,7 @@
 """Harness overhead: `dtypelab bench` step time vs a minimal hand-written training loop, in one run.
 
     python benchmarks/overhead.py [--task digits] [--policies fp32,amp-bf16,bf16] [--rounds 5]
+    python benchmarks/overhead.py --null     # the harness's own cost per step, with a near-empty model
 
 Both run in fresh processes (dtypelab: its child; the hand loop: a subprocess of this script), and
 they alternate round by round so that drift in machine speed hits both alike.
@@ -46,6 +47,44 @@ def hand_loop(task_name: str, policy: str, steps: int, warmup: int) -> float:
     return statistics.median(times[warmup:])
 
 
+def null_overhead(steps: int = 3000, rounds: int = 7) -> tuple[float, float, float]:
+    """Per-step cost of dtypelab's loop itself, in seconds: its train loop vs the hand loop on a model
+    so small that the step is almost all harness. Both in this process, alternating rounds."""
+    import tempfile
+
+    from torch import nn
+
+    from dtypelab import Task
+    from dtypelab.worker import Job, run_job
+
+    x, y = torch.randn(4, 1), torch.randn(4, 1)
+    task = Task("null", lambda: nn.Linear(1, 1), lambda s, b: (x, y), nn.functional.mse_loss,
+                lambda predict: {"m": 0.0}, "m", True, make_optimizer=lambda p: torch.optim.SGD(p, lr=0.0))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the harness is single-threaded Python; keep OpenMP out of it
+    hand, tool = [], []
+    with tempfile.TemporaryDirectory() as wd:
+        job = Job("null", "fp32", "train", steps, 4, 100, 0, "cpu", wd)
+        for _ in range(rounds):
+            torch.manual_seed(0)
+            model = task.make_model()
+            opt = task.make_optimizer(model.parameters())
+            times = []
+            for step in range(steps):
+                xb, yb = task.train_batch(step, 4)
+                t0 = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                loss = task.loss_fn(model(xb), yb)
+                loss.backward()
+                opt.step()
+                times.append(time.perf_counter() - t0)
+                loss.item()
+            hand.append(statistics.median(times[100:]))
+            tool.append(run_job(job, task=task).timing.median)
+    torch.set_num_threads(threads)
+    return statistics.median(tool) - statistics.median(hand), statistics.median(hand), statistics.median(tool)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--task", default="digits")
@@ -53,7 +92,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--hand", help=argparse.SUPPRESS)  # internal: run the hand loop for one policy
+    ap.add_argument("--null", action="store_true", help="measure the harness's own per-step cost")
     args = ap.parse_args()
+    if args.null:
+        extra, hand, tool = null_overhead()
+        print(f"null model: hand loop {hand * 1e6:.1f} us/step, dtypelab loop {tool * 1e6:.1f} us/step: "
+              f"harness adds {extra * 1e6:+.1f} us per step")
+        for task in ("digits", "charlm"):
+            ms = hand_loop(task, "fp32", 100, 10)
+            print(f"  = {100 * extra / ms:+.2f}% of a {task} fp32 step ({ms * 1e3:.2f} ms, hand loop)")
+        return
     warmup = max(1, min(10, args.steps // 10))
     if args.hand:
         print(hand_loop(args.task, args.hand, args.steps, warmup))

@@ -28,7 +28,8 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "dtypelab.cli", "bench", task, "--json", out],
                            check=True, capture_output=True)
             wall = time.perf_counter() - start
-            report = json.load(open(out))
+            with open(out) as f:
+                report = json.load(f)
             by = {r["policy"]: r for r in report["results"]}
 
             def median(r):

@@ -62,6 +62,28 @@ def test_a_raising_task_shows_the_users_traceback_only():
     assert "Traceback" not in run.stderr and "dtypelab/task.py" not in run.stderr
 
 
+@pytest.mark.slow
+def test_inference_mode_end_to_end(tmp_path):
+    out = tmp_path / "infer.json"
+    run = dtypelab("bench", f"{TINY}:make_task", "--mode", "infer", "--policies", "fp32,bf16", "--steps", "5",
+                   "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    assert "latency ms" in run.stdout and "SQNR dB" in run.stdout
+    bf16 = json.loads(out.read_text())["results"][1]
+    assert bf16["policy"] == "bf16" and 20 < bf16["fidelity"]["sqnr_db"] < 60
+
+
+def test_readme_commands_are_what_ci_runs():
+    root = os.path.join(os.path.dirname(TINY), "..")
+    with open(os.path.join(root, "README.md")) as f:
+        commands = [line[6:] for line in f.read().splitlines() if line.startswith("    $ ")]
+    assert len(commands) == 2
+    assert commands[0].endswith("dtypelab bench digits") and "pip install -c constraints.txt" in commands[0]
+    assert commands[1].endswith("pytest")
+    with open(os.path.join(root, ".ci", "run")) as f:
+        assert "sed -n 2p" in f.read()  # .ci/run executes the second README command verbatim
+
+
 def test_policies_command_explains_each_policy():
     run = dtypelab("policies", "--device", "cpu")
     assert run.returncode == 0

@@ -73,3 +73,12 @@ def test_renderers_show_every_policy():
     assert md.count("\n| ") == 3 and "| bf16 | ok | 3 ± 0 |" in md
     html = render_html(r)
     assert "<td>bf16</td>" in html and "outside 1%" in html
+
+
+def test_gradscaler_skips_are_explained():
+    amp = PolicyResult("amp-fp16", "ok", batch_size=10, step_times_s=(0.005,) * 5, losses=(1.0,) * 5,
+                       metrics={"acc": 0.9}, extras={"grad_scale": [65536.0, 32768.0, 0.5], "skipped_steps": 2,
+                                                     "first_skipped_step": 0})
+    rec = recommend(report(result("fp32", 10, 0.9), amp))
+    assert ("amp-fp16: GradScaler skipped 2 of 5 steps (first at step 0), final scale 0.5; "
+            "a scale below 1 means fp16 overflows in the forward pass.") in rec.sentences

@@ -91,3 +91,29 @@ def test_inference_mode_measures_fidelity_against_fp32(hw, tiny):
     assert fp64.fidelity["sqnr_db"] > 100
     assert bf16.model_bytes < 0.6 * fp32.model_bytes
     assert not fp32.losses and len(fp32.step_times_s) == 5
+
+
+def test_ctrl_c_keeps_finished_results_on_disk(tmp_path, hw, tiny):
+    out = tmp_path / "r.json"
+
+    def on_event(e):
+        if e.kind == "done" and e.policy == "fp32":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        bench(tiny, "fp32,bf16,amp-bf16", steps=5, hardware=hw, isolate=False, json_path=str(out), on_event=on_event)
+    saved = load_report(str(out))
+    assert saved.result("fp32").status == "ok" and len(saved.result("fp32").losses) == 5
+    assert [saved.result(n).status for n in ("bf16", "amp-bf16")] == ["interrupted", "interrupted"]
+
+
+@pytest.mark.slow
+def test_bench_runs_from_a_script_on_stdin(tiny):
+    """Children must not re-import the parent's __main__ (multiprocessing's spawn would, and fail)."""
+    import subprocess
+    import sys
+
+    code = f"import dtypelab\nr = dtypelab.bench({tiny!r}, 'fp32', steps=3)\nprint(r.result('fp32').status)\n"
+    run = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"

@@ -60,6 +60,30 @@ def speedup(result: PolicyResult, base: PolicyResult) -> float | None:
     return b.median / t.median if t and b and t.median > 0 else None
 
 
+def _short_reason(r: PolicyResult) -> str:
+    if r.status == "skipped":
+        return "too slow here (--force runs it)" if "GFLOP/s" in r.reason else "not on this hardware"
+    if r.status in ("failed", "timeout", "oom"):
+        return r.reason if len(r.reason) <= 60 else r.reason[:57] + "..."
+    return r.status
+
+
+def _details(report: Report) -> list[str]:
+    """Facts worth a sentence of their own: GradScaler skips, output fidelity in inference."""
+    out = []
+    for r in report.results:
+        skipped = r.extras.get("skipped_steps")
+        if skipped:
+            scales = r.extras.get("grad_scale") or [0]
+            out.append(f"{r.policy}: GradScaler skipped {skipped} of {len(r.losses)} steps (first at step "
+                       f"{r.extras.get('first_skipped_step')}), final scale {scales[-1]:g}"
+                       + ("; a scale below 1 means fp16 overflows in the forward pass." if scales[-1] < 1 else "."))
+        if report.config.mode == "infer" and r.policy != BASELINE and "sqnr_db" in r.fidelity:
+            out.append(f"{r.policy}: outputs {r.fidelity['sqnr_db']:.1f} dB SQNR vs {BASELINE}, "
+                       f"max abs error {r.fidelity['max_abs_err']:.3g}.")
+    return out
+
+
 def recommend(report: Report) -> Recommendation:
     """Judge every result against the fp32 baseline of the same report."""
     cfg = report.config
@@ -71,8 +95,7 @@ def recommend(report: Report) -> Recommendation:
     skipped: dict[str, list[str]] = {}
     for r in report.results:
         if not r.ran:
-            short = r.status if r.status != "skipped" else "skipped"
-            verdicts[r.policy] = short
+            verdicts[r.policy] = _short_reason(r)
             skipped.setdefault(f"{r.status} — {r.reason}" if r.status != "skipped" else f"skipped — {r.reason}",
                                []).append(r.policy)
     base_metric = base.metric(metric) if base and base.status == "ok" else None
@@ -129,11 +152,13 @@ def recommend(report: Report) -> Recommendation:
             f"{_fmt(base_metric)} ({_delta_text(b.metric(metric), base_metric, tol)}, within {tol})."
         )
         verdicts[best] = "recommended"
-        if b.timing.noisy or base.timing.noisy:
-            sentences.append(f"Timings of {best} or {BASELINE} were noisy: re-run before trusting a small gap.")
+        noisy = [r.policy for r in (b, base) if r.timing.noisy]
+        if noisy:
+            sentences.append(f"Timings of {' and '.join(noisy)} were noisy: re-run before trusting a small gap.")
     for name, note in notes.items():
         if name != best:
             sentences.append(note)
+    sentences += _details(report)
     if lowest and lowest != best:
         low, b = report.result(lowest), report.result(best or BASELINE)
         if low.peak_memory_bytes < 0.95 * (b.peak_memory_bytes or 0):  # smaller gaps are measurement noise

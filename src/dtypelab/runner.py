@@ -8,6 +8,7 @@ own stdout/stderr go to a log whose last line explains a hard crash.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -102,11 +103,9 @@ def run_isolated(job: Job, timeout_s: float, on_step: Callable[[int, int], None]
                     result = msg[1]
     finally:
         conn.close()
-        if result is not None and result.status not in ("timeout",):
-            try:
+        if result is not None and result.status != "timeout":  # let it exit on its own first
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
         _stop(proc)  # also on Ctrl-C in the parent: never leave a child running
     return result if result.wall_s else replace(result, wall_s=time.monotonic() - start)
 
