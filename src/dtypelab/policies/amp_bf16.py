@@ -3,7 +3,7 @@
 import torch
 
 from ..hardware import HardwareInfo
-from .base import AutocastPolicy
+from .base import AutocastPolicy, bf16_missing
 
 
 class AmpBF16(AutocastPolicy):
@@ -13,6 +13,4 @@ class AmpBF16(AutocastPolicy):
     dtype = torch.bfloat16
 
     def supported(self, hw: HardwareInfo) -> str | None:
-        if hw.is_cuda and hw.native("bfloat16") is False:
-            return f"bfloat16 autocast needs compute capability >= 8.0 (this GPU is {hw.cuda_capability})"
-        return None
+        return bf16_missing(hw, "bfloat16 autocast")

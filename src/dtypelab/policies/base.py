@@ -80,6 +80,13 @@ class Policy:
         return {}
 
 
+def bf16_missing(hw: HardwareInfo, what: str) -> str | None:
+    """Why bfloat16 cannot run here (pre-Ampere GPU), or None. CPUs emulate it; the probe judges speed."""
+    if hw.is_cuda and hw.native("bfloat16") is False:
+        return f"{what} needs compute capability >= 8.0 (this GPU is {hw.cuda_capability})"
+    return None
+
+
 class CastPolicy(Policy):
     """Pure low/high precision: parameters, buffers and floating inputs all cast to one dtype."""
 

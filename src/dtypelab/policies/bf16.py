@@ -3,7 +3,7 @@
 import torch
 
 from ..hardware import HardwareInfo
-from .base import CastPolicy
+from .base import CastPolicy, bf16_missing
 
 
 class BF16(CastPolicy):
@@ -13,6 +13,4 @@ class BF16(CastPolicy):
     dtype = torch.bfloat16
 
     def supported(self, hw: HardwareInfo) -> str | None:
-        if hw.is_cuda and hw.native("bfloat16") is False:
-            return f"bfloat16 needs compute capability >= 8.0 (this GPU is {hw.cuda_capability})"
-        return None
+        return bf16_missing(hw, "bfloat16")
