@@ -112,6 +112,18 @@ def _evaluate(task: Task, model: nn.Module, policy: Policy, device: torch.device
         model.train(was_training)
 
 
+def _train_step(task: Task, model: nn.Module, policy: Policy, optimizer: torch.optim.Optimizer,
+                inputs: Any, target: Any) -> torch.Tensor:
+    """One training step through the policy's hooks: the part of the loop that is timed."""
+    inputs, target = policy.convert_inputs(inputs), policy.convert_inputs(target)
+    optimizer.zero_grad(set_to_none=True)
+    with policy.forward_context():
+        loss = task.loss_fn(call_model(model, inputs), target)
+    policy.backward(loss)
+    policy.optimizer_step(optimizer)
+    return loss
+
+
 def _prime(task: Task, job: Job, train_step: bool) -> None:
     """Two throwaway steps on a separate model, under a separate policy instance, so PyTorch creates
     its lazy runtime state (thread pools, kernel and optimizer caches) before the memory baseline."""
@@ -124,12 +136,8 @@ def _prime(task: Task, job: Job, train_step: bool) -> None:
         for _ in range(2):
             if optimizer is None:
                 make_predict(model, policy, device)(inputs)
-                continue
-            with policy.forward_context():
-                loss = task.loss_fn(call_model(model, policy.convert_inputs(inputs)), policy.convert_inputs(target))
-            policy.backward(loss)
-            policy.optimizer_step(optimizer)
-            optimizer.zero_grad(set_to_none=True)
+            else:
+                _train_step(task, model, policy, optimizer, inputs, target)
     del model, optimizer
 
 
@@ -151,12 +159,7 @@ def train(task: Task, job: Job, policy: Policy, progress: Progress) -> PolicyRes
         for step in range(job.steps):
             inputs, target = map_tensors(lambda t: t.to(device), task.train_batch(step, job.batch_size))
             timer.start()
-            inputs, target = policy.convert_inputs(inputs), policy.convert_inputs(target)
-            optimizer.zero_grad(set_to_none=True)
-            with policy.forward_context():
-                loss = task.loss_fn(call_model(model, inputs), target)
-            policy.backward(loss)
-            policy.optimizer_step(optimizer)
+            loss = _train_step(task, model, policy, optimizer, inputs, target)
             timer.stop()
             value = float(loss.detach())
             losses.append(value)
