@@ -93,9 +93,8 @@ def bench(
         warmup = max(1, min(10, steps // 10))
     if warmup >= steps:
         raise DtypelabError(f"--warmup ({warmup}) must be smaller than --steps ({steps})")
-    order = [BASELINE] + [n for n in names if n != BASELINE]  # the baseline runs first, always
-    if names == list(REGISTRY):  # default sweep: table in the registry's order
-        order = list(REGISTRY)
+    # Table order: the registry's for a default sweep, else the user's with the baseline added first.
+    order = [BASELINE] + [n for n in names if n != BASELINE] if explicit else list(REGISTRY)
     config = RunConfig(
         task=task, mode=mode, policies=tuple(order), steps=steps, batch_size=batch_size, warmup=warmup,
         seed=seed, tolerance=str(tol), device=str(dev), force=force, timeout_s=timeout_s,
@@ -106,7 +105,7 @@ def bench(
     runnable: list[str] = []
     for name in [BASELINE] + [n for n in order if n != BASELINE]:  # the baseline always runs first
         avail = policy_class(name)(dev).availability(hardware)
-        if not avail.ok and explicit and name in names:
+        if not avail.ok and explicit:
             raise DtypelabError(f"policy {name} cannot run here: {avail.reason}")
         if not avail.ok or (avail.slow and not force):
             report = report.with_result(PolicyResult(name, "skipped", avail.reason))

@@ -93,19 +93,19 @@ def resolve_device(device: str | None) -> torch.device:
 
 
 def _cpu_info() -> tuple[str, tuple[str, ...]]:
-    name, flags = platform.processor() or platform.machine(), set()
+    name, flags = "", set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
                 key = key.strip()
-                if key in ("model name", "Model") and name in ("", platform.machine(), platform.processor()):
+                if key in ("model name", "Model") and not name:
                     name = value.strip()
                 elif key in ("flags", "Features"):
                     flags.update(value.split())
     except OSError:
         pass  # not Linux: flags unknown, the measured throughput still decides
-    return name, tuple(f for f in RELEVANT_FLAGS if f in flags)
+    return name or platform.processor() or platform.machine(), tuple(f for f in RELEVANT_FLAGS if f in flags)
 
 
 def _matmul_gflops(dtype: torch.dtype, device: torch.device, n: int, budget_s: float) -> float:

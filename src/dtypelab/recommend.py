@@ -49,7 +49,8 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
-def _delta_text(value: float, base: float, tol: Tolerance) -> str:
+def delta_text(value: float, base: float, tol: Tolerance) -> str:
+    """Change of the metric vs the baseline, in the terms the tolerance is given in."""
     delta = value - base
     rel = f"{delta / abs(base) * 100:+.2f}%" if base else "n/a"
     return f"{rel}" if tol.relative else f"{delta:+.4g} ({rel})"
@@ -96,8 +97,7 @@ def recommend(report: Report) -> Recommendation:
     for r in report.results:
         if not r.ran:
             verdicts[r.policy] = _short_reason(r)
-            skipped.setdefault(f"{r.status} — {r.reason}" if r.status != "skipped" else f"skipped — {r.reason}",
-                               []).append(r.policy)
+            skipped.setdefault(f"{r.status} — {r.reason}", []).append(r.policy)
     base_metric = base.metric(metric) if base and base.status == "ok" else None
     if base_metric is None or not math.isfinite(base_metric):
         why = f"{base.status}: {base.reason}" if base and base.status != "ok" else "it has no finite metric"
@@ -126,7 +126,7 @@ def recommend(report: Report) -> Recommendation:
         else:
             ok = value >= base_metric - tol.allowed(base_metric) if higher else (
                 value <= base_metric + tol.allowed(base_metric))
-            delta = _delta_text(value, base_metric, tol)
+            delta = delta_text(value, base_metric, tol)
             where = "within" if ok else "outside"
             if r.policy == BASELINE:
                 verdicts[r.policy] = "baseline"
@@ -149,7 +149,7 @@ def recommend(report: Report) -> Recommendation:
         sp = speedup(b, base)
         sentences.append(
             f"Use {best}: {sp:.2f}x faster than {BASELINE}, {metric} {_fmt(b.metric(metric))} vs "
-            f"{_fmt(base_metric)} ({_delta_text(b.metric(metric), base_metric, tol)}, within {tol})."
+            f"{_fmt(base_metric)} ({delta_text(b.metric(metric), base_metric, tol)}, within {tol})."
         )
         verdicts[best] = "recommended"
         noisy = [r.policy for r in (b, base) if r.timing.noisy]

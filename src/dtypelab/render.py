@@ -6,7 +6,7 @@ import html
 import math
 
 from .policies import BASELINE
-from .recommend import Recommendation, recommend, speedup
+from .recommend import Recommendation, Tolerance, delta_text, recommend, speedup
 from .results import PolicyResult, Report
 
 FORMATS = ("table", "markdown", "html", "json")
@@ -29,13 +29,11 @@ def _timing(r: PolicyResult) -> str:
     return text + " *" if t.noisy else text  # footnoted below the table
 
 
-def _delta(r: PolicyResult, base: PolicyResult | None, metric: str) -> str:
+def _delta(r: PolicyResult, base: PolicyResult | None, metric: str, tol: Tolerance) -> str:
     v, b = r.metric(metric), base.metric(metric) if base else None
-    if v is None or b is None or r.policy == BASELINE:
+    if v is None or b is None or r.policy == BASELINE or not (math.isfinite(v) and math.isfinite(b)):
         return "—"
-    if not (math.isfinite(v) and math.isfinite(b)):
-        return "—"
-    return f"{(v - b) / abs(b) * 100:+.2f}%" if b else f"{v - b:+.3g}"
+    return delta_text(v, b, tol)
 
 
 def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[list[str]]]:
@@ -43,6 +41,7 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
     cfg = report.config
     metric = cfg.metric + (" ↑" if cfg.higher_is_better else " ↓")
     base = report.result(BASELINE)
+    tol = Tolerance.parse(cfg.tolerance)
     infer = cfg.mode == "infer"
     headers = ["policy", "status", "latency ms (median ± IQR)" if infer else "step ms (median ± IQR)",
                "speedup", "samples/s", "peak MB", "size MB"]
@@ -58,7 +57,7 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
             row += [_num(r.fidelity.get("max_abs_err"), ".3g"), _num(r.fidelity.get("sqnr_db"), ".1f")]
         else:
             row += [_num(r.final_loss, "#.4g")]
-        row += [_num(r.metric(cfg.metric)), _delta(r, base, cfg.metric), rec.verdicts.get(r.policy, "")]
+        row += [_num(r.metric(cfg.metric)), _delta(r, base, cfg.metric, tol), rec.verdicts.get(r.policy, "")]
         rows.append(row)
     return headers, rows
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from .errors import describe_exception
 from .measure import MemoryMeter, StepTimer, device_sync, model_bytes
-from .policies import Policy, policy_class
+from .policies import BASELINE, Policy, policy_class
 from .results import PolicyResult
 from .task import Task, call_model, load_task, map_tensors
 
@@ -224,7 +224,7 @@ def infer(task: Task, job: Job, policy: Policy, progress: Progress) -> PolicyRes
         peak = meter.peak_bytes()
         outputs = map_tensors(lambda t: t.detach().float().cpu(), out)
         metrics = _evaluate(task, model, policy, device)
-    if job.policy == "fp32":
+    if job.policy == BASELINE:
         _atomic_save(outputs, job.reference_outputs)
     fidelity: dict[str, float] = {}
     if os.path.exists(job.reference_outputs):
