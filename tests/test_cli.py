@@ -47,6 +47,12 @@ def test_bench_then_show_end_to_end(tmp_path):
     (("bench", f"{TINY}:make_task", "--tolerance", "lots"), "bad tolerance 'lots'"),
     (("bench", f"{TINY}:make_task", "--format", "pdf"), "unknown format 'pdf'"),
     (("show", "nowhere.json"), "no such result file: nowhere.json"),
+    (("formats", "--formats", "fp17"), "unknown format 'fp17'; did you mean"),
+    (("cast", "nowhere.pt", "--to", "fp16"), "no such file: nowhere.pt"),
+    (("cast", TINY, "--to", "fp16"), "unsupported file type .py"),
+    (("cast", TINY, "--to", "bf61"), "unknown format 'bf61'"),
+    (("audit", f"{TINY}:make_task", "--layers", "(["), "not a valid regular expression"),
+    (("audit", f"{TINY}:make_task", "--formats", "int8"), "no subnormal range"),
 ])
 def test_user_mistakes_get_one_line_and_nonzero_exit(args, message):
     run = dtypelab(*args)
@@ -98,3 +104,37 @@ def test_nothing_imports_the_cli():
                 with open(os.path.join(root, f)) as fh:
                     text = fh.read()
                 assert "from .cli" not in text and "dtypelab.cli" not in text and "from ..cli" not in text, f
+
+
+def test_formats_table_and_values():
+    run = dtypelab("formats")
+    assert run.returncode == 0, run.stderr
+    for text in ("float8_e4m3fn", "65504", "448", "tf32", "int4", "native on cpu"):
+        assert text in run.stdout
+    run = dtypelab("formats", "--value", "0.1", "--value", "65520", "--value", "1e-8", "-f", "fp16,bf16,int8")
+    assert run.returncode == 0, run.stderr
+    assert "overflow → inf" in run.stdout and "flushed to zero" in run.stdout and "0 | 01011 | 1001100110" in run.stdout
+    js = json.loads(dtypelab("formats", "-v", "65520", "-f", "fp16", "--format", "json").stdout)
+    assert js[0]["outcome"] == "overflow_inf"
+
+
+def test_cast_a_checkpoint(tmp_path):
+    import torch
+
+    torch.save({"w": torch.randn(10) * 1e5, "b": torch.zeros(3)}, tmp_path / "ck.pt")
+    run = dtypelab("cast", str(tmp_path / "ck.pt"), "--to", "fp16")
+    assert run.returncode == 0, run.stderr
+    assert "total" in run.stdout and "SQNR dB" in run.stdout and "-inf" in run.stdout
+    js = json.loads(dtypelab("cast", str(tmp_path / "ck.pt"), "--to", "fp16", "--format", "json").stdout)
+    assert js["total"]["counts"]["overflow_inf"] > 0 and js["total"]["sqnr_db"] == "-Infinity"
+
+
+def test_audit_then_show(tmp_path):
+    out = tmp_path / "audit.json"
+    task = TINY + ":make_audit_task"
+    run = dtypelab("audit", task, "--steps", "3", "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    assert "overflow risk" in run.stdout and "float16 loss scale" in run.stdout
+    assert json.loads(out.read_text())["schema"] == "dtypelab.audit"
+    shown = dtypelab("show", str(out), "--format", "markdown")
+    assert shown.returncode == 0 and "| boom | act | Scale |" in shown.stdout and "max \\|x\\|" in shown.stdout

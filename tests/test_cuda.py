@@ -33,3 +33,18 @@ def test_sweep_on_cuda_including_tf32_and_amp_fp16(tiny):
         assert r.memory_method.startswith("cuda")
     scaler = report.result("amp-fp16").extras
     assert len(scaler["grad_scale"]) == 20 and scaler["skipped_steps"] >= 0
+
+
+def test_range_stats_of_a_cuda_tensor_equal_the_cpu_ones():
+    from dtypelab.rangestats import range_stats
+
+    x = torch.randn(100_000, device="cuda") * 1e-4
+    formats = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+    assert range_stats(x, formats, True) == range_stats(x.cpu(), formats, True)
+
+
+def test_audit_on_cuda_with_amp_fp16(tiny):
+    from dtypelab.audit import audit
+
+    report = audit(tiny, policy="amp-fp16", steps=3, device="cuda", environment={})
+    assert report.status == "ok" and report.layers and report.config.device.startswith("cuda")

@@ -75,3 +75,66 @@ def helper_that_fails() -> Task:
 
 def not_a_task() -> int:
     return 42
+
+
+# --- for the range audit: planted hazards --------------------------------------------------------
+class _ShrinkGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by 1e-9, so everything upstream gets
+    gradients far below float16's smallest subnormal (6e-8) yet well inside bfloat16's range."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 1e-9
+
+
+class ShrinkGrad(nn.Module):
+    def forward(self, x):
+        return _ShrinkGrad.apply(x)
+
+
+class Scale(nn.Module):
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x):
+        return x * self.factor
+
+
+class PairOut(nn.Module):
+    """A tuple output whose second element is an integer tensor (must be skipped, not crash)."""
+
+    def forward(self, x):
+        return x, x.argmax(-1)
+
+
+class DictOut(nn.Module):
+    def forward(self, x):
+        return {"hidden": x * 0.5, "index": x.argmax(-1)}
+
+
+class AuditNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.early = nn.Linear(8, 16)
+        self.shrink = ShrinkGrad()
+        self.shared = nn.Linear(16, 16)  # called twice per forward
+        self.boom = Scale(1e5)  # activations ~1e5: past float16's 65504, nowhere near bfloat16's max
+        self.unboom = Scale(1e-5)
+        self.pair = PairOut()
+        self.named = DictOut()
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = self.shrink(self.early(x))
+        h = self.shared(torch.tanh(self.shared(h)))
+        h, _ = self.pair(self.unboom(self.boom(h)))
+        return self.head(self.named(h)["hidden"])
+
+
+def make_audit_task() -> Task:
+    return Task(**{**_task().__dict__, "name": "audit-net", "make_model": AuditNet})

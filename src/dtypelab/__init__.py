@@ -2,14 +2,20 @@
 
 __version__ = "0.1.0"
 
+from .audit import audit
 from .bench import bench
+from .castcheck import analyze_values, cast_file, cast_report
 from .errors import DtypelabError, TaskError
+from .formats import Format, formats, get_format
 from .hardware import HardwareInfo, probe
+from .rangestats import RangeStats, range_stats
 from .recommend import Recommendation, Tolerance, recommend
-from .results import PolicyResult, Report, RunConfig, load_report
+from .results import AuditReport, PolicyResult, Report, RunConfig, load_record, load_report
 from .task import Task, load_task
 
 __all__ = [
-    "DtypelabError", "HardwareInfo", "PolicyResult", "Recommendation", "Report", "RunConfig", "Task",
-    "TaskError", "Tolerance", "__version__", "bench", "load_report", "load_task", "probe", "recommend",
+    "AuditReport", "DtypelabError", "Format", "HardwareInfo", "PolicyResult", "RangeStats", "Recommendation",
+    "Report", "RunConfig", "Task", "TaskError", "Tolerance", "__version__", "analyze_values", "audit", "bench",
+    "cast_file", "cast_report", "formats", "get_format", "load_record", "load_report", "load_task", "probe",
+    "range_stats", "recommend",
 ]

@@ -12,8 +12,8 @@ import torch
 from .errors import DtypelabError
 
 # CPU flags that decide whether a low-precision format is computed natively or converted around fp32.
-RELEVANT_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni",
-                  "amx_bf16", "amx_fp16", "amx_int8", "asimd", "bf16", "fphp", "asimdhp")
+RELEVANT_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
+                  "amx_bf16", "amx_fp16", "amx_int8", "asimd", "asimddp", "bf16", "fphp", "asimdhp")
 PROBE_DTYPES = ("float64", "float32", "bfloat16", "float16")
 # A policy whose compute dtype runs below this fraction of fp32 throughput is "pathologically slow".
 SLOW_RATIO = 0.1
@@ -35,13 +35,19 @@ class HardwareInfo:
         return self.device.startswith("cuda")
 
     def native(self, dtype: str) -> bool | None:
-        """Whether the device computes in this float format natively (None: unknown)."""
+        """Whether the device computes in this format natively (None: unknown or not an arithmetic type)."""
         if dtype in ("float32", "float64"):
             return True
+        fp8 = dtype in ("float8_e4m3fn", "float8_e5m2")
         if self.is_cuda:
             cc = self.cuda_capability or (0, 0)
-            return {"float16": cc >= (5, 3), "bfloat16": cc >= (8, 0), "tf32": cc >= (8, 0)}.get(dtype)
+            return {"float16": cc >= (5, 3), "bfloat16": cc >= (8, 0), "tf32": cc >= (8, 0),
+                    "int8": cc >= (6, 1)}.get(dtype, cc >= (8, 9) if fp8 else None)
         flags = set(self.cpu_flags)
+        if dtype in ("tf32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+            return False  # no CPU instruction set computes these; PyTorch converts around float32
+        if dtype in ("int8", "uint8"):  # int8 dot products: VNNI / AMX
+            return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8", "asimddp"})
         if dtype == "bfloat16":
             return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
         if dtype == "float16":

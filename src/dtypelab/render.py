@@ -76,31 +76,56 @@ def _notes(report: Report, rec: Recommendation) -> list[str]:
     return notes
 
 
-def render_markdown(report: Report) -> str:
-    rec = recommend(report)
-    headers, rows = table_rows(report, rec)
-    lines = [f"**{_title(report)}**", "", "| " + " | ".join(headers) + " |",
-             "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
-    lines += [""] + [f"- {s}" for s in _notes(report, rec)]
+def markdown_table(title: str, headers: list[str], rows: list[list[str]], notes: list[str]) -> str:
+    def cells(row: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in row) + " |"
+
+    lines = [f"**{title}**", "", cells(headers), "|" + "|".join("---" for _ in headers) + "|"]
+    lines += [cells(row) for row in rows]
+    lines += [""] + [f"- {s}" for s in notes] if notes else []
     return "\n".join(lines) + "\n"
 
 
-def render_html(report: Report) -> str:
-    rec = recommend(report)
-    headers, rows = table_rows(report, rec)
+def html_table(title: str, headers: list[str], rows: list[list[str]], notes: list[str]) -> str:
     esc = html.escape
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
-    notes = "".join(f"<li>{esc(s)}</li>" for s in _notes(report, rec))
+    items = "".join(f"<li>{esc(s)}</li>" for s in notes)
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>dtypelab report</title><style>"
         "body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child"
         "{text-align:left}</style></head><body>"
-        f"<h2>{esc(_title(report))}</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-        f"<ul>{notes}</ul></body></html>\n"
+        f"<h2>{esc(title)}</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        f"<ul>{items}</ul></body></html>\n"
     )
+
+
+def rich_table(console: object, title: str, headers: list[str], rows: list[list[str]], notes: list[str],
+               left: set[int] = frozenset({0}), wrap: set[int] = frozenset(), styles: list[str] | None = None) -> None:
+    """Print with rich: numbers right-aligned and never wrapped; only the ``wrap`` columns give way."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="left" if i in left else "right", no_wrap=i not in wrap, overflow="fold")
+    for i, row in enumerate(rows):
+        table.add_row(*row, style=styles[i] if styles else "")
+    console.print(table)
+    for s in notes:
+        console.print(s if s.startswith("*") else f"• {s}", highlight=False)
+
+
+def render_markdown(report: Report) -> str:
+    rec = recommend(report)
+    headers, rows = table_rows(report, rec)
+    return markdown_table(_title(report), headers, rows, _notes(report, rec))
+
+
+def render_html(report: Report) -> str:
+    rec = recommend(report)
+    headers, rows = table_rows(report, rec)
+    return html_table(_title(report), headers, rows, _notes(report, rec))
 
 
 def render_json(report: Report) -> str:
@@ -110,24 +135,16 @@ def render_json(report: Report) -> str:
 def render_table(report: Report, console: object | None = None) -> None:
     """Print the table and the recommendation with rich."""
     from rich.console import Console
-    from rich.table import Table
 
     console = console or Console()
     rec = recommend(report)
     headers, rows = table_rows(report, rec)
-    table = Table(title=_title(report), title_justify="left")
-    last = len(headers) - 1
-    for i, h in enumerate(headers):  # numbers never wrap; the verdict column gives way instead
-        table.add_column(h, justify="left" if i in (0, 1, last) else "right", no_wrap=i != last,
-                         overflow="fold")
-    styles = {"ok": "", "diverged": "red", "failed": "red", "timeout": "red", "oom": "red",
-              "skipped": "dim", "interrupted": "yellow"}
-    for r, row in zip(report.results, rows, strict=True):
-        style = "bold green" if r.policy == rec.best else styles.get(r.status, "")
-        table.add_row(*row, style=style)
-    console.print(table)
-    for s in _notes(report, rec):
-        console.print(s if s.startswith("*") else f"• {s}", highlight=False)
+    colours = {"ok": "", "diverged": "red", "failed": "red", "timeout": "red", "oom": "red",
+               "skipped": "dim", "interrupted": "yellow"}
+    styles = ["bold green" if r.policy == rec.best else colours.get(r.status, "") for r in report.results]
+    last = len(headers) - 1  # the verdict column gives way instead of the numbers
+    rich_table(console, _title(report), headers, rows, _notes(report, rec), left={0, 1, last}, wrap={last},
+               styles=styles)
 
 
 def render(report: Report, fmt: str) -> str:

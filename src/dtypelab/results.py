@@ -106,11 +106,8 @@ class Report:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Report:
-        if d.get("schema") != SCHEMA:
-            raise DtypelabError("not a dtypelab result file (no 'schema': 'dtypelab.report')")
-        version = d.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise DtypelabError(f"result file has schema version {version}; this dtypelab reads {SCHEMA_VERSION}")
+        _check_schema(d, SCHEMA)
+        version = d["schema_version"]
         d = _decode(d)
         try:
             cfg = d["config"]
@@ -133,7 +130,86 @@ class Report:
         save_text(path, self.to_json())
 
 
+AUDIT_SCHEMA = "dtypelab.audit"
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    task: str
+    policy: str
+    steps: int
+    every: int
+    layers: str  # regular expression on module paths / parameter names; "" = all
+    formats: tuple[str, ...]
+    batch_size: int
+    seed: int
+    device: str
+
+
+@dataclass(frozen=True)
+class LayerAudit:
+    name: str  # module path (with [i] / ['key'] for parts of a structured output) or parameter name
+    module: str  # module class, or "parameter"
+    kind: str  # "activation", "grad" (flowing into the module output) or "param_grad"
+    calls: int  # captures merged: steps x calls per step (shared modules are called more than once)
+    stats: dict[str, Any]  # RangeStats.to_dict()
+    severity: int  # 0 safe .. 3 overflow / non-finite, the worst over formats
+    verdicts: dict[str, str]  # format -> verdict text
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    config: AuditConfig
+    environment: dict[str, Any]
+    layers: tuple[LayerAudit, ...] = ()  # sorted by risk, worst first
+    loss_scale: dict[str, Any] = field(default_factory=dict)
+    losses: tuple[float, ...] = ()
+    status: str = "ok"
+    reason: str = ""
+    wall_s: float = 0.0
+    created: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": AUDIT_SCHEMA, **_encode(asdict(self))}, indent=1, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AuditReport:
+        _check_schema(d, AUDIT_SCHEMA)
+        d = _decode(d)
+        try:
+            cfg = d["config"]
+            return cls(config=AuditConfig(**{**cfg, "formats": tuple(cfg["formats"])}),
+                       environment=d["environment"], layers=tuple(LayerAudit(**x) for x in d["layers"]),
+                       loss_scale=d.get("loss_scale", {}), losses=tuple(d.get("losses", ())),
+                       status=d.get("status", "ok"), reason=d.get("reason", ""), wall_s=d.get("wall_s", 0.0),
+                       created=d.get("created", ""), schema_version=d["schema_version"])
+        except (KeyError, TypeError) as exc:
+            raise DtypelabError(f"audit file is malformed: {exc}") from exc
+
+    def save(self, path: str) -> None:
+        save_text(path, self.to_json())
+
+
+def _check_schema(d: dict[str, Any], schema: str) -> None:
+    if d.get("schema") != schema:
+        raise DtypelabError(f"not a dtypelab result file (no 'schema': {schema!r})")
+    if d.get("schema_version") != SCHEMA_VERSION:
+        raise DtypelabError(f"file has schema version {d.get('schema_version')}; this dtypelab reads "
+                            f"{SCHEMA_VERSION}")
+
+
+def load_record(path: str) -> Report | AuditReport:
+    """A bench or audit record, whichever the file holds."""
+    d = _read_json(path)
+    return AuditReport.from_dict(d) if d.get("schema") == AUDIT_SCHEMA else Report.from_dict(d)
+
+
 def load_report(path: str) -> Report:
+    return Report.from_dict(_read_json(path))
+
+
+def _read_json(path: str) -> dict[str, Any]:
     try:
         with open(path) as f:
             text = f.read()
@@ -142,9 +218,12 @@ def load_report(path: str) -> Report:
     except OSError as exc:
         raise DtypelabError(f"cannot read {path}: {exc.strerror}") from None
     try:
-        return Report.from_json(text)
+        d = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DtypelabError(f"{path} is not valid JSON (line {exc.lineno}): {exc.msg}") from None
+    if not isinstance(d, dict):
+        raise DtypelabError(f"{path} is not a dtypelab result file")
+    return d
 
 
 def save_text(path: str, text: str) -> None:

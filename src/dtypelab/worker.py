@@ -113,13 +113,16 @@ def _evaluate(task: Task, model: nn.Module, policy: Policy, device: torch.device
 
 
 def _train_step(task: Task, model: nn.Module, policy: Policy, optimizer: torch.optim.Optimizer,
-                inputs: Any, target: Any) -> torch.Tensor:
-    """One training step through the policy's hooks: the part of the loop that is timed."""
+                inputs: Any, target: Any, after_backward: Callable[[], None] | None = None) -> torch.Tensor:
+    """One training step through the policy's hooks: the part of the loop that is timed.
+    ``after_backward`` sees the gradients before the optimizer consumes them (the audit's hook)."""
     inputs, target = policy.convert_inputs(inputs), policy.convert_inputs(target)
     optimizer.zero_grad(set_to_none=True)
     with policy.forward_context():
         loss = task.loss_fn(call_model(model, inputs), target)
     policy.backward(loss)
+    if after_backward is not None:
+        after_backward()
     policy.optimizer_step(optimizer)
     return loss
 
