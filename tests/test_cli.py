@@ -138,3 +138,11 @@ def test_audit_then_show(tmp_path):
     assert json.loads(out.read_text())["schema"] == "dtypelab.audit"
     shown = dtypelab("show", str(out), "--format", "markdown")
     assert shown.returncode == 0 and "| boom | act | Scale |" in shown.stdout and "max \\|x\\|" in shown.stdout
+
+
+def test_audit_of_a_failing_model_shows_what_it_measured_and_exits_1(tmp_path):
+    run = dtypelab("audit", f"{TINY}:make_raising_task", "--policy", "bf16", "--steps", "2",
+                   "--json", str(tmp_path / "a.json"))
+    assert run.returncode == 1
+    assert "planted failure" in run.stderr and "Traceback" not in run.stderr
+    assert json.loads((tmp_path / "a.json").read_text())["status"] == "failed"

@@ -65,8 +65,8 @@ class _Recorder:
         self.active, self.grad_scale, self._seen = active, grad_scale, {}
 
     def record(self, name: str, module: str, kind: str, t: torch.Tensor) -> None:
-        if not (self.active and t.is_floating_point()):
-            return  # integer outputs (indices, masks) cannot overflow a float format
+        if not (self.active and t.is_floating_point()) or t.layout != torch.strided:
+            return  # integer outputs (indices, masks) cannot overflow a float format; sparse ones are skipped
         # Same storage, same elements in the same order (a view such as Flatten's, or a container's
         # output) means the same statistics.
         key = (t.data_ptr(), t.dtype, t.numel(), t.is_contiguous() or t.stride(), t._version, kind != "activation")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -207,11 +208,17 @@ def load_tensors(path: str) -> tuple[dict[str, torch.Tensor], list[str]]:
     return out, skipped
 
 
-def cast_file(path: str, to: str) -> CastFileReport:
-    """``cast_report`` for every tensor in a file, plus a total."""
+def cast_file(path: str, to: str, progress: Callable[[int, int], None] | None = None) -> CastFileReport:
+    """``cast_report`` for every tensor in a file, plus a total; ``progress(done, total)`` in elements."""
     fmt = get_format(to)
     tensors, skipped = load_tensors(path)
-    rows = tuple(cast_report(t, fmt, name) for name, t in tensors.items())
+    total_elements, done, rows_list = sum(t.numel() for t in tensors.values()), 0, []
+    for name, t in tensors.items():
+        rows_list.append(cast_report(t, fmt, name))
+        done += t.numel()
+        if progress:
+            progress(done, total_elements)
+    rows = tuple(rows_list)
     ran = [r for r in rows if not r.note.startswith("skipped")]
     counts: dict[str, int] = {}
     for r in ran:

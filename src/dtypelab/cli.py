@@ -148,10 +148,13 @@ def cast(
     from .formats import get_format
     from .render_numeric import cast_doc
 
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     try:
         _check_format(fmt)
         target = get_format(to)
-        report = cast_file(file, to)
+        with Progress(*columns, console=err, transient=True) as progress:
+            bar = progress.add_task(f"casting to {target.name} (elements)", total=None)
+            report = cast_file(file, to, lambda done, total: progress.update(bar, completed=done, total=total))
     except DtypelabError as exc:
         raise _fail(exc) from None
     _emit_doc(cast_doc(report, target), fmt, report)
@@ -162,7 +165,7 @@ def audit(
     task: Annotated[str, typer.Argument(help="built-in name, path/file.py:make_task or pkg.module:make_task")],
     policy: Annotated[str, typer.Option("--policy", "-p", help="precision policy to train under")] = "fp32",
     steps: Annotated[int, typer.Option(help="training steps")] = 20,
-    every: Annotated[int, typer.Option(help="measure every N-th step (others run unhooked)")] = 1,
+    every: Annotated[int, typer.Option(help="measure every N-th step (hooks stay idle on the others)")] = 1,
     layers: Annotated[str | None, typer.Option(help="regular expression on module / parameter names")] = None,
     formats: Annotated[str, typer.Option("--formats", "-f", help="candidate formats, comma-separated")] = (
         "float16,bfloat16,float8_e4m3fn,float8_e5m2"),
@@ -196,6 +199,10 @@ def audit(
         raise typer.Exit(130) from None
     _emit_audit(report, fmt, top)
     err.print(f"[dim]results saved to {path}; re-render with: dtypelab show {path}[/]")
+    if report.status == "failed":  # what was measured is shown and saved; the exit code still says so
+        err.print(f"[bold red]error:[/] training failed after {len(report.losses)} steps: {report.reason}",
+                  highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
 
 
 @app.command()
