@@ -37,9 +37,10 @@ def test_planted_overflow_is_flagged_for_fp16_not_bf16(report):
 
 def test_planted_gradient_underflow_needs_loss_scaling_in_fp16_only(report):
     early = layer(report, "early", "grad")
-    assert early.verdicts["float16"].startswith("needs loss scaling")
+    assert early.verdicts["float16"].startswith("gradient underflow: needs loss scaling")
     assert early.verdicts["bfloat16"] == "safe"
-    assert layer(report, "early.weight", "param_grad").verdicts["float16"].startswith("needs loss scaling")
+    weight = layer(report, "early.weight", "param_grad")
+    assert weight.verdicts["float16"].startswith("gradient underflow: needs loss scaling")
     head = layer(report, "head", "grad")  # downstream of the shrink: ordinary gradients
     assert head.stats["max_abs"] > 1e-4
     ls = report.loss_scale

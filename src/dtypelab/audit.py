@@ -114,7 +114,7 @@ def _verdict(stats: RangeStats, fmt: str, kind: str) -> tuple[int, str]:
     if over:
         return 3, f"overflow risk: {_pct(over)} beyond ±{f.max:g}"
     if kind != "activation" and under + sub >= UNDERFLOW_FLAG:
-        return 2, f"needs loss scaling: {_pct(under)} → 0, {_pct(sub)} subnormal"
+        return 2, f"gradient underflow: needs loss scaling ({_pct(under)} → 0, {_pct(sub)} subnormal)"
     if under >= UNDERFLOW_FLAG:
         return 2, f"underflow: {_pct(under)} flush to zero"
     if sub >= UNDERFLOW_FLAG:

@@ -125,8 +125,9 @@ def audit_doc(report: AuditReport, top: int = 0) -> tuple[Doc, list[str]]:
                      _pct(s["zeros"] / n), _pct(s["nonfinite"] / n), _g(span, ".0f")]
                     + [layer.verdicts[f] for f in cfg.formats])
         styles.append(SEVERITY_STYLE[layer.severity])
-    title = (f"dtypelab audit: {cfg.task} · {cfg.policy} · {len(report.losses)} steps, measured every "
-             f"{cfg.every} · {len(report.layers)} tensors")
+    every = "every step" if cfg.every == 1 else f"every {cfg.every} steps"
+    title = (f"dtypelab audit: {cfg.task} · {cfg.policy} · {len(report.losses)} steps, measured {every} · "
+             f"{len(report.layers)} tensor families")
     notes = audit_notes(report)
     if len(shown) < len(report.layers):
         notes.insert(0, f"showing the {len(shown)} riskiest of {len(report.layers)} rows; --top 0 shows all, "
@@ -146,7 +147,8 @@ def audit_notes(report: AuditReport) -> list[str]:
         for layer in report.layers:
             word = layer.verdicts[fmt].split(":")[0]
             if word != "safe":
-                worst.setdefault(word, []).append(layer.name)
+                label = layer.name if layer.kind == "activation" else f"{layer.name} {layer.kind.replace('_', ' ')}"
+                worst.setdefault(word, []).append(label)
         if worst:
             parts = [f"{w} in {len(names)} ({', '.join(names[:3])}{', …' if len(names) > 3 else ''})"
                      for w, names in worst.items()]
