@@ -27,10 +27,11 @@ LABELS = {
 }
 
 
-def classify(x: torch.Tensor, fmt: Format) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Cast x to fmt; return (result as float64, {outcome: boolean mask}). Masks may overlap."""
+def classify(x: torch.Tensor, fmt: Format) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Cast x to fmt (from its own dtype, as ``.to()`` would); return (x as float64, result as float64,
+    raw bits, {outcome: boolean mask}). Masks may overlap."""
     x64 = x.detach().cpu().to(torch.float64)
-    y, _ = cast(x.detach().cpu() if fmt.backend == "torch" else x64, fmt)
+    y, raw = cast(x.detach().cpu() if fmt.backend == "torch" else x64, fmt)
     finite = torch.isfinite(x64)
     if fmt.is_float:
         t, strict = overflow_threshold(fmt)
@@ -51,11 +52,12 @@ def classify(x: torch.Tensor, fmt: Format) -> tuple[torch.Tensor, dict[str, torc
         masks["out_of_range"] = out & ~masks["wrapped"] & ~masks["saturated"]
         masks["truncated"] = finite & ~out & (x64 != trunc)
     masks["rounded"] = finite & torch.isfinite(y) & (y != x64)
-    return y, masks
+    return x64, y, raw, masks
 
 
-def _label(masks: dict[str, torch.Tensor], order: tuple[str, ...], i: int = 0) -> str:
-    return next((k for k in order if bool(masks[k].reshape(-1)[i])), "exact")
+def _label(masks: dict[str, torch.Tensor], order: tuple[str, ...]) -> str:
+    """The outcome of a single value: the first mask in ``order`` that is set."""
+    return next((k for k in order if bool(masks[k].reshape(-1)[0])), "exact")
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,7 @@ def analyze_values(values: list[float], formats: list[Format]) -> list[ValueCast
     for v in values:
         x = torch.tensor([v], dtype=torch.float64)
         for fmt in formats:
-            y, masks = classify(x, fmt)
-            _, raw = cast(x, fmt)
+            _, y, raw, masks = classify(x, fmt)
             stored = float(y[0])
             err = abs(stored - v) if math.isfinite(stored) and math.isfinite(v) else math.inf
             if math.isnan(v):
@@ -113,9 +114,6 @@ class CastReport:
             return -math.inf
         return 10 * math.log10(self.signal_energy / self.noise_energy)
 
-    def fraction(self, outcome: str) -> float:
-        return self.counts.get(outcome, 0) / self.numel if self.numel else 0.0
-
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "sqnr_db": self.sqnr_db}
 
@@ -130,9 +128,8 @@ def cast_report(tensor: torch.Tensor, dtype: str | torch.dtype | Format, name: s
     src = str(tensor.dtype).removeprefix("torch.")
     if tensor.is_complex() or tensor.dtype == torch.bool:
         return CastReport(name, src, fmt.name, tuple(tensor.shape), tensor.numel(), {}, note=f"skipped: {src}")
-    y, masks = classify(tensor, fmt)
-    x = tensor.detach().cpu().to(torch.float64).reshape(-1)
-    y = y.reshape(-1)
+    x, y, _, masks = classify(tensor, fmt)
+    x, y = x.reshape(-1), y.reshape(-1)
     finite_in = torch.isfinite(x)
     both = finite_in & torch.isfinite(y)
     lost = bool((finite_in & ~torch.isfinite(y)).any())

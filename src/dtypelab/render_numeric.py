@@ -15,7 +15,7 @@ from .castcheck import LABELS, CastFileReport, CastReport, ValueCast
 from .formats import Format, get_format
 from .hardware import HardwareInfo
 from .render import html_table, markdown_table, rich_table
-from .results import AuditReport, _encode
+from .results import AuditReport, json_safe
 
 Doc = tuple[str, list[str], list[list[str]], list[str]]
 SEVERITY_STYLE = {0: "", 1: "yellow", 2: "bold yellow", 3: "bold red"}
@@ -185,7 +185,7 @@ def to_json(obj: Any) -> str:
                 "total": obj.total.to_dict(), "skipped": list(obj.skipped)}
     else:
         data = asdict(obj)
-    return json.dumps(_encode(data), indent=1, allow_nan=False) + "\n"
+    return json.dumps(json_safe(data), indent=1, allow_nan=False) + "\n"
 
 
 def emit(doc: Doc, fmt: str, console: Any, styles: list[str] | None = None, wrap: set[int] | None = None) -> str | None:

@@ -102,13 +102,13 @@ class Report:
     # --- JSON ----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        return {"schema": SCHEMA, **_encode(d)}
+        return {"schema": SCHEMA, **json_safe(d)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Report:
         _check_schema(d, SCHEMA)
         version = d["schema_version"]
-        d = _decode(d)
+        d = from_json_safe(d)
         try:
             cfg = d["config"]
             config = RunConfig(**{**cfg, "policies": tuple(cfg["policies"])})
@@ -171,12 +171,12 @@ class AuditReport:
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> str:
-        return json.dumps({"schema": AUDIT_SCHEMA, **_encode(asdict(self))}, indent=1, allow_nan=False)
+        return json.dumps({"schema": AUDIT_SCHEMA, **json_safe(asdict(self))}, indent=1, allow_nan=False)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AuditReport:
         _check_schema(d, AUDIT_SCHEMA)
-        d = _decode(d)
+        d = from_json_safe(d)
         try:
             cfg = d["config"]
             return cls(config=AuditConfig(**{**cfg, "formats": tuple(cfg["formats"])}),
@@ -251,21 +251,21 @@ def _policy_result(d: dict[str, Any]) -> PolicyResult:
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
-def _encode(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
     if isinstance(obj, dict):
-        return {k: _encode(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_encode(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
-def _decode(obj: Any) -> Any:
+def from_json_safe(obj: Any) -> Any:
     if isinstance(obj, str) and obj in _NONFINITE:
         return _NONFINITE[obj]
     if isinstance(obj, dict):
-        return {k: _decode(v) for k, v in obj.items()}
+        return {k: from_json_safe(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_decode(v) for v in obj]
+        return [from_json_safe(v) for v in obj]
     return obj
