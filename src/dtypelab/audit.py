@@ -107,10 +107,9 @@ def _install(model: nn.Module, rec: _Recorder, pattern: re.Pattern[str] | None) 
 def _verdict(stats: RangeStats, fmt: str, kind: str) -> tuple[int, str]:
     """(severity 0-3, "category: detail") for one tensor family in one format."""
     f = get_format(fmt)
-    n = stats.numel or 1
-    over, under, sub = (stats.counts[fmt][k] / n for k in ("overflow", "underflow", "subnormal"))
+    over, under, sub = (stats.fraction(fmt, k) for k in ("overflow", "underflow", "subnormal"))
     if stats.nonfinite:
-        return 3, f"non-finite already: {_pct(stats.nonfinite / n)}"
+        return 3, f"non-finite already: {_pct(stats.nonfinite / (stats.numel or 1))}"
     if over:
         return 3, f"overflow risk: {_pct(over)} beyond ±{f.max:g}"
     if kind != "activation" and under + sub >= UNDERFLOW_FLAG:
@@ -173,14 +172,12 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
     task_obj = load_task(task) if isinstance(task, str) else task
     dev = resolve_device(device)
     pol = policy_class(policy)(dev)
-    if hardware is None and (environment is None or pol.compute_dtype != "float32"):
-        hardware = probe(dev, budget_s=0.02)
-    if hardware is not None:
-        avail = pol.availability(hardware)
-        if not avail.ok:
-            raise DtypelabError(f"policy {pol.name} cannot run here: {avail.reason}")
-        if avail.slow and not force:
-            raise DtypelabError(f"policy {pol.name} is refused: {avail.reason}; --force runs it anyway")
+    hardware = hardware or probe(dev, budget_s=0.02)
+    avail = pol.availability(hardware)
+    if not avail.ok:
+        raise DtypelabError(f"policy {pol.name} cannot run here: {avail.reason}")
+    if avail.slow and not force:
+        raise DtypelabError(f"policy {pol.name} is refused: {avail.reason}; --force runs it anyway")
     bs = batch_size or task_obj.batch_size
     config = AuditConfig(task=spec, policy=pol.name, steps=steps, every=every, layers=layers or "", formats=fmts,
                          batch_size=bs, seed=seed, device=str(dev))

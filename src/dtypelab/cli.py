@@ -18,6 +18,12 @@ err = Console(stderr=True)
 out = Console() if Console().is_terminal else Console(width=200)
 
 
+def _progress() -> Progress:
+    """Transient bars on stderr, so stdout carries only the result."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=err, transient=True)
+
+
 def _fail(exc: DtypelabError) -> typer.Exit:
     err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
     cause = exc.__cause__
@@ -73,10 +79,9 @@ def bench(
     from .bench import default_result_path
 
     path = json or default_result_path(task, mode)
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     try:
         _check_format(fmt)
-        with Progress(*columns, console=err, transient=True) as progress:
+        with _progress() as progress:
             report = run_bench(task, policies, mode=mode, steps=steps, batch_size=batch_size, warmup=warmup,
                                tolerance=tolerance, device=device, seed=seed, force=force, timeout_s=timeout,
                                threads=threads, json_path=path, on_event=_Bars(progress))
@@ -148,11 +153,10 @@ def cast(
     from .formats import get_format
     from .render_numeric import cast_doc
 
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     try:
         _check_format(fmt)
         target = get_format(to)
-        with Progress(*columns, console=err, transient=True) as progress:
+        with _progress() as progress:
             bar = progress.add_task(f"casting to {target.name} (elements)", total=None)
             report = cast_file(file, to, lambda done, total: progress.update(bar, completed=done, total=total))
     except DtypelabError as exc:
@@ -183,10 +187,9 @@ def audit(
     from .bench import default_result_path
 
     path = json or default_result_path(task, "audit")
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     try:
         _check_format(fmt)
-        with Progress(*columns, console=err, transient=True) as progress:
+        with _progress() as progress:
             bar = progress.add_task(f"audit {task} ({policy})", total=steps)
             report = run_audit(task, policy=policy, steps=steps, every=every, layers=layers, formats=formats,
                                batch_size=batch_size, seed=seed, device=device, threads=threads, json_path=path,
@@ -270,10 +273,10 @@ def _emit_doc(doc, fmt: str, data, styles=None, wrap=None) -> None:
 
 
 def _emit_audit(report, fmt: str, top: int = 0) -> None:
-    from .render_numeric import AUDIT_FIXED_COLUMNS, audit_doc
+    from .render_numeric import audit_doc
 
-    doc, styles = audit_doc(report, top)
-    _emit_doc(doc, fmt, report, styles, set(range(AUDIT_FIXED_COLUMNS, len(doc[1]))))
+    doc, styles, wrap = audit_doc(report, top)
+    _emit_doc(doc, fmt, report, styles, wrap)
 
 
 def main() -> None:

@@ -165,10 +165,10 @@ def parse_formats(spec: str | list[str] | tuple[str, ...]) -> tuple[Format, ...]
 # --- casting --------------------------------------------------------------------------------------
 def _round_tf32(x: torch.Tensor) -> torch.Tensor:
     """float32 rounded to 10 mantissa bits, ties to even; NaN and inf pass through."""
-    bits = x.to(torch.float32).contiguous().view(torch.int32)
-    lsb = (bits >> 13) & 1
-    rounded = ((bits + 0x0FFF + lsb) & ~0x1FFF).view(torch.float32)
-    return torch.where(torch.isfinite(x.to(torch.float32)), rounded, x.to(torch.float32))
+    x = x.to(torch.float32).contiguous()
+    bits = x.view(torch.int32)
+    rounded = ((bits + 0x0FFF + ((bits >> 13) & 1)) & ~0x1FFF).view(torch.float32)
+    return torch.where(torch.isfinite(x), rounded, x)
 
 
 def cast(x: torch.Tensor, fmt: Format) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,7 +28,8 @@ HISTOGRAM_SAMPLE = 8192  # values per tensor the binade histogram is estimated f
 def _strict_bound(t: float, strict: bool, np_float: type) -> int:
     """Integer T with count(|x| > t) [strict] or count(|x| >= t) equal to count(bits(|x|) > T)."""
     c = np_float(t)
-    if float(c) > t or (float(c) == t and not strict):  # t not representable: round down to the carrier's grid
+    # step down one value when t rounded up to the carrier's grid, or when t itself must count (>=)
+    if float(c) > t or (float(c) == t and not strict):
         c = np.nextafter(c, np_float(0))
     return int(np.array([c]).view({np.float32: np.int32, np.float64: np.int64}[np_float])[0])
 

@@ -13,12 +13,13 @@ FORMATS = ("table", "markdown", "html", "json")
 MB = 2**20
 
 
-def _num(x: float | None, fmt: str = ".4g") -> str:
+def num(x: float | None, fmt: str = ".4g") -> str:
     if x is None:
         return "—"
     if isinstance(x, float) and not math.isfinite(x):
         return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    return format(x, fmt)
+    text = format(x, fmt)
+    return text.lstrip("-") if float(text.replace(",", "")) == 0 else text  # no "-0.0" for tiny negatives
 
 
 def _timing(r: PolicyResult) -> str:
@@ -50,14 +51,14 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
     rows = []
     for r in report.results:
         sp = speedup(r, base) if base and r.ran else None
-        row = [r.policy, r.status, _timing(r), f"{sp:.2f}x" if sp else "—", _num(r.throughput, ",.0f"),
-               _num(r.peak_memory_bytes / MB if r.peak_memory_bytes is not None else None, ".1f"),
-               _num(r.model_bytes / MB if r.model_bytes is not None else None, ".3f")]
+        row = [r.policy, r.status, _timing(r), f"{sp:.2f}x" if sp else "—", num(r.throughput, ",.0f"),
+               num(r.peak_memory_bytes / MB if r.peak_memory_bytes is not None else None, ".1f"),
+               num(r.model_bytes / MB if r.model_bytes is not None else None, ".3f")]
         if infer:
-            row += [_num(r.fidelity.get("max_abs_err"), ".3g"), _num(r.fidelity.get("sqnr_db"), ".1f")]
+            row += [num(r.fidelity.get("max_abs_err"), ".3g"), num(r.fidelity.get("sqnr_db"), ".1f")]
         else:
-            row += [_num(r.final_loss, "#.4g")]
-        row += [_num(r.metric(cfg.metric)), _delta(r, base, cfg.metric, tol), rec.verdicts.get(r.policy, "")]
+            row += [num(r.final_loss, "#.4g")]
+        row += [num(r.metric(cfg.metric)), _delta(r, base, cfg.metric, tol), rec.verdicts.get(r.policy, "")]
         rows.append(row)
     return headers, rows
 

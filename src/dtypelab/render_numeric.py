@@ -14,22 +14,11 @@ from typing import Any
 from .castcheck import LABELS, CastFileReport, CastReport, ValueCast
 from .formats import Format, get_format
 from .hardware import HardwareInfo
-from .render import html_table, markdown_table, rich_table
+from .render import html_table, markdown_table, num, rich_table
 from .results import AuditReport, json_safe
 
 Doc = tuple[str, list[str], list[list[str]], list[str]]
 SEVERITY_STYLE = {0: "", 1: "yellow", 2: "bold yellow", 3: "bold red"}
-
-
-def _g(x: float | None, spec: str = ".4g") -> str:
-    if x is None:
-        return "—"
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    text = format(x, spec)
-    return text.lstrip("-") if float(text.replace(",", "")) == 0 else text  # no "-0.0" for tiny negatives
 
 
 def _pct(x: float) -> str:
@@ -40,11 +29,9 @@ def _pct(x: float) -> str:
 def _native(fmt: Format, hw: HardwareInfo | None) -> str:
     if hw is None:
         return "—"
-    key = "tf32" if fmt.name == "tf32" else fmt.name
-    native = hw.native(key)
-    text = {True: "yes", False: "no", None: "—"}[native]
-    if key in hw.gflops and hw.gflops.get("float32"):
-        text += f" ({hw.gflops[key] / hw.gflops['float32']:.2g}x fp32 matmul)"
+    text = {True: "yes", False: "no", None: "—"}[hw.native(fmt.name)]
+    if fmt.name in hw.gflops and hw.gflops.get("float32"):
+        text += f" ({hw.gflops[fmt.name] / hw.gflops['float32']:.2g}x fp32 matmul)"
     return text
 
 
@@ -56,7 +43,7 @@ def formats_doc(formats: list[Format], hw: HardwareInfo | None) -> Doc:
         sign = f.bits - f.exponent_bits - f.mantissa_bits if f.is_float else None
         layout = f"{f.bits}: {sign}/{f.exponent_bits}/{f.mantissa_bits}" if f.is_float else f"{f.bits} int"
         special = "/".join(t for t, ok in (("inf", f.has_inf), ("nan", f.has_nan)) if ok) or "none"
-        rows.append([f.name, layout, _g(f.max, ".6g"), _g(f.smallest_normal), _g(f.smallest_subnormal), _g(f.eps),
+        rows.append([f.name, layout, num(f.max, ".6g"), num(f.smallest_normal), num(f.smallest_subnormal), num(f.eps),
                      f"{f.decimal_digits:.1f}", special if f.is_float else "—", _native(f, hw), f.note])
     notes = ["digits: significant decimal digits, (mantissa bits + 1)·log10(2); eps: gap between 1 and the next "
              "value", "native: from CPU flags / CUDA capability; the ratio is measured matmul throughput"]
@@ -66,8 +53,8 @@ def formats_doc(formats: list[Format], hw: HardwareInfo | None) -> Doc:
 def values_doc(casts: list[ValueCast]) -> Doc:
     headers = ["value", "format", "stored", "bits (sign | exponent | mantissa)", "abs error", "rel error",
                "what happened"]
-    rows = [[_g(c.value, ".10g"), c.format, _g(c.stored, ".10g"), c.bits, _g(c.abs_error, ".3g"),
-             _g(c.rel_error, ".3g"), LABELS.get(c.outcome, c.outcome)] for c in casts]
+    rows = [[num(c.value, ".10g"), c.format, num(c.stored, ".10g"), c.bits, num(c.abs_error, ".3g"),
+             num(c.rel_error, ".3g"), LABELS.get(c.outcome, c.outcome)] for c in casts]
     return "values stored in each format", headers, rows, []
 
 
@@ -82,8 +69,8 @@ def _cast_row(r: CastReport, is_float: bool) -> list[str]:
     sub = c.get("subnormal", 0) if is_float else 0
     n = r.numel or 1
     return [r.name, r.source, "×".join(map(str, r.shape)) or "—", f"{r.numel:,}", _pct(lost / n), _pct(small / n),
-            _pct(sub / n) if is_float else "—", _g(r.max_abs_error, ".3g"), _g(r.max_rel_error, ".3g"),
-            _g(r.sqnr_db, ".1f"), f"{r.bytes_before:,} → {r.bytes_after:,}", r.note]
+            _pct(sub / n) if is_float else "—", num(r.max_abs_error, ".3g"), num(r.max_rel_error, ".3g"),
+            num(r.sqnr_db, ".1f"), f"{r.bytes_before:,} → {r.bytes_after:,}", r.note]
 
 
 def cast_doc(report: CastFileReport, fmt: Format) -> Doc:
@@ -107,11 +94,12 @@ def cast_doc(report: CastFileReport, fmt: Format) -> Doc:
 
 
 # --- audit -------------------------------------------------------------------------------------
-def audit_doc(report: AuditReport, top: int = 0) -> tuple[Doc, list[str]]:
-    """The per-layer table, riskiest first; ``top`` > 0 keeps only that many rows."""
+def audit_doc(report: AuditReport, top: int = 0) -> tuple[Doc, list[str], set[int]]:
+    """The per-layer table, riskiest first; ``top`` > 0 keeps only that many rows. Also returns the row
+    styles and the columns that wrap in a terminal (the per-format verdicts)."""
     cfg = report.config
-    headers = ["layer", "kind", "module", "max |x|", "min |x|≠0", "zero", "non-finite", "range (binades)"]
-    headers += list(cfg.formats)
+    fixed = ["layer", "kind", "module", "max |x|", "min |x|≠0", "zero", "non-finite", "range (binades)"]
+    headers = fixed + list(cfg.formats)
     rows, styles = [], []
     shown = report.layers[:top] if top > 0 else report.layers
     for layer in shown:
@@ -120,9 +108,9 @@ def audit_doc(report: AuditReport, top: int = 0) -> tuple[Doc, list[str]]:
         span = (math.log2(s["max_abs"] / s["min_nonzero"]) if s["max_abs"] and math.isfinite(s["min_nonzero"])
                 else None)
         rows.append([layer.name, {"activation": "act", "grad": "grad", "param_grad": "param grad"}[layer.kind],
-                     layer.module, _g(s["max_abs"], ".3g"),
-                     _g(s["min_nonzero"] if math.isfinite(s["min_nonzero"]) else None, ".3g"),
-                     _pct(s["zeros"] / n), _pct(s["nonfinite"] / n), _g(span, ".0f")]
+                     layer.module, num(s["max_abs"], ".3g"),
+                     num(s["min_nonzero"] if math.isfinite(s["min_nonzero"]) else None, ".3g"),
+                     _pct(s["zeros"] / n), _pct(s["nonfinite"] / n), num(span, ".0f")]
                     + [layer.verdicts[f] for f in cfg.formats])
         styles.append(SEVERITY_STYLE[layer.severity])
     every = "every step" if cfg.every == 1 else f"every {cfg.every} steps"
@@ -132,10 +120,7 @@ def audit_doc(report: AuditReport, top: int = 0) -> tuple[Doc, list[str]]:
     if len(shown) < len(report.layers):
         notes.insert(0, f"showing the {len(shown)} riskiest of {len(report.layers)} rows; --top 0 shows all, "
                         "the JSON has every row")
-    return (title, headers, rows, notes), styles
-
-
-AUDIT_FIXED_COLUMNS = 8  # columns before the per-format verdicts; those wrap instead
+    return (title, headers, rows, notes), styles, set(range(len(fixed), len(headers)))
 
 
 def audit_notes(report: AuditReport) -> list[str]:
