@@ -99,8 +99,10 @@ def test_policies_command_explains_each_policy():
 def test_nothing_imports_the_cli():
     src = os.path.join(os.path.dirname(TINY), "..", "src", "dtypelab")
     for root, _, files in os.walk(src):
+        if os.path.basename(root) == "cli":
+            continue
         for f in files:
-            if f.endswith(".py") and f != "cli.py":
+            if f.endswith(".py"):
                 with open(os.path.join(root, f)) as fh:
                     text = fh.read()
                 assert "from .cli" not in text and "dtypelab.cli" not in text and "from ..cli" not in text, f

@@ -48,3 +48,23 @@ def test_audit_on_cuda_with_amp_fp16(tiny):
 
     report = audit(tiny, policy="amp-fp16", steps=3, device="cuda", environment={})
     assert report.status == "ok" and report.layers and report.config.device.startswith("cuda")
+
+
+def test_trace_on_cuda_names_forward_and_backward_origins():
+    # The autograd engine runs CUDA backward on its own thread: the op tracer must still see it.
+    import nan_models as nm
+
+    from dtypelab import trace
+
+    f = trace(nm.attention_task(scale=10.0), policy="fp16", device="cuda", environment={}).finding
+    assert (f.origin.op, f.origin.module) == ("aten.bmm", "attn")
+    f = trace(nm.norm_task(), device="cuda", environment={}).finding
+    assert (f.origin.phase, f.origin.op, f.origin.backward_of, f.origin.module) == (
+        "backward", "aten.div", "aten.sqrt", "body.1")
+
+
+def test_trace_amp_fp16_on_cuda_logs_the_scaler(tiny):
+    from dtypelab import trace
+
+    r = trace(tiny, policy="amp-fp16", device="cuda", steps=10, environment={})
+    assert r.status == "clean" and len(r.scaler["grad_scale"]) == 10

@@ -82,18 +82,23 @@ def test_module_and_activation_dtypes(name, tiny):
 
 def test_gradscaler_records_scale_and_skipped_steps():
     policy = policy_class("amp-fp16")("cpu")
-    w = torch.nn.Parameter(torch.ones(3))
-    opt = torch.optim.SGD([w], lr=0.1)
+    model = torch.nn.Module()
+    model.w, model.ok = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(1))
+    w = policy.convert_module(model).w
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for value in (1.0, float("inf"), 1.0):  # the middle step overflows and must be skipped
         opt.zero_grad()
         with policy.forward_context():
-            loss = (w * value).sum()
+            loss = (w * value).sum() + model.ok.sum()
         policy.backward(loss)
         policy.optimizer_step(opt)
     stats = policy.stats()
     assert stats["skipped_steps"] == 1
     assert stats["first_skipped_step"] == 1
     assert stats["grad_scale"][2] == stats["grad_scale"][1] / 2  # backed off after the overflow
+    # which parameters had the non-finite gradients on the skipped step: w, not ok
+    assert stats["skips"] == [{"step": 1, "scale": 65536.0, "nonfinite_params": ["w"], "n_nonfinite_params": 1}]
+    assert stats["collapse_step"] is None
 
 
 def test_availability_on_a_cpu_without_fp16():

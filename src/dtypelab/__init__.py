@@ -7,15 +7,30 @@ from .bench import bench
 from .castcheck import analyze_values, cast_file, cast_report
 from .errors import DtypelabError, TaskError
 from .formats import Format, formats, get_format
+from .guard import Guard, NonFiniteError, watch
 from .hardware import HardwareInfo, probe
+from .lint import lint_paths, lint_source
 from .rangestats import RangeStats, range_stats
 from .recommend import Recommendation, Tolerance, recommend
-from .results import AuditReport, PolicyResult, Report, RunConfig, load_record, load_report
+from .results import (
+                      AuditReport,
+                      Finding,
+                      LintFinding,
+                      LintReport,
+                      PolicyResult,
+                      Report,
+                      RunConfig,
+                      TraceReport,
+                      load_record,
+                      load_report,
+)
 from .task import Task, load_task
+from .trace import trace
 
 __all__ = [
-    "AuditReport", "DtypelabError", "Format", "HardwareInfo", "PolicyResult", "RangeStats", "Recommendation",
-    "Report", "RunConfig", "Task", "TaskError", "Tolerance", "__version__", "analyze_values", "audit", "bench",
-    "cast_file", "cast_report", "formats", "get_format", "load_record", "load_report", "load_task", "probe",
-    "range_stats", "recommend",
+    "AuditReport", "DtypelabError", "Finding", "Format", "Guard", "HardwareInfo", "LintFinding", "LintReport",
+    "NonFiniteError", "PolicyResult", "RangeStats", "Recommendation", "Report", "RunConfig", "Task", "TaskError",
+    "Tolerance", "TraceReport", "__version__", "analyze_values", "audit", "bench", "cast_file", "cast_report",
+    "formats", "get_format", "lint_paths", "lint_source", "load_record", "load_report", "load_task", "probe",
+    "range_stats", "recommend", "trace", "watch",
 ]

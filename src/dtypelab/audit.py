@@ -173,11 +173,7 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
     dev = resolve_device(device)
     pol = policy_class(policy)(dev)
     hardware = hardware or probe(dev, budget_s=0.02)
-    avail = pol.availability(hardware)
-    if not avail.ok:
-        raise DtypelabError(f"policy {pol.name} cannot run here: {avail.reason}")
-    if avail.slow and not force:
-        raise DtypelabError(f"policy {pol.name} is refused: {avail.reason}; --force runs it anyway")
+    pol.require(hardware, force)
     bs = batch_size or task_obj.batch_size
     config = AuditConfig(task=spec, policy=pol.name, steps=steps, every=every, layers=layers or "", formats=fmts,
                          batch_size=bs, seed=seed, device=str(dev))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from .errors import DtypelabError
 from .policies import BASELINE
 from .results import PolicyResult, Report
+from .scaler import scaler_notes
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,7 @@ def _details(report: Report) -> list[str]:
     """Facts worth a sentence of their own: GradScaler skips, output fidelity in inference."""
     out = []
     for r in report.results:
-        skipped = r.extras.get("skipped_steps")
-        if skipped:
-            scales = r.extras.get("grad_scale") or [0]
-            out.append(f"{r.policy}: GradScaler skipped {skipped} of {len(r.losses)} steps (first at step "
-                       f"{r.extras.get('first_skipped_step')}), final scale {scales[-1]:g}"
-                       + ("; a scale below 1 means fp16 overflows in the forward pass." if scales[-1] < 1 else "."))
+        out += [n if n.endswith(".") else n + "." for n in scaler_notes(r.extras, len(r.losses), r.policy)]
         if report.config.mode == "infer" and r.policy != BASELINE and "sqnr_db" in r.fidelity:
             out.append(f"{r.policy}: outputs {r.fidelity['sqnr_db']:.1f} dB SQNR vs {BASELINE}, "
                        f"max abs error {r.fidelity['max_abs_err']:.3g}.")

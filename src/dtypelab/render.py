@@ -107,7 +107,8 @@ def rich_table(console: object, title: str, headers: list[str], rows: list[list[
     """Print with rich: numbers right-aligned and never wrapped; only the ``wrap`` columns give way."""
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
+    # A table narrower than its title would fold the title; widen it up to the console's width.
+    table = Table(title=title, title_justify="left", min_width=min(len(title), console.width))
     for i, h in enumerate(headers):
         table.add_column(h, justify="left" if i in left else "right", no_wrap=i not in wrap, overflow="fold")
     for i, row in enumerate(rows):

@@ -161,7 +161,7 @@ def audit_notes(report: AuditReport) -> list[str]:
 # --- output ------------------------------------------------------------------------------------
 def to_json(obj: Any) -> str:
     """JSON for any of the numeric results (dataclasses, lists of them, or records)."""
-    if isinstance(obj, AuditReport):
+    if hasattr(obj, "to_json"):  # records (audit, trace) have their own versioned JSON
         return obj.to_json() + "\n"
     if isinstance(obj, list):
         data = [asdict(o) for o in obj]

@@ -1,11 +1,13 @@
-"""Autocast to float16 with a GradScaler, recording the scale and skipped steps."""
+"""Autocast to float16 with a GradScaler, recording the scale, skipped steps and their non-finite gradients."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+from torch import nn
 
+from ..scaler import ScalerLog
 from .base import AutocastPolicy
 
 
@@ -18,9 +20,12 @@ class AmpFP16(AutocastPolicy):
     def __init__(self, device: torch.device | str = "cpu") -> None:
         super().__init__(device)
         self.scaler = torch.amp.GradScaler(self.device.type)
-        self.scales: list[float] = []  # scale used for each step's backward
-        self.skipped: list[int] = []  # steps whose update was skipped for inf/NaN gradients
+        self.log = ScalerLog()
         self._step = 0
+
+    def convert_module(self, model: nn.Module) -> nn.Module:
+        self.log.params = list(model.named_parameters())  # to name the parameters on skipped steps
+        return model
 
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
@@ -29,17 +34,9 @@ class AmpFP16(AutocastPolicy):
         scale = self.scaler.get_scale()
         self.scaler.step(optimizer)
         self.scaler.update()
-        # GradScaler exposes no skip flag; it backs the scale off exactly when it skipped the step.
-        stepped = self.scaler.get_scale() >= scale
-        self.scales.append(scale)
-        if not stepped:
-            self.skipped.append(self._step)
+        skipped = self.log.record(self._step, scale, self.scaler.get_scale())
         self._step += 1
-        return stepped
+        return not skipped
 
     def stats(self) -> dict[str, Any]:
-        return {
-            "grad_scale": list(self.scales),
-            "skipped_steps": len(self.skipped),
-            "first_skipped_step": self.skipped[0] if self.skipped else None,
-        }
+        return self.log.stats()

@@ -52,6 +52,17 @@ class Policy:
             return Availability(True, slow, slow=True)
         return Availability(True)
 
+    def require(self, hw: HardwareInfo, force: bool = False) -> None:
+        """For single-policy commands (audit, trace): an error when the policy cannot run here, or when it
+        was measured pathologically slow here (fp16 on a CPU without fp16 arithmetic) and not ``force``."""
+        from ..errors import DtypelabError
+
+        avail = self.availability(hw)
+        if not avail.ok:
+            raise DtypelabError(f"policy {self.name} cannot run here: {avail.reason}")
+        if avail.slow and not force:
+            raise DtypelabError(f"policy {self.name} is refused: {avail.reason}; --force runs it anyway")
+
     # --- hooks ---------------------------------------------------------------------------------
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:

@@ -1,0 +1,8 @@
+"""Command-line interface. Thin: each command calls one public function. Nothing imports this package."""
+
+from __future__ import annotations
+
+from . import bench, diagnose, numeric  # noqa: F401  (each registers its commands on the app)
+from ._common import app, main
+
+__all__ = ["app", "main"]

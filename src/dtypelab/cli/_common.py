@@ -1,0 +1,77 @@
+"""What every command shares: the typer app, consoles, progress bars, errors and output."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..errors import DtypelabError, TaskError, format_user_traceback
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Measure which numeric precision your PyTorch model should use, on this hardware.")
+err = Console(stderr=True)
+# Piped or redirected output has no width; rich would assume 80 columns and fold the table.
+out = Console() if Console().is_terminal else Console(width=200)
+
+
+def _progress() -> Progress:
+    """Transient bars on stderr, so stdout carries only the result."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=err, transient=True)
+
+
+def _fail(exc: DtypelabError) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    cause = exc.__cause__
+    if isinstance(exc, TaskError) and cause is not None and format_user_traceback(cause):
+        err.print(format_user_traceback(cause).rstrip(), highlight=False, markup=False)
+    return typer.Exit(2)
+
+
+def _check_format(fmt: str) -> None:
+    from ..render import FORMATS
+
+    if fmt not in FORMATS:
+        raise DtypelabError(f"unknown format {fmt!r}: use {', '.join(FORMATS)}")
+
+
+def _emit(report, fmt: str) -> None:
+    from ..render import render, render_table
+
+    if fmt == "table":
+        render_table(report, out)
+    else:
+        sys.stdout.write(render(report, fmt))
+
+
+def _emit_doc(doc, fmt: str, data, styles=None, wrap=None) -> None:
+    from ..render_numeric import emit, to_json
+
+    if fmt == "json":
+        sys.stdout.write(to_json(data))
+    else:
+        text = emit(doc, fmt, out, styles, wrap)
+        if text is not None:
+            sys.stdout.write(text)
+
+
+def _emit_record(report, fmt: str, top: int = 0) -> None:
+    """Any saved record: a bench report, an audit (``top`` riskiest rows) or a trace."""
+    from ..render_numeric import audit_doc
+    from ..render_trace import trace_doc
+    from ..results import AuditReport, TraceReport
+
+    if isinstance(report, AuditReport):
+        doc, styles, wrap = audit_doc(report, top)
+        _emit_doc(doc, fmt, report, styles, wrap)
+    elif isinstance(report, TraceReport):
+        _emit_doc(trace_doc(report), fmt, report, wrap={1})
+    else:
+        _emit(report, fmt)
+
+
+def main() -> None:
+    app()

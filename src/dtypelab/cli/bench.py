@@ -1,0 +1,129 @@
+"""bench, show, policies and hardware."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.progress import Progress
+
+from ..errors import DtypelabError
+from ._common import _check_format, _emit, _emit_record, _fail, _progress, app, err, out
+
+
+class _Bars:
+    """Rich progress bars fed by bench() events: one bar per policy."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress, self.bars = progress, {}
+
+    def __call__(self, event) -> None:
+        p = self.progress
+        if event.kind == "probe":
+            self.bars["probe"] = p.add_task(event.label, total=None)
+        elif event.kind == "start":
+            if "probe" in self.bars:
+                p.remove_task(self.bars.pop("probe"))
+            self.bars[event.policy] = p.add_task(event.label or event.policy, total=event.total or None)
+        elif event.kind == "step" and event.policy in self.bars:
+            p.update(self.bars[event.policy], completed=event.done, total=event.total)
+        elif event.kind == "done" and event.policy in self.bars:
+            r = event.result
+            p.remove_task(self.bars.pop(event.policy))
+            colour = "green" if r.status == "ok" else "red"
+            p.console.print(f"{event.label or r.policy}: [{colour}]{r.status}[/] in {r.wall_s:.1f} s"
+                            + (f" — {r.reason}" if r.reason else ""), highlight=False)
+
+
+@app.command()
+def bench(
+    task: Annotated[str, typer.Argument(help="built-in name (digits, checkerboard, charlm), "
+                                             "path/file.py:make_task or pkg.module:make_task")],
+    policies: Annotated[str | None, typer.Option("--policies", "-p", help="comma-separated; default: all")] = None,
+    mode: Annotated[str, typer.Option(help="train, or infer (forward latency and output fidelity)")] = "train",
+    steps: Annotated[int | None, typer.Option(help="training steps (infer: timed forward passes)")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", "-b")] = None,
+    warmup: Annotated[int | None, typer.Option(help="steps excluded from timing [default: steps/10, ≤10]")] = None,
+    tolerance: Annotated[str, typer.Option(help="allowed metric change vs fp32: 1% or an absolute 0.005")] = "1%",
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N [default: cuda if present]")] = None,
+    seed: int = 0,
+    force: Annotated[bool, typer.Option(help="run policies measured to be pathologically slow here")] = False,
+    timeout: Annotated[float, typer.Option(help="time limit per policy, seconds")] = 600.0,
+    threads: Annotated[int | None, typer.Option(help="torch threads per run [default: torch's]")] = None,
+    json: Annotated[str | None, typer.Option("--json", help="result file [default: dtypelab-results/…]")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, markdown, html or json")] = "table",
+) -> None:
+    """Train TASK under each precision policy; print speed, memory, metric and a recommendation."""
+    from ..bench import bench as run_bench
+    from ..bench import default_result_path
+
+    path = json or default_result_path(task, mode)
+    try:
+        _check_format(fmt)
+        with _progress() as progress:
+            report = run_bench(task, policies, mode=mode, steps=steps, batch_size=batch_size, warmup=warmup,
+                               tolerance=tolerance, device=device, seed=seed, force=force, timeout_s=timeout,
+                               threads=threads, json_path=path, on_event=_Bars(progress))
+    except DtypelabError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        err.print(f"[yellow]interrupted[/]: policies that finished are saved in {path}")
+        raise typer.Exit(130) from None
+    _emit(report, fmt)
+    err.print(f"[dim]results saved to {path}; re-render with: dtypelab show {path}[/]")
+
+
+@app.command()
+def show(
+    path: Annotated[str, typer.Argument(help="a result file written by dtypelab bench, audit or trace")],
+    fmt: Annotated[str, typer.Option("--format", help="table, markdown, html or json")] = "table",
+    top: Annotated[int, typer.Option(help="audit: rows to show, riskiest first (0: all)")] = 0,
+) -> None:
+    """Re-render a saved result."""
+    from ..results import load_record
+
+    try:
+        _check_format(fmt)
+        report = load_record(path)
+    except DtypelabError as exc:
+        raise _fail(exc) from None
+    _emit_record(report, fmt, top)
+
+
+@app.command()
+def policies(device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N")] = None) -> None:
+    """List the precision policies and whether each applies on this hardware, with the reason."""
+    from ..bench import policy_table
+
+    try:
+        rows = policy_table(device)
+    except DtypelabError as exc:
+        raise _fail(exc) from None
+    from rich.table import Table
+
+    table = Table("policy", "what it does", "here")
+    for name, summary, verdict in rows:
+        table.add_row(name, summary, verdict)
+    out.print(table)
+
+
+@app.command()
+def hardware(device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N")] = None) -> None:
+    """Show what this machine can do: flags and measured matmul throughput per dtype."""
+    from ..hardware import probe
+
+    try:
+        hw = probe(device)
+    except DtypelabError as exc:
+        raise _fail(exc) from None
+    out.print(f"device      {hw.device} ({hw.device_name})")
+    out.print(f"cpu         {hw.cpu_name}; torch capability {hw.cpu_capability}; {hw.threads} threads")
+    out.print(f"cpu flags   {' '.join(hw.cpu_flags) or '(unknown)'}")
+    if hw.cuda_capability:
+        out.print(f"cuda        capability {hw.cuda_capability[0]}.{hw.cuda_capability[1]}")
+    for dtype, gflops in hw.gflops.items():
+        native = {True: "native", False: "not native", None: ""}[hw.native(dtype)]
+        slow = hw.slow_reason(dtype)
+        out.print(f"{dtype:11s} {gflops:10.3g} GFLOP/s  {native}{'  — ' + slow if slow else ''}", highlight=False)
+
+

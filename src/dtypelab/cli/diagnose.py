@@ -1,0 +1,91 @@
+"""trace and lint: find where NaN/Inf come from, and the code patterns that make them."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from ..errors import DtypelabError
+from ._common import _check_format, _emit_record, _fail, _progress, app, err, out
+
+
+@app.command()
+def trace(
+    task: Annotated[str, typer.Argument(help="built-in name, path/file.py:make_task or pkg.module:make_task")],
+    policy: Annotated[str, typer.Option("--policy", "-p", help="precision policy to train under")] = "fp32",
+    steps: Annotated[int | None, typer.Option(help="training steps [default: the task's]")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(
+        "--checkpoint-every", help="steps between checkpoints [default: chosen so they cost ~2% of the time]")] = None,
+    stop_on_skip: Annotated[bool, typer.Option(
+        "--stop-on-skip", help="amp-fp16: trace the first step GradScaler skips (default: log skips, stop only "
+                               "when the scale collapses below 1)")] = False,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", "-b")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N [default: cuda if present]")] = None,
+    seed: int = 0,
+    force: Annotated[bool, typer.Option(help="run a policy measured to be pathologically slow here")] = False,
+    threads: Annotated[int | None, typer.Option(help="torch threads [default: torch's]")] = None,
+    json: Annotated[str | None, typer.Option("--json", help="result file [default: dtypelab-results/…]")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, markdown, html or json")] = "table",
+) -> None:
+    """Train with a NaN/Inf guard armed; at the first non-finite value, name the op, module, source line
+    and cause. Exit 1 when one was found."""
+    from ..bench import default_result_path
+    from ..trace import trace as run_trace
+
+    path = json or default_result_path(task, "trace")
+    try:
+        _check_format(fmt)
+        with _progress() as progress:
+            bar = progress.add_task(f"trace {task} ({policy})", total=steps)
+            report = run_trace(task, policy=policy, steps=steps, batch_size=batch_size, seed=seed, device=device,
+                               threads=threads, checkpoint_every=checkpoint_every, stop_on_skip=stop_on_skip,
+                               force=force, json_path=path,
+                               progress=lambda done, total: progress.update(bar, completed=done, total=total))
+    except DtypelabError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        err.print(f"[yellow]interrupted[/]: the steps run so far are saved in {path}")
+        raise typer.Exit(130) from None
+    _emit_record(report, fmt)
+    err.print(f"[dim]results saved to {path}; re-render with: dtypelab show {path}[/]")
+    if report.status == "failed":
+        err.print(f"[bold red]error:[/] training failed: {report.reason}", highlight=False, soft_wrap=True)
+    if report.status in ("found", "failed"):
+        raise typer.Exit(1)
+
+
+@app.command()
+def lint(
+    paths: Annotated[list[str] | None, typer.Argument(help="files and directories [default: .]")] = None,
+    select: Annotated[str | None, typer.Option(help="rules to run: codes, prefixes (DTL1) or names")] = None,
+    ignore: Annotated[str | None, typer.Option(help="rules to skip: codes, prefixes or names")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="text or json")] = "text",
+    list_rules: Annotated[bool, typer.Option("--list-rules", help="print every rule and exit")] = False,
+) -> None:
+    """Static checks for precision hazards (naive softmax, log(1+x), fp16 model training, deprecated AMP
+    APIs, …). Exit 1 when there are findings. Suppress a line with `# dtypelab: ignore[CODE]`."""
+    from ..lint import RULES, lint_paths
+
+    if list_rules:
+        for r in RULES.values():
+            out.print(f"[bold]{r.code}[/] {r.name}: {r.why}\n       fix: {r.fix}", highlight=False)
+        return
+    try:
+        if fmt not in ("text", "json"):
+            raise DtypelabError(f"unknown format {fmt!r}: use text or json")
+        report = lint_paths(paths or ["."], select=select, ignore=ignore)
+    except DtypelabError as exc:
+        raise _fail(exc) from None
+    if fmt == "json":
+        sys.stdout.write(report.to_json() + "\n")
+    else:
+        for f in report.findings:
+            sys.stdout.write(f"{f.location}: {f.code} [{f.rule}] {f.message}\n    fix: {f.fix}\n")
+    rate = report.lines / report.seconds if report.seconds > 0 else 0
+    hidden = f", {report.suppressed} suppressed" if report.suppressed else ""
+    err.print(f"[dim]{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}{hidden} in "
+              f"{report.files} file{'s' if report.files != 1 else ''} ({report.lines:,} lines, {rate:,.0f} lines/s)[/]")
+    if report.findings:
+        raise typer.Exit(1)

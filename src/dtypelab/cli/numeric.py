@@ -1,0 +1,106 @@
+"""formats, cast and audit: what formats do to values."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..errors import DtypelabError
+from ._common import _check_format, _emit_doc, _emit_record, _fail, _progress, app, err
+
+
+@app.command()
+def formats(
+    value: Annotated[list[float] | None, typer.Option("--value", "-v", help="show how this value is stored "
+                                                      "in each format (repeatable)")] = None,
+    only: Annotated[str | None, typer.Option("--formats", "-f", help="comma-separated formats [default: all]")] = None,
+    device: Annotated[str | None, typer.Option(help="device whose native support is shown")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, markdown, html or json")] = "table",
+) -> None:
+    """Every numeric format's range and precision, computed; with --value, what storing a value does."""
+    from ..castcheck import analyze_values
+    from ..formats import formats as all_formats
+    from ..formats import parse_formats
+    from ..hardware import probe
+    from ..render_numeric import formats_doc, values_doc
+
+    try:
+        _check_format(fmt)
+        chosen = list(parse_formats(only)) if only else list(all_formats().values())
+        if value:
+            casts = analyze_values(value, chosen)
+            _emit_doc(values_doc(casts), fmt, casts)
+        else:
+            hw = probe(device, budget_s=0.05)
+            _emit_doc(formats_doc(chosen, hw), fmt, chosen)
+    except DtypelabError as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def cast(
+    file: Annotated[str, typer.Argument(help=".pt/.pth/.bin (loaded with weights_only), .safetensors, .npy, .npz")],
+    to: Annotated[str, typer.Option("--to", "-t", help="target format, e.g. fp16, bf16, fp8, int8")],
+    fmt: Annotated[str, typer.Option("--format", help="table, markdown, html or json")] = "table",
+) -> None:
+    """What converting every tensor in FILE to a format does: overflow, underflow, error, SQNR, bytes."""
+    from ..castcheck import cast_file
+    from ..formats import get_format
+    from ..render_numeric import cast_doc
+
+    try:
+        _check_format(fmt)
+        target = get_format(to)
+        with _progress() as progress:
+            bar = progress.add_task(f"casting to {target.name} (elements)", total=None)
+            report = cast_file(file, to, lambda done, total: progress.update(bar, completed=done, total=total))
+    except DtypelabError as exc:
+        raise _fail(exc) from None
+    _emit_doc(cast_doc(report, target), fmt, report)
+
+
+@app.command()
+def audit(
+    task: Annotated[str, typer.Argument(help="built-in name, path/file.py:make_task or pkg.module:make_task")],
+    policy: Annotated[str, typer.Option("--policy", "-p", help="precision policy to train under")] = "fp32",
+    steps: Annotated[int, typer.Option(help="training steps")] = 20,
+    every: Annotated[int, typer.Option(help="measure every N-th step (hooks stay idle on the others)")] = 1,
+    layers: Annotated[str | None, typer.Option(help="regular expression on module / parameter names")] = None,
+    formats: Annotated[str, typer.Option("--formats", "-f", help="candidate formats, comma-separated")] = (
+        "float16,bfloat16,float8_e4m3fn,float8_e5m2"),
+    batch_size: Annotated[int | None, typer.Option("--batch-size", "-b")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N [default: cuda if present]")] = None,
+    seed: int = 0,
+    force: Annotated[bool, typer.Option(help="run a policy measured to be pathologically slow here")] = False,
+    threads: Annotated[int | None, typer.Option(help="torch threads [default: torch's]")] = None,
+    json: Annotated[str | None, typer.Option("--json", help="result file [default: dtypelab-results/…]")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, markdown, html or json")] = "table",
+    top: Annotated[int, typer.Option(help="rows to show, riskiest first (0: all; the JSON has all)")] = 25,
+) -> None:
+    """Per-layer value ranges of activations and gradients against fp16, bf16 and fp8, sorted by risk."""
+    from ..audit import audit as run_audit
+    from ..bench import default_result_path
+
+    path = json or default_result_path(task, "audit")
+    try:
+        _check_format(fmt)
+        with _progress() as progress:
+            bar = progress.add_task(f"audit {task} ({policy})", total=steps)
+            report = run_audit(task, policy=policy, steps=steps, every=every, layers=layers, formats=formats,
+                               batch_size=batch_size, seed=seed, device=device, threads=threads, json_path=path,
+                               force=force,
+                               progress=lambda done, total: progress.update(bar, completed=done))
+    except DtypelabError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        err.print(f"[yellow]interrupted[/]: the steps measured so far are saved in {path}")
+        raise typer.Exit(130) from None
+    _emit_record(report, fmt, top)
+    err.print(f"[dim]results saved to {path}; re-render with: dtypelab show {path}[/]")
+    if report.status == "failed":  # what was measured is shown and saved; the exit code still says so
+        err.print(f"[bold red]error:[/] training failed after {len(report.losses)} steps: {report.reason}",
+                  highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+

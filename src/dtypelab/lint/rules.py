@@ -1,0 +1,302 @@
+"""The precision-hazard rules: one AST pass per file, with names resolved through imports and through
+simple local assignments (``e = torch.exp(x); e / e.sum()`` is still a naive softmax)."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from .names import Imports
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    name: str
+    why: str
+    fix: str
+
+
+RULES = {r.code: r for r in (
+    Rule("DTL001", "naive-softmax", "exp(x) / sum(exp(x)) overflows for large x (exp(x) is inf above 88.7 in "
+         "float32, 11.1 in float16) and gives NaN", "use torch.softmax(x, dim), or subtract x.amax(dim, "
+         "keepdim=True) before exp"),
+    Rule("DTL002", "log-of-softmax", "log(softmax(x)) is -inf once a probability underflows to 0",
+         "use torch.log_softmax(x, dim) (F.log_softmax)"),
+    Rule("DTL003", "log-sum-exp", "log(sum(exp(x))) overflows for large x", "use torch.logsumexp(x, dim)"),
+    Rule("DTL004", "log1p", "log(1 + x) loses x when |x| is below eps (1 + 1e-8 == 1 in float32)", "use log1p(x)"),
+    Rule("DTL005", "expm1", "exp(x) - 1 cancels catastrophically for small |x|", "use expm1(x)"),
+    Rule("DTL006", "nan-equality", "a comparison with NaN is always False (!= always True)",
+         "use torch.isnan(x) / math.isnan(x)"),
+    Rule("DTL007", "log-of-sigmoid", "log(sigmoid(x)) is -inf once sigmoid underflows (x below -88 in float32, "
+         "-17 in float16)", "use F.logsigmoid(x)"),
+    Rule("DTL101", "backward-in-autocast", ".backward() inside an autocast block: autocast should cover only "
+         "the forward pass and the loss", "end the `with autocast` block before calling .backward()"),
+    Rule("DTL102", "half-model-training", "the whole model is converted to float16 and then trained: updates "
+         "smaller than the weights' eps are lost, gradients underflow, and Adam's eps=1e-8 is 0 in float16",
+         "keep float32 weights; use torch.autocast(device, dtype=torch.float16) and torch.amp.GradScaler"),
+    Rule("DTL103", "sigmoid-bce", "sigmoid + BCELoss: log of a saturated sigmoid is -inf, and autocast rejects "
+         "BCELoss on CUDA", "drop the sigmoid and use nn.BCEWithLogitsLoss / F.binary_cross_entropy_with_logits"),
+    Rule("DTL104", "gradscaler-with-bf16", "GradScaler with bfloat16 autocast: bfloat16 has float32's exponent "
+         "range, so loss scaling only costs time", "drop the GradScaler: loss.backward(); optimizer.step()"),
+    Rule("DTL105", "deprecated-amp-api", "torch.cuda.amp.* and torch.cpu.amp.* are deprecated",
+         "use torch.amp.autocast('cuda', ...), torch.amp.GradScaler('cuda'), torch.amp.custom_fwd(device_type=…)"),
+    Rule("DTL900", "unparsable", "the file could not be parsed, so it was not checked",
+         "fix the syntax error or the encoding"),
+)}
+
+FUNCS = {
+    "exp": {"torch.exp", "numpy.exp", "math.exp", "torch.special.exp"},
+    "log": {"torch.log", "numpy.log", "math.log"},
+    "sum": {"torch.sum", "numpy.sum", "builtins.sum", "math.fsum"},
+    "softmax": {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"},
+    "sigmoid": {"torch.sigmoid", "torch.nn.functional.sigmoid", "torch.special.expit"},
+}
+METHODS = {"exp", "log", "sum", "softmax", "sigmoid"}
+MODULE_CALLS = {"torch.nn.Softmax": "softmax", "torch.nn.Sigmoid": "sigmoid"}
+AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"}
+SCALERS = {"torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.GradScaler", "torch.cpu.amp.GradScaler"}
+BCE = {"torch.nn.BCELoss", "torch.nn.functional.binary_cross_entropy"}
+FP16 = {"torch.float16", "torch.half"}
+NAN = {"math.nan", "numpy.nan", "numpy.NaN", "numpy.NAN", "torch.nan"}
+DEPRECATED = {"torch.cuda.amp.autocast": "torch.amp.autocast('cuda', ...)",
+              "torch.cuda.amp.GradScaler": "torch.amp.GradScaler('cuda')",
+              "torch.cpu.amp.autocast": "torch.amp.autocast('cpu', ...)",
+              "torch.cpu.amp.GradScaler": "torch.amp.GradScaler('cpu')",
+              "torch.cuda.amp.custom_fwd": "torch.amp.custom_fwd(device_type='cuda')",
+              "torch.cuda.amp.custom_bwd": "torch.amp.custom_bwd(device_type='cuda')"}
+
+
+def _is_one(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value == 1
+
+
+class Checker(ast.NodeVisitor):
+    def __init__(self, imports: Imports) -> None:
+        self.im = imports
+        self.found: list[tuple[int, int, str, str, str]] = []  # (line, col, code, message, fix)
+        self.scopes: list[dict[str, ast.AST]] = [{}]
+        self.autocast_depth = 0
+        self.half_sites: list[tuple[ast.AST, str]] = []
+        self.trained: set[str] = set()
+        self.bce_sites: list[tuple[ast.AST, bool]] = []  # (call, its input is visibly a sigmoid)
+        self.sigmoid = False
+        self.scaler_sites: list[ast.AST] = []
+        self.autocast_dtypes: list[str | None] = []
+
+    # --- helpers -------------------------------------------------------------------------------
+    def add(self, node: ast.AST, code: str, message: str = "", fix: str = "") -> None:
+        self.found.append((node.lineno, node.col_offset + 1, code, message or RULES[code].why, fix or RULES[code].fix))
+
+    def deref(self, node: ast.AST, depth: int = 3) -> ast.AST:
+        """A local name's assigned expression (a few levels), else the node itself."""
+        while depth and isinstance(node, ast.Name):
+            bound = next((s[node.id] for s in reversed(self.scopes) if node.id in s), None)
+            if bound is None:
+                break
+            node, depth = bound, depth - 1
+        return node
+
+    def op(self, node: ast.AST) -> tuple[str, ast.AST | None, str] | None:
+        """(kind, operand, namespace) for exp/log/sum/softmax/sigmoid calls in function or method form."""
+        if not isinstance(node, ast.Call):
+            return None
+        f, first = node.func, node.args[0] if node.args else None
+        if isinstance(f, ast.Call) and self.im.qualname(f.func) in MODULE_CALLS:  # nn.Softmax(dim=1)(x)
+            return MODULE_CALLS[self.im.qualname(f.func)], first, "torch"
+        q = self.im.qualname(f)
+        if q is not None:
+            kind = next((k for k, names in FUNCS.items() if q in names), None)
+            if q == "math.log" and len(node.args) > 1:
+                return None  # log with a base
+            return (kind, first, q.split(".")[0]) if kind else None
+        if (isinstance(f, ast.Attribute) and f.attr in METHODS and not self.im.rooted_in_module(f)
+                and not (isinstance(f.value, ast.Name) and f.value.id == "self")):
+            if f.attr in ("exp", "log", "sigmoid") and (node.args or node.keywords):
+                return None
+            return f.attr, f.value, "torch"
+        return None
+
+    def kind(self, node: ast.AST | None) -> str | None:
+        o = self.op(self.deref(node)) if node is not None else None
+        return o[0] if o else None
+
+    def operand(self, node: ast.AST) -> ast.AST | None:
+        o = self.op(self.deref(node))
+        return o[1] if o else None
+
+    def shifted(self, exp_node: ast.AST) -> bool:
+        """exp(x - m): the stable form. Any subtraction counts: m is a max in every real case seen, often
+        computed by a helper or rebound (masked_fill of the max), and a false alarm is worse than a miss."""
+        arg = self.deref(self.operand(exp_node) or exp_node)
+        return isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Sub)
+
+    def sum_of_exp(self, node: ast.AST) -> ast.AST | None:
+        if self.kind(node) != "sum":
+            return None
+        inner = self.operand(node)
+        return inner if inner is not None and self.kind(inner) == "exp" else None
+
+    # --- scopes and bindings -------------------------------------------------------------------
+    def _scoped(self, node: ast.AST) -> None:
+        depth, self.autocast_depth = self.autocast_depth, 0
+        self.scopes.append({})
+        self.generic_visit(node)
+        self.scopes.pop()
+        self.autocast_depth = depth
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = _scoped
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self.visit(node.value)
+        for t in node.targets:
+            self.visit(t)
+            if isinstance(t, ast.Name):
+                self.scopes[-1][t.id] = node.value
+        self._half(node.value, node.targets[0] if len(node.targets) == 1 else None)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self.generic_visit(node)
+        if isinstance(node.target, ast.Name):
+            self.scopes[-1].pop(node.target.id, None)
+
+    # --- rules ---------------------------------------------------------------------------------
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if (isinstance(node.op, ast.Div) and self.kind(node.left) == "exp"
+                and self.sum_of_exp(node.right) is not None and not self.shifted(node.left)):
+            self.add(node, "DTL001")
+        if isinstance(node.op, ast.Sub) and _is_one(node.right) and self.kind(node.left) == "exp":
+            self.add(node, "DTL005")
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        o = self.op(node)
+        if o and o[0] == "log" and o[1] is not None:
+            self._log(node, o[1], o[2])
+        if o and o[0] == "sigmoid":
+            self.sigmoid = True
+        q = self.im.qualname(node.func)
+        if q == "torch.nn.BCELoss":  # the module form is judged with the file's sigmoids in finish()
+            self.bce_sites.append((node, False))
+        elif q in BCE and node.args and self.kind(node.args[0]) == "sigmoid":
+            self.bce_sites.append((node, True))
+        elif q in SCALERS:
+            self.scaler_sites.append(node)
+        elif q == "torch.nn.Sigmoid":
+            self.sigmoid = True
+        elif q in AUTOCAST:
+            self.autocast_dtypes.append(self._autocast_dtype(node, q))
+        if self.autocast_depth and ((isinstance(node.func, ast.Attribute) and node.func.attr == "backward")
+                                    or q == "torch.autograd.backward"):
+            self.add(node, "DTL101")
+        self._trained(node, q)
+        self._half(node, None)  # `m = model.half()` is seen here (receiver) and by visit_Assign (target)
+        self.generic_visit(node)
+
+    def _log(self, node: ast.Call, arg: ast.AST, ns: str) -> None:
+        inner = self.deref(arg)
+        k = self.kind(inner)
+        if k == "softmax":
+            self.add(node, "DTL002")
+        elif k == "sigmoid":
+            self.add(node, "DTL007")
+        elif self.sum_of_exp(inner) is not None and not self.shifted(self.sum_of_exp(inner)):
+            self.add(node, "DTL003")
+        elif isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Add) and (_is_one(inner.left) or
+                                                                                 _is_one(inner.right)):
+            other = inner.right if _is_one(inner.left) else inner.left
+            if self.kind(other) == "exp":
+                self.add(node, "DTL004", "log(1 + exp(x)) overflows for large x (exp is inf above 88.7 in float32)",
+                         "use F.softplus(x) (torch.nn.functional.softplus)")
+            else:
+                fn = {"torch": "torch.log1p(x)", "numpy": "np.log1p(x)", "math": "math.log1p(x)"}.get(ns, "log1p(x)")
+                self.add(node, "DTL004", fix=f"use {fn}")
+
+    def _autocast_dtype(self, node: ast.Call, q: str) -> str | None:
+        kw = {k.arg: k.value for k in node.keywords}
+        if "dtype" in kw:
+            d = self.im.qualname(kw["dtype"])
+            return "bf16" if d == "torch.bfloat16" else ("fp16" if d in FP16 else None)
+        if q == "torch.cuda.amp.autocast":
+            return "fp16"
+        device = kw.get("device_type", node.args[0] if node.args else None)
+        if isinstance(device, ast.Constant):
+            return {"cuda": "fp16", "cpu": "bf16"}.get(str(device.value).split(":")[0])
+        return None
+
+    def visit_With(self, node: ast.With) -> None:
+        active = any(self.im.qualname(i.context_expr.func) in AUTOCAST and not any(
+            k.arg == "enabled" and isinstance(k.value, ast.Constant) and k.value.value is False
+            for k in i.context_expr.keywords) for i in node.items if isinstance(i.context_expr, ast.Call))
+        for item in node.items:
+            self.visit(item)
+        self.autocast_depth += active
+        for stmt in node.body:
+            self.visit(stmt)
+        self.autocast_depth -= active
+
+    visit_AsyncWith = visit_With
+
+    def visit_Compare(self, node: ast.Compare) -> None:
+        if (any(isinstance(o, (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)) for o in node.ops)
+                and any(self._is_nan(x) for x in [node.left, *node.comparators])):
+            self.add(node, "DTL006")
+        self.generic_visit(node)
+
+    def _is_nan(self, node: ast.AST) -> bool:
+        if self.im.qualname(node) in NAN:
+            return True
+        return (isinstance(node, ast.Call) and self.im.qualname(node.func) == "builtins.float" and len(node.args) == 1
+                and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).strip().lower() == "nan")
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        q = self.im.qualname(node)
+        if q in DEPRECATED and self.im.rooted_in_module(node):
+            self.add(node, "DTL105", f"{q} is deprecated", f"use {DEPRECATED[q]}")
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        for imported, qual, _ in self.im.from_imports:
+            if imported is node and qual in DEPRECATED:
+                self.add(node, "DTL105", f"{qual} is deprecated", f"use {DEPRECATED[qual]}")
+
+    # --- whole-model fp16 training -------------------------------------------------------------
+    def _half(self, value: ast.AST, target: ast.AST | None) -> None:
+        if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Attribute):
+            return
+        f, args = value.func, [*value.args, *(k.value for k in value.keywords if k.arg == "dtype")]
+        if (f.attr == "half" and not value.args) or (f.attr == "to" and any(self.im.qualname(a) in FP16 for a in args)):
+            pass
+        else:
+            return
+        who = target if target is not None else f.value
+        if isinstance(who, (ast.Name, ast.Attribute)):
+            self.half_sites.append((value, ast.unparse(who)))
+
+    def _trained(self, node: ast.Call, q: str | None) -> None:
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr == "train" and not (node.args and isinstance(
+                node.args[0], ast.Constant) and node.args[0].value is False):
+            self.trained.add(ast.unparse(f.value))
+        is_optimizer = q is not None and (q.startswith("torch.optim.") or ".optim." in q)
+        if is_optimizer:
+            for a in node.args[:1]:
+                if (isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute)
+                        and a.func.attr in ("parameters", "named_parameters")):
+                    self.trained.add(ast.unparse(a.func.value))
+
+    def finish(self) -> list[tuple[int, int, str, str, str]]:
+        """File-level rules, which need the whole file seen."""
+        seen = set()
+        for node, who in self.half_sites:
+            if who in self.trained and id(node) not in seen:
+                seen.add(id(node))
+                self.add(node, "DTL102", f"{who} is converted to float16 and then trained: "
+                                         + RULES["DTL102"].why.split(": ", 1)[1])
+        for node, direct in self.bce_sites:
+            if direct or self.sigmoid:
+                self.add(node, "DTL103")
+        if self.scaler_sites and self.autocast_dtypes and all(d == "bf16" for d in self.autocast_dtypes):
+            for node in self.scaler_sites:
+                self.add(node, "DTL104")
+        return sorted(self.found)

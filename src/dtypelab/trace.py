@@ -1,0 +1,90 @@
+"""``trace``: train a task under a policy with the NaN/Inf guard armed and report the first non-finite
+value's origin, plus GradScaler's history under amp-fp16."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .errors import DtypelabError, TaskError, describe_exception
+from .guard import Guard, NonFiniteError
+from .hardware import HardwareInfo, probe, resolve_device
+from .policies import policy_class
+from .results import Finding, TraceConfig, TraceReport
+from .task import Task, load_task, map_tensors
+from .worker import _threads, _train_step
+
+Progress = Callable[[int, int], None]
+
+
+def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, batch_size: int | None = None,
+          seed: int = 0, device: str | None = None, threads: int | None = None, checkpoint_every: int | None = None,
+          stop_on_skip: bool = False, force: bool = False, json_path: str | None = None,
+          progress: Progress | None = None, environment: dict[str, Any] | None = None,
+          hardware: HardwareInfo | None = None) -> TraceReport:
+    """Train ``steps`` steps (default: the task's) and stop at the first NaN/Inf in the loss, gradients or
+    weights, naming the op that created it (see README). Under amp-fp16, steps GradScaler skips are
+    logged, not errors, unless ``stop_on_skip`` or the scale collapses below 1."""
+    if steps is not None and steps < 1:
+        raise DtypelabError("--steps must be at least 1")
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise DtypelabError("--checkpoint-every must be at least 1 (or omitted: chosen from its measured cost)")
+    spec = task if isinstance(task, str) else task.name
+    task_obj = load_task(task) if isinstance(task, str) else task
+    dev = resolve_device(device)
+    pol = policy_class(policy)(dev)
+    hardware = hardware or probe(dev, budget_s=0.02)
+    pol.require(hardware, force)
+    n, bs = steps or task_obj.steps, batch_size or task_obj.batch_size
+    config = TraceConfig(task=spec, policy=pol.name, steps=n, batch_size=bs, seed=seed, device=str(dev),
+                         checkpoint_every=checkpoint_every or 0, stop_on_skip=stop_on_skip)
+    progress = progress or (lambda done, total: None)
+    status, reason, finding = "clean", "", None
+    start = time.perf_counter()
+    with _threads(threads):
+        torch.manual_seed(seed)
+        try:
+            model = pol.convert_module(task_obj.make_model().to(dev))
+            model.train()
+            optimizer = task_obj.make_optimizer(model.parameters())
+        except Exception as exc:
+            raise TaskError(f"building the model raised {describe_exception(exc)}") from exc
+        guard = Guard(model, optimizer, scaler=getattr(pol, "scaler", None), checkpoint_every=checkpoint_every,
+                      stop_on_skip=stop_on_skip)
+
+        def one_step(inputs: Any, target: Any) -> torch.Tensor:
+            return _train_step(task_obj, model, pol, optimizer, inputs, target)
+
+        torch.manual_seed(seed)  # same dropout masks as bench
+        try:
+            with pol.session(), guard:
+                for step in range(n):
+                    batch = map_tensors(lambda t: t.to(dev), task_obj.train_batch(step, bs))
+                    guard.step(one_step, *batch)
+                    progress(step + 1, n)
+        except NonFiniteError as exc:
+            status, finding = "found", exc.finding
+        except KeyboardInterrupt:
+            status, reason = "interrupted", f"interrupted after {guard.steps} steps"
+        except Exception as exc:
+            status, reason = "failed", describe_exception(exc)
+    if environment is None:
+        from .bench import environment as current_environment
+
+        environment = current_environment(hardware)
+    report = TraceReport(
+        config=config, environment=environment, status=status, reason=reason, finding=finding,
+        losses=tuple(guard.losses), scaler=guard.log.stats() if guard.log else {},
+        checkpoint_every=guard.every, checkpoint_s=guard.checkpoint_s, wall_s=time.perf_counter() - start,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    if json_path:
+        report.save(json_path)
+    if status == "interrupted":
+        raise KeyboardInterrupt
+    return report
+
+
+__all__ = ["Finding", "Guard", "NonFiniteError", "trace"]
