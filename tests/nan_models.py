@@ -149,3 +149,26 @@ class MaskNet(nn.Module):
 
 def fully_masked_task() -> Task:
     return task("masked", MaskNet, seq=6)
+
+
+class MaskStyles(nn.Module):
+    """−inf masks written three other ways (where, full + triu, an additive SDPA mask): none is an error."""
+
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.proj, self.head = nn.Linear(dim, dim), nn.Linear(dim, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        t = x.shape[1]
+        causal = torch.ones(t, t, dtype=torch.bool).triu(1)
+        s = torch.where(causal, float("-inf"), h @ h.transpose(-2, -1))
+        a = F.softmax(s, dim=-1) @ h
+        additive = torch.full((t, t), float("-inf")).triu(1)
+        b = F.softmax(h @ h.transpose(-2, -1) + additive, dim=-1) @ h
+        c = F.scaled_dot_product_attention(h, h, h, attn_mask=additive)
+        return self.head(a + b + c).mean(1)
+
+
+def mask_styles_task() -> Task:
+    return task("maskstyles", MaskStyles, seq=6)

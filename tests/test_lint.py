@@ -45,7 +45,9 @@ POSITIVE = {
     "DTL102": ["model = Net().half()\nopt = torch.optim.Adam(model.parameters())",
                "model.half()\nmodel.train()",
                "net = net.to(torch.float16)\noptimizer = torch.optim.SGD(net.parameters(), lr=0.1)",
-               "self.model.to(dtype=torch.half)\nopt = torch.optim.AdamW(self.model.parameters())"],
+               "self.model.to(dtype=torch.half)\nopt = torch.optim.AdamW(self.model.parameters())",
+               "class L:\n    def __init__(self):\n        self.net = Net().half()\n"
+               "    def configure(self):\n        return torch.optim.Adam(self.net.parameters())"],
     "DTL103": ["crit = nn.BCELoss()\nout = torch.sigmoid(h)",
                "loss = F.binary_cross_entropy(torch.sigmoid(z), y)",
                "head = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nloss_fn = torch.nn.BCELoss()"],
@@ -72,7 +74,9 @@ NEGATIVE = {
                "with torch.no_grad():\n    loss.backward()",
                "with torch.autocast('cuda'):\n    def later():\n        loss.backward()"],
     "DTL102": ["x = batch.half()", "model = Net().half()\nmodel.eval()\nout = model(x)",
-               "model.half()\nmodel.train(False)", "y = x.to(torch.bfloat16)\nopt = torch.optim.SGD(y.parameters())"],
+               "model.half()\nmodel.train(False)", "y = x.to(torch.bfloat16)\nopt = torch.optim.SGD(y.parameters())",
+               "def export(model):\n    model.half()\n    return model.state_dict()\n"
+               "def fit(model):\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)"],
     "DTL103": ["crit = nn.BCEWithLogitsLoss()\nout = torch.sigmoid(h)", "crit = nn.BCELoss()",
                "loss = F.binary_cross_entropy(p, y)", "loss = F.binary_cross_entropy_with_logits(z, y)"],
     "DTL104": ["scaler = torch.amp.GradScaler('cuda')\nwith torch.autocast('cuda', dtype=torch.float16):\n    pass",

@@ -66,6 +66,17 @@ def test_attention_mask_with_minus_inf_is_not_reported():
     assert r.status == "clean" and r.finding is None
 
 
+def test_masks_written_with_where_full_and_sdpa_are_not_reported():
+    assert run(nm.mask_styles_task(), steps=5).status == "clean"
+    # ...and when something else does go wrong, the masks are still not the origin
+    with pytest.raises(NonFiniteError) as info, Guard(model := nm.MaskStyles()) as guard:
+        x = torch.rand(2, 6, 8)
+        x[0, 0, 0] = float("nan")  # a NaN in the data: reported as such, not as a mask
+        guard.step(lambda inp: model(inp).sum(), x)
+    o = info.value.finding.origin
+    assert o.kind == "external" and o.diagnosis == "input already non-finite: the input batch"
+
+
 def test_fully_masked_row_is_reported_at_the_softmax_with_its_mask():
     f = run(nm.fully_masked_task()).finding
     o = f.origin

@@ -237,7 +237,7 @@ class Guard:
             step=fail_step, trigger=trigger, reproduced=bool(reached), origin=origin,
             path=tuple(tracer.paths.get(first, ())) if first is not None else (),
             reached=tuple(reached.get(first, ())) if first is not None else (),
-            others=tuple(e for e in origins if e.index != first)[:5],
+            others=tuple(e for e in origins if e.index != first)[:20],
             masks=sum(e.kind == "mask" for e in tracer.events), checkpoint_step=self.checkpoint_step,
             replayed_steps=len(before), trace_s=trace_s, ops_traced=tracer.ops)
 

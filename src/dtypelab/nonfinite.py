@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from .diagnose import explain, summarize_tensor
 from .results import OpEvent
@@ -124,6 +124,7 @@ class OpTracer(TorchDispatchMode):
         self._pending: list[tuple[weakref.ref, _ForwardInfo]] = []
         self._nodes: dict[int, _ForwardInfo] = {}  # autograd node sequence number -> forward op
         self._handles: list[Any] = []
+        self._before: dict[int, torch.Tensor] = {}
         self.ops = 0
 
     # --- module and optimizer context ----------------------------------------------------------
@@ -167,6 +168,9 @@ class OpTracer(TorchDispatchMode):
             self._map_nodes()
         inputs = _floats((args, kwargs))
         flags = [_flags(t) for t in inputs]  # before the call: an in-place op overwrites its input
+        # What an in-place op is about to overwrite, as it was: for the report and the diagnosis only
+        # (lineage follows the real tensors). Replay-only cost.
+        self._before = {id(t): t.detach().clone() for t in _written(func, args, kwargs)}
         out = func(*args, **kwargs)
         outputs = _floats(out)
         seen = {id(t) for t in outputs}
@@ -228,7 +232,11 @@ class OpTracer(TorchDispatchMode):
             return source
         kind = "mask" if not out_nan and _has_inf_literal(args, kwargs) else "origin"
         masks = [self.events[self._source(t)] for t in inf_in]
-        diagnosis = explain(name, func, args, kwargs, inputs, flags, outputs, out_flags, masks)
+        pre = self._before
+        shown = [pre.get(id(t), t) for t in inputs]
+        args_pre, kwargs_pre = tree_map(lambda v: pre.get(id(v), v) if isinstance(v, torch.Tensor) else v,
+                                        (args, kwargs))
+        diagnosis = explain(name, func, args_pre, kwargs_pre, shown, flags, outputs, out_flags, masks)
         if phase == "optimizer":
             diagnosis += self._eps_hint(outputs)
         if phase == "backward":
@@ -242,7 +250,7 @@ class OpTracer(TorchDispatchMode):
         return self._add(OpEvent(
             index=len(self.events), step=self.step, phase=phase, op=f"aten.{name}", kind=kind, module=module,
             source=source_line, code=code, backward_of=backward_of,
-            inputs=tuple(summarize_tensor(t) for t in inputs[:4]),
+            inputs=tuple(summarize_tensor(t) for t in shown[:4]),
             outputs=tuple(summarize_tensor(t) for t in outputs[:2]), diagnosis=diagnosis, tensor=param))
 
     def _add(self, event: OpEvent) -> int:

@@ -57,7 +57,14 @@ def trace_doc(report: TraceReport) -> Doc:
                          "kernels?); the origin shown is the first non-finite value the replay created"
                          if f.origin else "the replay did not reproduce the non-finite value (non-deterministic "
                          "kernels?); nothing to blame")
-        notes += [f"also created in this step, not what reached the detector: {_short(o)}" for o in f.others[:3]]
+        same = [o for o in f.others if f.origin and (o.op, o.phase) == (f.origin.op, f.origin.phase)]
+        if same:
+            names = [o.tensor or o.module for o in same if o.tensor or o.module]
+            listed = f": {', '.join(names[:4])}{', …' if len(names) > 4 else ''}" if names else ""
+            notes.append(f"{f.origin.op} created non-finite values in {len(same)} more tensor"
+                         f"{'s' if len(same) > 1 else ''} in this step{listed}")
+        notes += [f"also created in this step, not what reached the detector: {_short(o)}"
+                  for o in f.others if o not in same][:3]
         if f.masks:
             notes.append(f"{f.masks} intentional infinit{'ies' if f.masks > 1 else 'y'} (−inf masks) seen and "
                          "not reported as errors")

@@ -77,8 +77,9 @@ class Checker(ast.NodeVisitor):
         self.found: list[tuple[int, int, str, str, str]] = []  # (line, col, code, message, fix)
         self.scopes: list[dict[str, ast.AST]] = [{}]
         self.autocast_depth = 0
-        self.half_sites: list[tuple[ast.AST, str]] = []
-        self.trained: set[str] = set()
+        self.half_sites: list[tuple[ast.AST, str, tuple]] = []  # (call, receiver text, scope key)
+        self.trained: set[tuple] = set()  # scope keys of models that are trained
+        self.scope_nodes: list[ast.AST | None] = [None]
         self.bce_sites: list[tuple[ast.AST, bool]] = []  # (call, its input is visibly a sigmoid)
         self.sigmoid = False
         self.scaler_sites: list[ast.AST] = []
@@ -141,9 +142,19 @@ class Checker(ast.NodeVisitor):
     def _scoped(self, node: ast.AST) -> None:
         depth, self.autocast_depth = self.autocast_depth, 0
         self.scopes.append({})
+        self.scope_nodes.append(node)
         self.generic_visit(node)
+        self.scope_nodes.pop()
         self.scopes.pop()
         self.autocast_depth = depth
+
+    def _key(self, who: str) -> tuple:
+        """Where a name lives: `self.x` belongs to the class (converted in __init__, trained in another
+        method), any other name to the innermost function, so two functions' `model`s never mix."""
+        if who.startswith("self."):
+            cls = next((n for n in reversed(self.scope_nodes) if isinstance(n, ast.ClassDef)), None)
+            return id(cls), who
+        return id(self.scope_nodes[-1]), who
 
     visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = _scoped
 
@@ -271,25 +282,26 @@ class Checker(ast.NodeVisitor):
             return
         who = target if target is not None else f.value
         if isinstance(who, (ast.Name, ast.Attribute)):
-            self.half_sites.append((value, ast.unparse(who)))
+            text = ast.unparse(who)
+            self.half_sites.append((value, text, self._key(text)))
 
     def _trained(self, node: ast.Call, q: str | None) -> None:
         f = node.func
         if isinstance(f, ast.Attribute) and f.attr == "train" and not (node.args and isinstance(
                 node.args[0], ast.Constant) and node.args[0].value is False):
-            self.trained.add(ast.unparse(f.value))
+            self.trained.add(self._key(ast.unparse(f.value)))
         is_optimizer = q is not None and (q.startswith("torch.optim.") or ".optim." in q)
         if is_optimizer:
             for a in node.args[:1]:
                 if (isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute)
                         and a.func.attr in ("parameters", "named_parameters")):
-                    self.trained.add(ast.unparse(a.func.value))
+                    self.trained.add(self._key(ast.unparse(a.func.value)))
 
     def finish(self) -> list[tuple[int, int, str, str, str]]:
         """File-level rules, which need the whole file seen."""
         seen = set()
-        for node, who in self.half_sites:
-            if who in self.trained and id(node) not in seen:
+        for node, who, key in self.half_sites:
+            if key in self.trained and id(node) not in seen:
                 seen.add(id(node))
                 self.add(node, "DTL102", f"{who} is converted to float16 and then trained: "
                                          + RULES["DTL102"].why.split(": ", 1)[1])
