@@ -13,14 +13,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import DtypelabError, TaskError, describe_exception
+from .errors import DtypelabError, describe_exception
 from .formats import AUDIT_FORMATS, get_format, parse_formats
 from .hardware import HardwareInfo, probe, resolve_device
 from .policies import policy_class
 from .rangestats import RangeCounter, RangeStats
 from .results import AuditConfig, AuditReport, LayerAudit
 from .task import Task, load_task, map_tensors
-from .worker import _threads, _train_step
+from .worker import _threads, _train_step, build_trainable
 
 Progress = Callable[[int, int], None]
 KIND_ORDER = ("activation", "grad", "param_grad")
@@ -182,13 +182,7 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
     losses: list[float] = []
     status, reason, start = "ok", "", time.perf_counter()
     with _threads(threads):
-        torch.manual_seed(seed)
-        try:
-            model = pol.convert_module(task_obj.make_model().to(dev))
-            model.train()
-            optimizer = task_obj.make_optimizer(model.parameters())
-        except Exception as exc:
-            raise TaskError(f"building the model raised {describe_exception(exc)}") from exc
+        model, optimizer = build_trainable(task_obj, pol, dev, seed)
         handles = _install(model, rec, pattern)
         params = [(n, p) for n, p in model.named_parameters() if not pattern or pattern.search(n)]
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from .nonfinite import OpTracer, _storage_key
 from .results import Finding
@@ -243,8 +244,6 @@ class Guard:
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_flatten
-
     return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
 
 

@@ -170,11 +170,12 @@ class OpTracer(TorchDispatchMode):
         flags = [_flags(t) for t in inputs]  # before the call: an in-place op overwrites its input
         # What an in-place op is about to overwrite, as it was: for the report and the diagnosis only
         # (lineage follows the real tensors). Replay-only cost.
-        self._before = {id(t): t.detach().clone() for t in _written(func, args, kwargs)}
+        written = _written(func, args, kwargs)
+        self._before = {id(t): t.detach().clone() for t in written}
         out = func(*args, **kwargs)
         outputs = _floats(out)
         seen = {id(t) for t in outputs}
-        outputs += [t for t in _written(func, args, kwargs) if id(t) not in seen]
+        outputs += [t for t in written if id(t) not in seen]
         info = None
         if phase == "forward":
             info = _ForwardInfo(f"aten.{name}", self._modules[-1] if self._modules else "", *user_source())

@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
-from .errors import DtypelabError, TaskError, describe_exception
+from .errors import DtypelabError, describe_exception
 from .guard import Guard, NonFiniteError
 from .hardware import HardwareInfo, probe, resolve_device
 from .policies import policy_class
 from .results import Finding, TraceConfig, TraceReport
 from .task import Task, load_task, map_tensors
-from .worker import _threads, _train_step
+from .worker import _threads, _train_step, build_trainable
 
 Progress = Callable[[int, int], None]
 
@@ -45,13 +45,7 @@ def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, b
     status, reason, finding = "clean", "", None
     start = time.perf_counter()
     with _threads(threads):
-        torch.manual_seed(seed)
-        try:
-            model = pol.convert_module(task_obj.make_model().to(dev))
-            model.train()
-            optimizer = task_obj.make_optimizer(model.parameters())
-        except Exception as exc:
-            raise TaskError(f"building the model raised {describe_exception(exc)}") from exc
+        model, optimizer = build_trainable(task_obj, pol, dev, seed)
         guard = Guard(model, optimizer, scaler=getattr(pol, "scaler", None), checkpoint_every=checkpoint_every,
                       stop_on_skip=stop_on_skip)
 

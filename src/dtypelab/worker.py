@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import describe_exception
+from .errors import TaskError, describe_exception
 from .measure import MemoryMeter, StepTimer, device_sync, model_bytes
 from .policies import BASELINE, Policy, policy_class
 from .results import PolicyResult
@@ -90,6 +90,18 @@ def build_model(task: Task, job: Job, weights: str | None) -> tuple[nn.Module, s
     elif weights:
         _atomic_save(model.state_dict(), weights)
     return model, _fingerprint(model)
+
+
+def build_trainable(task: Task, policy: Policy, device: torch.device, seed: int) -> tuple[nn.Module, Any]:
+    """The task's model under the policy, in train mode, and its optimizer (single-process commands: audit,
+    trace). A failure in the user's factories is a TaskError naming their line."""
+    torch.manual_seed(seed)
+    try:
+        model = policy.convert_module(task.make_model().to(device))
+        model.train()
+        return model, task.make_optimizer(model.parameters())
+    except Exception as exc:
+        raise TaskError(f"building the model raised {describe_exception(exc)}") from exc
 
 
 def make_predict(model: nn.Module, policy: Policy, device: torch.device) -> Callable[[Any], Any]:

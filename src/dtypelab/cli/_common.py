@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 
 import typer
 from rich.console import Console
@@ -29,6 +31,18 @@ def _fail(exc: DtypelabError) -> typer.Exit:
     if isinstance(exc, TaskError) and cause is not None and format_user_traceback(cause):
         err.print(format_user_traceback(cause).rstrip(), highlight=False, markup=False)
     return typer.Exit(2)
+
+
+@contextlib.contextmanager
+def _guarded(interrupted: str = "") -> Iterator[None]:
+    """A user mistake becomes a one-line error (exit 2); Ctrl-C says what was kept (exit 130)."""
+    try:
+        yield
+    except DtypelabError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        err.print(f"[yellow]interrupted[/]{': ' + interrupted if interrupted else ''}")
+        raise typer.Exit(130) from None
 
 
 def _check_format(fmt: str) -> None:

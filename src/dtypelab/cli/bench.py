@@ -8,7 +8,8 @@ import typer
 from rich.progress import Progress
 
 from ..errors import DtypelabError
-from ._common import _check_format, _emit, _emit_record, _fail, _progress, app, err, out
+from ._common import _check_format, _emit, _emit_record, _fail, _guarded, _progress, app, err, out
+from .options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, TaskArg, ThreadsOpt
 
 
 class _Bars:
@@ -37,38 +38,32 @@ class _Bars:
 
 @app.command()
 def bench(
-    task: Annotated[str, typer.Argument(help="built-in name (digits, checkerboard, charlm), "
-                                             "path/file.py:make_task or pkg.module:make_task")],
+    task: TaskArg,
     policies: Annotated[str | None, typer.Option("--policies", "-p", help="comma-separated; default: all")] = None,
     mode: Annotated[str, typer.Option(help="train, or infer (forward latency and output fidelity)")] = "train",
     steps: Annotated[int | None, typer.Option(help="training steps (infer: timed forward passes)")] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", "-b")] = None,
+    batch_size: BatchOpt = None,
     warmup: Annotated[int | None, typer.Option(help="steps excluded from timing [default: steps/10, ≤10]")] = None,
     tolerance: Annotated[str, typer.Option(help="allowed metric change vs fp32: 1% or an absolute 0.005")] = "1%",
-    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N [default: cuda if present]")] = None,
+    device: DeviceOpt = None,
     seed: int = 0,
-    force: Annotated[bool, typer.Option(help="run policies measured to be pathologically slow here")] = False,
+    force: ForceOpt = False,
     timeout: Annotated[float, typer.Option(help="time limit per policy, seconds")] = 600.0,
-    threads: Annotated[int | None, typer.Option(help="torch threads per run [default: torch's]")] = None,
-    json: Annotated[str | None, typer.Option("--json", help="result file [default: dtypelab-results/…]")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="table, markdown, html or json")] = "table",
+    threads: ThreadsOpt = None,
+    json: JsonOpt = None,
+    fmt: FormatOpt = "table",
 ) -> None:
     """Train TASK under each precision policy; print speed, memory, metric and a recommendation."""
     from ..bench import bench as run_bench
     from ..bench import default_result_path
 
     path = json or default_result_path(task, mode)
-    try:
+    with _guarded(f"policies that finished are saved in {path}"):
         _check_format(fmt)
         with _progress() as progress:
             report = run_bench(task, policies, mode=mode, steps=steps, batch_size=batch_size, warmup=warmup,
                                tolerance=tolerance, device=device, seed=seed, force=force, timeout_s=timeout,
                                threads=threads, json_path=path, on_event=_Bars(progress))
-    except DtypelabError as exc:
-        raise _fail(exc) from None
-    except KeyboardInterrupt:
-        err.print(f"[yellow]interrupted[/]: policies that finished are saved in {path}")
-        raise typer.Exit(130) from None
     _emit(report, fmt)
     err.print(f"[dim]results saved to {path}; re-render with: dtypelab show {path}[/]")
 
@@ -76,7 +71,7 @@ def bench(
 @app.command()
 def show(
     path: Annotated[str, typer.Argument(help="a result file written by dtypelab bench, audit or trace")],
-    fmt: Annotated[str, typer.Option("--format", help="table, markdown, html or json")] = "table",
+    fmt: FormatOpt = "table",
     top: Annotated[int, typer.Option(help="audit: rows to show, riskiest first (0: all)")] = 0,
 ) -> None:
     """Re-render a saved result."""

@@ -8,12 +8,13 @@ from typing import Annotated
 import typer
 
 from ..errors import DtypelabError
-from ._common import _check_format, _emit_record, _fail, _progress, app, err, out
+from ._common import _check_format, _emit_record, _fail, _guarded, _progress, app, err, out
+from .options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, TaskArg, ThreadsOpt
 
 
 @app.command()
 def trace(
-    task: Annotated[str, typer.Argument(help="built-in name, path/file.py:make_task or pkg.module:make_task")],
+    task: TaskArg,
     policy: Annotated[str, typer.Option("--policy", "-p", help="precision policy to train under")] = "fp32",
     steps: Annotated[int | None, typer.Option(help="training steps [default: the task's]")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(
@@ -21,13 +22,13 @@ def trace(
     stop_on_skip: Annotated[bool, typer.Option(
         "--stop-on-skip", help="amp-fp16: trace the first step GradScaler skips (default: log skips, stop only "
                                "when the scale collapses below 1)")] = False,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", "-b")] = None,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N [default: cuda if present]")] = None,
+    batch_size: BatchOpt = None,
+    device: DeviceOpt = None,
     seed: int = 0,
-    force: Annotated[bool, typer.Option(help="run a policy measured to be pathologically slow here")] = False,
-    threads: Annotated[int | None, typer.Option(help="torch threads [default: torch's]")] = None,
-    json: Annotated[str | None, typer.Option("--json", help="result file [default: dtypelab-results/…]")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="table, markdown, html or json")] = "table",
+    force: ForceOpt = False,
+    threads: ThreadsOpt = None,
+    json: JsonOpt = None,
+    fmt: FormatOpt = "table",
 ) -> None:
     """Train with a NaN/Inf guard armed; at the first non-finite value, name the op, module, source line
     and cause. Exit 1 when one was found."""
@@ -35,7 +36,7 @@ def trace(
     from ..trace import trace as run_trace
 
     path = json or default_result_path(task, "trace")
-    try:
+    with _guarded(f"the steps run so far are saved in {path}"):
         _check_format(fmt)
         with _progress() as progress:
             bar = progress.add_task(f"trace {task} ({policy})", total=steps)
@@ -43,11 +44,6 @@ def trace(
                                threads=threads, checkpoint_every=checkpoint_every, stop_on_skip=stop_on_skip,
                                force=force, json_path=path,
                                progress=lambda done, total: progress.update(bar, completed=done, total=total))
-    except DtypelabError as exc:
-        raise _fail(exc) from None
-    except KeyboardInterrupt:
-        err.print(f"[yellow]interrupted[/]: the steps run so far are saved in {path}")
-        raise typer.Exit(130) from None
     _emit_record(report, fmt)
     err.print(f"[dim]results saved to {path}; re-render with: dtypelab show {path}[/]")
     if report.status == "failed":

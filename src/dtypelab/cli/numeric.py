@@ -7,7 +7,8 @@ from typing import Annotated
 import typer
 
 from ..errors import DtypelabError
-from ._common import _check_format, _emit_doc, _emit_record, _fail, _progress, app, err
+from ._common import _check_format, _emit_doc, _emit_record, _fail, _guarded, _progress, app, err
+from .options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, TaskArg, ThreadsOpt
 
 
 @app.command()
@@ -16,7 +17,7 @@ def formats(
                                                       "in each format (repeatable)")] = None,
     only: Annotated[str | None, typer.Option("--formats", "-f", help="comma-separated formats [default: all]")] = None,
     device: Annotated[str | None, typer.Option(help="device whose native support is shown")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="table, markdown, html or json")] = "table",
+    fmt: FormatOpt = "table",
 ) -> None:
     """Every numeric format's range and precision, computed; with --value, what storing a value does."""
     from ..castcheck import analyze_values
@@ -42,7 +43,7 @@ def formats(
 def cast(
     file: Annotated[str, typer.Argument(help=".pt/.pth/.bin (loaded with weights_only), .safetensors, .npy, .npz")],
     to: Annotated[str, typer.Option("--to", "-t", help="target format, e.g. fp16, bf16, fp8, int8")],
-    fmt: Annotated[str, typer.Option("--format", help="table, markdown, html or json")] = "table",
+    fmt: FormatOpt = "table",
 ) -> None:
     """What converting every tensor in FILE to a format does: overflow, underflow, error, SQNR, bytes."""
     from ..castcheck import cast_file
@@ -62,20 +63,20 @@ def cast(
 
 @app.command()
 def audit(
-    task: Annotated[str, typer.Argument(help="built-in name, path/file.py:make_task or pkg.module:make_task")],
+    task: TaskArg,
     policy: Annotated[str, typer.Option("--policy", "-p", help="precision policy to train under")] = "fp32",
     steps: Annotated[int, typer.Option(help="training steps")] = 20,
     every: Annotated[int, typer.Option(help="measure every N-th step (hooks stay idle on the others)")] = 1,
     layers: Annotated[str | None, typer.Option(help="regular expression on module / parameter names")] = None,
     formats: Annotated[str, typer.Option("--formats", "-f", help="candidate formats, comma-separated")] = (
         "float16,bfloat16,float8_e4m3fn,float8_e5m2"),
-    batch_size: Annotated[int | None, typer.Option("--batch-size", "-b")] = None,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N [default: cuda if present]")] = None,
+    batch_size: BatchOpt = None,
+    device: DeviceOpt = None,
     seed: int = 0,
-    force: Annotated[bool, typer.Option(help="run a policy measured to be pathologically slow here")] = False,
-    threads: Annotated[int | None, typer.Option(help="torch threads [default: torch's]")] = None,
-    json: Annotated[str | None, typer.Option("--json", help="result file [default: dtypelab-results/…]")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="table, markdown, html or json")] = "table",
+    force: ForceOpt = False,
+    threads: ThreadsOpt = None,
+    json: JsonOpt = None,
+    fmt: FormatOpt = "table",
     top: Annotated[int, typer.Option(help="rows to show, riskiest first (0: all; the JSON has all)")] = 25,
 ) -> None:
     """Per-layer value ranges of activations and gradients against fp16, bf16 and fp8, sorted by risk."""
@@ -83,7 +84,7 @@ def audit(
     from ..bench import default_result_path
 
     path = json or default_result_path(task, "audit")
-    try:
+    with _guarded(f"the steps measured so far are saved in {path}"):
         _check_format(fmt)
         with _progress() as progress:
             bar = progress.add_task(f"audit {task} ({policy})", total=steps)
@@ -91,11 +92,6 @@ def audit(
                                batch_size=batch_size, seed=seed, device=device, threads=threads, json_path=path,
                                force=force,
                                progress=lambda done, total: progress.update(bar, completed=done))
-    except DtypelabError as exc:
-        raise _fail(exc) from None
-    except KeyboardInterrupt:
-        err.print(f"[yellow]interrupted[/]: the steps measured so far are saved in {path}")
-        raise typer.Exit(130) from None
     _emit_record(report, fmt, top)
     err.print(f"[dim]results saved to {path}; re-render with: dtypelab show {path}[/]")
     if report.status == "failed":  # what was measured is shown and saved; the exit code still says so
