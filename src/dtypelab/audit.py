@@ -15,12 +15,11 @@ from torch import nn
 
 from .errors import DtypelabError, describe_exception
 from .formats import AUDIT_FORMATS, get_format, parse_formats
-from .hardware import HardwareInfo, probe, resolve_device
-from .policies import policy_class
+from .hardware import HardwareInfo
 from .rangestats import RangeCounter, RangeStats
 from .results import AuditConfig, AuditReport, LayerAudit
-from .task import Task, load_task, map_tensors
-from .worker import _threads, _train_step, build_trainable
+from .task import Task, map_tensors
+from .worker import _threads, _train_step, build_trainable, prepare_single
 
 Progress = Callable[[int, int], None]
 KIND_ORDER = ("activation", "grad", "param_grad")
@@ -168,12 +167,7 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
         pattern = re.compile(layers) if layers else None
     except re.error as exc:
         raise DtypelabError(f"--layers {layers!r} is not a valid regular expression: {exc}") from None
-    spec = task if isinstance(task, str) else task.name
-    task_obj = load_task(task) if isinstance(task, str) else task
-    dev = resolve_device(device)
-    pol = policy_class(policy)(dev)
-    hardware = hardware or probe(dev, budget_s=0.02)
-    pol.require(hardware, force)
+    spec, task_obj, dev, pol, hardware = prepare_single(task, policy, device, hardware, force)
     bs = batch_size or task_obj.batch_size
     config = AuditConfig(task=spec, policy=pol.name, steps=steps, every=every, layers=layers or "", formats=fmts,
                          batch_size=bs, seed=seed, device=str(dev))

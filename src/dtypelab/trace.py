@@ -11,11 +11,10 @@ import torch
 
 from .errors import DtypelabError, describe_exception
 from .guard import Guard, NonFiniteError
-from .hardware import HardwareInfo, probe, resolve_device
-from .policies import policy_class
+from .hardware import HardwareInfo
 from .results import Finding, TraceConfig, TraceReport
-from .task import Task, load_task, map_tensors
-from .worker import _threads, _train_step, build_trainable
+from .task import Task, map_tensors
+from .worker import _threads, _train_step, build_trainable, prepare_single
 
 Progress = Callable[[int, int], None]
 
@@ -32,12 +31,7 @@ def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, b
         raise DtypelabError("--steps must be at least 1")
     if checkpoint_every is not None and checkpoint_every < 1:
         raise DtypelabError("--checkpoint-every must be at least 1 (or omitted: chosen from its measured cost)")
-    spec = task if isinstance(task, str) else task.name
-    task_obj = load_task(task) if isinstance(task, str) else task
-    dev = resolve_device(device)
-    pol = policy_class(policy)(dev)
-    hardware = hardware or probe(dev, budget_s=0.02)
-    pol.require(hardware, force)
+    spec, task_obj, dev, pol, hardware = prepare_single(task, policy, device, hardware, force)
     n, bs = steps or task_obj.steps, batch_size or task_obj.batch_size
     config = TraceConfig(task=spec, policy=pol.name, steps=n, batch_size=bs, seed=seed, device=str(dev),
                          checkpoint_every=checkpoint_every or 0, stop_on_skip=stop_on_skip)

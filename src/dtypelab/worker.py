@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .errors import TaskError, describe_exception
+from .hardware import HardwareInfo, probe, resolve_device
 from .measure import MemoryMeter, StepTimer, device_sync, model_bytes
 from .policies import BASELINE, Policy, policy_class
 from .results import PolicyResult
@@ -90,6 +91,19 @@ def build_model(task: Task, job: Job, weights: str | None) -> tuple[nn.Module, s
     elif weights:
         _atomic_save(model.state_dict(), weights)
     return model, _fingerprint(model)
+
+
+def prepare_single(task: str | Task, policy: str, device: str | None, hardware: HardwareInfo | None,
+                   force: bool) -> tuple[str, Task, torch.device, Policy, HardwareInfo]:
+    """(task spec, task, device, policy, hardware) for the single-process commands (audit, trace); an
+    error when the policy cannot run here or was measured pathologically slow and not ``force``."""
+    spec = task if isinstance(task, str) else task.name
+    task_obj = load_task(task) if isinstance(task, str) else task
+    dev = resolve_device(device)
+    pol = policy_class(policy)(dev)
+    hardware = hardware or probe(dev, budget_s=0.02)
+    pol.require(hardware, force)
+    return spec, task_obj, dev, pol, hardware
 
 
 def build_trainable(task: Task, policy: Policy, device: torch.device, seed: int) -> tuple[nn.Module, Any]:
