@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .bench import environment as current_environment
 from .errors import DtypelabError, describe_exception
 from .formats import AUDIT_FORMATS, get_format, parse_formats
 from .hardware import HardwareInfo
@@ -202,10 +203,7 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
         finally:
             for h in handles:
                 h.remove()
-    if environment is None:
-        from .bench import environment as current_environment
-
-        environment = current_environment(hardware)
+    environment = environment if environment is not None else current_environment(hardware)
     report = _report(config, rec, losses, status, reason, environment, time.perf_counter() - start)
     if json_path:
         report.save(json_path)

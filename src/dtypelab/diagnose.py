@@ -87,7 +87,7 @@ def _division(base: str, args: tuple, made_nan: bool) -> str | None:
     return text
 
 
-def _nan_from_inf(base: str, args: tuple, inputs: list[torch.Tensor], masks: list[OpEvent]) -> str:
+def _nan_from_inf(base: str, args: tuple, masks: list[OpEvent]) -> str:
     if base in SOFTMAX and isinstance(args[0], torch.Tensor):
         x, dim = args[0], args[1] if len(args) > 1 and isinstance(args[1], int) else -1
         rows = int(torch.isneginf(x).all(dim).sum())
@@ -118,7 +118,7 @@ def explain(name: str, func: Any, args: tuple, kwargs: dict, inputs: list[torch.
     out = next((t for t, (n, i) in zip(outputs, out_flags, strict=True) if n or i), outputs[0])
     dtype, fmax = _dname(out.dtype), torch.finfo(out.dtype).max
     if made_nan and any(i for _, i in flags):
-        return _nan_from_inf(base, args, inputs, masks)
+        return _nan_from_inf(base, args, masks)
     x = args[0] if args and isinstance(args[0], torch.Tensor) else (inputs[0] if inputs else None)
     if base in EXP and x is not None:
         limit = math.log(fmax) / math.log(EXP[base])

@@ -213,9 +213,8 @@ class Guard:
         for f, a, k in before:
             f(*a, **k)
         names = self._names()
-        for label, value in (("input", args), ("input", kwargs)):
-            for t in _tensors(value):
-                names.setdefault(_storage_key(t), f"the {label} batch")
+        for t in _tensors((args, kwargs)):
+            names.setdefault(_storage_key(t), "the input batch")
         start = time.perf_counter()
         with OpTracer(self.model, self.optimizer, names, step=fail_step) as tracer:
             out = fn(*args, **kwargs)

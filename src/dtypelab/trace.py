@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .bench import environment as current_environment
 from .errors import DtypelabError, describe_exception
 from .guard import Guard, NonFiniteError
 from .hardware import HardwareInfo
@@ -59,10 +60,7 @@ def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, b
             status, reason = "interrupted", f"interrupted after {guard.steps} steps"
         except Exception as exc:
             status, reason = "failed", describe_exception(exc)
-    if environment is None:
-        from .bench import environment as current_environment
-
-        environment = current_environment(hardware)
+    environment = environment if environment is not None else current_environment(hardware)
     report = TraceReport(
         config=config, environment=environment, status=status, reason=reason, finding=finding,
         losses=tuple(guard.losses), scaler=guard.log.stats() if guard.log else {},

@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable
 
 from ..errors import DtypelabError
 from ..results import LintFinding, LintReport
+from .catalog import RULES, Rule
 from .names import Imports
-from .rules import RULES, Checker, Rule
+from .rules import Checker
 
 _IGNORE = re.compile(r"#\s*dtypelab:\s*ignore(?:\[([A-Za-z0-9_,\s-]*)\])?(?!-)")
 _IGNORE_FILE = re.compile(r"#\s*dtypelab:\s*ignore-file\b")

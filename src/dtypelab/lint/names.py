@@ -14,7 +14,7 @@ class Imports:
     def __init__(self, tree: ast.AST) -> None:
         self.alias: dict[str, str] = {}
         self.modules: set[str] = set()  # names bound to modules (not to functions or classes)
-        self.from_imports: list[tuple[ast.ImportFrom, str, str]] = []  # (node, qualified name, local name)
+        self.from_imports: list[tuple[ast.ImportFrom, str]] = []  # (node, qualified name)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for a in node.names:
@@ -30,7 +30,7 @@ class Imports:
                     local = a.asname or a.name
                     qual = f"{node.module}.{a.name}"
                     self.alias[local] = qual
-                    self.from_imports.append((node, qual, local))
+                    self.from_imports.append((node, qual))
                     if qual in ("torch.nn.functional", "torch.nn", "torch.optim", "torch.special", "torch.amp",
                                 "torch.cuda.amp", "numpy.linalg"):
                         self.modules.add(local)

@@ -4,46 +4,9 @@ simple local assignments (``e = torch.exp(x); e / e.sum()`` is still a naive sof
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 
+from .catalog import RULES
 from .names import Imports
-
-
-@dataclass(frozen=True)
-class Rule:
-    code: str
-    name: str
-    why: str
-    fix: str
-
-
-RULES = {r.code: r for r in (
-    Rule("DTL001", "naive-softmax", "exp(x) / sum(exp(x)) overflows for large x (exp(x) is inf above 88.7 in "
-         "float32, 11.1 in float16) and gives NaN", "use torch.softmax(x, dim), or subtract x.amax(dim, "
-         "keepdim=True) before exp"),
-    Rule("DTL002", "log-of-softmax", "log(softmax(x)) is -inf once a probability underflows to 0",
-         "use torch.log_softmax(x, dim) (F.log_softmax)"),
-    Rule("DTL003", "log-sum-exp", "log(sum(exp(x))) overflows for large x", "use torch.logsumexp(x, dim)"),
-    Rule("DTL004", "log1p", "log(1 + x) loses x when |x| is below eps (1 + 1e-8 == 1 in float32)", "use log1p(x)"),
-    Rule("DTL005", "expm1", "exp(x) - 1 cancels catastrophically for small |x|", "use expm1(x)"),
-    Rule("DTL006", "nan-equality", "a comparison with NaN is always False (!= always True)",
-         "use torch.isnan(x) / math.isnan(x)"),
-    Rule("DTL007", "log-of-sigmoid", "log(sigmoid(x)) is -inf once sigmoid underflows (x below -88 in float32, "
-         "-17 in float16)", "use F.logsigmoid(x)"),
-    Rule("DTL101", "backward-in-autocast", ".backward() inside an autocast block: autocast should cover only "
-         "the forward pass and the loss", "end the `with autocast` block before calling .backward()"),
-    Rule("DTL102", "half-model-training", "the whole model is converted to float16 and then trained: updates "
-         "smaller than the weights' eps are lost, gradients underflow, and Adam's eps=1e-8 is 0 in float16",
-         "keep float32 weights; use torch.autocast(device, dtype=torch.float16) and torch.amp.GradScaler"),
-    Rule("DTL103", "sigmoid-bce", "sigmoid + BCELoss: log of a saturated sigmoid is -inf, and autocast rejects "
-         "BCELoss on CUDA", "drop the sigmoid and use nn.BCEWithLogitsLoss / F.binary_cross_entropy_with_logits"),
-    Rule("DTL104", "gradscaler-with-bf16", "GradScaler with bfloat16 autocast: bfloat16 has float32's exponent "
-         "range, so loss scaling only costs time", "drop the GradScaler: loss.backward(); optimizer.step()"),
-    Rule("DTL105", "deprecated-amp-api", "torch.cuda.amp.* and torch.cpu.amp.* are deprecated",
-         "use torch.amp.autocast('cuda', ...), torch.amp.GradScaler('cuda'), torch.amp.custom_fwd(device_type=…)"),
-    Rule("DTL900", "unparsable", "the file could not be parsed, so it was not checked",
-         "fix the syntax error or the encoding"),
-)}
 
 FUNCS = {
     "exp": {"torch.exp", "numpy.exp", "math.exp", "torch.special.exp"},
@@ -267,7 +230,7 @@ class Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        for imported, qual, _ in self.im.from_imports:
+        for imported, qual in self.im.from_imports:
             if imported is node and qual in DEPRECATED:
                 self.add(node, "DTL105", f"{qual} is deprecated", f"use {DEPRECATED[qual]}")
 
