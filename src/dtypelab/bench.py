@@ -13,7 +13,7 @@ import torch
 from . import __version__
 from .errors import DtypelabError
 from .hardware import HardwareInfo, probe, resolve_device
-from .policies import BASELINE, REGISTRY, parse_policies, policy_class
+from .policies import BASELINE, REGISTRY, parse_policies, policies_for, policy_class
 from .recommend import Tolerance
 from .results import PolicyResult, Report, RunConfig
 from .runner import Event, OnEvent, run_inline, run_isolated
@@ -57,6 +57,8 @@ def bench(
     timeout_s: float = 600.0,
     threads: int | None = None,
     json_path: str | None = None,
+    per_layer: bool = False,
+    min_cosine: float = 0.99,
     isolate: bool = True,
     on_event: OnEvent | None = None,
     hardware: HardwareInfo | None = None,
@@ -67,7 +69,9 @@ def bench(
     that cannot run here recorded as skipped. Naming one that cannot run here is an error. Policies
     measured to be pathologically slow here are skipped unless ``force``. Each policy runs in its own
     process (``isolate``) under a ``timeout_s`` limit; the report is rewritten to ``json_path``
-    after each one, so an interruption keeps what finished.
+    after each one, so an interruption keeps what finished. ``per_layer`` (infer mode): also the SQNR of
+    every layer's output vs the fp32 model. ``min_cosine`` (infer mode): a policy whose worst per-sample
+    output cosine vs fp32 falls below it is not recommended, whatever its metric.
     """
     if mode not in MODES:
         raise DtypelabError(f"unknown mode {mode!r}: use train or infer")
@@ -80,25 +84,37 @@ def bench(
     tol = Tolerance.parse(tolerance)
     explicit = policies is not None
     names = parse_policies(policies if policies is None or isinstance(policies, str) else ",".join(policies))
+    if not 0 <= min_cosine <= 1:
+        raise DtypelabError(f"--min-cosine must be between 0 and 1, got {min_cosine:g}")
+    if per_layer and mode != "infer":
+        raise DtypelabError("--per-layer compares inference outputs: use it with --mode infer")
+    for name in names if explicit else ():
+        wrong_mode = policy_class(name).mode_error(mode)
+        if wrong_mode:
+            raise DtypelabError(wrong_mode)
     loaded = load_task(task)  # fail here, once, on a broken task, before any child starts
+    if mode == "train" and loaded.inference_only:
+        raise DtypelabError(f"task {loaded.name} is inference-only: use --mode infer")
     dev = resolve_device(device)
     on_event = on_event or (lambda e: None)
     if hardware is None:
         on_event(Event("probe", "", label="probing hardware"))
         hardware = probe(dev)
 
-    steps = steps or (INFER_STEPS if mode == "infer" else loaded.steps)
+    # A pretrained task is never trained: its steps are forward passes, sized for its (larger) model.
+    steps = steps or (INFER_STEPS if mode == "infer" and not loaded.pretrained else loaded.steps)
     batch_size = batch_size or loaded.batch_size
     if warmup is None:
         warmup = max(1, min(10, steps // 10))
     if warmup >= steps:
         raise DtypelabError(f"--warmup ({warmup}) must be smaller than --steps ({steps})")
     # Table order: the registry's for a default sweep, else the user's with the baseline added first.
-    order = [BASELINE] + [n for n in names if n != BASELINE] if explicit else list(REGISTRY)
+    order = [BASELINE] + [n for n in names if n != BASELINE] if explicit else policies_for(mode)
     config = RunConfig(
         task=task, mode=mode, policies=tuple(order), steps=steps, batch_size=batch_size, warmup=warmup,
         seed=seed, tolerance=str(tol), device=str(dev), force=force, timeout_s=timeout_s,
-        metric=loaded.metric, higher_is_better=loaded.higher_is_better, threads=threads,
+        metric=loaded.metric, higher_is_better=loaded.higher_is_better, threads=threads, per_layer=per_layer,
+        min_cosine=min_cosine,
     )
     report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
@@ -116,7 +132,8 @@ def bench(
     run = run_isolated if isolate else run_inline
     with tempfile.TemporaryDirectory(prefix="dtypelab-") as workdir:
         def job(policy: str, job_mode: str, job_steps: int) -> Job:
-            return Job(task, policy, job_mode, job_steps, batch_size, warmup, seed, str(dev), workdir, threads)
+            return Job(task, policy, job_mode, job_steps, batch_size, warmup, seed, str(dev), workdir, threads,
+                       per_layer=per_layer and job_mode == "infer")
 
         if mode == "infer" and not loaded.pretrained:
             on_event(Event("start", BASELINE, 0, loaded.steps, label="training fp32 reference"))
@@ -152,7 +169,7 @@ def _save(report: Report, path: str | None) -> None:
 
 
 def policy_table(device: str | None = None, hardware: HardwareInfo | None = None) -> list[tuple[str, str, str]]:
-    """(name, summary, verdict here) for every registered policy."""
+    """(name, summary, verdict here) for every registered policy; inference-only ones say so."""
     dev = resolve_device(device)
     hw = hardware or probe(dev)
     rows = []
@@ -160,5 +177,7 @@ def policy_table(device: str | None = None, hardware: HardwareInfo | None = None
         avail = cls(dev).availability(hw)
         verdict = "runs" if avail.ok and not avail.slow else (
             f"skipped unless --force: {avail.reason}" if avail.ok else f"not here: {avail.reason}")
+        if cls.modes == ("infer",):
+            verdict += " (inference only)"
         rows.append((name, cls.summary, verdict))
     return rows

@@ -163,15 +163,8 @@ class MemoryMeter:
 
 
 def model_bytes(model: nn.Module) -> int:
-    """Bytes of the model's state dict written as safetensors (shared tensors stored once)."""
-    from safetensors.torch import save
+    """Bytes of the model's state on disk: safetensors (shared tensors stored once, quantized weights as
+    their int8/fp8 data plus scales), or torch.save where safetensors cannot hold it."""
+    from .sizes import serialize
 
-    seen: dict[tuple[int, int], str] = {}
-    tensors = {}
-    for key, t in model.state_dict().items():
-        ident = (t.untyped_storage().data_ptr(), t.storage_offset()) if t.numel() else (id(t), 0)
-        if ident in seen:
-            continue
-        seen[ident] = key
-        tensors[key] = t.detach().to("cpu").contiguous()
-    return len(save(tensors))
+    return len(serialize(model)[0])

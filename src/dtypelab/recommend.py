@@ -76,8 +76,10 @@ def _details(report: Report) -> list[str]:
     for r in report.results:
         out += [n if n.endswith(".") else n + "." for n in scaler_notes(r.extras, len(r.losses), r.policy)]
         if report.config.mode == "infer" and r.policy != BASELINE and "sqnr_db" in r.fidelity:
+            cos = r.fidelity.get("cos_min")
             out.append(f"{r.policy}: outputs {r.fidelity['sqnr_db']:.1f} dB SQNR vs {BASELINE}, "
-                       f"max abs error {r.fidelity['max_abs_err']:.3g}.")
+                       f"max abs error {r.fidelity['max_abs_err']:.3g}"
+                       + (f", worst cosine {cos:.4f}." if cos is not None else "."))
     return out
 
 
@@ -130,6 +132,12 @@ def recommend(report: Report) -> Recommendation:
                 continue
             verdicts[r.policy] = f"{metric} {where} {tol}"
             notes[r.policy] = f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}, {where} {tol})."
+            cos = r.fidelity.get("cos_min") if cfg.mode == "infer" else None
+            if ok and cos is not None and cos < cfg.min_cosine:  # the metric can hide drift the outputs show
+                ok = False
+                verdicts[r.policy] = f"worst cosine {cos:.4f} < {cfg.min_cosine:g}"
+                notes[r.policy] = (f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}) but its worst output "
+                                   f"cosine vs {BASELINE} is {cos:.4f}, below {cfg.min_cosine:g}.")
             if ok:
                 accepted.append(r)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import math
 
-from .policies import BASELINE
+from .policies import BASELINE, REGISTRY
 from .recommend import Recommendation, Tolerance, delta_text, recommend, speedup
 from .results import PolicyResult, Report
 
@@ -37,6 +37,27 @@ def _delta(r: PolicyResult, base: PolicyResult | None, metric: str, tol: Toleran
     return delta_text(v, b, tol)
 
 
+def _ratio(value: float | None, base: float | None) -> str:
+    return f"{value / base:.2f}x" if value is not None and base else "—"
+
+
+def _size(r: PolicyResult, base: PolicyResult | None) -> str:
+    if r.model_bytes is None:
+        return "—"
+    mb = num(r.model_bytes / MB, ".1f")
+    ratio = _ratio(r.model_bytes, base.model_bytes if base else None)
+    return mb if r.policy == BASELINE or ratio == "—" else f"{mb} ({ratio})"
+
+
+def _linear_bytes(r: PolicyResult) -> float | None:
+    return r.extras.get("size", {}).get("linear_weight_bytes")
+
+
+def _emulated(name: str) -> bool:
+    cls = REGISTRY.get(name)
+    return bool(cls and cls.emulated)
+
+
 def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[list[str]]]:
     """Headers and cell texts shared by every renderer."""
     cfg = report.config
@@ -44,20 +65,26 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
     base = report.result(BASELINE)
     tol = Tolerance.parse(cfg.tolerance)
     infer = cfg.mode == "infer"
+    cosine = infer and any("cos_min" in r.fidelity for r in report.results)
+    linear = infer and any(_linear_bytes(r) for r in report.results)
     headers = ["policy", "status", "latency ms (median ± IQR)" if infer else "step ms (median ± IQR)",
                "speedup", "samples/s", "peak MB", "size MB"]
-    headers += ["max abs err", "SQNR dB"] if infer else ["final loss"]
-    headers += [metric, f"Δ {cfg.metric}", "verdict"]
+    headers += (["linear W"] if linear else []) + (["SQNR dB", "max abs err"] if infer else ["final loss"])
+    headers += (["worst cos"] if cosine else []) + [metric, f"Δ {cfg.metric}", "verdict"]
     rows = []
     for r in report.results:
         sp = speedup(r, base) if base and r.ran else None
-        row = [r.policy, r.status, _timing(r), f"{sp:.2f}x" if sp else "—", num(r.throughput, ",.0f"),
-               num(r.peak_memory_bytes / MB if r.peak_memory_bytes is not None else None, ".1f"),
-               num(r.model_bytes / MB if r.model_bytes is not None else None, ".3f")]
+        mark = " †" if sp and _emulated(r.policy) else ""  # emulated format: never read as native speed
+        row = [r.policy, r.status, _timing(r), f"{sp:.2f}x{mark}" if sp else "—", num(r.throughput, ",.0f"),
+               num(r.peak_memory_bytes / MB if r.peak_memory_bytes is not None else None, ".1f"), _size(r, base)]
+        if linear:
+            row.append(_ratio(_linear_bytes(r), _linear_bytes(base) if base else None) if r.ran else "—")
         if infer:
-            row += [num(r.fidelity.get("max_abs_err"), ".3g"), num(r.fidelity.get("sqnr_db"), ".1f")]
+            row += [num(r.fidelity.get("sqnr_db"), ".1f"), num(r.fidelity.get("max_abs_err"), ".3g")]
         else:
             row += [num(r.final_loss, "#.4g")]
+        if cosine:
+            row.append(num(r.fidelity.get("cos_min"), ".4f"))
         row += [num(r.metric(cfg.metric)), _delta(r, base, cfg.metric, tol), rec.verdicts.get(r.policy, "")]
         rows.append(row)
     return headers, rows
@@ -72,6 +99,20 @@ def _title(report: Report) -> str:
 
 def _notes(report: Report, rec: Recommendation) -> list[str]:
     notes = list(rec.sentences)
+    ran = [r for r in report.results if r.ran]
+    for r in ran:
+        cls = REGISTRY.get(r.policy)
+        if cls and cls.arithmetic:
+            notes.append(f"{r.policy} ({cls.backend}): {cls.arithmetic}.")
+        first = r.extras.get("first_call_s")
+        if cls and getattr(cls, "compiles", False) and first:
+            notes.append(f"{r.policy}: the first call took {first:.1f} s (compilation), outside the latency.")
+    if any(_emulated(r.policy) for r in ran):
+        notes.append("† emulated format: stored in it but computed in a wider type; its speed is not the "
+                     "format's native speed.")
+    if any(_linear_bytes(r) for r in ran):
+        notes.append("size MB: the converted model's file (safetensors, or torch.save for torch.ao's packed "
+                     "modules); linear W: bytes of linear-layer weights incl. scales, vs fp32.")
     if any(r.timing and r.timing.noisy for r in report.results):
         notes.append("* noisy timing: IQR above 10% of the median; compare such policies with care.")
     return notes
@@ -118,16 +159,56 @@ def rich_table(console: object, title: str, headers: list[str], rows: list[list[
         console.print(s if s.startswith("*") else f"• {s}", highlight=False)
 
 
+LAYER_TITLE = "per-layer SQNR dB vs fp32: accumulated / this layer alone (first {n} samples of the batch)"
+LAYER_NOTE = ("accumulated: the layer's output with every earlier layer converted too; alone: the converted "
+              "layer fed fp32's input. inf: identical to fp32 (a layer the policy leaves alone).")
+
+
+def layer_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
+    """The --per-layer table: one row per layer, one column per policy; None when it was not measured."""
+    per = {r.policy: {row["layer"]: row for row in r.extras["per_layer"]}
+           for r in report.results if r.policy != BASELINE and r.extras.get("per_layer")}
+    if not per:
+        return None
+    layers: dict[str, str] = {}
+    for table in per.values():
+        for name, row in table.items():
+            layers.setdefault(name, row["type"])
+    headers = ["layer", "type", *per]
+    rows = []
+    for name, kind in layers.items():
+        cells = []
+        for table in per.values():
+            row = table.get(name)
+            cells.append(f"{num(row['sqnr_db'], '.1f')} / {num(row['own_sqnr_db'], '.1f')}" if row else "—")
+        rows.append([name, kind, *cells])
+    return headers, rows
+
+
+def _layer_title() -> str:
+    from .perlayer import SAMPLES
+
+    return LAYER_TITLE.format(n=SAMPLES)
+
+
 def render_markdown(report: Report) -> str:
     rec = recommend(report)
     headers, rows = table_rows(report, rec)
-    return markdown_table(_title(report), headers, rows, _notes(report, rec))
+    text = markdown_table(_title(report), headers, rows, _notes(report, rec))
+    layers = layer_rows(report)
+    return text + ("\n" + markdown_table(_layer_title(), *layers, [LAYER_NOTE]) if layers else "")
 
 
 def render_html(report: Report) -> str:
     rec = recommend(report)
     headers, rows = table_rows(report, rec)
-    return html_table(_title(report), headers, rows, _notes(report, rec))
+    page = html_table(_title(report), headers, rows, _notes(report, rec))
+    layers = layer_rows(report)
+    if layers:  # a second table inside the same page
+        second = html_table(_layer_title(), *layers, [LAYER_NOTE])
+        body = second[second.index("<h2>"):second.index("</body>")]
+        page = page.replace("</body>", body + "</body>")
+    return page
 
 
 def render_json(report: Report) -> str:
@@ -147,6 +228,9 @@ def render_table(report: Report, console: object | None = None) -> None:
     last = len(headers) - 1  # the verdict column gives way instead of the numbers
     rich_table(console, _title(report), headers, rows, _notes(report, rec), left={0, 1, last}, wrap={last},
                styles=styles)
+    layers = layer_rows(report)
+    if layers:
+        rich_table(console, _layer_title(), *layers, [LAYER_NOTE], left={0, 1}, wrap={0})
 
 
 def render(report: Report, fmt: str) -> str:

@@ -46,6 +46,7 @@ class Task:
     batch_size: int = 64
     infer_batch: Callable[[int], Batch] | None = None
     pretrained: bool = False  # the factory returns trained weights: inference mode skips training
+    inference_only: bool = False  # nothing to train on (e.g. a shipped pretrained model)
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -67,6 +68,7 @@ BUILTIN = {
     "digits": "dtypelab.tasks.digits:make_task",
     "checkerboard": "dtypelab.tasks.checkerboard:make_task",
     "charlm": "dtypelab.tasks.charlm:make_task",
+    "minilm": "dtypelab.tasks.minilm:make_task",  # optional extra: dtypelab[minilm]
 }
 
 

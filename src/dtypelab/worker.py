@@ -14,15 +14,25 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import TaskError, describe_exception
+from .errors import DtypelabError, TaskError, describe_exception
+from .fidelity import compare
 from .hardware import HardwareInfo, probe, resolve_device
 from .measure import MemoryMeter, StepTimer, device_sync, model_bytes
+from .perlayer import layer_fidelity
 from .policies import BASELINE, Policy, policy_class
 from .results import PolicyResult
+from .sizes import linear_weight_bytes, serialize
 from .task import Task, call_model, load_task, map_tensors
 
 Progress = Callable[[int, int], None]  # (steps done, total)
 DIVERGED_PATIENCE = 10  # consecutive non-finite losses before a run is declared diverged and stopped
+RECORD_LIMIT = 2**24  # output values kept from evaluation for the fidelity comparison (64 MB as float32)
+
+
+def _flat_size(outputs: Any) -> int:
+    sizes: list[int] = []
+    map_tensors(lambda t: sizes.append(t.numel()) or t, outputs)
+    return sum(sizes)
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,7 @@ class Job:
     device: str
     workdir: str  # shared by all jobs of one sweep: initial weights, reference weights and outputs
     threads: int | None = None
+    per_layer: bool = False  # infer: also compare every layer's output with the fp32 model's
 
     @property
     def init_path(self) -> str:
@@ -101,6 +112,10 @@ def prepare_single(task: str | Task, policy: str, device: str | None, hardware: 
     task_obj = load_task(task) if isinstance(task, str) else task
     dev = resolve_device(device)
     pol = policy_class(policy)(dev)
+    wrong_mode = pol.mode_error("train") or (
+        f"task {task_obj.name} is inference-only: nothing to train" if task_obj.inference_only else None)
+    if wrong_mode:
+        raise DtypelabError(wrong_mode)
     hardware = hardware or probe(dev, budget_s=0.02)
     pol.require(hardware, force)
     return spec, task_obj, dev, pol, hardware
@@ -129,11 +144,24 @@ def make_predict(model: nn.Module, policy: Policy, device: torch.device) -> Call
     return predict
 
 
-def _evaluate(task: Task, model: nn.Module, policy: Policy, device: torch.device) -> dict[str, float]:
+def _evaluate(task: Task, model: nn.Module, policy: Policy, device: torch.device,
+              record: list[Any] | None = None) -> dict[str, float]:
+    """The task's metrics under the policy; ``record`` collects the outputs it saw (up to RECORD_LIMIT values)."""
     was_training = model.training
     model.eval()
+    predict = make_predict(model, policy, device)
+    if record is not None:
+        kept = [0]
+
+        def recording(inputs: Any) -> Any:
+            out = predict(inputs)
+            size = _flat_size(out)
+            if kept[0] + size <= RECORD_LIMIT:
+                kept[0] += size
+                record.append(out)
+            return out
     try:
-        return {k: float(v) for k, v in task.evaluate(make_predict(model, policy, device)).items()}
+        return {k: float(v) for k, v in task.evaluate(predict if record is None else recording).items()}
     finally:
         model.train(was_training)
 
@@ -160,7 +188,10 @@ def _prime(task: Task, job: Job, train_step: bool) -> None:
     policy = policy_class(job.policy)(device)
     model = policy.convert_module(task.make_model().to(device))
     optimizer = task.make_optimizer(model.parameters()) if train_step else None
-    inputs, target = map_tensors(lambda t: t.to(device), task.train_batch(0, job.batch_size))
+    if train_step:
+        inputs, target = map_tensors(lambda t: t.to(device), task.train_batch(0, job.batch_size))
+    else:
+        inputs = map_tensors(lambda t: t.to(device), task.inference_inputs(job.batch_size))
     with policy.session():
         for _ in range(2):
             if optimizer is None:
@@ -217,25 +248,11 @@ def train(task: Task, job: Job, policy: Policy, progress: Progress) -> PolicyRes
     )
 
 
-def sqnr_db(reference: torch.Tensor, test: torch.Tensor) -> float:
-    """Signal-to-quantization-noise ratio 20·log10(‖ref‖/‖ref−test‖) in dB; inf when identical."""
-    ref, err = reference.double(), reference.double() - test.double()
-    noise = torch.linalg.vector_norm(err).item()
-    if not math.isfinite(noise):
-        return -math.inf
-    return math.inf if noise == 0 else 20 * math.log10(torch.linalg.vector_norm(ref).item() / noise)
-
-
-def _flat(outputs: Any) -> torch.Tensor:
-    parts: list[torch.Tensor] = []
-    map_tensors(lambda t: parts.append(t.reshape(-1).double()) or t, outputs)
-    return torch.cat(parts) if parts else torch.zeros(0)
-
-
 def infer(task: Task, job: Job, policy: Policy, progress: Progress) -> PolicyResult:
     device = torch.device(job.device)
     weights = None if task.pretrained else job.reference_weights
-    if device.type == "cpu":
+    compiles = getattr(policy, "compiles", False)
+    if device.type == "cpu" and not compiles:  # priming a compiled policy would compile it twice
         _prime(task, job, train_step=False)
     meter = MemoryMeter(device)
     meter.start()
@@ -247,24 +264,33 @@ def infer(task: Task, job: Job, policy: Policy, progress: Progress) -> PolicyRes
         for i in range(job.steps):
             timer.start()
             with policy.forward_context():
-                out = call_model(model, policy.convert_inputs(inputs))
+                call_model(model, policy.convert_inputs(inputs))
             timer.stop()
             progress(i + 1, job.steps)
         peak = meter.peak_bytes()
-        outputs = map_tensors(lambda t: t.detach().float().cpu(), out)
-        metrics = _evaluate(task, model, policy, device)
+        outputs: list[Any] = []  # what the task's evaluation ran the model on: the fidelity set
+        metrics = _evaluate(task, model, policy, device, record=outputs)
+        if not outputs:
+            outputs.append(make_predict(model, policy, device)(inputs))
+        layers = None
+        if job.per_layer:
+            reference, _ = build_model(task, job, weights)
+            layers = layer_fidelity(reference.to(device).eval(), model, inputs, policy)
     if job.policy == BASELINE:
         _atomic_save(outputs, job.reference_outputs)
-    fidelity: dict[str, float] = {}
-    if os.path.exists(job.reference_outputs):
-        ref, got = _flat(torch.load(job.reference_outputs, weights_only=True)), _flat(outputs)
-        if ref.shape == got.shape and ref.numel():
-            fidelity = {"max_abs_err": (ref - got).abs().max().item(), "sqnr_db": sqnr_db(ref, got)}
+    fidelity = compare(torch.load(job.reference_outputs, weights_only=True), outputs) \
+        if os.path.exists(job.reference_outputs) else {}
+    blob, fmt = serialize(model)
+    extras: dict[str, Any] = {"size": {"format": fmt, "file_bytes": len(blob),
+                                       "linear_weight_bytes": linear_weight_bytes(model)},
+                              "first_call_s": timer.samples[0] if timer.samples else None}
+    if layers is not None:
+        extras["per_layer"] = layers
     return PolicyResult(
         policy=job.policy, status="ok", batch_size=job.batch_size,
         warmup=min(job.warmup, max(0, len(timer.samples) - 1)), step_times_s=tuple(timer.samples),
         metrics=metrics, fidelity=fidelity, peak_memory_bytes=peak, memory_method=meter.method,
-        model_bytes=model_bytes(model), init_fingerprint=fingerprint,
+        model_bytes=len(blob), init_fingerprint=fingerprint, extras=extras,
     )
 
 

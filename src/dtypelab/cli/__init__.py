@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import bench, diagnose, numeric  # noqa: F401  (each registers its commands on the app)
+from . import bench, diagnose, export, numeric  # noqa: F401  (each registers its commands on the app)
 from ._common import app, main
 
 __all__ = ["app", "main"]

@@ -50,10 +50,14 @@ def bench(
     force: ForceOpt = False,
     timeout: Annotated[float, typer.Option(help="time limit per policy, seconds")] = 600.0,
     threads: ThreadsOpt = None,
+    per_layer: Annotated[bool, typer.Option("--per-layer", help="infer: SQNR of every layer's output vs fp32")] = False,
+    min_cosine: Annotated[float, typer.Option(help="infer: lowest worst-sample output cosine vs fp32 to accept")
+                          ] = 0.99,
     json: JsonOpt = None,
     fmt: FormatOpt = "table",
 ) -> None:
-    """Train TASK under each precision policy; print speed, memory, metric and a recommendation."""
+    """Train TASK under each precision policy (or, with --mode infer, run inference under each, quantized
+    int8/fp8 policies included); print speed, memory, size, fidelity, metric and a recommendation."""
     from ..bench import bench as run_bench
     from ..bench import default_result_path
 
@@ -63,7 +67,8 @@ def bench(
         with _progress() as progress:
             report = run_bench(task, policies, mode=mode, steps=steps, batch_size=batch_size, warmup=warmup,
                                tolerance=tolerance, device=device, seed=seed, force=force, timeout_s=timeout,
-                               threads=threads, json_path=path, on_event=_Bars(progress))
+                               threads=threads, json_path=path, per_layer=per_layer, min_cosine=min_cosine,
+                               on_event=_Bars(progress))
     _emit(report, fmt)
     err.print(f"[dim]results saved to {path}; re-render with: dtypelab show {path}[/]")
 

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-TaskArg = Annotated[str, typer.Argument(help="built-in name (digits, checkerboard, charlm), path/file.py:make_task "
-                                             "or pkg.module:make_task")]
+TaskArg = Annotated[str, typer.Argument(help="built-in name (digits, checkerboard, charlm, minilm), "
+                                             "path/file.py:make_task or pkg.module:make_task")]
 BatchOpt = Annotated[int | None, typer.Option("--batch-size", "-b")]
 DeviceOpt = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N [default: cuda if present]")]
 ForceOpt = Annotated[bool, typer.Option(help="run policies measured to be pathologically slow here")]

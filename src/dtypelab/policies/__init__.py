@@ -9,13 +9,25 @@ from .amp_bf16 import AmpBF16
 from .amp_fp16 import AmpFP16
 from .base import AutocastPolicy, Availability, CastPolicy, Policy
 from .bf16 import BF16
+from .fp8_wo import FP8WeightOnly
 from .fp16 import FP16
 from .fp32 import FP32
 from .fp64 import FP64
+from .int8_dyn import Int8Dyn, Int8DynCompile
+from .int8_legacy import Int8DynLegacy, Int8DynLegacyPerChannel
+from .int8_wo import Int8WeightOnly
 from .tf32 import TF32
 
 BASELINE = "fp32"
-REGISTRY: dict[str, type[Policy]] = {p.name: p for p in (FP64, FP32, TF32, BF16, FP16, AmpBF16, AmpFP16)}
+REGISTRY: dict[str, type[Policy]] = {p.name: p for p in (
+    FP64, FP32, TF32, BF16, FP16, AmpBF16, AmpFP16,
+    Int8Dyn, Int8DynCompile, Int8WeightOnly, FP8WeightOnly, Int8DynLegacy, Int8DynLegacyPerChannel,
+)}
+
+
+def policies_for(mode: str) -> list[str]:
+    """Every registered policy that can run in ``mode`` (train or infer), in registry order."""
+    return [name for name, cls in REGISTRY.items() if mode in cls.modes]
 
 
 def policy_class(name: str) -> type[Policy]:
@@ -41,4 +53,4 @@ def parse_policies(text: str | None) -> list[str]:
 
 
 __all__ = ["BASELINE", "REGISTRY", "AutocastPolicy", "Availability", "CastPolicy", "Policy",
-           "parse_policies", "policy_class"]
+           "parse_policies", "policies_for", "policy_class"]

@@ -34,6 +34,10 @@ class Policy:
     name: ClassVar[str]
     summary: ClassVar[str]
     compute_dtype: ClassVar[str] = "float32"  # what the matmuls run in; the probe's throughput key
+    modes: ClassVar[tuple[str, ...]] = ("train", "infer")  # quantized policies are inference-only
+    backend: ClassVar[str] = "torch"
+    arithmetic: ClassVar[str] = ""  # for formats that need saying: what the hardware really computes in
+    emulated: ClassVar[bool] = False  # stored in the format but computed in a wider one
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
@@ -51,6 +55,13 @@ class Policy:
         if slow:
             return Availability(True, slow, slow=True)
         return Availability(True)
+
+    @classmethod
+    def mode_error(cls, mode: str) -> str | None:
+        """Why this policy cannot run in ``mode`` (train/infer), or None."""
+        if mode in cls.modes:
+            return None
+        return f"policy {cls.name} is inference-only (it quantizes a trained model): use --mode infer"
 
     def require(self, hw: HardwareInfo, force: bool = False) -> None:
         """For single-policy commands (audit, trace): an error when the policy cannot run here, or when it

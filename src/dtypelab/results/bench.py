@@ -32,6 +32,8 @@ class RunConfig:
     metric: str
     higher_is_better: bool
     threads: int | None = None
+    per_layer: bool = False
+    min_cosine: float = 0.99  # infer: a policy whose worst per-sample cosine vs fp32 is lower is not accepted
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,177 @@
+"""Quantized inference policies (int8, fp8): fidelity per policy, sizes, export round trip, applicability."""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+
+import pytest
+import torch
+from conftest import fake_hardware
+from torch import nn
+
+from dtypelab import DtypelabError, bench, export, load_exported
+from dtypelab.fidelity import compare
+from dtypelab.policies import REGISTRY, policies_for, policy_class
+from dtypelab.policies import quant as quant_mod
+from dtypelab.render import render
+from dtypelab.sizes import linear_weight_bytes, serialize, tensor_bytes
+
+QUANT = [n for n, c in REGISTRY.items() if c.modes == ("infer",)]
+# Lowest acceptable output SQNR on the MLP below. Expected from the formats: int8 with a scale per row has
+# ~7 significant bits (~40 dB per matmul, less once activations are quantized too); e4m3 has 4 (~28 dB).
+MIN_SQNR_DB = {"int8-dyn": 32, "int8-dyn-compile": 32, "int8-wo": 40, "fp8-wo": 24,
+               "int8-dyn-legacy": 27, "int8-dyn-legacy-pc": 27}
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 16)).eval()
+
+
+def _run(name: str, model: nn.Module, x: torch.Tensor) -> tuple[nn.Module, torch.Tensor]:
+    policy = policy_class(name)("cpu")
+    q = policy.convert_module(copy.deepcopy(model)).eval()
+    with torch.no_grad(), policy.session(), policy.forward_context():
+        return q, q(policy.convert_inputs(x)).float()
+
+
+def test_every_quantized_policy_has_a_threshold():
+    assert set(MIN_SQNR_DB) == set(QUANT)
+
+
+@pytest.mark.parametrize("name", QUANT)
+def test_sqnr_above_threshold(name):
+    model, x = _mlp(), torch.randn(128, 64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(x)
+    _, out = _run(name, model, x)
+    fid = compare(ref, out)
+    assert MIN_SQNR_DB[name] < fid["sqnr_db"] < 80, fid  # < 80: it really was quantized, not left in fp32
+    assert fid["cos_min"] > 0.99
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", ["int8-dyn", "int8-wo", "fp8-wo", "int8-dyn-legacy", "int8-dyn-legacy-pc"])
+def test_linear_weight_bytes(name):
+    model = _mlp()
+    fp32 = linear_weight_bytes(model)
+    assert fp32 == sum(m.weight.numel() * 4 for m in model if isinstance(m, nn.Linear))
+    q, _ = _run(name, model, torch.randn(4, 64))
+    rows = sum(m.weight.shape[0] for m in model if isinstance(m, nn.Linear))
+    data = fp32 // 4  # one byte per weight
+    # the 1-byte data plus one scale (and zero point) per row: float32 + int8 in torchao, float64 + int64 in
+    # torch.ao per channel, one float64 + int64 per tensor in torch.ao per tensor
+    per_row = {"int8-dyn": 5, "int8-wo": 5, "fp8-wo": 4, "int8-dyn-legacy-pc": 16}.get(name)
+    expected = data + rows * per_row if per_row else data + 3 * 16
+    assert linear_weight_bytes(q) == expected
+
+
+def test_tensor_bytes_plain_and_quantized():
+    assert tensor_bytes(torch.zeros(10, 3)) == 120
+    assert tensor_bytes(torch.zeros(10, dtype=torch.bfloat16)) == 20
+    q = torch.quantize_per_tensor(torch.zeros(100), 0.1, 0, torch.qint8)
+    assert tensor_bytes(q) == 100 + 16
+
+
+def test_file_size_shrinks_with_the_weights():
+    model = _mlp()
+    fp32_blob, fmt = serialize(model)
+    assert fmt == "safetensors"
+    for name, (low, high) in {"int8-dyn": (0.24, 0.30), "bf16": (0.49, 0.52), "fp8-wo": (0.24, 0.30)}.items():
+        q, _ = _run(name, model, torch.randn(4, 64))
+        blob, _ = serialize(q)
+        assert low < len(blob) / len(fp32_blob) < high, (name, len(blob) / len(fp32_blob))
+    legacy, _ = _run("int8-dyn-legacy", model, torch.randn(4, 64))
+    assert serialize(legacy)[1] == "torch.save"
+
+
+@pytest.mark.parametrize("name", [*QUANT, "bf16", "fp32"])
+def test_export_load_round_trip(name, tiny, tmp_path):
+    ext = ".pt" if name.startswith("int8-dyn-legacy") else ".safetensors"
+    info = export(tiny, name, str(tmp_path / f"m{ext}"))
+    assert info.roundtrip_max_abs_diff == 0
+    assert info.file_bytes == (tmp_path / f"m{ext}").stat().st_size
+    model, meta = load_exported(info.path)
+    assert meta["policy"] == name and meta["task"] == tiny and "trained here" in meta["weights"]
+    if name in QUANT:  # tiny layers: per-row scales weigh a lot; test_linear_weight_bytes checks exact sizes
+        assert info.linear_weight_bytes < info.fp32_linear_weight_bytes
+    policy = policy_class(name)("cpu")
+    x = torch.randn(5, 8)
+    with torch.no_grad(), policy.session():
+        out = model(policy.convert_inputs(x)).float()
+    assert out.shape == (5, 3) and torch.isfinite(out).all()
+
+
+def test_export_refuses_the_wrong_extension_and_foreign_files(tiny, tmp_path):
+    with pytest.raises(DtypelabError, match=r"torch.save: give a path ending in .pt or .pth"):
+        export(tiny, "int8-dyn-legacy", str(tmp_path / "m.safetensors"))
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a file")
+    with pytest.raises(DtypelabError, match="not a file written by dtypelab export"):
+        load_exported(str(junk))
+    with pytest.raises(DtypelabError, match="no such file"):
+        load_exported(str(tmp_path / "missing.pt"))
+
+
+def test_inference_only_policies_are_refused_in_training(tiny):
+    assert not set(QUANT) & set(policies_for("train"))
+    assert set(QUANT) <= set(policies_for("infer"))
+    with pytest.raises(DtypelabError, match=r"inference-only.*--mode infer"):
+        bench(tiny, "int8-dyn", mode="train", isolate=False, hardware=fake_hardware())
+    with pytest.raises(DtypelabError, match=r"--per-layer.*--mode infer"):
+        bench(tiny, "bf16", mode="train", per_layer=True, isolate=False, hardware=fake_hardware())
+
+
+def test_unsupported_here_is_skipped_with_the_reason(tiny, monkeypatch):
+    cuda = fake_hardware(device="cuda")
+    why = policy_class("int8-dyn-legacy")("cuda").availability(cuda)
+    assert not why.ok and "CPU only" in why.reason
+    monkeypatch.setattr(quant_mod, "torchao_missing", lambda: "torchao cannot be imported (planted)")
+    bench_module = sys.modules["dtypelab.bench"]  # the package's `bench` attribute is the function
+    monkeypatch.setattr(bench_module, "policies_for", lambda mode: ["fp32", "int8-dyn", "int8-dyn-legacy"])
+    report = bench(tiny, mode="infer", steps=2, warmup=1, isolate=False, hardware=fake_hardware())
+    skipped = report.result("int8-dyn")
+    assert skipped.status == "skipped" and skipped.reason == "torchao cannot be imported (planted)"
+    assert report.result("int8-dyn-legacy").status == "ok"
+    with pytest.raises(DtypelabError, match="int8-dyn cannot run here: torchao cannot be imported"):
+        bench(tiny, "int8-dyn", mode="infer", isolate=False, hardware=fake_hardware())
+
+
+def test_infer_report_has_fidelity_sizes_and_per_layer(tiny):
+    report = bench(tiny, "int8-dyn,fp8-wo", mode="infer", steps=3, warmup=1, per_layer=True, isolate=False,
+                   hardware=fake_hardware())
+    base, q = report.result("fp32"), report.result("int8-dyn")
+    assert base.fidelity["sqnr_db"] == math.inf and base.fidelity["cos_min"] == pytest.approx(1.0)
+    assert 20 < q.fidelity["sqnr_db"] < 80 and 0.99 < q.fidelity["cos_min"] < 1
+    assert q.extras["size"]["linear_weight_bytes"] < 0.4 * base.extras["size"]["linear_weight_bytes"]
+    layers = {row["layer"]: row for row in q.extras["per_layer"]}
+    assert set(layers) == {"net.0", "net.1", "net.2"}
+    assert layers["net.0"]["sqnr_db"] == pytest.approx(layers["net.0"]["own_sqnr_db"])  # nothing before it
+    assert layers["net.1"]["own_sqnr_db"] == math.inf  # ReLU is not quantized: its own error is zero
+    assert 20 < layers["net.2"]["own_sqnr_db"] < 80
+    md = render(report, "markdown")
+    assert "per-layer SQNR" in md and "| net.2 | Linear |" in md and "worst cos" in md and "linear W" in md
+    fp8_row = next(line for line in md.splitlines() if line.startswith("| fp8-wo |"))
+    assert "†" in fp8_row and "† emulated format" in md  # emulated speed is marked, never shown as native
+    html = render(report, "html")
+    assert html.count("<table>") == 2
+
+
+def test_low_cosine_is_not_recommended(tiny):
+    report = bench(tiny, "int8-dyn", mode="infer", steps=3, warmup=1, min_cosine=0.99999999, isolate=False,
+                   hardware=fake_hardware())
+    from dtypelab import recommend
+
+    rec = recommend(report)
+    assert rec.best != "int8-dyn" and rec.verdicts["int8-dyn"].startswith("worst cosine")
+    with pytest.raises(DtypelabError, match="--min-cosine"):
+        bench(tiny, "int8-dyn", mode="infer", min_cosine=2, isolate=False, hardware=fake_hardware())
+
+
+def test_compare_edge_cases():
+    a = torch.randn(4, 3)
+    assert compare(a, a)["cos_min"] == pytest.approx(1.0)
+    assert compare(a, torch.randn(5, 3)) == {}
+    assert "cos_min" not in compare(torch.randn(4, 1), torch.randn(4, 1))  # one feature: cosine means nothing
