@@ -68,3 +68,14 @@ def test_trace_amp_fp16_on_cuda_logs_the_scaler(tiny):
 
     r = trace(tiny, policy="amp-fp16", device="cuda", steps=10, environment={})
     assert r.status == "clean" and len(r.scaler["grad_scale"]) == 10
+
+
+def test_quantized_inference_on_cuda(tiny):
+    """torchao's int8/fp8 policies on the GPU; torch.ao's dynamic int8 is CPU-only and says so."""
+    report = bench(tiny, "int8-dyn,int8-wo,fp8-wo", mode="infer", device="cuda", steps=5)
+    for name in ("int8-dyn", "int8-wo", "fp8-wo"):
+        r = report.result(name)
+        assert r.status == "ok", r.reason
+        assert 15 < r.fidelity["sqnr_db"] < 80 and r.fidelity["cos_min"] > 0.99
+    with pytest.raises(Exception, match="CPU only"):
+        bench(tiny, "int8-dyn-legacy", mode="infer", device="cuda", steps=2)

@@ -124,6 +124,14 @@ def test_inference_only_policies_are_refused_in_training(tiny):
         bench(tiny, "bf16", mode="train", per_layer=True, isolate=False, hardware=fake_hardware())
 
 
+def test_training_commands_refuse_inference_only_policies(tiny):
+    from dtypelab import audit, trace
+
+    for command in (audit, trace):
+        with pytest.raises(DtypelabError, match="inference-only"):
+            command(tiny, policy="fp8-wo", hardware=fake_hardware())
+
+
 def test_unsupported_here_is_skipped_with_the_reason(tiny, monkeypatch):
     cuda = fake_hardware(device="cuda")
     why = policy_class("int8-dyn-legacy")("cuda").availability(cuda)

@@ -106,7 +106,8 @@ def _notes(report: Report, rec: Recommendation) -> list[str]:
             notes.append(f"{r.policy} ({cls.backend}): {cls.arithmetic}.")
         first = r.extras.get("first_call_s")
         if cls and getattr(cls, "compiles", False) and first:
-            notes.append(f"{r.policy}: the first call took {first:.1f} s (compilation), outside the latency.")
+            notes.append(f"{r.policy}: the first call took {first:.1f} s (compilation, which inductor caches on "
+                         "disk for later runs), outside the latency.")
     if any(_emulated(r.policy) for r in ran):
         notes.append("† emulated format: stored in it but computed in a wider type; its speed is not the "
                      "format's native speed.")

@@ -49,10 +49,10 @@ class TorchaoPolicy(QuantPolicy):
 
     def convert_module(self, model: nn.Module) -> nn.Module:
         quantization = torchao_module("quantization")
-        with quiet():
+        with quiet():  # also torch.compile's first import of inductor, which warns about torch.jit
             quantization.quantize_(model, self.config())
-        # static shapes: one compile per input shape, rather than a dynamic-shape graph that is slower
-        return torch.compile(model, dynamic=False) if self.compiles else model
+            # static shapes: one compile per input shape, rather than a dynamic-shape graph that is slower
+            return torch.compile(model, dynamic=False) if self.compiles else model
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
