@@ -183,3 +183,12 @@ def test_compare_edge_cases():
     assert compare(a, a)["cos_min"] == pytest.approx(1.0)
     assert compare(a, torch.randn(5, 3)) == {}
     assert "cos_min" not in compare(torch.randn(4, 1), torch.randn(4, 1))  # one feature: cosine means nothing
+
+
+def test_int8_without_vnni_is_called_not_native(tiny):
+    report = bench(tiny, "int8-dyn", mode="infer", steps=2, warmup=1, isolate=False, hardware=fake_hardware())
+    assert "no int8 dot-product instructions" in render(report, "markdown")  # the fake CPU has no VNNI flag
+    vnni = fake_hardware()
+    vnni = type(vnni)(**{**vnni.__dict__, "cpu_flags": (*vnni.cpu_flags, "avx512_vnni")})
+    report = bench(tiny, "int8-dyn", mode="infer", steps=2, warmup=1, isolate=False, hardware=vnni)
+    assert "no int8 dot-product instructions" not in render(report, "markdown")

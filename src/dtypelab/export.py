@@ -21,7 +21,7 @@ from torch import nn
 from . import __version__
 from .errors import DtypelabError
 from .policies import BASELINE, Policy, policy_class
-from .sizes import SAFETENSORS, TORCH, _dedupe, linear_weight_bytes, serialize
+from .sizes import SAFETENSORS, TORCH, dedupe_state, linear_weight_bytes, serialize
 from .task import Task, call_model, load_task, map_tensors
 from .worker import Job, run_job
 
@@ -75,14 +75,17 @@ def _outputs(model: nn.Module, policy: Policy, inputs: Any) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def export(task: str, policy: str, path: str, *, weights: str | None = None, seed: int = 0,
-           force: bool = False) -> ExportInfo:
+def export(task: str, policy: str, path: str, *, weights: str | None = None, seed: int = 0) -> ExportInfo:
     """Convert ``task``'s model with ``policy``, write it to ``path`` and check that it loads back to the
     same outputs. A non-pretrained task is trained in fp32 first unless ``weights`` (a state dict) is given."""
     from .hardware import probe
 
     pol = policy_class(policy)("cpu")
-    pol.require(probe("cpu", budget_s=0.02), force)
+    # Only whether it can run here: writing a format costs no arithmetic, so a policy too slow to
+    # benchmark here (fp16 on this kind of CPU) can still be exported.
+    avail = pol.availability(probe("cpu", budget_s=0.02))
+    if not avail.ok:
+        raise DtypelabError(f"policy {policy} cannot run here: {avail.reason}")
     loaded_task = load_task(task)
     model, origin = _fp32_model(loaded_task, task, weights, seed)
     model.eval()
@@ -148,7 +151,7 @@ def load_exported(path: str, task: str | Task | None = None) -> tuple[nn.Module,
         state, leftover = support.unflatten_tensor_state_dict(tensors, raw)
         state = {**leftover, **state}
     missing, unexpected = target.load_state_dict(state, strict=False, assign=True)
-    tied = set(target.state_dict()) - set(_dedupe(target.state_dict()))  # stored once, shared in the model
+    tied = set(target.state_dict()) - set(dedupe_state(target.state_dict()))  # stored once, shared in the model
     if unexpected or set(missing) - tied:
         raise DtypelabError(f"{path} does not match task {task_obj.name} under {meta['policy']}: "
                             f"missing {sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}")

@@ -23,9 +23,10 @@ _SKIP = (nn.Dropout, nn.Identity)
 
 
 def _first_float(out: Any) -> torch.Tensor | None:
+    """The first floating tensor of a layer's output (a tensor, or a tuple/dict holding one)."""
     found: list[torch.Tensor] = []
-    map_tensors(lambda t: found.append(t) or t if t.is_floating_point() else t, out)
-    return found[0] if found else None
+    map_tensors(lambda t: found.append(t) or t, out)
+    return next((t for t in found if t.is_floating_point()), None)
 
 
 def _leaves(model: nn.Module) -> dict[str, nn.Module]:

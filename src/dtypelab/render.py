@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import math
 
+from .hardware import HardwareInfo
 from .policies import BASELINE, REGISTRY
 from .recommend import Recommendation, Tolerance, delta_text, recommend, speedup
 from .results import PolicyResult, Report
@@ -100,12 +101,17 @@ def _title(report: Report) -> str:
 def _notes(report: Report, rec: Recommendation) -> list[str]:
     notes = list(rec.sentences)
     ran = [r for r in report.results if r.ran]
+    hw = report.environment.get("hardware")
+    hw = HardwareInfo.from_dict(hw) if hw else None
     for r in ran:
         cls = REGISTRY.get(r.policy)
         if cls and cls.arithmetic:
             notes.append(f"{r.policy} ({cls.backend}): {cls.arithmetic}.")
+        if cls and cls.compute_dtype == "int8" and hw and hw.native("int8") is False:
+            notes.append(f"{r.policy}: this {hw.device_name or 'device'} has no int8 dot-product instructions "
+                         "(VNNI/AMX), so its int8 matmuls are not native here.")
         first = r.extras.get("first_call_s")
-        if cls and getattr(cls, "compiles", False) and first:
+        if cls and cls.compiles and first:
             notes.append(f"{r.policy}: the first call took {first:.1f} s (compilation, which inductor caches on "
                          "disk for later runs), outside the latency.")
     if any(_emulated(r.policy) for r in ran):

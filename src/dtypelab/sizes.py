@@ -29,7 +29,7 @@ def state_format(model: nn.Module) -> str:
     return SAFETENSORS
 
 
-def _dedupe(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def dedupe_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Shared tensors (tied weights) stored once, as safetensors requires; the rest made contiguous."""
     seen: set[tuple[int, int]] = set()
     out = {}
@@ -46,7 +46,7 @@ def _dedupe(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def flatten_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Plain tensors and safetensors metadata for a model whose state may hold torchao subclasses."""
-    state = _dedupe(model.state_dict())
+    state = dedupe_state(model.state_dict())
     if all(_is_plain(t) for t in state.values()):
         return state, {}
     from .backends import torchao_module

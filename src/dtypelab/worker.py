@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .errors import DtypelabError, TaskError, describe_exception
-from .fidelity import compare
+from .fidelity import compare, value_count
 from .hardware import HardwareInfo, probe, resolve_device
 from .measure import MemoryMeter, StepTimer, device_sync, model_bytes
 from .perlayer import layer_fidelity
@@ -27,12 +27,6 @@ from .task import Task, call_model, load_task, map_tensors
 Progress = Callable[[int, int], None]  # (steps done, total)
 DIVERGED_PATIENCE = 10  # consecutive non-finite losses before a run is declared diverged and stopped
 RECORD_LIMIT = 2**24  # output values kept from evaluation for the fidelity comparison (64 MB as float32)
-
-
-def _flat_size(outputs: Any) -> int:
-    sizes: list[int] = []
-    map_tensors(lambda t: sizes.append(t.numel()) or t, outputs)
-    return sum(sizes)
 
 
 @dataclass(frozen=True)
@@ -155,7 +149,7 @@ def _evaluate(task: Task, model: nn.Module, policy: Policy, device: torch.device
 
         def recording(inputs: Any) -> Any:
             out = predict(inputs)
-            size = _flat_size(out)
+            size = value_count(out)
             if kept[0] + size <= RECORD_LIMIT:
                 kept[0] += size
                 record.append(out)
@@ -251,8 +245,7 @@ def train(task: Task, job: Job, policy: Policy, progress: Progress) -> PolicyRes
 def infer(task: Task, job: Job, policy: Policy, progress: Progress) -> PolicyResult:
     device = torch.device(job.device)
     weights = None if task.pretrained else job.reference_weights
-    compiles = getattr(policy, "compiles", False)
-    if device.type == "cpu" and not compiles:  # priming a compiled policy would compile it twice
+    if device.type == "cpu" and not policy.compiles:  # priming a compiled policy would compile it twice
         _prime(task, job, train_step=False)
     meter = MemoryMeter(device)
     meter.start()

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ._common import _guarded, app, err, out
-from .options import ForceOpt, TaskArg
+from .options import TaskArg
 
 
 def _bytes(n: int) -> str:
@@ -22,13 +22,12 @@ def export(
     weights: Annotated[str | None, typer.Option(help="fp32 state dict to convert [default: pretrained, or "
                                                      "train the task's fp32 model here]")] = None,
     seed: int = 0,
-    force: ForceOpt = False,
 ) -> None:
     """Convert TASK's model with POLICY, write it, and check that the file loads back to the same outputs."""
     from ..export import export as run_export
 
     with _guarded(), err.status(f"converting {task} with {policy}"):
-        info = run_export(task, policy, output, weights=weights, seed=seed, force=force)
+        info = run_export(task, policy, output, weights=weights, seed=seed)
     out.print(f"wrote {info.path} ({info.format}): {_bytes(info.file_bytes)}, "
               f"{info.file_bytes / info.fp32_file_bytes:.2f}x fp32's {_bytes(info.fp32_file_bytes)}", highlight=False)
     if info.fp32_linear_weight_bytes:

@@ -38,6 +38,7 @@ class Policy:
     backend: ClassVar[str] = "torch"
     arithmetic: ClassVar[str] = ""  # for formats that need saying: what the hardware really computes in
     emulated: ClassVar[bool] = False  # stored in the format but computed in a wider one
+    compiles: ClassVar[bool] = False  # convert_module returns a torch.compile'd model: the first call compiles
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)

@@ -12,6 +12,7 @@ class Int8Dyn(TorchaoPolicy):
     name = "int8-dyn"
     summary = "int8 weights (per channel) + int8 activations (per token), torchao, eager"
     arithmetic = "int8 × int8 matmul, activations quantized per token at run time"
+    compute_dtype = "int8"
 
     def config(self) -> Any:
         q = torchao_module("quantization")

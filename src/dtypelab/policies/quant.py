@@ -34,7 +34,6 @@ class QuantPolicy(Policy):
 
 class TorchaoPolicy(QuantPolicy):
     backend = "torchao"
-    compiles: ClassVar[bool] = False
 
     def supported(self, hw: HardwareInfo) -> str | None:
         missing = torchao_missing()
@@ -72,6 +71,7 @@ class LegacyDynamicPolicy(QuantPolicy):
     per batch with one scale per tensor."""
 
     backend = "torch.ao.quantization (deprecated)"
+    compute_dtype = "int8"
     per_channel: ClassVar[bool] = False
 
     def supported(self, hw: HardwareInfo) -> str | None:
