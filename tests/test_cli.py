@@ -57,6 +57,7 @@ def test_bench_then_show_end_to_end(tmp_path):
     (("bench", f"{TINY}:make_task", "--per-layer"), "--per-layer compares inference outputs"),
     (("export", f"{TINY}:make_task", "-p", "int8-dyn-legacy", "-o", "x.safetensors"), "give a path ending in .pt"),
     (("export", f"{TINY}:make_task", "-p", "int9", "-o", "x.safetensors"), "unknown policy 'int9'"),
+    (("export", f"{TINY}:make_task", "-p", "bf16", "-o", "/proc/x.safetensors"), "cannot write /proc/x.safetensors"),
 ])
 def test_user_mistakes_get_one_line_and_nonzero_exit(args, message):
     run = dtypelab(*args)

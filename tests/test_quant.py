@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+import stat
 import sys
 
 import pytest
@@ -90,8 +92,13 @@ def test_file_size_shrinks_with_the_weights():
 @pytest.mark.parametrize("name", [*QUANT, "bf16", "fp32"])
 def test_export_load_round_trip(name, tiny, tmp_path):
     ext = ".pt" if name.startswith("int8-dyn-legacy") else ".safetensors"
-    info = export(tiny, name, str(tmp_path / f"m{ext}"))
+    saved = os.umask(0o022)
+    try:
+        info = export(tiny, name, str(tmp_path / f"m{ext}"))
+    finally:
+        os.umask(saved)
     assert info.roundtrip_max_abs_diff == 0
+    assert stat.S_IMODE(os.stat(info.path).st_mode) == 0o644  # readable like any file the user writes
     assert info.file_bytes == (tmp_path / f"m{ext}").stat().st_size
     model, meta = load_exported(info.path)
     assert meta["policy"] == name and meta["task"] == tiny and "trained here" in meta["weights"]

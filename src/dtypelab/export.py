@@ -21,6 +21,7 @@ from torch import nn
 from . import __version__
 from .errors import DtypelabError
 from .policies import BASELINE, Policy, policy_class
+from .results.store import save_bytes
 from .sizes import SAFETENSORS, TORCH, dedupe_state, linear_weight_bytes, serialize
 from .task import Task, call_model, load_task, map_tensors
 from .worker import Job, run_job
@@ -96,12 +97,10 @@ def export(task: str, policy: str, path: str, *, weights: str | None = None, see
     if not path.endswith(EXTENSIONS[fmt]):
         raise DtypelabError(f"policy {policy} is written with {fmt}: give a path ending in "
                             f"{' or '.join(EXTENSIONS[fmt])}, not {os.path.basename(path)!r}")
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(blob)
-    os.replace(tmp, path)
+    try:
+        save_bytes(path, blob)
+    except OSError as exc:
+        raise DtypelabError(f"cannot write {path}: {exc.strerror}") from None
     inputs = loaded_task.inference_inputs(min(loaded_task.batch_size, 8))
     reloaded, _ = load_exported(path, task=loaded_task)
     diff = (_outputs(converted, pol, inputs) - _outputs(reloaded, pol, inputs)).abs().max().item()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-import tempfile
+import uuid
 from typing import Any
 
 from ..errors import DtypelabError
@@ -38,17 +39,24 @@ def read_json(path: str) -> dict[str, Any]:
     return d
 
 
-def save_text(path: str, text: str) -> None:
+def save_bytes(path: str, data: bytes) -> None:
+    """Write atomically: a crash mid-write leaves the previous complete file (or none) in place. The file gets
+    the usual permissions (umask), unlike a mkstemp file's 0600."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}-{os.path.basename(path)}")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with open(tmp, "xb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
+
+
+def save_text(path: str, text: str) -> None:
+    save_bytes(path, text.encode())
 
 
 # Strict JSON has no NaN/Infinity, yet a diverged loss curve is full of them: store them as strings.
