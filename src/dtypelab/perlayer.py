@@ -44,7 +44,7 @@ def layer_fidelity(reference: nn.Module, converted: nn.Module, inputs: Batch, po
     names = [n for n in ref_leaves if n in conv_leaves]
     inputs = map_tensors(lambda t: t[:SAMPLES], inputs)
     conv_out: dict[str, list[torch.Tensor]] = defaultdict(list)
-    rows: dict[str, dict] = {}
+    rows: list[dict] = []
     pairs: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]] = defaultdict(list)
 
     def keep_converted(name: str):
@@ -82,15 +82,14 @@ def layer_fidelity(reference: nn.Module, converted: nn.Module, inputs: Batch, po
             h.remove()
     for name in names:
         calls = pairs.get(name)
-        if not calls or name in rows:
+        if not calls:
             continue
         ref = flat([c[0] for c in calls])
         acc = flat([c[1] for c in calls])
-        own = [c[2] for c in calls]
-        rows[name] = {
+        own = flat([c[2] for c in calls]) if all(c[2] is not None for c in calls) else None
+        rows.append({
             "layer": name, "type": type(conv_leaves[name]).__name__,
             "sqnr_db": sqnr_db(ref, acc) if acc.shape == ref.shape else None,
-            "own_sqnr_db": sqnr_db(ref, flat(own)) if all(o is not None for o in own)
-            and flat(own).shape == ref.shape else None,
-        }
-    return list(rows.values())
+            "own_sqnr_db": sqnr_db(ref, own) if own is not None and own.shape == ref.shape else None,
+        })
+    return rows

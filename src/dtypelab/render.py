@@ -6,6 +6,7 @@ import html
 import math
 
 from .hardware import HardwareInfo
+from .perlayer import SAMPLES
 from .policies import BASELINE, REGISTRY
 from .recommend import Recommendation, Tolerance, delta_text, recommend, speedup
 from .results import PolicyResult, Report
@@ -166,7 +167,7 @@ def rich_table(console: object, title: str, headers: list[str], rows: list[list[
         console.print(s if s.startswith("*") else f"• {s}", highlight=False)
 
 
-LAYER_TITLE = "per-layer SQNR dB vs fp32: accumulated / this layer alone (first {n} samples of the batch)"
+LAYER_TITLE = f"per-layer SQNR dB vs fp32: accumulated / this layer alone (first {SAMPLES} samples of the batch)"
 LAYER_NOTE = ("accumulated: the layer's output with every earlier layer converted too; alone: the converted "
               "layer fed fp32's input. inf: identical to fp32 (a layer the policy leaves alone).")
 
@@ -192,18 +193,12 @@ def layer_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
     return headers, rows
 
 
-def _layer_title() -> str:
-    from .perlayer import SAMPLES
-
-    return LAYER_TITLE.format(n=SAMPLES)
-
-
 def render_markdown(report: Report) -> str:
     rec = recommend(report)
     headers, rows = table_rows(report, rec)
     text = markdown_table(_title(report), headers, rows, _notes(report, rec))
     layers = layer_rows(report)
-    return text + ("\n" + markdown_table(_layer_title(), *layers, [LAYER_NOTE]) if layers else "")
+    return text + ("\n" + markdown_table(LAYER_TITLE, *layers, [LAYER_NOTE]) if layers else "")
 
 
 def render_html(report: Report) -> str:
@@ -212,7 +207,7 @@ def render_html(report: Report) -> str:
     page = html_table(_title(report), headers, rows, _notes(report, rec))
     layers = layer_rows(report)
     if layers:  # a second table inside the same page
-        second = html_table(_layer_title(), *layers, [LAYER_NOTE])
+        second = html_table(LAYER_TITLE, *layers, [LAYER_NOTE])
         body = second[second.index("<h2>"):second.index("</body>")]
         page = page.replace("</body>", body + "</body>")
     return page
@@ -237,7 +232,7 @@ def render_table(report: Report, console: object | None = None) -> None:
                styles=styles)
     layers = layer_rows(report)
     if layers:
-        rich_table(console, _layer_title(), *layers, [LAYER_NOTE], left={0, 1}, wrap={0})
+        rich_table(console, LAYER_TITLE, *layers, [LAYER_NOTE], left={0, 1}, wrap={0})
 
 
 def render(report: Report, fmt: str) -> str:

@@ -91,7 +91,7 @@ def show(
 
 
 @app.command()
-def policies(device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N")] = None) -> None:
+def policies(device: DeviceOpt = None) -> None:
     """List the precision policies and whether each applies on this hardware, with the reason."""
     from ..bench import policy_table
 
@@ -108,7 +108,7 @@ def policies(device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N"
 
 
 @app.command()
-def hardware(device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N")] = None) -> None:
+def hardware(device: DeviceOpt = None) -> None:
     """Show what this machine can do: flags and measured matmul throughput per dtype."""
     from ..hardware import probe
 

@@ -9,13 +9,13 @@ import typer
 
 from ..errors import DtypelabError
 from ._common import _check_format, _emit_record, _fail, _guarded, _progress, app, err, out
-from .options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, TaskArg, ThreadsOpt
+from .options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, PolicyOpt, TaskArg, ThreadsOpt
 
 
 @app.command()
 def trace(
     task: TaskArg,
-    policy: Annotated[str, typer.Option("--policy", "-p", help="precision policy to train under")] = "fp32",
+    policy: PolicyOpt = "fp32",
     steps: Annotated[int | None, typer.Option(help="training steps [default: the task's]")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(
         "--checkpoint-every", help="steps between checkpoints [default: chosen so they cost ~2% of the time]")] = None,

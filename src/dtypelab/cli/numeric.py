@@ -8,7 +8,7 @@ import typer
 
 from ..errors import DtypelabError
 from ._common import _check_format, _emit_doc, _emit_record, _fail, _guarded, _progress, app, err
-from .options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, TaskArg, ThreadsOpt
+from .options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, PolicyOpt, TaskArg, ThreadsOpt
 
 
 @app.command()
@@ -64,7 +64,7 @@ def cast(
 @app.command()
 def audit(
     task: TaskArg,
-    policy: Annotated[str, typer.Option("--policy", "-p", help="precision policy to train under")] = "fp32",
+    policy: PolicyOpt = "fp32",
     steps: Annotated[int, typer.Option(help="training steps")] = 20,
     every: Annotated[int, typer.Option(help="measure every N-th step (hooks stay idle on the others)")] = 1,
     layers: Annotated[str | None, typer.Option(help="regular expression on module / parameter names")] = None,

@@ -8,6 +8,7 @@ import typer
 
 TaskArg = Annotated[str, typer.Argument(help="built-in name (digits, checkerboard, charlm, minilm), "
                                              "path/file.py:make_task or pkg.module:make_task")]
+PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="precision policy to train under")]
 BatchOpt = Annotated[int | None, typer.Option("--batch-size", "-b")]
 DeviceOpt = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N [default: cuda if present]")]
 ForceOpt = Annotated[bool, typer.Option(help="run policies measured to be pathologically slow here")]
