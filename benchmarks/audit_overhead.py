@@ -17,12 +17,12 @@ import time
 
 import torch
 
-from dtypelab.audit import _install, _Recorder
-from dtypelab.formats import AUDIT_FORMATS
-from dtypelab.policies import policy_class
-from dtypelab.rangestats import RangeCounter
-from dtypelab.task import load_task
-from dtypelab.worker import _train_step
+from dtypelab.bench.job import _train_step
+from dtypelab.core.policies import policy_class
+from dtypelab.core.task import load_task
+from dtypelab.numerics.audit import _install, _Recorder
+from dtypelab.numerics.formats import AUDIT_FORMATS
+from dtypelab.numerics.rangestats import RangeCounter
 
 
 def measure(task_name: str, rounds: int, block: int) -> tuple[float, float, int]:

@@ -15,9 +15,9 @@ import argparse
 from rich.console import Console
 
 from dtypelab import bench
-from dtypelab.policies import BASELINE
-from dtypelab.recommend import speedup
-from dtypelab.render import render_table
+from dtypelab.bench.recommend import speedup
+from dtypelab.core.policies import BASELINE
+from dtypelab.render.bench import render_table
 
 POLICIES = "bf16,amp-bf16,int8-dyn,int8-dyn-compile,int8-wo,fp8-wo,int8-dyn-legacy,int8-dyn-legacy-pc"
 GOAL = {"speedup": 1.8, "cos_min": 0.99, "linear": 0.35}

@@ -17,10 +17,10 @@ import warnings
 
 import torch
 
-from dtypelab.guard import Guard
-from dtypelab.policies import policy_class
-from dtypelab.task import load_task
-from dtypelab.worker import _train_step
+from dtypelab.bench.job import _train_step
+from dtypelab.core.policies import policy_class
+from dtypelab.core.task import load_task
+from dtypelab.trace.guard import Guard
 
 
 def measure(task_name: str, rounds: int, block: int) -> dict[str, float]:

@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import HERE
 
-from dtypelab.audit import audit
-from dtypelab.errors import DtypelabError
-from dtypelab.results import AuditReport, load_record
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.results import AuditReport, load_record
+from dtypelab.numerics.audit import audit
 
 AUDIT_TASK = os.path.join(HERE, "tiny_task.py") + ":make_audit_task"
 ENV = {"test": True}  # skip the hardware probe
@@ -60,7 +60,7 @@ def test_json_round_trip_and_show(report, tmp_path):
     path = tmp_path / "audit.json"
     report.save(str(path))
     assert load_record(str(path)) == report
-    assert json.loads(path.read_text())["schema"] == "dtypelab.audit"
+    assert json.loads(path.read_text())["schema"] == "dtypelab.numerics.audit"
 
 
 def test_every_and_layers_filter():

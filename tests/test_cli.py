@@ -153,7 +153,7 @@ def test_audit_then_show(tmp_path):
     run = dtypelab("audit", task, "--steps", "3", "--json", str(out))
     assert run.returncode == 0, run.stderr
     assert "overflow risk" in run.stdout and "float16 loss scale" in run.stdout
-    assert json.loads(out.read_text())["schema"] == "dtypelab.audit"
+    assert json.loads(out.read_text())["schema"] == "dtypelab.numerics.audit"
     shown = dtypelab("show", str(out), "--format", "markdown")
     assert shown.returncode == 0 and "| boom | act | Scale |" in shown.stdout and "max \\|x\\|" in shown.stdout
 

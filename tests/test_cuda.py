@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dtypelab import bench, probe
-from dtypelab.measure import MemoryMeter
+from dtypelab.core.measure import MemoryMeter
 
 pytestmark = pytest.mark.cuda
 
@@ -36,7 +36,7 @@ def test_sweep_on_cuda_including_tf32_and_amp_fp16(tiny):
 
 
 def test_range_stats_of_a_cuda_tensor_equal_the_cpu_ones():
-    from dtypelab.rangestats import range_stats
+    from dtypelab.numerics.rangestats import range_stats
 
     x = torch.randn(100_000, device="cuda") * 1e-4
     formats = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
@@ -44,7 +44,7 @@ def test_range_stats_of_a_cuda_tensor_equal_the_cpu_ones():
 
 
 def test_audit_on_cuda_with_amp_fp16(tiny):
-    from dtypelab.audit import audit
+    from dtypelab.numerics.audit import audit
 
     report = audit(tiny, policy="amp-fp16", steps=3, device="cuda", environment={})
     assert report.status == "ok" and report.layers and report.config.device.startswith("cuda")

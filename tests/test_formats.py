@@ -9,8 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from dtypelab.errors import DtypelabError
-from dtypelab.formats import bit_fields, cast, formats, get_format, ieee_like, overflow_threshold, parse_formats
+from dtypelab.core.errors import DtypelabError
+from dtypelab.numerics.formats import (
+    bit_fields,
+    cast,
+    formats,
+    get_format,
+    ieee_like,
+    overflow_threshold,
+    parse_formats,
+)
 
 
 @pytest.mark.parametrize("name", ["float64", "float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2",

@@ -5,7 +5,7 @@ import torch
 from conftest import fake_hardware
 
 from dtypelab import DtypelabError, HardwareInfo, probe
-from dtypelab.hardware import resolve_device
+from dtypelab.core.hardware import resolve_device
 
 
 def test_probe_measures_every_dtype_quickly():

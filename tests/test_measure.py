@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dtypelab.measure import MemoryMeter, StepTimer, model_bytes, summarize
+from dtypelab.core.measure import MemoryMeter, StepTimer, model_bytes, summarize
 
 
 class FakeClock:

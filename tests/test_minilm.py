@@ -9,7 +9,7 @@ import torch
 from conftest import fake_hardware
 
 from dtypelab import TaskError, bench, load_task
-from dtypelab.tasks import minilm
+from dtypelab.core.tasks import minilm
 
 
 def test_missing_extra_names_the_install_command(monkeypatch):

@@ -11,9 +11,9 @@ import torch
 from conftest import fake_hardware
 from torch._inductor import config as inductor
 
-from dtypelab.policies import REGISTRY, parse_policies, policies_for, policy_class
-from dtypelab.task import load_task
-from dtypelab.worker import Job, run_job
+from dtypelab.bench.job import Job, run_job
+from dtypelab.core.policies import REGISTRY, parse_policies, policies_for, policy_class
+from dtypelab.core.task import load_task
 
 
 def global_state() -> dict:

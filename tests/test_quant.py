@@ -14,11 +14,11 @@ from conftest import fake_hardware
 from torch import nn
 
 from dtypelab import DtypelabError, bench, export, load_exported
-from dtypelab.fidelity import compare
-from dtypelab.policies import REGISTRY, policies_for, policy_class
-from dtypelab.policies import quant as quant_mod
-from dtypelab.render import render
-from dtypelab.sizes import linear_weight_bytes, serialize, tensor_bytes
+from dtypelab.core.policies import REGISTRY, policies_for, policy_class
+from dtypelab.core.policies import quant as quant_mod
+from dtypelab.inference.fidelity import compare
+from dtypelab.inference.sizes import linear_weight_bytes, serialize, tensor_bytes
+from dtypelab.render.bench import render
 
 QUANT = [n for n, c in REGISTRY.items() if c.modes == ("infer",)]
 # Lowest acceptable output SQNR on the MLP below. Expected from the formats: int8 with a scale per row has
@@ -144,7 +144,7 @@ def test_unsupported_here_is_skipped_with_the_reason(tiny, monkeypatch):
     why = policy_class("int8-dyn-legacy")("cuda").availability(cuda)
     assert not why.ok and "CPU only" in why.reason
     monkeypatch.setattr(quant_mod, "torchao_missing", lambda: "torchao cannot be imported (planted)")
-    bench_module = sys.modules["dtypelab.bench"]  # the package's `bench` attribute is the function
+    bench_module = sys.modules["dtypelab.bench.sweep"]  # the package's `bench` attribute is the function
     monkeypatch.setattr(bench_module, "policies_for", lambda mode: ["fp32", "int8-dyn", "int8-dyn-legacy"])
     report = bench(tiny, mode="infer", steps=2, warmup=1, isolate=False, hardware=fake_hardware())
     skipped = report.result("int8-dyn")

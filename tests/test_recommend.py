@@ -5,7 +5,7 @@ import math
 import pytest
 
 from dtypelab import DtypelabError, PolicyResult, Report, RunConfig, Tolerance, recommend
-from dtypelab.render import render_html, render_markdown
+from dtypelab.render.bench import render_html, render_markdown
 
 
 def result(name, ms, metric, status="ok", mem=100, nonfinite=None, reason=""):

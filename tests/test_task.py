@@ -5,7 +5,7 @@ import torch
 from conftest import TINY
 
 from dtypelab import Task, TaskError, load_task
-from dtypelab.task import BUILTIN, call_model, map_tensors
+from dtypelab.core.task import BUILTIN, call_model, map_tensors
 
 TRAINABLE = [n for n in BUILTIN if n != "minilm"]  # minilm: inference-only, optional extra (test_minilm.py)
 

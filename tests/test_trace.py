@@ -12,10 +12,10 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import dtypelab
-from dtypelab.diagnose import explain
-from dtypelab.guard import Guard, NonFiniteError, _all_finite
-from dtypelab.results import TraceReport, load_record
-from dtypelab.scaler import ScalerLog, scaler_notes
+from dtypelab.core.results import TraceReport, load_record
+from dtypelab.core.scaler import ScalerLog, scaler_notes
+from dtypelab.trace.diagnose import explain
+from dtypelab.trace.guard import Guard, NonFiniteError, _all_finite
 
 
 def run(task, policy: str = "fp32", **kw) -> TraceReport:
@@ -194,7 +194,7 @@ def test_trace_cli_exit_codes_and_show(tmp_path):
         assert text in run_.stdout
     md = cli("show", str(out), "--format", "markdown")
     assert md.returncode == 0 and "| op | aten.log |" in md.stdout
-    assert json.loads(cli("show", str(out), "--format", "json").stdout)["schema"] == "dtypelab.trace"
+    assert json.loads(cli("show", str(out), "--format", "json").stdout)["schema"] == "dtypelab.trace.run"
     clean = cli("trace", f"{nm.__file__}:attention_task", "--steps", "3", "--json", str(out))
     assert clean.returncode == 0 and "no NaN/Inf in 3 steps" in clean.stdout
     bad = cli("trace", "digits", "--checkpoint-every", "0")

@@ -2,19 +2,11 @@
 
 __version__ = "0.1.0"
 
-from .audit import audit
-from .bench import bench
-from .castcheck import analyze_values, cast_file, cast_report
-from .errors import DtypelabError, TaskError
-from .export import ExportInfo, export, load_exported
-from .fidelity import compare as compare_outputs
-from .formats import Format, formats, get_format
-from .guard import Guard, NonFiniteError, watch
-from .hardware import HardwareInfo, probe
-from .lint import lint_paths, lint_source
-from .rangestats import RangeStats, range_stats
-from .recommend import Recommendation, Tolerance, recommend
-from .results import (
+from dtypelab.bench.recommend import Recommendation, Tolerance, recommend
+from dtypelab.bench.sweep import bench
+from dtypelab.core.errors import DtypelabError, TaskError
+from dtypelab.core.hardware import HardwareInfo, probe
+from dtypelab.core.results import (
                       AuditReport,
                       Finding,
                       LintFinding,
@@ -26,8 +18,16 @@ from .results import (
                       load_record,
                       load_report,
 )
-from .task import Task, load_task
-from .trace import trace
+from dtypelab.core.task import Task, load_task
+from dtypelab.inference.export import ExportInfo, export, load_exported
+from dtypelab.inference.fidelity import compare as compare_outputs
+from dtypelab.lint import lint_paths, lint_source
+from dtypelab.numerics.audit import audit
+from dtypelab.numerics.castcheck import analyze_values, cast_file, cast_report
+from dtypelab.numerics.formats import Format, formats, get_format
+from dtypelab.numerics.rangestats import RangeStats, range_stats
+from dtypelab.trace.guard import Guard, NonFiniteError, watch
+from dtypelab.trace.run import trace
 
 __all__ = [
     "AuditReport", "DtypelabError", "ExportInfo", "Finding", "Format", "Guard", "HardwareInfo", "LintFinding",

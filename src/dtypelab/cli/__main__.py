@@ -1,3 +1,3 @@
-from . import main
+from dtypelab.cli import main
 
 main()

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..errors import DtypelabError, TaskError, format_user_traceback
+from dtypelab.core.errors import DtypelabError, TaskError, format_user_traceback
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure which numeric precision your PyTorch model should use, on this hardware.")
@@ -46,14 +46,14 @@ def _guarded(interrupted: str = "") -> Iterator[None]:
 
 
 def _check_format(fmt: str) -> None:
-    from ..render import FORMATS
+    from dtypelab.render.bench import FORMATS
 
     if fmt not in FORMATS:
         raise DtypelabError(f"unknown format {fmt!r}: use {', '.join(FORMATS)}")
 
 
 def _emit(report, fmt: str) -> None:
-    from ..render import render, render_table
+    from dtypelab.render.bench import render, render_table
 
     if fmt == "table":
         render_table(report, out)
@@ -62,7 +62,7 @@ def _emit(report, fmt: str) -> None:
 
 
 def _emit_doc(doc, fmt: str, data, styles=None, wrap=None) -> None:
-    from ..render_numeric import emit, to_json
+    from dtypelab.render.numeric import emit, to_json
 
     if fmt == "json":
         sys.stdout.write(to_json(data))
@@ -74,9 +74,9 @@ def _emit_doc(doc, fmt: str, data, styles=None, wrap=None) -> None:
 
 def _emit_record(report, fmt: str, top: int = 0) -> None:
     """Any saved record: a bench report, an audit (``top`` riskiest rows) or a trace."""
-    from ..render_numeric import audit_doc
-    from ..render_trace import trace_doc
-    from ..results import AuditReport, TraceReport
+    from dtypelab.core.results import AuditReport, TraceReport
+    from dtypelab.render.numeric import audit_doc
+    from dtypelab.render.trace import trace_doc
 
     if isinstance(report, AuditReport):
         doc, styles, wrap = audit_doc(report, top)

@@ -7,9 +7,9 @@ from typing import Annotated
 import typer
 from rich.progress import Progress
 
-from ..errors import DtypelabError
-from ._common import _check_format, _emit, _emit_record, _fail, _guarded, _progress, app, err, out
-from .options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, TaskArg, ThreadsOpt
+from dtypelab.cli._common import _check_format, _emit, _emit_record, _fail, _guarded, _progress, app, err, out
+from dtypelab.cli.options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, TaskArg, ThreadsOpt
+from dtypelab.core.errors import DtypelabError
 
 
 class _Bars:
@@ -58,8 +58,8 @@ def bench(
 ) -> None:
     """Train TASK under each precision policy (or, with --mode infer, run inference under each, quantized
     int8/fp8 policies included); print speed, memory, size, fidelity, metric and a recommendation."""
-    from ..bench import bench as run_bench
-    from ..bench import default_result_path
+    from dtypelab.bench.sweep import bench as run_bench
+    from dtypelab.bench.sweep import default_result_path
 
     path = json or default_result_path(task, mode)
     with _guarded(f"policies that finished are saved in {path}"):
@@ -80,7 +80,7 @@ def show(
     top: Annotated[int, typer.Option(help="audit: rows to show, riskiest first (0: all)")] = 0,
 ) -> None:
     """Re-render a saved result."""
-    from ..results import load_record
+    from dtypelab.core.results import load_record
 
     try:
         _check_format(fmt)
@@ -93,7 +93,7 @@ def show(
 @app.command()
 def policies(device: DeviceOpt = None) -> None:
     """List the precision policies and whether each applies on this hardware, with the reason."""
-    from ..bench import policy_table
+    from dtypelab.bench.sweep import policy_table
 
     try:
         rows = policy_table(device)
@@ -110,7 +110,7 @@ def policies(device: DeviceOpt = None) -> None:
 @app.command()
 def hardware(device: DeviceOpt = None) -> None:
     """Show what this machine can do: flags and measured matmul throughput per dtype."""
-    from ..hardware import probe
+    from dtypelab.core.hardware import probe
 
     try:
         hw = probe(device)

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from ..errors import DtypelabError
-from ._common import _check_format, _emit_record, _fail, _guarded, _progress, app, err, out
-from .options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, PolicyOpt, TaskArg, ThreadsOpt
+from dtypelab.cli._common import _check_format, _emit_record, _fail, _guarded, _progress, app, err, out
+from dtypelab.cli.options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, PolicyOpt, TaskArg, ThreadsOpt
+from dtypelab.core.errors import DtypelabError
 
 
 @app.command()
@@ -32,8 +32,8 @@ def trace(
 ) -> None:
     """Train with a NaN/Inf guard armed; at the first non-finite value, name the op, module, source line
     and cause. Exit 1 when one was found."""
-    from ..bench import default_result_path
-    from ..trace import trace as run_trace
+    from dtypelab.bench.sweep import default_result_path
+    from dtypelab.trace.run import trace as run_trace
 
     path = json or default_result_path(task, "trace")
     with _guarded(f"the steps run so far are saved in {path}"):
@@ -62,7 +62,7 @@ def lint(
 ) -> None:
     """Static checks for precision hazards (naive softmax, log(1+x), fp16 model training, deprecated AMP
     APIs, …). Exit 1 when there are findings. Suppress a line with `# dtypelab: ignore[CODE]`."""
-    from ..lint import RULES, lint_paths
+    from dtypelab.lint import RULES, lint_paths
 
     if list_rules:
         for r in RULES.values():

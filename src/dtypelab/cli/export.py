@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from ._common import _guarded, app, err, out
-from .options import TaskArg
+from dtypelab.cli._common import _guarded, app, err, out
+from dtypelab.cli.options import TaskArg
 
 
 def _bytes(n: int) -> str:
@@ -24,7 +24,7 @@ def export(
     seed: int = 0,
 ) -> None:
     """Convert TASK's model with POLICY, write it, and check that the file loads back to the same outputs."""
-    from ..export import export as run_export
+    from dtypelab.inference.export import export as run_export
 
     with _guarded(), err.status(f"converting {task} with {policy}"):
         info = run_export(task, policy, output, weights=weights, seed=seed)

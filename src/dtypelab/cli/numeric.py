@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from ..errors import DtypelabError
-from ._common import _check_format, _emit_doc, _emit_record, _fail, _guarded, _progress, app, err
-from .options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, PolicyOpt, TaskArg, ThreadsOpt
+from dtypelab.cli._common import _check_format, _emit_doc, _emit_record, _fail, _guarded, _progress, app, err
+from dtypelab.cli.options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, PolicyOpt, TaskArg, ThreadsOpt
+from dtypelab.core.errors import DtypelabError
 
 
 @app.command()
@@ -20,11 +20,11 @@ def formats(
     fmt: FormatOpt = "table",
 ) -> None:
     """Every numeric format's range and precision, computed; with --value, what storing a value does."""
-    from ..castcheck import analyze_values
-    from ..formats import formats as all_formats
-    from ..formats import parse_formats
-    from ..hardware import probe
-    from ..render_numeric import formats_doc, values_doc
+    from dtypelab.core.hardware import probe
+    from dtypelab.numerics.castcheck import analyze_values
+    from dtypelab.numerics.formats import formats as all_formats
+    from dtypelab.numerics.formats import parse_formats
+    from dtypelab.render.numeric import formats_doc, values_doc
 
     try:
         _check_format(fmt)
@@ -46,9 +46,9 @@ def cast(
     fmt: FormatOpt = "table",
 ) -> None:
     """What converting every tensor in FILE to a format does: overflow, underflow, error, SQNR, bytes."""
-    from ..castcheck import cast_file
-    from ..formats import get_format
-    from ..render_numeric import cast_doc
+    from dtypelab.numerics.castcheck import cast_file
+    from dtypelab.numerics.formats import get_format
+    from dtypelab.render.numeric import cast_doc
 
     try:
         _check_format(fmt)
@@ -80,8 +80,8 @@ def audit(
     top: Annotated[int, typer.Option(help="rows to show, riskiest first (0: all; the JSON has all)")] = 25,
 ) -> None:
     """Per-layer value ranges of activations and gradients against fp16, bf16 and fp8, sorted by risk."""
-    from ..audit import audit as run_audit
-    from ..bench import default_result_path
+    from dtypelab.bench.sweep import default_result_path
+    from dtypelab.numerics.audit import audit as run_audit
 
     path = json or default_result_path(task, "audit")
     with _guarded(f"the steps measured so far are saved in {path}"):

@@ -13,11 +13,11 @@ import time
 import tokenize
 from collections.abc import Callable, Iterable
 
-from ..errors import DtypelabError
-from ..results import LintFinding, LintReport
-from .catalog import RULES, Rule
-from .names import Imports
-from .rules import Checker
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.results import LintFinding, LintReport
+from dtypelab.lint.catalog import RULES, Rule
+from dtypelab.lint.names import Imports
+from dtypelab.lint.rules import Checker
 
 _IGNORE = re.compile(r"#\s*dtypelab:\s*ignore(?:\[([A-Za-z0-9_,\s-]*)\])?(?!-)")
 _IGNORE_FILE = re.compile(r"#\s*dtypelab:\s*ignore-file\b")

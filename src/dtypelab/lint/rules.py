@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import ast
 
-from .catalog import RULES
-from .names import Imports
+from dtypelab.lint.catalog import RULES
+from dtypelab.lint.names import Imports
 
 FUNCS = {
     "exp": {"torch.exp", "numpy.exp", "math.exp", "torch.special.exp"},

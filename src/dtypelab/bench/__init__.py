@@ -1,0 +1,12 @@
+"""bench: measure a task under each policy and recommend one.
+
+sweep (the ``bench()`` entry point) → launch (how a job runs: inline, child process) → job (one
+policy's measurement on the core loop) → recommend (verdicts from a record). Every submodule is imported
+here so that none can later rebind ``dtypelab.bench``, which is the public function.
+"""
+
+from dtypelab.bench import job, launch, recommend, sweep  # noqa: F401
+from dtypelab.bench.recommend import Recommendation, Tolerance
+from dtypelab.bench.sweep import bench, default_result_path, policy_table
+
+__all__ = ["Recommendation", "Tolerance", "bench", "default_result_path", "policy_table"]

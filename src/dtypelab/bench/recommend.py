@@ -1,0 +1,176 @@
+"""The recommendation: fastest stable policy whose primary metric stays within tolerance of fp32."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.policies import BASELINE
+from dtypelab.core.results import PolicyResult, Report
+from dtypelab.core.scaler import scaler_notes
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far the primary metric may move from fp32: relative ("1%") or absolute ("0.005")."""
+
+    value: float
+    relative: bool
+
+    @classmethod
+    def parse(cls, text: str | float) -> Tolerance:
+        raw = str(text).strip()
+        relative = raw.endswith("%")
+        try:
+            value = float(raw[:-1] if relative else raw)
+        except ValueError:
+            raise DtypelabError(
+                f"bad tolerance {raw!r}: use a percentage like 1% or an absolute value like 0.005") from None
+        if not math.isfinite(value) or value < 0:
+            raise DtypelabError(f"bad tolerance {raw!r}: must be a finite number >= 0")
+        return cls(value / 100 if relative else value, relative)
+
+    def allowed(self, baseline: float) -> float:
+        return abs(baseline) * self.value if self.relative else self.value
+
+    def __str__(self) -> str:
+        return f"{self.value * 100:g}%" if self.relative else f"{self.value:g}"
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    best: str | None
+    lowest_memory: str | None
+    verdicts: dict[str, str]  # short text per policy for the table
+    sentences: tuple[str, ...]  # the explanation in words
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def delta_text(value: float, base: float, tol: Tolerance) -> str:
+    """Change of the metric vs the baseline, in the terms the tolerance is given in."""
+    delta = value - base
+    rel = f"{delta / abs(base) * 100:+.2f}%" if base else "n/a"
+    return f"{rel}" if tol.relative else f"{delta:+.4g} ({rel})"
+
+
+def speedup(result: PolicyResult, base: PolicyResult) -> float | None:
+    t, b = result.timing, base.timing
+    return b.median / t.median if t and b and t.median > 0 else None
+
+
+def _short_reason(r: PolicyResult) -> str:
+    if r.status == "skipped":
+        return "too slow here (--force runs it)" if "GFLOP/s" in r.reason else "not on this hardware"
+    if r.status in ("failed", "timeout", "oom"):
+        return r.reason if len(r.reason) <= 60 else r.reason[:57] + "..."
+    return r.status
+
+
+def _details(report: Report) -> list[str]:
+    """Facts worth a sentence of their own: GradScaler skips, output fidelity in inference."""
+    out = []
+    for r in report.results:
+        out += [n if n.endswith(".") else n + "." for n in scaler_notes(r.extras, len(r.losses), r.policy)]
+        if report.config.mode == "infer" and r.policy != BASELINE and "sqnr_db" in r.fidelity:
+            cos = r.fidelity.get("cos_min")
+            out.append(f"{r.policy}: outputs {r.fidelity['sqnr_db']:.1f} dB SQNR vs {BASELINE}, "
+                       f"max abs error {r.fidelity['max_abs_err']:.3g}"
+                       + (f", worst cosine {cos:.4f}." if cos is not None else "."))
+    return out
+
+
+def recommend(report: Report) -> Recommendation:
+    """Judge every result against the fp32 baseline of the same report."""
+    cfg = report.config
+    tol = Tolerance.parse(cfg.tolerance)
+    metric, higher = cfg.metric, cfg.higher_is_better
+    base = report.result(BASELINE)
+    verdicts: dict[str, str] = {}
+    sentences: list[str] = []
+    skipped: dict[str, list[str]] = {}
+    for r in report.results:
+        if not r.ran:
+            verdicts[r.policy] = _short_reason(r)
+            skipped.setdefault(f"{r.status} — {r.reason}", []).append(r.policy)
+    base_metric = base.metric(metric) if base and base.status == "ok" else None
+    if base_metric is None or not math.isfinite(base_metric):
+        why = f"{base.status}: {base.reason}" if base and base.status != "ok" else "it has no finite metric"
+        sentences.append(f"No recommendation: the {BASELINE} baseline did not complete ({why}).")
+        for reason, names in skipped.items():
+            sentences.append(f"{', '.join(names)}: {reason}.")
+        return Recommendation(None, None, verdicts, tuple(sentences))
+
+    accepted: list[PolicyResult] = []
+    notes: dict[str, str] = {}
+    for r in report.results:
+        if not r.ran:
+            continue
+        value = r.metric(metric)
+        sp = speedup(r, base)
+        speed = f"{sp:.2f}x {'faster' if sp >= 1 else 'slower'} than {BASELINE}" if sp else "no timing"
+        if r.status == "diverged":
+            verdicts[r.policy] = f"diverged at step {r.first_nonfinite_step}"
+            notes[r.policy] = f"{r.policy}: {speed} but diverged ({r.reason})."
+        elif r.first_nonfinite_step is not None:
+            verdicts[r.policy] = f"unstable (non-finite loss at step {r.first_nonfinite_step})"
+            notes[r.policy] = f"{r.policy}: {speed} but the loss went non-finite at step {r.first_nonfinite_step}."
+        elif value is None or not math.isfinite(value):
+            verdicts[r.policy] = "no metric"
+            notes[r.policy] = f"{r.policy}: {speed} but its {metric} is {value}."
+        else:
+            ok = value >= base_metric - tol.allowed(base_metric) if higher else (
+                value <= base_metric + tol.allowed(base_metric))
+            delta = delta_text(value, base_metric, tol)
+            where = "within" if ok else "outside"
+            if r.policy == BASELINE:
+                verdicts[r.policy] = "baseline"
+                accepted.append(r)
+                continue
+            verdicts[r.policy] = f"{metric} {where} {tol}"
+            notes[r.policy] = f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}, {where} {tol})."
+            cos = r.fidelity.get("cos_min") if cfg.mode == "infer" else None
+            if ok and cos is not None and cos < cfg.min_cosine:  # the metric can hide drift the outputs show
+                ok = False
+                verdicts[r.policy] = f"worst cosine {cos:.4f} < {cfg.min_cosine:g}"
+                notes[r.policy] = (f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}) but its worst output "
+                                   f"cosine vs {BASELINE} is {cos:.4f}, below {cfg.min_cosine:g}.")
+            if ok:
+                accepted.append(r)
+
+    timed = [r for r in accepted if r.timing]
+    best = min(timed, key=lambda r: r.timing.median).policy if timed else None
+    with_mem = [r for r in accepted if r.peak_memory_bytes is not None]
+    lowest = min(with_mem, key=lambda r: r.peak_memory_bytes).policy if with_mem else None
+    if best == BASELINE or best is None:
+        sentences.append(f"Keep {BASELINE}: no other policy was both faster and within {tol} on {metric} "
+                         f"({BASELINE}: {_fmt(base_metric)}).")
+    else:
+        b = report.result(best)
+        sp = speedup(b, base)
+        sentences.append(
+            f"Use {best}: {sp:.2f}x faster than {BASELINE}, {metric} {_fmt(b.metric(metric))} vs "
+            f"{_fmt(base_metric)} ({delta_text(b.metric(metric), base_metric, tol)}, within {tol})."
+        )
+        verdicts[best] = "recommended"
+        noisy = [r.policy for r in (b, base) if r.timing.noisy]
+        if noisy:
+            sentences.append(f"Timings of {' and '.join(noisy)} were noisy: re-run before trusting a small gap.")
+    for name, note in notes.items():
+        if name != best:
+            sentences.append(note)
+    sentences += _details(report)
+    if lowest and lowest != best:
+        low, b = report.result(lowest), report.result(best or BASELINE)
+        if low.peak_memory_bytes < 0.95 * (b.peak_memory_bytes or 0):  # smaller gaps are measurement noise
+            sentences.append(f"Lowest peak memory within tolerance: {lowest} "
+                             f"({low.peak_memory_bytes / 2**20:.1f} MB vs {b.peak_memory_bytes / 2**20:.1f} MB "
+                             f"for {b.policy}).")
+            verdicts[lowest] += ", lowest memory"
+    for reason, names in skipped.items():
+        hint = "; use --force to run anyway" if "GFLOP/s" in reason else ""
+        sentences.append(f"{', '.join(names)}: {reason}{hint}.")
+    return Recommendation(best, lowest, verdicts, tuple(sentences))

@@ -1,0 +1,183 @@
+"""The public entry point: measure a task under each precision policy and return a Report."""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Sequence
+
+import torch
+
+from dtypelab import __version__
+from dtypelab.bench.job import Job
+from dtypelab.bench.launch import Event, OnEvent, run_inline, run_isolated
+from dtypelab.bench.recommend import Tolerance
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.hardware import HardwareInfo, probe, resolve_device
+from dtypelab.core.policies import BASELINE, REGISTRY, parse_policies, policies_for, policy_class
+from dtypelab.core.results import PolicyResult, Report, RunConfig
+from dtypelab.core.task import load_task
+
+MODES = ("train", "infer")
+INFER_STEPS = 50
+
+
+def environment(hw: HardwareInfo) -> dict:
+    return {
+        "dtypelab": __version__, "torch": torch.__version__, "python": platform.python_version(),
+        "platform": platform.platform(), "cuda": torch.version.cuda, "hardware": hw.to_dict(),
+    }
+
+
+def default_result_path(task: str, mode: str, directory: str = "dtypelab-results") -> str:
+    """dtypelab-results/<task>-<mode>-<timestamp>.json: every run is kept unless told otherwise."""
+    stem = os.path.splitext(os.path.basename(task.rpartition(":")[0] or task))[0] or "task"
+    return os.path.join(directory, f"{stem}-{mode}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise DtypelabError(f"--{name} must be a positive integer, got {value}")
+
+
+def bench(
+    task: str,
+    policies: str | Sequence[str] | None = None,
+    *,
+    mode: str = "train",
+    steps: int | None = None,
+    batch_size: int | None = None,
+    warmup: int | None = None,
+    tolerance: str = "1%",
+    device: str | None = None,
+    seed: int = 0,
+    force: bool = False,
+    timeout_s: float = 600.0,
+    threads: int | None = None,
+    json_path: str | None = None,
+    per_layer: bool = False,
+    min_cosine: float = 0.99,
+    isolate: bool = True,
+    on_event: OnEvent | None = None,
+    hardware: HardwareInfo | None = None,
+) -> Report:
+    """Train (or run inference on) ``task`` under each policy and measure speed, memory and metric.
+
+    ``policies``: names or a comma-separated string; None means every registered policy, with those
+    that cannot run here recorded as skipped. Naming one that cannot run here is an error. Policies
+    measured to be pathologically slow here are skipped unless ``force``. Each policy runs in its own
+    process (``isolate``) under a ``timeout_s`` limit; the report is rewritten to ``json_path``
+    after each one, so an interruption keeps what finished. ``per_layer`` (infer mode): also the SQNR of
+    every layer's output vs the fp32 model. ``min_cosine`` (infer mode): a policy whose worst per-sample
+    output cosine vs fp32 falls below it is not recommended, whatever its metric.
+    """
+    if mode not in MODES:
+        raise DtypelabError(f"unknown mode {mode!r}: use train or infer")
+    for name, value in (("steps", steps), ("batch-size", batch_size), ("threads", threads)):
+        _positive(name, value)
+    if warmup is not None and warmup < 0:
+        raise DtypelabError(f"--warmup must be >= 0, got {warmup}")
+    if timeout_s <= 0:
+        raise DtypelabError(f"--timeout must be positive, got {timeout_s:g}")
+    tol = Tolerance.parse(tolerance)
+    explicit = policies is not None
+    names = parse_policies(policies if policies is None or isinstance(policies, str) else ",".join(policies))
+    if not 0 <= min_cosine <= 1:
+        raise DtypelabError(f"--min-cosine must be between 0 and 1, got {min_cosine:g}")
+    if per_layer and mode != "infer":
+        raise DtypelabError("--per-layer compares inference outputs: use it with --mode infer")
+    for name in names if explicit else ():
+        wrong_mode = policy_class(name).mode_error(mode)
+        if wrong_mode:
+            raise DtypelabError(wrong_mode)
+    loaded = load_task(task)  # fail here, once, on a broken task, before any child starts
+    if mode == "train" and loaded.inference_only:
+        raise DtypelabError(f"task {loaded.name} is inference-only: use --mode infer")
+    dev = resolve_device(device)
+    on_event = on_event or (lambda e: None)
+    if hardware is None:
+        on_event(Event("probe", "", label="probing hardware"))
+        hardware = probe(dev)
+
+    # A pretrained task is never trained: its steps are forward passes, sized for its (larger) model.
+    steps = steps or (INFER_STEPS if mode == "infer" and not loaded.pretrained else loaded.steps)
+    batch_size = batch_size or loaded.batch_size
+    if warmup is None:
+        warmup = max(1, min(10, steps // 10))
+    if warmup >= steps:
+        raise DtypelabError(f"--warmup ({warmup}) must be smaller than --steps ({steps})")
+    # Table order: the registry's for a default sweep, else the user's with the baseline added first.
+    order = [BASELINE] + [n for n in names if n != BASELINE] if explicit else policies_for(mode)
+    config = RunConfig(
+        task=task, mode=mode, policies=tuple(order), steps=steps, batch_size=batch_size, warmup=warmup,
+        seed=seed, tolerance=str(tol), device=str(dev), force=force, timeout_s=timeout_s,
+        metric=loaded.metric, higher_is_better=loaded.higher_is_better, threads=threads, per_layer=per_layer,
+        min_cosine=min_cosine,
+    )
+    report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+    runnable: list[str] = []
+    for name in [BASELINE] + [n for n in order if n != BASELINE]:  # the baseline always runs first
+        avail = policy_class(name)(dev).availability(hardware)
+        if not avail.ok and explicit:
+            raise DtypelabError(f"policy {name} cannot run here: {avail.reason}")
+        if not avail.ok or (avail.slow and not force):
+            report = report.with_result(PolicyResult(name, "skipped", avail.reason))
+        else:
+            runnable.append(name)
+    _save(report, json_path)
+
+    run = run_isolated if isolate else run_inline
+    with tempfile.TemporaryDirectory(prefix="dtypelab-") as workdir:
+        def job(policy: str, job_mode: str, job_steps: int) -> Job:
+            return Job(task, policy, job_mode, job_steps, batch_size, warmup, seed, str(dev), workdir, threads,
+                       per_layer=per_layer and job_mode == "infer")
+
+        if mode == "infer" and not loaded.pretrained:
+            on_event(Event("start", BASELINE, 0, loaded.steps, label="training fp32 reference"))
+            ref = run(job(BASELINE, "reference", loaded.steps), timeout_s,
+                      lambda d, t: on_event(Event("step", BASELINE, d, t)))
+            on_event(Event("done", BASELINE, result=ref, label="training fp32 reference"))
+            if ref.status != "ok":
+                raise DtypelabError(f"training the fp32 reference for inference failed: {ref.status}: {ref.reason}")
+        pending = list(runnable)
+        try:
+            while pending:
+                name = pending[0]
+                on_event(Event("start", name, 0, steps))
+                result = run(job(name, mode, steps), timeout_s, lambda d, t, n=name: on_event(Event("step", n, d, t)))
+                report = report.with_result(result)
+                pending.pop(0)
+                _save(report, json_path)
+                on_event(Event("done", name, result=result))
+        except KeyboardInterrupt:
+            for name in pending:
+                report = report.with_result(PolicyResult(name, "interrupted", "interrupted before it finished"))
+            _save(report, json_path)
+            raise
+    return report
+
+
+def _save(report: Report, path: str | None) -> None:
+    if path:
+        try:
+            report.save(path)
+        except OSError as exc:
+            raise DtypelabError(f"cannot write results to {path}: {exc.strerror}") from None
+
+
+def policy_table(device: str | None = None, hardware: HardwareInfo | None = None) -> list[tuple[str, str, str]]:
+    """(name, summary, verdict here) for every registered policy; inference-only ones say so."""
+    dev = resolve_device(device)
+    hw = hardware or probe(dev)
+    rows = []
+    for name, cls in REGISTRY.items():
+        avail = cls(dev).availability(hw)
+        verdict = "runs" if avail.ok and not avail.slow else (
+            f"skipped unless --force: {avail.reason}" if avail.ok else f"not here: {avail.reason}")
+        if cls.modes == ("infer",):
+            verdict += " (inference only)"
+        rows.append((name, cls.summary, verdict))
+    return rows

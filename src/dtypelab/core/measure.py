@@ -1,0 +1,170 @@
+"""Timing, memory and size measurements. The clock and the sync are injectable for testing."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import os
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+NOISY_REL_IQR = 0.10  # IQR/median above this: timings are too noisy to trust small differences
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Robust statistics of timing samples (seconds)."""
+
+    n: int
+    median: float
+    q1: float
+    q3: float
+
+    @property
+    def iqr(self) -> float:
+        return self.q3 - self.q1
+
+    @property
+    def rel_iqr(self) -> float:
+        return self.iqr / self.median if self.median > 0 else float("inf")
+
+    @property
+    def noisy(self) -> bool:
+        return self.rel_iqr > NOISY_REL_IQR
+
+
+def summarize(samples: Sequence[float]) -> Summary | None:
+    """Median and quartiles of samples; None when there are none."""
+    if len(samples) == 0:
+        return None
+    q1, med, q3 = np.percentile(np.asarray(samples, dtype=np.float64), [25, 50, 75])
+    return Summary(len(samples), float(med), float(q1), float(q3))
+
+
+class StepTimer:
+    """Times steps with ``clock``; ``sync`` (e.g. cuda.synchronize) runs before each clock read so
+    asynchronous device work is counted in the step that launched it."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter,
+                 sync: Callable[[], None] | None = None) -> None:
+        self.clock, self.sync = clock, sync or (lambda: None)
+        self.samples: list[float] = []
+        self._start: float | None = None
+
+    def start(self) -> None:
+        self.sync()
+        self._start = self.clock()
+
+    def stop(self) -> float:
+        if self._start is None:
+            raise RuntimeError("StepTimer.stop() without start()")
+        self.sync()
+        elapsed = self.clock() - self._start
+        self._start = None
+        self.samples.append(elapsed)
+        return elapsed
+
+
+def device_sync(device: torch.device) -> Callable[[], None] | None:
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+
+
+# --- memory --------------------------------------------------------------------------------------
+
+def _reset_rss_hwm() -> bool:
+    # Linux >= 4.0: writing 5 to clear_refs resets the peak-RSS high-water mark to the current RSS.
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _rss_parts_kib() -> dict[str, int]:
+    parts = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmHWM", "RssAnon", "RssFile", "RssShmem"):
+                    parts[key] = int(value.split()[0])
+    except OSError:
+        pass
+    return parts
+
+
+def release_free_memory() -> None:
+    """Return freed heap pages to the OS (glibc malloc_trim) so RSS reflects memory in use."""
+    gc.collect()
+    # Not glibc: RSS may include freed-but-kept heap, and the figure is then an upper bound.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _current_rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+
+class MemoryMeter:
+    """Peak memory of one phase above the memory in use when it started.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` (tensors only, not the allocator's cache).
+    CPU: the process's peak resident set size (VmHWM, reset at start via /proc/self/clear_refs)
+    less its file-backed pages (shared-library code that PyTorch pages in on first use of a kernel),
+    minus the anonymous memory in use at start: weights, optimizer state, activations, gradients,
+    allocator slack. The worker runs one throwaway step before ``start`` so that PyTorch's lazily
+    created runtime state (thread pools, kernel caches) is not charged to the policy. Where the
+    peak cannot be reset, ru_maxrss is used and the figure is an upper bound.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.baseline = 0
+        self.method = ""
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.baseline = torch.cuda.memory_allocated(self.device)
+            self.method = "cuda max_memory_allocated above baseline"
+        else:
+            release_free_memory()
+            parts = _rss_parts_kib()
+            exact = _reset_rss_hwm() and "RssAnon" in parts
+            self.baseline = parts["RssAnon"] * 1024 if exact else _current_rss()
+            self.method = ("peak RSS less file-backed pages, above baseline" if exact
+                           else "ru_maxrss above baseline (upper bound)")
+
+    def peak_bytes(self) -> int:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return max(0, torch.cuda.max_memory_allocated(self.device) - self.baseline)
+        parts = _rss_parts_kib()
+        if self.method.startswith("peak RSS"):
+            peak = (parts["VmHWM"] - parts.get("RssFile", 0) - parts.get("RssShmem", 0)) * 1024
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return max(0, peak - self.baseline)
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of the model's state on disk: safetensors (shared tensors stored once, quantized weights as
+    their int8/fp8 data plus scales), or torch.save where safetensors cannot hold it."""
+    from dtypelab.inference.sizes import serialize
+
+    return len(serialize(model)[0])

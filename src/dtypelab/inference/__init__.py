@@ -1,0 +1,1 @@
+"""inference: output fidelity vs fp32, per-layer SQNR, sizes on disk, and export of converted models."""

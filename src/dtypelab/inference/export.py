@@ -1,0 +1,157 @@
+"""Write a task's model converted by a policy to a file, and load such a file back.
+
+The file is safetensors (quantized torchao weights flattened to their int8/fp8 data and scales, with
+torchao's metadata to rebuild them), or torch.save for torch.ao's packed modules, which safetensors
+cannot hold. Its ``dtypelab`` metadata names the task and policy, so loading rebuilds the module tree
+from the task's factory and the policy's conversion, then assigns the stored tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from dtypelab import __version__
+from dtypelab.bench.job import Job, run_job
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.policies import BASELINE, Policy, policy_class
+from dtypelab.core.results.store import save_bytes
+from dtypelab.core.task import Task, call_model, load_task, map_tensors
+from dtypelab.inference.sizes import SAFETENSORS, TORCH, dedupe_state, linear_weight_bytes, serialize
+
+EXTENSIONS = {SAFETENSORS: (".safetensors",), TORCH: (".pt", ".pth")}
+
+
+@dataclass(frozen=True)
+class ExportInfo:
+    path: str
+    task: str
+    policy: str
+    format: str
+    file_bytes: int
+    fp32_file_bytes: int
+    linear_weight_bytes: int
+    fp32_linear_weight_bytes: int
+    roundtrip_max_abs_diff: float  # reloaded file vs the converted model in memory, same inputs
+    weights: str  # where the fp32 weights came from
+
+
+def _eager(model: nn.Module) -> nn.Module:
+    return getattr(model, "_orig_mod", model)  # torch.compile'd: the module that owns the weights
+
+
+def _fp32_model(task: Task, spec: str, weights: str | None, seed: int) -> tuple[nn.Module, str]:
+    """The fp32 model to convert: pretrained as shipped, the user's weights, or trained here."""
+    torch.manual_seed(seed)
+    model = task.make_model()
+    if weights:
+        try:
+            model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise DtypelabError(f"cannot load weights from {weights}: {str(exc).splitlines()[0]}") from None
+        return model, weights
+    if task.pretrained:
+        return model, "pretrained"
+    with tempfile.TemporaryDirectory(prefix="dtypelab-export-") as wd:
+        job = Job(spec, BASELINE, "reference", task.steps, task.batch_size, 1, seed, "cpu", wd)
+        result = run_job(job, task=task)
+        if result.status != "ok":
+            raise DtypelabError(f"training the fp32 model to export failed: {result.status}: {result.reason}")
+        model.load_state_dict(torch.load(job.reference_weights, weights_only=True))
+    return model, f"trained here in fp32 ({task.steps} steps, seed {seed})"
+
+
+def _outputs(model: nn.Module, policy: Policy, inputs: Any) -> torch.Tensor:
+    with torch.no_grad(), policy.session(), policy.forward_context():
+        out = call_model(model, policy.convert_inputs(inputs))
+    parts: list[torch.Tensor] = []
+    map_tensors(lambda t: parts.append(t.detach().double().reshape(-1)) or t, out)
+    return torch.cat(parts)
+
+
+def export(task: str, policy: str, path: str, *, weights: str | None = None, seed: int = 0) -> ExportInfo:
+    """Convert ``task``'s model with ``policy``, write it to ``path`` and check that it loads back to the
+    same outputs. A non-pretrained task is trained in fp32 first unless ``weights`` (a state dict) is given."""
+    from dtypelab.core.hardware import probe
+
+    pol = policy_class(policy)("cpu")
+    # Only whether it can run here: writing a format costs no arithmetic, so a policy too slow to
+    # benchmark here (fp16 on this kind of CPU) can still be exported.
+    avail = pol.availability(probe("cpu", budget_s=0.02))
+    if not avail.ok:
+        raise DtypelabError(f"policy {policy} cannot run here: {avail.reason}")
+    loaded_task = load_task(task)
+    model, origin = _fp32_model(loaded_task, task, weights, seed)
+    model.eval()
+    fp32_bytes, fp32_linear = len(serialize(model)[0]), linear_weight_bytes(model)
+    converted = pol.convert_module(model).eval()
+    blob, fmt = serialize(_eager(converted), {"task": task, "policy": policy, "weights": origin,
+                                               "dtypelab": __version__, "torch": torch.__version__})
+    if not path.endswith(EXTENSIONS[fmt]):
+        raise DtypelabError(f"policy {policy} is written with {fmt}: give a path ending in "
+                            f"{' or '.join(EXTENSIONS[fmt])}, not {os.path.basename(path)!r}")
+    try:
+        save_bytes(path, blob)
+    except OSError as exc:
+        raise DtypelabError(f"cannot write {path}: {exc.strerror}") from None
+    inputs = loaded_task.inference_inputs(min(loaded_task.batch_size, 8))
+    reloaded, _ = load_exported(path, task=loaded_task)
+    diff = (_outputs(converted, pol, inputs) - _outputs(reloaded, pol, inputs)).abs().max().item()
+    return ExportInfo(path, task, policy, fmt, len(blob), fp32_bytes, linear_weight_bytes(converted), fp32_linear,
+                      diff, origin)
+
+
+def read_metadata(path: str) -> dict[str, Any]:
+    """The ``dtypelab`` metadata of an exported file: task, policy, weights, versions."""
+    return _read(path)[1]
+
+
+def _read(path: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """(tensors or state dict, dtypelab metadata, raw safetensors metadata)."""
+    if not os.path.isfile(path):
+        raise DtypelabError(f"no such file: {path}")
+    try:
+        if path.endswith(EXTENSIONS[SAFETENSORS]):
+            from safetensors import safe_open
+
+            with safe_open(path, "pt") as f:
+                raw = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
+        else:
+            with warnings.catch_warnings():  # torch's own TypedStorage notice when it unpickles quantized tensors
+                warnings.simplefilter("ignore")
+                blob = torch.load(path, map_location="cpu", weights_only=True)
+            tensors, raw = blob["state_dict"], blob["metadata"]
+        return tensors, json.loads(raw["dtypelab"]), raw
+    except Exception as exc:  # safetensors' own error type, pickle errors, missing keys: all mean "not ours"
+        raise DtypelabError(f"{path} is not a file written by dtypelab export ({type(exc).__name__}: {exc})") from None
+
+
+def load_exported(path: str, task: str | Task | None = None) -> tuple[nn.Module, dict[str, Any]]:
+    """(model, metadata) from a file written by :func:`export`, in eval mode on the CPU. ``task`` overrides
+    the task named in the file (e.g. when its file has moved)."""
+    tensors, meta, raw = _read(path)
+    task_obj = task if isinstance(task, Task) else load_task(task or meta["task"])
+    pol = policy_class(meta["policy"])("cpu")
+    torch.manual_seed(0)
+    target = _eager(pol.convert_module(task_obj.make_model()))
+    state = tensors
+    if "tensor_names" in raw:  # torchao subclasses flattened by sizes.flatten_state
+        from dtypelab.core.backends import torchao_module
+
+        support = torchao_module("prototype.safetensors.safetensors_support")
+        state, leftover = support.unflatten_tensor_state_dict(tensors, raw)
+        state = {**leftover, **state}
+    missing, unexpected = target.load_state_dict(state, strict=False, assign=True)
+    tied = set(target.state_dict()) - set(dedupe_state(target.state_dict()))  # stored once, shared in the model
+    if unexpected or set(missing) - tied:
+        raise DtypelabError(f"{path} does not match task {task_obj.name} under {meta['policy']}: "
+                            f"missing {sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    return target.eval(), meta

@@ -1,0 +1,229 @@
+"""Per-layer range audit: train a few steps with hooks that measure every activation, every gradient
+flowing into a module output and every parameter gradient against candidate formats."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from dtypelab.bench.job import _threads, _train_step, build_trainable, prepare_single
+from dtypelab.bench.sweep import environment as current_environment
+from dtypelab.core.errors import DtypelabError, describe_exception
+from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.results import AuditConfig, AuditReport, LayerAudit
+from dtypelab.core.task import Task, map_tensors
+from dtypelab.numerics.formats import AUDIT_FORMATS, get_format, parse_formats
+from dtypelab.numerics.rangestats import RangeCounter, RangeStats
+
+Progress = Callable[[int, int], None]
+KIND_ORDER = ("activation", "grad", "param_grad")
+# A fraction of values below these is noise; above, a format's verdict changes (see _verdict).
+UNDERFLOW_FLAG = 1e-2  # gradient values flushed to zero: loss scaling needed
+MINOR_FLAG = 1e-4  # flushed or subnormal: worth knowing, rarely harmful
+HEADROOM = 2.0  # the recommended loss scale leaves this factor below float16's max
+
+
+def _walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """(suffix, tensor) for every tensor in a nested output: '', '[0]', "['logits']", ..."""
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _walk(v, f"{prefix}[{k!r}]")
+    elif isinstance(obj, (tuple, list)):
+        for i, v in enumerate(obj):
+            yield from _walk(v, f"{prefix}[{i}]")
+
+
+@dataclass
+class _Entry:
+    module: str
+    kind: str
+    stats: RangeStats
+    calls: int = 0
+
+
+@dataclass
+class _Recorder:
+    """Accumulates statistics per (name, kind). Identical tensors (a container returning its child's
+    output, a gradient seen by two hooks) are measured once per step and credited to both."""
+
+    counter: RangeCounter
+    active: bool = False
+    grad_scale: float = 1.0
+    entries: dict[tuple[str, str], _Entry] = field(default_factory=dict)
+    _seen: dict[tuple, RangeStats | None] = field(default_factory=dict)
+
+    def new_step(self, active: bool, grad_scale: float = 1.0) -> None:
+        self.active, self.grad_scale, self._seen = active, grad_scale, {}
+
+    def record(self, name: str, module: str, kind: str, t: torch.Tensor) -> None:
+        if not (self.active and t.is_floating_point()) or t.layout != torch.strided:
+            return  # integer outputs (indices, masks) cannot overflow a float format; sparse ones are skipped
+        # Same storage, same elements in the same order (a view such as Flatten's, or a container's
+        # output) means the same statistics.
+        key = (t.data_ptr(), t.dtype, t.numel(), t.is_contiguous() or t.stride(), t._version, kind != "activation")
+        if key not in self._seen:
+            x = t.detach()
+            if kind != "activation" and self.grad_scale != 1.0:
+                x = x.float() / self.grad_scale  # report true gradients, not GradScaler's scaled ones
+            # binade histograms only for gradients: the loss-scale advice needs them, and they cost most
+            self._seen[key] = self.counter(x, histogram=kind != "activation")
+        stats = self._seen[key]
+        if stats is None:
+            return
+        entry = self.entries.setdefault((name, kind), _Entry(module, kind, RangeStats(self.counter.formats)))
+        entry.stats.merge(stats)
+        entry.calls += 1
+
+
+def _install(model: nn.Module, rec: _Recorder, pattern: re.Pattern[str] | None) -> list[Any]:
+    handles = []
+    for path, module in model.named_modules():  # named_modules visits a shared module once
+        name = path or "(model)"
+        if pattern and not pattern.search(name):
+            continue
+
+        def hook(mod: nn.Module, args: Any, out: Any, name: str = name) -> None:
+            if not rec.active:
+                return
+            kind = type(mod).__name__
+            for suffix, t in _walk(out):
+                rec.record(name + suffix, kind, "activation", t)
+                if t.requires_grad:
+                    t.register_hook(lambda g, n=name + suffix, m=kind: rec.record(n, m, "grad", g))
+
+        handles.append(module.register_forward_hook(hook))
+    return handles
+
+
+def _verdict(stats: RangeStats, fmt: str, kind: str) -> tuple[int, str]:
+    """(severity 0-3, "category: detail") for one tensor family in one format."""
+    f = get_format(fmt)
+    over, under, sub = (stats.fraction(fmt, k) for k in ("overflow", "underflow", "subnormal"))
+    if stats.nonfinite:
+        return 3, f"non-finite already: {_pct(stats.nonfinite / (stats.numel or 1))}"
+    if over:
+        return 3, f"overflow risk: {_pct(over)} beyond ±{f.max:g}"
+    if kind != "activation" and under + sub >= UNDERFLOW_FLAG:
+        return 2, f"gradient underflow: needs loss scaling ({_pct(under)} → 0, {_pct(sub)} subnormal)"
+    if under >= UNDERFLOW_FLAG:
+        return 2, f"underflow: {_pct(under)} flush to zero"
+    if sub >= UNDERFLOW_FLAG:
+        return 1, f"precision loss: {_pct(sub)} subnormal"
+    if under >= MINOR_FLAG:
+        return 1, f"minor underflow: {_pct(under)} flush to zero"
+    if stats.max_abs > f.max / 4:
+        return 1, f"little headroom: max |x| {stats.max_abs:.3g} within 4x of {f.max:g}"
+    return 0, "safe"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.3g}%"
+
+
+def loss_scale_advice(entries: list[LayerAudit]) -> dict[str, Any]:
+    """A float16 initial loss scale from the gradient ranges: the largest power of two that keeps the
+    largest gradient HEADROOM below float16's max, with the flush-to-zero fraction before and after."""
+    grads = [RangeStats.from_dict(e.stats) for e in entries if e.kind != "activation"]
+    total = RangeStats(grads[0].formats) if grads else None
+    for g in grads:
+        total.merge(g)
+    if total is None or total.max_abs == 0 or not math.isfinite(total.max_abs):
+        return {}
+    fp16 = get_format("float16")
+    k = math.floor(math.log2(fp16.max / HEADROOM / total.max_abs))
+    nonzero = total.numel - total.zeros - total.nonfinite
+    # |g|·2^k flushes to zero in float16 when below half the smallest subnormal: 2^(-25-k)
+    cut = math.log2(fp16.smallest_subnormal / 2) - k
+    flushed = sum(c for e, c in total.binades.items() if e < cut)
+    unscaled = total.counts["float16"]["underflow"] if "float16" in total.counts else None
+    return {"log2_scale": k, "scale": 2.0**k, "max_grad": total.max_abs, "min_grad": total.min_nonzero,
+            "flushed_unscaled": unscaled / nonzero if unscaled is not None and nonzero else None,
+            "flushed_at_scale": flushed / nonzero if nonzero else 0.0,
+            "gradscaler_default_overflows": 2.0**k * HEADROOM < 2.0**16}
+
+
+def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int = 1, layers: str | None = None,
+          formats: str | tuple[str, ...] = AUDIT_FORMATS, batch_size: int | None = None, seed: int = 0,
+          device: str | None = None, threads: int | None = None, json_path: str | None = None,
+          progress: Progress | None = None, environment: dict[str, Any] | None = None,
+          force: bool = False, hardware: HardwareInfo | None = None) -> AuditReport:
+    """Train ``steps`` steps under ``policy`` and measure ranges every ``every`` steps; see README.
+
+    A policy that cannot run here is an error; one measured pathologically slow here (fp16 on a CPU
+    without fp16 arithmetic) is refused unless ``force``, as in ``bench``."""
+    if steps < 1 or every < 1:
+        raise DtypelabError("--steps and --every must be at least 1")
+    fmts = tuple(f.name for f in parse_formats(formats))
+    counter = RangeCounter(fmts)  # raises for formats without a subnormal range, before training
+    try:
+        pattern = re.compile(layers) if layers else None
+    except re.error as exc:
+        raise DtypelabError(f"--layers {layers!r} is not a valid regular expression: {exc}") from None
+    spec, task_obj, dev, pol, hardware = prepare_single(task, policy, device, hardware, force)
+    bs = batch_size or task_obj.batch_size
+    config = AuditConfig(task=spec, policy=pol.name, steps=steps, every=every, layers=layers or "", formats=fmts,
+                         batch_size=bs, seed=seed, device=str(dev))
+    progress = progress or (lambda done, total: None)
+    rec = _Recorder(counter)
+    losses: list[float] = []
+    status, reason, start = "ok", "", time.perf_counter()
+    with _threads(threads):
+        model, optimizer = build_trainable(task_obj, pol, dev, seed)
+        handles = _install(model, rec, pattern)
+        params = [(n, p) for n, p in model.named_parameters() if not pattern or pattern.search(n)]
+
+        def after_backward() -> None:
+            for name, p in params:
+                if p.grad is not None:
+                    rec.record(name, "parameter", "param_grad", p.grad)
+
+        try:
+            with pol.session():
+                for step in range(steps):
+                    scaler = getattr(pol, "scaler", None)
+                    rec.new_step(step % every == 0, scaler.get_scale() if scaler is not None else 1.0)
+                    inputs, target = map_tensors(lambda t: t.to(dev), task_obj.train_batch(step, bs))
+                    loss = _train_step(task_obj, model, pol, optimizer, inputs, target,
+                                       after_backward=after_backward if rec.active else None)
+                    losses.append(float(loss.detach()))
+                    progress(step + 1, steps)
+        except KeyboardInterrupt:
+            status, reason = "interrupted", f"interrupted after {len(losses)} steps"
+        except Exception as exc:
+            status, reason = "failed", describe_exception(exc)
+        finally:
+            for h in handles:
+                h.remove()
+    environment = environment if environment is not None else current_environment(hardware)
+    report = _report(config, rec, losses, status, reason, environment, time.perf_counter() - start)
+    if json_path:
+        report.save(json_path)
+    if status == "interrupted":
+        raise KeyboardInterrupt
+    return report
+
+
+def _report(config: AuditConfig, rec: _Recorder, losses: list[float], status: str, reason: str,
+            environment: dict[str, Any], wall_s: float) -> AuditReport:
+    rows = []
+    for (name, kind), e in rec.entries.items():
+        verdicts = {f: _verdict(e.stats, f, kind) for f in config.formats}
+        severity = max((s for s, _ in verdicts.values()), default=0)
+        risk = sum(e.stats.fraction(f, k) for f in config.formats for k in ("overflow", "underflow"))
+        rows.append((-severity, -risk, KIND_ORDER.index(kind), LayerAudit(
+            name=name, module=e.module, kind=kind, calls=e.calls, stats=e.stats.to_dict(), severity=severity,
+            verdicts={f: text for f, (_, text) in verdicts.items()})))
+    rows.sort(key=lambda r: r[:3])
+    layers = tuple(r[3] for r in rows)
+    return AuditReport(config=config, environment=environment, layers=layers, loss_scale=loss_scale_advice(layers),
+                       losses=tuple(losses), status=status, reason=reason, wall_s=wall_s,
+                       created=time.strftime("%Y-%m-%dT%H:%M:%S"))

@@ -1,0 +1,1 @@
+"""Presentation: tables, Markdown, HTML and JSON. Renderers read only result records."""

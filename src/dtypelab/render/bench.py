@@ -1,0 +1,240 @@
+"""Renderers: terminal table, Markdown, HTML and JSON. They only read Report records."""
+
+from __future__ import annotations
+
+import html
+import math
+
+from dtypelab.bench.recommend import Recommendation, Tolerance, delta_text, recommend, speedup
+from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.policies import BASELINE, REGISTRY
+from dtypelab.core.results import PolicyResult, Report
+from dtypelab.inference.perlayer import SAMPLES
+
+FORMATS = ("table", "markdown", "html", "json")
+MB = 2**20
+
+
+def num(x: float | None, fmt: str = ".4g") -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    text = format(x, fmt)
+    return text.lstrip("-") if float(text.replace(",", "")) == 0 else text  # no "-0.0" for tiny negatives
+
+
+def _timing(r: PolicyResult) -> str:
+    t = r.timing
+    if t is None:
+        return "—"
+    text = f"{t.median * 1e3:.3g} ± {t.iqr * 1e3:.2g}"
+    return text + " *" if t.noisy else text  # footnoted below the table
+
+
+def _delta(r: PolicyResult, base: PolicyResult | None, metric: str, tol: Tolerance) -> str:
+    v, b = r.metric(metric), base.metric(metric) if base else None
+    if v is None or b is None or r.policy == BASELINE or not (math.isfinite(v) and math.isfinite(b)):
+        return "—"
+    return delta_text(v, b, tol)
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    return f"{value / base:.2f}x" if value is not None and base else "—"
+
+
+def _size(r: PolicyResult, base: PolicyResult | None) -> str:
+    if r.model_bytes is None:
+        return "—"
+    mb = num(r.model_bytes / MB, ".1f")
+    ratio = _ratio(r.model_bytes, base.model_bytes if base else None)
+    return mb if r.policy == BASELINE or ratio == "—" else f"{mb} ({ratio})"
+
+
+def _linear_bytes(r: PolicyResult) -> float | None:
+    return r.extras.get("size", {}).get("linear_weight_bytes")
+
+
+def _emulated(name: str) -> bool:
+    cls = REGISTRY.get(name)
+    return bool(cls and cls.emulated)
+
+
+def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[list[str]]]:
+    """Headers and cell texts shared by every renderer."""
+    cfg = report.config
+    metric = cfg.metric + (" ↑" if cfg.higher_is_better else " ↓")
+    base = report.result(BASELINE)
+    tol = Tolerance.parse(cfg.tolerance)
+    infer = cfg.mode == "infer"
+    cosine = infer and any("cos_min" in r.fidelity for r in report.results)
+    linear = infer and any(_linear_bytes(r) for r in report.results)
+    headers = ["policy", "status", "latency ms (median ± IQR)" if infer else "step ms (median ± IQR)",
+               "speedup", "samples/s", "peak MB", "size MB"]
+    headers += (["linear W"] if linear else []) + (["SQNR dB", "max abs err"] if infer else ["final loss"])
+    headers += (["worst cos"] if cosine else []) + [metric, f"Δ {cfg.metric}", "verdict"]
+    rows = []
+    for r in report.results:
+        sp = speedup(r, base) if base and r.ran else None
+        mark = " †" if sp and _emulated(r.policy) else ""  # emulated format: never read as native speed
+        row = [r.policy, r.status, _timing(r), f"{sp:.2f}x{mark}" if sp else "—", num(r.throughput, ",.0f"),
+               num(r.peak_memory_bytes / MB if r.peak_memory_bytes is not None else None, ".1f"), _size(r, base)]
+        if linear:
+            row.append(_ratio(_linear_bytes(r), _linear_bytes(base) if base else None) if r.ran else "—")
+        if infer:
+            row += [num(r.fidelity.get("sqnr_db"), ".1f"), num(r.fidelity.get("max_abs_err"), ".3g")]
+        else:
+            row += [num(r.final_loss, "#.4g")]
+        if cosine:
+            row.append(num(r.fidelity.get("cos_min"), ".4f"))
+        row += [num(r.metric(cfg.metric)), _delta(r, base, cfg.metric, tol), rec.verdicts.get(r.policy, "")]
+        rows.append(row)
+    return headers, rows
+
+
+def _title(report: Report) -> str:
+    cfg, hw = report.config, report.environment.get("hardware", {})
+    what = "inference" if cfg.mode == "infer" else "training"
+    return (f"dtypelab {what}: {cfg.task} · {cfg.steps} steps × batch {cfg.batch_size} · "
+            f"{hw.get('device_name') or cfg.device} · torch {report.environment.get('torch', '?')}")
+
+
+def _notes(report: Report, rec: Recommendation) -> list[str]:
+    notes = list(rec.sentences)
+    ran = [r for r in report.results if r.ran]
+    hw = report.environment.get("hardware")
+    hw = HardwareInfo.from_dict(hw) if hw else None
+    for r in ran:
+        cls = REGISTRY.get(r.policy)
+        if cls and cls.arithmetic:
+            notes.append(f"{r.policy} ({cls.backend}): {cls.arithmetic}.")
+        if cls and cls.compute_dtype == "int8" and hw and hw.native("int8") is False:
+            notes.append(f"{r.policy}: this {hw.device_name or 'device'} has no int8 dot-product instructions "
+                         "(VNNI/AMX), so its int8 matmuls are not native here.")
+        first = r.extras.get("first_call_s")
+        if cls and cls.compiles and first:
+            notes.append(f"{r.policy}: the first call took {first:.1f} s (compilation, which inductor caches on "
+                         "disk for later runs), outside the latency.")
+    if any(_emulated(r.policy) for r in ran):
+        notes.append("† emulated format: stored in it but computed in a wider type; its speed is not the "
+                     "format's native speed.")
+    if any(_linear_bytes(r) for r in ran):
+        notes.append("size MB: the converted model's file (safetensors, or torch.save for torch.ao's packed "
+                     "modules); linear W: bytes of linear-layer weights incl. scales, vs fp32.")
+    if any(r.timing and r.timing.noisy for r in report.results):
+        notes.append("* noisy timing: IQR above 10% of the median; compare such policies with care.")
+    return notes
+
+
+def markdown_table(title: str, headers: list[str], rows: list[list[str]], notes: list[str]) -> str:
+    def cells(row: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in row) + " |"
+
+    lines = [f"**{title}**", "", cells(headers), "|" + "|".join("---" for _ in headers) + "|"]
+    lines += [cells(row) for row in rows]
+    lines += [""] + [f"- {s}" for s in notes] if notes else []
+    return "\n".join(lines) + "\n"
+
+
+def html_table(title: str, headers: list[str], rows: list[list[str]], notes: list[str]) -> str:
+    esc = html.escape
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
+    items = "".join(f"<li>{esc(s)}</li>" for s in notes)
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>dtypelab report</title><style>"
+        "body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child"
+        "{text-align:left}</style></head><body>"
+        f"<h2>{esc(title)}</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        f"<ul>{items}</ul></body></html>\n"
+    )
+
+
+def rich_table(console: object, title: str, headers: list[str], rows: list[list[str]], notes: list[str],
+               left: set[int] = frozenset({0}), wrap: set[int] = frozenset(), styles: list[str] | None = None) -> None:
+    """Print with rich: numbers right-aligned and never wrapped; only the ``wrap`` columns give way."""
+    from rich.table import Table
+
+    # A table narrower than its title would fold the title; widen it up to the console's width.
+    table = Table(title=title, title_justify="left", min_width=min(len(title), console.width))
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="left" if i in left else "right", no_wrap=i not in wrap, overflow="fold")
+    for i, row in enumerate(rows):
+        table.add_row(*row, style=styles[i] if styles else "")
+    console.print(table)
+    for s in notes:
+        console.print(s if s.startswith("*") else f"• {s}", highlight=False)
+
+
+LAYER_TITLE = f"per-layer SQNR dB vs fp32: accumulated / this layer alone (first {SAMPLES} samples of the batch)"
+LAYER_NOTE = ("accumulated: the layer's output with every earlier layer converted too; alone: the converted "
+              "layer fed fp32's input. inf: identical to fp32 (a layer the policy leaves alone).")
+
+
+def layer_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
+    """The --per-layer table: one row per layer, one column per policy; None when it was not measured."""
+    per = {r.policy: {row["layer"]: row for row in r.extras["per_layer"]}
+           for r in report.results if r.policy != BASELINE and r.extras.get("per_layer")}
+    if not per:
+        return None
+    layers: dict[str, str] = {}
+    for table in per.values():
+        for name, row in table.items():
+            layers.setdefault(name, row["type"])
+    headers = ["layer", "type", *per]
+    rows = []
+    for name, kind in layers.items():
+        cells = []
+        for table in per.values():
+            row = table.get(name)
+            cells.append(f"{num(row['sqnr_db'], '.1f')} / {num(row['own_sqnr_db'], '.1f')}" if row else "—")
+        rows.append([name, kind, *cells])
+    return headers, rows
+
+
+def render_markdown(report: Report) -> str:
+    rec = recommend(report)
+    headers, rows = table_rows(report, rec)
+    text = markdown_table(_title(report), headers, rows, _notes(report, rec))
+    layers = layer_rows(report)
+    return text + ("\n" + markdown_table(LAYER_TITLE, *layers, [LAYER_NOTE]) if layers else "")
+
+
+def render_html(report: Report) -> str:
+    rec = recommend(report)
+    headers, rows = table_rows(report, rec)
+    page = html_table(_title(report), headers, rows, _notes(report, rec))
+    layers = layer_rows(report)
+    if layers:  # a second table inside the same page
+        second = html_table(LAYER_TITLE, *layers, [LAYER_NOTE])
+        body = second[second.index("<h2>"):second.index("</body>")]
+        page = page.replace("</body>", body + "</body>")
+    return page
+
+
+def render_json(report: Report) -> str:
+    return report.to_json() + "\n"
+
+
+def render_table(report: Report, console: object | None = None) -> None:
+    """Print the table and the recommendation with rich."""
+    from rich.console import Console
+
+    console = console or Console()
+    rec = recommend(report)
+    headers, rows = table_rows(report, rec)
+    colours = {"ok": "", "diverged": "red", "failed": "red", "timeout": "red", "oom": "red",
+               "skipped": "dim", "interrupted": "yellow"}
+    styles = ["bold green" if r.policy == rec.best else colours.get(r.status, "") for r in report.results]
+    last = len(headers) - 1  # the verdict column gives way instead of the numbers
+    rich_table(console, _title(report), headers, rows, _notes(report, rec), left={0, 1, last}, wrap={last},
+               styles=styles)
+    layers = layer_rows(report)
+    if layers:
+        rich_table(console, LAYER_TITLE, *layers, [LAYER_NOTE], left={0, 1}, wrap={0})
+
+
+def render(report: Report, fmt: str) -> str:
+    """Text of the report in a non-terminal format."""
+    return {"markdown": render_markdown, "html": render_html, "json": render_json}[fmt](report)

@@ -1,0 +1,83 @@
+"""The trace report as a two-column document (table, Markdown, HTML); it only reads TraceReport records."""
+
+from __future__ import annotations
+
+from dtypelab.core.results import OpEvent, TensorSummary, TraceReport
+from dtypelab.core.scaler import scaler_notes
+from dtypelab.render.bench import num
+from dtypelab.render.numeric import Doc
+
+
+def tensor_text(t: TensorSummary) -> str:
+    shape = "×".join(str(d) for d in t.shape) or "scalar"
+    text = f"{t.dtype} [{shape}] min {num(t.min, '.4g')} max {num(t.max, '.4g')}"
+    pairs = ((t.nan, "NaN"), (t.posinf, "+inf"), (t.neginf, "−inf"), (t.zeros, "zero" if t.zeros == 1 else "zeros"))
+    counts = [f"{n} {label}" for n, label in pairs if n]
+    return text + (f"; {', '.join(counts)}" if counts else "")
+
+
+def event_rows(o: OpEvent) -> list[list[str]]:
+    op = o.op or "(none: the value came in non-finite)"
+    rows = [["pass", o.phase], ["op", op + (f"  (in the backward of {o.backward_of})" if o.backward_of else "")],
+            ["module", o.module or "—"]]
+    if o.source:
+        label = "forward source" if o.phase == "backward" else "source"
+        rows.append([label, f"{o.source}  {o.code}"])
+    rows.append(["diagnosis", o.diagnosis])
+    rows += [[f"input {i}", tensor_text(t)] for i, t in enumerate(o.inputs)]
+    rows += [["output", tensor_text(t)] for t in o.outputs]
+    if o.tensor:
+        rows.append(["tensor", o.tensor])
+    return rows
+
+
+def _short(o: OpEvent) -> str:
+    where = f" in {o.module}" if o.module else ""
+    return f"{o.op or 'input'} ({o.phase}{where}, {o.source or 'no source line'}): {o.diagnosis}"
+
+
+def trace_doc(report: TraceReport) -> Doc:
+    cfg, f = report.config, report.finding
+    head = f"dtypelab trace: {cfg.task} · {cfg.policy}"
+    notes: list[str] = []
+    if report.status == "found" and f is not None:
+        title = f"{head} · first non-finite value at step {f.step}"
+        rows = [["step", str(f.step)], ["detected", f.trigger]]
+        if f.origin is not None:
+            rows += event_rows(f.origin)
+        if f.reached:
+            more = f" and {len(f.reached) - 6} more" if len(f.reached) > 6 else ""
+            rows.append(["reached", ", ".join(f.reached[:6]) + more])
+        if f.path:
+            rows.append(["then", " → ".join(f.path)])
+        rows.append(["replay", f"restored the checkpoint of step {f.checkpoint_step}, re-ran {f.replayed_steps} "
+                               f"step(s), traced step {f.step}: {f.ops_traced} ops in {f.trace_s:.2f} s"])
+        if not f.reproduced:
+            notes.append("the replay did not reproduce a non-finite loss, gradient or weight (non-deterministic "
+                         "kernels?); the origin shown is the first non-finite value the replay created"
+                         if f.origin else "the replay did not reproduce the non-finite value (non-deterministic "
+                         "kernels?); nothing to blame")
+        same = [o for o in f.others if f.origin and (o.op, o.phase) == (f.origin.op, f.origin.phase)]
+        if same:
+            names = [o.tensor or o.module for o in same if o.tensor or o.module]
+            listed = f": {', '.join(names[:4])}{', …' if len(names) > 4 else ''}" if names else ""
+            notes.append(f"{f.origin.op} created non-finite values in {len(same)} more tensor"
+                         f"{'s' if len(same) > 1 else ''} in this step{listed}")
+        notes += [f"also created in this step, not what reached the detector: {_short(o)}"
+                  for o in f.others if o not in same][:3]
+        if f.masks:
+            notes.append(f"{f.masks} intentional infinit{'ies' if f.masks > 1 else 'y'} (−inf masks) seen and "
+                         "not reported as errors")
+    else:
+        steps = len(report.losses)
+        title = f"{head} · {'no NaN/Inf in ' if report.status == 'clean' else ''}{steps} steps"
+        rows = [["status", report.status + (f": {report.reason}" if report.reason else "")], ["steps", str(steps)]]
+        if report.losses:
+            rows.append(["loss", f"{num(report.losses[0], '.4g')} → {num(report.losses[-1], '.4g')}"])
+    rows.append(["checkpoints", f"every {report.checkpoint_every} step(s), {report.checkpoint_s * 1e3:.2f} ms each"
+                                + (" (chosen from the measured cost)" if not cfg.checkpoint_every else "")])
+    notes += scaler_notes(report.scaler, len(report.losses))
+    if report.scaler.get("grad_scale"):
+        scales = report.scaler["grad_scale"]
+        rows.append(["loss scale", f"{scales[0]:g} → {scales[-1]:g} (min {min(scales):g})"])
+    return title, ["", "value"], rows, notes

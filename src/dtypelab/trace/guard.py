@@ -1,0 +1,252 @@
+"""Watch a training loop for the first NaN/Inf at almost no cost, then find where it came from.
+
+Every step: the loss and the parameters (after the optimizer has touched them) are checked for
+non-finite values with one fused reduction per dtype. Every few steps, a checkpoint copies the
+parameters, buffers, optimizer state, GradScaler state and RNG state into buffers reused from the last
+checkpoint. On detection the failing step is replayed from the checkpoint, deterministically, with every
+op of the forward pass, backward pass and optimizer step traced (see ``nonfinite``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from dtypelab.core.results import Finding
+from dtypelab.core.scaler import COLLAPSE_BELOW, ScalerLog
+from dtypelab.trace.nonfinite import OpTracer, _storage_key
+
+CHECKPOINT_BUDGET = 0.02  # target share of training time spent on checkpoints when the interval is automatic
+MAX_INTERVAL = 100  # cap on automatic intervals: a replay re-runs at most this many steps
+
+
+class NonFiniteError(RuntimeError):
+    """Raised by ``Guard.step`` at the first non-finite value; ``finding`` says where it came from."""
+
+    def __init__(self, finding: Finding) -> None:
+        o = finding.origin
+        where = f" in {o.op} ({o.phase}{', ' + o.module if o.module else ''}): {o.diagnosis}" if o else ""
+        super().__init__(f"step {finding.step}: {finding.trigger}{where}")
+        self.finding = finding
+
+
+@torch.no_grad()
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every value is finite, in one fused pass per (device, dtype) group: GradScaler's own
+    inf/NaN check, multiplying by exactly 1.0 (an identity for every value, -0 and subnormals included).
+    Measured 10-15x faster on this CPU than a per-tensor max-abs reduction (`_foreach_norm(inf)`)."""
+    groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+    for t in tensors:
+        groups[(t.device, t.dtype)].append(t)
+    flags = []
+    for (device, _), group in groups.items():
+        found, one = torch.zeros(1, device=device), torch.ones(1, device=device)
+        try:
+            torch._amp_foreach_non_finite_check_and_unscale_(group, found, one)
+        except (RuntimeError, NotImplementedError):  # a device or dtype without the kernel
+            found = (~torch.stack(torch._foreach_norm(group, math.inf)).isfinite()).any().float()
+        flags.append(found)
+    return not any(bool(f) for f in flags)
+
+
+class _Snapshot:
+    """Model, optimizer, scaler and RNG state at the start of a step, in reusable buffers."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, scaler: Any) -> None:
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.layout: tuple = ()
+        self.buffers: list[torch.Tensor] = []
+
+    def _live(self) -> tuple[tuple, list[torch.Tensor], list[Any]]:
+        tensors = [t for t in self.model.state_dict(keep_vars=True).values() if isinstance(t, torch.Tensor)]
+        layout, extra = [("model", t.shape, t.dtype) for t in tensors], []
+        if self.optimizer is not None:
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            for i, p in enumerate(params):
+                for k, v in self.optimizer.state.get(p, {}).items():
+                    if isinstance(v, torch.Tensor):
+                        tensors.append(v)
+                        layout.append((i, k, v.shape, v.dtype))
+                    else:
+                        extra.append((i, k, v))
+        return tuple(layout), tensors, extra
+
+    @torch.no_grad()
+    def take(self) -> None:
+        layout, live, self.extra = self._live()
+        if layout == self.layout:
+            torch._foreach_copy_(self.buffers, [t.detach() for t in live])
+        else:  # first checkpoint, or the optimizer created its state: allocate once
+            self.layout, self.buffers = layout, [t.detach().clone() for t in live]
+        self.groups = [{k: v for k, v in g.items() if k != "params"} for g in (self.optimizer.param_groups
+                                                                               if self.optimizer else [])]
+        self.rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.scaler_state = self.scaler.state_dict() if self.scaler is not None else None
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        model_part = [t for t in self.model.state_dict(keep_vars=True).values() if isinstance(t, torch.Tensor)]
+        torch._foreach_copy_([t.detach() for t in model_part], self.buffers[:len(model_part)])
+        if self.optimizer is not None:
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            state: dict = defaultdict(dict)
+            for entry, buf in zip(self.layout[len(model_part):], self.buffers[len(model_part):], strict=True):
+                state[params[entry[0]]][entry[1]] = buf.clone()
+            for i, k, v in self.extra:
+                state[params[i]][k] = v
+            self.optimizer.state = state
+            for g, saved in zip(self.optimizer.param_groups, self.groups, strict=True):
+                g.update(saved)
+        torch.set_rng_state(self.rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        if self.scaler_state is not None:
+            self.scaler.load_state_dict(self.scaler_state)
+        for p in self.model.parameters():
+            p.grad = None
+
+
+def _loss_of(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    if isinstance(out, dict) and isinstance(out.get("loss"), torch.Tensor):
+        return out["loss"]
+    return None
+
+
+class Guard:
+    """Run training steps through ``step(fn, *args)``; raises ``NonFiniteError`` at the first NaN/Inf.
+
+    ``fn(*args)`` must be one whole training step (zero_grad, forward, backward, optimizer step) that
+    depends only on its arguments and the model/optimizer state, so that it can be replayed. It may
+    return the loss (a tensor, or a tuple/dict whose first item / "loss" is one) to have it checked."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, scaler: Any = None,
+                 checkpoint_every: int | None = None, stop_on_skip: bool = False) -> None:
+        if checkpoint_every is not None and checkpoint_every < 1:
+            raise ValueError("checkpoint_every must be at least 1 (None chooses it from the measured cost)")
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.fixed_every = checkpoint_every
+        self.every = checkpoint_every or 1
+        self.stop_on_skip = stop_on_skip
+        self.named = list(model.named_parameters())
+        self.params = [p for _, p in self.named]
+        self.log = ScalerLog(self.named) if scaler is not None else None
+        self.snapshot = _Snapshot(model, optimizer, scaler)
+        self.steps = 0
+        self.checkpoint_step = 0
+        self.checkpoint_s = 0.0
+        self._pending: list[tuple[Callable[..., Any], tuple, dict]] = []
+        self._step_s: list[float] = []
+        self.losses: list[float] = []
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._pending.clear()  # drop references to batches kept for replay
+
+    def _checkpoint(self) -> None:
+        start = time.perf_counter()
+        self.snapshot.take()
+        self.checkpoint_s = time.perf_counter() - start
+        self.checkpoint_step, self._pending = self.steps, []
+        if self.fixed_every is None and len(self._step_s) >= 2:
+            step_s = sorted(self._step_s[-20:])[len(self._step_s[-20:]) // 2]
+            self.every = max(1, min(MAX_INTERVAL, math.ceil(self.checkpoint_s / (CHECKPOINT_BUDGET * step_s))))
+
+    def step(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.steps == 0 or self.steps - self.checkpoint_step >= self.every:
+            self._checkpoint()
+        self._pending.append((fn, args, kwargs))
+        scale = self.scaler.get_scale() if self.scaler is not None else None
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        loss = _loss_of(out)
+        trigger = ""
+        if loss is not None:
+            value = float(loss.detach().float())
+            self.losses.append(value)
+            if not math.isfinite(value):
+                trigger = f"loss is {value}"
+        if not trigger and not _all_finite(self.params):
+            bad = [n for n, p in self.named if not bool(torch.isfinite(p).all())]
+            trigger = f"parameter {bad[0]} non-finite after the optimizer step" + (
+                f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+        if self.scaler is not None:
+            after = self.scaler.get_scale()
+            skipped = self.log.record(self.steps, scale, after)
+            if not trigger and skipped and (self.stop_on_skip or after < COLLAPSE_BELOW):
+                trigger = (f"GradScaler skipped the step at scale {scale:g}" if after >= COLLAPSE_BELOW else
+                           f"GradScaler's scale collapsed to {after:g}")
+        self._step_s.append(time.perf_counter() - start)
+        self.steps += 1
+        if trigger:
+            raise NonFiniteError(self.replay(trigger))
+        return out
+
+    def _names(self) -> dict[int, str]:
+        names = {_storage_key(p): f"{n} (parameter)" for n, p in self.named}
+        if self.optimizer is not None:
+            index = {id(p): n for n, p in self.named}
+            for p, st in self.optimizer.state.items():
+                for k, v in st.items():
+                    if isinstance(v, torch.Tensor):
+                        names[_storage_key(v)] = f"optimizer {k} of {index.get(id(p), '?')}"
+        return names
+
+    def replay(self, trigger: str) -> Finding:
+        """Restore the checkpoint, re-run the steps since it untraced and the failing one traced."""
+        fail_step = self.steps - 1
+        self.snapshot.restore()
+        *before, (fn, args, kwargs) = self._pending
+        for f, a, k in before:
+            f(*a, **k)
+        names = self._names()
+        for t in _tensors((args, kwargs)):
+            names.setdefault(_storage_key(t), "the input batch")
+        start = time.perf_counter()
+        with OpTracer(self.model, self.optimizer, names, step=fail_step) as tracer:
+            out = fn(*args, **kwargs)
+        trace_s = time.perf_counter() - start
+        targets = []
+        loss = _loss_of(out)
+        if loss is not None:
+            targets.append(("loss", loss.detach()))
+        targets += [(f"{n} (gradient)", p.grad) for n, p in self.named if p.grad is not None]
+        targets += [(f"{n} (parameter)", p.detach()) for n, p in self.named]
+        reached: dict[int, list[str]] = {}
+        for label, t in targets:
+            idx = tracer.origin_of(t)
+            if idx is not None and tracer.events[idx].kind != "mask":
+                reached.setdefault(idx, []).append(label)
+        origins = [e for e in tracer.events if e.kind != "mask"]
+        first = min(reached) if reached else (origins[0].index if origins else None)
+        origin = tracer.events[first] if first is not None else None
+        return Finding(
+            step=fail_step, trigger=trigger, reproduced=bool(reached), origin=origin,
+            path=tuple(tracer.paths.get(first, ())) if first is not None else (),
+            reached=tuple(reached.get(first, ())) if first is not None else (),
+            others=tuple(e for e in origins if e.index != first)[:20],
+            masks=sum(e.kind == "mask" for e in tracer.events), checkpoint_step=self.checkpoint_step,
+            replayed_steps=len(before), trace_s=trace_s, ops_traced=tracer.ops)
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
+
+
+def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, scaler: Any = None,
+          checkpoint_every: int | None = None, stop_on_skip: bool = False) -> Guard:
+    """``with dtypelab.watch(model, opt) as guard: ... guard.step(train_step, x, y)``: see ``Guard``."""
+    return Guard(model, optimizer, scaler=scaler, checkpoint_every=checkpoint_every, stop_on_skip=stop_on_skip)
