@@ -17,10 +17,10 @@ import time
 
 import torch
 
-from dtypelab.bench.job import _train_step
-from dtypelab.core.policies import policy_class
+from dtypelab.core.loop import train_step
+from dtypelab.core.policies import Precision, get_policy
 from dtypelab.core.task import load_task
-from dtypelab.numerics.audit import _install, _Recorder
+from dtypelab.numerics.audit import Recorder, install_hooks
 from dtypelab.numerics.formats import AUDIT_FORMATS
 from dtypelab.numerics.rangestats import RangeCounter
 
@@ -28,23 +28,23 @@ from dtypelab.numerics.rangestats import RangeCounter
 def measure(task_name: str, rounds: int, block: int) -> tuple[float, float, int]:
     task = load_task(task_name)
     torch.manual_seed(0)
-    policy = policy_class("fp32")("cpu")
+    policy = Precision(get_policy("fp32"), "cpu")
     model = task.make_model().train()
     optimizer = task.make_optimizer(model.parameters())
-    rec = _Recorder(RangeCounter(AUDIT_FORMATS))
+    rec = Recorder(RangeCounter(AUDIT_FORMATS))
     params = list(model.named_parameters())
     step = 0
 
     def run(audited: bool) -> list[float]:
         nonlocal step
-        handles = _install(model, rec, None) if audited else []
+        handles = install_hooks(model, rec, None) if audited else []
         after = (lambda: [rec.record(n, "parameter", "param_grad", p.grad) for n, p in params]) if audited else None
         times = []
         for _ in range(block):
             rec.new_step(audited)
             inputs, target = task.train_batch(step, task.batch_size)
             start = time.perf_counter()
-            _train_step(task, model, policy, optimizer, inputs, target, after_backward=after)
+            train_step(task, model, policy, optimizer, inputs, target, after_backward=after)
             times.append(time.perf_counter() - start)
             step += 1
         for h in handles:

@@ -5,7 +5,8 @@
 
 Both run in fresh processes (dtypelab: its child; the hand loop: a subprocess of this script), and
 they alternate round by round so that drift in machine speed hits both alike.
-Goal: dtypelab's median step time within 3% of the hand loop's.
+Goal: dtypelab's median step time within 3% of the hand loop's. Policies the hand loop does not implement
+(tf32, quantized inference, per-module plans) are refused.
 """
 
 from __future__ import annotations
@@ -19,29 +20,49 @@ import time
 
 import torch
 
-from dtypelab import bench, load_task, probe
+from dtypelab import bench, get_policy, load_task, probe
+from dtypelab.core.policies import Autocast, Cast
+
+
+def hand_plan(name: str) -> tuple[torch.dtype, torch.dtype | None, bool]:
+    """(parameter dtype, autocast dtype or None, GradScaler) of a policy the hand loop implements; SystemExit
+    with the reason for any other (tf32, quantized inference, per-module plans): comparing them against a
+    hand loop that silently ran fp32 would be a wrong figure."""
+    plan = get_policy(name)
+    config = plan.default
+    if plan.rules or not isinstance(config, (Cast, Autocast)):
+        raise SystemExit(f"overhead.py: the hand loop implements pure casts and autocast only, not {name} "
+                         f"({plan.describe()})")
+    if isinstance(config, Cast):
+        return getattr(torch, config.dtype), None, False
+    return torch.float32, getattr(torch, config.dtype), config.scaler
 
 
 def hand_loop(task_name: str, policy: str, steps: int, warmup: int) -> float:
     """What a user would write: the same model, batches and optimizer, each step timed."""
+    dtype, amp_dtype, scaled = hand_plan(policy)
     task = load_task(task_name)
     torch.manual_seed(0)
-    model = task.make_model()
-    if policy == "bf16":
-        model = model.to(torch.bfloat16)
+    model = task.make_model().to(dtype)
     opt = task.make_optimizer(model.parameters())
+    scaler = torch.amp.GradScaler("cpu") if scaled else None
     times = []
     for step in range(steps):
         x, y = task.train_batch(step, task.batch_size)
         t0 = time.perf_counter()
-        if policy == "bf16":
-            x = x.to(torch.bfloat16) if x.is_floating_point() else x
+        x = x.to(dtype) if x.is_floating_point() else x
+        y = y.to(dtype) if y.is_floating_point() else y
         opt.zero_grad(set_to_none=True)
-        amp = torch.autocast("cpu", dtype=torch.bfloat16) if policy == "amp-bf16" else contextlib.nullcontext()
+        amp = torch.autocast("cpu", dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
         with amp:
             loss = task.loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         times.append(time.perf_counter() - t0)
         loss.item()
     return statistics.median(times[warmup:])
@@ -106,8 +127,11 @@ def main() -> None:
     if args.hand:
         print(hand_loop(args.task, args.hand, args.steps, warmup))
         return
+    policies = args.policies.split(",")
+    for policy in policies:
+        hand_plan(policy)  # refuse what the hand loop does not implement before measuring anything
     hw = probe("cpu")
-    for policy in args.policies.split(","):
+    for policy in policies:
         hand, tool = [], []
         for _ in range(args.rounds):
             cmd = [sys.executable, __file__, "--hand", policy, "--task", args.task, "--steps", str(args.steps)]

@@ -17,8 +17,8 @@ import warnings
 
 import torch
 
-from dtypelab.bench.job import _train_step
-from dtypelab.core.policies import policy_class
+from dtypelab.core.loop import train_step
+from dtypelab.core.policies import Precision, get_policy
 from dtypelab.core.task import load_task
 from dtypelab.trace.guard import Guard
 
@@ -26,14 +26,14 @@ from dtypelab.trace.guard import Guard
 def measure(task_name: str, rounds: int, block: int) -> dict[str, float]:
     task = load_task(task_name)
     torch.manual_seed(0)
-    policy = policy_class("fp32")("cpu")
+    policy = Precision(get_policy("fp32"), "cpu")
     model = task.make_model().train()
     optimizer = task.make_optimizer(model.parameters())
     guard = Guard(model, optimizer)
     step = 0
 
     def one(inputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return _train_step(task, model, policy, optimizer, inputs, target)
+        return train_step(task, model, policy, optimizer, inputs, target)
 
     def run(mode: str) -> list[float]:
         nonlocal step

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from conftest import HERE
+from conftest import HERE, fake_hardware
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.results import AuditReport, load_record
@@ -60,7 +60,7 @@ def test_json_round_trip_and_show(report, tmp_path):
     path = tmp_path / "audit.json"
     report.save(str(path))
     assert load_record(str(path)) == report
-    assert json.loads(path.read_text())["schema"] == "dtypelab.numerics.audit"
+    assert json.loads(path.read_text())["schema"] == "dtypelab.audit"
 
 
 def test_every_and_layers_filter():
@@ -73,7 +73,7 @@ def test_every_and_layers_filter():
 def test_policy_and_globals_are_restored():
     before = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"),
               torch.get_num_threads())
-    r = audit(AUDIT_TASK, policy="amp-bf16", steps=2, threads=1, environment=ENV)
+    r = audit(AUDIT_TASK, policy="amp-bf16", steps=2, threads=1, environment=ENV, hardware=fake_hardware())
     assert r.config.policy == "amp-bf16" and r.status == "ok"
     assert (torch.get_default_dtype(), torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"),
             torch.get_num_threads()) == before
@@ -102,6 +102,6 @@ def test_slow_policies_are_refused_unless_forced(hw):
 
 def test_a_failing_model_keeps_what_was_measured(tmp_path, tiny):
     r = audit(tiny.replace("make_task", "make_raising_task"), policy="bf16", steps=3, environment=ENV,
-              json_path=str(tmp_path / "a.json"))
+              json_path=str(tmp_path / "a.json"), hardware=fake_hardware())
     assert r.status == "failed" and "planted failure" in r.reason
     assert load_record(str(tmp_path / "a.json")).status == "failed"

@@ -31,7 +31,7 @@ def test_sweep_on_cuda_including_tf32_and_amp_fp16(tiny):
     for r in report.results:
         assert r.status == "ok", (r.policy, r.reason)
         assert r.memory_method.startswith("cuda")
-    scaler = report.result("amp-fp16").extras
+    scaler = report.result("amp-fp16").scaler
     assert len(scaler["grad_scale"]) == 20 and scaler["skipped_steps"] >= 0
 
 

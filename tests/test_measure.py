@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dtypelab.core.measure import MemoryMeter, StepTimer, model_bytes, summarize
+from dtypelab.core.measure import MemoryMeter, StepTimer, summarize
+from dtypelab.inference.sizes import model_bytes
 
 
 class FakeClock:

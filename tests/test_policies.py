@@ -12,7 +12,7 @@ from conftest import fake_hardware
 from torch._inductor import config as inductor
 
 from dtypelab.bench.job import Job, run_job
-from dtypelab.core.policies import REGISTRY, parse_policies, policies_for, policy_class
+from dtypelab.core.policies import REGISTRY, Precision, get_policy, parse_policies, policies_for
 from dtypelab.core.task import load_task
 
 
@@ -36,7 +36,7 @@ def global_state() -> dict:
     }
 
 
-@pytest.mark.parametrize(("name", "mode"), [(n, m) for n, cls in REGISTRY.items() for m in cls.modes])
+@pytest.mark.parametrize(("name", "mode"), [(n, m) for n, plan in REGISTRY.items() for m in plan.modes])
 def test_every_policy_restores_globals(name, mode, tiny):
     before = global_state()
     with tempfile.TemporaryDirectory() as wd:
@@ -50,7 +50,7 @@ def test_every_policy_restores_globals(name, mode, tiny):
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_session_restores_globals_even_on_error(name):
     before = global_state()
-    with pytest.raises(RuntimeError), policy_class(name)("cpu").session():
+    with pytest.raises(RuntimeError), Precision(get_policy(name), "cpu").session():
         raise RuntimeError("boom")
     assert global_state() == before
 
@@ -69,14 +69,14 @@ EXPECTED = {  # policy -> (parameter dtype, dtype of a Linear's output in forwar
 @pytest.mark.parametrize("name", policies_for("train"))
 def test_module_and_activation_dtypes(name, tiny):
     assert set(EXPECTED) == set(policies_for("train")), "add the new policy to EXPECTED"
-    policy = policy_class(name)("cpu")
+    policy = Precision(get_policy(name), "cpu")
     task = load_task(tiny)
     model = policy.convert_module(task.make_model())
     seen = []
     model.net[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     x, y = task.train_batch(0, 4)
     with policy.session():
-        x = policy.convert_inputs(x)
+        x = policy.convert_input(x)
         with policy.forward_context():
             loss = task.loss_fn(model(x), y)
         policy.backward(loss)
@@ -87,7 +87,7 @@ def test_module_and_activation_dtypes(name, tiny):
 
 
 def test_gradscaler_records_scale_and_skipped_steps():
-    policy = policy_class("amp-fp16")("cpu")
+    policy = Precision(get_policy("amp-fp16"), "cpu")
     model = torch.nn.Module()
     model.w, model.ok = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(1))
     w = policy.convert_module(model).w
@@ -109,12 +109,12 @@ def test_gradscaler_records_scale_and_skipped_steps():
 
 def test_availability_on_a_cpu_without_fp16():
     hw = fake_hardware(fp16_gflops=0.5)
-    assert not policy_class("tf32")("cpu").availability(hw).ok
-    fp16 = policy_class("fp16")("cpu").availability(hw)
+    assert not get_policy("tf32").availability(hw).ok
+    fp16 = get_policy("fp16").availability(hw)
     assert fp16.ok and fp16.slow and "0.5 GFLOP/s vs 100" in fp16.reason and "no native float16" in fp16.reason
-    assert not policy_class("amp-bf16")("cpu").availability(hw).slow
+    assert not get_policy("amp-bf16").availability(hw).slow
     fast = fake_hardware(fp16_gflops=300.0)
-    assert not policy_class("fp16")("cpu").availability(fast).slow
+    assert not get_policy("fp16").availability(fast).slow
 
 
 def test_unknown_policy_suggests_closest():
@@ -124,4 +124,4 @@ def test_unknown_policy_suggests_closest():
         parse_policies("fp32,amp_bf16")
     with pytest.raises(DtypelabError, match="empty"):
         parse_policies(" , ")
-    assert parse_policies("fp32, bf16,fp32") == ["fp32", "bf16"]
+    assert [p.name for p in parse_policies("fp32, bf16,fp32")] == ["fp32", "bf16"]

@@ -14,8 +14,7 @@ from conftest import fake_hardware
 from torch import nn
 
 from dtypelab import DtypelabError, bench, export, load_exported
-from dtypelab.core.policies import REGISTRY, policies_for, policy_class
-from dtypelab.core.policies import quant as quant_mod
+from dtypelab.core.policies import REGISTRY, Precision, configs, get_policy, policies_for
 from dtypelab.inference.fidelity import compare
 from dtypelab.inference.sizes import linear_weight_bytes, serialize, tensor_bytes
 from dtypelab.render.bench import render
@@ -33,10 +32,10 @@ def _mlp() -> nn.Module:
 
 
 def _run(name: str, model: nn.Module, x: torch.Tensor) -> tuple[nn.Module, torch.Tensor]:
-    policy = policy_class(name)("cpu")
+    policy = Precision(get_policy(name), "cpu")
     q = policy.convert_module(copy.deepcopy(model)).eval()
     with torch.no_grad(), policy.session(), policy.forward_context():
-        return q, q(policy.convert_inputs(x)).float()
+        return q, q(policy.convert_input(x)).float()
 
 
 def test_every_quantized_policy_has_a_threshold():
@@ -104,10 +103,10 @@ def test_export_load_round_trip(name, tiny, tmp_path):
     assert meta["policy"] == name and meta["task"] == tiny and "trained here" in meta["weights"]
     if name in QUANT:  # tiny layers: per-row scales weigh a lot; test_linear_weight_bytes checks exact sizes
         assert info.linear_weight_bytes < info.fp32_linear_weight_bytes
-    policy = policy_class(name)("cpu")
+    policy = Precision(get_policy(name), "cpu")
     x = torch.randn(5, 8)
     with torch.no_grad(), policy.session():
-        out = model(policy.convert_inputs(x)).float()
+        out = model(policy.convert_input(x)).float()
     assert out.shape == (5, 3) and torch.isfinite(out).all()
 
 
@@ -141,9 +140,9 @@ def test_training_commands_refuse_inference_only_policies(tiny):
 
 def test_unsupported_here_is_skipped_with_the_reason(tiny, monkeypatch):
     cuda = fake_hardware(device="cuda")
-    why = policy_class("int8-dyn-legacy")("cuda").availability(cuda)
+    why = get_policy("int8-dyn-legacy").availability(cuda)
     assert not why.ok and "CPU only" in why.reason
-    monkeypatch.setattr(quant_mod, "torchao_missing", lambda: "torchao cannot be imported (planted)")
+    monkeypatch.setattr(configs, "torchao_missing", lambda: "torchao cannot be imported (planted)")
     bench_module = sys.modules["dtypelab.bench.sweep"]  # the package's `bench` attribute is the function
     monkeypatch.setattr(bench_module, "policies_for", lambda mode: ["fp32", "int8-dyn", "int8-dyn-legacy"])
     report = bench(tiny, mode="infer", steps=2, warmup=1, isolate=False, hardware=fake_hardware())
@@ -160,8 +159,8 @@ def test_infer_report_has_fidelity_sizes_and_per_layer(tiny):
     base, q = report.result("fp32"), report.result("int8-dyn")
     assert base.fidelity["sqnr_db"] == math.inf and base.fidelity["cos_min"] == pytest.approx(1.0)
     assert 20 < q.fidelity["sqnr_db"] < 80 and 0.99 < q.fidelity["cos_min"] < 1
-    assert q.extras["size"]["linear_weight_bytes"] < 0.4 * base.extras["size"]["linear_weight_bytes"]
-    layers = {row["layer"]: row for row in q.extras["per_layer"]}
+    assert q.size["linear_weight_bytes"] < 0.4 * base.size["linear_weight_bytes"]
+    layers = {row["layer"]: row for row in q.per_layer}
     assert set(layers) == {"net.0", "net.1", "net.2"}
     assert layers["net.0"]["sqnr_db"] == pytest.approx(layers["net.0"]["own_sqnr_db"])  # nothing before it
     assert layers["net.1"]["own_sqnr_db"] == math.inf  # ReLU is not quantized: its own error is zero

@@ -77,7 +77,7 @@ def test_renderers_show_every_policy():
 
 def test_gradscaler_skips_are_explained():
     amp = PolicyResult("amp-fp16", "ok", batch_size=10, step_times_s=(0.005,) * 5, losses=(1.0,) * 5,
-                       metrics={"acc": 0.9}, extras={"grad_scale": [65536.0, 32768.0, 0.5], "skipped_steps": 2,
+                       metrics={"acc": 0.9}, scaler={"grad_scale": [65536.0, 32768.0, 0.5], "skipped_steps": 2,
                                                      "first_skipped_step": 0})
     rec = recommend(report(result("fp32", 10, 0.9), amp))
     assert "amp-fp16: GradScaler skipped 2 of 5 steps (first at step 0), final scale 0.5." in rec.sentences

@@ -194,7 +194,7 @@ def test_trace_cli_exit_codes_and_show(tmp_path):
         assert text in run_.stdout
     md = cli("show", str(out), "--format", "markdown")
     assert md.returncode == 0 and "| op | aten.log |" in md.stdout
-    assert json.loads(cli("show", str(out), "--format", "json").stdout)["schema"] == "dtypelab.trace.run"
+    assert json.loads(cli("show", str(out), "--format", "json").stdout)["schema"] == "dtypelab.trace"
     clean = cli("trace", f"{nm.__file__}:attention_task", "--steps", "3", "--json", str(out))
     assert clean.returncode == 0 and "no NaN/Inf in 3 steps" in clean.stdout
     bad = cli("trace", "digits", "--checkpoint-every", "0")

@@ -7,6 +7,6 @@ here so that none can later rebind ``dtypelab.bench``, which is the public funct
 
 from dtypelab.bench import job, launch, recommend, sweep  # noqa: F401
 from dtypelab.bench.recommend import Recommendation, Tolerance
-from dtypelab.bench.sweep import bench, default_result_path, policy_table
+from dtypelab.bench.sweep import bench, policy_table
 
-__all__ = ["Recommendation", "Tolerance", "bench", "default_result_path", "policy_table"]
+__all__ = ["Recommendation", "Tolerance", "bench", "policy_table"]

@@ -1,4 +1,5 @@
-"""Runs each policy in its own child process and reports progress and the result back.
+"""Launchers: how a job runs — in this process, or in a child process (a torchrun launcher is the next
+one to plug in here). The sweep only ever calls ``Launcher.run``.
 
 The child is a fresh ``python -m dtypelab.bench.child`` (not multiprocessing's spawn, which re-imports
 the parent's ``__main__``: that breaks under ``python -`` and re-runs unguarded user scripts). Messages
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
+from typing import Protocol
 
 from dtypelab.bench.job import Job, run_job
 from dtypelab.core.results import PolicyResult
@@ -38,6 +41,7 @@ class Event:
 
 
 OnEvent = Callable[[Event], None]
+OnStep = Callable[[int, int], None]  # (steps done, total)
 
 
 def _last_line(path: str) -> str:
@@ -70,10 +74,39 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def run_isolated(job: Job, timeout_s: float, on_step: Callable[[int, int], None]) -> PolicyResult:
+class Launcher(Protocol):
+    """How a job runs. ``run`` returns the job's result, or a result that says why there is none."""
+
+    name: str
+
+    def run(self, job: Job, timeout_s: float, on_step: OnStep) -> PolicyResult: ...
+
+
+class InlineLauncher:
+    """The job in this process (debugging, fast tests): no crash, memory or time-limit isolation."""
+
+    name = "inline"
+
+    def run(self, job: Job, timeout_s: float, on_step: OnStep) -> PolicyResult:
+        return run_job(job, on_step)
+
+
+class ProcessLauncher:
+    """The job in a fresh child process; a crash, hang or OOM becomes a result with its reason."""
+
+    name = "process"
+
+    def run(self, job: Job, timeout_s: float, on_step: OnStep) -> PolicyResult:
+        return run_isolated(job, timeout_s, on_step)
+
+
+LAUNCHERS: dict[str, Launcher] = {"inline": InlineLauncher(), "process": ProcessLauncher()}
+
+
+def run_isolated(job: Job, timeout_s: float, on_step: OnStep) -> PolicyResult:
     """Run a job in a fresh process; a crash, hang or OOM becomes a result with its reason."""
     read_fd, write_fd = os.pipe()
-    log = os.path.join(job.workdir, f"{job.policy}-{job.mode}.log")
+    log = os.path.join(job.workdir, f"{re.sub(r'[^A-Za-z0-9_.-]', '_', job.policy)}-{job.mode}.log")
     start = time.monotonic()
     with open(log, "wb") as log_file:
         proc = subprocess.Popen(
@@ -107,8 +140,3 @@ def run_isolated(job: Job, timeout_s: float, on_step: Callable[[int, int], None]
                 proc.wait(timeout=10)
         _stop(proc)  # also on Ctrl-C in the parent: never leave a child running
     return result if result.wall_s else replace(result, wall_s=time.monotonic() - start)
-
-
-def run_inline(job: Job, timeout_s: float, on_step: Callable[[int, int], None]) -> PolicyResult:
-    """Same job in this process (debugging, fast tests): no crash, memory or time-limit isolation."""
-    return run_job(job, on_step)

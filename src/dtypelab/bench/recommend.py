@@ -62,9 +62,17 @@ def speedup(result: PolicyResult, base: PolicyResult) -> float | None:
     return b.median / t.median if t and b and t.median > 0 else None
 
 
+def speed_text(sp: float) -> str:
+    """'2.52x faster than fp32', or '2.17x slower than fp32 (0.46x its speed)': a ratio below 1 never
+    reads as 'x slower'."""
+    if sp >= 1:
+        return f"{sp:.2f}x faster than {BASELINE}"
+    return f"{1 / sp:.2f}x slower than {BASELINE} ({sp:.2f}x its speed)"
+
+
 def _short_reason(r: PolicyResult) -> str:
     if r.status == "skipped":
-        return "too slow here (--force runs it)" if "GFLOP/s" in r.reason else "not on this hardware"
+        return "too slow here (--force runs it)" if r.skip == "slow" else "not on this hardware"
     if r.status in ("failed", "timeout", "oom"):
         return r.reason if len(r.reason) <= 60 else r.reason[:57] + "..."
     return r.status
@@ -74,7 +82,7 @@ def _details(report: Report) -> list[str]:
     """Facts worth a sentence of their own: GradScaler skips, output fidelity in inference."""
     out = []
     for r in report.results:
-        out += [n if n.endswith(".") else n + "." for n in scaler_notes(r.extras, len(r.losses), r.policy)]
+        out += [n if n.endswith(".") else n + "." for n in scaler_notes(r.scaler, len(r.losses), r.policy)]
         if report.config.mode == "infer" and r.policy != BASELINE and "sqnr_db" in r.fidelity:
             cos = r.fidelity.get("cos_min")
             out.append(f"{r.policy}: outputs {r.fidelity['sqnr_db']:.1f} dB SQNR vs {BASELINE}, "
@@ -91,16 +99,16 @@ def recommend(report: Report) -> Recommendation:
     base = report.result(BASELINE)
     verdicts: dict[str, str] = {}
     sentences: list[str] = []
-    skipped: dict[str, list[str]] = {}
+    skipped: dict[tuple[str, bool], list[str]] = {}
     for r in report.results:
         if not r.ran:
             verdicts[r.policy] = _short_reason(r)
-            skipped.setdefault(f"{r.status} — {r.reason}", []).append(r.policy)
+            skipped.setdefault((f"{r.status} — {r.reason}", r.skip == "slow"), []).append(r.policy)
     base_metric = base.metric(metric) if base and base.status == "ok" else None
     if base_metric is None or not math.isfinite(base_metric):
         why = f"{base.status}: {base.reason}" if base and base.status != "ok" else "it has no finite metric"
         sentences.append(f"No recommendation: the {BASELINE} baseline did not complete ({why}).")
-        for reason, names in skipped.items():
+        for (reason, _), names in skipped.items():
             sentences.append(f"{', '.join(names)}: {reason}.")
         return Recommendation(None, None, verdicts, tuple(sentences))
 
@@ -111,7 +119,7 @@ def recommend(report: Report) -> Recommendation:
             continue
         value = r.metric(metric)
         sp = speedup(r, base)
-        speed = f"{sp:.2f}x {'faster' if sp >= 1 else 'slower'} than {BASELINE}" if sp else "no timing"
+        speed = speed_text(sp) if sp else "no timing"
         if r.status == "diverged":
             verdicts[r.policy] = f"diverged at step {r.first_nonfinite_step}"
             notes[r.policy] = f"{r.policy}: {speed} but diverged ({r.reason})."
@@ -170,7 +178,7 @@ def recommend(report: Report) -> Recommendation:
                              f"({low.peak_memory_bytes / 2**20:.1f} MB vs {b.peak_memory_bytes / 2**20:.1f} MB "
                              f"for {b.policy}).")
             verdicts[lowest] += ", lowest memory"
-    for reason, names in skipped.items():
-        hint = "; use --force to run anyway" if "GFLOP/s" in reason else ""
+    for (reason, slow), names in skipped.items():
+        hint = "; use --force to run anyway" if slow else ""
         sentences.append(f"{', '.join(names)}: {reason}{hint}.")
     return Recommendation(best, lowest, verdicts, tuple(sentences))

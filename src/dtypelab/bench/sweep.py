@@ -2,39 +2,22 @@
 
 from __future__ import annotations
 
-import os
-import platform
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
-import torch
-
-from dtypelab import __version__
 from dtypelab.bench.job import Job
-from dtypelab.bench.launch import Event, OnEvent, run_inline, run_isolated
+from dtypelab.bench.launch import LAUNCHERS, Event, Launcher, OnEvent
 from dtypelab.bench.recommend import Tolerance
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import HardwareInfo, probe, resolve_device
-from dtypelab.core.policies import BASELINE, REGISTRY, parse_policies, policies_for, policy_class
-from dtypelab.core.results import PolicyResult, Report, RunConfig
+from dtypelab.core.hardware import HardwareInfo, environment, probe, resolve_device
+from dtypelab.core.policies import BASELINE, REGISTRY, Config, Plan, get_policy, parse_policies, policies_for
+from dtypelab.core.results import PolicyResult, Report, RunConfig, policy_info
 from dtypelab.core.task import load_task
 
 MODES = ("train", "infer")
 INFER_STEPS = 50
-
-
-def environment(hw: HardwareInfo) -> dict:
-    return {
-        "dtypelab": __version__, "torch": torch.__version__, "python": platform.python_version(),
-        "platform": platform.platform(), "cuda": torch.version.cuda, "hardware": hw.to_dict(),
-    }
-
-
-def default_result_path(task: str, mode: str, directory: str = "dtypelab-results") -> str:
-    """dtypelab-results/<task>-<mode>-<timestamp>.json: every run is kept unless told otherwise."""
-    stem = os.path.splitext(os.path.basename(task.rpartition(":")[0] or task))[0] or "task"
-    return os.path.join(directory, f"{stem}-{mode}-{time.strftime('%Y%m%d-%H%M%S')}.json")
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -44,7 +27,7 @@ def _positive(name: str, value: int | None) -> None:
 
 def bench(
     task: str,
-    policies: str | Sequence[str] | None = None,
+    policies: str | Sequence[str | Config | Plan] | None = None,
     *,
     mode: str = "train",
     steps: int | None = None,
@@ -60,18 +43,21 @@ def bench(
     per_layer: bool = False,
     min_cosine: float = 0.99,
     isolate: bool = True,
+    launcher: str | Launcher | None = None,
     on_event: OnEvent | None = None,
     hardware: HardwareInfo | None = None,
 ) -> Report:
     """Train (or run inference on) ``task`` under each policy and measure speed, memory and metric.
 
-    ``policies``: names or a comma-separated string; None means every registered policy, with those
-    that cannot run here recorded as skipped. Naming one that cannot run here is an error. Policies
-    measured to be pathologically slow here are skipped unless ``force``. Each policy runs in its own
-    process (``isolate``) under a ``timeout_s`` limit; the report is rewritten to ``json_path``
-    after each one, so an interruption keeps what finished. ``per_layer`` (infer mode): also the SQNR of
-    every layer's output vs the fp32 model. ``min_cosine`` (infer mode): a policy whose worst per-sample
-    output cosine vs fp32 falls below it is not recommended, whatever its metric.
+    ``policies``: names, plan files (``.json``), configs or plans, or a comma-separated string of names
+    and plan files; None means every registered policy, with those that cannot run here recorded as
+    skipped. Naming one that cannot run here is an error. Policies measured to be pathologically slow
+    here are skipped unless ``force``. Each policy runs in its own process (``launcher="process"``, the
+    default; ``"inline"`` or ``isolate=False`` runs it in this one) under a ``timeout_s`` limit; the
+    report is rewritten to ``json_path`` after each one, so an interruption keeps what finished.
+    ``per_layer`` (infer mode): also the SQNR of every layer's output vs the fp32 model. ``min_cosine``
+    (infer mode): a policy whose worst per-sample output cosine vs fp32 falls below it is not
+    recommended, whatever its metric.
     """
     if mode not in MODES:
         raise DtypelabError(f"unknown mode {mode!r}: use train or infer")
@@ -83,13 +69,19 @@ def bench(
         raise DtypelabError(f"--timeout must be positive, got {timeout_s:g}")
     tol = Tolerance.parse(tolerance)
     explicit = policies is not None
-    names = parse_policies(policies if policies is None or isinstance(policies, str) else ",".join(policies))
+    plans = {p.name: p for p in (parse_policies(policies) if explicit else map(get_policy, policies_for(mode)))}
+    if launcher is None:
+        launcher = "process" if isolate else "inline"
+    if isinstance(launcher, str):
+        if launcher not in LAUNCHERS:
+            raise DtypelabError(f"unknown launcher {launcher!r}: use {', '.join(LAUNCHERS)}")
+        launcher = LAUNCHERS[launcher]
     if not 0 <= min_cosine <= 1:
         raise DtypelabError(f"--min-cosine must be between 0 and 1, got {min_cosine:g}")
     if per_layer and mode != "infer":
         raise DtypelabError("--per-layer compares inference outputs: use it with --mode infer")
-    for name in names if explicit else ():
-        wrong_mode = policy_class(name).mode_error(mode)
+    for plan in plans.values() if explicit else ():
+        wrong_mode = plan.mode_error(mode)
         if wrong_mode:
             raise DtypelabError(wrong_mode)
     loaded = load_task(task)  # fail here, once, on a broken task, before any child starts
@@ -109,7 +101,9 @@ def bench(
     if warmup >= steps:
         raise DtypelabError(f"--warmup ({warmup}) must be smaller than --steps ({steps})")
     # Table order: the registry's for a default sweep, else the user's with the baseline added first.
-    order = [BASELINE] + [n for n in names if n != BASELINE] if explicit else policies_for(mode)
+    if BASELINE not in plans or explicit:  # the user's order with the baseline first; else the registry's
+        plans = {BASELINE: get_policy(BASELINE), **plans}
+    order = list(plans)
     config = RunConfig(
         task=task, mode=mode, policies=tuple(order), steps=steps, batch_size=batch_size, warmup=warmup,
         seed=seed, tolerance=str(tol), device=str(dev), force=force, timeout_s=timeout_s,
@@ -120,25 +114,26 @@ def bench(
 
     runnable: list[str] = []
     for name in [BASELINE] + [n for n in order if n != BASELINE]:  # the baseline always runs first
-        avail = policy_class(name)(dev).availability(hardware)
+        avail = plans[name].availability(hardware)
         if not avail.ok and explicit:
             raise DtypelabError(f"policy {name} cannot run here: {avail.reason}")
         if not avail.ok or (avail.slow and not force):
-            report = report.with_result(PolicyResult(name, "skipped", avail.reason))
+            report = report.with_result(PolicyResult(name, "skipped", avail.reason, info=policy_info(plans[name]),
+                                                     skip="slow" if avail.ok else "unsupported"))
         else:
             runnable.append(name)
     _save(report, json_path)
 
-    run = run_isolated if isolate else run_inline
     with tempfile.TemporaryDirectory(prefix="dtypelab-") as workdir:
-        def job(policy: str, job_mode: str, job_steps: int) -> Job:
-            return Job(task, policy, job_mode, job_steps, batch_size, warmup, seed, str(dev), workdir, threads,
-                       per_layer=per_layer and job_mode == "infer")
+        def run(policy: str, job_mode: str, job_steps: int) -> PolicyResult:
+            job = Job(task, plans[policy], job_mode, job_steps, batch_size, warmup, seed, str(dev), workdir, threads,
+                      per_layer=per_layer and job_mode == "infer")
+            result = launcher.run(job, timeout_s, lambda d, t: on_event(Event("step", policy, d, t)))
+            return result if result.info else replace(result, info=policy_info(job.plan))  # died before saying
 
         if mode == "infer" and not loaded.pretrained:
             on_event(Event("start", BASELINE, 0, loaded.steps, label="training fp32 reference"))
-            ref = run(job(BASELINE, "reference", loaded.steps), timeout_s,
-                      lambda d, t: on_event(Event("step", BASELINE, d, t)))
+            ref = run(BASELINE, "reference", loaded.steps)
             on_event(Event("done", BASELINE, result=ref, label="training fp32 reference"))
             if ref.status != "ok":
                 raise DtypelabError(f"training the fp32 reference for inference failed: {ref.status}: {ref.reason}")
@@ -147,14 +142,15 @@ def bench(
             while pending:
                 name = pending[0]
                 on_event(Event("start", name, 0, steps))
-                result = run(job(name, mode, steps), timeout_s, lambda d, t, n=name: on_event(Event("step", n, d, t)))
+                result = run(name, mode, steps)
                 report = report.with_result(result)
                 pending.pop(0)
                 _save(report, json_path)
                 on_event(Event("done", name, result=result))
         except KeyboardInterrupt:
             for name in pending:
-                report = report.with_result(PolicyResult(name, "interrupted", "interrupted before it finished"))
+                report = report.with_result(PolicyResult(name, "interrupted", "interrupted before it finished",
+                                                         info=policy_info(plans[name])))
             _save(report, json_path)
             raise
     return report
@@ -173,11 +169,11 @@ def policy_table(device: str | None = None, hardware: HardwareInfo | None = None
     dev = resolve_device(device)
     hw = hardware or probe(dev)
     rows = []
-    for name, cls in REGISTRY.items():
-        avail = cls(dev).availability(hw)
+    for name, plan in REGISTRY.items():
+        avail = plan.availability(hw)
         verdict = "runs" if avail.ok and not avail.slow else (
             f"skipped unless --force: {avail.reason}" if avail.ok else f"not here: {avail.reason}")
-        if cls.modes == ("infer",):
+        if plan.modes == ("infer",):
             verdict += " (inference only)"
-        rows.append((name, cls.summary, verdict))
+        rows.append((name, plan.describe(), verdict))
     return rows

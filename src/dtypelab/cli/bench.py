@@ -59,7 +59,7 @@ def bench(
     """Train TASK under each precision policy (or, with --mode infer, run inference under each, quantized
     int8/fp8 policies included); print speed, memory, size, fidelity, metric and a recommendation."""
     from dtypelab.bench.sweep import bench as run_bench
-    from dtypelab.bench.sweep import default_result_path
+    from dtypelab.core.results import default_result_path
 
     path = json or default_result_path(task, mode)
     with _guarded(f"policies that finished are saved in {path}"):

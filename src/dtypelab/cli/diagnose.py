@@ -32,7 +32,7 @@ def trace(
 ) -> None:
     """Train with a NaN/Inf guard armed; at the first non-finite value, name the op, module, source line
     and cause. Exit 1 when one was found."""
-    from dtypelab.bench.sweep import default_result_path
+    from dtypelab.core.results import default_result_path
     from dtypelab.trace.run import trace as run_trace
 
     path = json or default_result_path(task, "trace")

@@ -80,7 +80,7 @@ def audit(
     top: Annotated[int, typer.Option(help="rows to show, riskiest first (0: all; the JSON has all)")] = 25,
 ) -> None:
     """Per-layer value ranges of activations and gradients against fp16, bf16 and fp8, sorted by risk."""
-    from dtypelab.bench.sweep import default_result_path
+    from dtypelab.core.results import default_result_path
     from dtypelab.numerics.audit import audit as run_audit
 
     path = json or default_result_path(task, "audit")

@@ -80,6 +80,16 @@ class HardwareInfo:
         return cls(**d)
 
 
+def environment(hw: HardwareInfo) -> dict[str, Any]:
+    """Versions and hardware, kept in every record."""
+    from dtypelab import __version__
+
+    return {
+        "dtypelab": __version__, "torch": torch.__version__, "python": platform.python_version(),
+        "platform": platform.platform(), "cuda": torch.version.cuda, "hardware": hw.to_dict(),
+    }
+
+
 def resolve_device(device: str | None) -> torch.device:
     """The device to measure on: the one asked for, else CUDA when present, else CPU."""
     if device is None:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
 
 NOISY_REL_IQR = 0.10  # IQR/median above this: timings are too noisy to trust small differences
 
@@ -120,35 +119,51 @@ def _current_rss() -> int:
 
 
 class MemoryMeter:
-    """Peak memory of one phase above the memory in use when it started.
+    """Peak memory of a run above the memory in use before its model was built.
+
+    ``start()`` takes the baseline before the model exists. Building, loading and converting the model
+    create temporaries (the freshly initialised weights a load replaces, an fp32 copy a cast or a
+    quantization replaces); ``open_window()`` records that load peak apart, releases freed memory and resets
+    the high-water mark, so ``peak_bytes()`` is what the run itself holds at its worst: weights, optimizer
+    state, activations, gradients, allocator slack. Both are measured against the same pre-build baseline.
 
     CUDA: ``torch.cuda.max_memory_allocated`` (tensors only, not the allocator's cache).
-    CPU: the process's peak resident set size (VmHWM, reset at start via /proc/self/clear_refs)
-    less its file-backed pages (shared-library code that PyTorch pages in on first use of a kernel),
-    minus the anonymous memory in use at start: weights, optimizer state, activations, gradients,
-    allocator slack. The worker runs one throwaway step before ``start`` so that PyTorch's lazily
-    created runtime state (thread pools, kernel caches) is not charged to the policy. Where the
-    peak cannot be reset, ru_maxrss is used and the figure is an upper bound.
+    CPU: the process's peak resident set size (VmHWM, reset via /proc/self/clear_refs) less its file-backed
+    pages (shared-library code that PyTorch pages in on first use of a kernel), above the anonymous memory in
+    use at ``start()``. The job runs throwaway steps before ``start()`` so that PyTorch's lazily created
+    runtime state (thread pools, kernel caches) is not charged to the policy. Where the peak cannot be
+    reset, ru_maxrss is used and the figure is an upper bound (including the load).
     """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.baseline = 0
         self.method = ""
+        self.load_peak: int | None = None
 
     def start(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.baseline = torch.cuda.memory_allocated(self.device)
-            self.method = "cuda max_memory_allocated above baseline"
+            self.method = "cuda max_memory_allocated above the pre-build baseline"
         else:
             release_free_memory()
             parts = _rss_parts_kib()
             exact = _reset_rss_hwm() and "RssAnon" in parts
             self.baseline = parts["RssAnon"] * 1024 if exact else _current_rss()
-            self.method = ("peak RSS less file-backed pages, above baseline" if exact
+            self.method = ("peak RSS less file-backed pages, above the pre-build baseline" if exact
                            else "ru_maxrss above baseline (upper bound)")
+
+    def open_window(self) -> None:
+        """The model is built: keep the load peak, then measure only what follows."""
+        self.load_peak = self.peak_bytes()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self.method.startswith("peak RSS"):
+            release_free_memory()
+            _reset_rss_hwm()
 
     def peak_bytes(self) -> int:
         if self.device.type == "cuda":
@@ -160,11 +175,3 @@ class MemoryMeter:
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return max(0, peak - self.baseline)
-
-
-def model_bytes(model: nn.Module) -> int:
-    """Bytes of the model's state on disk: safetensors (shared tensors stored once, quantized weights as
-    their int8/fp8 data plus scales), or torch.save where safetensors cannot hold it."""
-    from dtypelab.inference.sizes import serialize
-
-    return len(serialize(model)[0])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +18,9 @@ import torch
 from torch import nn
 
 from dtypelab import __version__
-from dtypelab.bench.job import Job, run_job
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.policies import BASELINE, Policy, policy_class
+from dtypelab.core.loop import build_model, fit
+from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy
 from dtypelab.core.results.store import save_bytes
 from dtypelab.core.task import Task, call_model, load_task, map_tensors
 from dtypelab.inference.sizes import SAFETENSORS, TORCH, dedupe_state, linear_weight_bytes, serialize
@@ -59,32 +58,38 @@ def _fp32_model(task: Task, spec: str, weights: str | None, seed: int) -> tuple[
         return model, weights
     if task.pretrained:
         return model, "pretrained"
-    with tempfile.TemporaryDirectory(prefix="dtypelab-export-") as wd:
-        job = Job(spec, BASELINE, "reference", task.steps, task.batch_size, 1, seed, "cpu", wd)
-        result = run_job(job, task=task)
-        if result.status != "ok":
-            raise DtypelabError(f"training the fp32 model to export failed: {result.status}: {result.reason}")
-        model.load_state_dict(torch.load(job.reference_weights, weights_only=True))
+    # The same training as bench's fp32 reference for inference: same seed, same batches, same weights.
+    model = build_model(task, seed)
+    precision = Precision(get_policy(BASELINE), "cpu")
+    model.train()
+    run = fit(task, model, precision, task.make_optimizer(model.parameters()), torch.device("cpu"), task.steps,
+              task.batch_size, seed)
+    if run.first_nonfinite is not None:
+        raise DtypelabError(f"training the fp32 model to export failed: loss non-finite from step "
+                            f"{run.first_nonfinite}")
     return model, f"trained here in fp32 ({task.steps} steps, seed {seed})"
 
 
-def _outputs(model: nn.Module, policy: Policy, inputs: Any) -> torch.Tensor:
+def _outputs(model: nn.Module, policy: Precision, inputs: Any) -> torch.Tensor:
     with torch.no_grad(), policy.session(), policy.forward_context():
-        out = call_model(model, policy.convert_inputs(inputs))
+        out = call_model(model, policy.convert_input(inputs))
     parts: list[torch.Tensor] = []
     map_tensors(lambda t: parts.append(t.detach().double().reshape(-1)) or t, out)
     return torch.cat(parts)
 
 
-def export(task: str, policy: str, path: str, *, weights: str | None = None, seed: int = 0) -> ExportInfo:
-    """Convert ``task``'s model with ``policy``, write it to ``path`` and check that it loads back to the
-    same outputs. A non-pretrained task is trained in fp32 first unless ``weights`` (a state dict) is given."""
+def export(task: str, policy: str | Plan, path: str, *, weights: str | None = None, seed: int = 0) -> ExportInfo:
+    """Convert ``task``'s model with ``policy`` (a name, a plan file or a plan), write it to ``path`` and check
+    that it loads back to the same outputs. A non-pretrained task is trained in fp32 first unless ``weights``
+    (a state dict) is given. The file's metadata holds the plan itself, so it loads without the registry."""
     from dtypelab.core.hardware import probe
 
-    pol = policy_class(policy)("cpu")
+    plan = get_policy(policy)
+    policy = plan.name
+    pol = Precision(plan, "cpu")
     # Only whether it can run here: writing a format costs no arithmetic, so a policy too slow to
     # benchmark here (fp16 on this kind of CPU) can still be exported.
-    avail = pol.availability(probe("cpu", budget_s=0.02))
+    avail = plan.availability(probe("cpu", budget_s=0.02))
     if not avail.ok:
         raise DtypelabError(f"policy {policy} cannot run here: {avail.reason}")
     loaded_task = load_task(task)
@@ -92,7 +97,7 @@ def export(task: str, policy: str, path: str, *, weights: str | None = None, see
     model.eval()
     fp32_bytes, fp32_linear = len(serialize(model)[0]), linear_weight_bytes(model)
     converted = pol.convert_module(model).eval()
-    blob, fmt = serialize(_eager(converted), {"task": task, "policy": policy, "weights": origin,
+    blob, fmt = serialize(_eager(converted), {"task": task, "policy": policy, "plan": plan.to_dict(), "weights": origin,
                                                "dtypelab": __version__, "torch": torch.__version__})
     if not path.endswith(EXTENSIONS[fmt]):
         raise DtypelabError(f"policy {policy} is written with {fmt}: give a path ending in "
@@ -109,7 +114,7 @@ def export(task: str, policy: str, path: str, *, weights: str | None = None, see
 
 
 def read_metadata(path: str) -> dict[str, Any]:
-    """The ``dtypelab`` metadata of an exported file: task, policy, weights, versions."""
+    """The ``dtypelab`` metadata of an exported file: task, policy and its plan, weights, versions."""
     return _read(path)[1]
 
 
@@ -139,7 +144,9 @@ def load_exported(path: str, task: str | Task | None = None) -> tuple[nn.Module,
     the task named in the file (e.g. when its file has moved)."""
     tensors, meta, raw = _read(path)
     task_obj = task if isinstance(task, Task) else load_task(task or meta["task"])
-    pol = policy_class(meta["policy"])("cpu")
+    # Files from before plans were stored name a registered policy only.
+    plan = Plan.from_dict(meta["plan"]) if "plan" in meta else get_policy(meta["policy"])
+    pol = Precision(plan, "cpu")
     torch.manual_seed(0)
     target = _eager(pol.convert_module(task_obj.make_model()))
     state = tensors

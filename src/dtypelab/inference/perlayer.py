@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dtypelab.core.policies import Policy
+from dtypelab.core.policies import Precision
 from dtypelab.core.task import Batch, call_model, map_tensors
 from dtypelab.inference.fidelity import flat, sqnr_db
 
@@ -34,7 +34,7 @@ def _leaves(model: nn.Module) -> dict[str, nn.Module]:
             and not isinstance(m, _SKIP)}
 
 
-def layer_fidelity(reference: nn.Module, converted: nn.Module, inputs: Batch, policy: Policy) -> list[dict]:
+def layer_fidelity(reference: nn.Module, converted: nn.Module, inputs: Batch, policy: Precision) -> list[dict]:
     """One row per leaf layer present in both models, in module order: layer, type, sqnr_db, own_sqnr_db."""
     converted = getattr(converted, "_orig_mod", converted)  # torch.compile'd: its eager graph, same weights
     # Leaves of the fp32 model; the converted module of the same name may not be a leaf (torch.ao's
@@ -62,14 +62,14 @@ def layer_fidelity(reference: nn.Module, converted: nn.Module, inputs: Batch, po
             if ref is None or index >= len(calls):
                 return
             with torch.no_grad(), policy.forward_context():  # the converted layer alone, on fp32's input
-                own = _first_float(conv_leaves[name](*policy.convert_inputs(args), **policy.convert_inputs(kwargs)))
+                own = _first_float(conv_leaves[name](*policy.convert_input(args), **policy.convert_input(kwargs)))
             pairs[name].append((ref.detach().float(), calls[index], None if own is None else own.detach().float()))
         return hook
 
     handles = [conv_leaves[n].register_forward_hook(keep_converted(n)) for n in names]
     try:
         with torch.no_grad(), policy.forward_context():
-            call_model(converted, policy.convert_inputs(inputs))
+            call_model(converted, policy.convert_input(inputs))
     finally:
         for h in handles:
             h.remove()

@@ -69,6 +69,12 @@ def serialize(model: nn.Module, metadata: dict[str, Any] | None = None) -> tuple
     return save(tensors, metadata={**meta, **extra}), SAFETENSORS
 
 
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of the model's state on disk: safetensors (shared tensors stored once, quantized weights as
+    their int8/fp8 data plus scales), or torch.save where safetensors cannot hold it."""
+    return len(serialize(model)[0])
+
+
 def tensor_bytes(t: torch.Tensor) -> int:
     """Bytes a tensor really stores: int8 data plus scales for quantized and subclass tensors."""
     if t.is_quantized:

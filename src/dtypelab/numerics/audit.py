@@ -13,12 +13,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from dtypelab.bench.job import _threads, _train_step, build_trainable, prepare_single
-from dtypelab.bench.sweep import environment as current_environment
 from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.hardware import environment as current_environment
+from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
+from dtypelab.core.loop import threads as torch_threads
 from dtypelab.core.results import AuditConfig, AuditReport, LayerAudit
-from dtypelab.core.task import Task, map_tensors
+from dtypelab.core.task import Task
 from dtypelab.numerics.formats import AUDIT_FORMATS, get_format, parse_formats
 from dtypelab.numerics.rangestats import RangeCounter, RangeStats
 
@@ -51,7 +52,7 @@ class _Entry:
 
 
 @dataclass
-class _Recorder:
+class Recorder:
     """Accumulates statistics per (name, kind). Identical tensors (a container returning its child's
     output, a gradient seen by two hooks) are measured once per step and credited to both."""
 
@@ -84,7 +85,7 @@ class _Recorder:
         entry.calls += 1
 
 
-def _install(model: nn.Module, rec: _Recorder, pattern: re.Pattern[str] | None) -> list[Any]:
+def install_hooks(model: nn.Module, rec: Recorder, pattern: re.Pattern[str] | None) -> list[Any]:
     handles = []
     for path, module in model.named_modules():  # named_modules visits a shared module once
         name = path or "(model)"
@@ -168,17 +169,17 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
         pattern = re.compile(layers) if layers else None
     except re.error as exc:
         raise DtypelabError(f"--layers {layers!r} is not a valid regular expression: {exc}") from None
-    spec, task_obj, dev, pol, hardware = prepare_single(task, policy, device, hardware, force)
+    spec, task_obj, dev, pol, hardware = prepare(task, policy, device, hardware, force)
     bs = batch_size or task_obj.batch_size
     config = AuditConfig(task=spec, policy=pol.name, steps=steps, every=every, layers=layers or "", formats=fmts,
                          batch_size=bs, seed=seed, device=str(dev))
     progress = progress or (lambda done, total: None)
-    rec = _Recorder(counter)
+    rec = Recorder(counter)
     losses: list[float] = []
     status, reason, start = "ok", "", time.perf_counter()
-    with _threads(threads):
+    with torch_threads(threads):
         model, optimizer = build_trainable(task_obj, pol, dev, seed)
-        handles = _install(model, rec, pattern)
+        handles = install_hooks(model, rec, pattern)
         params = [(n, p) for n, p in model.named_parameters() if not pattern or pattern.search(n)]
 
         def after_backward() -> None:
@@ -189,10 +190,9 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
         try:
             with pol.session():
                 for step in range(steps):
-                    scaler = getattr(pol, "scaler", None)
-                    rec.new_step(step % every == 0, scaler.get_scale() if scaler is not None else 1.0)
-                    inputs, target = map_tensors(lambda t: t.to(dev), task_obj.train_batch(step, bs))
-                    loss = _train_step(task_obj, model, pol, optimizer, inputs, target,
+                    rec.new_step(step % every == 0, pol.grad_scale())
+                    inputs, target = to_device(task_obj.train_batch(step, bs), dev)
+                    loss = train_step(task_obj, model, pol, optimizer, inputs, target,
                                        after_backward=after_backward if rec.active else None)
                     losses.append(float(loss.detach()))
                     progress(step + 1, steps)
@@ -212,7 +212,7 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
     return report
 
 
-def _report(config: AuditConfig, rec: _Recorder, losses: list[float], status: str, reason: str,
+def _report(config: AuditConfig, rec: Recorder, losses: list[float], status: str, reason: str,
             environment: dict[str, Any], wall_s: float) -> AuditReport:
     rows = []
     for (name, kind), e in rec.entries.items():

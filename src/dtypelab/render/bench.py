@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import html
 import math
 
 from dtypelab.bench.recommend import Recommendation, Tolerance, delta_text, recommend, speedup
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies import BASELINE, REGISTRY
+from dtypelab.core.policies import BASELINE
 from dtypelab.core.results import PolicyResult, Report
 from dtypelab.inference.perlayer import SAMPLES
+from dtypelab.render.tables import html_table, markdown_table, num, rich_table
 
 FORMATS = ("table", "markdown", "html", "json")
 MB = 2**20
-
-
-def num(x: float | None, fmt: str = ".4g") -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    text = format(x, fmt)
-    return text.lstrip("-") if float(text.replace(",", "")) == 0 else text  # no "-0.0" for tiny negatives
 
 
 def _timing(r: PolicyResult) -> str:
@@ -52,12 +43,11 @@ def _size(r: PolicyResult, base: PolicyResult | None) -> str:
 
 
 def _linear_bytes(r: PolicyResult) -> float | None:
-    return r.extras.get("size", {}).get("linear_weight_bytes")
+    return r.size["linear_weight_bytes"] if r.size else None
 
 
-def _emulated(name: str) -> bool:
-    cls = REGISTRY.get(name)
-    return bool(cls and cls.emulated)
+def _emulated(r: PolicyResult) -> bool:
+    return bool(r.info and r.info.emulated)
 
 
 def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[list[str]]]:
@@ -76,7 +66,7 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
     rows = []
     for r in report.results:
         sp = speedup(r, base) if base and r.ran else None
-        mark = " †" if sp and _emulated(r.policy) else ""  # emulated format: never read as native speed
+        mark = " †" if sp and _emulated(r) else ""  # emulated format: never read as native speed
         row = [r.policy, r.status, _timing(r), f"{sp:.2f}x{mark}" if sp else "—", num(r.throughput, ",.0f"),
                num(r.peak_memory_bytes / MB if r.peak_memory_bytes is not None else None, ".1f"), _size(r, base)]
         if linear:
@@ -105,17 +95,17 @@ def _notes(report: Report, rec: Recommendation) -> list[str]:
     hw = report.environment.get("hardware")
     hw = HardwareInfo.from_dict(hw) if hw else None
     for r in ran:
-        cls = REGISTRY.get(r.policy)
-        if cls and cls.arithmetic:
-            notes.append(f"{r.policy} ({cls.backend}): {cls.arithmetic}.")
-        if cls and cls.compute_dtype == "int8" and hw and hw.native("int8") is False:
+        info = r.info
+        if info and info.arithmetic:
+            notes.append(f"{r.policy} ({info.backend}): {info.arithmetic}.")
+        if info and info.compute_dtype == "int8" and hw and hw.native("int8") is False:
             notes.append(f"{r.policy}: this {hw.device_name or 'device'} has no int8 dot-product instructions "
                          "(VNNI/AMX), so its int8 matmuls are not native here.")
-        first = r.extras.get("first_call_s")
-        if cls and cls.compiles and first:
+        first = r.first_call_s
+        if info and info.compiles and first:
             notes.append(f"{r.policy}: the first call took {first:.1f} s (compilation, which inductor caches on "
                          "disk for later runs), outside the latency.")
-    if any(_emulated(r.policy) for r in ran):
+    if any(_emulated(r) for r in ran):
         notes.append("† emulated format: stored in it but computed in a wider type; its speed is not the "
                      "format's native speed.")
     if any(_linear_bytes(r) for r in ran):
@@ -126,47 +116,6 @@ def _notes(report: Report, rec: Recommendation) -> list[str]:
     return notes
 
 
-def markdown_table(title: str, headers: list[str], rows: list[list[str]], notes: list[str]) -> str:
-    def cells(row: list[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") for c in row) + " |"
-
-    lines = [f"**{title}**", "", cells(headers), "|" + "|".join("---" for _ in headers) + "|"]
-    lines += [cells(row) for row in rows]
-    lines += [""] + [f"- {s}" for s in notes] if notes else []
-    return "\n".join(lines) + "\n"
-
-
-def html_table(title: str, headers: list[str], rows: list[list[str]], notes: list[str]) -> str:
-    esc = html.escape
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
-    items = "".join(f"<li>{esc(s)}</li>" for s in notes)
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>dtypelab report</title><style>"
-        "body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child"
-        "{text-align:left}</style></head><body>"
-        f"<h2>{esc(title)}</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-        f"<ul>{items}</ul></body></html>\n"
-    )
-
-
-def rich_table(console: object, title: str, headers: list[str], rows: list[list[str]], notes: list[str],
-               left: set[int] = frozenset({0}), wrap: set[int] = frozenset(), styles: list[str] | None = None) -> None:
-    """Print with rich: numbers right-aligned and never wrapped; only the ``wrap`` columns give way."""
-    from rich.table import Table
-
-    # A table narrower than its title would fold the title; widen it up to the console's width.
-    table = Table(title=title, title_justify="left", min_width=min(len(title), console.width))
-    for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i in left else "right", no_wrap=i not in wrap, overflow="fold")
-    for i, row in enumerate(rows):
-        table.add_row(*row, style=styles[i] if styles else "")
-    console.print(table)
-    for s in notes:
-        console.print(s if s.startswith("*") else f"• {s}", highlight=False)
-
-
 LAYER_TITLE = f"per-layer SQNR dB vs fp32: accumulated / this layer alone (first {SAMPLES} samples of the batch)"
 LAYER_NOTE = ("accumulated: the layer's output with every earlier layer converted too; alone: the converted "
               "layer fed fp32's input. inf: identical to fp32 (a layer the policy leaves alone).")
@@ -174,8 +123,8 @@ LAYER_NOTE = ("accumulated: the layer's output with every earlier layer converte
 
 def layer_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
     """The --per-layer table: one row per layer, one column per policy; None when it was not measured."""
-    per = {r.policy: {row["layer"]: row for row in r.extras["per_layer"]}
-           for r in report.results if r.policy != BASELINE and r.extras.get("per_layer")}
+    per = {r.policy: {row["layer"]: row for row in r.per_layer}
+           for r in report.results if r.policy != BASELINE and r.per_layer}
     if not per:
         return None
     layers: dict[str, str] = {}

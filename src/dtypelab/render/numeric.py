@@ -6,16 +6,14 @@ or JSON the same way for all of them.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict
 from typing import Any
 
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.results import AuditReport, json_safe
+from dtypelab.core.results import AuditReport, plain_json
 from dtypelab.numerics.castcheck import LABELS, CastFileReport, CastReport, ValueCast
 from dtypelab.numerics.formats import Format, get_format
-from dtypelab.render.bench import html_table, markdown_table, num, rich_table
+from dtypelab.render.tables import html_table, markdown_table, num, rich_table
 
 Doc = tuple[str, list[str], list[list[str]], list[str]]
 SEVERITY_STYLE = {0: "", 1: "yellow", 2: "bold yellow", 3: "bold red"}
@@ -163,14 +161,10 @@ def to_json(obj: Any) -> str:
     """JSON for any of the numeric results (dataclasses, lists of them, or records)."""
     if hasattr(obj, "to_json"):  # records (audit, trace) have their own versioned JSON
         return obj.to_json() + "\n"
-    if isinstance(obj, list):
-        data = [asdict(o) for o in obj]
-    elif isinstance(obj, CastFileReport):
-        data = {"path": obj.path, "target": obj.target, "rows": [r.to_dict() for r in obj.rows],
-                "total": obj.total.to_dict(), "skipped": list(obj.skipped)}
-    else:
-        data = asdict(obj)
-    return json.dumps(json_safe(data), indent=1, allow_nan=False) + "\n"
+    if isinstance(obj, CastFileReport):
+        obj = {"path": obj.path, "target": obj.target, "rows": [r.to_dict() for r in obj.rows],
+               "total": obj.total.to_dict(), "skipped": list(obj.skipped)}
+    return plain_json(obj) + "\n"
 
 
 def emit(doc: Doc, fmt: str, console: Any, styles: list[str] | None = None, wrap: set[int] | None = None) -> str | None:

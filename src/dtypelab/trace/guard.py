@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten
 
 from dtypelab.core.results import Finding
 from dtypelab.core.scaler import COLLAPSE_BELOW, ScalerLog
-from dtypelab.trace.nonfinite import OpTracer, _storage_key
+from dtypelab.trace.nonfinite import OpTracer, storage_key
 
 CHECKPOINT_BUDGET = 0.02  # target share of training time spent on checkpoints when the interval is automatic
 MAX_INTERVAL = 100  # cap on automatic intervals: a replay re-runs at most this many steps
@@ -196,13 +196,13 @@ class Guard:
         return out
 
     def _names(self) -> dict[int, str]:
-        names = {_storage_key(p): f"{n} (parameter)" for n, p in self.named}
+        names = {storage_key(p): f"{n} (parameter)" for n, p in self.named}
         if self.optimizer is not None:
             index = {id(p): n for n, p in self.named}
             for p, st in self.optimizer.state.items():
                 for k, v in st.items():
                     if isinstance(v, torch.Tensor):
-                        names[_storage_key(v)] = f"optimizer {k} of {index.get(id(p), '?')}"
+                        names[storage_key(v)] = f"optimizer {k} of {index.get(id(p), '?')}"
         return names
 
     def replay(self, trigger: str) -> Finding:
@@ -214,7 +214,7 @@ class Guard:
             f(*a, **k)
         names = self._names()
         for t in _tensors((args, kwargs)):
-            names.setdefault(_storage_key(t), "the input batch")
+            names.setdefault(storage_key(t), "the input batch")
         start = time.perf_counter()
         with OpTracer(self.model, self.optimizer, names, step=fail_step) as tracer:
             out = fn(*args, **kwargs)

@@ -55,7 +55,7 @@ def user_source() -> tuple[str, str]:
     return f"{shown}:{frame.f_lineno}", linecache.getline(path, frame.f_lineno).strip()
 
 
-def _storage_key(t: torch.Tensor) -> int | None:
+def storage_key(t: torch.Tensor) -> int | None:
     try:
         return t.untyped_storage().data_ptr() or None
     except (RuntimeError, NotImplementedError):  # tensors without storage (meta, some subclasses)
@@ -184,7 +184,7 @@ class OpTracer(TorchDispatchMode):
         if not any(n or i for n, i in out_flags):
             for t in outputs:  # finite values overwrote whatever this storage held
                 if not t._is_view() and t.untyped_storage().nbytes() == t.numel() * t.element_size():
-                    self.lineage.pop(_storage_key(t), None)
+                    self.lineage.pop(storage_key(t), None)
             return out
         if name.startswith("_foreach_"):  # one op over a list of tensors: report the first bad element
             i = next(k for k, (n, f) in enumerate(out_flags) if n or f)
@@ -196,8 +196,8 @@ class OpTracer(TorchDispatchMode):
         else:
             event = self._attribute(func, name, phase, node, info, args, kwargs, inputs, flags, outputs, out_flags)
         for t, (n, i) in zip(outputs, out_flags, strict=True):
-            if (n or i) and _storage_key(t) is not None:
-                self.lineage[_storage_key(t)] = event
+            if (n or i) and storage_key(t) is not None:
+                self.lineage[storage_key(t)] = event
         return out
 
     def _map_nodes(self) -> None:
@@ -247,7 +247,7 @@ class OpTracer(TorchDispatchMode):
         else:
             module, source_line, code = (info.module, info.source, info.code) if info else ("", "", "")
             backward_of = ""
-        param = next((self.names[k] for k in map(_storage_key, outputs) if k in self.names), "")
+        param = next((self.names[k] for k in map(storage_key, outputs) if k in self.names), "")
         return self._add(OpEvent(
             index=len(self.events), step=self.step, phase=phase, op=f"aten.{name}", kind=kind, module=module,
             source=source_line, code=code, backward_of=backward_of,
@@ -260,7 +260,7 @@ class OpTracer(TorchDispatchMode):
 
     def _source(self, t: torch.Tensor) -> int:
         """The event a non-finite input descends from; one that came from outside the step gets an event."""
-        key = _storage_key(t)
+        key = storage_key(t)
         if key in self.lineage:
             return self.lineage[key]
         nan, _ = _flags(t)

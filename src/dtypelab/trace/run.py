@@ -9,12 +9,13 @@ from typing import Any
 
 import torch
 
-from dtypelab.bench.job import _threads, _train_step, build_trainable, prepare_single
-from dtypelab.bench.sweep import environment as current_environment
 from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.hardware import environment as current_environment
+from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
+from dtypelab.core.loop import threads as torch_threads
 from dtypelab.core.results import Finding, TraceConfig, TraceReport
-from dtypelab.core.task import Task, map_tensors
+from dtypelab.core.task import Task
 from dtypelab.trace.guard import Guard, NonFiniteError
 
 Progress = Callable[[int, int], None]
@@ -32,26 +33,26 @@ def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, b
         raise DtypelabError("--steps must be at least 1")
     if checkpoint_every is not None and checkpoint_every < 1:
         raise DtypelabError("--checkpoint-every must be at least 1 (or omitted: chosen from its measured cost)")
-    spec, task_obj, dev, pol, hardware = prepare_single(task, policy, device, hardware, force)
+    spec, task_obj, dev, pol, hardware = prepare(task, policy, device, hardware, force)
     n, bs = steps or task_obj.steps, batch_size or task_obj.batch_size
     config = TraceConfig(task=spec, policy=pol.name, steps=n, batch_size=bs, seed=seed, device=str(dev),
                          checkpoint_every=checkpoint_every or 0, stop_on_skip=stop_on_skip)
     progress = progress or (lambda done, total: None)
     status, reason, finding = "clean", "", None
     start = time.perf_counter()
-    with _threads(threads):
+    with torch_threads(threads):
         model, optimizer = build_trainable(task_obj, pol, dev, seed)
-        guard = Guard(model, optimizer, scaler=getattr(pol, "scaler", None), checkpoint_every=checkpoint_every,
+        guard = Guard(model, optimizer, scaler=pol.grad_scaler(), checkpoint_every=checkpoint_every,
                       stop_on_skip=stop_on_skip)
 
         def one_step(inputs: Any, target: Any) -> torch.Tensor:
-            return _train_step(task_obj, model, pol, optimizer, inputs, target)
+            return train_step(task_obj, model, pol, optimizer, inputs, target)
 
         torch.manual_seed(seed)  # same dropout masks as bench
         try:
             with pol.session(), guard:
                 for step in range(n):
-                    batch = map_tensors(lambda t: t.to(dev), task_obj.train_batch(step, bs))
+                    batch = to_device(task_obj.train_batch(step, bs), dev)
                     guard.step(one_step, *batch)
                     progress(step + 1, n)
         except NonFiniteError as exc:

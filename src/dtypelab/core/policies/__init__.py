@@ -1,56 +1,118 @@
-"""Registry of precision policies by name."""
+"""Precision policies: frozen configs (``configs``), plans that map module names to configs (``plan``), the
+runtime that applies a plan to a model (``precision``), and the registry of names below.
+
+A registered policy is a named plan. Adding a parameterised variant is one line::
+
+    register("amp-fp16-noscaler", Autocast("float16", scaler=False))
+"""
 
 from __future__ import annotations
 
 import difflib
+import json
+import os
+from collections.abc import Sequence
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.policies.amp_bf16 import AmpBF16
-from dtypelab.core.policies.amp_fp16 import AmpFP16
-from dtypelab.core.policies.base import AutocastPolicy, Availability, CastPolicy, Policy
-from dtypelab.core.policies.bf16 import BF16
-from dtypelab.core.policies.fp8_wo import FP8WeightOnly
-from dtypelab.core.policies.fp16 import FP16
-from dtypelab.core.policies.fp32 import FP32
-from dtypelab.core.policies.fp64 import FP64
-from dtypelab.core.policies.int8_dyn import Int8Dyn, Int8DynCompile
-from dtypelab.core.policies.int8_legacy import Int8DynLegacy, Int8DynLegacyPerChannel
-from dtypelab.core.policies.int8_wo import Int8WeightOnly
-from dtypelab.core.policies.tf32 import TF32
+from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config, Quantize
+from dtypelab.core.policies.plan import PLAN_SCHEMA, Availability, Plan, single
+from dtypelab.core.policies.precision import Precision
 
 BASELINE = "fp32"
-REGISTRY: dict[str, type[Policy]] = {p.name: p for p in (
-    FP64, FP32, TF32, BF16, FP16, AmpBF16, AmpFP16,
-    Int8Dyn, Int8DynCompile, Int8WeightOnly, FP8WeightOnly, Int8DynLegacy, Int8DynLegacyPerChannel,
-)}
+REGISTRY: dict[str, Plan] = {}
+
+
+def register(name: str, policy: Config | Plan, summary: str = "", *, replace: bool = False) -> Plan:
+    """Register ``policy`` under ``name`` (its summary defaults to the config's own description)."""
+    if name in REGISTRY and not replace:
+        raise DtypelabError(f"policy {name!r} is registered already (replace=True overrides it)")
+    plan = policy if isinstance(policy, Plan) else single(policy)
+    plan = Plan(plan.default, plan.rules, name=name, summary=summary or plan.summary)
+    REGISTRY[name] = plan
+    return plan
+
+
+register("fp64", Cast("float64"))
+register(BASELINE, Cast("float32"))
+register("tf32", TF32())
+register("bf16", Cast("bfloat16"))
+register("fp16", Cast("float16"))
+register("amp-bf16", Autocast("bfloat16"), "torch.autocast(bfloat16) with float32 weights")
+register("amp-fp16", Autocast("float16", scaler=True), "torch.autocast(float16) + GradScaler, float32 weights")
+register("int8-dyn", Quantize("int8-dynamic"), "int8 weights (per channel) + int8 activations (per token), torchao, "
+         "eager")
+register("int8-dyn-compile", Quantize("int8-dynamic", compile=True))
+register("int8-wo", Quantize("int8-weight-only"))
+register("fp8-wo", Quantize("fp8-weight-only"))
+register("int8-dyn-legacy", Quantize("int8-dynamic", library="torch.ao", granularity="per-tensor"))
+register("int8-dyn-legacy-pc", Quantize("int8-dynamic", library="torch.ao", granularity="per-channel"))
 
 
 def policies_for(mode: str) -> list[str]:
     """Every registered policy that can run in ``mode`` (train or infer), in registry order."""
-    return [name for name, cls in REGISTRY.items() if mode in cls.modes]
+    return [name for name, plan in REGISTRY.items() if mode in plan.modes]
 
 
-def policy_class(name: str) -> type[Policy]:
-    """Look a policy up by name; an unknown name gets the closest match as a suggestion."""
+def _lookup(name: str) -> Plan:
     try:
         return REGISTRY[name]
     except KeyError:
         close = difflib.get_close_matches(name, REGISTRY, n=1, cutoff=0.5)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise DtypelabError(f"unknown policy {name!r}{hint}; known: {', '.join(REGISTRY)}") from None
+        raise DtypelabError(f"unknown policy {name!r}{hint}; known: {', '.join(REGISTRY)}, or a plan file "
+                            "(.json)") from None
 
 
-def parse_policies(text: str | None) -> list[str]:
-    """'fp32,bf16' -> ['fp32', 'bf16'], validated; None -> every registered policy."""
-    if text is None:
-        return list(REGISTRY)
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
+def _config_named(name: str) -> Config:
+    plan = _lookup(name)
+    if plan.rules:
+        raise DtypelabError(f"policy {name!r} is a per-module plan; a plan's configs must be single policies")
+    return plan.default
+
+
+def load_plan(path: str) -> Plan:
+    """A plan from a JSON file (see ``Plan.from_dict``); its name defaults to the file's stem."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise DtypelabError(f"no such plan file: {path}") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DtypelabError(f"cannot read plan {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise DtypelabError(f"{path} is not a dtypelab plan (expected a JSON object)")
+    plan = Plan.from_dict(data, lookup=_config_named)
+    return plan if data.get("name") else Plan(plan.default, plan.rules, os.path.splitext(os.path.basename(path))[0],
+                                              plan.summary)
+
+
+def get_policy(spec: str | Config | Plan) -> Plan:
+    """A registered name, a plan file (``*.json``), a config or a plan, as a plan."""
+    if isinstance(spec, Plan):
+        return spec
+    if isinstance(spec, Config):
+        return single(spec)
+    if isinstance(spec, str) and spec.endswith(".json"):
+        return load_plan(spec)
+    return _lookup(str(spec))
+
+
+def parse_policies(policies: str | Sequence[str | Config | Plan] | None) -> list[Plan]:
+    """'fp32,bf16,plan.json' or a list of names / configs / plans -> plans, validated and without repeats;
+    None -> every registered policy."""
+    if policies is None:
+        return list(REGISTRY.values())
+    items = [n.strip() for n in policies.split(",") if n.strip()] if isinstance(policies, str) else list(policies)
+    if not items:
         raise DtypelabError("--policies is empty: give names such as fp32,amp-bf16")
-    for n in names:
-        policy_class(n)
-    return list(dict.fromkeys(names))
+    plans = {}
+    for item in items:
+        plan = get_policy(item)
+        if plan.name in plans and plans[plan.name] != plan:
+            raise DtypelabError(f"two different policies are called {plan.name!r}: give the plan a 'name'")
+        plans[plan.name] = plan
+    return list(plans.values())
 
 
-__all__ = ["BASELINE", "REGISTRY", "AutocastPolicy", "Availability", "CastPolicy", "Policy",
-           "parse_policies", "policies_for", "policy_class"]
+__all__ = ["BASELINE", "PLAN_SCHEMA", "REGISTRY", "TF32", "Autocast", "Availability", "Cast", "Config", "Plan",
+           "Precision", "Quantize", "get_policy", "load_plan", "parse_policies", "policies_for", "register", "single"]

@@ -3,9 +3,30 @@
 from __future__ import annotations
 
 from dtypelab.core.results.audit import AUDIT_SCHEMA, AuditConfig, AuditReport, LayerAudit
-from dtypelab.core.results.bench import SCHEMA, STATUSES, PolicyResult, Report, RunConfig
+from dtypelab.core.results.bench import (
+    SCHEMA,
+    SKIP_KINDS,
+    STATUSES,
+    LayerFidelity,
+    PolicyInfo,
+    PolicyResult,
+    Report,
+    RunConfig,
+    ScalerStats,
+    SizeInfo,
+    policy_info,
+)
 from dtypelab.core.results.lint import LINT_SCHEMA, LintFinding, LintReport
-from dtypelab.core.results.store import SCHEMA_VERSION, from_json_safe, json_safe, read_json, save_text
+from dtypelab.core.results.store import (
+    SCHEMA_VERSION,
+    Record,
+    default_result_path,
+    plain_json,
+    read_json,
+    reserve_path,
+    save_bytes,
+    save_text,
+)
 from dtypelab.core.results.trace import TRACE_SCHEMA, Finding, OpEvent, TensorSummary, TraceConfig, TraceReport
 
 
@@ -17,6 +38,7 @@ def load_record(path: str) -> Report | AuditReport | TraceReport:
 
 
 def load_report(path: str) -> Report:
+    """A bench record (any schema version this dtypelab reads)."""
     return Report.from_dict(read_json(path))
 
 
@@ -25,25 +47,34 @@ __all__ = [
     "LINT_SCHEMA",
     "SCHEMA",
     "SCHEMA_VERSION",
+    "SKIP_KINDS",
     "STATUSES",
     "TRACE_SCHEMA",
     "AuditConfig",
     "AuditReport",
     "Finding",
     "LayerAudit",
+    "LayerFidelity",
     "LintFinding",
     "LintReport",
     "OpEvent",
+    "PolicyInfo",
     "PolicyResult",
+    "Record",
     "Report",
     "RunConfig",
+    "ScalerStats",
+    "SizeInfo",
     "TensorSummary",
     "TraceConfig",
     "TraceReport",
-    "from_json_safe",
-    "json_safe",
+    "default_result_path",
     "load_record",
     "load_report",
+    "plain_json",
+    "policy_info",
     "read_json",
+    "reserve_path",
+    "save_bytes",
     "save_text",
 ]

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from dtypelab.core.errors import DtypelabError
-from dtypelab.core.results.store import SCHEMA_VERSION, check_schema, from_json_safe, json_safe, save_text
+from typing_extensions import TypedDict
 
-AUDIT_SCHEMA = "dtypelab.numerics.audit"
+from dtypelab.core.results.store import SCHEMA_VERSION, Record
+
+AUDIT_SCHEMA = "dtypelab.audit"
 
 
 @dataclass(frozen=True)
@@ -25,23 +25,46 @@ class AuditConfig:
     device: str
 
 
+class RangeStatsDict(TypedDict):
+    """numerics.rangestats.RangeStats.to_dict(): typed so that inf / NaN round-trip."""
+
+    formats: list[str]
+    numel: int
+    zeros: int
+    nonfinite: int
+    max_abs: float
+    min_nonzero: float
+    binades: dict[str, int]
+    counts: dict[str, dict[str, int]]
+
+
+class LossScale(TypedDict, total=False):
+    log2_scale: int
+    scale: float
+    max_grad: float
+    min_grad: float
+    flushed_unscaled: float | None
+    flushed_at_scale: float
+    gradscaler_default_overflows: bool
+
+
 @dataclass(frozen=True)
 class LayerAudit:
     name: str  # module path (with [i] / ['key'] for parts of a structured output) or parameter name
     module: str  # module class, or "parameter"
     kind: str  # "activation", "grad" (flowing into the module output) or "param_grad"
     calls: int  # captures merged: steps x calls per step (shared modules are called more than once)
-    stats: dict[str, Any]  # RangeStats.to_dict()
+    stats: RangeStatsDict
     severity: int  # 0 safe .. 3 overflow / non-finite, the worst over formats
     verdicts: dict[str, str]  # format -> verdict text
 
 
 @dataclass(frozen=True)
-class AuditReport:
+class AuditReport(Record):
     config: AuditConfig
     environment: dict[str, Any]
     layers: tuple[LayerAudit, ...] = ()  # sorted by risk, worst first
-    loss_scale: dict[str, Any] = field(default_factory=dict)
+    loss_scale: LossScale = field(default_factory=dict)
     losses: tuple[float, ...] = ()
     status: str = "ok"
     reason: str = ""
@@ -49,22 +72,4 @@ class AuditReport:
     created: str = ""
     schema_version: int = SCHEMA_VERSION
 
-    def to_json(self) -> str:
-        return json.dumps({"schema": AUDIT_SCHEMA, **json_safe(asdict(self))}, indent=1, allow_nan=False)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AuditReport:
-        check_schema(d, AUDIT_SCHEMA)
-        d = from_json_safe(d)
-        try:
-            cfg = d["config"]
-            return cls(config=AuditConfig(**{**cfg, "formats": tuple(cfg["formats"])}),
-                       environment=d["environment"], layers=tuple(LayerAudit(**x) for x in d["layers"]),
-                       loss_scale=d.get("loss_scale", {}), losses=tuple(d.get("losses", ())),
-                       status=d.get("status", "ok"), reason=d.get("reason", ""), wall_s=d.get("wall_s", 0.0),
-                       created=d.get("created", ""), schema_version=d["schema_version"])
-        except (KeyError, TypeError) as exc:
-            raise DtypelabError(f"audit file is malformed: {exc}") from exc
-
-    def save(self, path: str) -> None:
-        save_text(path, self.to_json())
+    schema = AUDIT_SCHEMA

@@ -1,19 +1,76 @@
-"""Bench records: one run of several policies on one task."""
+"""Bench records: one run of several policies on one task. Self-describing: everything a renderer shows
+about a policy (what it does, its arithmetic, backend, emulation, why it was skipped) is stored here, so an
+old file renders the same whatever today's registry says."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
-from dtypelab.core.errors import DtypelabError
+from typing_extensions import TypedDict
+
 from dtypelab.core.measure import Summary, summarize
-from dtypelab.core.results.store import SCHEMA_VERSION, check_schema, from_json_safe, json_safe, save_text
+from dtypelab.core.results.store import SCHEMA_VERSION, Record
 
 SCHEMA = "dtypelab.report"
 
 # Outcome of one policy. "ok" and "diverged" ran to the end; the rest have a reason and maybe no numbers.
 STATUSES = ("ok", "diverged", "failed", "timeout", "oom", "skipped", "interrupted")
+# Why a policy was skipped: it cannot run on this hardware, or it was measured pathologically slow here.
+SKIP_KINDS = ("", "unsupported", "slow")
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """What a policy is, as it was when the record was written."""
+
+    name: str
+    summary: str = ""
+    plan: dict[str, Any] = field(default_factory=dict)  # Plan.to_dict(): default config and per-module rules
+    compute_dtype: str = "float32"
+    backend: str = "torch"
+    arithmetic: str = ""  # what the hardware really computes in, for formats that need saying
+    emulated: bool = False  # stored in the format, computed in a wider one: its speed is not the format's
+    compiles: bool = False  # the first call compiles (its time is reported apart)
+    modes: tuple[str, ...] = ("train", "infer")
+
+
+class ScalerSkip(TypedDict):
+    step: int
+    scale: float
+    nonfinite_params: list[str]
+    n_nonfinite_params: int
+
+
+class ScalerStats(TypedDict, total=False):
+    """GradScaler's history (core.scaler.ScalerLog.stats())."""
+
+    grad_scale: list[float]
+    skipped_steps: int
+    first_skipped_step: int | None
+    skips: list[ScalerSkip]
+    min_scale: float | None
+    collapse_step: int | None
+
+
+class SizeInfo(TypedDict):
+    format: str  # "safetensors" or "torch.save"
+    file_bytes: int
+    linear_weight_bytes: int
+
+
+class LayerFidelity(TypedDict):
+    layer: str
+    type: str
+    sqnr_db: float | None  # the layer's output, every earlier layer converted too
+    own_sqnr_db: float | None  # the converted layer alone, fed fp32's input
+
+
+class Fidelity(TypedDict, total=False):
+    max_abs_err: float
+    sqnr_db: float
+    cos_min: float
+    cos_mean: float
 
 
 @dataclass(frozen=True)
@@ -47,12 +104,18 @@ class PolicyResult:
     losses: tuple[float, ...] = ()  # every training step
     first_nonfinite_step: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
-    fidelity: dict[str, float] = field(default_factory=dict)  # infer: error vs the fp32 outputs
-    peak_memory_bytes: int | None = None
+    fidelity: Fidelity = field(default_factory=dict)  # infer: error vs the fp32 outputs
+    peak_memory_bytes: int | None = None  # the run's peak above the memory in use before the model was built
+    load_peak_memory_bytes: int | None = None  # the same while building, loading and converting the model
     memory_method: str = ""
     model_bytes: int | None = None
     init_fingerprint: str = ""  # hash of the initial weights: identical across policies
-    extras: dict[str, Any] = field(default_factory=dict)  # policy stats, e.g. GradScaler history
+    info: PolicyInfo | None = None
+    skip: str = ""  # skipped: "unsupported" here, or measured "slow" here (--force runs it)
+    scaler: ScalerStats = field(default_factory=dict)  # GradScaler history (amp-fp16)
+    size: SizeInfo | None = None  # infer: the converted model's file and linear-weight bytes
+    first_call_s: float | None = None  # infer: the first call (compilation, for compiled policies)
+    per_layer: tuple[LayerFidelity, ...] = ()  # infer --per-layer
     wall_s: float = 0.0
 
     @property
@@ -80,13 +143,49 @@ class PolicyResult:
         return self.metrics.get(name)
 
 
+def _v1_result(r: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 kept policy measurements in ``extras`` and no description of the policy: the description
+    is taken from the registry of the version that read v1 files first (the same names meant the same
+    policies then), and "skipped because slow" from the reason's measured GFLOP/s."""
+    from dtypelab.core.policies import REGISTRY
+
+    r = dict(r)
+    extras = r.pop("extras", {}) or {}
+    if "grad_scale" in extras:
+        r["scaler"] = {k: extras[k] for k in ScalerStats.__annotations__ if k in extras}
+    for key in ("size", "first_call_s", "per_layer"):
+        if extras.get(key) is not None:
+            r[key] = extras[key]
+    plan = REGISTRY.get(r.get("policy", ""))
+    if plan is not None:
+        r["info"] = policy_info(plan)
+    if r.get("status") == "skipped":
+        r["skip"] = "slow" if "GFLOP/s" in r.get("reason", "") else "unsupported"
+    return r
+
+
+def _migrate_v1(d: dict[str, Any]) -> dict[str, Any]:
+    return {**d, "results": [_v1_result(r) for r in d.get("results", [])]}
+
+
+def policy_info(plan: Any) -> PolicyInfo:
+    """A plan's description for the record."""
+    return PolicyInfo(name=plan.name, summary=plan.describe(), plan=plan.to_dict(), compute_dtype=plan.compute_dtype,
+                      backend=" + ".join(dict.fromkeys(c.backend for c in plan.configs)),
+                      arithmetic="; ".join(c.arithmetic for c in plan.configs if c.arithmetic),
+                      emulated=plan.emulated, compiles=plan.compiles, modes=plan.modes)
+
+
 @dataclass(frozen=True)
-class Report:
+class Report(Record):
     config: RunConfig
     environment: dict[str, Any]
     results: tuple[PolicyResult, ...] = ()
     created: str = ""
     schema_version: int = SCHEMA_VERSION
+
+    schema = SCHEMA
+    migrations: ClassVar[dict[int, Any]] = {1: _migrate_v1}
 
     def with_result(self, result: PolicyResult) -> Report:
         """A new report with ``result`` added (or replaced), kept in the config's policy order."""
@@ -97,41 +196,3 @@ class Report:
 
     def result(self, policy: str) -> PolicyResult | None:
         return next((r for r in self.results if r.policy == policy), None)
-
-    # --- JSON ----------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        return {"schema": SCHEMA, **json_safe(d)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Report:
-        check_schema(d, SCHEMA)
-        version = d["schema_version"]
-        d = from_json_safe(d)
-        try:
-            cfg = d["config"]
-            config = RunConfig(**{**cfg, "policies": tuple(cfg["policies"])})
-            results = tuple(_policy_result(r) for r in d["results"])
-            return cls(config=config, environment=d["environment"], results=results,
-                       created=d.get("created", ""), schema_version=version)
-        except (KeyError, TypeError) as exc:
-            raise DtypelabError(f"result file is malformed: {exc}") from exc
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1, allow_nan=False)
-
-    @classmethod
-    def from_json(cls, text: str) -> Report:
-        return cls.from_dict(json.loads(text))
-
-    def save(self, path: str) -> None:
-        """Write atomically: a crash mid-write leaves the previous complete file in place."""
-        save_text(path, self.to_json())
-
-
-def _policy_result(d: dict[str, Any]) -> PolicyResult:
-    names = {f.name for f in fields(PolicyResult)}
-    d = {k: v for k, v in d.items() if k in names}
-    for key in ("step_times_s", "losses"):
-        d[key] = tuple(d.get(key, ()))
-    return PolicyResult(**d)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+
+from dtypelab.core.results.store import SCHEMA_VERSION, Record
 
 LINT_SCHEMA = "dtypelab.lint"
 
@@ -24,12 +25,13 @@ class LintFinding:
 
 
 @dataclass(frozen=True)
-class LintReport:
+class LintReport(Record):
     findings: tuple[LintFinding, ...]
     files: int
     lines: int
     seconds: float
     suppressed: int = 0
 
-    def to_json(self) -> str:
-        return json.dumps({"schema": LINT_SCHEMA, **asdict(self)}, indent=1)
+    schema_version: int = SCHEMA_VERSION
+
+    schema = LINT_SCHEMA

@@ -1,25 +1,86 @@
-"""Reading and writing records: schema checks, strict JSON for non-finite floats, atomic saves."""
+"""Reading and writing records: pydantic does the JSON, driven by the records' own type hints.
+
+Why pydantic (v2): typer already depends on it, so it adds nothing to install; it validates and
+serialises plain frozen dataclasses through a ``TypeAdapter`` (the records stay dataclasses that
+renderers read without knowing about it); and it writes non-finite floats as the strings "NaN",
+"Infinity", "-Infinity" (strict JSON has none) while reading them back only into *float* fields, so a
+string field that happens to say "NaN" stays a string. msgspec would be faster but writes NaN as null,
+which does not round-trip. Every float a record can hold is typed (dataclass or TypedDict) for that reason.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
-import math
 import os
+import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic_core import to_json
 
 from dtypelab.core.errors import DtypelabError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: self-describing bench records (policy info, structured skips, typed measurements)
+RECORD_CONFIG = ConfigDict(ser_json_inf_nan="strings")
+
+T = TypeVar("T")
 
 
-def check_schema(d: dict[str, Any], schema: str) -> None:
-    if d.get("schema") != schema:
-        raise DtypelabError(f"not a dtypelab result file (no 'schema': {schema!r})")
-    if d.get("schema_version") != SCHEMA_VERSION:
-        raise DtypelabError(f"file has schema version {d.get('schema_version')}; this dtypelab reads "
-                            f"{SCHEMA_VERSION}")
+@functools.cache
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
+class Record:
+    """Mixin for a frozen dataclass saved as ``{"schema": ..., "schema_version": ..., ...fields}``.
+
+    ``migrations[v]`` turns a version-``v`` dict into version ``v + 1``: old files render as they did."""
+
+    __pydantic_config__ = RECORD_CONFIG
+    schema: ClassVar[str]
+    migrations: ClassVar[dict[int, Callable[[dict[str, Any]], dict[str, Any]]]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types, non-finite floats as strings."""
+        return {"schema": self.schema, **json.loads(_adapter(type(self)).dump_json(self))}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, allow_nan=False)
+
+    def save(self, path: str) -> None:
+        """Write atomically: a crash mid-write leaves the previous complete file in place."""
+        save_text(path, self.to_json())
+
+    @classmethod
+    def from_dict(cls: type[T], d: dict[str, Any]) -> T:
+        if d.get("schema") != cls.schema:
+            raise DtypelabError(f"not a dtypelab result file (no 'schema': {cls.schema!r})")
+        version = d.get("schema_version")
+        if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+            raise DtypelabError(f"file has schema version {version}; this dtypelab reads 1 to {SCHEMA_VERSION}")
+        d = dict(d)
+        for v in range(version, SCHEMA_VERSION):
+            d = cls.migrations.get(v, lambda x: x)(d)
+        d["schema_version"] = SCHEMA_VERSION
+        try:
+            return _adapter(cls).validate_python(d)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise DtypelabError(f"{cls.schema} file is malformed: {where}: {first['msg']}") from None
+
+    @classmethod
+    def from_json(cls: type[T], text: str) -> T:
+        return cls.from_dict(json.loads(text))
+
+
+def plain_json(obj: Any) -> str:
+    """Strict JSON for any data (dataclasses, lists, dicts) that is not a record: non-finite floats as strings."""
+    return to_json(obj, indent=1, inf_nan_mode="strings").decode()
 
 
 def read_json(path: str) -> dict[str, Any]:
@@ -59,25 +120,22 @@ def save_text(path: str, text: str) -> None:
     save_bytes(path, text.encode())
 
 
-# Strict JSON has no NaN/Infinity, yet a diverged loss curve is full of them: store them as strings.
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+def default_result_path(task: str, kind: str, directory: str = "dtypelab-results") -> str:
+    """dtypelab-results/<task>-<kind>-<timestamp>.json, created empty so that a second run started in the same
+    second gets ``…-2.json``: every run is kept unless told otherwise."""
+    stem = os.path.splitext(os.path.basename(task.rpartition(":")[0] or task))[0] or "task"
+    return reserve_path(directory, f"{stem}-{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
-
-
-def from_json_safe(obj: Any) -> Any:
-    if isinstance(obj, str) and obj in _NONFINITE:
-        return _NONFINITE[obj]
-    if isinstance(obj, dict):
-        return {k: from_json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [from_json_safe(v) for v in obj]
-    return obj
+def reserve_path(directory: str, stem: str, suffix: str = ".json") -> str:
+    """A new file ``directory/stem<suffix>`` (or ``stem-2``, ``stem-3``, …), created empty and exclusively so
+    that two runs started in the same second never write to the same file."""
+    os.makedirs(directory, exist_ok=True)
+    for n in range(1, 10_000):
+        path = os.path.join(directory, f"{stem}{'' if n == 1 else f'-{n}'}{suffix}")
+        try:
+            with open(path, "x"):
+                return path
+        except FileExistsError:
+            continue
+    raise DtypelabError(f"cannot find a free result file name for {stem} in {directory}")

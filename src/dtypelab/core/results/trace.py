@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from dtypelab.core.errors import DtypelabError
-from dtypelab.core.results.store import SCHEMA_VERSION, check_schema, from_json_safe, json_safe, save_text
+from dtypelab.core.results.bench import ScalerStats
+from dtypelab.core.results.store import SCHEMA_VERSION, Record
 
-TRACE_SCHEMA = "dtypelab.trace.run"
+TRACE_SCHEMA = "dtypelab.trace"
 
 
 @dataclass(frozen=True)
@@ -46,11 +45,6 @@ class OpEvent:
     diagnosis: str
     tensor: str = ""  # a named tensor written (parameter, optimizer state), or the named input
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> OpEvent:
-        def ts(x: dict[str, Any]) -> TensorSummary:
-            return TensorSummary(**{**x, "shape": tuple(x["shape"])})
-        return cls(**{**d, "inputs": tuple(ts(x) for x in d["inputs"]), "outputs": tuple(ts(x) for x in d["outputs"])})
 
 
 @dataclass(frozen=True)
@@ -68,11 +62,6 @@ class Finding:
     trace_s: float = 0.0
     ops_traced: int = 0
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Finding:
-        return cls(**{**d, "origin": OpEvent.from_dict(d["origin"]) if d.get("origin") else None,
-                      "path": tuple(d.get("path", ())), "reached": tuple(d.get("reached", ())),
-                      "others": tuple(OpEvent.from_dict(e) for e in d.get("others", ()))})
 
 
 @dataclass(frozen=True)
@@ -88,33 +77,18 @@ class TraceConfig:
 
 
 @dataclass(frozen=True)
-class TraceReport:
+class TraceReport(Record):
     config: TraceConfig
     environment: dict[str, Any]
     status: str  # "clean", "found", "failed" or "interrupted"
     reason: str = ""
     finding: Finding | None = None
     losses: tuple[float, ...] = ()
-    scaler: dict[str, Any] = field(default_factory=dict)  # GradScaler history (amp-fp16)
+    scaler: ScalerStats = field(default_factory=dict)  # GradScaler history (amp-fp16)
     checkpoint_every: int = 0  # the interval used
     checkpoint_s: float = 0.0  # time to take one checkpoint
     wall_s: float = 0.0
     created: str = ""
     schema_version: int = SCHEMA_VERSION
 
-    def to_json(self) -> str:
-        return json.dumps({"schema": TRACE_SCHEMA, **json_safe(asdict(self))}, indent=1, allow_nan=False)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TraceReport:
-        check_schema(d, TRACE_SCHEMA)
-        d = from_json_safe(d)
-        d.pop("schema")
-        try:
-            return cls(**{**d, "config": TraceConfig(**d["config"]), "losses": tuple(d.get("losses", ())),
-                          "finding": Finding.from_dict(d["finding"]) if d.get("finding") else None})
-        except (KeyError, TypeError) as exc:
-            raise DtypelabError(f"trace file is malformed: {exc}") from exc
-
-    def save(self, path: str) -> None:
-        save_text(path, self.to_json())
+    schema = TRACE_SCHEMA

@@ -1,0 +1,229 @@
+"""The one training / evaluation loop that bench, audit, trace and export share: build the task's model
+under a precision, take a step through its hooks, predict, evaluate."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from dtypelab.core.errors import DtypelabError, TaskError, describe_exception
+from dtypelab.core.hardware import HardwareInfo, probe, resolve_device
+from dtypelab.core.policies import Plan, Precision, get_policy
+from dtypelab.core.task import Task, call_model, load_task, map_tensors
+
+RECORD_LIMIT = 2**24  # output values kept from evaluation for the fidelity comparison (64 MB as float32)
+
+
+@contextlib.contextmanager
+def threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to ``n`` for the block (None: unchanged), then restored."""
+    saved = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def atomic_save(obj: Any, path: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def fingerprint(model: nn.Module) -> str:
+    """A hash of the model's state: equal across policies when they start from the same weights. Hashes the
+    raw bytes (no float64 copies: this runs before the memory window, but it should stay cheap)."""
+    h = hashlib.sha256()
+    for key, t in sorted(model.state_dict().items()):
+        h.update(key.encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def build_model(task: Task, seed: int, weights: str | None = None) -> nn.Module:
+    """The task's model with shared weights: when ``weights`` exists it is loaded, else (when given) the
+    fresh model is saved there. Loading a saved copy, rather than trusting the seed, guarantees identical
+    initial weights even when the user's factory draws from an unseeded RNG."""
+    torch.manual_seed(seed)
+    model = task.make_model()
+    if weights and os.path.exists(weights):
+        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    elif weights:
+        atomic_save(model.state_dict(), weights)
+    return model
+
+
+def prepare(task: str | Task, policy: str | Plan, device: str | None, hardware: HardwareInfo | None,
+            force: bool) -> tuple[str, Task, torch.device, Precision, HardwareInfo]:
+    """(task spec, task, device, precision, hardware) for the single-process training commands (audit,
+    trace): an error when the policy cannot train, cannot run here, or was measured pathologically slow
+    here and not ``force``."""
+    spec = task if isinstance(task, str) else task.name
+    task_obj = load_task(task) if isinstance(task, str) else task
+    dev = resolve_device(device)
+    plan = get_policy(policy)
+    wrong_mode = plan.mode_error("train") or (
+        f"task {task_obj.name} is inference-only: nothing to train" if task_obj.inference_only else None)
+    if wrong_mode:
+        raise DtypelabError(wrong_mode)
+    hardware = hardware or probe(dev, budget_s=0.02)
+    plan.require(hardware, force)
+    return spec, task_obj, dev, Precision(plan, dev), hardware
+
+
+def build_trainable(task: Task, precision: Precision, device: torch.device, seed: int) -> tuple[nn.Module, Any]:
+    """The task's model under the precision, in train mode, and its optimizer. A failure in the user's
+    factories is a TaskError naming their line."""
+    torch.manual_seed(seed)
+    try:
+        model = precision.convert_module(task.make_model().to(device))
+        model.train()
+        return model, task.make_optimizer(model.parameters())
+    except DtypelabError:
+        raise
+    except Exception as exc:
+        raise TaskError(f"building the model raised {describe_exception(exc)}") from exc
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    return map_tensors(lambda t: t.to(device), batch)
+
+
+def train_step(task: Task, model: nn.Module, precision: Precision, optimizer: torch.optim.Optimizer,
+               inputs: Any, target: Any, after_backward: Callable[[], None] | None = None) -> torch.Tensor:
+    """One training step through the precision's hooks: the part of the loop that bench times.
+    ``after_backward`` sees the gradients before the optimizer consumes them (the audit's hook)."""
+    inputs, target = precision.convert_input(inputs), precision.convert_input(target)
+    optimizer.zero_grad(set_to_none=True)
+    with precision.forward_context():
+        loss = task.loss_fn(call_model(model, inputs), target)
+    precision.backward(loss)
+    if after_backward is not None:
+        after_backward()
+    precision.optimizer_step(optimizer)
+    return loss
+
+
+def forward(model: nn.Module, precision: Precision, inputs: Any) -> Any:
+    """One inference forward pass under the precision (inputs already on the model's device)."""
+    with precision.forward_context():
+        return call_model(model, precision.convert_input(inputs))
+
+
+def make_predict(model: nn.Module, precision: Precision, device: torch.device) -> Callable[[Any], Any]:
+    """Run the model under the precision on a batch; outputs come back as float32 on the CPU."""
+
+    def predict(inputs: Any) -> Any:
+        with torch.no_grad():
+            out = forward(model, precision, to_device(inputs, device))
+        return map_tensors(lambda t: t.detach().float().cpu() if t.is_floating_point() else t.cpu(), out)
+
+    return predict
+
+
+def value_count(outputs: Any) -> int:
+    """How many values the tensors of a nested output hold."""
+    counts: list[int] = []
+    map_tensors(lambda t: counts.append(t.numel()) or t, outputs)
+    return sum(counts)
+
+
+def evaluate(task: Task, model: nn.Module, precision: Precision, device: torch.device,
+             record: list[Any] | None = None) -> dict[str, float]:
+    """The task's metrics under the precision; ``record`` collects the outputs it saw (up to RECORD_LIMIT
+    values), the set inference fidelity is measured on."""
+    was_training = model.training
+    model.eval()
+    predict = make_predict(model, precision, device)
+    kept = 0
+
+    def recording(inputs: Any) -> Any:
+        nonlocal kept
+        out = predict(inputs)
+        size = value_count(out)
+        if record is not None and kept + size <= RECORD_LIMIT:
+            kept += size
+            record.append(out)
+        return out
+
+    try:
+        return {k: float(v) for k, v in task.evaluate(recording).items()}
+    finally:
+        model.train(was_training)
+
+
+def prime(task: Task, plan: Plan, device: torch.device, batch_size: int, train: bool) -> None:
+    """Two throwaway steps on a separate model under a separate precision, so PyTorch creates its lazy
+    runtime state (thread pools, kernel and optimizer caches) before a memory baseline is taken."""
+    precision = Precision(plan, device)
+    model = precision.convert_module(task.make_model().to(device))
+    optimizer = task.make_optimizer(model.parameters()) if train else None
+    if train:
+        inputs, target = to_device(task.train_batch(0, batch_size), device)
+    else:
+        inputs = to_device(task.inference_inputs(batch_size), device)
+    with precision.session():
+        for _ in range(2):
+            if optimizer is None:
+                with torch.no_grad():
+                    forward(model, precision, inputs)
+            else:
+                train_step(task, model, precision, optimizer, inputs, target)
+    del model, optimizer
+
+
+DIVERGED_PATIENCE = 10  # consecutive non-finite losses before a run is declared diverged and stopped
+
+
+@dataclass
+class Fit:
+    """What a training run did: the loss at every step, the first non-finite one, whether it was stopped."""
+
+    losses: list[float] = field(default_factory=list)
+    first_nonfinite: int | None = None
+    stopped: bool = False  # DIVERGED_PATIENCE non-finite losses in a row
+
+    @property
+    def diverged(self) -> bool:
+        return self.first_nonfinite is not None and not (self.losses and math.isfinite(self.losses[-1]))
+
+
+def fit(task: Task, model: nn.Module, precision: Precision, optimizer: torch.optim.Optimizer, device: torch.device,
+        steps: int, batch_size: int, seed: int, timer: Any = None,
+        progress: Callable[[int, int], None] | None = None) -> Fit:
+    """Train ``steps`` steps inside the precision's session. ``timer`` (start/stop) brackets each step after
+    its batch is fetched; a run whose loss stays non-finite for DIVERGED_PATIENCE steps stops early."""
+    result, bad_run = Fit(), 0
+    torch.manual_seed(seed)  # same dropout masks etc. for every policy
+    with precision.session():
+        for step in range(steps):
+            inputs, target = to_device(task.train_batch(step, batch_size), device)
+            if timer is not None:
+                timer.start()
+            loss = train_step(task, model, precision, optimizer, inputs, target)
+            if timer is not None:
+                timer.stop()
+            value = float(loss.detach())
+            result.losses.append(value)
+            if math.isfinite(value):
+                bad_run = 0
+            else:
+                result.first_nonfinite = step if result.first_nonfinite is None else result.first_nonfinite
+                bad_run += 1
+            if progress is not None:
+                progress(step + 1, steps)
+            if bad_run >= DIVERGED_PATIENCE:
+                result.stopped = True
+                break
+    return result

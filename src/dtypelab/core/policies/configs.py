@@ -1,0 +1,292 @@
+"""Precision configs: frozen, parameterised descriptions of how a module's numerics run (the torchao /
+Lightning Fabric shape). A config says *what*; ``precision.Precision`` applies it to a model.
+
+Four kinds, each a handful of fields:
+
+- ``Cast(dtype)``: weights, buffers, activations, gradients and optimizer state in one float dtype
+  (``Cast("float32")`` is the baseline).
+- ``TF32()``: float32 tensors, TF32 tensor-core matmuls and convolutions (a process-wide CUDA flag).
+- ``Autocast(dtype, scaler)``: float32 weights, ``torch.autocast`` to ``dtype`` in the forward pass,
+  optionally with a GradScaler (float16's narrow range needs one).
+- ``Quantize(scheme, backend, granularity, compile)``: inference only; the model's ``nn.Linear``
+  layers become int8 / fp8 ones (torchao, or the deprecated ``torch.ao.quantization``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
+
+import torch
+
+from dtypelab.core.backends import torchao_missing, torchao_module
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.hardware import HardwareInfo
+
+FLOAT_DTYPES = ("float64", "float32", "bfloat16", "float16")
+SHORT = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def _float_dtype(name: str, what: str) -> str:
+    canonical = {v: k for k, v in SHORT.items()}.get(name, name)
+    if canonical not in FLOAT_DTYPES:
+        raise DtypelabError(f"{what}: unknown dtype {name!r}; use one of {', '.join(FLOAT_DTYPES)}")
+    return canonical
+
+
+def bf16_missing(hw: HardwareInfo, what: str) -> str | None:
+    """Why bfloat16 cannot run here (pre-Ampere GPU), or None. CPUs emulate it; the probe judges speed."""
+    if hw.is_cuda and hw.native("bfloat16") is False:
+        return f"{what} needs compute capability >= 8.0 (this GPU is {hw.cuda_capability})"
+    return None
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way to run a module's numerics. Subclasses are frozen dataclasses; ``kind`` names them in JSON."""
+
+    kind: ClassVar[str]
+    modes: ClassVar[tuple[str, ...]] = ("train", "infer")
+
+    @property
+    def compute_dtype(self) -> str:
+        """What the matmuls run in: the hardware probe's throughput key."""
+        return "float32"
+
+    @property
+    def backend(self) -> str:
+        return "torch"
+
+    @property
+    def arithmetic(self) -> str:
+        """For formats that need saying: what the hardware really computes in ("" when obvious)."""
+        return ""
+
+    @property
+    def emulated(self) -> bool:
+        """Stored in the format but computed in a wider one: its speed is never the format's own."""
+        return False
+
+    @property
+    def compiles(self) -> bool:
+        return False
+
+    @property
+    def label(self) -> str:
+        """A short name for a config that is not registered under one."""
+        return self.kind
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        """Why this config cannot run on this hardware at all, or None when it can."""
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Config:
+        kinds = {k.kind: k for k in (Cast, TF32, Autocast, Quantize)}
+        d = dict(d)
+        kind = kinds.get(d.pop("kind", None))
+        if kind is None:
+            raise DtypelabError(f"unknown config kind in {d!r}: use one of {', '.join(kinds)}")
+        known = {f.name for f in fields(kind)}
+        unknown = set(d) - known
+        if unknown:
+            raise DtypelabError(f"{kind.kind} config: unknown field(s) {', '.join(sorted(unknown))}; "
+                                f"known: {', '.join(sorted(known)) or 'none'}")
+        return kind(**d)
+
+
+@dataclass(frozen=True)
+class Cast(Config):
+    """Pure precision: the module's parameters, buffers and floating inputs all in ``dtype``."""
+
+    kind: ClassVar[str] = "cast"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", _float_dtype(self.dtype, "cast"))
+
+    @property
+    def compute_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def label(self) -> str:
+        return SHORT[self.dtype]
+
+    def describe(self) -> str:
+        if self.dtype == "float32":
+            return "float32 everywhere (baseline)"
+        scaling = ", no loss scaling" if self.dtype == "float16" else ""
+        return f"{self.dtype} weights, activations, gradients and optimizer state{scaling}"
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        return bf16_missing(hw, "bfloat16") if self.dtype == "bfloat16" else None
+
+
+@dataclass(frozen=True)
+class TF32(Config):
+    """float32 storage, matmuls and convolutions on tensor cores with a 10-bit mantissa (CUDA only)."""
+
+    kind: ClassVar[str] = "tf32"
+
+    @property
+    def compute_dtype(self) -> str:
+        return "tf32"
+
+    @property
+    def label(self) -> str:
+        return "tf32"
+
+    def describe(self) -> str:
+        return "float32 tensors, TF32 tensor-core matmuls and convolutions"
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        if not hw.is_cuda:
+            return "tf32 is a CUDA tensor-core mode (Ampere or newer); this run is on the CPU"
+        if hw.native("tf32") is False:
+            return f"tf32 needs compute capability >= 8.0 (this GPU is {hw.cuda_capability})"
+        return None
+
+
+@dataclass(frozen=True)
+class Autocast(Config):
+    """float32 weights; eligible forward ops run in ``dtype`` under ``torch.autocast``; ``scaler`` adds a
+    GradScaler (scale per step, skipped steps and their non-finite parameters are recorded)."""
+
+    kind: ClassVar[str] = "autocast"
+    dtype: str = "bfloat16"
+    scaler: bool = False
+
+    def __post_init__(self) -> None:
+        dtype = _float_dtype(self.dtype, "autocast")
+        if dtype not in ("bfloat16", "float16"):
+            raise DtypelabError(f"autocast: dtype must be bfloat16 or float16, not {dtype}")
+        object.__setattr__(self, "dtype", dtype)
+
+    @property
+    def compute_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def label(self) -> str:
+        return f"amp-{SHORT[self.dtype]}" + ("" if self.scaler == (self.dtype == "float16") else
+                                             ("+scaler" if self.scaler else "-noscaler"))
+
+    def describe(self) -> str:
+        return f"torch.autocast({self.dtype}){' + GradScaler' if self.scaler else ''}, float32 weights"
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        return bf16_missing(hw, "bfloat16 autocast") if self.dtype == "bfloat16" else None
+
+
+# scheme -> (what it stores and computes, compute dtype for the probe, emulated)
+SCHEMES = {
+    "int8-dynamic": ("int8 × int8 matmul, activations quantized per token at run time", "int8", False),
+    "int8-weight-only": ("float matmul on int8 weights scaled per channel (weight-only: activations stay "
+                         "float)", "float32", False),
+    "fp8-weight-only": ("emulated: fp8 e4m3 weights dequantized to float32 for every matmul", "float32", True),
+}
+BACKENDS = ("torchao", "torch.ao")
+GRANULARITIES = ("per-channel", "per-tensor")
+
+
+@dataclass(frozen=True)
+class Quantize(Config):
+    """Inference only: every ``nn.Linear`` it covers becomes an int8 / fp8 layer.
+
+    ``backend`` torchao (``quantize_`` with its frozen configs; weights per output channel, activations
+    per token) or torch.ao (the deprecated ``quantize_dynamic``: int8-dynamic only, CPU only, activations
+    per tensor, weights ``granularity``). ``compile``: run the model under ``torch.compile`` (inductor
+    fuses the quantize and rescale steps; the first call compiles).
+    """
+
+    kind: ClassVar[str] = "quantize"
+    modes: ClassVar[tuple[str, ...]] = ("infer",)
+    scheme: str = "int8-dynamic"
+    library: str = "torchao"
+    granularity: str = "per-channel"
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise DtypelabError(f"quantize: unknown scheme {self.scheme!r}; use one of {', '.join(SCHEMES)}")
+        if self.library not in BACKENDS:
+            raise DtypelabError(f"quantize: unknown backend {self.library!r}; use torchao or torch.ao")
+        if self.granularity not in GRANULARITIES:
+            raise DtypelabError(f"quantize: granularity must be per-channel or per-tensor, not {self.granularity!r}")
+        if self.library == "torch.ao" and (self.scheme != "int8-dynamic" or self.compile):
+            raise DtypelabError("quantize: the torch.ao backend offers int8-dynamic only, without compile")
+        if self.library == "torchao" and self.granularity != "per-channel":
+            raise DtypelabError("quantize: torchao's configs here are per-channel (weights) / per-token")
+
+    @property
+    def compute_dtype(self) -> str:
+        return SCHEMES[self.scheme][1]
+
+    @property
+    def backend(self) -> str:
+        return "torchao" if self.library == "torchao" else "torch.ao.quantization (deprecated)"
+
+    @property
+    def arithmetic(self) -> str:
+        if self.library == "torch.ao":
+            weights = "per-channel weights" if self.granularity == "per-channel" else "weights per tensor"
+            return f"int8 × int8 matmul (fbgemm/x86), {weights}, activations quantized per tensor at run time"
+        return SCHEMES[self.scheme][0]
+
+    @property
+    def emulated(self) -> bool:
+        return SCHEMES[self.scheme][2]
+
+    @property
+    def compiles(self) -> bool:
+        return self.compile
+
+    @property
+    def label(self) -> str:
+        short = {"int8-dynamic": "int8-dyn", "int8-weight-only": "int8-wo", "fp8-weight-only": "fp8-wo"}[self.scheme]
+        if self.library == "torch.ao":
+            return short + "-legacy" + ("-pc" if self.granularity == "per-channel" else "")
+        return short + ("-compile" if self.compile else "")
+
+    def describe(self) -> str:
+        what = {"int8-dynamic": "int8 weights (per channel) + int8 activations (per token)",
+                "int8-weight-only": "int8 weights (per channel), float activations",
+                "fp8-weight-only": "fp8 e4m3 weights (per channel), float activations"}[self.scheme]
+        if self.library == "torch.ao":
+            scales = "one weight scale per output channel" if self.granularity == "per-channel" else (
+                "one scale per tensor")
+            return f"int8 weights + activations, {scales}, torch.ao.quantization (deprecated), CPU"
+        tail = " under torch.compile (inductor fuses the quantize/scale steps); first call compiles" if self.compile \
+            else (", torchao (emulated: fp8 storage only)" if self.emulated else ", torchao")
+        return what + tail
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        if self.library == "torch.ao":
+            if hw.is_cuda:
+                return "torch.ao dynamic quantization runs on the CPU only (fbgemm/x86 kernels)"
+            engines = [e for e in torch.backends.quantized.supported_engines if e in ("x86", "fbgemm", "qnnpack")]
+            return None if engines else "this torch build has no quantized CPU engine (x86, fbgemm or qnnpack)"
+        missing = torchao_missing()
+        if missing:
+            return missing
+        if self.compile and not hw.is_cuda and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+            return "torch.compile on the CPU needs a C++ compiler (g++ or clang++), none found"
+        return None
+
+    def torchao_config(self) -> Any:
+        """The torchao config object (``set_inductor_config=False``: dtypelab patches inductor per run, never
+        process-wide)."""
+        q = torchao_module("quantization")
+        if self.scheme == "int8-dynamic":
+            return q.Int8DynamicActivationInt8WeightConfig(set_inductor_config=False)
+        if self.scheme == "int8-weight-only":
+            return q.Int8WeightOnlyConfig(set_inductor_config=False)
+        return q.Float8WeightOnlyConfig(weight_dtype=torch.float8_e4m3fn, set_inductor_config=False)

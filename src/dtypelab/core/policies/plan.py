@@ -1,0 +1,236 @@
+"""A plan: which precision config each module of a model runs in (torchao's ``FqnToConfig`` shape).
+
+``Plan(default, rules)``: ``rules`` is an ordered mapping from a module-name pattern to a config. A pattern
+is an exact module name (``classifier``, ``encoder.layer.0.attention.output.dense``), a glob
+(``*.attention.output.dense``) or a regular expression prefixed ``re:`` (matched against the whole name).
+Exact names win over patterns; among patterns the first that matches wins; a module no rule names takes
+its parent's config, and the root takes ``default``. Every registered policy is a plan without rules.
+
+Plans are frozen and picklable (they travel to child processes) and save as versioned JSON, where a config
+may be written out (``{"kind": "cast", "dtype": "float32"}``) or named by a registered policy (``"fp32"``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config, Quantize
+
+PLAN_SCHEMA = "dtypelab.plan"
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a plan can run here; ``slow`` means it can but was measured pathologically slow."""
+
+    ok: bool
+    reason: str = ""
+    slow: bool = False
+
+
+def _matcher(pattern: str) -> Callable[[str], bool]:
+    if pattern.startswith("re:"):
+        try:
+            rx = re.compile(pattern[3:])
+        except re.error as exc:
+            raise DtypelabError(f"plan pattern {pattern!r} is not a valid regular expression: {exc}") from None
+        return lambda name: rx.fullmatch(name) is not None
+    if any(c in pattern for c in "*?["):
+        return lambda name: fnmatch.fnmatchcase(name, pattern)
+    return lambda name: name == pattern
+
+
+@dataclass(frozen=True)
+class Plan:
+    """``default`` for the whole model, ``rules`` ((pattern, config), ...) for the modules they name."""
+
+    default: Config
+    rules: tuple[tuple[str, Config], ...] = ()
+    name: str = ""
+    summary: str = ""
+    _matchers: tuple[Callable[[str], bool], ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        rules = tuple((str(p), c) for p, c in (self.rules.items() if isinstance(self.rules, Mapping) else self.rules))
+        object.__setattr__(self, "rules", rules)
+        object.__setattr__(self, "name", self.name or self._derived_name())
+        object.__setattr__(self, "_matchers", tuple(_matcher(p) for p, _ in rules))
+        self._check()
+
+    def __getstate__(self) -> dict[str, Any]:  # lambdas do not pickle: rebuilt from the patterns
+        return {"default": self.default, "rules": self.rules, "name": self.name, "summary": self.summary}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            object.__setattr__(self, key, value)
+        object.__setattr__(self, "_matchers", tuple(_matcher(p) for p, _ in self.rules))
+
+    def _derived_name(self) -> str:
+        if not self.rules:
+            return self.default.label
+        return f"{self.default.label}+" + ",".join(f"{p}={c.label}" for p, c in self.rules)
+
+    def _check(self) -> None:
+        """Refuse combinations that have no meaning, before any model is built."""
+        for pattern, config in self.rules:
+            if isinstance(config, TF32) or (isinstance(self.default, TF32) and config != self.default):
+                raise DtypelabError(f"plan {self.name}: tf32 is a process-wide setting; it can only be the plan's "
+                                    f"default, alone (rule {pattern!r})")
+            if isinstance(config, Quantize) and config.library == "torch.ao" and self.default != Cast("float32"):
+                raise DtypelabError(f"plan {self.name}: torch.ao quantization needs float32 layers; the default "
+                                    f"is {self.default.label} (rule {pattern!r})")
+            if isinstance(config, Quantize) and config.compile != self.compiles:
+                raise DtypelabError(f"plan {self.name}: compile applies to the whole model; give every quantize "
+                                    "config the same compile setting")
+        if isinstance(self.default, Quantize) and any(isinstance(c, Autocast) for c in self.configs):
+            raise DtypelabError(f"plan {self.name}: autocast rules need an unquantized default")
+
+    # --- what the plan holds ----------------------------------------------------------------------
+    @property
+    def configs(self) -> tuple[Config, ...]:
+        """Every distinct config, the default first."""
+        return tuple(dict.fromkeys([self.default, *(c for _, c in self.rules)]))
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return ("infer",) if any(isinstance(c, Quantize) for c in self.configs) else ("train", "infer")
+
+    @property
+    def uses_scaler(self) -> bool:
+        return any(isinstance(c, Autocast) and c.scaler for c in self.configs)
+
+    @property
+    def compiles(self) -> bool:
+        return any(c.compiles for c in self.configs)
+
+    @property
+    def emulated(self) -> bool:
+        return any(c.emulated for c in self.configs)
+
+    @property
+    def compute_dtype(self) -> str:
+        return self.default.compute_dtype
+
+    def describe(self) -> str:
+        if self.summary:
+            return self.summary
+        text = self.default.describe()
+        if self.rules:
+            text += "; " + "; ".join(f"{p}: {c.label}" for p, c in self.rules)
+        return text
+
+    def config_for(self, name: str, parent: Config | None = None) -> Config:
+        """The config of the module called ``name`` whose parent runs in ``parent`` (None: the root)."""
+        for pattern, config in self.rules:
+            if pattern == name:
+                return config
+        for (_, config), match in zip(self.rules, self._matchers, strict=True):
+            if match(name):
+                return config
+        return self.default if parent is None else parent
+
+    def assign(self, model: nn.Module) -> dict[str, Config]:
+        """Every module's config, by name ('' is the root), in ``named_modules`` order."""
+        out: dict[str, Config] = {}
+        for name, _ in model.named_modules(remove_duplicate=False):
+            parent = out.get(name.rpartition(".")[0]) if name else None
+            out[name] = self.config_for(name, parent)
+        unmatched = [p for (p, _), m in zip(self.rules, self._matchers, strict=True) if not any(m(n) for n in out if n)]
+        if unmatched:
+            raise DtypelabError(f"plan {self.name}: no module matches {', '.join(map(repr, unmatched))} "
+                                f"(modules: {', '.join(n for n in list(out)[1:8])}{', …' if len(out) > 8 else ''})")
+        return out
+
+    # --- where it runs ------------------------------------------------------------------------------
+    def mode_error(self, mode: str) -> str | None:
+        if mode in self.modes:
+            return None
+        return f"policy {self.name} is inference-only (it quantizes a trained model): use --mode infer"
+
+    def availability(self, hw: HardwareInfo) -> Availability:
+        for config in self.configs:
+            why_not = config.supported(hw)
+            if why_not:
+                return Availability(False, why_not)
+        for config in self.configs:
+            slow = hw.slow_reason(config.compute_dtype)
+            if slow:
+                return Availability(True, slow, slow=True)
+        return Availability(True)
+
+    def require(self, hw: HardwareInfo, force: bool = False) -> None:
+        """For single-policy commands (audit, trace): an error when the plan cannot run here, or when it was
+        measured pathologically slow here (fp16 on a CPU without fp16 arithmetic) and not ``force``."""
+        avail = self.availability(hw)
+        if not avail.ok:
+            raise DtypelabError(f"policy {self.name} cannot run here: {avail.reason}")
+        if avail.slow and not force:
+            raise DtypelabError(f"policy {self.name} is refused: {avail.reason}; --force runs it anyway")
+
+    # --- JSON -----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": PLAN_SCHEMA, "schema_version": PLAN_VERSION, "name": self.name, "summary": self.summary,
+                "default": self.default.to_dict(),
+                "rules": [{"pattern": p, "config": c.to_dict()} for p, c in self.rules]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], lookup: Callable[[str], Config] | None = None) -> Plan:
+        """From ``to_dict``'s shape. ``lookup`` turns a registered policy's name into its config, so plan files
+        may say ``"default": "amp-bf16"`` and ``{"pattern": "head", "config": "fp32"}``."""
+        if d.get("schema", PLAN_SCHEMA) != PLAN_SCHEMA:
+            raise DtypelabError(f"not a dtypelab plan (schema {d.get('schema')!r})")
+        if d.get("schema_version", PLAN_VERSION) > PLAN_VERSION:
+            raise DtypelabError(f"plan has schema version {d['schema_version']}; this dtypelab reads "
+                                f"{PLAN_VERSION}")
+
+        def config(x: Any) -> Config:
+            if isinstance(x, str):
+                if lookup is None:
+                    raise DtypelabError(f"plan names policy {x!r}, but no registry was given to look it up")
+                return lookup(x)
+            if isinstance(x, dict):
+                return Config.from_dict(x)
+            raise DtypelabError(f"a plan config must be a policy name or an object with a 'kind', not {x!r}")
+
+        if "default" not in d:
+            raise DtypelabError("a plan needs a 'default' config (a policy name such as 'fp32', or an object)")
+        rules = d.get("rules", [])
+        if isinstance(rules, dict):  # {"pattern": config, ...}: insertion order is the rule order
+            rules = [{"pattern": p, "config": c} for p, c in rules.items()]
+        try:
+            pairs = tuple((r["pattern"], config(r["config"])) for r in rules)
+        except (KeyError, TypeError):
+            raise DtypelabError("plan rules must be objects with 'pattern' and 'config'") from None
+        return cls(config(d["default"]), pairs, name=d.get("name", ""), summary=d.get("summary", ""))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+
+def single(config: Config, name: str = "", summary: str = "") -> Plan:
+    """A whole-model plan: ``config`` everywhere."""
+    return Plan(config, (), name=name, summary=summary)
+
+
+def linear_names(model: nn.Module, assigned: Mapping[str, Config], kind: type[Config]) -> dict[Config, list[str]]:
+    """The ``nn.Linear`` modules assigned a config of ``kind``, grouped by config."""
+    out: dict[Config, list[str]] = {}
+    for name, module in model.named_modules():
+        config = assigned.get(name)
+        if isinstance(module, nn.Linear) and isinstance(config, kind):
+            out.setdefault(config, []).append(name)
+    return out
+
+
+__all__ = ["PLAN_SCHEMA", "TF32", "Autocast", "Availability", "Cast", "Config", "Plan", "Quantize", "linear_names",
+           "single"]

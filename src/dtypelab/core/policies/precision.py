@@ -1,0 +1,194 @@
+"""Precision: a plan applied to one model on one device, as hooks the loop calls (Lightning Fabric's
+precision-plugin shape). Order of use in a training step: ``session()`` around the whole run
+(process-wide flags), ``convert_module`` once, then per step ``convert_input`` -> ``forward_context``
+(forward + loss) -> ``backward`` -> ``optimizer_step``. Audit and trace read the GradScaler through
+``grad_scale()`` / ``grad_scaler()``, never by attribute.
+
+Modules a plan's rules give a config other than their parent's run through a *region*: their parameters
+converted to the region's dtype, their floating inputs cast on entry, their forward run under the region's
+autocast state (enabled for an autocast region, disabled for a cast region inside autocast), and their
+floating outputs cast back to what the surrounding model computes in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from dtypelab.core.backends import quiet, torchao_module
+from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config, Quantize
+from dtypelab.core.policies.plan import Plan, linear_names
+from dtypelab.core.scaler import ScalerLog
+from dtypelab.core.task import map_tensors
+
+
+def _floats_to(dtype: torch.dtype | None, obj: Any) -> Any:
+    if dtype is None:
+        return obj
+    return map_tensors(lambda t: t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t, obj)
+
+
+@dataclass(frozen=True)
+class Region:
+    """How a module whose config differs from its parent's runs."""
+
+    device_type: str
+    config: Config
+    input_dtype: torch.dtype | None
+    output_dtype: torch.dtype | None
+
+    def context(self) -> contextlib.AbstractContextManager[Any]:
+        if isinstance(self.config, Autocast):
+            return torch.autocast(self.device_type, dtype=getattr(torch, self.config.dtype))
+        return torch.autocast(self.device_type, enabled=False)
+
+
+def _region_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    region: Region = self._dtypelab_region
+    args, kwargs = _floats_to(region.input_dtype, (args, kwargs))
+    with region.context():
+        out = type(self).forward(self, *args, **kwargs)
+    return _floats_to(region.output_dtype, out)
+
+
+class Precision:
+    """A plan's hooks for one model on ``device``."""
+
+    def __init__(self, plan: Plan, device: torch.device | str = "cpu") -> None:
+        self.plan = plan
+        self.device = torch.device(device)
+        default = plan.default
+        self._cast = getattr(torch, default.dtype) if isinstance(default, Cast) and default.dtype != "float32" \
+            else None
+        self._autocast = getattr(torch, default.dtype) if isinstance(default, Autocast) else None
+        self._scaler = torch.amp.GradScaler(self.device.type) if plan.uses_scaler else None
+        self._log = ScalerLog() if self._scaler is not None else None
+        self._step = 0
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    # --- hooks ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """Set process-wide state for the run and restore it afterwards."""
+        with contextlib.ExitStack() as stack:
+            if isinstance(self.plan.default, TF32):
+                stack.enter_context(_tf32())
+            if self.plan.compiles:
+                # torchao's recommended inductor settings, patched for the run only (its configs would set
+                # them process-wide; every config here passes set_inductor_config=False).
+                from torch._inductor import config
+
+                stack.enter_context(config.patch(coordinate_descent_tuning=True, force_fuse_int_mm_with_mul=True))
+                stack.enter_context(quiet())
+            yield
+
+    def convert_module(self, model: nn.Module) -> nn.Module:
+        """The model under the plan: cast, regions wrapped, linear layers quantized, compiled if asked."""
+        assigned = self.plan.assign(model)
+        if self._cast is not None:
+            model = model.to(self._cast)
+        outer = self._cast or torch.float32
+        modules = dict(model.named_modules(remove_duplicate=False))
+        for name, config in assigned.items():
+            parent = assigned.get(name.rpartition(".")[0]) if name else self.plan.default
+            if not name or config == parent or isinstance(config, Quantize):
+                continue
+            dtype = getattr(torch, config.dtype) if isinstance(config, Cast) else torch.float32
+            if isinstance(config, Cast) and dtype == outer and not isinstance(parent, Autocast):
+                continue  # runs as its parent does already (e.g. a layer excluded from quantization)
+            module = modules[name]
+            module.to(dtype)
+            # Under an autocast default, autocast itself mixes dtypes; elsewhere the next layer expects `outer`.
+            out_dtype = None if self._autocast is not None else outer
+            module._dtypelab_region = Region(self.device.type, config, dtype, out_dtype)
+            module.forward = types.MethodType(_region_forward, module)
+        model = _quantize(model, assigned)
+        if self._log is not None:
+            self._log.params = list(model.named_parameters())  # to name the parameters on skipped steps
+        if self.plan.compiles:
+            with quiet():  # also torch.compile's first import of inductor, which warns about torch.jit
+                # static shapes: one compile per input shape, rather than a slower dynamic-shape graph
+                model = torch.compile(model, dynamic=False)
+        return model
+
+    def convert_input(self, batch: Any) -> Any:
+        """Floating inputs (and targets) in the model's dtype under a pure cast; integer ones never change."""
+        return _floats_to(self._cast, batch)
+
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        if self._autocast is not None:
+            return torch.autocast(self.device.type, dtype=self._autocast)
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self._scaler.scale(loss) if self._scaler is not None else loss).backward()
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step the optimizer; False when the step was skipped (GradScaler found inf/NaN gradients)."""
+        if self._scaler is None:
+            optimizer.step()
+            return True
+        scale = self._scaler.get_scale()
+        self._scaler.step(optimizer)
+        self._scaler.update()
+        skipped = self._log.record(self._step, scale, self._scaler.get_scale())
+        self._step += 1
+        return not skipped
+
+    # --- what audit, trace and the record read ----------------------------------------------------
+    def grad_scale(self) -> float:
+        """The factor the current gradients are multiplied by (1.0 without a GradScaler)."""
+        return self._scaler.get_scale() if self._scaler is not None else 1.0
+
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        """The GradScaler, for a guard that checkpoints and watches its state; None when there is none."""
+        return self._scaler
+
+    def stats(self) -> dict[str, Any]:
+        """Measurements to keep in the record (the GradScaler's history)."""
+        return self._log.stats() if self._log is not None else {}
+
+
+@contextlib.contextmanager
+def _tf32() -> Iterator[None]:
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    saved = (matmul.fp32_precision, conv.fp32_precision)
+    matmul.fp32_precision, conv.fp32_precision = "tf32", "tf32"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision, conv.fp32_precision = saved
+
+
+def _quantize(model: nn.Module, assigned: dict[str, Config]) -> nn.Module:
+    """Each quantize config applied to exactly the linear layers the plan gives it."""
+    groups = linear_names(model, assigned, Quantize)
+    torchao = {c: names for c, names in groups.items() if c.library == "torchao"}
+    legacy = {c: names for c, names in groups.items() if c.library == "torch.ao"}
+    if torchao:
+        quantization = torchao_module("quantization")
+        with quiet():
+            for config, names in torchao.items():
+                chosen = set(names)
+                quantization.quantize_(model, config.torchao_config(),
+                                       filter_fn=lambda m, fqn, chosen=chosen: fqn in chosen)
+    if legacy:
+        with warnings.catch_warnings():
+            # its deprecation notices (and torch.jit's, from its packed modules): the policy's summary says so
+            warnings.simplefilter("ignore")
+            from torch.ao import quantization as tq
+
+            spec = {name: tq.per_channel_dynamic_qconfig if c.granularity == "per-channel" else
+                    tq.default_dynamic_qconfig for c, names in legacy.items() for name in names}
+            model = tq.quantize_dynamic(model, spec, dtype=torch.qint8)
+    return model

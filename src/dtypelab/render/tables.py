@@ -1,0 +1,56 @@
+"""Table building blocks every renderer shares: number formatting, Markdown, HTML and rich tables."""
+
+from __future__ import annotations
+
+import html
+import math
+
+
+def num(x: float | None, fmt: str = ".4g") -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    text = format(x, fmt)
+    return text.lstrip("-") if float(text.replace(",", "")) == 0 else text  # no "-0.0" for tiny negatives
+
+
+def markdown_table(title: str, headers: list[str], rows: list[list[str]], notes: list[str]) -> str:
+    def cells(row: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in row) + " |"
+
+    lines = [f"**{title}**", "", cells(headers), "|" + "|".join("---" for _ in headers) + "|"]
+    lines += [cells(row) for row in rows]
+    lines += [""] + [f"- {s}" for s in notes] if notes else []
+    return "\n".join(lines) + "\n"
+
+
+def html_table(title: str, headers: list[str], rows: list[list[str]], notes: list[str]) -> str:
+    esc = html.escape
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
+    items = "".join(f"<li>{esc(s)}</li>" for s in notes)
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>dtypelab report</title><style>"
+        "body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child"
+        "{text-align:left}</style></head><body>"
+        f"<h2>{esc(title)}</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        f"<ul>{items}</ul></body></html>\n"
+    )
+
+
+def rich_table(console: object, title: str, headers: list[str], rows: list[list[str]], notes: list[str],
+               left: set[int] = frozenset({0}), wrap: set[int] = frozenset(), styles: list[str] | None = None) -> None:
+    """Print with rich: numbers right-aligned and never wrapped; only the ``wrap`` columns give way."""
+    from rich.table import Table
+
+    # A table narrower than its title would fold the title; widen it up to the console's width.
+    table = Table(title=title, title_justify="left", min_width=min(len(title), console.width))
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="left" if i in left else "right", no_wrap=i not in wrap, overflow="fold")
+    for i, row in enumerate(rows):
+        table.add_row(*row, style=styles[i] if styles else "")
+    console.print(table)
+    for s in notes:
+        console.print(s if s.startswith("*") else f"• {s}", highlight=False)
