@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import HERE, fake_hardware
 
+import dtypelab
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.results import AuditReport, load_record
 from dtypelab.numerics.audit import audit
@@ -105,3 +106,59 @@ def test_a_failing_model_keeps_what_was_measured(tmp_path, tiny):
               json_path=str(tmp_path / "a.json"), hardware=fake_hardware())
     assert r.status == "failed" and "planted failure" in r.reason
     assert load_record(str(tmp_path / "a.json")).status == "failed"
+
+
+class _Into(torch.nn.Module):
+    """A Linear whose output lands in memory shared with another layer's, as the allocator's reuse of a freed
+    block does: a fresh tensor on the same storage has the same address, dtype, size and version."""
+
+    def __init__(self, storage: torch.UntypedStorage, scale: float) -> None:
+        super().__init__()
+        self.lin, self.storage = torch.nn.Linear(64, 64), storage
+        with torch.no_grad():
+            self.lin.weight.mul_(scale)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return torch.empty(0).set_(self.storage, 0, y.shape).copy_(y)
+
+
+class _Reuse(torch.nn.Module):
+    """Two layers with equal-sized outputs, the first dead before the second is made, magnitudes ~1000x apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        storage = torch.empty(32 * 64).untyped_storage()
+        self.small, self.big = _Into(storage, 1.0), _Into(storage, 1000.0)
+        self.ptrs: list[int] = []
+
+    def forward(self, x):
+        a = self.small(x)
+        self.ptrs.append(a.data_ptr())
+        s = a.sum(dim=1, keepdim=True).clone()  # keeps no reference to `a`, which dies here
+        del a
+        b = self.big(x)
+        self.ptrs.append(b.data_ptr())
+        return b.clone() + s
+
+
+def test_a_freed_tensors_address_is_not_its_identity():
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(0))
+    models: list[_Reuse] = []
+
+    def make_model() -> _Reuse:
+        models.append(_Reuse())
+        return models[-1]
+
+    task = dtypelab.Task(name="reuse", make_model=make_model, train_batch=lambda step, bs: (x, torch.zeros(32, 64)),
+                         loss_fn=torch.nn.functional.mse_loss, evaluate=lambda predict: {"m": 0.0}, metric="m",
+                         higher_is_better=True, make_optimizer=lambda p: torch.optim.SGD(p, lr=0.0), steps=2,
+                         batch_size=32)
+    r = audit(task, steps=2, environment=ENV, hardware=fake_hardware())
+    ptrs = models[-1].ptrs
+    assert ptrs[0] == ptrs[1], "the two outputs must share an address, or the test proves nothing"
+    rows = {(x.name, x.kind): x.stats for x in r.layers}
+    small, big = rows[("small", "activation")]["max_abs"], rows[("big", "activation")]["max_abs"]
+    with torch.no_grad():
+        true_big = models[-1].big.lin(x).abs().max().item()
+    assert big == pytest.approx(true_big, rel=1e-6) and big > 100 * small, (small, big, true_big)

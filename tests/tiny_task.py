@@ -138,3 +138,16 @@ class AuditNet(nn.Module):
 
 def make_audit_task() -> Task:
     return Task(**{**_task().__dict__, "name": "audit-net", "make_model": AuditNet})
+
+
+# --- for the memory window: large weights, pretrained (no fp32 training before inference) ------------------
+def make_big_task() -> Task:
+    """Eight 1024×1024 Linears: 32 MB of float32 weights, next to which activations are negligible."""
+    x = torch.randn(4, 1024, generator=torch.Generator().manual_seed(3))
+
+    def make_model() -> nn.Module:
+        return nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(8)])
+
+    return Task(name="big", make_model=make_model, train_batch=lambda step, bs: (x[:bs], x[:bs]),
+                loss_fn=nn.functional.mse_loss, evaluate=lambda predict: {"norm": float(predict(x).norm())},
+                metric="norm", higher_is_better=True, steps=1, batch_size=4, pretrained=True)

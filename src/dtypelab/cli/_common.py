@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -89,3 +90,20 @@ def _emit_record(report, fmt: str, top: int = 0) -> None:
 
 def main() -> None:
     app()
+
+
+def run_recorded(kind: str, task: str, policy: str, total: int | None, json_path: str | None, fmt: str,
+                 run: Callable[..., Any], kept: str, top: int = 0) -> Any:
+    """A single-policy training command (audit, trace): result path, progress bar, Ctrl-C keeping what was
+    measured, the record rendered, where it was saved. ``run(path, progress)`` returns the record."""
+    from dtypelab.core.results import default_result_path
+
+    path = json_path or default_result_path(task, kind)
+    with _guarded(f"{kept} {path}"):
+        _check_format(fmt)
+        with _progress() as progress:
+            bar = progress.add_task(f"{kind} {task} ({policy})", total=total)
+            report = run(path, lambda done, n: progress.update(bar, completed=done, total=n))
+    _emit_record(report, fmt, top)
+    err.print(f"[dim]results saved to {path}; re-render with: dtypelab show {path}[/]")
+    return report

@@ -93,13 +93,12 @@ def show(
 @app.command()
 def policies(device: DeviceOpt = None) -> None:
     """List the precision policies and whether each applies on this hardware, with the reason."""
+    from rich.table import Table
+
     from dtypelab.bench.sweep import policy_table
 
-    try:
+    with _guarded():
         rows = policy_table(device)
-    except DtypelabError as exc:
-        raise _fail(exc) from None
-    from rich.table import Table
 
     table = Table("policy", "what it does", "here")
     for name, summary, verdict in rows:
@@ -112,10 +111,8 @@ def hardware(device: DeviceOpt = None) -> None:
     """Show what this machine can do: flags and measured matmul throughput per dtype."""
     from dtypelab.core.hardware import probe
 
-    try:
+    with _guarded():
         hw = probe(device)
-    except DtypelabError as exc:
-        raise _fail(exc) from None
     out.print(f"device      {hw.device} ({hw.device_name})")
     out.print(f"cpu         {hw.cpu_name}; torch capability {hw.cpu_capability}; {hw.threads} threads")
     out.print(f"cpu flags   {' '.join(hw.cpu_flags) or '(unknown)'}")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dtypelab.cli._common import _check_format, _emit_record, _fail, _guarded, _progress, app, err, out
+from dtypelab.cli._common import _fail, app, err, out, run_recorded
 from dtypelab.cli.options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, PolicyOpt, TaskArg, ThreadsOpt
 from dtypelab.core.errors import DtypelabError
 
@@ -16,6 +16,7 @@ from dtypelab.core.errors import DtypelabError
 def trace(
     task: TaskArg,
     policy: PolicyOpt = "fp32",
+    force: ForceOpt = False,
     steps: Annotated[int | None, typer.Option(help="training steps [default: the task's]")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(
         "--checkpoint-every", help="steps between checkpoints [default: chosen so they cost ~2% of the time]")] = None,
@@ -23,29 +24,20 @@ def trace(
         "--stop-on-skip", help="amp-fp16: trace the first step GradScaler skips (default: log skips, stop only "
                                "when the scale collapses below 1)")] = False,
     batch_size: BatchOpt = None,
-    device: DeviceOpt = None,
     seed: int = 0,
-    force: ForceOpt = False,
+    device: DeviceOpt = None,
     threads: ThreadsOpt = None,
     json: JsonOpt = None,
     fmt: FormatOpt = "table",
 ) -> None:
     """Train with a NaN/Inf guard armed; at the first non-finite value, name the op, module, source line
     and cause. Exit 1 when one was found."""
-    from dtypelab.core.results import default_result_path
     from dtypelab.trace.run import trace as run_trace
 
-    path = json or default_result_path(task, "trace")
-    with _guarded(f"the steps run so far are saved in {path}"):
-        _check_format(fmt)
-        with _progress() as progress:
-            bar = progress.add_task(f"trace {task} ({policy})", total=steps)
-            report = run_trace(task, policy=policy, steps=steps, batch_size=batch_size, seed=seed, device=device,
-                               threads=threads, checkpoint_every=checkpoint_every, stop_on_skip=stop_on_skip,
-                               force=force, json_path=path,
-                               progress=lambda done, total: progress.update(bar, completed=done, total=total))
-    _emit_record(report, fmt)
-    err.print(f"[dim]results saved to {path}; re-render with: dtypelab show {path}[/]")
+    report = run_recorded("trace", task, policy, steps, json, fmt, lambda path, progress: run_trace(
+        task, policy=policy, steps=steps, batch_size=batch_size, seed=seed, device=device, threads=threads,
+        checkpoint_every=checkpoint_every, stop_on_skip=stop_on_skip, force=force, json_path=path,
+        progress=progress), "the steps run so far are saved in")
     if report.status == "failed":
         err.print(f"[bold red]error:[/] training failed: {report.reason}", highlight=False, soft_wrap=True)
     if report.status in ("found", "failed"):

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from dtypelab.cli._common import _check_format, _emit_doc, _emit_record, _fail, _guarded, _progress, app, err
+from dtypelab.cli._common import _check_format, _emit_doc, _fail, _progress, app, err, run_recorded
 from dtypelab.cli.options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, PolicyOpt, TaskArg, ThreadsOpt
 from dtypelab.core.errors import DtypelabError
 
@@ -80,20 +80,12 @@ def audit(
     top: Annotated[int, typer.Option(help="rows to show, riskiest first (0: all; the JSON has all)")] = 25,
 ) -> None:
     """Per-layer value ranges of activations and gradients against fp16, bf16 and fp8, sorted by risk."""
-    from dtypelab.core.results import default_result_path
     from dtypelab.numerics.audit import audit as run_audit
 
-    path = json or default_result_path(task, "audit")
-    with _guarded(f"the steps measured so far are saved in {path}"):
-        _check_format(fmt)
-        with _progress() as progress:
-            bar = progress.add_task(f"audit {task} ({policy})", total=steps)
-            report = run_audit(task, policy=policy, steps=steps, every=every, layers=layers, formats=formats,
-                               batch_size=batch_size, seed=seed, device=device, threads=threads, json_path=path,
-                               force=force,
-                               progress=lambda done, total: progress.update(bar, completed=done))
-    _emit_record(report, fmt, top)
-    err.print(f"[dim]results saved to {path}; re-render with: dtypelab show {path}[/]")
+    report = run_recorded("audit", task, policy, steps, json, fmt, lambda path, progress: run_audit(
+        task, policy=policy, steps=steps, every=every, layers=layers, formats=formats, batch_size=batch_size,
+        seed=seed, device=device, threads=threads, json_path=path, force=force, progress=progress),
+        "the steps measured so far are saved in", top)
     if report.status == "failed":  # what was measured is shown and saved; the exit code still says so
         err.print(f"[bold red]error:[/] training failed after {len(report.losses)} steps: {report.reason}",
                   highlight=False, soft_wrap=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +61,7 @@ class Recorder:
     active: bool = False
     grad_scale: float = 1.0
     entries: dict[tuple[str, str], _Entry] = field(default_factory=dict)
-    _seen: dict[tuple, RangeStats | None] = field(default_factory=dict)
+    _seen: dict[tuple, tuple[weakref.ref, RangeStats | None]] = field(default_factory=dict)
 
     def new_step(self, active: bool, grad_scale: float = 1.0) -> None:
         self.active, self.grad_scale, self._seen = active, grad_scale, {}
@@ -71,13 +72,17 @@ class Recorder:
         # Same storage, same elements in the same order (a view such as Flatten's, or a container's
         # output) means the same statistics.
         key = (t.data_ptr(), t.dtype, t.numel(), t.is_contiguous() or t.stride(), t._version, kind != "activation")
-        if key not in self._seen:
+        # An address alone does not identify a tensor: a tensor freed within the step hands its memory to the
+        # next one of the same size. The entry keeps a weak reference to the tensor it measured; once that
+        # tensor is gone the address may belong to another, so the entry is stale and measured afresh.
+        seen = self._seen.get(key)
+        if seen is None or seen[0]() is None:
             x = t.detach()
             if kind != "activation" and self.grad_scale != 1.0:
                 x = x.float() / self.grad_scale  # report true gradients, not GradScaler's scaled ones
             # binade histograms only for gradients: the loss-scale advice needs them, and they cost most
-            self._seen[key] = self.counter(x, histogram=kind != "activation")
-        stats = self._seen[key]
+            seen = self._seen[key] = (weakref.ref(t), self.counter(x, histogram=kind != "activation"))
+        stats = seen[1]
         if stats is None:
             return
         entry = self.entries.setdefault((name, kind), _Entry(module, kind, RangeStats(self.counter.formats)))

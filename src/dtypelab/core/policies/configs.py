@@ -48,29 +48,12 @@ class Config:
 
     kind: ClassVar[str]
     modes: ClassVar[tuple[str, ...]] = ("train", "infer")
-
-    @property
-    def compute_dtype(self) -> str:
-        """What the matmuls run in: the hardware probe's throughput key."""
-        return "float32"
-
-    @property
-    def backend(self) -> str:
-        return "torch"
-
-    @property
-    def arithmetic(self) -> str:
-        """For formats that need saying: what the hardware really computes in ("" when obvious)."""
-        return ""
-
-    @property
-    def emulated(self) -> bool:
-        """Stored in the format but computed in a wider one: its speed is never the format's own."""
-        return False
-
-    @property
-    def compiles(self) -> bool:
-        return False
+    # Defaults that kinds override (with a property where the value depends on the fields):
+    compute_dtype: ClassVar[str] = "float32"  # what the matmuls run in: the hardware probe's throughput key
+    backend: ClassVar[str] = "torch"
+    arithmetic: ClassVar[str] = ""  # for formats that need saying: what the hardware really computes in
+    emulated: ClassVar[bool] = False  # stored in the format, computed in a wider one: its speed is not its own
+    compiles: ClassVar[bool] = False
 
     @property
     def label(self) -> str:
@@ -135,14 +118,8 @@ class TF32(Config):
     """float32 storage, matmuls and convolutions on tensor cores with a 10-bit mantissa (CUDA only)."""
 
     kind: ClassVar[str] = "tf32"
-
-    @property
-    def compute_dtype(self) -> str:
-        return "tf32"
-
-    @property
-    def label(self) -> str:
-        return "tf32"
+    compute_dtype: ClassVar[str] = "tf32"
+    label: ClassVar[str] = "tf32"
 
     def describe(self) -> str:
         return "float32 tensors, TF32 tensor-core matmuls and convolutions"
@@ -237,8 +214,9 @@ class Quantize(Config):
     @property
     def arithmetic(self) -> str:
         if self.library == "torch.ao":
-            weights = "per-channel weights" if self.granularity == "per-channel" else "weights per tensor"
-            return f"int8 × int8 matmul (fbgemm/x86), {weights}, activations quantized per tensor at run time"
+            if self.granularity == "per-channel":
+                return "int8 × int8 matmul (fbgemm/x86), per-channel weights, per-tensor activations"
+            return "int8 × int8 matmul (fbgemm/x86), activations quantized per tensor at run time"
         return SCHEMES[self.scheme][0]
 
     @property
