@@ -164,3 +164,18 @@ def test_audit_of_a_failing_model_shows_what_it_measured_and_exits_1(tmp_path):
     assert run.returncode == 1
     assert "planted failure" in run.stderr and "Traceback" not in run.stderr
     assert json.loads((tmp_path / "a.json").read_text())["status"] == "failed"
+
+
+def test_bench_takes_a_plan_file_and_bad_plans_are_one_line_errors(tmp_path):
+    plan = tmp_path / "head32.json"
+    plan.write_text(json.dumps({"default": "amp-bf16", "rules": {"net.2": "fp32"}}))
+    out = tmp_path / "r.json"
+    run = dtypelab("bench", f"{TINY}:make_task", "--policies", f"fp32,{plan}", "--steps", "4", "--force",
+                   "--json", str(out), "--format", "markdown")
+    assert run.returncode == 0, run.stderr
+    assert "| head32 | ok |" in run.stdout
+    saved = json.loads(out.read_text())["results"][1]
+    assert saved["info"]["plan"]["rules"] == [{"pattern": "net.2", "config": {"kind": "cast", "dtype": "float32"}}]
+    plan.write_text(json.dumps({"default": "amp-bf17"}))
+    run = dtypelab("bench", f"{TINY}:make_task", "--policies", str(plan), "--steps", "2")
+    assert run.returncode == 2 and "unknown policy 'amp-bf17'" in run.stderr and "Traceback" not in run.stderr
