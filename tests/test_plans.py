@@ -192,3 +192,10 @@ def test_peak_memory_excludes_loading_and_converting():
         assert r.peak_memory_bytes < fp32.peak_memory_bytes - 0.3 * saved, (name, r.peak_memory_bytes,
                                                                              fp32.peak_memory_bytes)
         assert r.load_peak_memory_bytes >= r.peak_memory_bytes * 0.9  # the fp32 copy was there while loading
+
+
+def test_bench_refuses_a_plan_pattern_that_names_no_module_before_running(tiny):
+    typo = Plan(Cast("float32"), {"nett.0": Cast("bfloat16")}, name="typo")
+    with pytest.raises(DtypelabError, match=r"plan typo: no module matches 'nett\.0'"):
+        dtypelab.bench(tiny, [typo], steps=2, isolate=False, hardware=fake_hardware(),
+                       on_event=lambda e: pytest.fail(f"started {e.kind} before checking the plan"))

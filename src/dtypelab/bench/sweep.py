@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from dtypelab.bench.job import Job
@@ -14,10 +14,24 @@ from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, environment, probe, resolve_device
 from dtypelab.core.policies import BASELINE, REGISTRY, Config, Plan, get_policy, parse_policies, policies_for
 from dtypelab.core.results import PolicyResult, Report, RunConfig, policy_info
-from dtypelab.core.task import load_task
+from dtypelab.core.task import Task, load_task
 
 MODES = ("train", "infer")
 INFER_STEPS = 50
+
+
+def _check_patterns(task: Task, plans: Iterable[Plan]) -> None:
+    """A plan pattern that names no module of the task's model is an error before any child starts. A model
+    whose factory raises is left to the jobs, which report the user's line."""
+    ruled = [p for p in plans if p.rules]
+    if not ruled:
+        return
+    try:
+        model = task.make_model()
+    except Exception:
+        return
+    for plan in ruled:
+        plan.assign(model)
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -87,6 +101,7 @@ def bench(
     loaded = load_task(task)  # fail here, once, on a broken task, before any child starts
     if mode == "train" and loaded.inference_only:
         raise DtypelabError(f"task {loaded.name} is inference-only: use --mode infer")
+    _check_patterns(loaded, plans.values())
     dev = resolve_device(device)
     on_event = on_event or (lambda e: None)
     if hardware is None:

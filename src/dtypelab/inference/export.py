@@ -19,10 +19,11 @@ from torch import nn
 
 from dtypelab import __version__
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.loop import build_model, fit
+from dtypelab.core.loop import build_model, fit, forward
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy
 from dtypelab.core.results.store import save_bytes
-from dtypelab.core.task import Task, call_model, load_task, map_tensors
+from dtypelab.core.task import Task, load_task
+from dtypelab.inference.fidelity import flat
 from dtypelab.inference.sizes import SAFETENSORS, TORCH, dedupe_state, linear_weight_bytes, serialize
 
 EXTENSIONS = {SAFETENSORS: (".safetensors",), TORCH: (".pt", ".pth")}
@@ -71,11 +72,8 @@ def _fp32_model(task: Task, spec: str, weights: str | None, seed: int) -> tuple[
 
 
 def _outputs(model: nn.Module, policy: Precision, inputs: Any) -> torch.Tensor:
-    with torch.no_grad(), policy.session(), policy.forward_context():
-        out = call_model(model, policy.convert_input(inputs))
-    parts: list[torch.Tensor] = []
-    map_tensors(lambda t: parts.append(t.detach().double().reshape(-1)) or t, out)
-    return torch.cat(parts)
+    with torch.no_grad(), policy.session():
+        return flat(forward(model, policy, inputs))
 
 
 def export(task: str, policy: str | Plan, path: str, *, weights: str | None = None, seed: int = 0) -> ExportInfo:

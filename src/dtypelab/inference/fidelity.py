@@ -26,13 +26,6 @@ def flat(outputs: Any) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
-def value_count(outputs: Any) -> int:
-    """How many values the tensors of a nested output hold."""
-    counts: list[int] = []
-    map_tensors(lambda t: counts.append(t.numel()) or t, outputs)
-    return sum(counts)
-
-
 def per_sample(outputs: Any) -> torch.Tensor | None:
     """Outputs as (samples, features): the leading dimension of every tensor is the sample. None when the
     tensors disagree on it (then per-sample cosine has no meaning)."""

@@ -16,7 +16,7 @@ import fnmatch
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -38,16 +38,14 @@ class Availability:
     slow: bool = False
 
 
-def _matcher(pattern: str) -> Callable[[str], bool]:
+def _matches(pattern: str, name: str) -> bool:
+    """Whether a rule's pattern names a module: ``re:`` regex (whole name), glob, or the exact name. The re
+    and fnmatch modules cache compiled patterns, so nothing is kept on the plan."""
     if pattern.startswith("re:"):
-        try:
-            rx = re.compile(pattern[3:])
-        except re.error as exc:
-            raise DtypelabError(f"plan pattern {pattern!r} is not a valid regular expression: {exc}") from None
-        return lambda name: rx.fullmatch(name) is not None
+        return re.fullmatch(pattern[3:], name) is not None
     if any(c in pattern for c in "*?["):
-        return lambda name: fnmatch.fnmatchcase(name, pattern)
-    return lambda name: name == pattern
+        return fnmatch.fnmatchcase(name, pattern)
+    return name == pattern
 
 
 @dataclass(frozen=True)
@@ -58,22 +56,12 @@ class Plan:
     rules: tuple[tuple[str, Config], ...] = ()
     name: str = ""
     summary: str = ""
-    _matchers: tuple[Callable[[str], bool], ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         rules = tuple((str(p), c) for p, c in (self.rules.items() if isinstance(self.rules, Mapping) else self.rules))
         object.__setattr__(self, "rules", rules)
         object.__setattr__(self, "name", self.name or self._derived_name())
-        object.__setattr__(self, "_matchers", tuple(_matcher(p) for p, _ in rules))
         self._check()
-
-    def __getstate__(self) -> dict[str, Any]:  # lambdas do not pickle: rebuilt from the patterns
-        return {"default": self.default, "rules": self.rules, "name": self.name, "summary": self.summary}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for key, value in state.items():
-            object.__setattr__(self, key, value)
-        object.__setattr__(self, "_matchers", tuple(_matcher(p) for p, _ in self.rules))
 
     def _derived_name(self) -> str:
         if not self.rules:
@@ -83,6 +71,11 @@ class Plan:
     def _check(self) -> None:
         """Refuse combinations that have no meaning, before any model is built."""
         for pattern, config in self.rules:
+            if pattern.startswith("re:"):
+                try:
+                    re.compile(pattern[3:])
+                except re.error as exc:
+                    raise DtypelabError(f"plan pattern {pattern!r} is not a valid regular expression: {exc}") from None
             if isinstance(config, TF32) or (isinstance(self.default, TF32) and config != self.default):
                 raise DtypelabError(f"plan {self.name}: tf32 is a process-wide setting; it can only be the plan's "
                                     f"default, alone (rule {pattern!r})")
@@ -134,8 +127,8 @@ class Plan:
         for pattern, config in self.rules:
             if pattern == name:
                 return config
-        for (_, config), match in zip(self.rules, self._matchers, strict=True):
-            if match(name):
+        for pattern, config in self.rules:
+            if _matches(pattern, name):
                 return config
         return self.default if parent is None else parent
 
@@ -145,7 +138,7 @@ class Plan:
         for name, _ in model.named_modules(remove_duplicate=False):
             parent = out.get(name.rpartition(".")[0]) if name else None
             out[name] = self.config_for(name, parent)
-        unmatched = [p for (p, _), m in zip(self.rules, self._matchers, strict=True) if not any(m(n) for n in out if n)]
+        unmatched = [p for p, _ in self.rules if not any(_matches(p, n) for n in out if n)]
         if unmatched:
             raise DtypelabError(f"plan {self.name}: no module matches {', '.join(map(repr, unmatched))} "
                                 f"(modules: {', '.join(n for n in list(out)[1:8])}{', …' if len(out) > 8 else ''})")
@@ -222,15 +215,4 @@ def single(config: Config, name: str = "", summary: str = "") -> Plan:
     return Plan(config, (), name=name, summary=summary)
 
 
-def linear_names(model: nn.Module, assigned: Mapping[str, Config], kind: type[Config]) -> dict[Config, list[str]]:
-    """The ``nn.Linear`` modules assigned a config of ``kind``, grouped by config."""
-    out: dict[Config, list[str]] = {}
-    for name, module in model.named_modules():
-        config = assigned.get(name)
-        if isinstance(module, nn.Linear) and isinstance(config, kind):
-            out.setdefault(config, []).append(name)
-    return out
-
-
-__all__ = ["PLAN_SCHEMA", "TF32", "Autocast", "Availability", "Cast", "Config", "Plan", "Quantize", "linear_names",
-           "single"]
+__all__ = ["PLAN_SCHEMA", "TF32", "Autocast", "Availability", "Cast", "Config", "Plan", "Quantize", "single"]

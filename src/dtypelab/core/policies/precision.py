@@ -24,7 +24,7 @@ from torch import nn
 
 from dtypelab.core.backends import quiet, torchao_module
 from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config, Quantize
-from dtypelab.core.policies.plan import Plan, linear_names
+from dtypelab.core.policies.plan import Plan
 from dtypelab.core.scaler import ScalerLog
 from dtypelab.core.task import map_tensors
 
@@ -172,7 +172,7 @@ def _tf32() -> Iterator[None]:
 
 def _quantize(model: nn.Module, assigned: dict[str, Config]) -> nn.Module:
     """Each quantize config applied to exactly the linear layers the plan gives it."""
-    groups = linear_names(model, assigned, Quantize)
+    groups = _linear_names(model, assigned, Quantize)
     torchao = {c: names for c, names in groups.items() if c.library == "torchao"}
     legacy = {c: names for c, names in groups.items() if c.library == "torch.ao"}
     if torchao:
@@ -192,3 +192,13 @@ def _quantize(model: nn.Module, assigned: dict[str, Config]) -> nn.Module:
                     tq.default_dynamic_qconfig for c, names in legacy.items() for name in names}
             model = tq.quantize_dynamic(model, spec, dtype=torch.qint8)
     return model
+
+
+def _linear_names(model: nn.Module, assigned: dict[str, Config], kind: type[Config]) -> dict[Config, list[str]]:
+    """The ``nn.Linear`` modules assigned a config of ``kind``, grouped by config."""
+    out: dict[Config, list[str]] = {}
+    for name, module in model.named_modules():
+        config = assigned.get(name)
+        if isinstance(module, nn.Linear) and isinstance(config, kind):
+            out.setdefault(config, []).append(name)
+    return out

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from typing_extensions import TypedDict
 
 from dtypelab.core.measure import Summary, summarize
+from dtypelab.core.policies import REGISTRY, Plan
 from dtypelab.core.results.store import SCHEMA_VERSION, Record
 
 SCHEMA = "dtypelab.report"
@@ -147,8 +148,6 @@ def _v1_result(r: dict[str, Any]) -> dict[str, Any]:
     """Version 1 kept policy measurements in ``extras`` and no description of the policy: the description
     is taken from the registry of the version that read v1 files first (the same names meant the same
     policies then), and "skipped because slow" from the reason's measured GFLOP/s."""
-    from dtypelab.core.policies import REGISTRY
-
     r = dict(r)
     extras = r.pop("extras", {}) or {}
     if "grad_scale" in extras:
@@ -168,7 +167,7 @@ def _migrate_v1(d: dict[str, Any]) -> dict[str, Any]:
     return {**d, "results": [_v1_result(r) for r in d.get("results", [])]}
 
 
-def policy_info(plan: Any) -> PolicyInfo:
+def policy_info(plan: Plan) -> PolicyInfo:
     """A plan's description for the record."""
     return PolicyInfo(name=plan.name, summary=plan.describe(), plan=plan.to_dict(), compute_dtype=plan.compute_dtype,
                       backend=" + ".join(dict.fromkeys(c.backend for c in plan.configs)),
