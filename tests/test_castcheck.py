@@ -120,3 +120,26 @@ def test_unreadable_files_give_clear_errors(tmp_path):
     torch.save({"n": 3}, tmp_path / "empty.pt")
     with pytest.raises(DtypelabError, match="holds no tensors"):
         load_tensors(str(tmp_path / "empty.pt"))
+
+
+def test_sqnr_of_huge_values_does_not_overflow_the_energy_sums():
+    """1e300² is inf in float64: the energies are scaled before summing, so a saturating cast of 1e300 reads
+    about 0 dB (the error is as large as the signal), not −inf."""
+    x = torch.tensor([1e300, -3e299, 2.0], dtype=torch.float64)
+    for target in ("float8_e4m3fn", "int8"):
+        r = cast_report(x, target)
+        assert math.isfinite(r.sqnr_db) and abs(r.sqnr_db) < 0.1, (target, r.sqnr_db)
+    # the same signal-to-noise at any scale: energies in dB subtract exactly
+    small = cast_report(torch.tensor([1.5, -2.25, 3.1], dtype=torch.float64), "bfloat16").sqnr_db
+    big = cast_report(torch.tensor([1.5, -2.25, 3.1], dtype=torch.float64) * 2.0**900, "float64").sqnr_db
+    assert math.isfinite(small) and big == math.inf
+    # a finite value that becomes inf is still −inf: no finite error describes it
+    lost = cast_report(x, "float32")
+    assert lost.counts["overflow_inf"] == 2 and lost.sqnr_db == -math.inf
+
+
+def test_file_total_sqnr_combines_energies_without_overflow(tmp_path):
+    path = tmp_path / "big.safetensors"
+    save_file({"a": torch.full((4,), 1e300, dtype=torch.float64), "b": torch.ones(4, dtype=torch.float64)}, path)
+    report = cast_file(str(path), "float8_e4m3fn")
+    assert math.isfinite(report.total.sqnr_db) and abs(report.total.sqnr_db) < 0.1

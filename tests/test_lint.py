@@ -47,7 +47,10 @@ POSITIVE = {
                "net = net.to(torch.float16)\noptimizer = torch.optim.SGD(net.parameters(), lr=0.1)",
                "self.model.to(dtype=torch.half)\nopt = torch.optim.AdamW(self.model.parameters())",
                "class L:\n    def __init__(self):\n        self.net = Net().half()\n"
-               "    def configure(self):\n        return torch.optim.Adam(self.net.parameters())"],
+               "    def configure(self):\n        return torch.optim.Adam(self.net.parameters())",
+               # a parameter converted, then called and backpropagated through in the same function
+               "def train(model, loader, opt):\n    model = model.half()\n    for x, y in loader:\n"
+               "        loss = F.cross_entropy(model(x), y)\n        loss.backward()\n        opt.step()"],
     "DTL103": ["crit = nn.BCELoss()\nout = torch.sigmoid(h)",
                "loss = F.binary_cross_entropy(torch.sigmoid(z), y)",
                "head = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nloss_fn = torch.nn.BCELoss()"],
@@ -65,7 +68,7 @@ NEGATIVE = {
     "DTL003": ["y = torch.logsumexp(x, 0)", "m = x.amax(0)\ny = m + torch.log(torch.sum(torch.exp(x - m), 0))",
                "y = torch.log(torch.sum(x, 0))"],
     "DTL004": ["y = torch.log1p(x)", "y = torch.log(2 + x)", "y = math.log(1 + p, 10)", "y = torch.log(x)",
-               "y = torch.log(1 - x)"],
+               "y = torch.log(1 - x)", "y = math.log(1 + 3)", "y = np.log(1 + 2 ** -3)"],
     "DTL005": ["y = torch.expm1(x)", "y = torch.exp(x) - 2", "y = 1 - torch.exp(x)", "y = x - 1"],
     "DTL006": ["b = torch.isnan(x)", "b = math.isnan(p)", "b = x == 0.0", "b = x != x", "b = name == 'nan'"],
     "DTL007": ["y = F.logsigmoid(x)", "y = torch.sigmoid(x)", "y = torch.log(x.clamp(min=1e-6))"],
@@ -76,7 +79,10 @@ NEGATIVE = {
     "DTL102": ["x = batch.half()", "model = Net().half()\nmodel.eval()\nout = model(x)",
                "model.half()\nmodel.train(False)", "y = x.to(torch.bfloat16)\nopt = torch.optim.SGD(y.parameters())",
                "def export(model):\n    model.half()\n    return model.state_dict()\n"
-               "def fit(model):\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)"],
+               "def fit(model):\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)",
+               # converted and called, but the backward belongs to another function
+               "def infer(model, x):\n    model = model.half()\n    return model(x)\n"
+               "def step(loss):\n    loss.backward()"],
     "DTL103": ["crit = nn.BCEWithLogitsLoss()\nout = torch.sigmoid(h)", "crit = nn.BCELoss()",
                "loss = F.binary_cross_entropy(p, y)", "loss = F.binary_cross_entropy_with_logits(z, y)"],
     "DTL104": ["scaler = torch.amp.GradScaler('cuda')\nwith torch.autocast('cuda', dtype=torch.float16):\n    pass",

@@ -83,3 +83,13 @@ def test_gradscaler_skips_are_explained():
     assert "amp-fp16: GradScaler skipped 2 of 5 steps (first at step 0), final scale 0.5." in rec.sentences
     assert any(s.startswith("amp-fp16: warning: the loss scale collapsed below 1 (step 1, minimum 0.5)")
                for s in rec.sentences)
+
+
+def test_a_metric_that_moved_the_good_way_reads_better_and_the_tolerance_says_it_is_one_sided():
+    rec = recommend(report(result("fp32", 10, 0.0200), result("fp64", 20, 0.0197), result("bf16", 5, 0.0201),
+                           higher=False))
+    text = " ".join(rec.sentences)
+    assert "fp64: 2.00x slower than fp32 (0.50x its speed), acc 0.0197 (-1.50%, better than fp32)." in text
+    assert rec.verdicts["fp64"] == "acc better than fp32" and "within" not in rec.verdicts["fp64"]
+    assert rec.best == "bf16" and "(+0.50%, within 1%)" in rec.sentences[0]
+    assert "Tolerance 1% is one-sided: a policy's acc may be up to 1% higher than fp32's" in text

@@ -68,3 +68,20 @@ def test_save_is_atomic_and_load_reports_clear_errors(tmp_path):
     (tmp_path / "future.json").write_text(json.dumps(d))
     with pytest.raises(DtypelabError, match="schema version 99"):
         load_report(str(tmp_path / "future.json"))
+
+
+def test_rich_tables_print_user_strings_verbatim():
+    """Cells, titles and notes are text, never rich markup: code and layer names keep their brackets."""
+    import io
+
+    from rich.console import Console
+
+    from dtypelab.render.tables import rich_table
+
+    console = Console(file=io.StringIO(), width=200)
+    rich_table(console, "task [v2]", ["layer", "code"], [["blocks[0]", "torch.cat([x, x.pow(2)], dim=-1)"],
+                                                        ["[bold]x[/bold]", "[red]"]], ["note [b]kept[/b]"])
+    text = console.file.getvalue()
+    for s in ("task [v2]", "blocks[0]", "torch.cat([x, x.pow(2)], dim=-1)", "[bold]x[/bold]", "[red]",
+              "note [b]kept[/b]"):
+        assert s in text, s

@@ -199,3 +199,108 @@ def test_trace_cli_exit_codes_and_show(tmp_path):
     assert clean.returncode == 0 and "no NaN/Inf in 3 steps" in clean.stdout
     bad = cli("trace", "digits", "--checkpoint-every", "0")
     assert bad.returncode == 2 and "--checkpoint-every" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# --- found by outside testing: the line shown, escaping, root causes --------------------------------------------
+def _line(marker: str) -> int:
+    import user_tasks
+
+    with open(user_tasks.__file__) as f:
+        return next(i for i, text in enumerate(f, 1) if marker in text)
+
+
+def test_builtin_modules_name_the_model_factory_not_a_library_frame():
+    import user_tasks as ut
+
+    o = run(ut.sgd_blowup()).finding.origin
+    assert (o.op, o.module) == ("aten.addmm", "2")
+    assert o.source.endswith(f"user_tasks.py:{_line('# MODEL LINE')}") and "nn.Sequential" in o.code
+    assert "no line of your code runs this op" in o.via and "built-in module 2 (Linear)" in o.via
+
+
+def test_a_torch_loss_function_names_where_the_task_sets_it():
+    import user_tasks as ut
+
+    o = run(ut.loss_overflow(), "fp16").finding.origin
+    assert o.op == "aten.mse_loss" and not o.module
+    assert o.source.endswith(f"user_tasks.py:{_line('# LOSS LINE')}") and "loss_fn=F.mse_loss" in o.code
+    assert "torch.nn.functional.mse_loss" in o.via
+
+
+def test_a_user_forward_calling_a_builtin_module_is_named_and_said_so():
+    import user_tasks as ut
+
+    o = run(ut.via_module()).finding.origin
+    assert (o.op, o.module) == ("aten.addmm", "net.0")
+    assert o.source.endswith(f"user_tasks.py:{_line('# WRAPPER LINE')}")
+    assert "calls into built-in module net.0 (Linear)" in o.via
+
+
+def test_user_source_skips_installed_packages_and_stops_at_dtypelabs_loop(monkeypatch):
+    from dtypelab.trace import nonfinite
+
+    site = nonfinite._SITE[0] if nonfinite._SITE else "/usr/lib/python3/dist-packages/"
+    assert nonfinite._frame_kind(site + "typer/main.py") == "library"
+    assert nonfinite._frame_kind("/x/dist-packages/click/core.py") == "library"
+    assert nonfinite._frame_kind(nonfinite._PKG_DIR + "core/loop.py") == "driver"
+    assert nonfinite._frame_kind(nonfinite._PKG_DIR + "core/policies/precision.py") == "library"
+    assert nonfinite._frame_kind(nonfinite._PKG_DIR + "core/tasks/digits.py") == "user"
+    assert nonfinite._frame_kind("/home/me/train.py") == "user"
+
+
+def test_log_of_softmax_names_the_underflow_and_log_softmax():
+    import user_tasks as ut
+
+    o = run(ut.log_softmax()).finding.origin
+    assert o.op == "aten.log" and "log of zero" in o.diagnosis
+    assert "softmax underflows" in o.diagnosis and "torch.log_softmax" in o.diagnosis
+
+
+def test_exploding_weights_point_at_the_learning_rate():
+    import user_tasks as ut
+
+    f = run(ut.sgd_blowup()).finding
+    assert f.step <= 3 and len(f.weight_max) >= 2 and f.weight_max[-1][1] > 1e6 * f.weight_max[0][1]
+    assert "the weights grew" in f.origin.diagnosis and "lr=1e+06" in f.origin.diagnosis
+
+
+def test_root_hints_for_idioms_the_lint_rules_know():
+    from dtypelab.trace.diagnose import path_hint, root_hint
+    from dtypelab.trace.nonfinite import _Made
+
+    assert "log_softmax" in root_hint("log", [_Made("_softmax", False, ())])
+    assert "logsigmoid" in root_hint("log", [_Made("sigmoid", False, ())])
+    assert "log1p" in root_hint("log", [_Made("add", True, ("mm",))])
+    assert "logsumexp" in root_hint("log", [_Made("add", True, ("exp",))])
+    assert "expm1" in root_hint("log", [_Made("sub", True, ("exp",))])
+    assert root_hint("log", [_Made("add", False, ("mm",))]) == "" and root_hint("exp", []) == ""
+    assert "torch.softmax" in path_hint("aten.exp", ("aten.sum (forward)", "aten.div (forward, attn)"))
+    assert "logsumexp" in path_hint("aten.exp", ("aten.sum (forward)", "aten.log (forward)"))
+    assert path_hint("aten.exp", ("aten.mul (forward)",)) == "" and path_hint("aten.mm", ("aten.div",)) == ""
+
+
+def test_naive_softmax_overflow_end_to_end():
+    class Naive(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            e = torch.exp(self.lin(x) * 1e3)
+            return e / e.sum(-1, keepdim=True)
+
+    o = run(nm.task("naive", Naive)).finding.origin
+    assert o.op == "aten.exp" and "torch.softmax" in o.diagnosis
+
+
+def test_trace_cli_keeps_brackets_in_code_and_names_user_lines(tmp_path):
+    import user_tasks as ut
+    from test_cli import dtypelab as cli
+
+    out = tmp_path / "t.json"
+    r = cli("trace", f"{ut.__file__}:brackets", "--json", str(out))
+    assert r.returncode == 1, r.stderr
+    assert "torch.cat([x, torch.log(x)], dim=-1)" in r.stdout and "site-packages" not in r.stdout
+    assert "torch.cat([x, torch.log(x)], dim=-1)" in cli("show", str(out)).stdout
+    r = cli("trace", f"{ut.__file__}:sgd_blowup")
+    assert f"user_tasks.py:{_line('# MODEL LINE')}" in r.stdout and "typer" not in r.stdout

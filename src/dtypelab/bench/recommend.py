@@ -57,6 +57,24 @@ def delta_text(value: float, base: float, tol: Tolerance) -> str:
     return f"{rel}" if tol.relative else f"{delta:+.4g} ({rel})"
 
 
+def judge(value: float, base: float, tol: Tolerance, higher: bool) -> tuple[bool, str]:
+    """(accepted, how it compares): the tolerance is one-sided, so a metric that moved the good way always
+    passes and reads 'better than fp32', never 'within 1%'."""
+    gain = value - base if higher else base - value
+    if gain > 0:
+        return True, f"better than {BASELINE}"
+    if gain == 0:
+        return True, f"equal to {BASELINE}"
+    ok = -gain <= tol.allowed(base)
+    return ok, f"{'within' if ok else 'outside'} {tol}"
+
+
+def tolerance_sentence(metric: str, tol: Tolerance, higher: bool) -> str:
+    worse = "lower" if higher else "higher"
+    return (f"Tolerance {tol} is one-sided: a policy's {metric} may be up to {tol} {worse} than {BASELINE}'s; "
+            f"a better {metric} always passes.")
+
+
 def speedup(result: PolicyResult, base: PolicyResult) -> float | None:
     t, b = result.timing, base.timing
     return b.median / t.median if t and b and t.median > 0 else None
@@ -130,16 +148,14 @@ def recommend(report: Report) -> Recommendation:
             verdicts[r.policy] = "no metric"
             notes[r.policy] = f"{r.policy}: {speed} but its {metric} is {value}."
         else:
-            ok = value >= base_metric - tol.allowed(base_metric) if higher else (
-                value <= base_metric + tol.allowed(base_metric))
+            ok, where = judge(value, base_metric, tol, higher)
             delta = delta_text(value, base_metric, tol)
-            where = "within" if ok else "outside"
             if r.policy == BASELINE:
                 verdicts[r.policy] = "baseline"
                 accepted.append(r)
                 continue
-            verdicts[r.policy] = f"{metric} {where} {tol}"
-            notes[r.policy] = f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}, {where} {tol})."
+            verdicts[r.policy] = f"{metric} {where}"
+            notes[r.policy] = f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}, {where})."
             cos = r.fidelity.get("cos_min") if cfg.mode == "infer" else None
             if ok and cos is not None and cos < cfg.min_cosine:  # the metric can hide drift the outputs show
                 ok = False
@@ -161,7 +177,8 @@ def recommend(report: Report) -> Recommendation:
         sp = speedup(b, base)
         sentences.append(
             f"Use {best}: {sp:.2f}x faster than {BASELINE}, {metric} {_fmt(b.metric(metric))} vs "
-            f"{_fmt(base_metric)} ({delta_text(b.metric(metric), base_metric, tol)}, within {tol})."
+            f"{_fmt(base_metric)} ({delta_text(b.metric(metric), base_metric, tol)}, "
+            f"{judge(b.metric(metric), base_metric, tol, higher)[1]})."
         )
         verdicts[best] = "recommended"
         noisy = [r.policy for r in (b, base) if r.timing.noisy]
@@ -170,6 +187,8 @@ def recommend(report: Report) -> Recommendation:
     for name, note in notes.items():
         if name != best:
             sentences.append(note)
+    if notes:
+        sentences.append(tolerance_sentence(metric, tol, higher))
     sentences += _details(report)
     if lowest and lowest != best:
         low, b = report.result(lowest), report.result(best or BASELINE)

@@ -123,7 +123,7 @@ def bench(
         task=task, mode=mode, policies=tuple(order), steps=steps, batch_size=batch_size, warmup=warmup,
         seed=seed, tolerance=str(tol), device=str(dev), force=force, timeout_s=timeout_s,
         metric=loaded.metric, higher_is_better=loaded.higher_is_better, threads=threads, per_layer=per_layer,
-        min_cosine=min_cosine,
+        min_cosine=min_cosine, task_name=loaded.name,
     )
     report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 

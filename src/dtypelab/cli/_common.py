@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -27,7 +28,7 @@ def _progress() -> Progress:
 
 
 def _fail(exc: DtypelabError) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     cause = exc.__cause__
     if isinstance(exc, TaskError) and cause is not None and format_user_traceback(cause):
         err.print(format_user_traceback(cause).rstrip(), highlight=False, markup=False)
@@ -42,7 +43,7 @@ def _guarded(interrupted: str = "") -> Iterator[None]:
     except DtypelabError as exc:
         raise _fail(exc) from None
     except KeyboardInterrupt:
-        err.print(f"[yellow]interrupted[/]{': ' + interrupted if interrupted else ''}")
+        err.print(f"[yellow]interrupted[/]{': ' + escape(interrupted) if interrupted else ''}")
         raise typer.Exit(130) from None
 
 
@@ -105,5 +106,5 @@ def run_recorded(kind: str, task: str, policy: str, total: int | None, json_path
             bar = progress.add_task(f"{kind} {task} ({policy})", total=total)
             report = run(path, lambda done, n: progress.update(bar, completed=done, total=n))
     _emit_record(report, fmt, top)
-    err.print(f"[dim]results saved to {path}; re-render with: dtypelab show {path}[/]")
+    err.print(f"[dim]results saved to {escape(path)}; re-render with: dtypelab show {escape(path)}[/]")
     return report

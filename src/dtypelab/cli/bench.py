@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.progress import Progress
 
 from dtypelab.cli._common import _check_format, _emit, _emit_record, _fail, _guarded, _progress, app, err, out
@@ -32,8 +33,8 @@ class _Bars:
             r = event.result
             p.remove_task(self.bars.pop(event.policy))
             colour = "green" if r.status == "ok" else "red"
-            p.console.print(f"{event.label or r.policy}: [{colour}]{r.status}[/] in {r.wall_s:.1f} s"
-                            + (f" — {r.reason}" if r.reason else ""), highlight=False)
+            p.console.print(f"{escape(event.label or r.policy)}: [{colour}]{r.status}[/] in {r.wall_s:.1f} s"
+                            + (f" — {escape(r.reason)}" if r.reason else ""), highlight=False)
 
 
 @app.command()
@@ -70,7 +71,7 @@ def bench(
                                threads=threads, json_path=path, per_layer=per_layer, min_cosine=min_cosine,
                                on_event=_Bars(progress))
     _emit(report, fmt)
-    err.print(f"[dim]results saved to {path}; re-render with: dtypelab show {path}[/]")
+    err.print(f"[dim]results saved to {escape(path)}; re-render with: dtypelab show {escape(path)}[/]")
 
 
 @app.command()
@@ -94,6 +95,7 @@ def show(
 def policies(device: DeviceOpt = None) -> None:
     """List the precision policies and whether each applies on this hardware, with the reason."""
     from rich.table import Table
+    from rich.text import Text
 
     from dtypelab.bench.sweep import policy_table
 
@@ -102,7 +104,7 @@ def policies(device: DeviceOpt = None) -> None:
 
     table = Table("policy", "what it does", "here")
     for name, summary, verdict in rows:
-        table.add_row(name, summary, verdict)
+        table.add_row(Text(name), Text(summary), Text(verdict))
     out.print(table)
 
 
@@ -113,8 +115,8 @@ def hardware(device: DeviceOpt = None) -> None:
 
     with _guarded():
         hw = probe(device)
-    out.print(f"device      {hw.device} ({hw.device_name})")
-    out.print(f"cpu         {hw.cpu_name}; torch capability {hw.cpu_capability}; {hw.threads} threads")
+    out.print(f"device      {hw.device} ({hw.device_name})", markup=False)
+    out.print(f"cpu         {hw.cpu_name}; torch capability {hw.cpu_capability}; {hw.threads} threads", markup=False)
     out.print(f"cpu flags   {' '.join(hw.cpu_flags) or '(unknown)'}")
     if hw.cuda_capability:
         out.print(f"cuda        capability {hw.cuda_capability[0]}.{hw.cuda_capability[1]}")

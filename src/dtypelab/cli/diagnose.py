@@ -6,6 +6,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from dtypelab.cli._common import _fail, app, err, out, run_recorded
 from dtypelab.cli.options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, PolicyOpt, TaskArg, ThreadsOpt
@@ -39,7 +40,7 @@ def trace(
         checkpoint_every=checkpoint_every, stop_on_skip=stop_on_skip, force=force, json_path=path,
         progress=progress), "the steps run so far are saved in")
     if report.status == "failed":
-        err.print(f"[bold red]error:[/] training failed: {report.reason}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] training failed: {escape(report.reason)}", highlight=False, soft_wrap=True)
     if report.status in ("found", "failed"):
         raise typer.Exit(1)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from dtypelab.cli._common import _check_format, _emit_doc, _fail, _progress, app, err, run_recorded
 from dtypelab.cli.options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, PolicyOpt, TaskArg, ThreadsOpt
@@ -87,7 +88,7 @@ def audit(
         seed=seed, device=device, threads=threads, json_path=path, force=force, progress=progress),
         "the steps measured so far are saved in", top)
     if report.status == "failed":  # what was measured is shown and saved; the exit code still says so
-        err.print(f"[bold red]error:[/] training failed after {len(report.losses)} steps: {report.reason}",
+        err.print(f"[bold red]error:[/] training failed after {len(report.losses)} steps: {escape(report.reason)}",
                   highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 

@@ -8,7 +8,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,11 +48,22 @@ class Task:
     pretrained: bool = False  # the factory returns trained weights: inference mode skips training
     inference_only: bool = False  # nothing to train on (e.g. a shipped pretrained model)
     description: str = ""
+    # (file, first line of the function, line) of the code that built this Task: trace points there when a
+    # library function (loss_fn=F.mse_loss) rather than a line of the user's runs the op at fault.
+    origin: tuple[str, int, int] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for field in ("make_model", "train_batch", "loss_fn", "evaluate", "make_optimizer"):
-            if not callable(getattr(self, field)):
-                raise TaskError(f"task {self.name!r}: {field} must be callable")
+        if self.origin is None:
+            frame = sys._getframe(1)
+            while frame is not None and (frame.f_code.co_filename.startswith("<") or
+                                         frame.f_code.co_filename == __file__):
+                frame = frame.f_back  # the dataclass's generated __init__, then this file
+            if frame is not None:
+                object.__setattr__(self, "origin", (frame.f_code.co_filename, frame.f_code.co_firstlineno,
+                                                    frame.f_lineno))
+        for name in ("make_model", "train_batch", "loss_fn", "evaluate", "make_optimizer"):
+            if not callable(getattr(self, name)):
+                raise TaskError(f"task {self.name!r}: {name} must be callable")
         if not self.metric:
             raise TaskError(f"task {self.name!r}: metric must name the primary metric")
         if self.steps < 1 or self.batch_size < 1:

@@ -34,6 +34,11 @@ def _is_one(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value == 1
 
 
+def _constant(node: ast.AST) -> bool:
+    """Arithmetic on literals only (``1 + 3``): Python computes it exactly once, nothing is lost at run time."""
+    return all(isinstance(n, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop)) for n in ast.walk(node))
+
+
 class Checker(ast.NodeVisitor):
     def __init__(self, imports: Imports) -> None:
         self.im = imports
@@ -42,6 +47,8 @@ class Checker(ast.NodeVisitor):
         self.autocast_depth = 0
         self.half_sites: list[tuple[ast.AST, str, tuple]] = []  # (call, receiver text, scope key)
         self.trained: set[tuple] = set()  # scope keys of models that are trained
+        self.called: set[tuple] = set()  # scope keys of names called like a model: `model(x)`
+        self.backward_scopes: set[int] = set()  # functions that call `.backward()`
         self.scope_nodes: list[ast.AST | None] = [None]
         self.bce_sites: list[tuple[ast.AST, bool]] = []  # (call, its input is visibly a sigmoid)
         self.sigmoid = False
@@ -179,6 +186,8 @@ class Checker(ast.NodeVisitor):
         elif isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Add) and (_is_one(inner.left) or
                                                                                  _is_one(inner.right)):
             other = inner.right if _is_one(inner.left) else inner.left
+            if _constant(other):
+                return
             if self.kind(other) == "exp":
                 self.add(node, "DTL004", "log(1 + exp(x)) overflows for large x (exp is inf above 88.7 in float32)",
                          "use F.softplus(x) (torch.nn.functional.softplus)")
@@ -250,6 +259,10 @@ class Checker(ast.NodeVisitor):
 
     def _trained(self, node: ast.Call, q: str | None) -> None:
         f = node.func
+        if isinstance(f, (ast.Name, ast.Attribute)):  # `model(x)` in a function that also calls backward()
+            self.called.add(self._key(ast.unparse(f)))
+        if isinstance(f, ast.Attribute) and f.attr == "backward":
+            self.backward_scopes.add(id(self.scope_nodes[-1]))
         if isinstance(f, ast.Attribute) and f.attr == "train" and not (node.args and isinstance(
                 node.args[0], ast.Constant) and node.args[0].value is False):
             self.trained.add(self._key(ast.unparse(f.value)))
@@ -264,7 +277,8 @@ class Checker(ast.NodeVisitor):
         """File-level rules, which need the whole file seen."""
         seen = set()
         for node, who, key in self.half_sites:
-            if key in self.trained and id(node) not in seen:
+            trained = key in self.trained or (key in self.called and key[0] in self.backward_scopes)
+            if trained and id(node) not in seen:
                 seen.add(id(node))
                 self.add(node, "DTL102", f"{who} is converted to float16 and then trained: "
                                          + RULES["DTL102"].why.split(": ", 1)[1])

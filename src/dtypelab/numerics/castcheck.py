@@ -98,24 +98,46 @@ class CastReport:
     counts: dict[str, int]  # outcome -> elements (outcomes overlap: "rounded" includes most others)
     max_abs_error: float | None = None
     max_rel_error: float | None = None
-    signal_energy: float = 0.0  # sum x^2 over finite inputs: totals combine SQNR from these
-    noise_energy: float = 0.0  # sum (x - cast(x))^2; inf when a finite input became non-finite
+    # Energies as 10·log10(sum of squares): the sums themselves overflow float64 for values near 1e155 and up
+    # (1e300² is inf), so they are kept in decibels and totals combine them in that domain.
+    signal_db: float = -math.inf  # sum x² over finite inputs; -inf when it is 0
+    noise_db: float = -math.inf  # sum (x − cast(x))²; +inf when a finite input became non-finite
     bytes_before: int = 0
     bytes_after: int = 0
     note: str = ""
 
     @property
     def sqnr_db(self) -> float | None:
-        if not self.numel or self.signal_energy == 0:
+        if not self.numel or self.signal_db == -math.inf:
             return None
-        if self.noise_energy == 0:
+        if self.noise_db == -math.inf:
             return math.inf
-        if math.isinf(self.noise_energy):
-            return -math.inf
-        return 10 * math.log10(self.signal_energy / self.noise_energy)
+        if self.noise_db == math.inf:
+            return -math.inf  # a finite value became ±inf or NaN: no finite error describes that
+        return self.signal_db - self.noise_db
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "sqnr_db": self.sqnr_db}
+
+
+def energy_db(x: torch.Tensor) -> float:
+    """10·log10(sum of x²), computed without overflow: scaled by the largest |x| first."""
+    x = x.double()
+    scale = float(x.abs().max()) if x.numel() else 0.0
+    if scale == 0.0:
+        return -math.inf
+    return 20 * math.log10(scale) + 10 * math.log10(float(((x / scale) ** 2).sum()))
+
+
+def sum_db(values: list[float]) -> float:
+    """10·log10 of the sum of the energies given in dB (log-sum-exp, so nothing overflows)."""
+    finite = [v for v in values if v != -math.inf]
+    if not finite:
+        return -math.inf
+    top = max(finite)
+    if top == math.inf:
+        return math.inf
+    return top + 10 * math.log10(sum(10 ** ((v - top) / 10) for v in finite))
 
 
 def _packed_bytes(numel: int, fmt: Format) -> int:
@@ -146,8 +168,7 @@ def cast_report(tensor: torch.Tensor, dtype: str | torch.dtype | Format, name: s
         name=name, source=src, target=fmt.name, shape=tuple(tensor.shape), numel=tensor.numel(), counts=counts,
         max_abs_error=math.inf if lost else (float(err.max()) if err.numel() else 0.0),
         max_rel_error=math.inf if lost else (float((err[nz] / denom[nz]).max()) if bool(nz.any()) else 0.0),
-        signal_energy=float((x[finite_in] ** 2).sum()),
-        noise_energy=math.inf if lost else float((err**2).sum()),
+        signal_db=energy_db(x[finite_in]), noise_db=math.inf if lost else energy_db(err),
         bytes_before=tensor.numel() * tensor.element_size(), bytes_after=_packed_bytes(tensor.numel(), fmt),
         note=note)
 
@@ -225,6 +246,6 @@ def cast_file(path: str, to: str, progress: Callable[[int, int], None] | None = 
     rels = [r.max_rel_error for r in ran if r.max_rel_error is not None]
     total = CastReport(
         "total", "", fmt.name, (), sum(r.numel for r in ran), counts, max(errs, default=None),
-        max(rels, default=None), sum(r.signal_energy for r in ran), sum(r.noise_energy for r in ran),
+        max(rels, default=None), sum_db([r.signal_db for r in ran]), sum_db([r.noise_db for r in ran]),
         sum(r.bytes_before for r in rows), sum(r.bytes_after if r in ran else r.bytes_before for r in rows))
     return CastFileReport(path, fmt.name, rows, total, tuple(skipped))

@@ -85,7 +85,7 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
 def _title(report: Report) -> str:
     cfg, hw = report.config, report.environment.get("hardware", {})
     what = "inference" if cfg.mode == "infer" else "training"
-    return (f"dtypelab {what}: {cfg.task} · {cfg.steps} steps × batch {cfg.batch_size} · "
+    return (f"dtypelab {what}: {cfg.task_name or cfg.task} · {cfg.steps} steps × batch {cfg.batch_size} · "
             f"{hw.get('device_name') or cfg.device} · torch {report.environment.get('torch', '?')}")
 
 

@@ -13,7 +13,7 @@ from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.results import AuditReport, plain_json
 from dtypelab.numerics.castcheck import LABELS, CastFileReport, CastReport, ValueCast
 from dtypelab.numerics.formats import Format, get_format
-from dtypelab.render.tables import html_table, markdown_table, num, rich_table
+from dtypelab.render.tables import html_table, markdown_table, num, pow2, rich_table
 
 Doc = tuple[str, list[str], list[list[str]], list[str]]
 SEVERITY_STYLE = {0: "", 1: "yellow", 2: "bold yellow", 3: "bold red"}
@@ -41,7 +41,7 @@ def formats_doc(formats: list[Format], hw: HardwareInfo | None) -> Doc:
         sign = f.bits - f.exponent_bits - f.mantissa_bits if f.is_float else None
         layout = f"{f.bits}: {sign}/{f.exponent_bits}/{f.mantissa_bits}" if f.is_float else f"{f.bits} int"
         special = "/".join(t for t, ok in (("inf", f.has_inf), ("nan", f.has_nan)) if ok) or "none"
-        rows.append([f.name, layout, num(f.max, ".6g"), num(f.smallest_normal), num(f.smallest_subnormal), num(f.eps),
+        rows.append([f.name, layout, num(f.max, ".6g"), pow2(f.smallest_normal), pow2(f.smallest_subnormal), pow2(f.eps),
                      f"{f.decimal_digits:.1f}", special if f.is_float else "—", _native(f, hw), f.note])
     notes = ["digits: significant decimal digits, (mantissa bits + 1)·log10(2); eps: gap between 1 and the next "
              "value", "native: from CPU flags / CUDA capability; the ratio is measured matmul throughput"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+from decimal import Decimal
 
 
 def num(x: float | None, fmt: str = ".4g") -> str:
@@ -13,6 +14,18 @@ def num(x: float | None, fmt: str = ".4g") -> str:
         return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
     text = format(x, fmt)
     return text.lstrip("-") if float(text.replace(",", "")) == 0 else text  # no "-0.0" for tiny negatives
+
+
+def pow2(x: float | None) -> str:
+    """A power of two as people check it: '2^-7 = 0.0078125' (exact when that takes at most 12 digits, else
+    '2^-24 ≈ 5.96e-08'); any other value as ``num`` prints it."""
+    if x is None or not isinstance(x, float | int) or not math.isfinite(x) or x <= 0 or math.frexp(x)[0] != 0.5:
+        return num(x)
+    exponent = math.frexp(x)[1] - 1
+    exact = Decimal(x).normalize()
+    if len(exact.as_tuple().digits) <= 12:
+        return f"2^{exponent} = {exact:f}"
+    return f"2^{exponent} ≈ {x:.4g}"
 
 
 def markdown_table(title: str, headers: list[str], rows: list[list[str]], notes: list[str]) -> str:
@@ -42,15 +55,19 @@ def html_table(title: str, headers: list[str], rows: list[list[str]], notes: lis
 
 def rich_table(console: object, title: str, headers: list[str], rows: list[list[str]], notes: list[str],
                left: set[int] = frozenset({0}), wrap: set[int] = frozenset(), styles: list[str] | None = None) -> None:
-    """Print with rich: numbers right-aligned and never wrapped; only the ``wrap`` columns give way."""
+    """Print with rich: numbers right-aligned and never wrapped; only the ``wrap`` columns give way.
+
+    Every string is passed as ``Text``, never as markup: cells hold user code (``torch.cat([x, y])``), layer
+    names (``blocks[0]``) and reasons, which rich would otherwise parse as ``[style]`` tags and drop."""
     from rich.table import Table
+    from rich.text import Text
 
     # A table narrower than its title would fold the title; widen it up to the console's width.
-    table = Table(title=title, title_justify="left", min_width=min(len(title), console.width))
+    table = Table(title=Text(title), title_justify="left", min_width=min(len(title), console.width))
     for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i in left else "right", no_wrap=i not in wrap, overflow="fold")
+        table.add_column(Text(h), justify="left" if i in left else "right", no_wrap=i not in wrap, overflow="fold")
     for i, row in enumerate(rows):
-        table.add_row(*row, style=styles[i] if styles else "")
+        table.add_row(*(Text(str(c)) for c in row), style=styles[i] if styles else "")
     console.print(table)
     for s in notes:
-        console.print(s if s.startswith("*") else f"• {s}", highlight=False)
+        console.print(Text(s if s.startswith("*") else f"• {s}"))

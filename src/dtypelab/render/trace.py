@@ -23,6 +23,8 @@ def event_rows(o: OpEvent) -> list[list[str]]:
     if o.source:
         label = "forward source" if o.phase == "backward" else "source"
         rows.append([label, f"{o.source}  {o.code}"])
+        if o.via:
+            rows.append(["why this line", o.via])
     rows.append(["diagnosis", o.diagnosis])
     rows += [[f"input {i}", tensor_text(t)] for i, t in enumerate(o.inputs)]
     rows += [["output", tensor_text(t)] for t in o.outputs]
@@ -50,6 +52,9 @@ def trace_doc(report: TraceReport) -> Doc:
             rows.append(["reached", ", ".join(f.reached[:6]) + more])
         if f.path:
             rows.append(["then", " → ".join(f.path)])
+        if len(f.weight_max) > 1:
+            (s0, w0), (s1, w1) = f.weight_max[0], f.weight_max[-1]
+            rows.append(["weights", f"max |w| {num(w0, '.4g')} at step {s0} → {num(w1, '.4g')} at step {s1}"])
         rows.append(["replay", f"restored the checkpoint of step {f.checkpoint_step}, re-ran {f.replayed_steps} "
                                f"step(s), traced step {f.step}: {f.ops_traced} ops in {f.trace_s:.2f} s"])
         if not f.reproduced:

@@ -163,3 +163,47 @@ def explain(name: str, func: Any, args: tuple, kwargs: dict, inputs: list[torch.
         return (f"non-finite only in {dtype}: an intermediate overflowed; in float64 the result is finite "
                 f"(max |x| {m:.4g})")
     return f"{'NaN' if made_nan else 'inf'} from finite inputs"
+
+
+# Root causes the lint rules also know, recognised from how an op's input was made (``made``: objects with the
+# producing op's name ``op``, whether it took a scalar 1 ``one``, and the ops that made its inputs ``inputs``).
+ROOT_HINTS = {
+    "log_softmax": "; root cause: log(softmax(z)): softmax underflows to 0 (or to values so small that the "
+                   "log's gradient 1/p overflows): use torch.log_softmax(z, dim), which never forms the probabilities",
+    "logsigmoid": "; root cause: log(sigmoid(x)) underflows for large negative x: use F.logsigmoid(x)",
+    "log1p": "; root cause: log(1 + x) written out (1 + x reached 0 here, and for small x it loses x entirely): "
+             "use torch.log1p(x)",
+    "expm1": "; root cause: exp(x) − 1 written out cancels to 0 for |x| below eps: use torch.expm1(x)",
+    "softmax": "; root cause: a softmax written by hand (exp(x) / exp(x).sum()) overflows exp: use "
+               "torch.softmax(x, dim), which subtracts the maximum first",
+    "logsumexp": "; root cause: log(sum(exp(x))) or log(1 + exp(x)) written by hand overflows exp: use "
+                 "torch.logsumexp(x, dim) or F.softplus(x)",
+}
+
+
+def root_hint(name: str, made: list[Any]) -> str:
+    """The root-cause hint for a log-like op from the ops that made its inputs, or ""."""
+    if name not in LOG - {"log1p"}:
+        return ""
+    for m in made:
+        if m.op in ("_softmax", "softmax"):
+            return ROOT_HINTS["log_softmax"]
+        if m.op == "sigmoid":
+            return ROOT_HINTS["logsigmoid"]
+        if m.op in ("sub", "rsub") and m.one and "exp" in m.inputs:
+            return ROOT_HINTS["expm1"]
+        if m.op == "add" and m.one:
+            return ROOT_HINTS["logsumexp"] if "exp" in m.inputs else ROOT_HINTS["log1p"]
+    return ""
+
+
+def path_hint(op: str, path: tuple[str, ...] | list[str]) -> str:
+    """For an exp that overflowed, the hand-written idiom its infinity went on into, or ""."""
+    if op != "aten.exp":
+        return ""
+    ops = [p.split(" ", 1)[0] for p in path]
+    if "aten.div" in ops:
+        return ROOT_HINTS["softmax"]
+    if any(o in ("aten.log", "aten.log1p") for o in ops):
+        return ROOT_HINTS["logsumexp"]
+    return ""

@@ -13,6 +13,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -21,8 +22,11 @@ from torch.utils._pytree import tree_flatten
 
 from dtypelab.core.results import Finding
 from dtypelab.core.scaler import COLLAPSE_BELOW, ScalerLog
-from dtypelab.trace.nonfinite import OpTracer, storage_key
+from dtypelab.trace.diagnose import path_hint
+from dtypelab.trace.nonfinite import OpTracer, Sites, storage_key
 
+GROWTH = 100.0  # weights grown by this factor since the first checkpoint: the optimizer, not one op, is at fault
+MAX_WEIGHT_HISTORY = 1000
 CHECKPOINT_BUDGET = 0.02  # target share of training time spent on checkpoints when the interval is automatic
 MAX_INTERVAL = 100  # cap on automatic intervals: a replay re-runs at most this many steps
 
@@ -132,13 +136,14 @@ class Guard:
     return the loss (a tensor, or a tuple/dict whose first item / "loss" is one) to have it checked."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, scaler: Any = None,
-                 checkpoint_every: int | None = None, stop_on_skip: bool = False) -> None:
+                 checkpoint_every: int | None = None, stop_on_skip: bool = False, sites: Sites | None = None) -> None:
         if checkpoint_every is not None and checkpoint_every < 1:
             raise ValueError("checkpoint_every must be at least 1 (None chooses it from the measured cost)")
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.fixed_every = checkpoint_every
         self.every = checkpoint_every or 1
         self.stop_on_skip = stop_on_skip
+        self.sites = sites
         self.named = list(model.named_parameters())
         self.params = [p for _, p in self.named]
         self.log = ScalerLog(self.named) if scaler is not None else None
@@ -149,6 +154,7 @@ class Guard:
         self._pending: list[tuple[Callable[..., Any], tuple, dict]] = []
         self._step_s: list[float] = []
         self.losses: list[float] = []
+        self.weight_max: list[tuple[int, float]] = []
 
     def __enter__(self) -> Guard:
         return self
@@ -159,11 +165,40 @@ class Guard:
     def _checkpoint(self) -> None:
         start = time.perf_counter()
         self.snapshot.take()
+        self._note_weights()
         self.checkpoint_s = time.perf_counter() - start
         self.checkpoint_step, self._pending = self.steps, []
         if self.fixed_every is None and len(self._step_s) >= 2:
             step_s = sorted(self._step_s[-20:])[len(self._step_s[-20:]) // 2]
             self.every = max(1, min(MAX_INTERVAL, math.ceil(self.checkpoint_s / (CHECKPOINT_BUDGET * step_s))))
+
+    @torch.no_grad()
+    def _note_weights(self) -> None:
+        """max |w| now, one fused reduction: cheap beside the checkpoint's copy of every weight."""
+        if not self.params or len(self.weight_max) >= MAX_WEIGHT_HISTORY:
+            return
+        norms = torch._foreach_norm([p.detach() for p in self.params], math.inf)
+        value = float(torch.stack([n.float() for n in norms]).max())
+        if not self.weight_max or self.weight_max[-1][0] != self.steps:
+            self.weight_max.append((self.steps, value))
+
+    def _note_weights_at(self, step: int) -> None:
+        steps, self.steps = self.steps, step
+        try:
+            self._note_weights()
+        finally:
+            self.steps = steps
+
+    def _growth_hint(self) -> str:
+        finite = [(s, w) for s, w in self.weight_max if math.isfinite(w)]
+        if len(finite) < 2 or finite[0][1] <= 0 or finite[-1][1] < GROWTH * finite[0][1]:
+            return ""
+        (s0, w0), (s1, w1) = finite[0], finite[-1]
+        lrs = [g["lr"] for g in self.optimizer.param_groups if "lr" in g] if self.optimizer is not None else []
+        lr = f" (lr={float(lrs[0]):g})" if lrs else ""
+        return (f"; root cause: the weights grew {w1 / w0:.3g}x in {s1 - s0} step{'s' if s1 - s0 != 1 else ''} "
+                f"(max |w| {w0:.3g} at step {s0} → {w1:.3g} at step {s1}): the optimizer is diverging, so lower the "
+                f"learning rate{lr} or clip gradients; this op only overflowed first")
 
     def step(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self.steps == 0 or self.steps - self.checkpoint_step >= self.every:
@@ -212,11 +247,12 @@ class Guard:
         *before, (fn, args, kwargs) = self._pending
         for f, a, k in before:
             f(*a, **k)
+        self._note_weights_at(fail_step)
         names = self._names()
         for t in _tensors((args, kwargs)):
             names.setdefault(storage_key(t), "the input batch")
         start = time.perf_counter()
-        with OpTracer(self.model, self.optimizer, names, step=fail_step) as tracer:
+        with OpTracer(self.model, self.optimizer, names, step=fail_step, sites=self.sites) as tracer:
             out = fn(*args, **kwargs)
         trace_s = time.perf_counter() - start
         targets = []
@@ -233,9 +269,13 @@ class Guard:
         origins = [e for e in tracer.events if e.kind != "mask"]
         first = min(reached) if reached else (origins[0].index if origins else None)
         origin = tracer.events[first] if first is not None else None
+        path = tuple(tracer.paths.get(first, ())) if first is not None else ()
+        if origin is not None and origin.kind == "origin":
+            hint = "" if "root cause" in origin.diagnosis else (path_hint(origin.op, path) or self._growth_hint())
+            origin = replace(origin, diagnosis=origin.diagnosis + hint)
         return Finding(
             step=fail_step, trigger=trigger, reproduced=bool(reached), origin=origin,
-            path=tuple(tracer.paths.get(first, ())) if first is not None else (),
+            path=path, weight_max=tuple(self.weight_max),
             reached=tuple(reached.get(first, ())) if first is not None else (),
             others=tuple(e for e in origins if e.index != first)[:20],
             masks=sum(e.kind == "mask" for e in tracer.events), checkpoint_step=self.checkpoint_step,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import re
 import sys
 import sysconfig
 import weakref
@@ -23,36 +24,109 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from dtypelab.core.results import OpEvent
-from dtypelab.trace.diagnose import explain, summarize_tensor
+from dtypelab.trace.diagnose import explain, root_hint, summarize_tensor
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_TASKS_DIR = os.path.join(_PKG_DIR, "tasks") + os.sep
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the dtypelab package
+_TASKS_DIR = os.path.join(_PKG_DIR, "core", "tasks") + os.sep
+# dtypelab code that runs *inside* an op's call (plan regions, this tracer): walked through, not a driver.
+_PASS_THROUGH = (os.path.join(_PKG_DIR, "core", "policies") + os.sep, os.path.abspath(__file__))
 _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+# Installed packages (typer, click, rich, transformers, …) are nobody's "line of your code".
+_SITE = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib")})
 # Ops that write no values of their own (outputs alias an input or are uninitialised memory).
 _NO_VALUES = {"detach", "alias", "lift_fresh", "empty", "empty_like", "empty_strided", "new_empty",
               "new_empty_strided", "resize_", "set_", "_local_scalar_dense"}
 _MAX_PATH = 8  # ops shown between the origin and what it reached
 
 
-def _is_library(filename: str) -> bool:
-    # The built-in tasks are user code as far as a report is concerned; the rest of dtypelab and torch are not.
+def _frame_kind(filename: str) -> str:
+    """'user', 'driver' (dtypelab's own loop: nothing above it ran the op) or 'library'. The built-in tasks
+    are user code as far as a report is concerned."""
     name = os.path.abspath(filename)
     if name.startswith(_TASKS_DIR):
-        return False
-    return name.startswith((_TORCH_DIR, _PKG_DIR, _STDLIB)) or filename.startswith("<")
+        return "user"
+    if name.startswith(_PKG_DIR) and not name.startswith(_PASS_THROUGH):
+        return "driver"
+    if (name.startswith((_TORCH_DIR, _PKG_DIR, _STDLIB, *_SITE)) or filename.startswith("<")
+            or f"{os.sep}site-packages{os.sep}" in name or f"{os.sep}dist-packages{os.sep}" in name):
+        return "library"
+    return "user"
 
 
-def user_source() -> tuple[str, str]:
-    """('file.py:42', 'the code on that line') for the innermost caller outside torch and dtypelab."""
-    frame = sys._getframe(1)
-    while frame is not None and _is_library(frame.f_code.co_filename):
+def where(path: str, line: int) -> tuple[str, str]:
+    """('file.py:42', 'the code on that line'), the path relative to the working directory when inside it."""
+    rel = os.path.relpath(path)
+    return f"{path if rel.startswith('..') else rel}:{line}", linecache.getline(path, line).strip()
+
+
+def user_source(marks: dict[Any, str] | None = None) -> tuple[str, str, str]:
+    """(file:line, code, how) of the innermost user frame that runs the current op, walking out through torch,
+    installed libraries and dtypelab's plan regions, and stopping at dtypelab's own loop: frames above it
+    (typer, a script that called ``dtypelab.trace``) did not run the op. ``how`` is "" when that frame runs the
+    op itself, "module" when it calls into a built-in module that does. With no user frame: ("", "", label)
+    where label is ``marks[code]`` for the first library function walked through that ``marks`` names (the
+    task's loss function), else ""."""
+    frame, through_module, mark = sys._getframe(1), False, ""
+    while frame is not None:
+        kind = _frame_kind(frame.f_code.co_filename)
+        if kind == "user":
+            return (*where(frame.f_code.co_filename, frame.f_lineno), "module" if through_module else "")
+        if kind == "driver":
+            break
+        through_module = through_module or frame.f_code.co_name in ("_call_impl", "_wrapped_call_impl")
+        mark = mark or (marks or {}).get(frame.f_code, "")
         frame = frame.f_back
-    if frame is None:
-        return "", ""
-    path = frame.f_code.co_filename
-    shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
-    return f"{shown}:{frame.f_lineno}", linecache.getline(path, frame.f_lineno).strip()
+    return "", "", mark
+
+
+def _code_of(fn: Any) -> Any:
+    """The Python code object that runs when ``fn`` is called (a function, or an nn.Module's forward)."""
+    code = getattr(fn, "__code__", None)
+    if code is None and isinstance(fn, nn.Module):
+        code = getattr(type(fn).forward, "__code__", None)
+    return code
+
+
+def _defined_at(fn: Any) -> tuple[str, str] | None:
+    code = _code_of(fn)
+    if code is None or _frame_kind(code.co_filename) != "user":
+        return None
+    return where(code.co_filename, code.co_firstlineno)
+
+
+@dataclass(frozen=True)
+class Sites:
+    """Where the user's code sets up what runs an op when no line of theirs runs it directly: the model's
+    factory and the loss function (``file:line``, code), and the loss function's code object to recognise
+    its frames."""
+
+    model: tuple[str, str] | None = None
+    loss: tuple[str, str] | None = None
+    loss_name: str = ""
+    loss_code: Any = None
+
+    @classmethod
+    def of(cls, make_model: Any, loss_fn: Any, origin: Any = None) -> Sites:
+        """``origin``: the (file, first line, call line) of the code that built the task, searched for the
+        ``loss_fn=`` / ``make_model=`` argument when those are library functions."""
+        def fallback(word: str) -> tuple[str, str] | None:
+            if not origin or _frame_kind(origin[0]) != "user":
+                return None
+            path, first, call = origin
+            for line in range(call, call + 60):
+                text = linecache.getline(path, line)
+                if not text:
+                    break
+                if re.search(rf"\b{word}\s*=", text):
+                    return where(path, line)
+            return where(path, call)
+
+        name = getattr(loss_fn, "__qualname__", None) or type(loss_fn).__name__
+        module = getattr(loss_fn, "__module__", None) or type(loss_fn).__module__
+        return cls(model=_defined_at(make_model) or fallback("make_model"),
+                   loss=_defined_at(loss_fn) or fallback("loss_fn"),
+                   loss_name=f"{module}.{name}" if module else name, loss_code=_code_of(loss_fn))
 
 
 def storage_key(t: torch.Tensor) -> int | None:
@@ -105,6 +179,22 @@ class _ForwardInfo:
     module: str
     source: str
     code: str
+    via: str = ""
+    hint: str = ""  # a root cause known from how the op's input was made (log of a softmax), for its backward too
+
+
+@dataclass(frozen=True)
+class _Made:
+    """How a forward tensor was made, enough to recognise the unstable idioms the lint rules know."""
+
+    op: str  # aten base name, e.g. "_softmax"
+    one: bool  # a scalar argument equal to 1 (x + 1, exp(x) - 1)
+    inputs: tuple[str, ...]  # the ops that made its tensor inputs
+
+
+def _has_one(args: tuple, kwargs: dict) -> bool:
+    leaves, _ = tree_flatten((args, kwargs))
+    return any(isinstance(v, (int, float)) and not isinstance(v, bool) and v == 1 for v in leaves)
 
 
 class OpTracer(TorchDispatchMode):
@@ -112,9 +202,13 @@ class OpTracer(TorchDispatchMode):
     to readable names, so a value that was already non-finite is reported as such."""
 
     def __init__(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
-                 names: dict[int, str] | None = None, step: int | None = None) -> None:
+                 names: dict[int, str] | None = None, step: int | None = None, sites: Sites | None = None) -> None:
         super().__init__()
         self.model, self.optimizer, self.step = model, optimizer, step
+        self.sites = sites or Sites()
+        self._marks = {self.sites.loss_code: "loss"} if self.sites.loss_code is not None else {}
+        self._types: dict[str, str] = {}
+        self._made: dict[int, _Made] = {}  # storage key -> how the forward pass made it
         self.names = dict(names or {})
         self.events: list[OpEvent] = []
         self.paths: dict[int, list[str]] = {}  # event index -> ops it propagated through
@@ -132,6 +226,7 @@ class OpTracer(TorchDispatchMode):
         if self.model is not None:
             for path, module in self.model.named_modules():
                 name = path or "(model)"
+                self._types[name] = type(module).__name__
                 self._handles.append(module.register_forward_pre_hook(
                     lambda m, a, name=name: self._modules.append(name)))
                 self._handles.append(module.register_forward_hook(self._leave, always_call=True))
@@ -178,8 +273,13 @@ class OpTracer(TorchDispatchMode):
         outputs += [t for t in written if id(t) not in seen]
         info = None
         if phase == "forward":
-            info = _ForwardInfo(f"aten.{name}", self._modules[-1] if self._modules else "", *user_source())
+            made = [self._made[k] for k in map(storage_key, inputs) if k in self._made]
+            info = self._forward_info(f"aten.{name}", root_hint(name, made))
             self._pending += [(weakref.ref(t), info) for t in outputs]
+            record = _Made(name, _has_one(args, kwargs), tuple(m.op for m in made))
+            for k in map(storage_key, outputs):
+                if k is not None:
+                    self._made[k] = record
         out_flags = [_flags(t) for t in outputs]
         if not any(n or i for n, i in out_flags):
             for t in outputs:  # finite values overwrote whatever this storage held
@@ -199,6 +299,21 @@ class OpTracer(TorchDispatchMode):
             if (n or i) and storage_key(t) is not None:
                 self.lineage[storage_key(t)] = event
         return out
+
+    def _forward_info(self, op: str, hint: str) -> _ForwardInfo:
+        module = self._modules[-1] if self._modules else ""
+        source, code, how = user_source(self._marks)
+        inside = f"built-in module {module} ({self._types.get(module, '?')})" if module else ""
+        via = ""
+        if how == "module":
+            via = f"the nearest line of your code: it calls into {inside}"
+        elif not source and module and self.sites.model:
+            (source, code), via = self.sites.model, (f"no line of your code runs this op: it runs inside {inside} "
+                                                     "of the model built here")
+        elif not source and how == "loss" and self.sites.loss:
+            (source, code), via = self.sites.loss, (f"no line of your code runs this op: the task's loss_fn "
+                                                    f"({self.sites.loss_name}) computes it, set here")
+        return _ForwardInfo(op, module, source, code, via, hint)
 
     def _map_nodes(self) -> None:
         """Remember which forward op made each autograd node, so backward ops can name their module."""
@@ -242,17 +357,19 @@ class OpTracer(TorchDispatchMode):
             diagnosis += self._eps_hint(outputs)
         if phase == "backward":
             fwd = self._nodes.get(node._sequence_nr())
-            module, source_line, code = (fwd.module, fwd.source, fwd.code) if fwd else ("", "", "")
+            diagnosis += fwd.hint if fwd and fwd.hint else ""
+            module, source_line, code, via = (fwd.module, fwd.source, fwd.code, fwd.via) if fwd else ("", "", "", "")
             backward_of = fwd.op if fwd else node.name()
         else:
-            module, source_line, code = (info.module, info.source, info.code) if info else ("", "", "")
+            module, source_line, code, via = (info.module, info.source, info.code, info.via) if info else ("", "", "", "")
             backward_of = ""
+            diagnosis += info.hint if info and info.hint else ""
         param = next((self.names[k] for k in map(storage_key, outputs) if k in self.names), "")
         return self._add(OpEvent(
             index=len(self.events), step=self.step, phase=phase, op=f"aten.{name}", kind=kind, module=module,
             source=source_line, code=code, backward_of=backward_of,
             inputs=tuple(summarize_tensor(t) for t in shown[:4]),
-            outputs=tuple(summarize_tensor(t) for t in outputs[:2]), diagnosis=diagnosis, tensor=param))
+            outputs=tuple(summarize_tensor(t) for t in outputs[:2]), diagnosis=diagnosis, tensor=param, via=via))
 
     def _add(self, event: OpEvent) -> int:
         self.events.append(event)

@@ -17,6 +17,7 @@ from dtypelab.core.loop import threads as torch_threads
 from dtypelab.core.results import Finding, TraceConfig, TraceReport
 from dtypelab.core.task import Task
 from dtypelab.trace.guard import Guard, NonFiniteError
+from dtypelab.trace.nonfinite import Sites
 
 Progress = Callable[[int, int], None]
 
@@ -43,7 +44,8 @@ def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, b
     with torch_threads(threads):
         model, optimizer = build_trainable(task_obj, pol, dev, seed)
         guard = Guard(model, optimizer, scaler=pol.grad_scaler(), checkpoint_every=checkpoint_every,
-                      stop_on_skip=stop_on_skip)
+                      stop_on_skip=stop_on_skip,
+                      sites=Sites.of(task_obj.make_model, task_obj.loss_fn, task_obj.origin))
 
         def one_step(inputs: Any, target: Any) -> torch.Tensor:
             return train_step(task_obj, model, pol, optimizer, inputs, target)

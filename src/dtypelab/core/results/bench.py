@@ -92,6 +92,7 @@ class RunConfig:
     threads: int | None = None
     per_layer: bool = False
     min_cosine: float = 0.99  # infer: a policy whose worst per-sample cosine vs fp32 is lower is not accepted
+    task_name: str = ""  # Task.name (``task`` is how it was given: a built-in name, file.py:fn or pkg.mod:fn)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ class OpEvent:
     outputs: tuple[TensorSummary, ...]
     diagnosis: str
     tensor: str = ""  # a named tensor written (parameter, optimizer state), or the named input
+    via: str = ""  # when ``source`` is not the line that runs the op: how it leads there
 
 
 
@@ -61,6 +62,9 @@ class Finding:
     replayed_steps: int = 0
     trace_s: float = 0.0
     ops_traced: int = 0
+    # (step, max |w| over all parameters) at each checkpoint and at the start of the failing step: weights that
+    # grow by orders of magnitude point at the learning rate, not at the op that finally overflowed
+    weight_max: tuple[tuple[int, float], ...] = ()
 
 
 

@@ -1,0 +1,97 @@
+"""Task files written the way a new user writes them (built-in modules, a torch loss function, idioms the lint
+rules know), for the trace tests of source lines and root causes. Line numbers matter: tests read them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import dtypelab
+
+X = torch.randn(256, 8, generator=torch.Generator().manual_seed(0))
+Y = X.sum(1, keepdim=True)
+
+
+def batch(step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    idx = torch.randint(0, len(X), (batch_size,), generator=g)
+    return X[idx], Y[idx]
+
+
+def sgd_blowup() -> dtypelab.Task:
+    """Built-in modules only, a torch loss function, SGD at lr=1e6: the weights explode within 3 steps."""
+    return dtypelab.Task(
+        name="sgd-blowup",
+        make_model=lambda: nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)),  # MODEL LINE
+        train_batch=batch,
+        loss_fn=F.mse_loss,  # LOSS LINE
+        evaluate=lambda predict: {"mse": F.mse_loss(predict(X), Y).item()},
+        metric="mse", higher_is_better=False,
+        make_optimizer=lambda p: torch.optim.SGD(p, lr=1e6),
+        steps=20, batch_size=32,
+    )
+
+
+def _variant(model: type[nn.Module], lr: float = 0.0) -> dtypelab.Task:
+    return dataclasses.replace(sgd_blowup(), make_model=model, make_optimizer=lambda p: torch.optim.SGD(p, lr=lr))
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * 1000
+
+
+def loss_overflow() -> dtypelab.Task:
+    """Outputs up to ~1e3: their squares overflow float16 inside F.mse_loss."""
+    return _variant(Scaled)
+
+
+class LogSoftmax(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.lin(x) * 300
+        return torch.log(torch.softmax(z, -1)).sum(-1, keepdim=True)  # LOGSOFTMAX LINE
+
+
+def log_softmax() -> dtypelab.Task:
+    return _variant(LogSoftmax)
+
+
+class Cat(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(torch.cat([x, torch.log(x)], dim=-1))  # CAT LINE
+
+
+def brackets() -> dtypelab.Task:
+    """log of negatives on a line full of square brackets, which rich would read as markup."""
+    return _variant(Cat)
+
+
+class Wrapper(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1))
+        with torch.no_grad():
+            self.net[0].weight.fill_(1.0)  # eight positive terms of ~1e38 add up past float32's max
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.abs() * 1e38)  # WRAPPER LINE
+
+
+def via_module() -> dtypelab.Task:
+    """The overflow happens inside a built-in Linear called from the user's forward."""
+    return _variant(Wrapper)
