@@ -31,6 +31,9 @@ def test_bench_then_show_end_to_end(tmp_path):
     assert [r["policy"] for r in data["results"]] == ["fp32", "amp-bf16", "bf16"]
     assert data["environment"]["torch"] and data["environment"]["hardware"]["gflops"]["float32"] > 0
 
+    assert data["config"]["task_name"] == "tiny"
+    assert run.stdout.startswith("dtypelab training: tiny · ")  # Task.name, not the file path
+
     shown = dtypelab("show", str(out))
     assert shown.returncode == 0 and "amp-bf16" in shown.stdout
     md = dtypelab("show", str(out), "--format", "markdown")
@@ -93,6 +96,11 @@ def test_export_writes_reloads_and_reports_size(tmp_path):
 
     model, meta = load_exported(str(path))
     assert meta["policy"] == "int8-dyn" and type(model.net[0].weight).__name__ == "Int8Tensor"
+
+
+def test_python_dash_m_dtypelab_runs_the_cli():
+    run = subprocess.run([sys.executable, "-m", "dtypelab", "--help"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "bench" in run.stdout and "trace" in run.stdout
 
 
 def test_readme_commands_are_what_ci_runs():
