@@ -13,12 +13,14 @@ TINY = os.path.join(HERE, "tiny_task.py")
 sys.path.insert(0, HERE)
 
 
-def fake_hardware(fp16_gflops: float = 0.5, device: str = "cpu") -> HardwareInfo:
-    """A CPU like the build machines: fast bf16, no native fp16. Skips the ~1 s probe in tests."""
+def fake_hardware(fp16_gflops: float = 0.5, device: str = "cpu", **kernels: float) -> HardwareInfo:
+    """A CPU like the build machines: fast bf16, no native fp16. Skips the ~1 s probe in tests. ``kernels``:
+    quantized kernels' GFLOP/s by probe key (``int8=2.0``; dashes as underscores)."""
+    gflops = {"float64": 40.0, "float32": 100.0, "bfloat16": 250.0, "float16": fp16_gflops}
+    gflops.update({k.replace("_", "-"): v for k, v in kernels.items()})
     return HardwareInfo(device=device, device_name="test cpu", cpu_name="test cpu",
                         cpu_flags=("avx512f", "avx512_bf16"), cpu_capability="AVX512",
-                        cuda_capability=None, threads=torch.get_num_threads(),
-                        gflops={"float64": 40.0, "float32": 100.0, "bfloat16": 250.0, "float16": fp16_gflops})
+                        cuda_capability=None, threads=torch.get_num_threads(), gflops=gflops)
 
 
 @pytest.fixture

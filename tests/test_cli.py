@@ -126,6 +126,8 @@ def test_nothing_imports_the_cli():
         if os.path.basename(root) == "cli":
             continue
         for f in files:
+            if f == "__main__.py" and os.path.samefile(root, src):
+                continue  # `python -m dtypelab`: an entry point, like the console script, not library code
             if f.endswith(".py"):
                 with open(os.path.join(root, f)) as fh:
                     text = fh.read()

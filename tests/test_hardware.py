@@ -11,6 +11,8 @@ from dtypelab.core.hardware import resolve_device
 def test_probe_measures_every_dtype_quickly():
     hw = probe("cpu", budget_s=0.01)
     assert set(hw.gflops) >= {"float64", "float32", "bfloat16", "float16"}
+    # the quantized inference policies' kernels, measured like the dtypes
+    assert set(hw.gflops) >= {"int8", "int8-fbgemm", "int8-weight-only", "fp8-weight-only"}
     assert all(v > 0 for v in hw.gflops.values())
     assert hw.device == "cpu" and hw.threads == torch.get_num_threads()
     assert HardwareInfo.from_dict(hw.to_dict()) == hw
@@ -37,3 +39,27 @@ def test_resolve_device_errors():
     if not torch.cuda.is_available():
         with pytest.raises(DtypelabError, match="sees no CUDA GPU"):
             resolve_device("cuda")
+
+
+def test_a_slow_int8_kernel_is_explained_with_its_figures():
+    hw = fake_hardware(int8=3.0, int8_fbgemm=150.0)
+    reason = hw.slow_reason("int8")
+    assert reason.startswith("the int8 × int8 matmul (torch._int_mm, torchao's eager path) is slow on this CPU")
+    assert "measured 3 GFLOP/s vs 100 for float32, 33x slower" in reason
+    assert hw.slow_reason("int8-fbgemm") is None
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
+def test_int8_kernel_probe_follows_torch_int_mm_when_onednn_is_off():
+    """Without oneDNN, torch._int_mm runs a plain loop (what a CPU without VNNI gets whatever the flag): the
+    probe, which calls the same kernel, must see the difference where oneDNN has int8 instructions to use."""
+    from dtypelab.core.hardware import _cpu_info, _kernel, _timed_gflops
+
+    fn = _kernel("int8", torch.device("cpu"), 128, ())
+    fast = _timed_gflops(fn, 128, lambda: None, 0.05)
+    with torch.backends.mkldnn.flags(enabled=False):
+        slow = _timed_gflops(fn, 128, lambda: None, 0.05)
+    assert torch.backends.mkldnn.enabled  # the flag is restored
+    assert fast > 0 and slow > 0
+    if set(_cpu_info()[1]) & {"avx512_vnni", "avx_vnni", "amx_int8"}:
+        assert slow < fast / 3, (slow, fast)  # measured here: 3 vs 500 GFLOP/s

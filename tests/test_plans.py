@@ -27,8 +27,9 @@ V1 = os.path.join(HERE, "data", "v1")
 # --- records ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["bench_train", "bench_infer", "audit", "trace", "trace_clean"])
 def test_files_written_by_version_1_render_as_before(name):
-    """Rendered by the code before configs and plans (only 'x slower' reads differently now: 2.63x slower
-    than fp32 (0.38x its speed), not 0.38x slower)."""
+    """Rendered by the code before configs and plans. What reads differently now: 2.63x slower than fp32 (0.38x
+    its speed), not 0.38x slower; a metric that moved the good way is 'better than fp32' / 'equal to fp32', not
+    'within 1%', and a sentence says the tolerance is one-sided."""
     from dtypelab.render.numeric import audit_doc, emit
     from dtypelab.render.trace import trace_doc
 

@@ -13,7 +13,8 @@ import torch
 from conftest import fake_hardware
 from torch import nn
 
-from dtypelab import DtypelabError, bench, export, load_exported
+from dtypelab import DtypelabError, bench, export, load_exported, recommend
+from dtypelab.bench.sweep import policy_table
 from dtypelab.core.policies import REGISTRY, Precision, configs, get_policy, policies_for
 from dtypelab.inference.fidelity import compare
 from dtypelab.inference.sizes import linear_weight_bytes, serialize, tensor_bytes
@@ -144,7 +145,7 @@ def test_unsupported_here_is_skipped_with_the_reason(tiny, monkeypatch):
     assert not why.ok and "CPU only" in why.reason
     monkeypatch.setattr(configs, "torchao_missing", lambda: "torchao cannot be imported (planted)")
     bench_module = sys.modules["dtypelab.bench.sweep"]  # the package's `bench` attribute is the function
-    monkeypatch.setattr(bench_module, "policies_for", lambda mode: ["fp32", "int8-dyn", "int8-dyn-legacy"])
+    monkeypatch.setattr(bench_module, "default_policies", lambda mode: ["fp32", "int8-dyn", "int8-dyn-legacy"])
     report = bench(tiny, mode="infer", steps=2, warmup=1, isolate=False, hardware=fake_hardware())
     skipped = report.result("int8-dyn")
     assert skipped.status == "skipped" and skipped.reason == "torchao cannot be imported (planted)"
@@ -198,3 +199,38 @@ def test_int8_without_vnni_is_called_not_native(tiny):
     vnni = type(vnni)(**{**vnni.__dict__, "cpu_flags": (*vnni.cpu_flags, "avx512_vnni")})
     report = bench(tiny, "int8-dyn", mode="infer", steps=2, warmup=1, isolate=False, hardware=vnni)
     assert "no int8 dot-product instructions" not in render(report, "markdown")
+
+
+def test_quantized_policies_are_judged_by_the_kernel_they_run():
+    keys = {name: get_policy(name).default.probe_key for name in QUANT}
+    assert keys == {"int8-dyn": "int8", "int8-dyn-compile": "float32", "int8-wo": "int8-weight-only",
+                    "fp8-wo": "fp8-weight-only", "int8-dyn-legacy": "int8-fbgemm", "int8-dyn-legacy-pc": "int8-fbgemm"}
+    slow_int8 = fake_hardware(int8=2.0, int8_fbgemm=150.0, int8_weight_only=60.0, fp8_weight_only=40.0)
+    avail = get_policy("int8-dyn").availability(slow_int8)
+    assert avail.ok and avail.slow and "torch._int_mm" in avail.reason and "50x slower" in avail.reason
+    for fine in ("int8-dyn-compile", "int8-wo", "fp8-wo", "int8-dyn-legacy"):
+        assert not get_policy(fine).availability(slow_int8).slow, fine
+
+
+def test_a_slow_int8_kernel_is_skipped_unless_forced(tiny):
+    slow_int8 = fake_hardware(int8=2.0)
+    report = bench(tiny, "int8-dyn,int8-wo", mode="infer", steps=2, warmup=1, isolate=False, hardware=slow_int8)
+    skipped = report.result("int8-dyn")
+    assert skipped.status == "skipped" and skipped.skip == "slow" and "2 GFLOP/s" in skipped.reason
+    assert report.result("int8-wo").status == "ok"
+    assert "use --force to run anyway" in " ".join(recommend(report).sentences)
+    forced = bench(tiny, "int8-dyn", mode="infer", steps=2, warmup=1, isolate=False, hardware=slow_int8, force=True)
+    assert forced.result("int8-dyn").status == "ok"
+    rows = {name: verdict for name, _, verdict in policy_table(hardware=slow_int8)}
+    assert rows["int8-dyn"].startswith("skipped unless --force: the int8 × int8 matmul")
+
+
+def test_default_inference_sweep_leaves_fp64_out_but_runs_it_by_name(tiny, monkeypatch):
+    from dtypelab.core.policies import default_policies
+
+    assert "fp64" not in default_policies("infer") and "fp64" in default_policies("train")
+    assert "fp64" in policies_for("infer")
+    rows = {name: verdict for name, _, verdict in policy_table(hardware=fake_hardware())}
+    assert "not in the default infer sweep" in rows["fp64"]
+    report = bench(tiny, "fp64", mode="infer", steps=2, warmup=1, isolate=False, hardware=fake_hardware())
+    assert report.result("fp64").status == "ok"

@@ -52,6 +52,8 @@ class Job:
     workdir: str  # shared by all jobs of one sweep: initial weights, reference weights and outputs
     threads: int | None = None
     per_layer: bool = False  # infer: also compare every layer's output with the fp32 model's
+    time_box_s: float | None = None  # infer: stop timing after this many timed seconds ...
+    min_timed: int = 4  # ... once at least this many passes after warm-up are timed
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "plan", get_policy(self.plan))
@@ -133,6 +135,10 @@ def infer(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
             forward(model, precision, inputs)
             timer.stop()
             progress(i + 1, job.steps)
+            if (job.time_box_s is not None and i + 1 >= job.warmup + job.min_timed
+                    and sum(timer.samples) >= job.time_box_s):
+                progress(job.steps, job.steps)
+                break
         peak = meter.peak_bytes()
         outputs: list[Any] = []  # what the task's evaluation ran the model on: the fidelity set
         metrics = evaluate(task, model, precision, device, record=outputs)

@@ -90,7 +90,8 @@ def speed_text(sp: float) -> str:
 
 def _short_reason(r: PolicyResult) -> str:
     if r.status == "skipped":
-        return "too slow here (--force runs it)" if r.skip == "slow" else "not on this hardware"
+        return {"slow": "too slow here (--force runs it)", "budget": "over the time budget (--budget)"}.get(
+            r.skip, "not on this hardware")
     if r.status in ("failed", "timeout", "oom"):
         return r.reason if len(r.reason) <= 60 else r.reason[:57] + "..."
     return r.status
@@ -117,11 +118,11 @@ def recommend(report: Report) -> Recommendation:
     base = report.result(BASELINE)
     verdicts: dict[str, str] = {}
     sentences: list[str] = []
-    skipped: dict[tuple[str, bool], list[str]] = {}
+    skipped: dict[tuple[str, str], list[str]] = {}
     for r in report.results:
         if not r.ran:
             verdicts[r.policy] = _short_reason(r)
-            skipped.setdefault((f"{r.status} — {r.reason}", r.skip == "slow"), []).append(r.policy)
+            skipped.setdefault((f"{r.status} — {r.reason}", r.skip), []).append(r.policy)
     base_metric = base.metric(metric) if base and base.status == "ok" else None
     if base_metric is None or not math.isfinite(base_metric):
         why = f"{base.status}: {base.reason}" if base and base.status != "ok" else "it has no finite metric"
@@ -197,7 +198,7 @@ def recommend(report: Report) -> Recommendation:
                              f"({low.peak_memory_bytes / 2**20:.1f} MB vs {b.peak_memory_bytes / 2**20:.1f} MB "
                              f"for {b.policy}).")
             verdicts[lowest] += ", lowest memory"
-    for (reason, slow), names in skipped.items():
-        hint = "; use --force to run anyway" if slow else ""
+    for (reason, skip), names in skipped.items():
+        hint = {"slow": "; use --force to run anyway", "budget": "; a larger --budget (0: none) runs it"}.get(skip, "")
         sentences.append(f"{', '.join(names)}: {reason}{hint}.")
     return Recommendation(best, lowest, verdicts, tuple(sentences))

@@ -7,17 +7,32 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+from dtypelab.bench.budget import DEFAULT_BUDGET_S, budget_text, estimate, parse_budget
 from dtypelab.bench.job import Job
 from dtypelab.bench.launch import LAUNCHERS, Event, Launcher, OnEvent
 from dtypelab.bench.recommend import Tolerance
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, environment, probe, resolve_device
-from dtypelab.core.policies import BASELINE, REGISTRY, Config, Plan, get_policy, parse_policies, policies_for
+from dtypelab.core.policies import (
+    BASELINE,
+    NOT_IN_DEFAULT_SWEEP,
+    REGISTRY,
+    Config,
+    Plan,
+    default_policies,
+    get_policy,
+    parse_policies,
+)
 from dtypelab.core.results import PolicyResult, Report, RunConfig, policy_info
 from dtypelab.core.task import Task, load_task
 
 MODES = ("train", "infer")
 INFER_STEPS = 50
+# With the default step count, inference timing stops after this many seconds of timed passes (and at least
+# MIN_TIMED passes after warm-up): on a CPU where one pass of a real model takes 2 s, 50 passes per policy
+# would be most of a sweep's time and add nothing to a median. --steps N always times exactly N.
+INFER_TIME_BOX_S = 8.0
+MIN_TIMED = 4
 
 
 def _check_patterns(task: Task, plans: Iterable[Plan]) -> None:
@@ -60,6 +75,7 @@ def bench(
     launcher: str | Launcher | None = None,
     on_event: OnEvent | None = None,
     hardware: HardwareInfo | None = None,
+    budget: str | float | None = DEFAULT_BUDGET_S,
 ) -> Report:
     """Train (or run inference on) ``task`` under each policy and measure speed, memory and metric.
 
@@ -71,8 +87,11 @@ def bench(
     report is rewritten to ``json_path`` after each one, so an interruption keeps what finished.
     ``per_layer`` (infer mode): also the SQNR of every layer's output vs the fp32 model. ``min_cosine``
     (infer mode): a policy whose worst per-sample output cosine vs fp32 falls below it is not
-    recommended, whatever its metric.
+    recommended, whatever its metric. ``budget`` (seconds, or text such as "15m"; None or 0: none): after the
+    fp32 run, each further policy's time is estimated from fp32's and the probe, and one that would not fit
+    in what is left of the budget is recorded as skipped with its estimate.
     """
+    started = time.monotonic()
     if mode not in MODES:
         raise DtypelabError(f"unknown mode {mode!r}: use train or infer")
     for name, value in (("steps", steps), ("batch-size", batch_size), ("threads", threads)):
@@ -82,8 +101,9 @@ def bench(
     if timeout_s <= 0:
         raise DtypelabError(f"--timeout must be positive, got {timeout_s:g}")
     tol = Tolerance.parse(tolerance)
+    budget_s = parse_budget(budget)
     explicit = policies is not None
-    plans = {p.name: p for p in (parse_policies(policies) if explicit else map(get_policy, policies_for(mode)))}
+    plans = {p.name: p for p in (parse_policies(policies) if explicit else map(get_policy, default_policies(mode)))}
     if launcher is None:
         launcher = "process" if isolate else "inline"
     if isinstance(launcher, str):
@@ -109,6 +129,7 @@ def bench(
         hardware = probe(dev)
 
     # A pretrained task is never trained: its steps are forward passes, sized for its (larger) model.
+    time_box = INFER_TIME_BOX_S if mode == "infer" and steps is None else None
     steps = steps or (INFER_STEPS if mode == "infer" and not loaded.pretrained else loaded.steps)
     batch_size = batch_size or loaded.batch_size
     if warmup is None:
@@ -123,7 +144,7 @@ def bench(
         task=task, mode=mode, policies=tuple(order), steps=steps, batch_size=batch_size, warmup=warmup,
         seed=seed, tolerance=str(tol), device=str(dev), force=force, timeout_s=timeout_s,
         metric=loaded.metric, higher_is_better=loaded.higher_is_better, threads=threads, per_layer=per_layer,
-        min_cosine=min_cosine, task_name=loaded.name,
+        min_cosine=min_cosine, task_name=loaded.name, time_box_s=time_box,
     )
     report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
@@ -142,7 +163,8 @@ def bench(
     with tempfile.TemporaryDirectory(prefix="dtypelab-") as workdir:
         def run(policy: str, job_mode: str, job_steps: int) -> PolicyResult:
             job = Job(task, plans[policy], job_mode, job_steps, batch_size, warmup, seed, str(dev), workdir, threads,
-                      per_layer=per_layer and job_mode == "infer")
+                      per_layer=per_layer and job_mode == "infer",
+                      time_box_s=time_box if job_mode == "infer" else None, min_timed=MIN_TIMED)
             result = launcher.run(job, timeout_s, lambda d, t: on_event(Event("step", policy, d, t)))
             return result if result.info else replace(result, info=policy_info(job.plan))  # died before saying
 
@@ -153,15 +175,22 @@ def bench(
             if ref.status != "ok":
                 raise DtypelabError(f"training the fp32 reference for inference failed: {ref.status}: {ref.reason}")
         pending = list(runnable)
+        base_wall: float | None = None
         try:
             while pending:
                 name = pending[0]
-                on_event(Event("start", name, 0, steps))
-                result = run(name, mode, steps)
+                over = _over_budget(plans[name], hardware, base_wall, budget_s, time.monotonic() - started)
+                if over:
+                    result = PolicyResult(name, "skipped", over, info=policy_info(plans[name]), skip="budget")
+                else:
+                    on_event(Event("start", name, 0, steps))
+                    result = run(name, mode, steps)
+                if name == BASELINE:
+                    base_wall = result.wall_s
                 report = report.with_result(result)
                 pending.pop(0)
-                _save(report, json_path)
-                on_event(Event("done", name, result=result))
+                _save(report, json_path)  # on disk before anyone hears of it: Ctrl-C in a handler loses nothing
+                on_event(Event("skip" if over else "done", name, result=result))
         except KeyboardInterrupt:
             for name in pending:
                 report = report.with_result(PolicyResult(name, "interrupted", "interrupted before it finished",
@@ -169,6 +198,18 @@ def bench(
             _save(report, json_path)
             raise
     return report
+
+
+def _over_budget(plan: Plan, hw: HardwareInfo, base_wall: float | None, budget_s: float | None,
+                 elapsed: float) -> str:
+    """Why this policy would not fit in what is left of the budget, or ""."""
+    if budget_s is None or base_wall is None or plan.name == BASELINE:
+        return ""
+    est, left = estimate(plan, hw, base_wall), budget_s - elapsed
+    if est.seconds <= left:
+        return ""
+    return (f"over the time budget: estimated {est.seconds:.0f} s ({est.why}), {max(0.0, left):.0f} s left of "
+            f"{budget_text(budget_s)}")
 
 
 def _save(report: Report, path: str | None) -> None:
@@ -190,5 +231,8 @@ def policy_table(device: str | None = None, hardware: HardwareInfo | None = None
             f"skipped unless --force: {avail.reason}" if avail.ok else f"not here: {avail.reason}")
         if plan.modes == ("infer",):
             verdict += " (inference only)"
+        left_out = [m for m, names in NOT_IN_DEFAULT_SWEEP.items() if name in names]
+        if left_out:
+            verdict += f" (not in the default {', '.join(left_out)} sweep; name it to run it)"
         rows.append((name, plan.describe(), verdict))
     return rows

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import time
 from typing import Annotated
 
 import typer
@@ -11,6 +15,8 @@ from rich.progress import Progress
 from dtypelab.cli._common import _check_format, _emit, _emit_record, _fail, _guarded, _progress, app, err, out
 from dtypelab.cli.options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, TaskArg, ThreadsOpt
 from dtypelab.core.errors import DtypelabError
+
+HEARTBEAT_S = 30.0
 
 
 class _Bars:
@@ -35,6 +41,56 @@ class _Bars:
             colour = "green" if r.status == "ok" else "red"
             p.console.print(f"{escape(event.label or r.policy)}: [{colour}]{r.status}[/] in {r.wall_s:.1f} s"
                             + (f" — {escape(r.reason)}" if r.reason else ""), highlight=False)
+        elif event.kind == "skip":
+            p.console.print(f"{escape(event.policy)}: [yellow]skipped[/] — {escape(event.result.reason)}",
+                            highlight=False)
+
+
+class _Lines:
+    """Progress as plain lines, for logs and CI where stderr is no terminal (bars would print nothing): one
+    line per policy start, finish or skip, and a heartbeat every ``every`` seconds while one runs (a compile
+    or a slow kernel can take minutes without a step)."""
+
+    def __init__(self, every: float) -> None:
+        self.every, self.started = every, time.monotonic()
+        self.current: tuple[str, float] | None = None  # (label, since)
+        self.done, self.total = 0, 0
+        self.lock, self.stopped = threading.Lock(), threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def __enter__(self) -> _Lines:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+    def _say(self, text: str) -> None:
+        sys.stderr.write(f"[{time.monotonic() - self.started:6.0f} s] {text}\n")
+        sys.stderr.flush()
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(self.every):
+            with self.lock:
+                if self.current:
+                    label, since = self.current
+                    steps = f", {self.done}/{self.total} steps" if self.total else ""
+                    self._say(f"{label}: still running after {time.monotonic() - since:.0f} s{steps}")
+
+    def __call__(self, event) -> None:
+        with self.lock:
+            label = event.label or event.policy
+            if event.kind == "start":  # (the ~1 s probe gets no line: an error after it must stay one line)
+                self.current, self.done, self.total = (label, time.monotonic()), 0, event.total
+                self._say(f"{label}: started" + (f" ({event.total} steps)" if event.total else ""))
+            elif event.kind == "step":
+                self.done, self.total = event.done, event.total
+            elif event.kind == "done":
+                r, self.current = event.result, None
+                self._say(f"{label}: {r.status} in {r.wall_s:.1f} s" + (f" — {r.reason}" if r.reason else ""))
+            elif event.kind == "skip":
+                self._say(f"{label}: skipped — {event.result.reason}")
 
 
 @app.command()
@@ -54,6 +110,8 @@ def bench(
     per_layer: Annotated[bool, typer.Option("--per-layer", help="infer: SQNR of every layer's output vs fp32")] = False,
     min_cosine: Annotated[float, typer.Option(help="infer: lowest worst-sample output cosine vs fp32 to accept")
                           ] = 0.99,
+    budget: Annotated[str, typer.Option(help="time for the whole sweep: policies estimated (from the fp32 run and "
+                                             "the probe) not to fit are skipped; 15m, 900s, 0 for none")] = "15m",
     json: JsonOpt = None,
     fmt: FormatOpt = "table",
 ) -> None:
@@ -65,11 +123,15 @@ def bench(
     path = json or default_result_path(task, mode)
     with _guarded(f"policies that finished are saved in {path}"):
         _check_format(fmt)
-        with _progress() as progress:
-            report = run_bench(task, policies, mode=mode, steps=steps, batch_size=batch_size, warmup=warmup,
-                               tolerance=tolerance, device=device, seed=seed, force=force, timeout_s=timeout,
-                               threads=threads, json_path=path, per_layer=per_layer, min_cosine=min_cosine,
-                               on_event=_Bars(progress))
+        kwargs = dict(mode=mode, steps=steps, batch_size=batch_size, warmup=warmup, tolerance=tolerance,
+                      device=device, seed=seed, force=force, timeout_s=timeout, threads=threads, json_path=path,
+                      per_layer=per_layer, min_cosine=min_cosine, budget=budget)
+        if err.is_terminal:
+            with _progress() as progress:
+                report = run_bench(task, policies, on_event=_Bars(progress), **kwargs)
+        else:
+            with _Lines(float(os.environ.get("DTYPELAB_HEARTBEAT_S", HEARTBEAT_S))) as lines:
+                report = run_bench(task, policies, on_event=lines, **kwargs)
     _emit(report, fmt)
     err.print(f"[dim]results saved to {escape(path)}; re-render with: dtypelab show {escape(path)}[/]")
 
@@ -110,19 +172,23 @@ def policies(device: DeviceOpt = None) -> None:
 
 @app.command()
 def hardware(device: DeviceOpt = None) -> None:
-    """Show what this machine can do: flags and measured matmul throughput per dtype."""
-    from dtypelab.core.hardware import probe
+    """Show what this machine can do: flags, and measured throughput per dtype and per quantized kernel."""
+    from dtypelab.core.hardware import KERNEL_LABELS, probe
 
     with _guarded():
         hw = probe(device)
-    out.print(f"device      {hw.device} ({hw.device_name})", markup=False)
-    out.print(f"cpu         {hw.cpu_name}; torch capability {hw.cpu_capability}; {hw.threads} threads", markup=False)
-    out.print(f"cpu flags   {' '.join(hw.cpu_flags) or '(unknown)'}")
+    lines = [f"device      {hw.device} ({hw.device_name})",
+             f"cpu         {hw.cpu_name}; torch capability {hw.cpu_capability}; {hw.threads} threads",
+             f"cpu flags   {' '.join(hw.cpu_flags) or '(unknown)'}"]
     if hw.cuda_capability:
-        out.print(f"cuda        capability {hw.cuda_capability[0]}.{hw.cuda_capability[1]}")
-    for dtype, gflops in hw.gflops.items():
-        native = {True: "native", False: "not native", None: ""}[hw.native(dtype)]
-        slow = hw.slow_reason(dtype)
-        out.print(f"{dtype:11s} {gflops:10.3g} GFLOP/s  {native}{'  — ' + slow if slow else ''}", highlight=False)
-
-
+        lines.append(f"cuda        capability {hw.cuda_capability[0]}.{hw.cuda_capability[1]}")
+    ref = hw.gflops.get("float32")
+    lines.append("throughput  GFLOP/s of an n×n matmul (quantized kernels: the same count of multiply-adds)")
+    for key, gflops in hw.gflops.items():
+        native = {True: "native", False: "not native", None: ""}[hw.native(key)]
+        ratio = f"{gflops / ref:6.2f}x fp32" if ref else ""
+        what = KERNEL_LABELS.get(key, "")
+        slow = hw.slow_reason(key)
+        lines.append(f"  {key:17s} {gflops:9.3g}  {ratio}  {native:10s} {what}{'  — ' + slow if slow else ''}".rstrip())
+    for line in lines:
+        out.print(line, markup=False, highlight=False)

@@ -28,12 +28,14 @@ def export(
 
     with _guarded(), err.status(f"converting {task} with {policy}"):
         info = run_export(task, policy, output, weights=weights, seed=seed)
-    out.print(f"wrote {info.path} ({info.format}): {_bytes(info.file_bytes)}, "
-              f"{info.file_bytes / info.fp32_file_bytes:.2f}x fp32's {_bytes(info.fp32_file_bytes)}", highlight=False, markup=False)
+    lines = [f"wrote {info.path} ({info.format}): {_bytes(info.file_bytes)}, "
+             f"{info.file_bytes / info.fp32_file_bytes:.2f}x fp32's {_bytes(info.fp32_file_bytes)}"]
     if info.fp32_linear_weight_bytes:
-        out.print(f"linear-layer weights: {_bytes(info.linear_weight_bytes)}, "
-                  f"{info.linear_weight_bytes / info.fp32_linear_weight_bytes:.2f}x fp32", highlight=False, markup=False)
+        lines.append(f"linear-layer weights: {_bytes(info.linear_weight_bytes)}, "
+                     f"{info.linear_weight_bytes / info.fp32_linear_weight_bytes:.2f}x fp32")
     same = "identical" if info.roundtrip_max_abs_diff == 0 else f"max abs difference {info.roundtrip_max_abs_diff:.3g}"
-    out.print(f"weights: {info.weights}; reloaded from the file: outputs {same}", highlight=False, markup=False)
+    lines.append(f"weights: {info.weights}; reloaded from the file: outputs {same}")
+    for line in lines:  # paths are the user's: never parsed as markup
+        out.print(line, highlight=False, markup=False)
     if info.roundtrip_max_abs_diff != 0:
         raise typer.Exit(1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import platform
 import time
+import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -15,7 +17,19 @@ from dtypelab.core.errors import DtypelabError
 RELEVANT_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
                   "amx_bf16", "amx_fp16", "amx_int8", "asimd", "asimddp", "bf16", "fphp", "asimdhp")
 PROBE_DTYPES = ("float64", "float32", "bfloat16", "float16")
-# A policy whose compute dtype runs below this fraction of fp32 throughput is "pathologically slow".
+# The kernels the quantized inference policies run, timed like the dtypes (GFLOP/s counted as 2·n³ per n×n
+# product, so they compare with float32's matmul). "int8": the int8 × int8 → int32 matmul torchao's eager
+# dynamic-quantization path calls on CPU and CUDA (torch._int_mm: oneDNN with VNNI, else a plain loop);
+# "int8-fbgemm": torch.ao's packed dynamic linear; the weight-only ones: weights converted to float32 for
+# every call, then a float32 matmul, as torchao 0.18 runs them on CPU.
+KERNEL_PROBES = ("int8", "int8-fbgemm", "int8-weight-only", "fp8-weight-only")
+KERNEL_LABELS = {
+    "int8": "int8 × int8 matmul (torch._int_mm, torchao's eager path)",
+    "int8-fbgemm": "torch.ao dynamic int8 linear (fbgemm/x86)",
+    "int8-weight-only": "int8 weight-only linear (weights to float32 per call)",
+    "fp8-weight-only": "fp8 weight-only linear (weights to float32 per call)",
+}
+# A policy whose compute dtype (or kernel) runs below this fraction of fp32 throughput is "pathologically slow".
 SLOW_RATIO = 0.1
 
 
@@ -28,7 +42,7 @@ class HardwareInfo:
     cpu_capability: str
     cuda_capability: tuple[int, int] | None
     threads: int
-    gflops: dict[str, float] = field(default_factory=dict)  # dtype name (or "tf32") -> GFLOP/s
+    gflops: dict[str, float] = field(default_factory=dict)  # dtype name, "tf32" or a KERNEL_PROBES key -> GFLOP/s
 
     @property
     def is_cuda(self) -> bool:
@@ -46,7 +60,7 @@ class HardwareInfo:
         flags = set(self.cpu_flags)
         if dtype in ("tf32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
             return False  # no CPU instruction set computes these; PyTorch converts around float32
-        if dtype in ("int8", "uint8"):  # int8 dot products: VNNI / AMX
+        if dtype in ("int8", "uint8"):  # int8 dot products: VNNI / AMX (torch._int_mm needs them for oneDNN)
             return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8", "asimddp"})
         if dtype == "bfloat16":
             return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
@@ -60,8 +74,12 @@ class HardwareInfo:
         if fast is None or not ref or fast >= SLOW_RATIO * ref:
             return None
         what = "GPU" if self.is_cuda else "CPU"
-        lack = f"this {what} has no native {dtype} arithmetic" if self.native(dtype) is False else (
-            f"{dtype} is slow on this {what}")
+        if dtype in KERNEL_LABELS:
+            lack = f"the {KERNEL_LABELS[dtype]} is slow on this {what}" + (
+                " (no VNNI/AMX int8 instructions)" if self.native(dtype) is False else "")
+        else:
+            lack = f"this {what} has no native {dtype} arithmetic" if self.native(dtype) is False else (
+                f"{dtype} is slow on this {what}")
         return f"{lack} (measured {fast:.3g} GFLOP/s vs {ref:.3g} for float32, {ref / fast:.0f}x slower)"
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,11 +146,15 @@ def _matmul_gflops(dtype: torch.dtype, device: torch.device, n: int, budget_s: f
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    a @ b  # warm-up: kernel selection, lazy init
+    return _timed_gflops(lambda: a @ b, n, sync, budget_s)
+
+
+def _timed_gflops(fn: Callable[[], Any], n: int, sync: Callable[[], None], budget_s: float) -> float:
+    fn()  # warm-up: kernel selection, lazy init, weight packing
     sync()
     reps, start = 0, time.perf_counter()
-    while True:  # at least two reps; stop once the budget is spent, however slow the dtype
-        a @ b
+    while True:  # at least two reps; stop once the budget is spent, however slow the kernel
+        fn()
         sync()
         reps += 1
         elapsed = time.perf_counter() - start
@@ -140,8 +162,36 @@ def _matmul_gflops(dtype: torch.dtype, device: torch.device, n: int, budget_s: f
             return 2 * n**3 * reps / elapsed / 1e9
 
 
-def probe(device: str | torch.device | None = None, budget_s: float = 0.15) -> HardwareInfo:
-    """Describe the device and measure matmul GFLOP/s per dtype (about 1 s on CPU)."""
+def _kernel(key: str, dev: torch.device, n: int, flags: tuple[str, ...]) -> Callable[[], Any] | None:
+    """A zero-argument call of the kernel a quantized policy runs, on n×n operands; None where it has none."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, n, generator=g).to(dev)
+    w8 = torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8).to(dev)
+    scales = (torch.rand(n, generator=g) / 64).to(dev)
+    if key == "int8":
+        a = torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8).to(dev)
+        rows = scales.unsqueeze(1)
+        if dev.type == "cpu" and set(flags) & {"avx512_vnni", "avx_vnni"} and "amx_int8" not in flags:
+            # torchao's CPU path on VNNI without AMX: shifted to uint8 (u8s8), the form VNNI multiplies
+            a = (a.to(torch.int32) + 128).to(torch.uint8)
+        return lambda: torch._int_mm(a, w8.t()).to(torch.float32) * rows
+    if dev.type != "cpu":
+        return None  # the other kernels are CPU paths here; CUDA runs its own
+    if key == "int8-fbgemm":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.ao's quantized tensors are deprecated: that is the point
+            packed = torch.ops.quantized.linear_prepack(torch.quantize_per_tensor(x, 0.05, 0, torch.qint8), None)
+        return lambda: torch.ops.quantized.linear_dynamic(x, packed)
+    if key == "int8-weight-only":
+        return lambda: (x @ w8.to(torch.float32).t()) * scales
+    if key == "fp8-weight-only":
+        w = x.to(torch.float8_e4m3fn)
+        return lambda: x @ (w.to(torch.float32) * scales.unsqueeze(1)).t()
+    return None
+
+
+def probe(device: str | torch.device | None = None, budget_s: float = 0.1) -> HardwareInfo:
+    """Describe the device and measure matmul GFLOP/s per dtype and per quantized kernel (about 1 s on CPU)."""
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     cpu_name, flags = _cpu_info()
     cc, name = None, cpu_name
@@ -159,6 +209,14 @@ def probe(device: str | torch.device | None = None, budget_s: float = 0.15) -> H
             gflops["tf32"] = _matmul_gflops(torch.float32, dev, n, budget_s)
         finally:
             torch.backends.cuda.matmul.fp32_precision = prev
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for key in KERNEL_PROBES:
+        try:
+            fn = _kernel(key, dev, n, flags)
+            if fn is not None:
+                gflops[key] = _timed_gflops(fn, n, sync, budget_s)
+        except (RuntimeError, NotImplementedError, AttributeError):
+            pass  # this torch build lacks the kernel (no quantized engine, no _int_mm): the policy says so itself
     return HardwareInfo(
         device=str(dev), device_name=name, cpu_name=cpu_name, cpu_flags=flags,
         cpu_capability=torch.backends.cpu.get_cpu_capability(), cuda_capability=cc,

@@ -85,7 +85,8 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
 def _title(report: Report) -> str:
     cfg, hw = report.config, report.environment.get("hardware", {})
     what = "inference" if cfg.mode == "infer" else "training"
-    return (f"dtypelab {what}: {cfg.task_name or cfg.task} · {cfg.steps} steps × batch {cfg.batch_size} · "
+    steps = f"≤{cfg.steps} steps (or {cfg.time_box_s:g} s)" if cfg.time_box_s else f"{cfg.steps} steps"
+    return (f"dtypelab {what}: {cfg.task_name or cfg.task} · {steps} × batch {cfg.batch_size} · "
             f"{hw.get('device_name') or cfg.device} · torch {report.environment.get('torch', '?')}")
 
 

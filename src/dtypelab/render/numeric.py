@@ -41,8 +41,8 @@ def formats_doc(formats: list[Format], hw: HardwareInfo | None) -> Doc:
         sign = f.bits - f.exponent_bits - f.mantissa_bits if f.is_float else None
         layout = f"{f.bits}: {sign}/{f.exponent_bits}/{f.mantissa_bits}" if f.is_float else f"{f.bits} int"
         special = "/".join(t for t, ok in (("inf", f.has_inf), ("nan", f.has_nan)) if ok) or "none"
-        rows.append([f.name, layout, num(f.max, ".6g"), pow2(f.smallest_normal), pow2(f.smallest_subnormal), pow2(f.eps),
-                     f"{f.decimal_digits:.1f}", special if f.is_float else "—", _native(f, hw), f.note])
+        rows.append([f.name, layout, num(f.max, ".6g"), pow2(f.smallest_normal), pow2(f.smallest_subnormal),
+                     pow2(f.eps), f"{f.decimal_digits:.1f}", special if f.is_float else "—", _native(f, hw), f.note])
     notes = ["digits: significant decimal digits, (mantissa bits + 1)·log10(2); eps: gap between 1 and the next "
              "value", "native: from CPU flags / CUDA capability; the ratio is measured matmul throughput"]
     return "numeric formats (computed from torch, numpy and ml_dtypes)", headers, rows, notes

@@ -114,13 +114,9 @@ class Sites:
             if not origin or _frame_kind(origin[0]) != "user":
                 return None
             path, first, call = origin
-            for line in range(call, call + 60):
-                text = linecache.getline(path, line)
-                if not text:
-                    break
-                if re.search(rf"\b{word}\s*=", text):
-                    return where(path, line)
-            return where(path, call)
+            # the keyword nearest the call (which Python may report at its first or its last line)
+            hits = [n for n in range(first, call + 60) if re.search(rf"\b{word}\s*=", linecache.getline(path, n))]
+            return where(path, min(hits, key=lambda n: abs(n - call)) if hits else call)
 
         name = getattr(loss_fn, "__qualname__", None) or type(loss_fn).__name__
         module = getattr(loss_fn, "__module__", None) or type(loss_fn).__module__
@@ -361,7 +357,8 @@ class OpTracer(TorchDispatchMode):
             module, source_line, code, via = (fwd.module, fwd.source, fwd.code, fwd.via) if fwd else ("", "", "", "")
             backward_of = fwd.op if fwd else node.name()
         else:
-            module, source_line, code, via = (info.module, info.source, info.code, info.via) if info else ("", "", "", "")
+            module, source_line, code, via = (
+                (info.module, info.source, info.code, info.via) if info else ("", "", "", ""))
             backward_of = ""
             diagnosis += info.hint if info and info.hint else ""
         param = next((self.names[k] for k in map(storage_key, outputs) if k in self.names), "")

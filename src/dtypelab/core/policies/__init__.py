@@ -48,9 +48,19 @@ register("int8-dyn-legacy", Quantize("int8-dynamic", library="torch.ao", granula
 register("int8-dyn-legacy-pc", Quantize("int8-dynamic", library="torch.ao", granularity="per-channel"))
 
 
+# Registered policies a default sweep leaves out: nobody deploys float64 inference, and it doubles the time
+# of a sweep whose question is "which cheaper format keeps my outputs". Still runnable by name.
+NOT_IN_DEFAULT_SWEEP = {"train": frozenset(), "infer": frozenset({"fp64"})}
+
+
 def policies_for(mode: str) -> list[str]:
     """Every registered policy that can run in ``mode`` (train or infer), in registry order."""
     return [name for name, plan in REGISTRY.items() if mode in plan.modes]
+
+
+def default_policies(mode: str) -> list[str]:
+    """What ``bench`` runs when no policy is named: ``policies_for(mode)`` less ``NOT_IN_DEFAULT_SWEEP``."""
+    return [name for name in policies_for(mode) if name not in NOT_IN_DEFAULT_SWEEP.get(mode, ())]
 
 
 def _lookup(name: str) -> Plan:
@@ -114,5 +124,6 @@ def parse_policies(policies: str | Sequence[str | Config | Plan] | None) -> list
     return list(plans.values())
 
 
-__all__ = ["BASELINE", "PLAN_SCHEMA", "REGISTRY", "TF32", "Autocast", "Availability", "Cast", "Config", "Plan",
-           "Precision", "Quantize", "get_policy", "load_plan", "parse_policies", "policies_for", "register", "single"]
+__all__ = ["BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "TF32", "Autocast", "Availability", "Cast",
+           "Config", "Plan", "Precision", "Quantize", "default_policies", "get_policy", "load_plan", "parse_policies",
+           "policies_for", "register", "single"]

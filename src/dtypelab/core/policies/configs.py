@@ -60,6 +60,12 @@ class Config:
         """A short name for a config that is not registered under one."""
         return self.kind
 
+    @property
+    def probe_key(self) -> str:
+        """The hardware probe's throughput entry that decides whether this config is pathologically slow here:
+        its compute dtype, or the kernel a quantized config runs."""
+        return self.compute_dtype
+
     def describe(self) -> str:
         raise NotImplementedError
 
@@ -206,6 +212,16 @@ class Quantize(Config):
     @property
     def compute_dtype(self) -> str:
         return SCHEMES[self.scheme][1]
+
+    @property
+    def probe_key(self) -> str:
+        if self.library == "torch.ao":
+            return "int8-fbgemm"
+        if self.scheme == "int8-dynamic":
+            # compiled, inductor lowers the int8 matmul to its own fused kernels (float mm with an int32
+            # out_dtype on CPU), so torch._int_mm's speed says nothing about it
+            return "float32" if self.compile else "int8"
+        return self.scheme
 
     @property
     def backend(self) -> str:

@@ -156,7 +156,7 @@ class Plan:
             if why_not:
                 return Availability(False, why_not)
         for config in self.configs:
-            slow = hw.slow_reason(config.compute_dtype)
+            slow = hw.slow_reason(config.probe_key)
             if slow:
                 return Availability(True, slow, slow=True)
         return Availability(True)

@@ -17,8 +17,9 @@ SCHEMA = "dtypelab.report"
 
 # Outcome of one policy. "ok" and "diverged" ran to the end; the rest have a reason and maybe no numbers.
 STATUSES = ("ok", "diverged", "failed", "timeout", "oom", "skipped", "interrupted")
-# Why a policy was skipped: it cannot run on this hardware, or it was measured pathologically slow here.
-SKIP_KINDS = ("", "unsupported", "slow")
+# Why a policy was skipped: it cannot run on this hardware, it was measured pathologically slow here, or its
+# estimated time did not fit in what was left of the sweep's --budget.
+SKIP_KINDS = ("", "unsupported", "slow", "budget")
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class RunConfig:
     threads: int | None = None
     per_layer: bool = False
     min_cosine: float = 0.99  # infer: a policy whose worst per-sample cosine vs fp32 is lower is not accepted
+    time_box_s: float | None = None  # infer with default steps: timing stopped after this many seconds
     task_name: str = ""  # Task.name (``task`` is how it was given: a built-in name, file.py:fn or pkg.mod:fn)
 
 
@@ -113,7 +115,7 @@ class PolicyResult:
     model_bytes: int | None = None
     init_fingerprint: str = ""  # hash of the initial weights: identical across policies
     info: PolicyInfo | None = None
-    skip: str = ""  # skipped: "unsupported" here, or measured "slow" here (--force runs it)
+    skip: str = ""  # skipped: "unsupported" here, measured "slow" here (--force runs it), or over "budget"
     scaler: ScalerStats = field(default_factory=dict)  # GradScaler history (amp-fp16)
     size: SizeInfo | None = None  # infer: the converted model's file and linear-weight bytes
     first_call_s: float | None = None  # infer: the first call (compilation, for compiled policies)

@@ -1,0 +1,60 @@
+"""The sweep's time budget: each policy's run estimated from the fp32 run and the hardware probe, so that a
+policy that would take ten minutes is skipped with its estimate instead of silently eating them."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.policies import Plan
+
+DEFAULT_BUDGET_S = 900.0
+# A compiled policy's first call: inductor's compile of a small transformer took 32 s on 2 cores with an
+# empty cache (minilm, int8-dyn-compile); allowed for up front, since nothing measures it before it runs.
+COMPILE_ALLOWANCE_S = 60.0
+
+
+def parse_budget(text: str | float | None) -> float | None:
+    """'15m', '900', '90s', '1.5h' -> seconds; '0' or 'none' -> None (no budget)."""
+    if text is None or isinstance(text, int | float):
+        value = None if text is None else float(text)
+    else:
+        raw = str(text).strip().lower()
+        if raw in ("0", "none", "off", "inf"):
+            return None
+        m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*(s|m|min|h)?", raw)
+        if not m:
+            raise DtypelabError(f"bad budget {text!r}: use seconds (900, 90s), minutes (15m), hours (1h) or 0 for none")
+        value = float(m.group(1)) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
+    if value is not None and (not math.isfinite(value) or value < 0):
+        raise DtypelabError(f"bad budget {text!r}: must be a finite number of seconds >= 0")
+    return value or None
+
+
+def budget_text(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:.0f} s"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    seconds: float
+    why: str  # how it was reached, for the skip reason
+
+
+def estimate(plan: Plan, hw: HardwareInfo, baseline_wall_s: float) -> Estimate:
+    """The policy's wall time: fp32's, scaled by how much slower the probe measured its slowest kernel than
+    float32's matmul (never below fp32's own: start-up, loading and evaluation do not get faster), plus a
+    compile allowance for compiled policies. An upper bound for compute-bound models; small models are
+    dominated by overheads and run closer to fp32's time."""
+    ref = hw.gflops.get("float32")
+    ratios = [ref / hw.gflops[c.probe_key] for c in plan.configs if ref and hw.gflops.get(c.probe_key)]
+    ratio = max(ratios, default=1.0)
+    seconds = baseline_wall_s * max(1.0, ratio)
+    why = f"fp32 took {baseline_wall_s:.0f} s" + (f"; its kernel measured {ratio:.1f}x slower" if ratio > 1 else "")
+    if plan.compiles:
+        seconds += COMPILE_ALLOWANCE_S
+        why += f"; {COMPILE_ALLOWANCE_S:.0f} s allowed for compiling"
+    return Estimate(seconds, why)

@@ -1,0 +1,86 @@
+"""The sweep's time budget and progress without a terminal."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import TINY, fake_hardware
+
+from dtypelab import DtypelabError, PolicyResult, bench, recommend
+from dtypelab.bench.budget import COMPILE_ALLOWANCE_S, estimate, parse_budget
+from dtypelab.core.policies import get_policy
+
+
+class Clockwork:
+    """A launcher whose jobs 'take' planted wall times; records what it was asked to run."""
+
+    name = "clockwork"
+
+    def __init__(self, walls: dict[str, float]) -> None:
+        self.walls, self.ran = walls, []
+
+    def run(self, job, timeout_s, on_step):
+        self.ran.append(job.policy)
+        return PolicyResult(job.policy, "ok", batch_size=job.batch_size, step_times_s=(0.01,) * 3,
+                            losses=(1.0,), metrics={"accuracy": 0.9}, wall_s=self.walls.get(job.policy, 1.0))
+
+
+def test_parse_budget():
+    assert parse_budget("15m") == 900 and parse_budget("90s") == 90 and parse_budget("1.5h") == 5400
+    assert parse_budget("120") == 120 and parse_budget(60.0) == 60
+    assert parse_budget("0") is None and parse_budget(None) is None and parse_budget("none") is None
+    for bad in ("soon", "-5m", "1e999"):
+        with pytest.raises(DtypelabError, match="bad budget"):
+            parse_budget(bad)
+
+
+def test_estimate_scales_fp32_by_the_probed_kernel_and_adds_compile_time():
+    hw = fake_hardware(int8=10.0)  # int8 kernel 10x slower than float32's 100 GFLOP/s
+    slow = estimate(get_policy("int8-dyn"), hw, 40.0)
+    assert slow.seconds == pytest.approx(400.0) and "10.0x slower" in slow.why
+    assert estimate(get_policy("bf16"), hw, 40.0).seconds == 40.0  # faster kernels never estimate below fp32
+    compiled = estimate(get_policy("int8-dyn-compile"), hw, 40.0)
+    assert compiled.seconds == 40.0 + COMPILE_ALLOWANCE_S and "compiling" in compiled.why
+
+
+def test_policies_estimated_past_the_budget_are_skipped_with_the_estimate(tmp_path):
+    hw = fake_hardware(int8=20.0)  # int8-dyn: 5x fp32
+    clock = Clockwork({"fp32": 30.0})
+    report = bench(f"{TINY}:make_task", "int8-dyn,int8-wo,bf16", mode="infer", launcher=clock, hardware=hw,
+                   budget="100s", json_path=str(tmp_path / "r.json"))
+    skipped = report.result("int8-dyn")
+    assert skipped.status == "skipped" and skipped.skip == "budget"
+    assert "estimated 150 s (fp32 took 30 s; its kernel measured 5.0x slower)" in skipped.reason
+    assert clock.ran == ["fp32", "fp32", "int8-wo", "bf16"]  # the reference training, then the sweep
+    text = " ".join(recommend(report).sentences)
+    assert "int8-dyn: skipped — over the time budget" in text and "a larger --budget (0: none) runs it" in text
+    everything = bench(f"{TINY}:make_task", "int8-dyn", mode="infer", launcher=Clockwork({"fp32": 30.0}),
+                       hardware=hw, budget=0)
+    assert everything.result("int8-dyn").status == "ok"
+
+
+def test_time_already_spent_counts_against_the_budget():
+    clock = Clockwork({"fp32": 50.0, "bf16": 50.0})
+    report = bench(f"{TINY}:make_task", "bf16,amp-bf16", launcher=clock, hardware=fake_hardware(), budget=60)
+    # fp32's 50 s are planted, not spent: the estimate (50 s) is judged against the real time left
+    assert report.result("bf16").status == "ok"
+    tight = bench(f"{TINY}:make_task", "bf16", launcher=Clockwork({"fp32": 50.0}), hardware=fake_hardware(),
+                  budget=10)
+    assert tight.result("bf16").skip == "budget" and "s left of 10 s" in tight.result("bf16").reason
+
+
+@pytest.mark.slow
+def test_progress_without_a_terminal_prints_lines_and_heartbeats(tmp_path):
+    env = {**os.environ, "DTYPELAB_HEARTBEAT_S": "0.3", "COLUMNS": "200"}
+    run = subprocess.run([sys.executable, "-m", "dtypelab", "bench", f"{TINY}:make_task", "-p", "fp32,fp64",
+                          "--steps", "20", "--json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr
+    err = run.stderr
+    for text in ("fp32: started (20 steps)", "fp32: ok in", "fp64: started", "fp64: ok in",
+                 "still running after"):
+        assert text in err, (text, err)
+    assert "\x1b[" not in err  # plain text: no terminal escapes in a log
