@@ -84,3 +84,36 @@ def test_progress_without_a_terminal_prints_lines_and_heartbeats(tmp_path):
                  "still running after"):
         assert text in err, (text, err)
     assert "\x1b[" not in err  # plain text: no terminal escapes in a log
+
+
+def test_a_policy_measured_10x_slower_than_fp32_on_the_model_stops_early(tmp_path):
+    """What a matmul probe misses (fp16 convolutions on a CPU with fast fp16 matmuls) the run itself shows."""
+    from dtypelab.bench.job import SLOW_AFTER, Job, run_job, too_slow
+
+    for mode in ("train", "infer"):
+        job = Job(f"{TINY}:make_task", get_policy("bf16"), mode, 40, 8, 2, 0, "cpu", str(tmp_path),
+                  slow_step_s=1e-9, baseline_step_s=1e-10)
+        if mode == "infer":
+            run_job(Job(f"{TINY}:make_task", get_policy("fp32"), "infer", 3, 8, 1, 0, "cpu", str(tmp_path)))
+        r = run_job(job)
+        assert r.status == "skipped" and r.skip == "slow", (mode, r.status, r.reason)
+        assert len(r.step_times_s) == 2 + SLOW_AFTER and "x slower; stopped there" in r.reason
+    job = Job(f"{TINY}:make_task", get_policy("bf16"), "train", 40, 8, 2, 0, "cpu", str(tmp_path), slow_step_s=1.0)
+    assert too_slow(job, [5.0, 5.0, 0.1, 0.1, 0.1]) == ""  # warm-up steps never count
+    assert too_slow(job, [0.1, 0.1, 2.0, 2.0]) == ""  # too few timed steps to judge
+    assert too_slow(job, [0.1, 0.1, 2.0, 2.0, 0.5]).startswith("measured pathologically slow")
+
+
+def test_the_sweep_arms_the_check_from_fp32_and_force_disarms_it():
+    seen = []
+
+    class Spy(Clockwork):
+        def run(self, job, timeout_s, on_step):
+            seen.append((job.policy, job.slow_step_s))
+            return super().run(job, timeout_s, on_step)
+
+    bench(f"{TINY}:make_task", "bf16", launcher=Spy({}), hardware=fake_hardware(), budget=0)
+    assert seen == [("fp32", None), ("bf16", pytest.approx(0.1))]  # fp32's median 10 ms, x10
+    seen.clear()
+    bench(f"{TINY}:make_task", "bf16", launcher=Spy({}), hardware=fake_hardware(), budget=0, force=True)
+    assert seen == [("fp32", None), ("bf16", None)]

@@ -54,6 +54,10 @@ class Job:
     per_layer: bool = False  # infer: also compare every layer's output with the fp32 model's
     time_box_s: float | None = None  # infer: stop timing after this many timed seconds ...
     min_timed: int = 4  # ... once at least this many passes after warm-up are timed
+    # Median step time above which this policy is pathologically slow on this very model (10x fp32's): the run
+    # stops after warm-up + SLOW_AFTER steps and is reported skipped as slow. None: run to the end (--force).
+    slow_step_s: float | None = None
+    baseline_step_s: float | None = None  # fp32's median step, for the reason
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "plan", get_policy(self.plan))
@@ -75,8 +79,32 @@ class Job:
         return os.path.join(self.workdir, "reference_outputs.pt")
 
 
+SLOW_AFTER = 3  # timed steps after warm-up before a policy can be judged too slow
+
+
 def _warmup(job: Job, samples: list[float]) -> int:
     return min(job.warmup, max(0, len(samples) - 1))
+
+
+def too_slow(job: Job, samples: list[float]) -> str:
+    """Why this run should stop now as pathologically slow on the model itself, or "": the median of its first
+    SLOW_AFTER steps after warm-up is past ``job.slow_step_s``. Catches what a matmul probe cannot (a dtype
+    whose matmuls are native but whose convolutions or elementwise kernels are not)."""
+    timed = samples[job.warmup:]
+    if job.slow_step_s is None or len(timed) < SLOW_AFTER:
+        return ""
+    median = sorted(timed)[len(timed) // 2]
+    if median <= job.slow_step_s:
+        return ""
+    base = f" vs {job.baseline_step_s * 1e3:.3g} ms for fp32, {median / job.baseline_step_s:.0f}x slower" \
+        if job.baseline_step_s else ""
+    return (f"measured pathologically slow on this model: {median * 1e3:.3g} ms per step over its first "
+            f"{len(timed)} timed steps{base}; stopped there")
+
+
+def _slow_result(job: Job, reason: str, samples: list[float], losses: tuple[float, ...] = ()) -> PolicyResult:
+    return PolicyResult(policy=job.policy, status="skipped", reason=reason, skip="slow", batch_size=job.batch_size,
+                        warmup=_warmup(job, samples), step_times_s=tuple(samples), losses=losses)
 
 
 def train(task: Task, job: Job, precision: Precision, progress: Progress) -> PolicyResult:
@@ -92,7 +120,10 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
     optimizer = task.make_optimizer(model.parameters())
     meter.open_window()  # loading and converting the weights is not the run's peak
     timer = StepTimer(sync=device_sync(device))
-    run = fit(task, model, precision, optimizer, device, job.steps, job.batch_size, job.seed, timer, progress)
+    run = fit(task, model, precision, optimizer, device, job.steps, job.batch_size, job.seed, timer, progress,
+              stop_if=lambda samples: too_slow(job, samples))
+    if run.cut:
+        return _slow_result(job, run.cut, timer.samples, tuple(run.losses))
     peak = meter.peak_bytes()
     with precision.session():
         metrics = evaluate(task, model, precision, device)
@@ -139,6 +170,9 @@ def infer(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
                     and sum(timer.samples) >= job.time_box_s):
                 progress(job.steps, job.steps)
                 break
+            slow = too_slow(job, timer.samples)
+            if slow:
+                return _slow_result(job, slow, timer.samples)
         peak = meter.peak_bytes()
         outputs: list[Any] = []  # what the task's evaluation ran the model on: the fidelity set
         metrics = evaluate(task, model, precision, device, record=outputs)

@@ -12,7 +12,7 @@ from dtypelab.bench.job import Job
 from dtypelab.bench.launch import LAUNCHERS, Event, Launcher, OnEvent
 from dtypelab.bench.recommend import Tolerance
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import HardwareInfo, environment, probe, resolve_device
+from dtypelab.core.hardware import SLOW_RATIO, HardwareInfo, environment, probe, resolve_device
 from dtypelab.core.policies import (
     BASELINE,
     NOT_IN_DEFAULT_SWEEP,
@@ -161,10 +161,14 @@ def bench(
     _save(report, json_path)
 
     with tempfile.TemporaryDirectory(prefix="dtypelab-") as workdir:
+        base_step: float | None = None  # fp32's median step in this sweep: later runs 10x slower stop early
+
         def run(policy: str, job_mode: str, job_steps: int) -> PolicyResult:
+            watch = job_mode == mode and policy != BASELINE and base_step is not None and not force
             job = Job(task, plans[policy], job_mode, job_steps, batch_size, warmup, seed, str(dev), workdir, threads,
                       per_layer=per_layer and job_mode == "infer",
-                      time_box_s=time_box if job_mode == "infer" else None, min_timed=MIN_TIMED)
+                      time_box_s=time_box if job_mode == "infer" else None, min_timed=MIN_TIMED,
+                      slow_step_s=base_step / SLOW_RATIO if watch else None, baseline_step_s=base_step)
             result = launcher.run(job, timeout_s, lambda d, t: on_event(Event("step", policy, d, t)))
             return result if result.info else replace(result, info=policy_info(job.plan))  # died before saying
 
@@ -187,6 +191,7 @@ def bench(
                     result = run(name, mode, steps)
                 if name == BASELINE:
                     base_wall = result.wall_s
+                    base_step = result.timing.median if result.status == "ok" and result.timing else None
                 report = report.with_result(result)
                 pending.pop(0)
                 _save(report, json_path)  # on disk before anyone hears of it: Ctrl-C in a handler loses nothing

@@ -54,6 +54,7 @@ class _Lines:
     def __init__(self, every: float) -> None:
         self.every, self.started = every, time.monotonic()
         self.current: tuple[str, float] | None = None  # (label, since)
+        self.last = 0.0  # when the last line was printed
         self.done, self.total = 0, 0
         self.lock, self.stopped = threading.Lock(), threading.Event()
         self.thread = threading.Thread(target=self._beat, daemon=True)
@@ -67,13 +68,14 @@ class _Lines:
         self.thread.join()
 
     def _say(self, text: str) -> None:
-        sys.stderr.write(f"[{time.monotonic() - self.started:6.0f} s] {text}\n")
+        self.last = time.monotonic()
+        sys.stderr.write(f"[{self.last - self.started:6.0f} s] {text}\n")
         sys.stderr.flush()
 
     def _beat(self) -> None:
-        while not self.stopped.wait(self.every):
+        while not self.stopped.wait(min(1.0, self.every / 4)):
             with self.lock:
-                if self.current:
+                if self.current and time.monotonic() - self.last >= self.every:  # silent for a whole interval
                     label, since = self.current
                     steps = f", {self.done}/{self.total} steps" if self.total else ""
                     self._say(f"{label}: still running after {time.monotonic() - since:.0f} s{steps}")

@@ -193,6 +193,7 @@ class Fit:
     losses: list[float] = field(default_factory=list)
     first_nonfinite: int | None = None
     stopped: bool = False  # DIVERGED_PATIENCE non-finite losses in a row
+    cut: str = ""  # why ``stop_if`` ended the run early (e.g. measured pathologically slow)
 
     @property
     def diverged(self) -> bool:
@@ -201,9 +202,11 @@ class Fit:
 
 def fit(task: Task, model: nn.Module, precision: Precision, optimizer: torch.optim.Optimizer, device: torch.device,
         steps: int, batch_size: int, seed: int, timer: Any = None,
-        progress: Callable[[int, int], None] | None = None) -> Fit:
+        progress: Callable[[int, int], None] | None = None,
+        stop_if: Callable[[list[float]], str] | None = None) -> Fit:
     """Train ``steps`` steps inside the precision's session. ``timer`` (start/stop) brackets each step after
-    its batch is fetched; a run whose loss stays non-finite for DIVERGED_PATIENCE steps stops early."""
+    its batch is fetched; a run whose loss stays non-finite for DIVERGED_PATIENCE steps stops early, and so
+    does one for which ``stop_if(timer.samples)`` gives a reason."""
     result, bad_run = Fit(), 0
     torch.manual_seed(seed)  # same dropout masks etc. for every policy
     with precision.session():
@@ -226,4 +229,8 @@ def fit(task: Task, model: nn.Module, precision: Precision, optimizer: torch.opt
             if bad_run >= DIVERGED_PATIENCE:
                 result.stopped = True
                 break
+            if stop_if is not None and timer is not None:
+                result.cut = stop_if(timer.samples)
+                if result.cut:
+                    break
     return result
