@@ -91,8 +91,8 @@ def test_a_policy_measured_10x_slower_than_fp32_on_the_model_stops_early(tmp_pat
     from dtypelab.bench.job import SLOW_AFTER, Job, run_job, too_slow
 
     for mode in ("train", "infer"):
-        job = Job(f"{TINY}:make_task", get_policy("bf16"), mode, 40, 8, 2, 0, "cpu", str(tmp_path),
-                  slow_step_s=1e-9, baseline_step_s=1e-10)
+        job = Job(f"{TINY}:make_task", get_policy("bf16"), mode, 10**9, 8, 2, 0, "cpu", str(tmp_path),
+                  slow_step_s=1e-9, baseline_step_s=1e-10)  # 10^9 steps left: stopping saves time
         if mode == "infer":
             run_job(Job(f"{TINY}:make_task", get_policy("fp32"), "infer", 3, 8, 1, 0, "cpu", str(tmp_path)))
         r = run_job(job)
@@ -102,6 +102,8 @@ def test_a_policy_measured_10x_slower_than_fp32_on_the_model_stops_early(tmp_pat
     assert too_slow(job, [5.0, 5.0, 0.1, 0.1, 0.1]) == ""  # warm-up steps never count
     assert too_slow(job, [0.1, 0.1, 2.0, 2.0]) == ""  # too few timed steps to judge
     assert too_slow(job, [0.1, 0.1, 2.0, 2.0, 0.5]).startswith("measured pathologically slow")
+    tiny = Job(f"{TINY}:make_task", get_policy("bf16"), "train", 40, 8, 2, 0, "cpu", str(tmp_path), slow_step_s=1e-4)
+    assert too_slow(tiny, [1e-3] * 5) == ""  # 10x slower, but the 35 steps left take 35 ms: nothing to save
 
 
 def test_the_sweep_arms_the_check_from_fp32_and_force_disarms_it():
@@ -117,3 +119,13 @@ def test_the_sweep_arms_the_check_from_fp32_and_force_disarms_it():
     seen.clear()
     bench(f"{TINY}:make_task", "bf16", launcher=Spy({}), hardware=fake_hardware(), budget=0, force=True)
     assert seen == [("fp32", None), ("bf16", None)]
+
+
+def test_after_fp32_the_sweep_says_what_the_budget_will_skip():
+    notices = []
+    bench(f"{TINY}:make_task", "int8-dyn,int8-wo", mode="infer", launcher=Clockwork({"fp32": 30.0}),
+          hardware=fake_hardware(int8=20.0), budget="100s",
+          on_event=lambda e: notices.append(e.label) if e.kind == "notice" else None)
+    assert len(notices) == 1
+    assert notices[0].startswith("time budget 100 s: the 2 remaining policies are estimated at ~30 s")
+    assert "these will be skipped: int8-dyn (~150 s)" in notices[0]

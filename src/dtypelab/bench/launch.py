@@ -30,7 +30,8 @@ PROGRESS_EVERY_S = 0.1
 
 @dataclass(frozen=True)
 class Event:
-    """Progress of a sweep, for progress bars: kind is 'probe', 'start', 'step' or 'done'."""
+    """Progress of a sweep, for progress bars: kind is "probe", "start", "step", "done", "skip" (not run) or
+    "notice" (a line to show, in ``label``)."""
 
     kind: str
     policy: str

@@ -196,6 +196,9 @@ def bench(
                 pending.pop(0)
                 _save(report, json_path)  # on disk before anyone hears of it: Ctrl-C in a handler loses nothing
                 on_event(Event("skip" if over else "done", name, result=result))
+                if name == BASELINE and budget_s is not None and pending:
+                    on_event(Event("notice", "", label=_budget_plan([plans[n] for n in pending], hardware, base_wall,
+                                                                    budget_s, time.monotonic() - started)))
         except KeyboardInterrupt:
             for name in pending:
                 report = report.with_result(PolicyResult(name, "interrupted", "interrupted before it finished",
@@ -215,6 +218,21 @@ def _over_budget(plan: Plan, hw: HardwareInfo, base_wall: float | None, budget_s
         return ""
     return (f"over the time budget: estimated {est.seconds:.0f} s ({est.why}), {max(0.0, left):.0f} s left of "
             f"{budget_text(budget_s)}")
+
+
+def _budget_plan(plans: list[Plan], hw: HardwareInfo, base_wall: float, budget_s: float, elapsed: float) -> str:
+    """One line, after the fp32 run: what the rest of the sweep is estimated to take and, at those estimates,
+    which policies will not fit (each is judged again, on the time really left, when its turn comes)."""
+    left, total, dropped = budget_s - elapsed, 0.0, []
+    for plan in plans:
+        seconds = estimate(plan, hw, base_wall).seconds
+        if total + seconds > left:
+            dropped.append(f"{plan.name} (~{seconds:.0f} s)")
+        else:
+            total += seconds
+    text = (f"time budget {budget_text(budget_s)}: the {len(plans)} remaining polic{'ies' if len(plans) > 1 else 'y'} "
+            f"are estimated at ~{total:.0f} s, {max(0.0, left):.0f} s left")
+    return text + (f"; at those estimates these will be skipped: {', '.join(dropped)}" if dropped else "")
 
 
 def _save(report: Report, path: str | None) -> None:

@@ -93,8 +93,19 @@ def main() -> None:
     app()
 
 
+def write_html(record: Any, path: str | None) -> None:
+    """``--html PATH``: the report page for what was just measured (saved even when the run failed)."""
+    if not path:
+        return
+    from dtypelab.render.report import report
+
+    with _guarded():
+        info = report([record], path)
+    err.print(f"[dim]report written to {escape(path)} ({info.bytes / 1024:.0f} KB, {info.plots} plots)[/]")
+
+
 def run_recorded(kind: str, task: str, policy: str, total: int | None, json_path: str | None, fmt: str,
-                 run: Callable[..., Any], kept: str, top: int = 0) -> Any:
+                 run: Callable[..., Any], kept: str, top: int = 0, html: str | None = None) -> Any:
     """A single-policy training command (audit, trace): result path, progress bar, Ctrl-C keeping what was
     measured, the record rendered, where it was saved. ``run(path, progress)`` returns the record."""
     from dtypelab.core.results import default_result_path
@@ -107,4 +118,5 @@ def run_recorded(kind: str, task: str, policy: str, total: int | None, json_path
             report = run(path, lambda done, n: progress.update(bar, completed=done, total=n))
     _emit_record(report, fmt, top)
     err.print(f"[dim]results saved to {escape(path)}; re-render with: dtypelab show {escape(path)}[/]")
+    write_html(report, html)
     return report

@@ -12,8 +12,19 @@ import typer
 from rich.markup import escape
 from rich.progress import Progress
 
-from dtypelab.cli._common import _check_format, _emit, _emit_record, _fail, _guarded, _progress, app, err, out
-from dtypelab.cli.options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, TaskArg, ThreadsOpt
+from dtypelab.cli._common import (
+    _check_format,
+    _emit,
+    _emit_record,
+    _fail,
+    _guarded,
+    _progress,
+    app,
+    err,
+    out,
+    write_html,
+)
+from dtypelab.cli.options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, HtmlOpt, JsonOpt, TaskArg, ThreadsOpt
 from dtypelab.core.errors import DtypelabError
 
 HEARTBEAT_S = 30.0
@@ -44,6 +55,8 @@ class _Bars:
         elif event.kind == "skip":
             p.console.print(f"{escape(event.policy)}: [yellow]skipped[/] — {escape(event.result.reason)}",
                             highlight=False)
+        elif event.kind == "notice":
+            p.console.print(f"[dim]{escape(event.label)}[/]", highlight=False)
 
 
 class _Lines:
@@ -93,6 +106,8 @@ class _Lines:
                 self._say(f"{label}: {r.status} in {r.wall_s:.1f} s" + (f" — {r.reason}" if r.reason else ""))
             elif event.kind == "skip":
                 self._say(f"{label}: skipped — {event.result.reason}")
+            elif event.kind == "notice":
+                self._say(event.label)
 
 
 @app.command()
@@ -116,6 +131,7 @@ def bench(
                                              "the probe) not to fit are skipped; 15m, 900s, 0 for none")] = "15m",
     json: JsonOpt = None,
     fmt: FormatOpt = "table",
+    html: HtmlOpt = None,
 ) -> None:
     """Train TASK under each precision policy (or, with --mode infer, run inference under each, quantized
     int8/fp8 policies included); print speed, memory, size, fidelity, metric and a recommendation."""
@@ -136,6 +152,23 @@ def bench(
                 report = run_bench(task, policies, on_event=lines, **kwargs)
     _emit(report, fmt)
     err.print(f"[dim]results saved to {escape(path)}; re-render with: dtypelab show {escape(path)}[/]")
+    write_html(report, html)
+
+
+@app.command()
+def report(
+    paths: Annotated[list[str], typer.Argument(help="result files of bench, audit, trace (or lint --format json)")],
+    output: Annotated[str, typer.Option("--output", "-o", help="the HTML file to write")] = "report.html",
+    title: Annotated[str, typer.Option(help="the page's title")] = "dtypelab report",
+) -> None:
+    """One self-contained HTML page (plots, tables, environment, the records themselves) that opens anywhere,
+    offline."""
+    from dtypelab.render.report import report as make_report
+
+    with _guarded():
+        info = make_report(paths, output, title)
+    out.print(f"wrote {output}: {info.records} record{'s' if info.records != 1 else ''}, {info.plots} plots, "
+              f"{info.bytes / 1024:.0f} KB", highlight=False, markup=False)
 
 
 @app.command()

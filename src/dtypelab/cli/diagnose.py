@@ -9,7 +9,17 @@ import typer
 from rich.markup import escape
 
 from dtypelab.cli._common import _fail, app, err, out, run_recorded
-from dtypelab.cli.options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, PolicyOpt, TaskArg, ThreadsOpt
+from dtypelab.cli.options import (
+    BatchOpt,
+    DeviceOpt,
+    ForceOpt,
+    FormatOpt,
+    HtmlOpt,
+    JsonOpt,
+    PolicyOpt,
+    TaskArg,
+    ThreadsOpt,
+)
 from dtypelab.core.errors import DtypelabError
 
 
@@ -30,6 +40,7 @@ def trace(
     threads: ThreadsOpt = None,
     json: JsonOpt = None,
     fmt: FormatOpt = "table",
+    html: HtmlOpt = None,
 ) -> None:
     """Train with a NaN/Inf guard armed; at the first non-finite value, name the op, module, source line
     and cause. Exit 1 when one was found."""
@@ -38,7 +49,7 @@ def trace(
     report = run_recorded("trace", task, policy, steps, json, fmt, lambda path, progress: run_trace(
         task, policy=policy, steps=steps, batch_size=batch_size, seed=seed, device=device, threads=threads,
         checkpoint_every=checkpoint_every, stop_on_skip=stop_on_skip, force=force, json_path=path,
-        progress=progress), "the steps run so far are saved in")
+        progress=progress), "the steps run so far are saved in", html=html)
     if report.status == "failed":
         err.print(f"[bold red]error:[/] training failed: {escape(report.reason)}", highlight=False, soft_wrap=True)
     if report.status in ("found", "failed"):

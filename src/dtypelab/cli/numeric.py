@@ -8,7 +8,17 @@ import typer
 from rich.markup import escape
 
 from dtypelab.cli._common import _check_format, _emit_doc, _fail, _progress, app, err, run_recorded
-from dtypelab.cli.options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, JsonOpt, PolicyOpt, TaskArg, ThreadsOpt
+from dtypelab.cli.options import (
+    BatchOpt,
+    DeviceOpt,
+    ForceOpt,
+    FormatOpt,
+    HtmlOpt,
+    JsonOpt,
+    PolicyOpt,
+    TaskArg,
+    ThreadsOpt,
+)
 from dtypelab.core.errors import DtypelabError
 
 
@@ -79,6 +89,7 @@ def audit(
     json: JsonOpt = None,
     fmt: FormatOpt = "table",
     top: Annotated[int, typer.Option(help="rows to show, riskiest first (0: all; the JSON has all)")] = 25,
+    html: HtmlOpt = None,
 ) -> None:
     """Per-layer value ranges of activations and gradients against fp16, bf16 and fp8, sorted by risk."""
     from dtypelab.numerics.audit import audit as run_audit
@@ -86,7 +97,7 @@ def audit(
     report = run_recorded("audit", task, policy, steps, json, fmt, lambda path, progress: run_audit(
         task, policy=policy, steps=steps, every=every, layers=layers, formats=formats, batch_size=batch_size,
         seed=seed, device=device, threads=threads, json_path=path, force=force, progress=progress),
-        "the steps measured so far are saved in", top)
+        "the steps measured so far are saved in", top, html)
     if report.status == "failed":  # what was measured is shown and saved; the exit code still says so
         err.print(f"[bold red]error:[/] training failed after {len(report.losses)} steps: {escape(report.reason)}",
                   highlight=False, soft_wrap=True)

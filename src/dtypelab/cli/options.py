@@ -15,3 +15,4 @@ ForceOpt = Annotated[bool, typer.Option(help="run policies measured to be pathol
 ThreadsOpt = Annotated[int | None, typer.Option(help="torch threads per run [default: torch's]")]
 JsonOpt = Annotated[str | None, typer.Option("--json", help="result file [default: dtypelab-results/…]")]
 FormatOpt = Annotated[str, typer.Option("--format", help="table, markdown, html or json")]
+HtmlOpt = Annotated[str | None, typer.Option("--html", help="also write the offline HTML report (plots) here")]

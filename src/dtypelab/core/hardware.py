@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import shlex
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -105,6 +108,8 @@ def environment(hw: HardwareInfo) -> dict[str, Any]:
     return {
         "dtypelab": __version__, "torch": torch.__version__, "python": platform.python_version(),
         "platform": platform.platform(), "cuda": torch.version.cuda, "hardware": hw.to_dict(),
+        # how this process was started: the exact command line for the CLI, the script and its arguments else
+        "command": shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]]) if sys.argv and sys.argv[0] else "",
     }
 
 

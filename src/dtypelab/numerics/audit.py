@@ -177,7 +177,7 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
     spec, task_obj, dev, pol, hardware = prepare(task, policy, device, hardware, force)
     bs = batch_size or task_obj.batch_size
     config = AuditConfig(task=spec, policy=pol.name, steps=steps, every=every, layers=layers or "", formats=fmts,
-                         batch_size=bs, seed=seed, device=str(dev))
+                         batch_size=bs, seed=seed, device=str(dev), task_name=task_obj.name)
     progress = progress or (lambda done, total: None)
     rec = Recorder(counter)
     losses: list[float] = []

@@ -112,8 +112,8 @@ def audit_doc(report: AuditReport, top: int = 0) -> tuple[Doc, list[str], set[in
                     + [layer.verdicts[f] for f in cfg.formats])
         styles.append(SEVERITY_STYLE[layer.severity])
     every = "every step" if cfg.every == 1 else f"every {cfg.every} steps"
-    title = (f"dtypelab audit: {cfg.task} · {cfg.policy} · {len(report.losses)} steps, measured {every} · "
-             f"{len(report.layers)} tensor families")
+    title = (f"dtypelab audit: {cfg.task_name or cfg.task} · {cfg.policy} · {len(report.losses)} steps, measured "
+             f"{every} · {len(report.layers)} tensor families")
     notes = audit_notes(report)
     if len(shown) < len(report.layers):
         notes.insert(0, f"showing the {len(shown)} riskiest of {len(report.layers)} rows; --top 0 shows all, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from decimal import Decimal
 
 
@@ -38,18 +39,32 @@ def markdown_table(title: str, headers: list[str], rows: list[list[str]], notes:
     return "\n".join(lines) + "\n"
 
 
-def html_table(title: str, headers: list[str], rows: list[list[str]], notes: list[str]) -> str:
+NUMERIC = re.compile(r"^[-+−]?(\d[\d,]*\.?\d*(e[-+]?\d+)?|inf|nan|—)( ?(x|%|MB|ms|dB|s))?( [±(].*)?( [*†])?$", re.I)
+
+
+def html_fragment(headers: list[str], rows: list[list[str]], notes: list[str], classes: bool = False) -> str:
+    """The table and its notes as HTML elements, every text escaped. ``classes``: mark each cell "n" (a number:
+    right-aligned, unbroken) or "t" (text: left-aligned, wraps), for pages whose tables mix the two."""
     esc = html.escape
+
+    def cell(c: str) -> str:
+        if not classes:
+            return f"<td>{esc(c)}</td>"
+        return f"<td class='{'n' if NUMERIC.match(c.strip()) else 't'}'>{esc(c)}</td>"
+
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(cell(str(c)) for c in row) + "</tr>" for row in rows)
     items = "".join(f"<li>{esc(s)}</li>" for s in notes)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table><ul>{items}</ul>"
+
+
+def html_table(title: str, headers: list[str], rows: list[list[str]], notes: list[str]) -> str:
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>dtypelab report</title><style>"
         "body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child"
         "{text-align:left}</style></head><body>"
-        f"<h2>{esc(title)}</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-        f"<ul>{items}</ul></body></html>\n"
+        f"<h2>{html.escape(title)}</h2>{html_fragment(headers, rows, notes)}</body></html>\n"
     )
 
 

@@ -40,7 +40,7 @@ def _short(o: OpEvent) -> str:
 
 def trace_doc(report: TraceReport) -> Doc:
     cfg, f = report.config, report.finding
-    head = f"dtypelab trace: {cfg.task} · {cfg.policy}"
+    head = f"dtypelab trace: {cfg.task_name or cfg.task} · {cfg.policy}"
     notes: list[str] = []
     if report.status == "found" and f is not None:
         title = f"{head} · first non-finite value at step {f.step}"

@@ -37,7 +37,7 @@ def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, b
     spec, task_obj, dev, pol, hardware = prepare(task, policy, device, hardware, force)
     n, bs = steps or task_obj.steps, batch_size or task_obj.batch_size
     config = TraceConfig(task=spec, policy=pol.name, steps=n, batch_size=bs, seed=seed, device=str(dev),
-                         checkpoint_every=checkpoint_every or 0, stop_on_skip=stop_on_skip)
+                         checkpoint_every=checkpoint_every or 0, stop_on_skip=stop_on_skip, task_name=task_obj.name)
     progress = progress or (lambda done, total: None)
     status, reason, finding = "clean", "", None
     start = time.perf_counter()

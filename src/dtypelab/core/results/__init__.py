@@ -30,10 +30,10 @@ from dtypelab.core.results.store import (
 from dtypelab.core.results.trace import TRACE_SCHEMA, Finding, OpEvent, TensorSummary, TraceConfig, TraceReport
 
 
-def load_record(path: str) -> Report | AuditReport | TraceReport:
-    """A bench, audit or trace record, whichever the file holds."""
+def load_record(path: str) -> Report | AuditReport | TraceReport | LintReport:
+    """A bench, audit, trace or lint record, whichever the file holds."""
     d = read_json(path)
-    kind = {AUDIT_SCHEMA: AuditReport, TRACE_SCHEMA: TraceReport}.get(d.get("schema"), Report)
+    kind = {AUDIT_SCHEMA: AuditReport, TRACE_SCHEMA: TraceReport, LINT_SCHEMA: LintReport}.get(d.get("schema"), Report)
     return kind.from_dict(d)
 
 

@@ -23,6 +23,7 @@ class AuditConfig:
     batch_size: int
     seed: int
     device: str
+    task_name: str = ""  # Task.name (``task`` is how it was given)
 
 
 class RangeStatsDict(TypedDict):

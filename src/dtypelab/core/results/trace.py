@@ -78,6 +78,7 @@ class TraceConfig:
     device: str
     checkpoint_every: int  # 0: chosen from the measured cost of a checkpoint
     stop_on_skip: bool
+    task_name: str = ""  # Task.name (``task`` is how it was given)
 
 
 @dataclass(frozen=True)
