@@ -97,14 +97,17 @@ def _bench(report: Report, key: str) -> str:
                              "and distrust boxes that overlap.", f"{key}-times"))
     base_metric = base.metric(cfg.metric) if base and base.ran else None
     if base_metric is not None and math.isfinite(base_metric):
-        points = [(r.policy, speedup(r, base) or math.nan, r.metric(cfg.metric) or math.nan) for r in ran
+        # a run that diverged is no candidate, and its metric would squash the candidates into a corner
+        stable = [r for r in ran if r.status == "ok" and r.first_nonfinite_step is None]
+        points = [(r.policy, speedup(r, base) or math.nan, r.metric(cfg.metric) or math.nan) for r in stable
                   if r.metric(cfg.metric) is not None]
         parts.append(_figure(plots.speed_vs_metric(points, cfg.metric, cfg.higher_is_better,
                                                    _band(base_metric, Tolerance.parse(cfg.tolerance),
                                                          cfg.higher_is_better), rec.best),
                              f"Speed against {cfg.metric}: the recommendation is the fastest point inside the green "
                              f"band (within {cfg.tolerance} of fp32); points on the dotted Pareto front are the "
-                             "only ones worth considering.", f"{key}-pareto"))
+                             "only ones worth considering. Runs whose loss went non-finite are left out.",
+                             f"{key}-pareto"))
     if cfg.mode == "infer":
         points = [(r.policy, (r.timing.median * 1e3) if r.timing else math.nan, r.fidelity.get("cos_min"),
                    r.fidelity.get("sqnr_db")) for r in ran if r.policy != BASELINE]
