@@ -156,3 +156,26 @@ def test_reports_in_a_real_browser_offline(records, tmp_path):
                 assert requests == [path.as_uri()], (name, requests)  # the page itself, nothing else
         finally:
             browser.close()
+
+
+def test_drawing_leaves_matplotlib_as_it_was(records):
+    """A report made in a notebook or GUI program must not switch its backend or change its rcParams."""
+    import matplotlib
+
+    before, backend = dict(matplotlib.rcParams), matplotlib.rcParams._get_backend_or_none()
+    with matplotlib.rc_context({"font.size": 31.0, "lines.linewidth": 7.0}):
+        report_html([load_record(records["train"]), load_record(records["v1-audit"])])
+        assert matplotlib.rcParams["font.size"] == 31.0 and matplotlib.rcParams["lines.linewidth"] == 7.0
+    assert dict(matplotlib.rcParams) == before and matplotlib.rcParams._get_backend_or_none() == backend
+
+
+def test_audit_histograms_for_the_riskiest_of_each_kind_or_the_layers_chosen(records):
+    record = load_record(records["v1-audit"])
+    default = _plots(report_html([record]))
+    kinds = {layer.kind for layer in record.layers if layer.stats.get("binades")}
+    assert sum(k.startswith("r1-binades") for k in default) == len(kinds) >= 1
+    chosen = [layer.name for layer in record.layers if layer.stats.get("binades")][-1]
+    page = report_html([record], layers=f"^{re.escape(chosen)}$")
+    assert sum(k.startswith("r1-binades") for k in _plots(page)) >= 1 and "chosen with --layer" in page
+    with pytest.raises(dtypelab.DtypelabError, match="not a valid regular expression"):
+        report([records["v1-audit"]], layers="([")

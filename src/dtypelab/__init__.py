@@ -19,16 +19,16 @@ from dtypelab.core.policies import (
     register,
 )
 from dtypelab.core.results import (
-                      AuditReport,
-                      Finding,
-                      LintFinding,
-                      LintReport,
-                      PolicyResult,
-                      Report,
-                      RunConfig,
-                      TraceReport,
-                      load_record,
-                      load_report,
+    AuditReport,
+    Finding,
+    LintFinding,
+    LintReport,
+    PolicyResult,
+    Report,
+    RunConfig,
+    TraceReport,
+    load_record,
+    load_report,
 )
 from dtypelab.core.task import Task, load_task
 from dtypelab.inference.export import ExportInfo, export, load_exported
@@ -38,6 +38,7 @@ from dtypelab.numerics.audit import audit
 from dtypelab.numerics.castcheck import analyze_values, cast_file, cast_report
 from dtypelab.numerics.formats import Format, formats, get_format
 from dtypelab.numerics.rangestats import RangeStats, range_stats
+from dtypelab.render.report import ReportInfo, report
 from dtypelab.trace.guard import Guard, NonFiniteError, watch
 from dtypelab.trace.run import trace
 
@@ -63,6 +64,7 @@ __all__ = [
     "RangeStats",
     "Recommendation",
     "Report",
+    "ReportInfo",
     "RunConfig",
     "Task",
     "TaskError",
@@ -90,6 +92,7 @@ __all__ = [
     "range_stats",
     "recommend",
     "register",
+    "report",
     "trace",
     "watch"
 ]

@@ -160,13 +160,16 @@ def report(
     paths: Annotated[list[str], typer.Argument(help="result files of bench, audit, trace (or lint --format json)")],
     output: Annotated[str, typer.Option("--output", "-o", help="the HTML file to write")] = "report.html",
     title: Annotated[str, typer.Option(help="the page's title")] = "dtypelab report",
+    layer: Annotated[str | None, typer.Option(help="audit: regular expression on tensor-family names to draw "
+                                                   "binade histograms for [default: the riskiest of each kind]")
+                     ] = None,
 ) -> None:
     """One self-contained HTML page (plots, tables, environment, the records themselves) that opens anywhere,
     offline."""
     from dtypelab.render.report import report as make_report
 
     with _guarded():
-        info = make_report(paths, output, title)
+        info = make_report(paths, output, title, layer)
     out.print(f"wrote {output}: {info.records} record{'s' if info.records != 1 else ''}, {info.plots} plots, "
               f"{info.bytes / 1024:.0f} KB", highlight=False, markup=False)
 

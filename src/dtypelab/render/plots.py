@@ -21,13 +21,20 @@ SEVERITY_COLOURS = ("#f2f2f2", "#F0E442", "#E69F00", "#D55E00")  # safe, subnorm
 SEVERITY_LABELS = ("safe", "precision loss, little headroom", "underflow: values lost to 0", "overflow / non-finite")
 
 
-def _plt() -> Any:
-    import matplotlib
+class _Mpl:
+    """matplotlib without pyplot: figures are plain ``Figure`` objects drawn by the SVG canvas, so a report
+    made inside a notebook or a GUI program never switches its backend, registers figures or leaks
+    rcParams (``rc_context`` restores them)."""
 
-    matplotlib.use("Agg", force=False)  # no display, no GUI toolkit: works in CI and over ssh
-    import matplotlib.pyplot as plt
+    @staticmethod
+    def rc_context(rc: dict[str, Any]) -> Any:
+        import matplotlib
 
-    return plt
+        return matplotlib.rc_context(rc)
+
+
+def _plt() -> _Mpl:
+    return _Mpl()
 
 
 def _style() -> dict[str, Any]:
@@ -40,15 +47,16 @@ def _style() -> dict[str, Any]:
 def _svg(fig: Any) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None})
-    _plt().close(fig)
     text = buf.getvalue()
     return text[text.index("<svg"):]  # the XML prolog and DOCTYPE do not belong inside HTML
 
 
 def _figure(width: float = 7.0, height: float = 3.2, ncols: int = 1) -> tuple[Any, Any]:
-    plt = _plt()
-    with plt.rc_context(_style()):
-        fig, axes = plt.subplots(1, ncols, figsize=(width, height), squeeze=False)
+    from matplotlib.figure import Figure
+
+    with _plt().rc_context(_style()):
+        fig = Figure(figsize=(width, height))
+        axes = fig.subplots(1, ncols, squeeze=False)
     return fig, axes[0]
 
 

@@ -8,6 +8,7 @@ import base64
 import html
 import math
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from dtypelab.render.tables import html_fragment
 from dtypelab.render.trace import trace_doc
 
 HEATMAP_ROWS = 40  # riskiest tensor families drawn in the audit heat map (the table below lists all)
+MAX_HISTOGRAMS = 6
 # An audit verdict's severity from its category (numerics.audit writes "category: detail"; the record keeps text).
 SEVERITY = (("non-finite", 3), ("overflow", 3), ("gradient underflow", 2), ("underflow", 2), ("precision loss", 1),
             ("minor underflow", 1), ("little headroom", 1))
@@ -144,7 +146,19 @@ def _severity(verdict: str) -> int:
     return next((v for k, v in SEVERITY if verdict.startswith(k)), 0)
 
 
-def _audit(report: AuditReport, key: str) -> str:
+def _histogram_layers(report: AuditReport, pattern: str | None) -> list[Any]:
+    """The tensor families to draw binade histograms for: those whose name matches ``pattern`` (at most
+    MAX_HISTOGRAMS), else the riskiest of each kind (activation, gradient, parameter gradient)."""
+    measured = [layer for layer in report.layers if layer.stats.get("binades")]
+    if pattern:
+        return [layer for layer in measured if re.search(pattern, layer.name)][:MAX_HISTOGRAMS]
+    chosen: dict[str, Any] = {}
+    for layer in measured:  # sorted riskiest first
+        chosen.setdefault(layer.kind, layer)
+    return list(chosen.values())
+
+
+def _audit(report: AuditReport, key: str, layers: str | None = None) -> str:
     doc, _, _ = audit_doc(report, 0)
     title, headers, rows, notes = doc
     fmts = list(report.config.formats)
@@ -154,19 +168,19 @@ def _audit(report: AuditReport, key: str) -> str:
     parts = [_figure(heat, f"The {len(top)} riskiest tensor families against each candidate format, coloured by what "
                            "storing their values there would do: look for the columns you want to use.",
                      f"{key}-heatmap")]
-    worst = next((layer for layer in report.layers if layer.stats.get("binades")), None)
-    if worst is not None:
-        bands = []
-        for f in fmts:
-            fm = get_format(f)
-            if fm.is_float and fm.smallest_normal:
-                sub = fm.smallest_subnormal or fm.smallest_normal
-                bands.append((f, math.log2(sub), math.log2(fm.smallest_normal), math.log2(fm.max)))
-        parts.append(_figure(plots.binade_histogram(f"{worst.name} ({worst.kind}), the riskiest family measured",
-                                                    worst.stats["binades"], bands),
+    bands = []
+    for f in fmts:
+        fm = get_format(f)
+        if fm.is_float and fm.smallest_normal:
+            sub = fm.smallest_subnormal or fm.smallest_normal
+            bands.append((f, math.log2(sub), math.log2(fm.smallest_normal), math.log2(fm.max)))
+    for i, layer in enumerate(_histogram_layers(report, layers)):
+        why = "chosen with --layer" if layers else f"the riskiest {layer.kind.replace('_', ' ')} measured"
+        parts.append(_figure(plots.binade_histogram(f"{layer.name} ({layer.kind}), {why}", layer.stats["binades"],
+                                                    bands),
                              "Where this tensor's values sit, per power of two, against each format's subnormal and "
                              "normal range: bars left of a format's range flush to zero, right of it overflow.",
-                             f"{key}-binades"))
+                             f"{key}-binades{i + 1}" if i else f"{key}-binades"))
     parts.append(_details(f"all {len(rows)} tensor families", html_fragment(headers, rows, notes, classes=True),
                           opened=len(rows) <= 25))
     return _section(title, "".join(parts), report.environment, report.created, key)
@@ -213,11 +227,11 @@ def _section(title: str, body: str, environment: dict[str, Any], created: str, k
     return f"<section class='record' id='{key}'><h2>{_esc(title)}</h2>{body}{foot}</section>"
 
 
-def _render(record: Any, key: str) -> str:
+def _render(record: Any, key: str, layers: str | None) -> str:
     if isinstance(record, Report):
         return _bench(record, key)
     if isinstance(record, AuditReport):
-        return _audit(record, key)
+        return _audit(record, key, layers)
     if isinstance(record, TraceReport):
         return _trace(record, key)
     if isinstance(record, LintReport):
@@ -225,11 +239,13 @@ def _render(record: Any, key: str) -> str:
     raise TypeError(f"not a dtypelab record: {type(record).__name__}")
 
 
-def report_html(records: Sequence[Any], names: Sequence[str] | None = None, title: str = "dtypelab report") -> str:
+def report_html(records: Sequence[Any], names: Sequence[str] | None = None, title: str = "dtypelab report",
+                layers: str | None = None) -> str:
     """The page for ``records`` (bench ``Report``, ``AuditReport``, ``TraceReport``, ``LintReport``); ``names``:
-    their file names, for the download links."""
+    their file names, for the download links; ``layers``: a regular expression choosing the audit's tensor
+    families drawn as binade histograms (default: the riskiest of each kind)."""
     names = list(names or [f"record-{i + 1}.json" for i in range(len(records))])
-    sections = "".join(_render(r, f"r{i + 1}") for i, r in enumerate(records))
+    sections = "".join(_render(r, f"r{i + 1}", layers) for i, r in enumerate(records))
     raws = []
     for record, name in zip(records, names, strict=True):  # once, as a data: URI: a download, not a request
         text = record.to_json()
@@ -260,11 +276,17 @@ class ReportInfo:
         return len(self.html.encode())
 
 
-def report(records: Sequence[str | Any], path: str | None = None, title: str = "dtypelab report") -> ReportInfo:
+def report(records: Sequence[str | Any], path: str | None = None, title: str = "dtypelab report",
+           layers: str | None = None) -> ReportInfo:
     """One offline HTML page from result files (``dtypelab-results/*.json``) or records in memory; written to
-    ``path`` (atomically) when given."""
+    ``path`` (atomically) when given. ``layers``: see ``report_html``."""
     if not records:
         raise DtypelabError("no records given: name result files written by dtypelab bench, audit, trace or lint")
+    if layers:
+        try:
+            re.compile(layers)
+        except re.error as exc:
+            raise DtypelabError(f"--layer {layers!r} is not a valid regular expression: {exc}") from None
     loaded, names = [], []
     for i, item in enumerate(records):
         if isinstance(item, str | os.PathLike):
@@ -273,7 +295,7 @@ def report(records: Sequence[str | Any], path: str | None = None, title: str = "
         else:
             loaded.append(item)
             names.append(f"{getattr(item, 'schema', 'record').replace('.', '-')}-{i + 1}.json")
-    text = report_html(loaded, names, title)
+    text = report_html(loaded, names, title, layers)
     if path:
         try:
             save_text(path, text)
