@@ -62,3 +62,51 @@ def test_model_bytes_counts_dtype_and_shared_tensors_once():
     tied = torch.nn.Sequential(torch.nn.Embedding(50, 100), torch.nn.Linear(100, 50, bias=False))
     tied[1].weight = tied[0].weight
     assert model_bytes(tied) < 50 * 100 * 4 + 1024
+
+
+def test_cpu_meter_counts_other_processes_from_injected_readings():
+    from dtypelab.core.measure import CpuMeter, CpuReading
+
+    readings = iter([CpuReading(100.0, 500.0, 10.0, 1.0, 20.0, 5), CpuReading(110.0, 528.0, 28.0, 1.5, 24.0, 9)])
+    meter = CpuMeter(read=lambda: next(readings))
+    meter.start()
+    d = meter.stop()
+    # machine-wide busy +28 s, ours +18 s: others used 10 s of CPU in 10 s, one core's worth
+    assert (d.wall_s, d.other_cpu_s, d.other_cores, d.steal_s, d.pressure_s, d.involuntary_switches) == (
+        10.0, 10.0, 1.0, 0.5, 4.0, 4)
+    assert d.disturbed
+
+
+def test_cpu_meter_sees_a_real_busy_process():
+    import subprocess
+    import sys
+    import time
+
+    from dtypelab.core.measure import CpuMeter
+
+    quiet = CpuMeter()
+    quiet.start()
+    time.sleep(0.3)
+    calm = quiet.stop()
+    burner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
+    try:
+        time.sleep(0.5)  # let it start
+        meter = CpuMeter()
+        meter.start()
+        time.sleep(1.0)
+        busy = meter.stop()
+    finally:
+        burner.wait()
+    assert busy.other_cores > 0.5 and busy.disturbed, busy  # one process spinning: about one core
+    assert calm is not None and calm.wall_s > 0.25
+
+
+def test_a_broken_reader_leaves_the_run_measured_without_context():
+    from dtypelab.core.measure import CpuMeter
+
+    def boom():
+        raise OSError("no /proc here")
+
+    meter = CpuMeter(read=boom)
+    meter.start()
+    assert meter.stop() is None

@@ -93,3 +93,17 @@ def test_a_metric_that_moved_the_good_way_reads_better_and_the_tolerance_says_it
     assert rec.verdicts["fp64"] == "acc better than fp32" and "within" not in rec.verdicts["fp64"]
     assert rec.best == "bf16" and "(+0.50%, within 1%)" in rec.sentences[0]
     assert "Tolerance 1% is one-sided: a policy's acc may be up to 1% higher than fp32's" in text
+
+
+def test_disturbed_timings_are_named_and_a_disturbed_decision_is_flagged():
+    import dataclasses
+
+    quiet = result("fp64", 20, 0.965)
+    busy = dataclasses.replace(result("bf16", 4, 0.964), disturbance={"wall_s": 2.0, "other_cores": 0.96,
+                                                                       "pressure_s": 0.8})
+    rec = recommend(report(result("fp32", 10, 0.965), quiet, busy))
+    text = " ".join(rec.sentences)
+    assert rec.best == "bf16" and "Caution: the decision rests on disturbed timings." in text
+    assert "bf16 (0.96 of a core, tasks waited for a CPU 40% of the time)" in text and "fp64 (" not in text
+    calm = recommend(report(result("fp32", 10, 0.965), quiet))
+    assert not any("Other processes" in s for s in calm.sentences)

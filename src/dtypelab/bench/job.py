@@ -25,7 +25,7 @@ from dtypelab.core.loop import (
     threads,
     to_device,
 )
-from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync
+from dtypelab.core.measure import CpuMeter, MemoryMeter, StepTimer, device_sync
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy
 from dtypelab.core.results import PolicyResult, policy_info
 from dtypelab.core.task import Task, load_task
@@ -121,9 +121,11 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
     model.train()
     optimizer = task.make_optimizer(model.parameters())
     meter.open_window()  # loading and converting the weights is not the run's peak
-    timer = StepTimer(sync=device_sync(device))
+    timer, cpu = StepTimer(sync=device_sync(device)), CpuMeter()
+    cpu.start()
     run = fit(task, model, precision, optimizer, device, job.steps, job.batch_size, job.seed, timer, progress,
               stop_if=lambda samples: too_slow(job, samples))
+    disturbance = cpu.stop()
     if run.cut:
         return _slow_result(job, run.cut, timer.samples, tuple(run.losses))
     peak = meter.peak_bytes()
@@ -140,6 +142,7 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         first_nonfinite_step=run.first_nonfinite, metrics=metrics, peak_memory_bytes=peak,
         load_peak_memory_bytes=meter.load_peak, memory_method=meter.method, model_bytes=len(serialize(model)[0]),
         init_fingerprint=init, scaler=precision.stats(),
+        disturbance=disturbance.to_dict() if disturbance else {},
     )
 
 
@@ -163,6 +166,8 @@ def infer(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
             first_call_s = timer.stop()
             timer.samples.clear()
         meter.open_window()
+        cpu = CpuMeter()
+        cpu.start()
         for i in range(job.steps):
             timer.start()
             forward(model, precision, inputs)
@@ -175,6 +180,7 @@ def infer(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
             slow = too_slow(job, timer.samples)
             if slow:
                 return _slow_result(job, slow, timer.samples)
+        disturbance = cpu.stop()
         peak = meter.peak_bytes()
         outputs: list[Any] = []  # what the task's evaluation ran the model on: the fidelity set
         metrics = evaluate(task, model, precision, device, record=outputs)
@@ -196,7 +202,7 @@ def infer(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         init_fingerprint=init, size={"format": fmt, "file_bytes": len(blob),
                                      "linear_weight_bytes": linear_weight_bytes(model)},
         first_call_s=first_call_s if first_call_s is not None else (timer.samples[0] if timer.samples else None),
-        per_layer=layers,
+        per_layer=layers, disturbance=disturbance.to_dict() if disturbance else {},
     )
 
 

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.measure import DISTURBED_CORES
 from dtypelab.core.policies import BASELINE
 from dtypelab.core.results import PolicyResult, Report
 from dtypelab.core.scaler import scaler_notes
@@ -110,6 +111,25 @@ def _details(report: Report) -> list[str]:
     return out
 
 
+def disturbed_sentence(report: Report, best: str | None) -> str:
+    """Which timings other processes disturbed, in words; "" when none was. The decision still comes from the
+    medians: this says when not to trust it."""
+    hit = [r for r in report.results if r.disturbance.get("other_cores", 0.0) >= DISTURBED_CORES]
+    if not hit:
+        return ""
+    parts = []
+    for r in hit:
+        d = r.disturbance
+        pressure = d.get("pressure_s")
+        stall = f", tasks waited for a CPU {pressure / d['wall_s']:.0%} of the time" if pressure and d.get(
+            "wall_s") else ""
+        parts.append(f"{r.policy} ({d['other_cores']:.2f} of a core{stall})")
+    names = {r.policy for r in hit}
+    lead = "Caution: the decision rests on disturbed timings. " if names & {best, BASELINE} else ""
+    return (f"{lead}Other processes used the CPU while these policies' steps were timed: {', '.join(parts)}; their "
+            "speeds are not reliable: re-run on a quiet machine before acting on them.")
+
+
 def recommend(report: Report) -> Recommendation:
     """Judge every result against the fp32 baseline of the same report."""
     cfg = report.config
@@ -185,6 +205,9 @@ def recommend(report: Report) -> Recommendation:
         noisy = [r.policy for r in (b, base) if r.timing.noisy]
         if noisy:
             sentences.append(f"Timings of {' and '.join(noisy)} were noisy: re-run before trusting a small gap.")
+    busy = disturbed_sentence(report, best)
+    if busy:
+        sentences.append(busy)
     for name, note in notes.items():
         if name != best:
             sentences.append(note)

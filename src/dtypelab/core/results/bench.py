@@ -68,6 +68,17 @@ class LayerFidelity(TypedDict):
     own_sqnr_db: float | None  # the converted layer alone, fed fp32's input
 
 
+class DisturbanceInfo(TypedDict, total=False):
+    """core.measure.Disturbance.to_dict(): what other processes did while the policy's steps were timed."""
+
+    wall_s: float
+    other_cpu_s: float
+    other_cores: float
+    steal_s: float
+    pressure_s: float | None
+    involuntary_switches: int
+
+
 class Fidelity(TypedDict, total=False):
     max_abs_err: float
     sqnr_db: float
@@ -120,6 +131,7 @@ class PolicyResult:
     size: SizeInfo | None = None  # infer: the converted model's file and linear-weight bytes
     first_call_s: float | None = None  # infer: the first call (compilation, for compiled policies)
     per_layer: tuple[LayerFidelity, ...] = ()  # infer --per-layer
+    disturbance: DisturbanceInfo = field(default_factory=dict)  # other processes' CPU use during the timed steps
     wall_s: float = 0.0
 
     @property
