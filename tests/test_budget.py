@@ -50,7 +50,7 @@ def test_policies_estimated_past_the_budget_are_skipped_with_the_estimate(tmp_pa
     hw = fake_hardware(int8=20.0)  # int8-dyn: 5x fp32
     clock = Clockwork({"fp32": 30.0})
     report = bench(f"{TINY}:make_task", "int8-dyn,int8-wo,bf16", mode="infer", launcher=clock, hardware=hw,
-                   budget="100s", json_path=str(tmp_path / "r.json"))
+                   budget="100s", json_path=str(tmp_path / "r.json"), rounds=0)
     skipped = report.result("int8-dyn")
     assert skipped.status == "skipped" and skipped.skip == "budget"
     assert "estimated 150 s (fp32 took 30 s; its kernel measured 5.0x slower)" in skipped.reason
@@ -58,17 +58,18 @@ def test_policies_estimated_past_the_budget_are_skipped_with_the_estimate(tmp_pa
     text = " ".join(recommend(report).sentences)
     assert "int8-dyn: skipped — over the time budget" in text and "a larger --budget (0: none) runs it" in text
     everything = bench(f"{TINY}:make_task", "int8-dyn", mode="infer", launcher=Clockwork({"fp32": 30.0}),
-                       hardware=hw, budget=0)
+                       hardware=hw, budget=0, rounds=0)
     assert everything.result("int8-dyn").status == "ok"
 
 
 def test_time_already_spent_counts_against_the_budget():
     clock = Clockwork({"fp32": 50.0, "bf16": 50.0})
-    report = bench(f"{TINY}:make_task", "bf16,amp-bf16", launcher=clock, hardware=fake_hardware(), budget=60)
+    report = bench(f"{TINY}:make_task", "bf16,amp-bf16", launcher=clock, hardware=fake_hardware(), budget=60,
+                   rounds=0)
     # fp32's 50 s are planted, not spent: the estimate (50 s) is judged against the real time left
     assert report.result("bf16").status == "ok"
     tight = bench(f"{TINY}:make_task", "bf16", launcher=Clockwork({"fp32": 50.0}), hardware=fake_hardware(),
-                  budget=10)
+                  budget=10, rounds=0)
     assert tight.result("bf16").skip == "budget" and "s left of 10 s" in tight.result("bf16").reason
 
 
@@ -114,17 +115,17 @@ def test_the_sweep_arms_the_check_from_fp32_and_force_disarms_it():
             seen.append((job.policy, job.slow_step_s))
             return super().run(job, timeout_s, on_step)
 
-    bench(f"{TINY}:make_task", "bf16", launcher=Spy({}), hardware=fake_hardware(), budget=0)
+    bench(f"{TINY}:make_task", "bf16", launcher=Spy({}), hardware=fake_hardware(), budget=0, rounds=0)
     assert seen == [("fp32", None), ("bf16", pytest.approx(0.1))]  # fp32's median 10 ms, x10
     seen.clear()
-    bench(f"{TINY}:make_task", "bf16", launcher=Spy({}), hardware=fake_hardware(), budget=0, force=True)
+    bench(f"{TINY}:make_task", "bf16", launcher=Spy({}), hardware=fake_hardware(), budget=0, force=True, rounds=0)
     assert seen == [("fp32", None), ("bf16", None)]
 
 
 def test_after_fp32_the_sweep_says_what_the_budget_will_skip():
     notices = []
     bench(f"{TINY}:make_task", "int8-dyn,int8-wo", mode="infer", launcher=Clockwork({"fp32": 30.0}),
-          hardware=fake_hardware(int8=20.0), budget="100s",
+          hardware=fake_hardware(int8=20.0), budget="100s", rounds=0,
           on_event=lambda e: notices.append(e.label) if e.kind == "notice" else None)
     assert len(notices) == 1
     assert notices[0].startswith("time budget 100 s: the 2 remaining policies are estimated at ~30 s")

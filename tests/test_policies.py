@@ -63,6 +63,8 @@ EXPECTED = {  # policy -> (parameter dtype, dtype of a Linear's output in forwar
     "fp16": (torch.float16, torch.float16),
     "amp-bf16": (torch.float32, torch.bfloat16),
     "amp-fp16": (torch.float32, torch.float16),
+    "fp32+compile": (torch.float32, torch.float32),
+    "bf16+compile": (torch.bfloat16, torch.bfloat16),
 }
 
 

@@ -12,8 +12,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from dtypelab.bench.job import run_job
-from dtypelab.bench.launch import PROGRESS_EVERY_S
+from dtypelab.bench.launch import PROGRESS_EVERY_S, execute
 
 
 def _exit_with_parent() -> None:
@@ -39,7 +38,7 @@ def _child_main(fd: int) -> None:
             last = now
             conn.send(("step", done, total))
 
-    conn.send(("result", run_job(job, progress)))
+    conn.send(("result", execute(job, progress)))
     conn.close()
 
 

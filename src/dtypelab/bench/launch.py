@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
-from typing import Protocol
+from typing import Any, Protocol
 
 from dtypelab.bench.job import Job, run_job
 from dtypelab.core.results import PolicyResult
@@ -30,8 +30,8 @@ PROGRESS_EVERY_S = 0.1
 
 @dataclass(frozen=True)
 class Event:
-    """Progress of a sweep, for progress bars: kind is "probe", "start", "step", "done", "skip" (not run) or
-    "notice" (a line to show, in ``label``)."""
+    """Progress of a sweep, for progress bars: kind is "probe", "start", "step", "done" (a policy's result),
+    "end" (the interleaved timing's), "skip" (not run) or "notice" (a line to show, in ``label``)."""
 
     kind: str
     policy: str
@@ -89,7 +89,7 @@ class InlineLauncher:
     name = "inline"
 
     def run(self, job: Job, timeout_s: float, on_step: OnStep) -> PolicyResult:
-        return run_job(job, on_step)
+        return execute(job, on_step)
 
 
 class ProcessLauncher:
@@ -102,6 +102,13 @@ class ProcessLauncher:
 
 
 LAUNCHERS: dict[str, Launcher] = {"inline": InlineLauncher(), "process": ProcessLauncher()}
+
+
+def execute(job: Any, on_step: OnStep | None = None) -> Any:
+    """Run a job here: one policy's measurement (``Job``), or the interleaved timing rounds (``RoundsJob``)."""
+    from dtypelab.bench.rounds import RoundsJob, run_rounds
+
+    return run_rounds(job, on_step) if isinstance(job, RoundsJob) else run_job(job, on_step)
 
 
 def run_isolated(job: Job, timeout_s: float, on_step: OnStep) -> PolicyResult:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dtypelab.bench.rounds import MIN_GAIN, MIN_QUIET, disturbed_text
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.measure import DISTURBED_CORES
 from dtypelab.core.policies import BASELINE
@@ -45,6 +46,7 @@ class Recommendation:
     lowest_memory: str | None
     verdicts: dict[str, str]  # short text per policy for the table
     sentences: tuple[str, ...]  # the explanation in words
+    undecided: bool = False  # too disturbed to decide (``bench --strict`` exits non-zero)
 
 
 def _fmt(x: float) -> str:
@@ -77,6 +79,11 @@ def tolerance_sentence(metric: str, tol: Tolerance, higher: bool) -> str:
 
 
 def speedup(result: PolicyResult, base: PolicyResult) -> float | None:
+    """From paired rounds when they ran (their geometric mean), else the ratio of the runs' medians."""
+    if result.speedup_ci is not None:
+        return result.speedup_ci.point
+    if result is base or result.policy == base.policy:
+        return 1.0 if base.timing else None
     t, b = result.timing, base.timing
     return b.median / t.median if t and b and t.median > 0 else None
 
@@ -128,6 +135,16 @@ def disturbed_sentence(report: Report, best: str | None) -> str:
     lead = "Caution: the decision rests on disturbed timings. " if names & {best, BASELINE} else ""
     return (f"{lead}Other processes used the CPU while these policies' steps were timed: {', '.join(parts)}; their "
             "speeds are not reliable: re-run on a quiet machine before acting on them.")
+
+
+def rounds_sentence(report: Report) -> str:
+    """Which rounds other processes disturbed, in words, and what was done about them; "" when none."""
+    parts = [disturbed_text(r.policy, r.rounds) for r in report.results if r.rounds]
+    parts = [p for p in parts if p]
+    if not parts:
+        return ""
+    return ("Disturbance: " + "; ".join(parts) + ". Rounds with a disturbed block are left out of the paired "
+            f"speedups while {MIN_QUIET} quiet rounds remain.")
 
 
 def recommend(report: Report) -> Recommendation:
@@ -187,25 +204,47 @@ def recommend(report: Report) -> Recommendation:
                 accepted.append(r)
 
     timed = [r for r in accepted if r.timing]
-    best = min(timed, key=lambda r: r.timing.median).policy if timed else None
+    paired = bool(base.rounds) and any(r.speedup_ci for r in accepted)
+    unclear: list[PolicyResult] = []
+    if paired:  # decide from the intervals of paired rounds, not from medians
+        faster = [r for r in accepted if r.speedup_ci and r.speedup_ci.low > 1 + MIN_GAIN]
+        unclear = [r for r in accepted if r.speedup_ci and r.speedup_ci.low <= 1 + MIN_GAIN <= r.speedup_ci.high]
+        best = max(faster, key=lambda r: r.speedup_ci.point).policy if faster else BASELINE
+    else:
+        best = min(timed, key=lambda r: r.timing.median).policy if timed else None
     with_mem = [r for r in accepted if r.peak_memory_bytes is not None]
     lowest = min(with_mem, key=lambda r: r.peak_memory_bytes).policy if with_mem else None
-    if best == BASELINE or best is None:
-        sentences.append(f"Keep {BASELINE}: no other policy was both faster and within {tol} on {metric} "
+    too_busy = paired and sum(b.disturbed for b in base.rounds) > len(base.rounds) / 2
+    if too_busy:
+        sentences.append(f"No recommendation: the machine was too busy to decide "
+                         f"({disturbed_text(BASELINE, base.rounds)}); re-run it on a quiet machine.")
+        best = None
+    elif best == BASELINE or best is None:
+        measurably = "measurably faster (95% interval above 1)" if paired else "faster"
+        sentences.append(f"Keep {BASELINE}: no other policy was both {measurably} and within {tol} on {metric} "
                          f"({BASELINE}: {_fmt(base_metric)}).")
     else:
         b = report.result(best)
         sp = speedup(b, base)
+        ci = (f" (95% interval {b.speedup_ci.low:.2f}–{b.speedup_ci.high:.2f}x over {b.speedup_ci.rounds} paired "
+              "rounds)") if paired and b.speedup_ci else ""
         sentences.append(
-            f"Use {best}: {sp:.2f}x faster than {BASELINE}, {metric} {_fmt(b.metric(metric))} vs "
+            f"Use {best}: {sp:.2f}x faster than {BASELINE}{ci}, {metric} {_fmt(b.metric(metric))} vs "
             f"{_fmt(base_metric)} ({delta_text(b.metric(metric), base_metric, tol)}, "
             f"{judge(b.metric(metric), base_metric, tol, higher)[1]})."
         )
         verdicts[best] = "recommended"
-        noisy = [r.policy for r in (b, base) if r.timing.noisy]
+        noisy = [r.policy for r in (b, base) if r.timing.noisy] if not paired else []
         if noisy:
             sentences.append(f"Timings of {' and '.join(noisy)} were noisy: re-run before trusting a small gap.")
-    busy = disturbed_sentence(report, best)
+    if unclear:
+        sentences.append("No measurable speed difference from " + BASELINE + ": " + ", ".join(
+            f"{r.policy} {r.speedup_ci.point:.2f}x ({r.speedup_ci.low:.2f}–{r.speedup_ci.high:.2f})" for r in unclear)
+            + "; the interval includes no gain, so the safer " + BASELINE + " numerics are preferred.")
+        for r in unclear:
+            if verdicts.get(r.policy, "").startswith(metric):
+                verdicts[r.policy] = "no measurable speed difference"
+    busy = rounds_sentence(report) if paired else disturbed_sentence(report, best)
     if busy:
         sentences.append(busy)
     for name, note in notes.items():
@@ -224,4 +263,4 @@ def recommend(report: Report) -> Recommendation:
     for (reason, skip), names in skipped.items():
         hint = {"slow": "; use --force to run anyway", "budget": "; a larger --budget (0: none) runs it"}.get(skip, "")
         sentences.append(f"{', '.join(names)}: {reason}{hint}.")
-    return Recommendation(best, lowest, verdicts, tuple(sentences))
+    return Recommendation(best, lowest, verdicts, tuple(sentences), undecided=too_busy)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -11,10 +12,13 @@ from dtypelab.bench.budget import DEFAULT_BUDGET_S, budget_text, estimate, parse
 from dtypelab.bench.job import Job
 from dtypelab.bench.launch import LAUNCHERS, Event, Launcher, OnEvent
 from dtypelab.bench.recommend import Tolerance
+from dtypelab.bench.rounds import RoundsJob, RoundsResult, paired_speedup
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import SLOW_RATIO, HardwareInfo, environment, probe, resolve_device
+from dtypelab.core.measure import DISTURBED_CORES, CpuMeter
 from dtypelab.core.policies import (
     BASELINE,
+    COMPILED_BASELINE,
     NOT_IN_DEFAULT_SWEEP,
     REGISTRY,
     Config,
@@ -33,6 +37,7 @@ INFER_STEPS = 50
 # would be most of a sweep's time and add nothing to a median. --steps N always times exactly N.
 INFER_TIME_BOX_S = 8.0
 MIN_TIMED = 4
+DEFAULT_ROUNDS = {"train": 5, "infer": 3}
 
 
 def _check_patterns(task: Task, plans: Iterable[Plan]) -> None:
@@ -76,6 +81,7 @@ def bench(
     on_event: OnEvent | None = None,
     hardware: HardwareInfo | None = None,
     budget: str | float | None = DEFAULT_BUDGET_S,
+    rounds: int | None = None,
 ) -> Report:
     """Train (or run inference on) ``task`` under each policy and measure speed, memory and metric.
 
@@ -89,7 +95,10 @@ def bench(
     (infer mode): a policy whose worst per-sample output cosine vs fp32 falls below it is not
     recommended, whatever its metric. ``budget`` (seconds, or text such as "15m"; None or 0: none): after the
     fp32 run, each further policy's time is estimated from fp32's and the probe, and one that would not fit
-    in what is left of the budget is recorded as skipped with its estimate.
+    in what is left of the budget is recorded as skipped with its estimate. ``rounds`` (default: 5 in
+    training, 3 in inference; 0: off): after the learning runs, the policies that finished are timed again
+    round-robin in one process, and each speedup comes from paired rounds with a 95% interval (see
+    ``bench.rounds``).
     """
     started = time.monotonic()
     if mode not in MODES:
@@ -124,9 +133,18 @@ def bench(
     _check_patterns(loaded, plans.values())
     dev = resolve_device(device)
     on_event = on_event or (lambda e: None)
+    force_slow = False
     if hardware is None:
         on_event(Event("probe", "", label="probing hardware"))
+        cpu = CpuMeter()
+        cpu.start()
         hardware = probe(dev)
+        busy = cpu.stop()
+        if busy is not None and busy.disturbed and not force:
+            # a busy machine makes every dtype look slow: skipping on that evidence would drop sane policies
+            force_slow = True
+            on_event(Event("notice", "", label=f"the hardware probe was disturbed (other processes used "
+                                                f"{busy.other_cores:.2f} of a core): no policy is skipped as slow"))
 
     # A pretrained task is never trained: its steps are forward passes, sized for its (larger) model.
     time_box = INFER_TIME_BOX_S if mode == "infer" and steps is None else None
@@ -136,15 +154,27 @@ def bench(
         warmup = max(1, min(10, steps // 10))
     if warmup >= steps:
         raise DtypelabError(f"--warmup ({warmup}) must be smaller than --steps ({steps})")
+    if rounds is not None and rounds < 0:
+        raise DtypelabError(f"--rounds must be >= 0, got {rounds}")
+    rounds = DEFAULT_ROUNDS[mode] if rounds is None else rounds
+    if rounds == 1:
+        raise DtypelabError("--rounds 1 cannot give an interval: use 0 (off) or at least 2")
+    # Blocks long enough for a median, short enough that the rounds cost a fraction of the learning runs.
+    block = 0 if not rounds else (max(5, min(30, steps // (2 * rounds))) if mode == "train"
+                                  else max(2, min(10, steps // (2 * rounds))))
     # Table order: the registry's for a default sweep, else the user's with the baseline added first.
     if BASELINE not in plans or explicit:  # the user's order with the baseline first; else the registry's
         plans = {BASELINE: get_policy(BASELINE), **plans}
+    if any(p.compiles for p in plans.values()) and COMPILED_BASELINE not in plans:
+        # a compiled policy's speed means little against eager fp32 alone: time compiled fp32 beside it
+        plans = {BASELINE: plans[BASELINE], COMPILED_BASELINE: get_policy(COMPILED_BASELINE),
+                 **{k: v for k, v in plans.items() if k != BASELINE}}
     order = list(plans)
     config = RunConfig(
         task=task, mode=mode, policies=tuple(order), steps=steps, batch_size=batch_size, warmup=warmup,
         seed=seed, tolerance=str(tol), device=str(dev), force=force, timeout_s=timeout_s,
         metric=loaded.metric, higher_is_better=loaded.higher_is_better, threads=threads, per_layer=per_layer,
-        min_cosine=min_cosine, task_name=loaded.name, time_box_s=time_box,
+        min_cosine=min_cosine, task_name=loaded.name, time_box_s=time_box, rounds=rounds, rounds_block=block,
     )
     report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
@@ -153,7 +183,7 @@ def bench(
         avail = plans[name].availability(hardware)
         if not avail.ok and explicit:
             raise DtypelabError(f"policy {name} cannot run here: {avail.reason}")
-        if not avail.ok or (avail.slow and not force):
+        if not avail.ok or (avail.slow and not (force or force_slow)):
             report = report.with_result(PolicyResult(name, "skipped", avail.reason, info=policy_info(plans[name]),
                                                      skip="slow" if avail.ok else "unsupported"))
         else:
@@ -191,7 +221,9 @@ def bench(
                     result = run(name, mode, steps)
                 if name == BASELINE:
                     base_wall = result.wall_s
-                    base_step = result.timing.median if result.status == "ok" and result.timing else None
+                    # fp32's median under disturbance would make every later policy look 10x slower
+                    quiet = result.disturbance.get("other_cores", 0.0) < DISTURBED_CORES
+                    base_step = result.timing.median if result.status == "ok" and result.timing and quiet else None
                 report = report.with_result(result)
                 pending.pop(0)
                 _save(report, json_path)  # on disk before anyone hears of it: Ctrl-C in a handler loses nothing
@@ -205,6 +237,40 @@ def bench(
                                                          info=policy_info(plans[name])))
             _save(report, json_path)
             raise
+        if rounds:
+            report = _interleaved(report, loaded, plans, launcher, on_event, json_path, timeout_s, RoundsJob(
+                task, (), mode, rounds, block, batch_size, seed, str(dev),
+                None if mode == "infer" and loaded.pretrained else os.path.join(
+                    workdir, "reference.pt" if mode == "infer" else "init.pt"), threads, workdir=workdir))
+    return report
+
+
+def _interleaved(report: Report, task: Task, plans: dict[str, Plan], launcher: Launcher, on_event: OnEvent,
+                 json_path: str | None, timeout_s: float, job: RoundsJob) -> Report:
+    """The speed phase: the policies that ran to the end are timed again in interleaved rounds, in one process,
+    and each gets its paired speedup and interval. A failure here keeps the learning runs' own timings."""
+    names = [r.policy for r in report.results if r.status == "ok" and r.timing]
+    if BASELINE not in names or len(names) < 2:
+        return report
+    job = replace(job, plans=tuple(plans[n] for n in names))
+    label = f"timing in {job.rounds} interleaved rounds of {job.block} steps"
+    on_event(Event("start", "rounds", 0, job.rounds * len(names), label=label))
+    result = launcher.run(job, timeout_s, lambda d, t: on_event(Event("step", "rounds", d, t)))
+    on_event(Event("end", "rounds", result=result, label=label))
+    if not isinstance(result, RoundsResult) or result.status != "ok" or not result.blocks:
+        on_event(Event("notice", "", label=f"interleaved timing gave no rounds ({result.status}"
+                                            f"{': ' + result.reason if result.reason else ''}); speeds come from "
+                                            "each policy's own run"))
+        return report
+    base, compiled = result.blocks[BASELINE], result.blocks.get(COMPILED_BASELINE)
+    for name in names:
+        r = report.result(name)
+        blocks = result.blocks.get(name, ())
+        fair = paired_speedup(compiled, blocks) if compiled and plans[name].compiles and name != COMPILED_BASELINE \
+            else None
+        report = report.with_result(replace(r, rounds=blocks, compiled_ci=fair,
+                                            speedup_ci=None if name == BASELINE else paired_speedup(base, blocks)))
+    _save(report, json_path)
     return report
 
 

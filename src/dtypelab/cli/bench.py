@@ -46,7 +46,7 @@ class _Bars:
             self.bars[event.policy] = p.add_task(event.label or event.policy, total=event.total or None)
         elif event.kind == "step" and event.policy in self.bars:
             p.update(self.bars[event.policy], completed=event.done, total=event.total)
-        elif event.kind == "done" and event.policy in self.bars:
+        elif event.kind in ("done", "end") and event.policy in self.bars:
             r = event.result
             p.remove_task(self.bars.pop(event.policy))
             colour = "green" if r.status == "ok" else "red"
@@ -101,7 +101,7 @@ class _Lines:
                 self._say(f"{label}: started" + (f" ({event.total} steps)" if event.total else ""))
             elif event.kind == "step":
                 self.done, self.total = event.done, event.total
-            elif event.kind == "done":
+            elif event.kind in ("done", "end"):
                 r, self.current = event.result, None
                 self._say(f"{label}: {r.status} in {r.wall_s:.1f} s" + (f" — {r.reason}" if r.reason else ""))
             elif event.kind == "skip":
@@ -132,6 +132,10 @@ def bench(
     json: JsonOpt = None,
     fmt: FormatOpt = "table",
     html: HtmlOpt = None,
+    rounds: Annotated[int | None, typer.Option(help="interleaved timing rounds after the runs, for paired speedups "
+                                                    "with intervals; 0: off [default: 5 train, 3 infer]")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="exit 3 when the machine was too disturbed to decide")
+                      ] = False,
 ) -> None:
     """Train TASK under each precision policy (or, with --mode infer, run inference under each, quantized
     int8/fp8 policies included); print speed, memory, size, fidelity, metric and a recommendation."""
@@ -143,7 +147,7 @@ def bench(
         _check_format(fmt)
         kwargs = dict(mode=mode, steps=steps, batch_size=batch_size, warmup=warmup, tolerance=tolerance,
                       device=device, seed=seed, force=force, timeout_s=timeout, threads=threads, json_path=path,
-                      per_layer=per_layer, min_cosine=min_cosine, budget=budget)
+                      per_layer=per_layer, min_cosine=min_cosine, budget=budget, rounds=rounds)
         if err.is_terminal:
             with _progress() as progress:
                 report = run_bench(task, policies, on_event=_Bars(progress), **kwargs)
@@ -153,6 +157,12 @@ def bench(
     _emit(report, fmt)
     err.print(f"[dim]results saved to {escape(path)}; re-render with: dtypelab show {escape(path)}[/]")
     write_html(report, html)
+    if strict:
+        from dtypelab.bench.recommend import recommend
+
+        if recommend(report).undecided:
+            err.print("[bold red]--strict:[/] the machine was too disturbed to decide", highlight=False)
+            raise typer.Exit(3)
 
 
 @app.command()

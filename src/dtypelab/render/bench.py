@@ -6,7 +6,7 @@ import math
 
 from dtypelab.bench.recommend import Recommendation, Tolerance, delta_text, recommend, speedup
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies import BASELINE
+from dtypelab.core.policies import BASELINE, COMPILED_BASELINE
 from dtypelab.core.results import PolicyResult, Report
 from dtypelab.inference.perlayer import SAMPLES
 from dtypelab.render.tables import html_table, markdown_table, num, rich_table
@@ -59,15 +59,18 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
     infer = cfg.mode == "infer"
     cosine = infer and any("cos_min" in r.fidelity for r in report.results)
     linear = infer and any(_linear_bytes(r) for r in report.results)
+    paired = any(r.speedup_ci for r in report.results)
     headers = ["policy", "status", "latency ms (median ± IQR)" if infer else "step ms (median ± IQR)",
-               "speedup", "samples/s", "peak MB", "size MB"]
+               "speedup (95% interval)" if paired else "speedup", "samples/s", "peak MB", "size MB"]
     headers += (["linear W"] if linear else []) + (["SQNR dB", "max abs err"] if infer else ["final loss"])
     headers += (["worst cos"] if cosine else []) + [metric, f"Δ {cfg.metric}", "verdict"]
     rows = []
     for r in report.results:
         sp = speedup(r, base) if base and r.ran else None
         mark = " †" if sp and _emulated(r) else ""  # emulated format: never read as native speed
-        row = [r.policy, r.status, _timing(r), f"{sp:.2f}x{mark}" if sp else "—", num(r.throughput, ",.0f"),
+        ci = r.speedup_ci
+        speed = f"{sp:.2f}x ({ci.low:.2f}–{ci.high:.2f}){mark}" if sp and ci else (f"{sp:.2f}x{mark}" if sp else "—")
+        row = [r.policy, r.status, _timing(r), speed, num(r.throughput, ",.0f"),
                num(r.peak_memory_bytes / MB if r.peak_memory_bytes is not None else None, ".1f"), _size(r, base)]
         if linear:
             row.append(_ratio(_linear_bytes(r), _linear_bytes(base) if base else None) if r.ran else "—")
@@ -90,6 +93,22 @@ def _title(report: Report) -> str:
             f"{hw.get('device_name') or cfg.device} · torch {report.environment.get('torch', '?')}")
 
 
+def _compiled_text(r: PolicyResult, report: Report) -> str:
+    """A compiled policy against compiled fp32, its fair baseline (compilation alone speeds fp32 up too)."""
+    base = report.result(COMPILED_BASELINE)
+    if r.policy == COMPILED_BASELINE or not (r.info and r.info.compiles) or not r.ran or not base or not base.ran:
+        return ""
+    ci = r.compiled_ci
+    if ci:
+        how = f"{ci.point:.2f}x ({ci.low:.2f}–{ci.high:.2f}, paired rounds)"
+    elif r.timing and base.timing:
+        how = f"{base.timing.median / r.timing.median:.2f}x (medians)"
+    else:
+        return ""
+    return (f"{r.policy} vs {COMPILED_BASELINE}, its fair baseline (compiling speeds fp32 up too): {how}; "
+            "the speedup column is vs eager fp32.")
+
+
 def _notes(report: Report, rec: Recommendation) -> list[str]:
     notes = list(rec.sentences)
     ran = [r for r in report.results if r.ran]
@@ -102,6 +121,9 @@ def _notes(report: Report, rec: Recommendation) -> list[str]:
         if info and info.compute_dtype == "int8" and hw and hw.native("int8") is False:
             notes.append(f"{r.policy}: this {hw.device_name or 'device'} has no int8 dot-product instructions "
                          "(VNNI/AMX), so its int8 matmuls are not native here.")
+        fair = _compiled_text(r, report)
+        if fair:
+            notes.append(fair)
         first = r.first_call_s
         if info and info.compiles and first:
             notes.append(f"{r.policy}: the first call took {first:.1f} s (compilation, which inductor caches on "
@@ -112,6 +134,11 @@ def _notes(report: Report, rec: Recommendation) -> list[str]:
     if any(_linear_bytes(r) for r in ran):
         notes.append("size MB: the converted model's file (safetensors, or torch.save for torch.ao's packed "
                      "modules); linear W: bytes of linear-layer weights incl. scales, vs fp32.")
+    cfg = report.config
+    if any(r.speedup_ci for r in report.results):
+        notes.append(f"speedup: geometric mean of fp32's block median over the policy's, over {cfg.rounds} "
+                     f"interleaved rounds of {cfg.rounds_block} steps in one process (paired: the same round, the "
+                     "same batches), with a 95% Student-t interval; step ms is from each policy's own run.")
     if any(r.timing and r.timing.noisy for r in report.results):
         notes.append("* noisy timing: IQR above 10% of the median; compare such policies with care.")
     return notes

@@ -107,8 +107,10 @@ def step_times(names: Sequence[str], samples: Sequence[Sequence[float]], unit: s
 
 
 def speed_vs_metric(points: Sequence[tuple[str, float, float]], metric: str, higher: bool, band: tuple[float, float],
-                    recommended: str | None, baseline: str = "fp32") -> str | None:
-    """``points``: (policy, speedup vs the baseline, metric); ``band``: the metric values within tolerance."""
+                    recommended: str | None, baseline: str = "fp32",
+                    intervals: dict[str, tuple[float, float]] | None = None) -> str | None:
+    """``points``: (policy, speedup vs the baseline, metric); ``band``: the metric values within tolerance;
+    ``intervals``: a speedup's 95% interval by policy, drawn as a horizontal bar."""
     points = [p for p in points if math.isfinite(p[1]) and math.isfinite(p[2])]
     if len(points) < 2:
         return None
@@ -127,6 +129,9 @@ def speed_vs_metric(points: Sequence[tuple[str, float, float]], metric: str, hig
             ax.plot([p[1] for p in front], [p[2] for p in front], color="#0072B2", lw=1, ls=":",
                     label="Pareto front (nothing both faster and better)")
         for i, (name, x, y) in enumerate(points):
+            if intervals and name in intervals:
+                lo, hi = intervals[name]
+                ax.plot([lo, hi], [y, y], color=colour(i), lw=2.5, alpha=0.6, solid_capstyle="butt", zorder=2)
             star = name == recommended
             ax.scatter([x], [y], s=140 if star else 36, marker="*" if star else MARKERS[i % len(MARKERS)],
                        color=colour(i), edgecolors="#000000", linewidths=0.6, zorder=3)

@@ -105,10 +105,13 @@ def _bench(report: Report, key: str) -> str:
                   if r.metric(cfg.metric) is not None]
         parts.append(_figure(plots.speed_vs_metric(points, cfg.metric, cfg.higher_is_better,
                                                    _band(base_metric, Tolerance.parse(cfg.tolerance),
-                                                         cfg.higher_is_better), rec.best),
+                                                         cfg.higher_is_better), rec.best,
+                                                   intervals={r.policy: (r.speedup_ci.low, r.speedup_ci.high)
+                                                              for r in stable if r.speedup_ci}),
                              f"Speed against {cfg.metric}: the recommendation is the fastest point inside the green "
                              f"band (within {cfg.tolerance} of fp32); points on the dotted Pareto front are the "
-                             "only ones worth considering. Runs whose loss went non-finite are left out.",
+                             "only ones worth considering; a bar through a point is its speedup's 95% interval from "
+                             "interleaved rounds. Runs whose loss went non-finite are left out.",
                              f"{key}-pareto"))
     if cfg.mode == "infer":
         points = [(r.policy, (r.timing.median * 1e3) if r.timing else math.nan, r.fidelity.get("cos_min"),

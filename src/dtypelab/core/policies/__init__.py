@@ -27,7 +27,7 @@ def register(name: str, policy: Config | Plan, summary: str = "", *, replace: bo
     if name in REGISTRY and not replace:
         raise DtypelabError(f"policy {name!r} is registered already (replace=True overrides it)")
     plan = policy if isinstance(policy, Plan) else single(policy)
-    plan = Plan(plan.default, plan.rules, name=name, summary=summary or plan.summary)
+    plan = Plan(plan.default, plan.rules, name=name, summary=summary or plan.summary, compile=plan.compile)
     REGISTRY[name] = plan
     return plan
 
@@ -41,6 +41,11 @@ register("amp-bf16", Autocast("bfloat16"), "torch.autocast(bfloat16) with float3
 register("amp-fp16", Autocast("float16", scaler=True), "torch.autocast(float16) + GradScaler, float32 weights")
 register("int8-dyn", Quantize("int8-dynamic"), "int8 weights (per channel) + int8 activations (per token), torchao, "
          "eager")
+# Compiled float baselines: a compiled quantized policy is only fairly compared with compiled float ones.
+COMPILED_BASELINE = "fp32+compile"
+register(COMPILED_BASELINE, REGISTRY["fp32"].compiled(), "float32 under torch.compile: the speed baseline of "
+         "compiled policies")
+register("bf16+compile", REGISTRY["bf16"].compiled())
 register("int8-dyn-compile", Quantize("int8-dynamic", compile=True))
 register("int8-wo", Quantize("int8-weight-only"))
 register("fp8-wo", Quantize("fp8-weight-only"))
@@ -50,7 +55,8 @@ register("int8-dyn-legacy-pc", Quantize("int8-dynamic", library="torch.ao", gran
 
 # Registered policies a default sweep leaves out: nobody deploys float64 inference, and it doubles the time
 # of a sweep whose question is "which cheaper format keeps my outputs". Still runnable by name.
-NOT_IN_DEFAULT_SWEEP = {"train": frozenset(), "infer": frozenset({"fp64"})}
+# Compiling a training step (forward and backward graphs) takes minutes on a small CPU: by name only.
+NOT_IN_DEFAULT_SWEEP = {"train": frozenset({"fp32+compile", "bf16+compile"}), "infer": frozenset({"fp64"})}
 
 
 def policies_for(mode: str) -> list[str]:
@@ -64,6 +70,9 @@ def default_policies(mode: str) -> list[str]:
 
 
 def _lookup(name: str) -> Plan:
+    """A registered name, or NAME+compile: that policy under torch.compile."""
+    if name not in REGISTRY and name.endswith("+compile") and name.removesuffix("+compile") in REGISTRY:
+        return REGISTRY[name.removesuffix("+compile")].compiled()
     try:
         return REGISTRY[name]
     except KeyError:
@@ -124,6 +133,6 @@ def parse_policies(policies: str | Sequence[str | Config | Plan] | None) -> list
     return list(plans.values())
 
 
-__all__ = ["BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "TF32", "Autocast", "Availability", "Cast",
-           "Config", "Plan", "Precision", "Quantize", "default_policies", "get_policy", "load_plan", "parse_policies",
-           "policies_for", "register", "single"]
+__all__ = ["BASELINE", "COMPILED_BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "TF32", "Autocast",
+           "Availability", "Cast", "Config", "Plan", "Precision", "Quantize", "default_policies", "get_policy",
+           "load_plan", "parse_policies", "policies_for", "register", "single"]

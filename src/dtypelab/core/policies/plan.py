@@ -16,7 +16,7 @@ import fnmatch
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import nn
@@ -56,6 +56,7 @@ class Plan:
     rules: tuple[tuple[str, Config], ...] = ()
     name: str = ""
     summary: str = ""
+    compile: bool = False  # run the whole model under torch.compile (a quantize config may also ask for it)
 
     def __post_init__(self) -> None:
         rules = tuple((str(p), c) for p, c in (self.rules.items() if isinstance(self.rules, Mapping) else self.rules))
@@ -64,9 +65,10 @@ class Plan:
         self._check()
 
     def _derived_name(self) -> str:
+        tail = "+compile" if self.compile and not any(c.compiles for c in self.configs) else ""
         if not self.rules:
-            return self.default.label
-        return f"{self.default.label}+" + ",".join(f"{p}={c.label}" for p, c in self.rules)
+            return self.default.label + tail
+        return f"{self.default.label}+" + ",".join(f"{p}={c.label}" for p, c in self.rules) + tail
 
     def _check(self) -> None:
         """Refuse combinations that have no meaning, before any model is built."""
@@ -104,7 +106,7 @@ class Plan:
 
     @property
     def compiles(self) -> bool:
-        return any(c.compiles for c in self.configs)
+        return self.compile or any(c.compiles for c in self.configs)
 
     @property
     def emulated(self) -> bool:
@@ -120,7 +122,19 @@ class Plan:
         text = self.default.describe()
         if self.rules:
             text += "; " + "; ".join(f"{p}: {c.label}" for p, c in self.rules)
+        if self.compile and not any(c.compiles for c in self.configs):
+            text += ", under torch.compile (the first call compiles)"
         return text
+
+    def compiled(self) -> Plan:
+        """This plan under torch.compile, named NAME+compile (a quantize config compiles itself)."""
+        if self.compiles:
+            return self
+        swap = {c: replace(c, compile=True) for c in self.configs if isinstance(c, Quantize)}
+        if swap:
+            return Plan(swap.get(self.default, self.default), tuple((p, swap.get(c, c)) for p, c in self.rules),
+                        name=f"{self.name}+compile")
+        return Plan(self.default, self.rules, name=f"{self.name}+compile", compile=True)
 
     def config_for(self, name: str, parent: Config | None = None) -> Config:
         """The config of the module called ``name`` whose parent runs in ``parent`` (None: the root)."""
@@ -174,7 +188,8 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": PLAN_SCHEMA, "schema_version": PLAN_VERSION, "name": self.name, "summary": self.summary,
                 "default": self.default.to_dict(),
-                "rules": [{"pattern": p, "config": c.to_dict()} for p, c in self.rules]}
+                "rules": [{"pattern": p, "config": c.to_dict()} for p, c in self.rules],
+                **({"compile": True} if self.compile else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], lookup: Callable[[str], Config] | None = None) -> Plan:
@@ -204,7 +219,8 @@ class Plan:
             pairs = tuple((r["pattern"], config(r["config"])) for r in rules)
         except (KeyError, TypeError):
             raise DtypelabError("plan rules must be objects with 'pattern' and 'config'") from None
-        return cls(config(d["default"]), pairs, name=d.get("name", ""), summary=d.get("summary", ""))
+        return cls(config(d["default"]), pairs, name=d.get("name", ""), summary=d.get("summary", ""),
+                   compile=bool(d.get("compile", False)))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)

@@ -83,7 +83,7 @@ class Precision:
         with contextlib.ExitStack() as stack:
             if isinstance(self.plan.default, TF32):
                 stack.enter_context(_tf32())
-            if self.plan.compiles:
+            if any(isinstance(c, Quantize) and c.compile for c in self.plan.configs):
                 # torchao's recommended inductor settings, patched for the run only (its configs would set
                 # them process-wide; every config here passes set_inductor_config=False).
                 from torch._inductor import config

@@ -11,9 +11,11 @@ from dtypelab.core.results.bench import (
     PolicyInfo,
     PolicyResult,
     Report,
+    RoundBlock,
     RunConfig,
     ScalerStats,
     SizeInfo,
+    SpeedupInterval,
     policy_info,
 )
 from dtypelab.core.results.lint import LINT_SCHEMA, LintFinding, LintReport
@@ -62,9 +64,11 @@ __all__ = [
     "PolicyResult",
     "Record",
     "Report",
+    "RoundBlock",
     "RunConfig",
     "ScalerStats",
     "SizeInfo",
+    "SpeedupInterval",
     "TensorSummary",
     "TraceConfig",
     "TraceReport",

@@ -79,6 +79,30 @@ class DisturbanceInfo(TypedDict, total=False):
     involuntary_switches: int
 
 
+@dataclass(frozen=True)
+class RoundBlock:
+    """One policy's block of timed steps in one round of the interleaved timing."""
+
+    round: int
+    median_s: float
+    n: int
+    other_cores: float = 0.0  # other processes' CPU use meanwhile, in cores
+    pressure_s: float | None = None  # time runnable tasks waited for a CPU meanwhile
+    disturbed: bool = False
+
+
+@dataclass(frozen=True)
+class SpeedupInterval:
+    """A policy's speedup vs the baseline from paired rounds: geometric mean and a 95% interval."""
+
+    point: float
+    low: float
+    high: float
+    rounds: int  # pairs used
+    dropped: int = 0  # disturbed pairs left out
+    disturbed: int = 0  # disturbed pairs seen
+
+
 class Fidelity(TypedDict, total=False):
     max_abs_err: float
     sqnr_db: float
@@ -105,6 +129,8 @@ class RunConfig:
     per_layer: bool = False
     min_cosine: float = 0.99  # infer: a policy whose worst per-sample cosine vs fp32 is lower is not accepted
     time_box_s: float | None = None  # infer with default steps: timing stopped after this many seconds
+    rounds: int = 0  # interleaved timing rounds (0: speed from each policy's own run)
+    rounds_block: int = 0  # timed steps per policy per round
     task_name: str = ""  # Task.name (``task`` is how it was given: a built-in name, file.py:fn or pkg.mod:fn)
 
 
@@ -132,6 +158,9 @@ class PolicyResult:
     first_call_s: float | None = None  # infer: the first call (compilation, for compiled policies)
     per_layer: tuple[LayerFidelity, ...] = ()  # infer --per-layer
     disturbance: DisturbanceInfo = field(default_factory=dict)  # other processes' CPU use during the timed steps
+    rounds: tuple[RoundBlock, ...] = ()  # the interleaved timing's blocks (speed), when it ran
+    speedup_ci: SpeedupInterval | None = None  # vs the baseline, from paired rounds
+    compiled_ci: SpeedupInterval | None = None  # a compiled policy vs fp32+compile, from paired rounds
     wall_s: float = 0.0
 
     @property

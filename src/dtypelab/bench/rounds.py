@@ -1,0 +1,163 @@
+"""Interleaved timing: every policy times a block of steps, round-robin, for several rounds, all in one process,
+so that a disturbance (another process, thermal drift) hits the policies of a round alike. Each policy's
+speedup is estimated from *paired* rounds (its block against fp32's in the same round) with a confidence
+interval, and rounds in which other processes took the CPU are left out when enough quiet ones remain.
+
+The learning runs (loss curve, metric, peak memory) stay one isolated process per policy; this is the speed
+measurement only, on the same initial weights and batches.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dtypelab.core.loop import build_model, forward, to_device, train_step
+from dtypelab.core.measure import DISTURBED_CORES, CpuMeter, StepTimer, device_sync
+from dtypelab.core.policies import Plan, Precision
+from dtypelab.core.results import RoundBlock, SpeedupInterval
+from dtypelab.core.task import load_task
+
+MIN_QUIET = 3  # undisturbed rounds needed to leave the disturbed ones out
+CONFIDENCE = 0.95
+MIN_GAIN = 0.02  # a speedup whose interval stays above 1 + this counts as measurably faster
+
+
+@dataclass(frozen=True)
+class RoundsJob:
+    """Timing rounds for several policies in one process (picklable: the task travels as its spec)."""
+
+    task_spec: str
+    plans: tuple[Plan, ...]
+    mode: str  # "train" or "infer"
+    rounds: int
+    block: int  # timed steps per policy per round
+    batch_size: int
+    seed: int
+    device: str
+    weights: str | None  # the initial (train) or reference (infer) weights the sweep saved; None: the task's own
+    threads: int | None = None
+    warmup: int = 2  # untimed steps per policy before the first round (caches, compiled graphs)
+    workdir: str = "."  # where a child process's log goes (the sweep's temporary folder)
+
+    @property
+    def policy(self) -> str:  # for a launcher's messages about a job that died
+        return "rounds"
+
+
+@dataclass(frozen=True)
+class RoundsResult:
+    status: str  # "ok", or why there are no rounds ("failed", "timeout", ...)
+    reason: str = ""
+    blocks: dict[str, tuple[RoundBlock, ...]] | None = None
+    wall_s: float = 0.0
+    info: Any = None  # (launchers fill it for policies; unused here)
+
+
+def run_rounds(job: RoundsJob, progress: Callable[[int, int], None] | None = None) -> RoundsResult:
+    """Build every policy's model, warm each up, then time ``block`` steps of each, round after round (the order
+    reversed every other round, so no policy always follows the same one)."""
+    from dtypelab.core.errors import describe_exception
+    from dtypelab.core.loop import threads
+
+    start = time.perf_counter()
+    progress = progress or (lambda done, total: None)
+    try:
+        with threads(job.threads):
+            blocks = _rounds(job, progress)
+    except Exception as exc:
+        return RoundsResult("failed", describe_exception(exc), wall_s=time.perf_counter() - start)
+    return RoundsResult("ok", blocks=blocks, wall_s=time.perf_counter() - start)
+
+
+def _rounds(job: RoundsJob, progress: Callable[[int, int], None]) -> dict[str, tuple[RoundBlock, ...]]:
+    task = load_task(job.task_spec)
+    device = torch.device(job.device)
+    sync = device_sync(device)
+    train = job.mode == "train"
+    runs = []
+    for plan in job.plans:
+        precision = Precision(plan, job.device)
+        model = precision.convert_module(build_model(task, job.seed, job.weights).to(device))
+        model.train(train)
+        optimizer = task.make_optimizer(model.parameters()) if train else None
+        runs.append((plan.name, precision, model, optimizer))
+    inputs = None if train else to_device(task.inference_inputs(job.batch_size), device)
+
+    def step(precision: Precision, model: Any, optimizer: Any, index: int, timer: StepTimer | None) -> None:
+        if train:
+            x, y = to_device(task.train_batch(index % task.steps, job.batch_size), device)
+            if timer:
+                timer.start()
+            train_step(task, model, precision, optimizer, x, y)
+        else:
+            if timer:
+                timer.start()
+            with torch.no_grad():
+                forward(model, precision, inputs)
+        if timer:
+            timer.stop()
+
+    torch.manual_seed(job.seed)
+    for _, precision, model, optimizer in runs:
+        with precision.session():
+            for i in range(job.warmup):
+                step(precision, model, optimizer, i, None)
+    out: dict[str, list[RoundBlock]] = {name: [] for name, *_ in runs}
+    total, done = job.rounds * len(runs), 0
+    for r in range(job.rounds):
+        for name, precision, model, optimizer in (runs if r % 2 == 0 else runs[::-1]):
+            timer, cpu = StepTimer(sync=sync), CpuMeter()
+            with precision.session():
+                cpu.start()
+                for k in range(job.block):  # the same batches for every policy of a round: paired blocks
+                    step(precision, model, optimizer, r * job.block + k, timer)
+                d = cpu.stop()
+            other = d.other_cores if d else 0.0
+            out[name].append(RoundBlock(round=r, median_s=statistics.median(timer.samples), n=len(timer.samples),
+                                        other_cores=other, pressure_s=d.pressure_s if d else None,
+                                        disturbed=bool(d and d.disturbed)))
+            done += 1
+            progress(done, total)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+# --- statistics ------------------------------------------------------------------------------------------
+def _t(df: int) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + CONFIDENCE / 2, df))
+
+
+def paired_speedup(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...]) -> SpeedupInterval | None:
+    """fp32's block median over this policy's, round by round; their geometric mean and a Student-t interval
+    on the log ratios. Rounds where either block was disturbed are left out while MIN_QUIET quiet ones remain."""
+    pairs = [(b, p) for b, p in zip(base, blocks, strict=False) if b.median_s > 0 and p.median_s > 0]
+    quiet = [(b, p) for b, p in pairs if not (b.disturbed or p.disturbed)]
+    used = quiet if len(quiet) >= MIN_QUIET else pairs
+    if len(used) < 2:
+        return None
+    logs = [math.log(b.median_s / p.median_s) for b, p in used]
+    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+    half = _t(len(logs) - 1) * sd / math.sqrt(len(logs))
+    return SpeedupInterval(point=math.exp(mean), low=math.exp(mean - half), high=math.exp(mean + half),
+                           rounds=len(used), dropped=len(pairs) - len(used), disturbed=len(pairs) - len(quiet))
+
+
+def disturbed_text(name: str, blocks: tuple[RoundBlock, ...]) -> str:
+    """'another process used 96% of a core during 7 of 12 fp32 blocks', or "" when none was disturbed."""
+    hit = [b for b in blocks if b.disturbed]
+    if not hit:
+        return ""
+    mean = statistics.fmean(b.other_cores for b in hit)
+    return f"other processes used {mean:.0%} of a core during {len(hit)} of {len(blocks)} {name} blocks"
+
+
+__all__ = ["CONFIDENCE", "DISTURBED_CORES", "MIN_GAIN", "MIN_QUIET", "RoundsJob", "RoundsResult", "disturbed_text",
+           "paired_speedup", "run_rounds"]

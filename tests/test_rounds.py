@@ -1,0 +1,151 @@
+"""Interleaved timing: paired speedups with intervals, disturbed rounds left out, decisions from confidence."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from conftest import TINY, fake_hardware
+
+from dtypelab import PolicyResult, Report, RunConfig, bench, recommend
+from dtypelab.bench.rounds import RoundsJob, paired_speedup, run_rounds
+from dtypelab.core.policies import get_policy
+from dtypelab.core.results import RoundBlock
+
+
+def blocks(medians, disturbed=(), other=0.96):
+    return tuple(RoundBlock(round=i, median_s=m, n=20, other_cores=other if i in disturbed else 0.0,
+                            disturbed=i in disturbed) for i, m in enumerate(medians))
+
+
+def test_paired_speedup_is_the_geometric_mean_with_a_t_interval():
+    base = blocks([10.0, 10.0, 10.0, 10.0])
+    ci = paired_speedup(base, blocks([5.0, 5.0, 5.0, 5.0]))
+    assert ci.point == pytest.approx(2.0) and ci.low == pytest.approx(2.0) and ci.rounds == 4
+    noisy = paired_speedup(base, blocks([9.0, 11.0, 9.5, 10.5]))
+    assert noisy.low < 1.0 < noisy.high and noisy.point == pytest.approx(1.0, abs=0.02)
+    assert paired_speedup(base[:1], blocks([5.0])) is None  # one pair: no interval
+
+
+def test_a_disturbance_in_one_policys_blocks_does_not_flip_the_decision():
+    """fp64 is 2x slower than fp32; another process hits three of fp32's eight blocks (10x slower there). From
+    medians over all blocks fp64 could look faster; paired rounds without the disturbed ones keep 'Keep fp32'."""
+    fp32 = [10.0] * 8
+    hit = [1, 4, 6]
+    for i in hit:
+        fp32[i] = 100.0
+    base, slow = blocks(fp32, hit), blocks([20.0] * 8)
+    ci = paired_speedup(base, slow)
+    assert ci.rounds == 5 and ci.dropped == 3 and ci.point == pytest.approx(0.5)
+    rec = recommend(_report(base, ("fp64", slow, ci, 0.965)))
+    assert rec.best == "fp32" and rec.sentences[0].startswith("Keep fp32")
+    assert "other processes used 96% of a core during 3 of 8 fp32 blocks" in " ".join(rec.sentences)
+
+
+def test_overlapping_intervals_give_no_measurable_difference():
+    base = blocks([10.0, 10.0, 10.0, 10.0, 10.0])
+    close = blocks([9.0, 10.5, 9.2, 10.8, 9.6])
+    ci = paired_speedup(base, close)
+    assert ci.low < 1.02 < ci.high
+    rec = recommend(_report(base, ("bf16", close, ci, 0.965)))
+    text = " ".join(rec.sentences)
+    assert rec.best == "fp32" and "No measurable speed difference from fp32: bf16" in text
+    assert rec.verdicts["bf16"] == "no measurable speed difference"
+
+
+def test_a_clear_gain_is_recommended_with_its_interval():
+    base = blocks([10.0, 10.2, 9.9, 10.1, 10.0])
+    fast = blocks([5.0, 5.1, 4.9, 5.0, 5.05])
+    rec = recommend(_report(base, ("amp-bf16", fast, paired_speedup(base, fast), 0.964)))
+    assert rec.best == "amp-bf16" and "95% interval" in rec.sentences[0] and "over 5 paired rounds" in rec.sentences[0]
+
+
+def test_too_disturbed_to_decide_is_said_and_flagged():
+    base = blocks([30.0] * 6, disturbed=(0, 1, 2, 3))
+    fast = blocks([5.0] * 6)
+    rec = recommend(_report(base, ("bf16", fast, paired_speedup(base, fast), 0.965)))
+    assert rec.undecided and rec.best is None and rec.sentences[0].startswith("No recommendation: the machine was too")
+
+
+def _report(base_blocks, *others) -> Report:
+    def result(name, blocks, ci, metric):
+        return PolicyResult(name, "ok", batch_size=8, warmup=0, step_times_s=(blocks[0].median_s,) * 3, losses=(1.0,),
+                            metrics={"acc": metric}, peak_memory_bytes=100, rounds=blocks, speedup_ci=ci)
+    results = [result("fp32", base_blocks, None, 0.965), *(result(*o) for o in others)]
+    cfg = RunConfig(task="t", mode="train", policies=tuple(r.policy for r in results), steps=5, batch_size=8,
+                    warmup=0, seed=0, tolerance="1%", device="cpu", force=False, timeout_s=1, metric="acc",
+                    higher_is_better=True, rounds=len(base_blocks), rounds_block=20)
+    return Report(cfg, {"hardware": {}}, tuple(results))
+
+
+def test_rounds_run_every_policy_round_robin_in_one_process(tmp_path):
+    job = RoundsJob(f"{TINY}:make_task", (get_policy("fp32"), get_policy("bf16"), get_policy("amp-bf16")), "train",
+                    rounds=3, block=4, batch_size=8, seed=0, device="cpu", weights=None)
+    seen = []
+    result = run_rounds(job, lambda done, total: seen.append((done, total)))
+    assert result.status == "ok", result.reason
+    assert set(result.blocks) == {"fp32", "bf16", "amp-bf16"} and all(len(b) == 3 for b in result.blocks.values())
+    assert all(b.n == 4 and b.median_s > 0 for bs in result.blocks.values() for b in bs)
+    assert seen[-1] == (9, 9)
+    infer = run_rounds(dataclasses.replace(job, mode="infer", plans=(get_policy("fp32"), get_policy("int8-dyn"))))
+    assert infer.status == "ok" and len(infer.blocks["int8-dyn"]) == 3
+
+
+def test_the_sweep_times_in_rounds_and_stores_intervals(tmp_path):
+    report = bench(f"{TINY}:make_task", "bf16,fp64", steps=20, rounds=3, isolate=False, hardware=fake_hardware(),
+                   json_path=str(tmp_path / "r.json"))
+    assert report.config.rounds == 3 and report.config.rounds_block == 5
+    for name in ("bf16", "fp64"):
+        r = report.result(name)
+        assert len(r.rounds) == 3 and r.speedup_ci and r.speedup_ci.low <= r.speedup_ci.point <= r.speedup_ci.high
+    assert len(report.result("fp32").rounds) == 3 and report.result("fp32").speedup_ci is None
+    off = bench(f"{TINY}:make_task", "bf16", steps=20, rounds=0, isolate=False, hardware=fake_hardware())
+    assert not off.result("bf16").rounds and off.result("bf16").speedup_ci is None
+    import re
+
+    from dtypelab.render.bench import render_markdown
+
+    md = render_markdown(report)
+    assert "speedup (95% interval)" in md and re.search(r"\| bf16 \| ok \| [^|]+ \| [\d.]+x \([\d.]+–[\d.]+\)", md)
+    assert "interleaved rounds of 5 steps" in md
+    from dtypelab.core.results import load_report
+
+    again = load_report(str(tmp_path / "r.json"))
+    assert again.result("bf16").speedup_ci == report.result("bf16").speedup_ci
+
+
+
+def test_a_disturbed_probe_or_baseline_never_skips_a_policy_as_slow(monkeypatch):
+    import sys
+
+    from dtypelab.core.measure import Disturbance
+
+    sweep = sys.modules["dtypelab.bench.sweep"]
+
+    class Busy:
+        def start(self):
+            pass
+
+        def stop(self):
+            return Disturbance(wall_s=1.0, other_cpu_s=0.9, steal_s=0.0, pressure_s=None, involuntary_switches=0)
+
+    monkeypatch.setattr(sweep, "CpuMeter", Busy)
+    monkeypatch.setattr(sweep, "probe", lambda dev: fake_hardware(fp16_gflops=0.5))  # fp16 'measured' 200x slower
+    notices = []
+    report = bench(f"{TINY}:make_task", "fp16", steps=4, warmup=1, rounds=0, isolate=False,
+                   on_event=lambda e: notices.append(e.label) if e.kind == "notice" else None)
+    assert report.result("fp16").status != "skipped"
+    assert any("the hardware probe was disturbed" in n for n in notices)
+    monkeypatch.undo()
+
+    class Spy:
+        name, seen = "spy", []
+
+        def run(self, job, timeout_s, on_step):
+            self.seen.append((job.policy, job.slow_step_s))
+            return PolicyResult(job.policy, "ok", batch_size=8, step_times_s=(0.01,) * 3, losses=(1.0,),
+                                metrics={"accuracy": 0.9}, wall_s=1.0,
+                                disturbance={"wall_s": 1.0, "other_cores": 0.9} if job.policy == "fp32" else {})
+
+    bench(f"{TINY}:make_task", "bf16", launcher=Spy(), hardware=fake_hardware(), budget=0, rounds=0)
+    assert Spy.seen == [("fp32", None), ("bf16", None)]  # fp32 timed under disturbance: the check stays off
