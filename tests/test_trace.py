@@ -237,15 +237,15 @@ def test_a_user_forward_calling_a_builtin_module_is_named_and_said_so():
 
 
 def test_user_source_skips_installed_packages_and_stops_at_dtypelabs_loop(monkeypatch):
-    from dtypelab.trace import nonfinite
+    from dtypelab.trace import source
 
-    site = nonfinite._SITE[0] if nonfinite._SITE else "/usr/lib/python3/dist-packages/"
-    assert nonfinite._frame_kind(site + "typer/main.py") == "library"
-    assert nonfinite._frame_kind("/x/dist-packages/click/core.py") == "library"
-    assert nonfinite._frame_kind(nonfinite._PKG_DIR + "core/loop.py") == "driver"
-    assert nonfinite._frame_kind(nonfinite._PKG_DIR + "core/policies/precision.py") == "library"
-    assert nonfinite._frame_kind(nonfinite._PKG_DIR + "core/tasks/digits.py") == "user"
-    assert nonfinite._frame_kind("/home/me/train.py") == "user"
+    site = source._SITE[0] if source._SITE else "/usr/lib/python3/dist-packages/"
+    assert source._frame_kind(site + "typer/main.py") == "library"
+    assert source._frame_kind("/x/dist-packages/click/core.py") == "library"
+    assert source._frame_kind(source._PKG_DIR + "core/loop.py") == "driver"
+    assert source._frame_kind(source._PKG_DIR + "core/policies/precision.py") == "library"
+    assert source._frame_kind(source._PKG_DIR + "core/tasks/digits.py") == "user"
+    assert source._frame_kind("/home/me/train.py") == "user"
 
 
 def test_log_of_softmax_names_the_underflow_and_log_softmax():

@@ -17,7 +17,7 @@ from dtypelab.core.loop import threads as torch_threads
 from dtypelab.core.results import Finding, TraceConfig, TraceReport
 from dtypelab.core.task import Task
 from dtypelab.trace.guard import Guard, NonFiniteError
-from dtypelab.trace.nonfinite import Sites
+from dtypelab.trace.source import Sites
 
 Progress = Callable[[int, int], None]
 
