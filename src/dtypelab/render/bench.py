@@ -85,7 +85,7 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
     return headers, rows
 
 
-def _title(report: Report) -> str:
+def bench_title(report: Report) -> str:
     cfg, hw = report.config, report.environment.get("hardware", {})
     what = "inference" if cfg.mode == "infer" else "training"
     steps = f"≤{cfg.steps} steps (or {cfg.time_box_s:g} s)" if cfg.time_box_s else f"{cfg.steps} steps"
@@ -109,7 +109,7 @@ def _compiled_text(r: PolicyResult, report: Report) -> str:
             "the speedup column is vs eager fp32.")
 
 
-def _notes(report: Report, rec: Recommendation) -> list[str]:
+def bench_notes(report: Report, rec: Recommendation) -> list[str]:
     notes = list(rec.sentences)
     ran = [r for r in report.results if r.ran]
     hw = report.environment.get("hardware")
@@ -173,7 +173,7 @@ def layer_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
 def render_markdown(report: Report) -> str:
     rec = recommend(report)
     headers, rows = table_rows(report, rec)
-    text = markdown_table(_title(report), headers, rows, _notes(report, rec))
+    text = markdown_table(bench_title(report), headers, rows, bench_notes(report, rec))
     layers = layer_rows(report)
     return text + ("\n" + markdown_table(LAYER_TITLE, *layers, [LAYER_NOTE]) if layers else "")
 
@@ -181,7 +181,7 @@ def render_markdown(report: Report) -> str:
 def render_html(report: Report) -> str:
     rec = recommend(report)
     headers, rows = table_rows(report, rec)
-    page = html_table(_title(report), headers, rows, _notes(report, rec))
+    page = html_table(bench_title(report), headers, rows, bench_notes(report, rec))
     layers = layer_rows(report)
     if layers:  # a second table inside the same page
         second = html_table(LAYER_TITLE, *layers, [LAYER_NOTE])
@@ -205,7 +205,7 @@ def render_table(report: Report, console: object | None = None) -> None:
                "skipped": "dim", "interrupted": "yellow"}
     styles = ["bold green" if r.policy == rec.best else colours.get(r.status, "") for r in report.results]
     last = len(headers) - 1  # the verdict column gives way instead of the numbers
-    rich_table(console, _title(report), headers, rows, _notes(report, rec), left={0, 1, last}, wrap={last},
+    rich_table(console, bench_title(report), headers, rows, bench_notes(report, rec), left={0, 1, last}, wrap={last},
                styles=styles)
     layers = layer_rows(report)
     if layers:

@@ -21,20 +21,13 @@ SEVERITY_COLOURS = ("#f2f2f2", "#F0E442", "#E69F00", "#D55E00")  # safe, subnorm
 SEVERITY_LABELS = ("safe", "precision loss, little headroom", "underflow: values lost to 0", "overflow / non-finite")
 
 
-class _Mpl:
-    """matplotlib without pyplot: figures are plain ``Figure`` objects drawn by the SVG canvas, so a report
-    made inside a notebook or a GUI program never switches its backend, registers figures or leaks
-    rcParams (``rc_context`` restores them)."""
+def _rc(**extra: Any) -> Any:
+    """matplotlib's rc settings for one chart, restored afterwards. Figures are plain ``Figure`` objects drawn
+    by the SVG canvas, never pyplot's: a report made inside a notebook or a GUI program does not switch its
+    backend, register figures or leak rcParams."""
+    import matplotlib
 
-    @staticmethod
-    def rc_context(rc: dict[str, Any]) -> Any:
-        import matplotlib
-
-        return matplotlib.rc_context(rc)
-
-
-def _plt() -> _Mpl:
-    return _Mpl()
+    return matplotlib.rc_context({**_style(), **extra})
 
 
 def _style() -> dict[str, Any]:
@@ -54,7 +47,7 @@ def _svg(fig: Any) -> str:
 def _figure(width: float = 7.0, height: float = 3.2, ncols: int = 1) -> tuple[Any, Any]:
     from matplotlib.figure import Figure
 
-    with _plt().rc_context(_style()):
+    with _rc():
         fig = Figure(figsize=(width, height))
         axes = fig.subplots(1, ncols, squeeze=False)
     return fig, axes[0]
@@ -69,8 +62,7 @@ def loss_curves(names: Sequence[str], losses: Sequence[Sequence[float]]) -> str 
     series = [(n, [v if math.isfinite(v) else math.nan for v in ls]) for n, ls in zip(names, losses, strict=True) if ls]
     if not series:
         return None
-    plt = _plt()
-    with plt.rc_context(_style()):
+    with _rc():
         fig, (ax,) = _figure()
         finite = [v for _, ls in series for v in ls if math.isfinite(v)]
         for i, (name, ls) in enumerate(series):
@@ -88,8 +80,7 @@ def step_times(names: Sequence[str], samples: Sequence[Sequence[float]], unit: s
     data = [(n, [s * 1e3 for s in xs]) for n, xs in zip(names, samples, strict=True) if xs]
     if not data:
         return None
-    plt = _plt()
-    with plt.rc_context(_style()):
+    with _rc():
         fig, (ax,) = _figure(height=0.45 * len(data) + 1.2)
         parts = ax.boxplot([xs for _, xs in data], orientation="horizontal", widths=0.6, patch_artist=True,
                            showfliers=True, flierprops={"markersize": 3, "markeredgecolor": "#777777"},
@@ -114,8 +105,7 @@ def speed_vs_metric(points: Sequence[tuple[str, float, float]], metric: str, hig
     points = [p for p in points if math.isfinite(p[1]) and math.isfinite(p[2])]
     if len(points) < 2:
         return None
-    plt = _plt()
-    with plt.rc_context(_style()):
+    with _rc():
         fig, (ax,) = _figure(height=3.6)
         ys = [p[2] for p in points]
         pad = (max(ys) - min(ys)) * 0.08 or abs(ys[0]) * 0.05 or 1.0
@@ -159,8 +149,7 @@ def bars(names: Sequence[str], panels: Sequence[tuple[str, Sequence[float | None
     panels = [(t, vs) for t, vs in panels if any(v is not None for v in vs)]
     if not panels or not names:
         return None
-    plt = _plt()
-    with plt.rc_context(_style()):
+    with _rc():
         fig, axes = _figure(width=3.6 * len(panels), height=0.38 * len(names) + 1.1, ncols=len(panels))
         for ax, (title, values) in zip(axes, panels, strict=True):
             ys = range(len(names))
@@ -181,8 +170,7 @@ def scaler_history(series: Sequence[tuple[str, Sequence[float], Sequence[int]]])
     series = [s for s in series if s[1]]
     if not series:
         return None
-    plt = _plt()
-    with plt.rc_context(_style()):
+    with _rc():
         fig, (ax,) = _figure(height=2.8)
         for i, (name, scales, skipped) in enumerate(series):
             ax.step(range(len(scales)), scales, where="post", color=colour(i + 1), label=name)
@@ -203,8 +191,7 @@ def latency_vs_fidelity(points: Sequence[tuple[str, float, float | None, float |
     points = [p for p in points if math.isfinite(p[1])]
     if len(points) < 2:
         return None
-    plt = _plt()
-    with plt.rc_context(_style()):
+    with _rc():
         fig, (a, b) = _figure(width=8.0, height=3.4, ncols=2)
         for i, (name, ms, cos, sqnr) in enumerate(points):
             m = MARKERS[i % len(MARKERS)]
@@ -229,8 +216,7 @@ def layer_sqnr(series: Sequence[tuple[str, Sequence[str], Sequence[float | None]
     series = [s for s in series if s[1]]
     if not series:
         return None
-    plt = _plt()
-    with plt.rc_context(_style()):
+    with _rc():
         fig, (ax,) = _figure(width=8.0, height=3.4)
         for i, (name, _layers, acc, own) in enumerate(series):
             xs = range(len(acc))
@@ -251,11 +237,10 @@ def layer_sqnr(series: Sequence[tuple[str, Sequence[str], Sequence[float | None]
 def audit_heatmap(layers: Sequence[str], formats: Sequence[str], severity: Sequence[Sequence[int]]) -> str | None:
     if not layers or not formats:
         return None
-    plt = _plt()
     from matplotlib.colors import BoundaryNorm, ListedColormap
     from matplotlib.patches import Patch
 
-    with plt.rc_context({**_style(), "axes.grid": False}):
+    with _rc(**{"axes.grid": False}):
         fig, (ax,) = _figure(width=min(9.0, 2.4 + 1.1 * len(formats)), height=0.22 * len(layers) + 1.4)
         cmap = ListedColormap(SEVERITY_COLOURS)
         ax.imshow(severity, aspect="auto", cmap=cmap, norm=BoundaryNorm([-0.5, 0.5, 1.5, 2.5, 3.5], cmap.N),
@@ -279,8 +264,7 @@ def binade_histogram(name: str, binades: dict[str, int], bands: Sequence[tuple[s
     counts = sorted((int(k), v) for k, v in binades.items() if v)
     if not counts:
         return None
-    plt = _plt()
-    with plt.rc_context(_style()):
+    with _rc():
         fig, (ax,) = _figure(width=8.0, height=1.6 + 0.3 * len(bands))
         xs = [k for k, _ in counts]
         ax.bar(xs, [v for _, v in counts], width=0.9, color="#56B4E9", edgecolor="#0072B2", lw=0.4)

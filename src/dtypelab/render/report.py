@@ -21,7 +21,7 @@ from dtypelab.core.results import AuditReport, LintReport, Report, TraceReport, 
 from dtypelab.core.results.store import save_text
 from dtypelab.numerics.formats import get_format
 from dtypelab.render import plots
-from dtypelab.render.bench import _notes, _title, layer_rows, table_rows
+from dtypelab.render.bench import bench_notes, bench_title, layer_rows, table_rows
 from dtypelab.render.numeric import audit_doc
 from dtypelab.render.tables import html_fragment
 from dtypelab.render.trace import trace_doc
@@ -79,7 +79,7 @@ def _bench(report: Report, key: str) -> str:
     ran = [r for r in report.results if r.ran]
     names = [r.policy for r in ran]
     headers, rows = table_rows(report, rec)
-    parts = [html_fragment(headers, rows, _notes(report, rec), classes=True)]
+    parts = [html_fragment(headers, rows, bench_notes(report, rec), classes=True)]
     layers = layer_rows(report)
     if layers:
         parts.append(_details(f"per-layer SQNR, {len(layers[1])} layers", html_fragment(*layers, [], classes=True)))
@@ -141,7 +141,7 @@ def _bench(report: Report, key: str) -> str:
         parts.append(_figure(plots.scaler_history(scaled),
                              "GradScaler's loss scale per step (× = a skipped step): a scale that keeps falling means "
                              "gradients overflow float16 again and again.", f"{key}-scaler"))
-    return _section(_title(report), "".join(parts), report.environment, report.created, key)
+    return _section(bench_title(report), "".join(parts), report.environment, report.created, key)
 
 
 # --- audit -----------------------------------------------------------------------------------------
