@@ -109,6 +109,8 @@ def bench(
         raise DtypelabError(f"--warmup must be >= 0, got {warmup}")
     if timeout_s <= 0:
         raise DtypelabError(f"--timeout must be positive, got {timeout_s:g}")
+    if rounds is not None and (rounds < 0 or rounds == 1):  # checked before the probe: one line, nothing else
+        raise DtypelabError(f"--rounds must be 0 (off) or at least 2 (an interval needs two pairs), got {rounds}")
     tol = Tolerance.parse(tolerance)
     budget_s = parse_budget(budget)
     explicit = policies is not None
@@ -154,11 +156,7 @@ def bench(
         warmup = max(1, min(10, steps // 10))
     if warmup >= steps:
         raise DtypelabError(f"--warmup ({warmup}) must be smaller than --steps ({steps})")
-    if rounds is not None and rounds < 0:
-        raise DtypelabError(f"--rounds must be >= 0, got {rounds}")
     rounds = DEFAULT_ROUNDS[mode] if rounds is None else rounds
-    if rounds == 1:
-        raise DtypelabError("--rounds 1 cannot give an interval: use 0 (off) or at least 2")
     # Blocks long enough for a median, short enough that the rounds cost a fraction of the learning runs.
     block = 0 if not rounds else (max(5, min(30, steps // (2 * rounds))) if mode == "train"
                                   else max(2, min(10, steps // (2 * rounds))))
