@@ -24,6 +24,7 @@ from dtypelab.core.results import (
     LintFinding,
     LintReport,
     PolicyResult,
+    ProfileSummary,
     Report,
     RunConfig,
     TraceReport,
@@ -38,6 +39,7 @@ from dtypelab.numerics.audit import audit
 from dtypelab.numerics.castcheck import analyze_values, cast_file, cast_report
 from dtypelab.numerics.formats import Format, formats, get_format
 from dtypelab.numerics.rangestats import RangeStats, range_stats
+from dtypelab.profile import profile
 from dtypelab.render.report import ReportInfo, report
 from dtypelab.trace.guard import Guard, NonFiniteError, watch
 from dtypelab.trace.run import trace
@@ -60,6 +62,7 @@ __all__ = [
     "Plan",
     "PolicyResult",
     "Precision",
+    "ProfileSummary",
     "Quantize",
     "RangeStats",
     "Recommendation",
@@ -89,6 +92,7 @@ __all__ = [
     "load_report",
     "load_task",
     "probe",
+    "profile",
     "range_stats",
     "recommend",
     "register",

@@ -32,6 +32,8 @@ from dtypelab.core.task import Task, load_task
 from dtypelab.inference.fidelity import compare
 from dtypelab.inference.perlayer import layer_fidelity
 from dtypelab.inference.sizes import linear_weight_bytes, serialize
+from dtypelab.profile.collect import Profiler, profile_inference, profile_training
+from dtypelab.profile.run import trace_path
 
 Progress = Callable[[int, int], None]  # (steps done, total)
 
@@ -58,6 +60,9 @@ class Job:
     # stops after warm-up + SLOW_AFTER steps and is reported skipped as slow. None: run to the end (--force).
     slow_step_s: float | None = None
     baseline_step_s: float | None = None  # fp32's median step, for the reason
+    profile_steps: int = 0  # --profile: steps profiled after the measurement (never part of its timing)
+    peaks: dict[str, float] | None = None  # the hardware probe's GFLOP/s, for the profile's utilisation
+    trace_dir: str | None = None  # --trace-dir: the profiled steps' raw Chrome trace goes here
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "plan", get_policy(self.plan))
@@ -104,6 +109,14 @@ def too_slow(job: Job, samples: list[float]) -> str:
             f"{len(timed)} timed steps{base}; stopped there")
 
 
+def _profiler(job: Job, device: torch.device, precision: Precision, samples: list[float]) -> Profiler | None:
+    if not job.profile_steps:
+        return None
+    timed = sorted(samples[_warmup(job, samples):])
+    return Profiler(device, precision, job.profile_steps, dict(job.peaks or {}), timed[len(timed) // 2] if timed
+                    else None, trace_path(job.trace_dir, job.policy))
+
+
 def _slow_result(job: Job, reason: str, samples: list[float], losses: tuple[float, ...] = ()) -> PolicyResult:
     return PolicyResult(policy=job.policy, status="skipped", reason=reason, skip="slow", batch_size=job.batch_size,
                         warmup=_warmup(job, samples), step_times_s=tuple(samples), losses=losses)
@@ -133,6 +146,9 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         metrics = evaluate(task, model, precision, device)
     if job.mode == "reference":
         atomic_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, job.reference_weights)
+    profiler = _profiler(job, device, precision, timer.samples)  # after the metric: it trains a few steps more
+    profile = profile_training(task, model, precision, optimizer, profiler, job.batch_size, job.steps) \
+        if profiler and job.mode != "reference" else None
     reason = f"loss non-finite from step {run.first_nonfinite}" if run.diverged else ""
     if run.stopped:
         reason += f"; stopped after {DIVERGED_PATIENCE} non-finite steps"
@@ -142,7 +158,7 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         first_nonfinite_step=run.first_nonfinite, metrics=metrics, peak_memory_bytes=peak,
         load_peak_memory_bytes=meter.load_peak, memory_method=meter.method, model_bytes=len(serialize(model)[0]),
         init_fingerprint=init, scaler=precision.stats(),
-        disturbance=disturbance.to_dict() if disturbance else {},
+        disturbance=disturbance.to_dict() if disturbance else {}, profile=profile,
     )
 
 
@@ -190,6 +206,8 @@ def infer(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         if job.per_layer:
             reference = build_model(task, job.seed, weights).to(device).eval()
             layers = tuple(layer_fidelity(reference, model, inputs, precision))
+    profiler = _profiler(job, device, precision, timer.samples)
+    profile = profile_inference(model, precision, inputs, profiler) if profiler else None
     if job.policy == BASELINE:
         atomic_save(outputs, job.reference_outputs)
     fidelity = compare(torch.load(job.reference_outputs, weights_only=True), outputs) \
@@ -202,7 +220,7 @@ def infer(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         init_fingerprint=init, size={"format": fmt, "file_bytes": len(blob),
                                      "linear_weight_bytes": linear_weight_bytes(model)},
         first_call_s=first_call_s if first_call_s is not None else (timer.samples[0] if timer.samples else None),
-        per_layer=layers, disturbance=disturbance.to_dict() if disturbance else {},
+        per_layer=layers, disturbance=disturbance.to_dict() if disturbance else {}, profile=profile,
     )
 
 

@@ -11,6 +11,7 @@ from dtypelab.core.measure import DISTURBED_CORES
 from dtypelab.core.policies import BASELINE
 from dtypelab.core.results import PolicyResult, Report
 from dtypelab.core.scaler import scaler_notes
+from dtypelab.profile.explain import why
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,12 @@ def _details(report: Report) -> list[str]:
             out.append(f"{r.policy}: outputs {r.fidelity['sqnr_db']:.1f} dB SQNR vs {BASELINE}, "
                        f"max abs error {r.fidelity['max_abs_err']:.3g}"
                        + (f", worst cosine {cos:.4f}." if cos is not None else "."))
+    base = report.result(BASELINE)
+    for r in report.results:  # --profile: why each policy is (not) faster
+        if r.profile is not None and r.ran:
+            sp = speedup(r, base) if base is not None and r.policy != BASELINE else None
+            dtype = r.info.compute_dtype if r.info else ""
+            out.append("Why: " + why(r.policy, r.profile, base.profile if base else None, sp, dtype))
     return out
 
 

@@ -29,6 +29,7 @@ from dtypelab.core.policies import (
 )
 from dtypelab.core.results import PolicyResult, Report, RunConfig, policy_info
 from dtypelab.core.task import Task, load_task
+from dtypelab.profile.run import PROFILE_STEPS
 
 MODES = ("train", "infer")
 INFER_STEPS = 50
@@ -82,6 +83,8 @@ def bench(
     hardware: HardwareInfo | None = None,
     budget: str | float | None = DEFAULT_BUDGET_S,
     rounds: int | None = None,
+    profile: bool | int = False,
+    trace_dir: str | None = None,
 ) -> Report:
     """Train (or run inference on) ``task`` under each policy and measure speed, memory and metric.
 
@@ -98,7 +101,10 @@ def bench(
     in what is left of the budget is recorded as skipped with its estimate. ``rounds`` (default: 5 in
     training, 3 in inference; 0: off): after the learning runs, the policies that finished are timed again
     round-robin in one process, and each speedup comes from paired rounds with a 95% interval (see
-    ``bench.rounds``).
+    ``bench.rounds``). ``profile`` (True, or a number of steps): after each policy's measurement, a few steps
+    more are profiled (``dtypelab.profile``): step breakdown, top ops, achieved FLOP/s, dtype coverage; the
+    profiler's cost never enters the measured times. ``trace_dir`` also writes each policy's Chrome trace there
+    (and implies ``profile``).
     """
     started = time.monotonic()
     if mode not in MODES:
@@ -111,6 +117,9 @@ def bench(
         raise DtypelabError(f"--timeout must be positive, got {timeout_s:g}")
     if rounds is not None and (rounds < 0 or rounds == 1):  # checked before the probe: one line, nothing else
         raise DtypelabError(f"--rounds must be 0 (off) or at least 2 (an interval needs two pairs), got {rounds}")
+    profile_steps = PROFILE_STEPS if profile is True or (trace_dir and not profile) else int(profile)
+    if profile_steps < 0:
+        raise DtypelabError(f"--profile steps must be positive, got {profile_steps}")
     tol = Tolerance.parse(tolerance)
     budget_s = parse_budget(budget)
     explicit = policies is not None
@@ -173,6 +182,7 @@ def bench(
         seed=seed, tolerance=str(tol), device=str(dev), force=force, timeout_s=timeout_s,
         metric=loaded.metric, higher_is_better=loaded.higher_is_better, threads=threads, per_layer=per_layer,
         min_cosine=min_cosine, task_name=loaded.name, time_box_s=time_box, rounds=rounds, rounds_block=block,
+        profile_steps=profile_steps,
     )
     report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
@@ -196,7 +206,9 @@ def bench(
             job = Job(task, plans[policy], job_mode, job_steps, batch_size, warmup, seed, str(dev), workdir, threads,
                       per_layer=per_layer and job_mode == "infer",
                       time_box_s=time_box if job_mode == "infer" else None, min_timed=MIN_TIMED,
-                      slow_step_s=base_step / SLOW_RATIO if watch else None, baseline_step_s=base_step)
+                      slow_step_s=base_step / SLOW_RATIO if watch else None, baseline_step_s=base_step,
+                      profile_steps=profile_steps if job_mode == mode else 0, peaks=hardware.gflops,
+                      trace_dir=os.path.abspath(trace_dir) if trace_dir else None)
             result = launcher.run(job, timeout_s, lambda d, t: on_event(Event("step", policy, d, t)))
             return result if result.info else replace(result, info=policy_info(job.plan))  # died before saying
 

@@ -136,6 +136,11 @@ def bench(
                                                     "with intervals; 0: off [default: 5 train, 3 infer]")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="exit 3 when the machine was too disturbed to decide")
                       ] = False,
+    profile: Annotated[bool, typer.Option("--profile", help="after each policy, profile a few steps: step breakdown, "
+                                                            "top ops, achieved FLOP/s, dtype coverage, and why")
+                       ] = False,
+    trace_dir: Annotated[str | None, typer.Option(help="with --profile: write each policy's raw Chrome trace "
+                                                       "(TensorBoard, Perfetto) to this folder")] = None,
 ) -> None:
     """Train TASK under each precision policy (or, with --mode infer, run inference under each, quantized
     int8/fp8 policies included); print speed, memory, size, fidelity, metric and a recommendation."""
@@ -147,7 +152,8 @@ def bench(
         _check_format(fmt)
         kwargs = dict(mode=mode, steps=steps, batch_size=batch_size, warmup=warmup, tolerance=tolerance,
                       device=device, seed=seed, force=force, timeout_s=timeout, threads=threads, json_path=path,
-                      per_layer=per_layer, min_cosine=min_cosine, budget=budget, rounds=rounds)
+                      per_layer=per_layer, min_cosine=min_cosine, budget=budget, rounds=rounds,
+                      profile=profile, trace_dir=trace_dir)
         if err.is_terminal:
             with _progress() as progress:
                 report = run_bench(task, policies, on_event=_Bars(progress), **kwargs)

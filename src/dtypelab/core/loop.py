@@ -100,18 +100,30 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return map_tensors(lambda t: t.to(device), batch)
 
 
+Mark = Callable[[str], contextlib.AbstractContextManager[Any]]  # a phase of the step: "forward", "backward", …
+
+
+def _unmarked(phase: str) -> contextlib.AbstractContextManager[Any]:
+    return contextlib.nullcontext()
+
+
 def train_step(task: Task, model: nn.Module, precision: Precision, optimizer: torch.optim.Optimizer,
-               inputs: Any, target: Any, after_backward: Callable[[], None] | None = None) -> torch.Tensor:
+               inputs: Any, target: Any, after_backward: Callable[[], None] | None = None,
+               mark: Mark = _unmarked) -> torch.Tensor:
     """One training step through the precision's hooks: the part of the loop that bench times.
-    ``after_backward`` sees the gradients before the optimizer consumes them (the audit's hook)."""
-    inputs, target = precision.convert_input(inputs), precision.convert_input(target)
-    optimizer.zero_grad(set_to_none=True)
-    with precision.forward_context():
-        loss = task.loss_fn(call_model(model, inputs), target)
-    precision.backward(loss)
+    ``after_backward`` sees the gradients before the optimizer consumes them (the audit's hook); ``mark``
+    brackets the phases (forward with the loss, backward, optimizer) for the profiler."""
+    with mark("forward"):
+        inputs, target = precision.convert_input(inputs), precision.convert_input(target)
+        optimizer.zero_grad(set_to_none=True)
+        with precision.forward_context():
+            loss = task.loss_fn(call_model(model, inputs), target)
+    with mark("backward"):
+        precision.backward(loss)
     if after_backward is not None:
         after_backward()
-    precision.optimizer_step(optimizer)
+    with mark("optimizer"):
+        precision.optimizer_step(optimizer)
     return loss
 
 

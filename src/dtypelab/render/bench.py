@@ -9,6 +9,7 @@ from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies import BASELINE, COMPILED_BASELINE
 from dtypelab.core.results import PolicyResult, Report
 from dtypelab.inference.perlayer import SAMPLES
+from dtypelab.render.profile import Section, profile_sections
 from dtypelab.render.tables import html_table, markdown_table, num, rich_table
 
 FORMATS = ("table", "markdown", "html", "json")
@@ -170,23 +171,27 @@ def layer_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
     return headers, rows
 
 
+def sections(report: Report) -> list[Section]:
+    """The tables under the main one: --per-layer, then --profile's."""
+    layers = layer_rows(report)
+    first = [Section(LAYER_TITLE, *layers, [LAYER_NOTE], left={0, 1}, wrap={0})] if layers else []
+    return first + profile_sections(report)
+
+
 def render_markdown(report: Report) -> str:
     rec = recommend(report)
     headers, rows = table_rows(report, rec)
     text = markdown_table(bench_title(report), headers, rows, bench_notes(report, rec))
-    layers = layer_rows(report)
-    return text + ("\n" + markdown_table(LAYER_TITLE, *layers, [LAYER_NOTE]) if layers else "")
+    return text + "".join("\n" + markdown_table(x.title, x.headers, x.rows, x.notes) for x in sections(report))
 
 
 def render_html(report: Report) -> str:
     rec = recommend(report)
     headers, rows = table_rows(report, rec)
     page = html_table(bench_title(report), headers, rows, bench_notes(report, rec))
-    layers = layer_rows(report)
-    if layers:  # a second table inside the same page
-        second = html_table(LAYER_TITLE, *layers, [LAYER_NOTE])
-        body = second[second.index("<h2>"):second.index("</body>")]
-        page = page.replace("</body>", body + "</body>")
+    for x in sections(report):  # more tables inside the same page
+        more = html_table(x.title, x.headers, x.rows, x.notes)
+        page = page.replace("</body>", more[more.index("<h2>"):more.index("</body>")] + "</body>")
     return page
 
 
@@ -207,9 +212,8 @@ def render_table(report: Report, console: object | None = None) -> None:
     last = len(headers) - 1  # the verdict column gives way instead of the numbers
     rich_table(console, bench_title(report), headers, rows, bench_notes(report, rec), left={0, 1, last}, wrap={last},
                styles=styles)
-    layers = layer_rows(report)
-    if layers:
-        rich_table(console, LAYER_TITLE, *layers, [LAYER_NOTE], left={0, 1}, wrap={0})
+    for x in sections(report):
+        rich_table(console, x.title, x.headers, x.rows, x.notes, left=x.left, wrap=x.wrap)
 
 
 def render(report: Report, fmt: str) -> str:

@@ -279,3 +279,23 @@ def binade_histogram(name: str, binades: dict[str, int], bands: Sequence[tuple[s
         ax.set_title(name, fontsize=9, loc="left")
         ax.set_xlim(min(min(xs), *(b[1] for b in bands)) - 2, max(max(xs), *(b[3] for b in bands)) + 8)
         return _svg(fig)
+
+
+def stacked_breakdown(names: Sequence[str], parts: Sequence[str], ms: Sequence[Sequence[float]]) -> str | None:
+    """One horizontal bar per policy, its step (ms) split into ``parts``: where each policy's time goes."""
+    if not names:
+        return None
+    with _rc():
+        fig, (ax,) = _figure(height=0.42 * len(names) + 1.3)
+        ys = list(range(len(names)))
+        left = [0.0] * len(names)
+        for j, part in enumerate(parts):
+            widths = [row[j] for row in ms]
+            ax.barh(ys, widths, left=left, color=colour(j), label=part, alpha=0.85)
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+        ax.set_yticks(ys, list(names))
+        ax.invert_yaxis()
+        ax.set_xlabel("ms per profiled step")
+        ax.legend(fontsize=8, ncols=len(parts), loc="lower left", bbox_to_anchor=(0, 1.0), frameon=False)
+        ax.grid(axis="y", visible=False)
+        return _svg(fig)

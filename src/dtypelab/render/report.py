@@ -17,12 +17,21 @@ from typing import Any
 from dtypelab.bench.recommend import Tolerance, recommend, speedup
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies import BASELINE
-from dtypelab.core.results import AuditReport, LintReport, Report, TraceReport, load_record
+from dtypelab.core.results import (
+    CATEGORIES,
+    CATEGORY_LABELS,
+    AuditReport,
+    LintReport,
+    Report,
+    TraceReport,
+    load_record,
+)
 from dtypelab.core.results.store import save_text
 from dtypelab.numerics.formats import get_format
 from dtypelab.render import plots
 from dtypelab.render.bench import bench_notes, bench_title, layer_rows, table_rows
 from dtypelab.render.numeric import audit_doc
+from dtypelab.render.profile import profile_sections
 from dtypelab.render.tables import html_fragment
 from dtypelab.render.trace import trace_doc
 
@@ -83,6 +92,16 @@ def _bench(report: Report, key: str) -> str:
     layers = layer_rows(report)
     if layers:
         parts.append(_details(f"per-layer SQNR, {len(layers[1])} layers", html_fragment(*layers, [], classes=True)))
+    profiled = [r for r in report.results if r.profile is not None and not r.profile.error]
+    if profiled:
+        parts.append(_figure(plots.stacked_breakdown(
+            [r.policy for r in profiled], [CATEGORY_LABELS[c] for c in CATEGORIES],
+            [[r.profile.categories.get(c, 0.0) * 1e3 for c in CATEGORIES] for r in profiled]),
+            "Where each policy's step goes (--profile): matmul/conv is what a faster dtype speeds up; casts, other "
+            "ops and the time outside any op mostly are not.", f"{key}-profile"))
+        for section in profile_sections(report):
+            parts.append(_details(section.title, html_fragment(section.headers, section.rows, section.notes,
+                                                               classes=True), opened=True))
     mb = 2**20
     if cfg.mode == "train":
         parts.append(_figure(plots.loss_curves(names, [r.losses for r in ran]),

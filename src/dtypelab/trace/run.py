@@ -15,9 +15,9 @@ from dtypelab.core.hardware import environment as current_environment
 from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
 from dtypelab.core.results import Finding, TraceConfig, TraceReport
+from dtypelab.core.source import Sites
 from dtypelab.core.task import Task
 from dtypelab.trace.guard import Guard, NonFiniteError
-from dtypelab.trace.source import Sites
 
 Progress = Callable[[int, int], None]
 

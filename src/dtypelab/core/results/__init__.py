@@ -19,6 +19,7 @@ from dtypelab.core.results.bench import (
     policy_info,
 )
 from dtypelab.core.results.lint import LINT_SCHEMA, LintFinding, LintReport
+from dtypelab.core.results.profile import CATEGORIES, CATEGORY_LABELS, PHASES, OpStat, ProfileSummary, SourceOp
 from dtypelab.core.results.store import (
     SCHEMA_VERSION,
     Record,
@@ -46,7 +47,10 @@ def load_report(path: str) -> Report:
 
 __all__ = [
     "AUDIT_SCHEMA",
+    "CATEGORIES",
+    "CATEGORY_LABELS",
     "LINT_SCHEMA",
+    "PHASES",
     "SCHEMA",
     "SCHEMA_VERSION",
     "SKIP_KINDS",
@@ -60,14 +64,17 @@ __all__ = [
     "LintFinding",
     "LintReport",
     "OpEvent",
+    "OpStat",
     "PolicyInfo",
     "PolicyResult",
+    "ProfileSummary",
     "Record",
     "Report",
     "RoundBlock",
     "RunConfig",
     "ScalerStats",
     "SizeInfo",
+    "SourceOp",
     "SpeedupInterval",
     "TensorSummary",
     "TraceConfig",

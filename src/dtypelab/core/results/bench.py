@@ -11,6 +11,7 @@ from typing_extensions import TypedDict
 
 from dtypelab.core.measure import Summary, summarize
 from dtypelab.core.policies import REGISTRY, Plan
+from dtypelab.core.results.profile import ProfileSummary
 from dtypelab.core.results.store import SCHEMA_VERSION, Record
 
 SCHEMA = "dtypelab.report"
@@ -132,6 +133,7 @@ class RunConfig:
     rounds: int = 0  # interleaved timing rounds (0: speed from each policy's own run)
     rounds_block: int = 0  # timed steps per policy per round
     task_name: str = ""  # Task.name (``task`` is how it was given: a built-in name, file.py:fn or pkg.mod:fn)
+    profile_steps: int = 0  # --profile: steps profiled per policy after its measurement (0: none)
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,7 @@ class PolicyResult:
     rounds: tuple[RoundBlock, ...] = ()  # the interleaved timing's blocks (speed), when it ran
     speedup_ci: SpeedupInterval | None = None  # vs the baseline, from paired rounds
     compiled_ci: SpeedupInterval | None = None  # a compiled policy vs fp32+compile, from paired rounds
+    profile: ProfileSummary | None = None  # --profile: where the step's time goes
     wall_s: float = 0.0
 
     @property

@@ -1,6 +1,6 @@
-"""Where an op came from in the user's code: the frame that runs it, walked out through torch, installed
-libraries and dtypelab's plan regions, stopping at dtypelab's own loop; and, when no line of the user's runs
-it, where the user set it up (the model factory, the loss function)."""
+"""Where an op came from in the user's code (shared by trace and profile): the frame that runs it, walked out
+through torch, installed libraries and dtypelab's plan regions, stopping at dtypelab's own loop; and, when no
+line of the user's runs it, where the user set it up (the model factory, the loss function)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ _TASKS_DIR = os.path.join(_PKG_DIR, "core", "tasks") + os.sep
 # dtypelab code that runs *inside* an op's call (plan regions, the op tracer): walked through, not a driver.
 _PASS_THROUGH = (os.path.join(_PKG_DIR, "core", "policies") + os.sep,
                  os.path.join(_PKG_DIR, "trace", "nonfinite.py"), os.path.abspath(__file__))
+_DISPATCH = ("__torch_dispatch__", "__torch_function__")
 _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 # Installed packages (typer, click, rich, transformers, …) are nobody's "line of your code".
 _SITE = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib")})
@@ -55,7 +56,8 @@ def user_source(marks: dict[Any, str] | None = None) -> tuple[str, str, str]:
     task's loss function), else ""."""
     frame, through_module, mark = sys._getframe(1), False, ""
     while frame is not None:
-        kind = _frame_kind(frame.f_code.co_filename)
+        # any dtypelab dispatch mode (the op tracer, the profiler's dtype pass) is walked through
+        kind = "library" if frame.f_code.co_name in _DISPATCH else _frame_kind(frame.f_code.co_filename)
         if kind == "user":
             return (*where(frame.f_code.co_filename, frame.f_lineno), "module" if through_module else "")
         if kind == "driver":

@@ -1,0 +1,74 @@
+"""``profile()``: one policy on one task, in this process — a short warm run, then profiled steps."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.hardware import HardwareInfo, probe
+from dtypelab.core.loop import build_trainable, fit, forward, prepare, threads, to_device
+from dtypelab.core.measure import StepTimer, device_sync
+from dtypelab.core.policies import Plan, Precision, get_policy
+from dtypelab.core.results import ProfileSummary
+from dtypelab.core.task import Task, load_task
+from dtypelab.profile.collect import Profiler, profile_inference, profile_training
+
+PROFILE_STEPS = 5  # enough for a stable breakdown; the profiler's per-op cost makes more wasteful
+
+
+def trace_path(trace_dir: str | None, policy: str) -> str | None:
+    """Where a policy's Chrome trace goes: DIR/<policy>.json (the name made file-safe)."""
+    if not trace_dir:
+        return None
+    os.makedirs(trace_dir, exist_ok=True)
+    return os.path.join(trace_dir, re.sub(r"[^A-Za-z0-9_.+-]", "_", policy) + ".trace.json")
+
+
+def profile(task: str | Task, policy: str | Plan = "fp32", *, mode: str = "train", steps: int = PROFILE_STEPS,
+            warmup: int = 10, batch_size: int | None = None, device: str | None = None, seed: int = 0,
+            threads_n: int | None = None, trace_dir: str | None = None,
+            hardware: HardwareInfo | None = None) -> ProfileSummary:
+    """Where one policy's step time goes on this machine: ``warmup`` unprofiled steps (their median is the
+    step time the profiler's cost is reported against), then ``steps`` profiled ones. ``mode="infer"``
+    profiles forward passes of the task's model (its initial or pretrained weights). ``trace_dir`` also
+    writes the raw Chrome trace (TensorBoard, Perfetto)."""
+    if mode not in ("train", "infer"):
+        raise DtypelabError(f"unknown mode {mode!r}: use train or infer")
+    if steps < 1 or warmup < 1:
+        raise DtypelabError("--steps and --warmup must be at least 1 for a profile")
+    plan = get_policy(policy)
+    if mode == "train":
+        _, task_obj, dev, precision, hardware = prepare(task, plan, device, hardware, force=True)
+    else:
+        task_obj = load_task(task) if isinstance(task, str) else task
+        hardware = hardware or probe(device, budget_s=0.05)
+        dev = torch.device(hardware.device)
+        wrong = plan.mode_error("infer")
+        if wrong:
+            raise DtypelabError(wrong)
+        precision = Precision(plan, dev)
+    bs = batch_size or task_obj.batch_size
+    sync = device_sync(dev)
+    with threads(threads_n):
+        if mode == "train":
+            model, optimizer = build_trainable(task_obj, precision, dev, seed)
+            timer = StepTimer(sync=sync)
+            fit(task_obj, model, precision, optimizer, dev, warmup, bs, seed, timer)
+            timed = sorted(timer.samples)[len(timer.samples) // 2]
+            profiler = Profiler(dev, precision, steps, hardware.gflops, timed, trace_path(trace_dir, plan.name))
+            return profile_training(task_obj, model, precision, optimizer, profiler, bs, warmup)
+        torch.manual_seed(seed)
+        model = precision.convert_module(task_obj.make_model().to(dev)).eval()
+        inputs = to_device(task_obj.inference_inputs(bs), dev)
+        timer = StepTimer(sync=sync)
+        with precision.session(), torch.no_grad():
+            for _ in range(warmup):
+                timer.start()
+                forward(model, precision, inputs)
+                timer.stop()
+        timed = sorted(timer.samples)[len(timer.samples) // 2]
+        profiler = Profiler(dev, precision, steps, hardware.gflops, timed, trace_path(trace_dir, plan.name))
+        return profile_inference(model, precision, inputs, profiler)
