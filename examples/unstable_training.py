@@ -3,6 +3,7 @@
     dtypelab lint examples/unstable_training.py
 """
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,6 +18,13 @@ def attention(q, k, v):
 
 def loss_fn(logits, target):
     return F.nll_loss(torch.log(F.softmax(logits, dim=-1)), target)
+
+
+def regression_loss(pred, target):
+    return F.mse_loss(pred.view(-1, 1), target.squeeze())  # (N, 1) against (N,): N² terms
+
+
+class_weights = torch.from_numpy(np.linspace(0.5, 2.0, 10))  # float64: promotes whatever it multiplies
 
 
 model = nn.Sequential(nn.Linear(16, 1), nn.Sigmoid()).half()

@@ -58,6 +58,13 @@ POSITIVE = {
                "scaler = torch.GradScaler()\nwith torch.autocast(device_type='cpu'):\n    pass"],
     "DTL105": ["with torch.cuda.amp.autocast():\n    pass", "scaler = torch.cuda.amp.GradScaler()",
                "from torch.cuda.amp import GradScaler", "with torch.cpu.amp.autocast():\n    pass"],
+    "DTL106": ["w = np.random.randn(3, 3)\nt = torch.from_numpy(w)", "t = torch.tensor(np.array([0.1, 0.2]))",
+               "t = torch.as_tensor(np.linspace(0, 1, 5))", "y = x * torch.from_numpy(np.zeros(4))"],
+    "DTL107": ["y = x.double()", "ref = model(x.double())"],
+    "DTL108": ["w = torch.tensor([0.5, 1.5])\ntorch.set_default_dtype(torch.float64)",
+               "s = torch.tensor(-1.0)\ntorch.set_default_dtype(torch.double)"],
+    "DTL109": ["loss = F.mse_loss(pred.view(-1, 1), y.squeeze())", "loss = F.l1_loss(p[:, 0], t.unsqueeze(1))",
+               "loss = ((pred[:, None] - y.view(-1)) ** 2).mean()", "c = out.unsqueeze(-1)\nd = c - y.flatten()"],
 }
 
 NEGATIVE = {
@@ -92,6 +99,15 @@ NEGATIVE = {
                "with torch.autocast(dev, dtype=torch.float16):\n    pass"],
     "DTL105": ["with torch.amp.autocast('cuda'):\n    pass", "scaler = torch.amp.GradScaler('cuda')",
                "from torch.amp import GradScaler", "import torch.cuda"],
+    "DTL106": ["t = torch.from_numpy(np.random.randn(3)).float()",
+               "t = torch.as_tensor(np.zeros(3), dtype=torch.float32)", "t = torch.from_numpy(np.array([1, 2]))",
+               "t = torch.from_numpy(np.zeros(3, dtype=np.float32))", "t = torch.from_numpy(arr)"],
+    "DTL107": ["y = x.float()", "y = x.to(torch.float32)", "y = torch.double"],
+    "DTL108": ["w = torch.tensor([0.5])", "torch.set_default_dtype(torch.float64)\nw = torch.tensor([0.5])",
+               "w = torch.tensor([1, 2])\ntorch.set_default_dtype(torch.float64)",
+               "w = torch.tensor([0.5], dtype=torch.float32)\ntorch.set_default_dtype(torch.float64)"],
+    "DTL109": ["loss = F.mse_loss(pred, y.unsqueeze(1))", "loss = F.mse_loss(pred.squeeze(1), y)",
+               "loss = F.mse_loss(p.view(-1, 1), t.view(-1, 1))", "d = x[:, None] - y[None, :]"],
 }
 
 

@@ -237,7 +237,7 @@ def test_a_user_forward_calling_a_builtin_module_is_named_and_said_so():
 
 
 def test_user_source_skips_installed_packages_and_stops_at_dtypelabs_loop(monkeypatch):
-    from dtypelab.trace import source
+    from dtypelab.core import source
 
     site = source._SITE[0] if source._SITE else "/usr/lib/python3/dist-packages/"
     assert source._frame_kind(site + "typer/main.py") == "library"

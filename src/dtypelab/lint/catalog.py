@@ -37,6 +37,19 @@ RULES = {r.code: r for r in (
          "range, so loss scaling only costs time", "drop the GradScaler: loss.backward(); optimizer.step()"),
     Rule("DTL105", "deprecated-amp-api", "torch.cuda.amp.* and torch.cpu.amp.* are deprecated",
          "use torch.amp.autocast('cuda', ...), torch.amp.GradScaler('cuda'), torch.amp.custom_fwd(device_type=…)"),
+    Rule("DTL106", "float64-promotion", "NumPy makes float64 by default and torch keeps it: the tensor is float64, "
+         "and every float32 tensor it meets is promoted to float64 (2x slower on a CPU, up to 64x on a GPU)",
+         "convert once: torch.from_numpy(a).float(), torch.as_tensor(a, dtype=torch.float32), or build the array "
+         "with dtype=np.float32"),
+    Rule("DTL107", "explicit-float64", ".double() makes float64 work: 2x slower than float32 on a CPU and up to "
+         "64x on consumer GPUs, and it promotes every tensor it meets",
+         "keep float32 unless this is a deliberate float64 reference (then: # dtypelab: ignore[DTL107])"),
+    Rule("DTL108", "default-dtype-later", "a float tensor made before torch.set_default_dtype(torch.float64) stays "
+         "float32 while everything made after is float64: mixing them promotes or fails",
+         "give the early tensor an explicit dtype, or set the default dtype before creating any tensor"),
+    Rule("DTL109", "broadcast-loss", "a (N, 1) column against a (N,) vector broadcasts to (N, N): the loss or mean "
+         "runs over N² pairs and silently trains on the wrong objective",
+         "make both the same shape: squeeze the column (x.squeeze(1)) or unsqueeze the vector (y.unsqueeze(1))"),
     Rule("DTL900", "unparsable", "the file could not be parsed, so it was not checked",
          "fix the syntax error or the encoding"),
 )}

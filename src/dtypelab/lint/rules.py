@@ -39,6 +39,54 @@ def _constant(node: ast.AST) -> bool:
     return all(isinstance(n, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop)) for n in ast.walk(node))
 
 
+# NumPy constructors whose default dtype is float64 (np.array only when it holds a float literal)
+NP_FLOAT64 = {f"numpy.{n}" for n in ("zeros", "ones", "empty", "full", "linspace", "eye", "identity", "loadtxt",
+                                     "genfromtxt", "random.rand", "random.randn", "random.normal", "random.uniform",
+                                     "random.random", "random.standard_normal", "zeros_like", "ones_like")}
+NP_ARRAY = {"numpy.array", "numpy.asarray"}
+TORCH_FROM_ARRAY = {"torch.from_numpy", "torch.tensor", "torch.as_tensor", "torch.Tensor"}
+CONVERTS = {"float", "half", "bfloat16", "to", "type", "long", "int", "bool", "short", "byte", "char"}
+LOSSES = {f"torch.nn.functional.{n}" for n in ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")}
+
+
+def _has_float_literal(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Constant) and isinstance(n.value, float) for n in ast.walk(node))
+
+
+def _literal_floats(node: ast.AST) -> bool:
+    """A Python float literal, or a (nested) list / tuple of number literals with a float among them."""
+    allowed = (ast.List, ast.Tuple, ast.Constant, ast.UnaryOp, ast.USub, ast.UAdd, ast.Load)
+    return all(isinstance(n, allowed) for n in ast.walk(node)) and _has_float_literal(node)
+
+
+def _column(node: ast.AST) -> bool:
+    """Visibly a (N, 1) column: x.unsqueeze(1) / (-1), x.view(-1, 1), x.reshape(-1, 1), x[:, None]."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        args = [ast.unparse(a) for a in node.args]
+        if node.func.attr == "unsqueeze" and args in (["1"], ["-1"]):
+            return True
+        if node.func.attr in ("view", "reshape") and args == ["-1", "1"]:
+            return True
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Tuple):
+        elts = [ast.unparse(e) for e in node.slice.elts]
+        return elts in ([":", "None"], ["...", "None"])
+    return False
+
+
+def _vector(node: ast.AST) -> bool:
+    """Visibly one-dimensional: x.squeeze(), x.view(-1), x.reshape(-1), x.flatten(), x[:, 0]."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        args = [ast.unparse(a) for a in node.args]
+        if node.func.attr in ("squeeze", "flatten", "ravel") and not node.args:
+            return True
+        if node.func.attr in ("view", "reshape") and args == ["-1"]:
+            return True
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Tuple):
+        elts = [ast.unparse(e) for e in node.slice.elts]
+        return len(elts) == 2 and elts[0] == ":" and isinstance(node.slice.elts[1], ast.Constant)
+    return False
+
+
 class Checker(ast.NodeVisitor):
     def __init__(self, imports: Imports) -> None:
         self.im = imports
@@ -54,6 +102,9 @@ class Checker(ast.NodeVisitor):
         self.sigmoid = False
         self.scaler_sites: list[ast.AST] = []
         self.autocast_dtypes: list[str | None] = []
+        self.early_tensors: list[ast.AST] = []  # torch.tensor(<float literals>) without a dtype
+        self.default_f64: list[int] = []  # lines of torch.set_default_dtype(torch.float64)
+        self.converted: set[int] = set()  # ids of from_numpy calls converted right away (.float())
 
     # --- helpers -------------------------------------------------------------------------------
     def add(self, node: ast.AST, code: str, message: str = "", fix: str = "") -> None:
@@ -148,6 +199,10 @@ class Checker(ast.NodeVisitor):
             self.add(node, "DTL001")
         if isinstance(node.op, ast.Sub) and _is_one(node.right) and self.kind(node.left) == "exp":
             self.add(node, "DTL005")
+        if isinstance(node.op, ast.Sub):
+            a, b = self.deref(node.left), self.deref(node.right)
+            if (_column(a) and _vector(b)) or (_vector(a) and _column(b)):
+                self.add(node, "DTL109")
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -170,9 +225,42 @@ class Checker(ast.NodeVisitor):
         if self.autocast_depth and ((isinstance(node.func, ast.Attribute) and node.func.attr == "backward")
                                     or q == "torch.autograd.backward"):
             self.add(node, "DTL101")
+        self._float64(node, q)
+        self._broadcast(node, q)
         self._trained(node, q)
         self._half(node, None)  # `m = model.half()` is seen here (receiver) and by visit_Assign (target)
         self.generic_visit(node)
+
+    def _np_float64(self, node: ast.AST) -> bool:
+        """A NumPy array that is float64: a float64-by-default constructor, or np.array of float literals,
+        without a dtype keyword."""
+        node = self.deref(node)
+        if not isinstance(node, ast.Call) or any(k.arg == "dtype" for k in node.keywords):
+            return False
+        q = self.im.qualname(node.func)
+        return q in NP_FLOAT64 or (q in NP_ARRAY and bool(node.args) and _has_float_literal(node.args[0]))
+
+    def _float64(self, node: ast.Call, q: str | None) -> None:
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr in CONVERTS and isinstance(f.value, ast.Call):
+            self.converted.add(id(f.value))  # torch.from_numpy(a).float(): converted at once
+        if (q in TORCH_FROM_ARRAY and node.args and id(node) not in self.converted
+                and not any(k.arg == "dtype" for k in node.keywords) and self._np_float64(node.args[0])):
+            self.add(node, "DTL106")
+        if isinstance(f, ast.Attribute) and f.attr == "double" and not node.args and not self.im.rooted_in_module(f):
+            self.add(node, "DTL107")
+        if q == "torch.set_default_dtype" and node.args and self.im.qualname(node.args[0]) in (
+                "torch.float64", "torch.double"):
+            self.default_f64.append(node.lineno)
+        if (q == "torch.tensor" and node.args and not any(k.arg == "dtype" for k in node.keywords)
+                and _literal_floats(node.args[0])):
+            self.early_tensors.append(node)
+
+    def _broadcast(self, node: ast.Call, q: str | None) -> None:
+        if q in LOSSES and len(node.args) >= 2:
+            a, b = self.deref(node.args[0]), self.deref(node.args[1])
+            if (_column(a) and _vector(b)) or (_vector(a) and _column(b)):
+                self.add(node, "DTL109")
 
     def _log(self, node: ast.Call, arg: ast.AST, ns: str) -> None:
         inner = self.deref(arg)
@@ -285,6 +373,12 @@ class Checker(ast.NodeVisitor):
         for node, direct in self.bce_sites:
             if direct or self.sigmoid:
                 self.add(node, "DTL103")
+        if self.default_f64:
+            last = max(self.default_f64)
+            for node in self.early_tensors:
+                if node.lineno < last:
+                    self.add(node, "DTL108", f"this tensor is made float32 here, but line {last} sets the default "
+                                             "dtype to float64: it stays float32 while later tensors are float64")
         if self.scaler_sites and self.autocast_dtypes and all(d == "bf16" for d in self.autocast_dtypes):
             for node in self.scaler_sites:
                 self.add(node, "DTL104")
