@@ -207,6 +207,7 @@ def summarise(events: list[Any], *, mode: str, steps: int, walls: list[float], p
         dtype_time={k: v * per for k, v in sorted(t.dtype_time.items(), key=lambda kv: -kv[1])},
         dtype_flops={k: v * per for k, v in sorted(t.dtype_flops.items(), key=lambda kv: -kv[1])},
         matmul_flops=matmul_flops, utilisation=ideal * per / matmul_s if ideal and matmul_s > 0 else None,
+        peak_gflops={k: v for k, v in peaks.items() if k in (*_FLOATING, "tf32", "int8")},
         bound=bound, fp32_under_autocast=_why_fp32(fp32, steps), fp64_ops=_listed(fp64, steps, "ran in float64"),
         warnings=warned)
 

@@ -39,7 +39,7 @@ def why(policy: str, p: ProfileSummary, base: ProfileSummary | None, speedup: fl
     bf16 does not speed up; matmul/conv ops are 22% of the step …'."""
     if p.error:
         return f"{policy}: no profile ({p.error})."
-    dtype = dtype or "its dtype"
+    dtype = dtype or "its dtype"  # the policy's compute dtype, a key of the probe's peaks
     share = {k: p.share(v) for k, v in p.categories.items()}
     if speedup is None or base is p:
         return f"{policy}: its step is {bound_text(p)}" + (f"; casts take {_pct(share['cast'])}"
@@ -55,11 +55,16 @@ def why(policy: str, p: ProfileSummary, base: ProfileSummary | None, speedup: fl
         b_rest = base.step_s - b_mm
         p_rest = p.step_s - p_mm
         if b_mm > 0 and p_mm > 0:
+            probe = ""
+            ratio = (p.peak_gflops.get(dtype, 0) / p.peak_gflops["float32"]) if p.peak_gflops.get("float32") else 0
+            if ratio and dtype != "float32":
+                probe = f" (the hardware probe measures {dtype} matmuls at {ratio:.2f}x float32's here)"
             parts.append(f"its matmul/conv time went from {_ms(b_mm)} to {_ms(p_mm)} per step "
-                         f"({b_mm / p_mm:.2f}x), and they were {_pct(base.share(b_mm))} of fp32's step")
+                         f"({b_mm / p_mm:.2f}x){probe}, and they were {_pct(base.share(b_mm))} of fp32's step")
         if b_rest > 0:
-            grew = "grew" if p_rest > b_rest * 1.05 else "shrank" if p_rest < b_rest * 0.95 else "stayed"
-            parts.append(f"everything else {grew} from {_ms(b_rest)} to {_ms(p_rest)}")
+            moved = "grew" if p_rest > b_rest * 1.05 else "shrank" if p_rest < b_rest * 0.95 else ""
+            parts.append(f"everything else {moved} from {_ms(b_rest)} to {_ms(p_rest)}" if moved else
+                         f"everything else stayed about the same ({_ms(b_rest)} → {_ms(p_rest)})")
     if (speedup is None or speedup < FASTER) and unmoved >= 0.3:
         parts.append(f"{_pct(unmoved)} of the step is elementwise ops and work outside any op that {dtype} "
                      f"does not speed up")

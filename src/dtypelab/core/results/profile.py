@@ -67,6 +67,7 @@ class ProfileSummary:
     dtype_flops: dict[str, float] = field(default_factory=dict)  # matmul/conv FLOPs per step by dtype
     matmul_flops: float = 0.0
     utilisation: float | None = None  # matmul/conv FLOP/s against the probe's peak for their dtypes
+    peak_gflops: dict[str, float] = field(default_factory=dict)  # the probe's matmul GFLOP/s per dtype, as used
     bound: str = ""  # "compute", "overhead" or "memory"
     fp32_under_autocast: tuple[SourceOp, ...] = ()
     fp64_ops: tuple[SourceOp, ...] = ()  # ops that ran in float64 in a policy that never asked for it
