@@ -124,3 +124,21 @@ def test_bench_profile_cli_record_tables_and_traces(tmp_path):
     page = tmp_path / "page.html"
     assert run_cli("report", str(out), "-o", str(page)).returncode == 0
     assert "Where the step goes" in page.read_text()
+
+
+def test_dtypes_come_from_kineto_where_events_lack_them():
+    """torch 2.11's FunctionEvent has no input_dtypes: they are read from the Kineto events by id."""
+    from dtypelab.profile.collect import dtype_of, input_dtypes
+
+    lin, x = nn.Linear(32, 16).to(torch.bfloat16), torch.randn(8, 32).to(torch.bfloat16)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        lin(x)
+    event = next(e for e in prof.events() if e.name == "aten::addmm")
+
+    class Old:  # an event as torch 2.11 makes it
+        def __getattr__(self, name):
+            if name == "input_dtypes":
+                raise AttributeError(name)
+            return getattr(event, name)
+
+    assert dtype_of(Old(), input_dtypes(prof)) == dtype_of(event) == "bfloat16"

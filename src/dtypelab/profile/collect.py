@@ -65,11 +65,19 @@ AUTOCAST_FP32 = frozenset((
 ))
 
 
-def dtype_of(event: Any) -> str:
+def input_dtypes(prof: Any) -> dict[int, list[str]]:
+    """Each op event's input dtypes by its id, read from the Kineto events: FunctionEvent.input_dtypes is newer
+    than torch 2.11 (the ids are the Kineto correlation ids in both)."""
+    return {k.correlation_id(): list(k.dtypes()) for k in prof.profiler.kineto_results.events()}
+
+
+def dtype_of(event: Any, dtypes: dict[int, list[str]] | None = None) -> str:
     """The dtype an op computes in: the widest floating dtype among its tensor inputs (a mixed float32 ×
     float64 op runs in float64), else its first tensor input's, else "". 0-dim inputs do not count: PyTorch
     wraps Python scalars (an optimizer's ``mul_(beta)``) as 0-dim float64 tensors that promote nothing."""
-    tensors = [(_DTYPES.get(d, d), bool(s)) for d, s in zip(event.input_dtypes, event.input_shapes, strict=False)
+    given = getattr(event, "input_dtypes", None)
+    given = given if given is not None else (dtypes or {}).get(event.id, [])
+    tensors = [(_DTYPES.get(d, d), bool(s)) for d, s in zip(given, event.input_shapes, strict=False)
                if d and d not in ("Scalar", "ScalarList")]
     sized = [d for d, has_dims in tensors if has_dims]
     floats = [d for d in sized if d in _FLOATING]
@@ -108,6 +116,7 @@ class _Tally:
     its copy, every other op by its self time."""
 
     cuda: bool
+    dtypes: dict[int, list[str]] | None = None  # input dtypes by event id, where events lack them (torch 2.11)
     phases: list[tuple[float, float, str]] = field(default_factory=list)  # (start, end, phase), sorted
     units: dict[tuple[str, str, str, str], _Unit] = field(default_factory=lambda: defaultdict(_Unit))
     categories: dict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -127,7 +136,7 @@ class _Tally:
         return self.phases[i][2] if i >= 0 and e.time_range.start <= self.phases[i][1] else ""
 
     def add(self, e: Any, category: str, inclusive: bool, flops: float = 0.0) -> None:
-        seconds, dtype = self.time(e, inclusive), dtype_of(e)
+        seconds, dtype = self.time(e, inclusive), dtype_of(e, self.dtypes)
         shapes = ", ".join("×".join(map(str, s)) for s in e.input_shapes if s)
         unit = self.units[(e.name, dtype, shapes, category + ":" + self.phase(e))]
         unit.seconds += seconds
@@ -139,8 +148,8 @@ class _Tally:
             self.dtype_flops[dtype] += flops
 
 
-def tally(events: list[Any], cuda: bool) -> _Tally:
-    t = _Tally(cuda)
+def tally(events: list[Any], cuda: bool, dtypes: dict[int, list[str]] | None = None) -> _Tally:
+    t = _Tally(cuda, dtypes)
     t.phases = sorted((e.time_range.start, e.time_range.end, e.name.removeprefix("dtypelab."))
                       for e in events if e.name.startswith("dtypelab."))
     for e in events:
@@ -173,9 +182,10 @@ def _peak(dtype: str, peaks: dict[str, float], tf32: bool) -> float | None:
 
 def summarise(events: list[Any], *, mode: str, steps: int, walls: list[float], phases: dict[str, float],
               cuda: bool, peaks: dict[str, float], tf32: bool, autocast: bool, wants_fp64: bool,
-              timed_step_s: float | None = None, warned: tuple[str, ...] = ()) -> ProfileSummary:
+              timed_step_s: float | None = None, warned: tuple[str, ...] = (),
+              dtypes: dict[int, list[str]] | None = None) -> ProfileSummary:
     """The profile of ``steps`` profiled steps from the profiler's events and the phases' wall times."""
-    t = tally(events, cuda)
+    t = tally(events, cuda, dtypes)
     step = sum(walls) / steps
     per = 1.0 / steps
     categories = {k: v * per for k, v in t.categories.items()}
@@ -304,8 +314,10 @@ class Profiler:
                 prof.export_chrome_trace(self.trace_file)
             warned = tuple(dict.fromkeys(f"{w.category.__name__}: {str(w.message).splitlines()[0]}"
                                          for w in caught if not issubclass(w.category, DeprecationWarning)))
+            events = list(prof.events())
+            dtypes = None if not events or hasattr(events[0], "input_dtypes") else input_dtypes(prof)
             summary = summarise(
-                list(prof.events()), mode=mode, steps=self.steps, walls=walls, phases=dict(marks.seconds), cuda=cuda,
+                events, dtypes=dtypes, mode=mode, steps=self.steps, walls=walls, phases=dict(marks.seconds), cuda=cuda,
                 peaks=self.peaks, tf32=any(c.compute_dtype == "tf32" for c in plan.configs),
                 autocast=any(isinstance(c, Autocast) for c in plan.configs),
                 wants_fp64=plan.compute_dtype == "float64", timed_step_s=self.timed_step_s, warned=warned[:5])
