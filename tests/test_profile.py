@@ -45,7 +45,7 @@ def test_flop_counts_match_hand_computed_values():
 
 
 def test_phases_add_up_to_the_step_and_categories_cover_it():
-    p = dtypelab.profile("digits", "fp32", steps=3, warmup=3)
+    p = dtypelab.profile("digits", "fp32", steps=3, warmup=3, device="cpu")
     assert not p.error and p.steps == 3
     assert set(p.phases) == {"data", "forward", "backward", "optimizer"}
     assert sum(p.phases.values()) == pytest.approx(p.step_s, rel=0.05)
@@ -59,28 +59,28 @@ def test_phases_add_up_to_the_step_and_categories_cover_it():
 
 
 def test_planted_float64_promotion_is_found_with_its_source_line():
-    p = dtypelab.profile(f"{PT}:fp64_task", "fp32", steps=2, warmup=2)
+    p = dtypelab.profile(f"{PT}:fp64_task", "fp32", steps=2, warmup=2, device="cpu")
     assert p.fp64_ops and p.dtype_flops.get("float64", 0) > 0
     with open(PT) as f:
         line = next(i for i, text in enumerate(f, 1) if "# PLANTED" in text)
     site = next(s for s in p.fp64_sources if s.source.endswith(f"profile_tasks.py:{line}"))
     assert "torch.from_numpy" in site.code and site.op == "aten::mul" and "float32" in site.why
     # a policy that asks for float64 is not warned about it
-    assert not dtypelab.profile(f"{PT}:fp64_task", "fp64", steps=2, warmup=2).fp64_ops
+    assert not dtypelab.profile(f"{PT}:fp64_task", "fp64", steps=2, warmup=2, device="cpu").fp64_ops
 
 
 def test_autocast_coverage_and_float32_by_design():
-    p = dtypelab.profile(f"{PT}:wide_task", "amp-bf16", steps=3, warmup=2)
+    p = dtypelab.profile(f"{PT}:wide_task", "amp-bf16", steps=3, warmup=2, device="cpu")
     assert p.dtype_flops and max(p.dtype_flops, key=p.dtype_flops.get) == "bfloat16"
     assert p.categories.get("cast", 0) > 0
     mse = next(o for o in p.fp32_under_autocast if "mse_loss" in o.op)
     assert "by design" in mse.why
-    text = why("amp-bf16", p, dtypelab.profile(f"{PT}:wide_task", "fp32", steps=3, warmup=2), 0.9)
+    text = why("amp-bf16", p, dtypelab.profile(f"{PT}:wide_task", "fp32", steps=3, warmup=2, device="cpu"), 0.9)
     assert text.startswith("amp-bf16 is not faster than fp32 here (0.90x)") and "bound" in text
 
 
 def test_a_broadcasting_loss_is_reported():
-    p = dtypelab.profile(f"{PT}:broadcast_task", "fp32", steps=2, warmup=2)
+    p = dtypelab.profile(f"{PT}:broadcast_task", "fp32", steps=2, warmup=2, device="cpu")
     assert any("target size" in w for w in p.warnings)
 
 
@@ -88,7 +88,7 @@ def test_profile_restores_globals_for_every_policy():
     before = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"),
               torch.get_num_threads(), torch.backends.cuda.matmul.fp32_precision)
     for policy in ("fp64", "bf16", "fp16", "amp-bf16", "amp-fp16"):
-        dtypelab.profile(f"{PT}:wide_task", policy, steps=1, warmup=1, threads_n=1)
+        dtypelab.profile(f"{PT}:wide_task", policy, steps=1, warmup=1, threads_n=1, device="cpu")
         after = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"),
                  torch.get_num_threads(), torch.backends.cuda.matmul.fp32_precision)
         assert after == before, policy
@@ -96,9 +96,9 @@ def test_profile_restores_globals_for_every_policy():
 
 def test_bad_profile_arguments_are_one_line_errors():
     with pytest.raises(dtypelab.DtypelabError, match="mode"):
-        dtypelab.profile("digits", mode="eval")
+        dtypelab.profile("digits", mode="eval", device="cpu")
     with pytest.raises(dtypelab.DtypelabError, match="at least 1"):
-        dtypelab.profile("digits", steps=0)
+        dtypelab.profile("digits", steps=0, device="cpu")
 
 
 @pytest.mark.slow
@@ -141,4 +141,4 @@ def test_dtypes_come_from_kineto_where_events_lack_them():
                 raise AttributeError(name)
             return getattr(event, name)
 
-    assert dtype_of(Old(), input_dtypes(prof)) == dtype_of(event) == "bfloat16"
+    assert dtype_of(Old(), input_dtypes(prof)) == dtype_of(event, input_dtypes(prof)) == "bfloat16"
