@@ -313,7 +313,8 @@ class Profiler:
             if self.trace_file:
                 prof.export_chrome_trace(self.trace_file)
             warned = tuple(dict.fromkeys(f"{w.category.__name__}: {str(w.message).splitlines()[0]}"
-                                         for w in caught if not issubclass(w.category, DeprecationWarning)))
+                                         for w in caught if not issubclass(w.category, DeprecationWarning)
+                                         and "profiler" not in w.filename.replace(os.sep, "/")))  # its own notes
             events = list(prof.events())
             dtypes = None if not events or hasattr(events[0], "input_dtypes") else input_dtypes(prof)
             summary = summarise(
