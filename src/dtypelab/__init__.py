@@ -31,7 +31,7 @@ from dtypelab.core.results import (
     load_record,
     load_report,
 )
-from dtypelab.core.task import Task, load_task
+from dtypelab.core.task import InferenceTask, Task, load_task
 from dtypelab.inference.export import ExportInfo, export, load_exported
 from dtypelab.inference.fidelity import compare as compare_outputs
 from dtypelab.lint import lint_paths, lint_source
@@ -41,6 +41,7 @@ from dtypelab.numerics.formats import Format, formats, get_format
 from dtypelab.numerics.rangestats import RangeStats, range_stats
 from dtypelab.profile import profile
 from dtypelab.render.report import ReportInfo, report
+from dtypelab.script.session import Session, session
 from dtypelab.trace.guard import Guard, NonFiniteError, watch
 from dtypelab.trace.run import trace
 
@@ -56,6 +57,7 @@ __all__ = [
     "Format",
     "Guard",
     "HardwareInfo",
+    "InferenceTask",
     "LintFinding",
     "LintReport",
     "NonFiniteError",
@@ -69,6 +71,7 @@ __all__ = [
     "Report",
     "ReportInfo",
     "RunConfig",
+    "Session",
     "Task",
     "TaskError",
     "Tolerance",
@@ -97,6 +100,16 @@ __all__ = [
     "recommend",
     "register",
     "report",
+    "session",
     "trace",
     "watch"
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``dtypelab.lightning`` and ``dtypelab.hf`` load on first use: Lightning and transformers are optional."""
+    if name in ("lightning", "hf"):
+        import importlib
+
+        return importlib.import_module(f"dtypelab.{name}")
+    raise AttributeError(f"module 'dtypelab' has no attribute {name!r}")

@@ -45,7 +45,7 @@ OnEvent = Callable[[Event], None]
 OnStep = Callable[[int, int], None]  # (steps done, total)
 
 
-def _last_line(path: str) -> str:
+def last_line(path: str) -> str:
     try:
         with open(path, errors="replace") as f:
             lines = [ln.strip() for ln in f if ln.strip()]
@@ -54,8 +54,8 @@ def _last_line(path: str) -> str:
         return ""
 
 
-def _death_reason(returncode: int, log: str) -> tuple[str, str]:
-    tail = _last_line(log)
+def death_reason(returncode: int, log: str) -> tuple[str, str]:
+    tail = last_line(log)
     tail = f" (last output: {tail})" if tail else ""
     if returncode < 0:
         sig = signal.Signals(-returncode).name
@@ -65,7 +65,7 @@ def _death_reason(returncode: int, log: str) -> tuple[str, str]:
     return "failed", f"child exited with code {returncode} before reporting a result{tail}"
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_process(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -135,7 +135,7 @@ def run_isolated(job: Job, timeout_s: float, on_step: OnStep) -> PolicyResult:
                     msg = conn.recv()
                 except EOFError:
                     proc.wait()
-                    result = PolicyResult(job.policy, *_death_reason(proc.returncode, log))
+                    result = PolicyResult(job.policy, *death_reason(proc.returncode, log))
                     break
                 if msg[0] == "step":
                     on_step(msg[1], msg[2])
@@ -146,5 +146,5 @@ def run_isolated(job: Job, timeout_s: float, on_step: OnStep) -> PolicyResult:
         if result is not None and result.status != "timeout":  # let it exit on its own first
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
-        _stop(proc)  # also on Ctrl-C in the parent: never leave a child running
+        stop_process(proc)  # also on Ctrl-C in the parent: never leave a child running
     return result if result.wall_s else replace(result, wall_s=time.monotonic() - start)

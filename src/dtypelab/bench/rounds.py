@@ -92,7 +92,7 @@ def _rounds(job: RoundsJob, progress: Callable[[int, int], None]) -> dict[str, t
 
     def step(precision: Precision, model: Any, optimizer: Any, index: int, timer: StepTimer | None) -> None:
         if train:
-            x, y = to_device(task.train_batch(index % task.steps, job.batch_size), device)
+            x, y = to_device(task.batch(index % task.steps, job.batch_size), device)
             if timer:
                 timer.start()
             train_step(task, model, precision, optimizer, x, y)

@@ -85,6 +85,7 @@ def bench(
     rounds: int | None = None,
     profile: bool | int = False,
     trace_dir: str | None = None,
+    script_args: Sequence[str] = (),
 ) -> Report:
     """Train (or run inference on) ``task`` under each policy and measure speed, memory and metric.
 
@@ -105,7 +106,25 @@ def bench(
     more are profiled (``dtypelab.profile``): step breakdown, top ops, achieved FLOP/s, dtype coverage; the
     profiler's cost never enters the measured times. ``trace_dir`` also writes each policy's Chrome trace there
     (and implies ``profile``).
+
+    ``task`` may also be a training script (a ``.py`` file without ``make_task``, see ``dtypelab.session``): it is
+    run once per policy with ``script_args``, and measured the same way (``dtypelab.script.bench_script``).
     """
+    from dtypelab.script.runner import bench_script, is_script
+
+    if is_script(task):
+        unsupported = [flag for flag, given in (("--mode infer", mode != "train"), ("--steps", steps is not None),
+                                                ("--batch-size", batch_size is not None), ("--warmup", warmup),
+                                                ("--per-layer", per_layer), ("--profile", profile or trace_dir),
+                                                ("--threads", threads), ("--rounds", rounds)) if given]
+        if unsupported:
+            raise DtypelabError(f"{', '.join(unsupported)}: not for a training script, which runs its own loop (pass "
+                                "its own arguments after --)")
+        return bench_script(task, policies, args=script_args, tolerance=tolerance, device=device, seed=seed,
+                            force=force, timeout_s=timeout_s, json_path=json_path, on_event=on_event,
+                            hardware=hardware)
+    if script_args:
+        raise DtypelabError(f"arguments after -- are for a training script; {task} is a task")
     started = time.monotonic()
     if mode not in MODES:
         raise DtypelabError(f"unknown mode {mode!r}: use train or infer")

@@ -110,8 +110,9 @@ class _Lines:
                 self._say(event.label)
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench(
+    ctx: typer.Context,
     task: TaskArg,
     policies: Annotated[str | None, typer.Option("--policies", "-p", help="comma-separated; default: all")] = None,
     mode: Annotated[str, typer.Option(help="train, or infer (forward latency and output fidelity)")] = "train",
@@ -143,7 +144,8 @@ def bench(
                                                        "(TensorBoard, Perfetto) to this folder")] = None,
 ) -> None:
     """Train TASK under each precision policy (or, with --mode infer, run inference under each, quantized
-    int8/fp8 policies included); print speed, memory, size, fidelity, metric and a recommendation."""
+    int8/fp8 policies included); print speed, memory, size, fidelity, metric and a recommendation. TASK may be
+    your own training script (train.py, using dtypelab.session()); its arguments go after --."""
     from dtypelab.bench.sweep import bench as run_bench
     from dtypelab.core.results import default_result_path
 
@@ -153,7 +155,7 @@ def bench(
         kwargs = dict(mode=mode, steps=steps, batch_size=batch_size, warmup=warmup, tolerance=tolerance,
                       device=device, seed=seed, force=force, timeout_s=timeout, threads=threads, json_path=path,
                       per_layer=per_layer, min_cosine=min_cosine, budget=budget, rounds=rounds,
-                      profile=profile, trace_dir=trace_dir)
+                      profile=profile, trace_dir=trace_dir, script_args=tuple(ctx.args))
         if err.is_terminal:
             with _progress() as progress:
                 report = run_bench(task, policies, on_event=_Bars(progress), **kwargs)

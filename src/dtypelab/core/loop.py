@@ -117,7 +117,10 @@ def train_step(task: Task, model: nn.Module, precision: Precision, optimizer: to
         inputs, target = precision.convert_input(inputs), precision.convert_input(target)
         optimizer.zero_grad(set_to_none=True)
         with precision.forward_context():
-            loss = task.loss_fn(call_model(model, inputs), target)
+            if task.compute_loss is not None:
+                loss = task.compute_loss(model, inputs)
+            else:
+                loss = task.loss_fn(call_model(model, inputs), target)
     with mark("backward"):
         precision.backward(loss)
     if after_backward is not None:
@@ -182,7 +185,7 @@ def prime(task: Task, plan: Plan, device: torch.device, batch_size: int, train: 
     model = precision.convert_module(task.make_model().to(device))
     optimizer = task.make_optimizer(model.parameters()) if train else None
     if train:
-        inputs, target = to_device(task.train_batch(0, batch_size), device)
+        inputs, target = to_device(task.batch(0, batch_size), device)
     else:
         inputs = to_device(task.inference_inputs(batch_size), device)
     with precision.session():
@@ -223,7 +226,7 @@ def fit(task: Task, model: nn.Module, precision: Precision, optimizer: torch.opt
     torch.manual_seed(seed)  # same dropout masks etc. for every policy
     with precision.session():
         for step in range(steps):
-            inputs, target = to_device(task.train_batch(step, batch_size), device)
+            inputs, target = to_device(task.batch(step, batch_size), device)
             if timer is not None:
                 timer.start()
             loss = train_step(task, model, precision, optimizer, inputs, target)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import importlib.util
@@ -29,18 +30,22 @@ class Task:
     """Everything dtypelab needs to train and judge a model.
 
     ``train_batch(step, batch_size)`` must be deterministic in ``step`` so that every policy sees the
-    same data in the same order. ``evaluate(predict)`` receives a function that runs the model under
-    the policy being measured (inputs converted, outputs returned as float32) and returns metrics;
-    ``metric`` names the primary one.
+    same data in the same order. It returns ``(inputs, target)`` for ``loss_fn(model(inputs), target)``, or,
+    with ``compute_loss(model, batch)`` instead of ``loss_fn`` (a loss computed inside the model, as every
+    Hugging Face model does, or a ``training_step``-style function), any batch that function takes.
+    ``evaluate(predict)`` receives a function that runs the model under the policy being measured (inputs
+    converted, floating outputs returned as float32 on the CPU, dataclass / ModelOutput outputs kept as their
+    type) and returns metrics; ``metric`` names the primary one. A pretrained model that is never trained is
+    an ``InferenceTask(...)``: no training fields at all.
     """
 
     name: str
     make_model: Callable[[], nn.Module]
-    train_batch: Callable[[int, int], tuple[Batch, Any]]
-    loss_fn: Callable[[Any, Any], torch.Tensor]
-    evaluate: Callable[[Predict], Mapping[str, float]]
-    metric: str
-    higher_is_better: bool
+    train_batch: Callable[[int, int], Any] | None = None
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    evaluate: Callable[[Predict], Mapping[str, float]] | None = None
+    metric: str = ""
+    higher_is_better: bool = True
     make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] = default_optimizer
     steps: int = 200
     batch_size: int = 64
@@ -48,6 +53,7 @@ class Task:
     pretrained: bool = False  # the factory returns trained weights: inference mode skips training
     inference_only: bool = False  # nothing to train on (e.g. a shipped pretrained model)
     description: str = ""
+    compute_loss: Callable[[nn.Module, Any], torch.Tensor] | None = None  # instead of loss_fn: loss from the batch
     # (file, first line of the function, line) of the code that built this Task: trace points there when a
     # library function (loss_fn=F.mse_loss) rather than a line of the user's runs the op at fault.
     origin: tuple[str, int, int] | None = field(default=None, compare=False, repr=False)
@@ -61,18 +67,51 @@ class Task:
             if frame is not None:
                 object.__setattr__(self, "origin", (frame.f_code.co_filename, frame.f_code.co_firstlineno,
                                                     frame.f_lineno))
-        for name in ("make_model", "train_batch", "loss_fn", "evaluate", "make_optimizer"):
+        required = ["make_model", "evaluate"]
+        if not self.inference_only:
+            required.append("train_batch")
+            if self.loss_fn is not None and self.compute_loss is not None:
+                raise TaskError(f"task {self.name!r}: give loss_fn or compute_loss, not both")
+            required.append("compute_loss" if self.compute_loss is not None else "loss_fn")
+        elif self.infer_batch is None and self.train_batch is None:
+            raise TaskError(f"task {self.name!r}: an inference-only task needs infer_batch(batch_size)")
+        for name in [*required, "make_optimizer"]:
             if not callable(getattr(self, name)):
-                raise TaskError(f"task {self.name!r}: {name} must be callable")
+                raise TaskError(f"task {self.name!r}: {name} must be callable"
+                                + (" (or give compute_loss(model, batch))" if name == "loss_fn" else ""))
         if not self.metric:
             raise TaskError(f"task {self.name!r}: metric must name the primary metric")
         if self.steps < 1 or self.batch_size < 1:
             raise TaskError(f"task {self.name!r}: steps and batch_size must be positive")
 
+    def batch(self, step: int, batch_size: int) -> tuple[Any, Any]:
+        """(inputs, target) for step ``step``: with ``compute_loss`` the whole batch and None."""
+        got = self.train_batch(step, batch_size)
+        if self.compute_loss is not None:
+            return got, None
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise TaskError(f"task {self.name!r}: train_batch must return (inputs, target) for loss_fn, got "
+                            f"{type(got).__name__}; a task whose batch is one structure gives compute_loss instead")
+        return got[0], got[1]
+
     def inference_inputs(self, batch_size: int) -> Batch:
         if self.infer_batch is not None:
             return self.infer_batch(batch_size)
-        return self.train_batch(0, batch_size)[0]
+        return self.batch(0, batch_size)[0]
+
+
+def InferenceTask(name: str, make_model: Callable[[], nn.Module], infer_batch: Callable[[int], Batch],
+                  evaluate: Callable[[Predict], Mapping[str, float]], metric: str, higher_is_better: bool = True,
+                  *, batch_size: int = 32, steps: int = 20, description: str = "", pretrained: bool = True) -> Task:
+    """A task that is only run, never trained (a pretrained model): ``bench --mode infer`` needs the model,
+    its inputs, and how to score its outputs; ``steps`` is its default number of timed forward passes.
+    ``pretrained=False`` for a model whose factory gives untrained
+    weights on purpose (its fidelity is still measured against fp32)."""
+    frame = sys._getframe(1)
+    return Task(name=name, make_model=make_model, infer_batch=infer_batch, evaluate=evaluate, metric=metric,
+                higher_is_better=higher_is_better, batch_size=batch_size, steps=steps, description=description,
+                pretrained=pretrained, inference_only=True,
+                origin=(frame.f_code.co_filename, frame.f_code.co_firstlineno, frame.f_lineno))
 
 
 BUILTIN = {
@@ -161,11 +200,23 @@ def call_model(model: nn.Module, inputs: Batch) -> Any:
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], obj: Any) -> Any:
-    """Apply fn to every tensor in a nested tuple/list/dict."""
+    """Apply fn to every tensor in a nested tuple/list/dict/dataclass, keeping each container's type (a
+    ModelOutput stays a ModelOutput, a namedtuple a namedtuple)."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, Mapping):
-        return {k: map_tensors(fn, v) for k, v in obj.items()}
+        mapped = {k: map_tensors(fn, v) for k, v in obj.items()}
+        if type(obj) is dict:
+            return mapped
+        try:
+            return type(obj)(**mapped)
+        except Exception:
+            return mapped  # a mapping type that cannot be rebuilt from its items
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(map_tensors(fn, v) for v in obj))
     if isinstance(obj, (tuple, list)):
         return type(obj)(map_tensors(fn, v) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {f.name: map_tensors(fn, getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+        return dataclasses.replace(obj, **changes)
     return obj

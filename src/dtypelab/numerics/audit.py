@@ -196,7 +196,7 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
             with pol.session():
                 for step in range(steps):
                     rec.new_step(step % every == 0, pol.grad_scale())
-                    inputs, target = to_device(task_obj.train_batch(step, bs), dev)
+                    inputs, target = to_device(task_obj.batch(step, bs), dev)
                     loss = train_step(task_obj, model, pol, optimizer, inputs, target,
                                        after_backward=after_backward if rec.active else None)
                     losses.append(float(loss.detach()))

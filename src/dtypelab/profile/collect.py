@@ -340,7 +340,7 @@ def profile_training(task: Task, model: nn.Module, precision: Precision, optimiz
 
     def step(i: int, mark: Callable[[str], Any]) -> None:
         with mark("data"):
-            inputs, target = to_device(task.train_batch(first_step + i + 1, batch_size), device)
+            inputs, target = to_device(task.batch(first_step + i + 1, batch_size), device)
         train_step(task, model, precision, optimizer, inputs, target, mark=mark)
 
     model.train()

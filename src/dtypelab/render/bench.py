@@ -90,7 +90,9 @@ def bench_title(report: Report) -> str:
     cfg, hw = report.config, report.environment.get("hardware", {})
     what = "inference" if cfg.mode == "infer" else "training"
     steps = f"≤{cfg.steps} steps (or {cfg.time_box_s:g} s)" if cfg.time_box_s else f"{cfg.steps} steps"
-    return (f"dtypelab {what}: {cfg.task_name or cfg.task} · {steps} × batch {cfg.batch_size} · "
+    batch = f" × batch {cfg.batch_size}" if cfg.batch_size else ""
+    script = f" -- {' '.join(cfg.script_args)}" if cfg.script_args else ""
+    return (f"dtypelab {what}: {cfg.task_name or cfg.task}{script} · {steps}{batch} · "
             f"{hw.get('device_name') or cfg.device} · torch {report.environment.get('torch', '?')}")
 
 

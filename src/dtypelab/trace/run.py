@@ -45,7 +45,7 @@ def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, b
         model, optimizer = build_trainable(task_obj, pol, dev, seed)
         guard = Guard(model, optimizer, scaler=pol.grad_scaler(), checkpoint_every=checkpoint_every,
                       stop_on_skip=stop_on_skip,
-                      sites=Sites.of(task_obj.make_model, task_obj.loss_fn, task_obj.origin))
+                      sites=Sites.of(task_obj.make_model, task_obj.loss_fn or task_obj.compute_loss, task_obj.origin))
 
         def one_step(inputs: Any, target: Any) -> torch.Tensor:
             return train_step(task_obj, model, pol, optimizer, inputs, target)
@@ -54,7 +54,7 @@ def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, b
         try:
             with pol.session(), guard:
                 for step in range(n):
-                    batch = to_device(task_obj.train_batch(step, bs), dev)
+                    batch = to_device(task_obj.batch(step, bs), dev)
                     guard.step(one_step, *batch)
                     progress(step + 1, n)
         except NonFiniteError as exc:

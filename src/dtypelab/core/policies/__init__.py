@@ -12,6 +12,7 @@ import difflib
 import json
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config, Quantize
@@ -105,6 +106,11 @@ def load_plan(path: str) -> Plan:
                                               plan.summary)
 
 
+def plan_from_dict(d: dict[str, Any]) -> Plan:
+    """A plan from ``Plan.to_dict()`` (a job handed to another process, a record), names resolved here."""
+    return Plan.from_dict(d, lookup=_config_named)
+
+
 def get_policy(spec: str | Config | Plan) -> Plan:
     """A registered name, a plan file (``*.json``), a config or a plan, as a plan."""
     if isinstance(spec, Plan):
@@ -135,4 +141,4 @@ def parse_policies(policies: str | Sequence[str | Config | Plan] | None) -> list
 
 __all__ = ["BASELINE", "COMPILED_BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "TF32", "Autocast",
            "Availability", "Cast", "Config", "Plan", "Precision", "Quantize", "default_policies", "get_policy",
-           "load_plan", "parse_policies", "policies_for", "register", "single"]
+           "load_plan", "parse_policies", "plan_from_dict", "policies_for", "register", "single"]

@@ -134,6 +134,7 @@ class RunConfig:
     rounds_block: int = 0  # timed steps per policy per round
     task_name: str = ""  # Task.name (``task`` is how it was given: a built-in name, file.py:fn or pkg.mod:fn)
     profile_steps: int = 0  # --profile: steps profiled per policy after its measurement (0: none)
+    script_args: tuple[str, ...] = ()  # a training script's own arguments (``bench train.py -- args``)
 
 
 @dataclass(frozen=True)

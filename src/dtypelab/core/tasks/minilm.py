@@ -19,7 +19,7 @@ from torch import nn
 
 from dtypelab.core.backends import quiet
 from dtypelab.core.errors import TaskError
-from dtypelab.core.task import Task
+from dtypelab.core.task import InferenceTask, Task
 
 SEQ = 128  # padded length: the batch shape every policy is timed at
 EVAL_BATCH = 32
@@ -107,13 +107,8 @@ def make_task() -> Task:
         n = emb.shape[0] // 2
         return {"recall@1": recall_at_1(emb), "pair_cosine": (emb[:n] * emb[n:]).sum(1).mean().item()}
 
-    def no_training(*_: object) -> None:
-        raise TaskError("minilm is inference-only: use --mode infer")
-
-    return Task(
-        name="minilm", make_model=MiniLM, train_batch=no_training, loss_fn=no_training, evaluate=evaluate,
-        metric="recall@1", higher_is_better=True, steps=15, batch_size=32, infer_batch=infer_batch,
-        pretrained=True, inference_only=True,
+    return InferenceTask(
+        "minilm", MiniLM, infer_batch, evaluate, "recall@1", higher_is_better=True, steps=15, batch_size=32,
         description=f"all-MiniLM-L6-v2 sentence embeddings, {len(ids)} sentences × {SEQ} tokens, "
                     "paraphrase recall@1 (needs the [minilm] extra)",
     )

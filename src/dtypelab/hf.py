@@ -1,0 +1,87 @@
+"""dtypelab for the Hugging Face Trainer: ``trainer = dtypelab.hf.Trainer(..., metric="eval_accuracy")`` in
+place of ``transformers.Trainer(...)`` — the one changed line. Run normally it is the Trainer as given; run by
+``dtypelab bench train.py``, the policy is mapped onto ``TrainingArguments`` (``bf16`` / ``fp16`` for autocast,
+``tf32``) or applied to the model (a pure bf16 / fp16 / fp64 cast, as loading with that ``torch_dtype`` would),
+every step's loss is logged, and a callback times each step and keeps the evaluation metrics (the last
+``trainer.evaluate()`` before the script ends counts)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.policies import TF32, Autocast, Cast, Plan
+from dtypelab.script.session import Session
+
+try:
+    import transformers
+except ImportError as exc:  # pragma: no cover - the [hf] extra
+    raise DtypelabError("dtypelab.hf needs transformers: pip install 'dtypelab[hf]'") from exc
+
+
+def training_arguments(plan: Plan, args: Any) -> tuple[Any, str | None]:
+    """(TrainingArguments for the policy, the dtype to cast the model to or None); an error for a policy the
+    Trainer cannot express."""
+    c = plan.default
+    flags = {"bf16": False, "fp16": False}
+    cast = None
+    if plan.rules:
+        raise DtypelabError(f"policy {plan.name}: per-module plans have no TrainingArguments equivalent")
+    if isinstance(c, Autocast):
+        flags["bf16" if c.dtype == "bfloat16" else "fp16"] = True
+    elif isinstance(c, TF32):
+        flags["tf32"] = True
+    elif isinstance(c, Cast):
+        cast = None if c.dtype == "float32" else c.dtype
+    else:
+        raise DtypelabError(f"policy {plan.name} has no TrainingArguments equivalent")
+    return dataclasses.replace(args, logging_steps=1, **flags), cast
+
+
+class DtypelabCallback(transformers.TrainerCallback):
+    def __init__(self, lab: Session, metric: str | None, higher_is_better: bool | None) -> None:
+        self.lab, self.metric, self.higher = lab, metric, higher_is_better
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+        if model is not None:
+            self.lab.attach(model)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.lab.step_begin()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.lab.step_end()
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+        if logs and "loss" in logs:
+            self.lab.record_loss(logs["loss"])
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None,
+                    **kw: Any) -> None:
+        if metrics:
+            chosen = {k: v for k, v in metrics.items() if not self.metric or k == self.metric}
+            self.lab.record_metrics(chosen, self.higher, primary=self.metric)
+
+
+def Trainer(*args: Any, metric: str | None = None, higher_is_better: bool | None = None,
+            seed: int = 0, **kwargs: Any) -> Any:
+    """``transformers.Trainer(*args, **kwargs)`` measured by dtypelab (keyword ``model=`` and ``args=``).
+    ``metric``: the evaluation metric to judge policies by (e.g. "eval_accuracy"; default: the first one)."""
+    lab = Session(seed=seed)
+    if lab.driven:
+        if "args" not in kwargs or "model" not in kwargs:
+            raise DtypelabError("dtypelab.hf.Trainer needs model= and args= as keywords")
+        kwargs["args"], cast = training_arguments(lab.plan, kwargs["args"])
+        if cast is not None:
+            kwargs["model"] = kwargs["model"].to(getattr(torch, cast))
+    kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), DtypelabCallback(lab, metric, higher_is_better)]
+    trainer = transformers.Trainer(*args, **kwargs)
+    if lab.driven and isinstance(lab.plan.default, Autocast) and not trainer.accelerator.native_amp:
+        # accelerate accepts fp16=True on a CPU but runs plain float32: measuring that as amp-fp16 would lie
+        lab.unsupported(f"the Hugging Face Trainer does not autocast to {lab.plan.default.dtype} on "
+                        f"{lab.device.type} (accelerate's native_amp is off): {lab.plan.name} cannot run through it "
+                        "here")
+    return trainer

@@ -1,0 +1,219 @@
+"""``dtypelab bench train.py [-- args]``: the user's own script, run once per policy, each in its own process.
+
+The script is run as it is (``python train.py args``), with ``DTYPELAB_JOB`` naming a JSON file that tells its
+``dtypelab.session()`` (or the Lightning / Hugging Face integration) which policy to use; the session writes
+``<job>.started``, ``<job>.progress`` and, at ``finish()``, ``<job>.result`` next to it. A crash, a hang or a
+script that never calls ``finish`` becomes a result that says so; the other policies still run.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from dtypelab.bench.launch import Event, OnEvent, death_reason, last_line, stop_process
+from dtypelab.bench.recommend import Tolerance
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.hardware import HardwareInfo, environment, probe, resolve_device
+from dtypelab.core.policies import BASELINE, Config, Plan, default_policies, get_policy, parse_policies
+from dtypelab.core.results import PolicyResult, Report, RunConfig, policy_info
+from dtypelab.script.session import ENV_JOB
+
+POLL_S = 0.1
+
+
+def is_script(spec: str) -> bool:
+    """A path to a .py file that defines no ``make_task``: a training script to run, not a task file to import.
+    Decided from the file's syntax, without running it."""
+    if ":" in spec or not spec.endswith(".py") or not os.path.isfile(spec):
+        return False
+    try:
+        with open(spec, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), filename=spec)
+    except (SyntaxError, ValueError, OSError):
+        return True  # running it will say what is wrong, in the script's own words
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "make_task":
+            return False
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "make_task" for t in node.targets):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class ScriptJob:
+    path: str
+    args: tuple[str, ...]
+    plan: Plan
+    seed: int
+    device: str
+    workdir: str
+
+    @property
+    def policy(self) -> str:
+        return self.plan.name
+
+    @property
+    def job_file(self) -> str:
+        return os.path.join(self.workdir, re.sub(r"[^A-Za-z0-9_.+-]", "_", self.policy) + ".job.json")
+
+
+def _missing_call(job: ScriptJob) -> str:
+    started = os.path.exists(job.job_file + ".started")
+    if not started:
+        return ("the script never created a dtypelab session: add `lab = dtypelab.session()` near its top (or use "
+                "dtypelab.lightning.Trainer / dtypelab.hf.Trainer)")
+    return ("the script ended without calling lab.finish(...): add `lab.finish(accuracy=...)` (your metric) after "
+            "its evaluation")
+
+
+Primary = tuple[str, bool] | None  # the run's primary metric and whether higher is better
+
+
+def run_script(job: ScriptJob, timeout_s: float, on_step: Callable[[int, int], None]) -> tuple[PolicyResult, Primary]:
+    """One policy: the script in a fresh process under ``timeout_s``; its session's result (and primary metric),
+    or why there is none."""
+    with open(job.job_file, "w") as f:
+        json.dump({"plan": job.plan.to_dict(), "seed": job.seed, "device": job.device}, f)
+    log = job.job_file.replace(".job.json", ".log")
+    env = {**os.environ, ENV_JOB: job.job_file, "PYTHONUNBUFFERED": "1"}
+    start = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, job.path, *job.args], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=os.getcwd(), start_new_session=True)
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - start > timeout_s:
+                stop_process(proc)
+                return PolicyResult(job.policy, "timeout", f"stopped after the {timeout_s:g} s time limit",
+                                    wall_s=time.monotonic() - start), None
+            time.sleep(POLL_S)
+            try:
+                with open(job.job_file + ".progress") as f:
+                    on_step(json.load(f)["steps"], 0)
+            except (OSError, ValueError, KeyError):
+                pass
+    finally:
+        stop_process(proc)  # Ctrl-C in the parent: never leave the script running
+    wall = time.monotonic() - start
+    if proc.returncode != 0:
+        status, reason = death_reason(proc.returncode, log)
+        if proc.returncode > 0:
+            tail = last_line(log)
+            reason = f"the script exited with code {proc.returncode}" + (f": {tail}" if tail else "")
+        return PolicyResult(job.policy, status, reason, wall_s=wall), None
+    if os.path.exists(job.job_file + ".skip"):
+        with open(job.job_file + ".skip") as f:
+            reason = json.load(f)["reason"]
+        return PolicyResult(job.policy, "skipped", reason, skip="unsupported", wall_s=wall), None
+    try:
+        with open(job.job_file + ".result") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return PolicyResult(job.policy, "failed", _missing_call(job), wall_s=wall), None
+    return _result(job, data, wall), (data.get("metric") or "", bool(data.get("higher_is_better", True)))
+
+
+def _result(job: ScriptJob, d: dict, wall: float) -> PolicyResult:
+    if not d.get("setup_called"):
+        return PolicyResult(job.policy, "failed", "the script never called lab.setup(model, optimizer): the policy "
+                                                  "was not applied to its model", wall_s=wall)
+    times = tuple(d["step_times_s"])
+    losses = tuple(float(x) for x in d["losses"])
+    first_bad = d.get("first_nonfinite_step")
+    diverged = first_bad is not None and losses and not _finite(losses[-1])
+    return PolicyResult(
+        policy=job.policy, status="diverged" if diverged else "ok", batch_size=int(d.get("batch_size") or 0),
+        reason=f"loss non-finite from step {first_bad}" if diverged else "", warmup=_warmup(len(times)),
+        step_times_s=times, losses=losses, first_nonfinite_step=first_bad, metrics=d["metrics"],
+        peak_memory_bytes=d["peak_memory_bytes"], load_peak_memory_bytes=d.get("load_peak_memory_bytes"),
+        memory_method=d["memory_method"], model_bytes=d.get("model_bytes"),
+        init_fingerprint=d.get("init_fingerprint", ""), scaler=d.get("scaler") or {}, info=policy_info(job.plan),
+        wall_s=wall)
+
+
+def _finite(x: float) -> bool:
+    return x == x and abs(x) != float("inf")
+
+
+def _warmup(n: int) -> int:
+    return max(1, min(10, n // 10)) if n > 1 else 0
+
+
+def bench_script(path: str, policies: str | Sequence[str | Config | Plan] | None = None, *,
+                 args: Sequence[str] = (), tolerance: str = "1%", device: str | None = None, seed: int = 0,
+                 force: bool = False, timeout_s: float = 600.0, json_path: str | None = None,
+                 on_event: OnEvent | None = None, hardware: HardwareInfo | None = None) -> Report:
+    """Run a training script once per policy and measure each run: the same record as ``bench`` gives a task."""
+    if not os.path.isfile(path):
+        raise DtypelabError(f"no such script: {path}")
+    if timeout_s <= 0:
+        raise DtypelabError(f"--timeout must be positive, got {timeout_s:g}")
+    tol = Tolerance.parse(tolerance)
+    explicit = policies is not None
+    plans = {p.name: p for p in (parse_policies(policies) if explicit else map(get_policy, default_policies("train")))}
+    for plan in plans.values():
+        wrong = plan.mode_error("train")
+        if wrong and explicit:
+            raise DtypelabError(wrong)
+        if plan.compiles and explicit:
+            raise DtypelabError(f"policy {plan.name}: compiled policies are not supported for scripts yet")
+    plans = {BASELINE: get_policy(BASELINE), **{k: v for k, v in plans.items() if not v.compiles}}
+    dev = resolve_device(device)
+    on_event = on_event or (lambda e: None)
+    if hardware is None:
+        on_event(Event("probe", "", label="probing hardware"))
+        hardware = probe(dev)
+    config = RunConfig(task=path, mode="train", policies=tuple(plans), steps=0, batch_size=0, warmup=0, seed=seed,
+                       tolerance=str(tol), device=str(dev), force=force, timeout_s=timeout_s, metric="",
+                       higher_is_better=True, task_name=os.path.basename(path), script_args=tuple(args))
+    report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    with tempfile.TemporaryDirectory(prefix="dtypelab-script-") as workdir:
+        try:
+            for name, plan in plans.items():
+                avail = plan.availability(hardware)
+                if not avail.ok or (avail.slow and not force):
+                    if not avail.ok and explicit and name != BASELINE:
+                        raise DtypelabError(f"policy {name} cannot run here: {avail.reason}")
+                    result = PolicyResult(name, "skipped", avail.reason, info=policy_info(plan),
+                                          skip="slow" if avail.ok else "unsupported")
+                    report = _with(report, result, json_path, None)
+                    on_event(Event("skip", name, result=result))
+                    continue
+                on_event(Event("start", name, 0, 0))
+                job = ScriptJob(os.path.abspath(path), tuple(args), plan, seed, str(dev), workdir)
+                result, primary = run_script(job, timeout_s, lambda d, t, n=name: on_event(Event("step", n, d, t)))
+                result = result if result.info else replace(result, info=policy_info(plan))
+                report = _with(report, result, json_path, primary)
+                on_event(Event("done", name, result=result))
+        except KeyboardInterrupt:
+            for name in plans:
+                if report.result(name) is None:
+                    report = _with(report, PolicyResult(name, "interrupted", "interrupted before it finished",
+                                                        info=policy_info(plans[name])), json_path, None)
+            raise
+    return report
+
+
+def _with(report: Report, result: PolicyResult, json_path: str | None, primary: Primary) -> Report:
+    """The report with one more result; the metric and its direction come from the first run that gave one."""
+    report = report.with_result(result)
+    if not report.config.metric and primary and primary[0]:
+        metric, higher = primary
+        report = replace(report, config=replace(report.config, metric=metric, higher_is_better=higher,
+                                                steps=len(result.step_times_s), warmup=result.warmup,
+                                                batch_size=result.batch_size))
+    if json_path:
+        try:
+            report.save(json_path)
+        except OSError as exc:
+            raise DtypelabError(f"cannot write results to {json_path}: {exc.strerror}") from None
+    return report

@@ -1,0 +1,328 @@
+"""The handle a user's own training script calls: ``lab = dtypelab.session()``.
+
+Run normally (``python train.py``) it trains in fp32 and does nothing else visible. Run by ``dtypelab bench
+train.py``, each run is told its policy through the environment (``DTYPELAB_JOB``: a JSON file the parent
+wrote) and writes its measurements next to it when the script calls ``lab.finish(...)``.
+
+The shape is Lightning Fabric's: ``setup`` returns the same model and optimizers with their ``forward`` and
+``step`` wrapped (inputs converted, the forward under the policy's autocast, GradScaler's step and update,
+skipped steps logged), ``backward`` scales the loss, ``clip_gradients`` unscales before clipping. A step is
+timed from its first forward to the optimizer step that ends it, so data loading between steps is outside the
+timer; with gradient accumulation one step spans its micro-batches.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import math
+import os
+import random
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.loop import fingerprint
+from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync
+from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy, plan_from_dict
+from dtypelab.core.scaler import ScalerLog
+from dtypelab.core.task import map_tensors
+from dtypelab.inference.sizes import serialize
+
+ENV_JOB = "DTYPELAB_JOB"
+PROGRESS_EVERY_S = 0.25
+# a metric whose name says it is an error is better lower; anything else is taken as better higher
+LOWER_IS_BETTER = ("loss", "error", "err", "perplexity", "ppl", "mse", "mae", "rmse", "bpc", "bits", "wer", "cer")
+
+
+def read_job() -> dict[str, Any] | None:
+    """The job the parent wrote for this run, or None when the script runs on its own."""
+    path = os.environ.get(ENV_JOB)
+    if not path:
+        return None
+    with open(path) as f:
+        job = json.load(f)
+    job["path"] = path
+    return job
+
+
+def lower_is_better(metric: str) -> bool:
+    words = metric.lower().replace("-", "_").split("_")
+    return any(w in LOWER_IS_BETTER for w in words)
+
+
+def _seed(seed: int) -> None:
+    """Every RNG a training script draws from: the same shuffle, dropout and initial weights for every policy."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
+
+
+class Session:
+    """Measures one training run of a user's script under the policy the parent chose (fp32 when none)."""
+
+    def __init__(self, seed: int = 0, device: str | None = None) -> None:
+        self.job = read_job()
+        self.driven = self.job is not None
+        self.plan: Plan = plan_from_dict(self.job["plan"]) if self.driven else get_policy(BASELINE)
+        wrong = self.plan.mode_error("train")
+        if wrong:
+            raise DtypelabError(wrong)
+        want = (self.job or {}).get("device") or device
+        self.device = torch.device(want or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.seed = int((self.job or {}).get("seed", seed))
+        _seed(self.seed)
+        self.precision = Precision(self.plan, self.device)
+        self._globals = self.precision.session()
+        self._globals.__enter__()  # tf32 flags and the like, restored at finish()
+        self.meter = MemoryMeter(self.device)
+        self.meter.start()
+        self.timer = StepTimer(sync=device_sync(self.device))
+        self.losses: list[float] = []
+        self._pending: list[float] = []  # losses of the micro-batches since the last optimizer step
+        self._samples = 0  # samples the training forwards of this step saw (micro-batches added up)
+        self.step_samples: list[int] = []
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._stepped: set[int] = set()
+        self._unscaled: set[int] = set()
+        self._in_step = False
+        self._inner = False
+        self._log = ScalerLog() if self.precision.grad_scaler() is not None else None
+        self._model: nn.Module | None = None
+        self._init = ""
+        self._metrics: dict[str, float] = {}
+        self._higher: bool | None = None
+        self._metric = ""
+        self.finished = False
+        self._last_progress = 0.0
+        if self.driven:
+            self._write("started", {"pid": os.getpid()})
+            atexit.register(self._at_exit)
+
+    # --- what the script calls -----------------------------------------------------------------
+    def setup(self, model: nn.Module, *optimizers: torch.optim.Optimizer) -> Any:
+        """The model on the device under the policy, and the optimizers, wrapped for timing and scaling.
+        Returns ``model`` alone, or ``(model, *optimizers)``. The objects are the same ones (parameters are
+        converted in place), so references the script already holds stay valid."""
+        self._init = fingerprint(model)
+        model = self.precision.convert_module(model.to(self.device))
+        self._model = model
+        self._wrap_forward(model)
+        for opt in optimizers:
+            self._wrap_step(opt)
+            self._optimizers.append(opt)
+        self.meter.open_window()  # building and converting the model is not the run's peak
+        return (model, *optimizers) if optimizers else model
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, scaled under a GradScaler policy; the loss is recorded for the loss curve."""
+        self._begin()
+        self._pending.append(float(loss.detach()))
+        self.precision.backward(loss)
+
+    def clip_gradients(self, parameters: nn.Module | Iterable[torch.Tensor], max_norm: float,
+                       norm_type: float = 2.0) -> torch.Tensor:
+        """``clip_grad_norm_`` on true gradients: under a GradScaler they are unscaled first (once per step)."""
+        scaler = self.precision.grad_scaler()
+        if scaler is not None:
+            for opt in self._optimizers:
+                if id(opt) not in self._unscaled:
+                    scaler.unscale_(opt)
+                    self._unscaled.add(id(opt))
+        params = parameters.parameters() if isinstance(parameters, nn.Module) else parameters
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+
+    def finish(self, metrics: dict[str, float] | None = None, *, higher_is_better: bool | None = None,
+               **named: float) -> None:
+        """End the run with its metrics (the first is the primary one), e.g. ``lab.finish(accuracy=acc)``.
+        Whether higher is better is guessed from the name (loss, error, perplexity, … are lower) unless given."""
+        given = {**(metrics or {}), **named}
+        if not given:
+            raise DtypelabError("lab.finish() needs the metric, e.g. lab.finish(accuracy=0.93)")
+        self.record_metrics(given, higher_is_better)
+        self._close()
+
+    # --- what the framework integrations call ----------------------------------------------------
+    def record_metrics(self, metrics: dict[str, Any], higher_is_better: bool | None = None,
+                       primary: str | None = None) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if _number(v)}
+        if not clean:
+            return
+        self._metrics.update(clean)
+        self._metric = primary if primary in clean else (self._metric or next(iter(clean)))
+        if higher_is_better is not None:
+            self._higher = higher_is_better
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return dict(self._metrics)
+
+    def attach(self, model: nn.Module) -> None:
+        """A model the framework converted itself (Lightning, Hugging Face): sized and fingerprinted, and the
+        memory window opened, as ``setup`` does."""
+        if self._model is None:
+            self._init = fingerprint(model)
+            self._model = model
+            self.meter.open_window()
+
+    def count_samples(self, batch: Any) -> None:
+        """A framework's training batch: its leading dimension is added to this step's samples."""
+        found: list[int] = []
+        map_tensors(lambda t: found.append(int(t.shape[0])) or t if t.dim() > 0 else t, batch)
+        self._samples += found[0] if found else 0
+
+    def record_loss(self, value: float) -> None:
+        """One step's loss, as a framework logged it."""
+        self.losses.append(float(value))
+
+    def close(self) -> None:
+        """Write the result now (integrations: at the end of fit, with the metrics recorded so far)."""
+        self._close()
+
+    def unsupported(self, reason: str) -> None:
+        """The policy cannot run in this framework here: the run is recorded as skipped with ``reason`` and the
+        script stops (only when dtypelab drives it; run on its own this is an error)."""
+        if not self.driven:
+            raise DtypelabError(reason)
+        self.finished = True
+        self._globals.__exit__(None, None, None)
+        self._write("skip", {"reason": reason})
+        raise SystemExit(0)
+
+    def step_begin(self) -> None:
+        self._begin()
+
+    def step_end(self, loss: float | None = None) -> None:
+        if loss is not None:
+            self._pending.append(loss)
+        self._end()
+
+    # --- internals ---------------------------------------------------------------------------------
+    def _wrap_forward(self, model: nn.Module) -> None:
+        original = model.forward
+        precision = self.precision
+
+        @functools.wraps(original)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if model.training and torch.is_grad_enabled():
+                self._begin()
+                self._samples += _leading(args, kwargs)
+            args, kwargs = precision.convert_input(args), precision.convert_input(kwargs)
+            with precision.forward_context():
+                return original(*args, **kwargs)
+
+        model.forward = forward
+
+    def _wrap_step(self, opt: torch.optim.Optimizer) -> None:
+        original = opt.step
+
+        @functools.wraps(original)  # keeps an LR scheduler's mark on the method (it warns without it)
+        def step(closure: Any = None) -> Any:
+            if self._inner:  # GradScaler.step calls optimizer.step: the real one
+                return original(closure) if closure is not None else original()
+            self._step(opt)
+            return None
+
+        opt.step = step  # type: ignore[method-assign]
+
+    def _step(self, opt: torch.optim.Optimizer) -> None:
+        scaler = self.precision.grad_scaler()
+        self._inner = True
+        try:
+            if scaler is None:
+                opt.step()
+            else:
+                scaler.step(opt)
+        finally:
+            self._inner = False
+        self._stepped.add(id(opt))
+        if len(self._stepped) >= len(self._optimizers):  # every optimizer of the step has stepped
+            if scaler is not None:
+                scale = scaler.get_scale()
+                scaler.update()
+                self._log.record(len(self.losses), scale, scaler.get_scale())
+            self._end()
+
+    def _begin(self) -> None:
+        if not self._in_step:
+            self._in_step = True
+            self.timer.start()
+
+    def _end(self) -> None:
+        if self._in_step:
+            self.timer.stop()
+            self._in_step = False
+        if self._pending:
+            self.losses.append(sum(self._pending) / len(self._pending))
+        if self._samples:
+            self.step_samples.append(self._samples)
+        self._samples = 0
+        self._pending.clear()
+        self._stepped.clear()
+        self._unscaled.clear()
+        now = time.monotonic()
+        if self.driven and now - self._last_progress >= PROGRESS_EVERY_S:
+            self._last_progress = now
+            self._write("progress", {"steps": len(self.timer.samples)})
+
+    def _close(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self._globals.__exit__(None, None, None)
+        if not self.driven:
+            return
+        peak = self.meter.peak_bytes()
+        first_bad = next((i for i, v in enumerate(self.losses) if not math.isfinite(v)), None)
+        higher = self._higher if self._higher is not None else not lower_is_better(self._metric)
+        self._write("result", {
+            "policy": self.plan.name, "step_times_s": self.timer.samples, "losses": self.losses,
+            "first_nonfinite_step": first_bad, "metrics": self._metrics, "metric": self._metric,
+            "higher_is_better": higher, "higher_guessed": self._higher is None, "peak_memory_bytes": peak,
+            "load_peak_memory_bytes": self.meter.load_peak, "memory_method": self.meter.method,
+            "model_bytes": len(serialize(self._model)[0]) if self._model is not None else None,
+            "init_fingerprint": self._init, "scaler": self._log.stats() if self._log is not None else {},
+            "setup_called": self._model is not None,
+            "batch_size": sorted(self.step_samples)[len(self.step_samples) // 2] if self.step_samples else 0,
+        })
+
+    def _at_exit(self) -> None:
+        if not self.finished and self._metrics:  # an integration recorded metrics: they are the result
+            self._close()
+
+    def _write(self, kind: str, data: dict[str, Any]) -> None:
+        path = f"{self.job['path']}.{kind}"
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, allow_nan=True)
+        os.replace(tmp, path)
+
+
+def _leading(args: Any, kwargs: Any) -> int:
+    """The batch size of a forward call: the leading dimension of its first tensor argument."""
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, torch.Tensor) and v.dim() > 0:
+            return int(v.shape[0])
+    return 0
+
+
+def _number(v: Any) -> bool:
+    if isinstance(v, torch.Tensor):
+        return v.numel() == 1
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def session(seed: int = 0, device: str | None = None) -> Session:
+    """The handle for measuring your own training script: ``lab = dtypelab.session()`` at its top. ``seed``
+    seeds Python's, NumPy's and torch's RNGs so every policy sees the same shuffle and initial weights."""
+    return Session(seed, device)
