@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import TINY
 
+import dtypelab
 from dtypelab import Task, TaskError, load_task
 from dtypelab.core.task import BUILTIN, call_model, map_tensors
 
@@ -81,3 +84,56 @@ def test_map_tensors_and_call_model_handle_nested_batches():
     doubled = map_tensors(lambda t: t * 2, batch)
     assert doubled["a"].tolist() == [2.0, 2.0] and doubled["b"][1] == 3
     assert call_model(lambda a, b: a + b[0].sum(), (torch.ones(1), [torch.ones(2)])).item() == 3.0
+
+
+def test_compute_loss_task_trains_and_evaluate_gets_the_model_output_intact():
+    pytest.importorskip("transformers")
+    # hf_tasks.evaluate asserts it got a SequenceClassifierOutput with float32 logits: else the run fails
+    report = dtypelab.bench("tests/hf_tasks.py:own_loss_task", "fp32,amp-bf16", launcher="inline", rounds=0)
+    for r in report.results:
+        assert r.status == "ok", (r.policy, r.reason)
+        assert len(r.losses) == 6 and "accuracy" in r.metrics
+
+
+def test_inference_task_needs_no_training_fields():
+    pytest.importorskip("transformers")
+    report = dtypelab.bench("tests/hf_tasks.py:inference_task", "fp32,bf16", mode="infer", launcher="inline",
+                            rounds=0)
+    assert [r.status for r in report.results] == ["ok", "ok"] and report.result("bf16").fidelity["sqnr_db"] > 10
+    with pytest.raises(dtypelab.DtypelabError, match="inference-only"):
+        dtypelab.bench("tests/hf_tasks.py:inference_task", "fp32", launcher="inline")
+
+
+def test_task_loss_fields_are_checked():
+    def make(**kw):
+        return dtypelab.Task(name="t", make_model=lambda: torch.nn.Linear(2, 2), train_batch=lambda s, b: (1, 2),
+                             evaluate=lambda p: {"a": 1.0}, metric="a", **kw)
+
+    with pytest.raises(dtypelab.TaskError, match=r"loss_fn must be callable .or give compute_loss"):
+        make()
+    with pytest.raises(dtypelab.TaskError, match="not both"):
+        make(loss_fn=lambda o, t: o, compute_loss=lambda m, b: m)
+    odd = dataclasses.replace(make(loss_fn=lambda o, t: o), train_batch=lambda s, b: {"x": 1})
+    with pytest.raises(dtypelab.TaskError, match=r"must return .inputs, target."):
+        odd.batch(0, 2)
+    with pytest.raises(dtypelab.TaskError, match="needs infer_batch"):
+        dtypelab.Task(name="i", make_model=lambda: torch.nn.Linear(2, 2), evaluate=lambda p: {"a": 1.0},
+                      metric="a", inference_only=True)
+
+
+def test_map_tensors_keeps_dataclasses_namedtuples_and_mappings():
+    import collections
+
+    from dtypelab.core.task import map_tensors
+
+    @dataclasses.dataclass
+    class Out:
+        logits: torch.Tensor
+        extra: tuple
+
+    Pair = collections.namedtuple("Pair", "a b")
+    got = map_tensors(lambda t: t * 2, Out(torch.ones(2), (Pair(torch.ones(1), 3),)))
+    assert isinstance(got, Out) and got.logits.tolist() == [2.0, 2.0]
+    assert isinstance(got.extra[0], Pair) and got.extra[0].a.tolist() == [2.0] and got.extra[0].b == 3
+    ordered = map_tensors(lambda t: t + 1, collections.OrderedDict(x=torch.zeros(1)))
+    assert isinstance(ordered, collections.OrderedDict) and ordered["x"].item() == 1.0

@@ -28,7 +28,7 @@ from dtypelab.core.loop import (
 from dtypelab.core.measure import CpuMeter, MemoryMeter, StepTimer, device_sync
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy
 from dtypelab.core.results import PolicyResult, policy_info
-from dtypelab.core.task import Task, load_task
+from dtypelab.core.task import Task, load_task, plain
 from dtypelab.inference.fidelity import compare
 from dtypelab.inference.perlayer import layer_fidelity
 from dtypelab.inference.sizes import linear_weight_bytes, serialize
@@ -201,7 +201,7 @@ def infer(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         outputs: list[Any] = []  # what the task's evaluation ran the model on: the fidelity set
         metrics = evaluate(task, model, precision, device, record=outputs)
         if not outputs:
-            outputs.append(make_predict(model, precision, device)(inputs))
+            outputs.append(plain(make_predict(model, precision, device)(inputs)))
         layers = ()
         if job.per_layer:
             reference = build_model(task, job.seed, weights).to(device).eval()

@@ -17,7 +17,7 @@ from torch import nn
 from dtypelab.core.errors import DtypelabError, TaskError, describe_exception
 from dtypelab.core.hardware import HardwareInfo, probe, resolve_device
 from dtypelab.core.policies import Plan, Precision, get_policy
-from dtypelab.core.task import Task, call_model, load_task, map_tensors
+from dtypelab.core.task import Task, call_model, load_task, map_tensors, plain
 
 RECORD_LIMIT = 2**24  # output values kept from evaluation for the fidelity comparison (64 MB as float32)
 
@@ -169,7 +169,7 @@ def evaluate(task: Task, model: nn.Module, precision: Precision, device: torch.d
         size = value_count(out)
         if record is not None and kept + size <= RECORD_LIMIT:
             kept += size
-            record.append(out)
+            record.append(plain(out))  # saved and reloaded with weights_only=True
         return out
 
     try:

@@ -220,3 +220,15 @@ def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], obj: Any) -> Any:
         changes = {f.name: map_tensors(fn, getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
         return dataclasses.replace(obj, **changes)
     return obj
+
+
+def plain(obj: Any) -> Any:
+    """The same nested tensors in plain dicts / lists / tuples: what ``torch.load(weights_only=True)`` reads back
+    (a ModelOutput or a user's dataclass is not on its allowlist)."""
+    if isinstance(obj, Mapping):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return [plain(v) for v in obj] if isinstance(obj, list) else tuple(plain(v) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    return obj

@@ -29,7 +29,7 @@ from torch import nn
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.loop import fingerprint
 from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync
-from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy, plan_from_dict
+from dtypelab.core.policies import BASELINE, Autocast, Plan, Precision, get_policy, plan_from_dict
 from dtypelab.core.scaler import ScalerLog
 from dtypelab.core.task import map_tensors
 from dtypelab.inference.sizes import serialize
@@ -211,6 +211,7 @@ class Session:
     def _wrap_forward(self, model: nn.Module) -> None:
         original = model.forward
         precision = self.precision
+        autocast = isinstance(self.plan.default, Autocast)
 
         @functools.wraps(original)
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -219,7 +220,10 @@ class Session:
                 self._samples += _leading(args, kwargs)
             args, kwargs = precision.convert_input(args), precision.convert_input(kwargs)
             with precision.forward_context():
-                return original(*args, **kwargs)
+                out = original(*args, **kwargs)
+            # the script's loss runs after forward, outside autocast: in float32, as autocast would run it
+            # (Fabric does the same); a float16 loss times GradScaler's 65536 overflows
+            return map_tensors(_to_float32, out) if autocast else out
 
         model.forward = forward
 
@@ -306,6 +310,10 @@ class Session:
         with open(tmp, "w") as f:
             json.dump(data, f, allow_nan=True)
         os.replace(tmp, path)
+
+
+def _to_float32(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.is_floating_point() and t.dtype in (torch.float16, torch.bfloat16) else t
 
 
 def _leading(args: Any, kwargs: Any) -> int:
