@@ -145,3 +145,20 @@ def test_hf_example_is_measured_per_policy():
     assert len(fp32.losses) == len(fp32.step_times_s) > 10
     if not torch.cuda.is_available():  # accelerate does not autocast to float16 on a CPU: skipped, not faked
         assert report.result("amp-fp16").status == "skipped"
+
+
+@pytest.mark.slow
+def test_trace_and_audit_arm_on_the_scripts_own_loop(tmp_path):
+    nan_script = os.path.join(HERE, "scripts", "nan_script.py")
+    report = dtypelab.trace(nan_script)
+    assert report.status == "found" and report.live and report.config.task == nan_script
+    origin = report.finding.origin
+    assert origin.op == "aten.log" and origin.source.endswith("nan_script.py:18") and "log_softmax" in origin.diagnosis
+    out = tmp_path / "audit.json"
+    run = subprocess.run([sys.executable, "-m", "dtypelab", "audit", os.path.join(EXAMPLES, "train_loop.py"),
+                          "--steps", "3", "--json", str(out), "--", "--epochs", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    audit = dtypelab.load_record(str(out))
+    assert len(audit.losses) == 3 and any(layer.kind == "param_grad" for layer in audit.layers)
+    assert any(layer.name == "0" and layer.kind == "activation" for layer in audit.layers)

@@ -23,8 +23,9 @@ from dtypelab.cli.options import (
 from dtypelab.core.errors import DtypelabError
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def trace(
+    ctx: typer.Context,
     task: TaskArg,
     policy: PolicyOpt = "fp32",
     force: ForceOpt = False,
@@ -43,13 +44,13 @@ def trace(
     html: HtmlOpt = None,
 ) -> None:
     """Train with a NaN/Inf guard armed; at the first non-finite value, name the op, module, source line
-    and cause. Exit 1 when one was found."""
+    and cause. Exit 1 when one was found. TASK may be your training script (arguments after --)."""
     from dtypelab.trace.run import trace as run_trace
 
     report = run_recorded("trace", task, policy, steps, json, fmt, lambda path, progress: run_trace(
         task, policy=policy, steps=steps, batch_size=batch_size, seed=seed, device=device, threads=threads,
         checkpoint_every=checkpoint_every, stop_on_skip=stop_on_skip, force=force, json_path=path,
-        progress=progress), "the steps run so far are saved in", html=html)
+        progress=progress, script_args=tuple(ctx.args)), "the steps run so far are saved in", html=html)
     if report.status == "failed":
         err.print(f"[bold red]error:[/] training failed: {escape(report.reason)}", highlight=False, soft_wrap=True)
     if report.status in ("found", "failed"):

@@ -72,8 +72,9 @@ def cast(
     _emit_doc(cast_doc(report, target), fmt, report)
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def audit(
+    ctx: typer.Context,
     task: TaskArg,
     policy: PolicyOpt = "fp32",
     steps: Annotated[int, typer.Option(help="training steps")] = 20,
@@ -91,12 +92,14 @@ def audit(
     top: Annotated[int, typer.Option(help="rows to show, riskiest first (0: all; the JSON has all)")] = 25,
     html: HtmlOpt = None,
 ) -> None:
-    """Per-layer value ranges of activations and gradients against fp16, bf16 and fp8, sorted by risk."""
+    """Per-layer value ranges of activations and gradients against fp16, bf16 and fp8, sorted by risk. TASK may be
+    your training script (arguments after --): its first --steps steps are audited."""
     from dtypelab.numerics.audit import audit as run_audit
 
     report = run_recorded("audit", task, policy, steps, json, fmt, lambda path, progress: run_audit(
         task, policy=policy, steps=steps, every=every, layers=layers, formats=formats, batch_size=batch_size,
-        seed=seed, device=device, threads=threads, json_path=path, force=force, progress=progress),
+        seed=seed, device=device, threads=threads, json_path=path, force=force, progress=progress,
+        script_args=tuple(ctx.args)),
         "the steps measured so far are saved in", top, html)
     if report.status == "failed":  # what was measured is shown and saved; the exit code still says so
         err.print(f"[bold red]error:[/] training failed after {len(report.losses)} steps: {escape(report.reason)}",

@@ -7,15 +7,15 @@ import math
 import re
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 
 from dtypelab.core.errors import DtypelabError, describe_exception
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.hardware import HardwareInfo, probe
 from dtypelab.core.hardware import environment as current_environment
 from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
@@ -161,11 +161,12 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
           formats: str | tuple[str, ...] = AUDIT_FORMATS, batch_size: int | None = None, seed: int = 0,
           device: str | None = None, threads: int | None = None, json_path: str | None = None,
           progress: Progress | None = None, environment: dict[str, Any] | None = None,
-          force: bool = False, hardware: HardwareInfo | None = None) -> AuditReport:
+          force: bool = False, hardware: HardwareInfo | None = None, script_args: Sequence[str] = ()) -> AuditReport:
     """Train ``steps`` steps under ``policy`` and measure ranges every ``every`` steps; see README.
 
     A policy that cannot run here is an error; one measured pathologically slow here (fp16 on a CPU
-    without fp16 arithmetic) is refused unless ``force``, as in ``bench``."""
+    without fp16 arithmetic) is refused unless ``force``, as in ``bench``. ``task`` may be a training script (see
+    ``dtypelab.session``): it runs with ``script_args`` for ``steps`` steps of its own loop, then stops."""
     if steps < 1 or every < 1:
         raise DtypelabError("--steps and --every must be at least 1")
     fmts = tuple(f.name for f in parse_formats(formats))
@@ -174,6 +175,20 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
         pattern = re.compile(layers) if layers else None
     except re.error as exc:
         raise DtypelabError(f"--layers {layers!r} is not a valid regular expression: {exc}") from None
+    from dtypelab.script.runner import diagnose_script, is_script
+
+    if isinstance(task, str) and is_script(task):
+        text, result = diagnose_script("audit", task, policy, args=script_args, device=device, seed=seed,
+                                       on_step=progress, steps=steps, every=every, layers=layers, formats=list(fmts))
+        env = environment if environment is not None else current_environment(hardware or probe(device, 0.02))
+        if text is None:
+            raise DtypelabError(f"the audit of {task} gave no record: {result.reason or result.status}")
+        loaded = AuditReport.from_json(text)
+        report = replace(loaded, environment=env, config=replace(loaded.config, task=task),
+                         created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        if json_path:
+            report.save(json_path)
+        return report
     spec, task_obj, dev, pol, hardware = prepare(task, policy, device, hardware, force)
     bs = batch_size or task_obj.batch_size
     config = AuditConfig(task=spec, policy=pol.name, steps=steps, every=every, layers=layers or "", formats=fmts,
@@ -209,7 +224,7 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
             for h in handles:
                 h.remove()
     environment = environment if environment is not None else current_environment(hardware)
-    report = _report(config, rec, losses, status, reason, environment, time.perf_counter() - start)
+    report = build_report(config, rec, losses, status, reason, environment, time.perf_counter() - start)
     if json_path:
         report.save(json_path)
     if status == "interrupted":
@@ -217,7 +232,7 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
     return report
 
 
-def _report(config: AuditConfig, rec: Recorder, losses: list[float], status: str, reason: str,
+def build_report(config: AuditConfig, rec: Recorder, losses: list[float], status: str, reason: str,
             environment: dict[str, Any], wall_s: float) -> AuditReport:
     rows = []
     for (name, kind), e in rec.entries.items():

@@ -55,8 +55,12 @@ def trace_doc(report: TraceReport) -> Doc:
         if len(f.weight_max) > 1:
             (s0, w0), (s1, w1) = f.weight_max[0], f.weight_max[-1]
             rows.append(["weights", f"max |w| {num(w0, '.4g')} at step {s0} → {num(w1, '.4g')} at step {s1}"])
-        rows.append(["replay", f"restored the checkpoint of step {f.checkpoint_step}, re-ran {f.replayed_steps} "
-                               f"step(s), traced step {f.step}: {f.ops_traced} ops in {f.trace_s:.2f} s"])
+        if report.live:
+            rows.append(["traced", f"live: every step of the script ran under the op tracer; step {f.step}: "
+                                   f"{f.ops_traced} ops in {f.trace_s:.2f} s"])
+        else:
+            rows.append(["replay", f"restored the checkpoint of step {f.checkpoint_step}, re-ran {f.replayed_steps} "
+                                   f"step(s), traced step {f.step}: {f.ops_traced} ops in {f.trace_s:.2f} s"])
         if not f.reproduced:
             notes.append("the replay did not reproduce a non-finite loss, gradient or weight (non-deterministic "
                          "kernels?); the origin shown is the first non-finite value the replay created"
@@ -79,8 +83,9 @@ def trace_doc(report: TraceReport) -> Doc:
         rows = [["status", report.status + (f": {report.reason}" if report.reason else "")], ["steps", str(steps)]]
         if report.losses:
             rows.append(["loss", f"{num(report.losses[0], '.4g')} → {num(report.losses[-1], '.4g')}"])
-    rows.append(["checkpoints", f"every {report.checkpoint_every} step(s), {report.checkpoint_s * 1e3:.2f} ms each"
-                                + (" (chosen from the measured cost)" if not cfg.checkpoint_every else "")])
+    if not report.live:
+        rows.append(["checkpoints", f"every {report.checkpoint_every} step(s), {report.checkpoint_s * 1e3:.2f} ms "
+                                    "each" + (" (chosen from the measured cost)" if not cfg.checkpoint_every else "")])
     notes += scaler_notes(report.scaler, len(report.losses))
     if report.scaler.get("grad_scale"):
         scales = report.scaler["grad_scale"]

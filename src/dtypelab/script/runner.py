@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from dtypelab.bench.launch import Event, OnEvent, death_reason, last_line, stop_process
 from dtypelab.bench.recommend import Tolerance
@@ -56,6 +57,8 @@ class ScriptJob:
     seed: int
     device: str
     workdir: str
+    mode: str = "bench"  # or "trace" / "audit": the session arms the guard or the range audit
+    extra: tuple[tuple[str, Any], ...] = ()  # the audit's steps, every, layers, formats
 
     @property
     def policy(self) -> str:
@@ -82,7 +85,8 @@ def run_script(job: ScriptJob, timeout_s: float, on_step: Callable[[int, int], N
     """One policy: the script in a fresh process under ``timeout_s``; its session's result (and primary metric),
     or why there is none."""
     with open(job.job_file, "w") as f:
-        json.dump({"plan": job.plan.to_dict(), "seed": job.seed, "device": job.device}, f)
+        json.dump({"plan": job.plan.to_dict(), "seed": job.seed, "device": job.device, "mode": job.mode,
+                   "script": job.path, "task_name": os.path.basename(job.path), **dict(job.extra)}, f)
     log = job.job_file.replace(".job.json", ".log")
     env = {**os.environ, ENV_JOB: job.job_file, "PYTHONUNBUFFERED": "1"}
     start = time.monotonic()
@@ -217,3 +221,25 @@ def _with(report: Report, result: PolicyResult, json_path: str | None, primary: 
         except OSError as exc:
             raise DtypelabError(f"cannot write results to {json_path}: {exc.strerror}") from None
     return report
+
+
+def diagnose_script(mode: str, path: str, policy: str | Plan, *, args: Sequence[str] = (), device: str | None = None,
+                    seed: int = 0, timeout_s: float = 600.0, on_step: Callable[[int, int], None] | None = None,
+                    **extra: Any) -> tuple[str | None, PolicyResult]:
+    """Run the script once in ``mode`` ("trace" or "audit"): (the record's JSON its session wrote, or None; the
+    run's result, which says why there is no record)."""
+    if not os.path.isfile(path):
+        raise DtypelabError(f"no such script: {path}")
+    plan = get_policy(policy)
+    wrong = plan.mode_error("train")
+    if wrong:
+        raise DtypelabError(wrong)
+    dev = resolve_device(device)
+    with tempfile.TemporaryDirectory(prefix="dtypelab-script-") as workdir:
+        job = ScriptJob(os.path.abspath(path), tuple(args), plan, seed, str(dev), workdir, mode, tuple(extra.items()))
+        result, _ = run_script(job, timeout_s, on_step or (lambda d, t: None))
+        try:
+            with open(job.job_file + ".record") as f:
+                return f.read(), result
+        except OSError:
+            return None, result

@@ -33,6 +33,7 @@ from dtypelab.core.policies import BASELINE, Autocast, Plan, Precision, get_poli
 from dtypelab.core.scaler import ScalerLog
 from dtypelab.core.task import map_tensors
 from dtypelab.inference.sizes import serialize
+from dtypelab.script.diagnose import diagnosis
 
 ENV_JOB = "DTYPELAB_JOB"
 PROGRESS_EVERY_S = 0.25
@@ -105,6 +106,7 @@ class Session:
         self._metric = ""
         self.finished = False
         self._last_progress = 0.0
+        self.diag = diagnosis(self.job)  # trace / audit modes: the guard or the range audit on this loop
         if self.driven:
             self._write("started", {"pid": os.getpid()})
             atexit.register(self._at_exit)
@@ -121,6 +123,7 @@ class Session:
         for opt in optimizers:
             self._wrap_step(opt)
             self._optimizers.append(opt)
+        self.diag.setup(model, list(optimizers))
         self.meter.open_window()  # building and converting the model is not the run's peak
         return (model, *optimizers) if optimizers else model
 
@@ -129,6 +132,7 @@ class Session:
         self._begin()
         self._pending.append(float(loss.detach()))
         self.precision.backward(loss)
+        self.diag.backward(loss)
 
     def clip_gradients(self, parameters: nn.Module | Iterable[torch.Tensor], max_norm: float,
                        norm_type: float = 2.0) -> torch.Tensor:
@@ -260,12 +264,14 @@ class Session:
     def _begin(self) -> None:
         if not self._in_step:
             self._in_step = True
+            self.diag.begin(len(self.losses), self.precision.grad_scale())
             self.timer.start()
 
     def _end(self) -> None:
         if self._in_step:
             self.timer.stop()
             self._in_step = False
+        self.diag.end(len(self.losses), list(self._pending))
         if self._pending:
             self.losses.append(sum(self._pending) / len(self._pending))
         if self._samples:
@@ -278,6 +284,9 @@ class Session:
         if self.driven and now - self._last_progress >= PROGRESS_EVERY_S:
             self._last_progress = now
             self._write("progress", {"steps": len(self.timer.samples)})
+        if self.diag.stop:  # the trace found its step, or the audit has its steps: the run ends here
+            self._close()
+            raise SystemExit(0)
 
     def _close(self) -> None:
         if self.finished:
@@ -286,6 +295,12 @@ class Session:
         self._globals.__exit__(None, None, None)
         if not self.driven:
             return
+        record = self.diag.record(self.job, self.losses, self._log.stats() if self._log is not None else {})
+        if record is not None:
+            path = f"{self.job['path']}.record"
+            with open(f"{path}.tmp", "w") as f:
+                f.write(record)
+            os.replace(f"{path}.tmp", path)
         peak = self.meter.peak_bytes()
         first_bad = next((i for i, v in enumerate(self.losses) if not math.isfinite(v)), None)
         higher = self._higher if self._higher is not None else not lower_is_better(self._metric)

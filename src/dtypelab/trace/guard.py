@@ -256,31 +256,40 @@ class Guard:
         with OpTracer(self.model, self.optimizer, names, step=fail_step, sites=self.sites) as tracer:
             out = fn(*args, **kwargs)
         trace_s = time.perf_counter() - start
-        targets = []
-        loss = _loss_of(out)
-        if loss is not None:
-            targets.append(("loss", loss.detach()))
-        targets += [(f"{n} (gradient)", p.grad) for n, p in self.named if p.grad is not None]
-        targets += [(f"{n} (parameter)", p.detach()) for n, p in self.named]
-        reached: dict[int, list[str]] = {}
-        for label, t in targets:
-            idx = tracer.origin_of(t)
-            if idx is not None and tracer.events[idx].kind != "mask":
-                reached.setdefault(idx, []).append(label)
-        origins = [e for e in tracer.events if e.kind != "mask"]
-        first = min(reached) if reached else (origins[0].index if origins else None)
-        origin = tracer.events[first] if first is not None else None
-        path = tuple(tracer.paths.get(first, ())) if first is not None else ()
-        if origin is not None and origin.kind == "origin":
-            hint = "" if "root cause" in origin.diagnosis else (path_hint(origin.op, path) or self._growth_hint())
-            origin = replace(origin, diagnosis=origin.diagnosis + hint)
-        return Finding(
-            step=fail_step, trigger=trigger, reproduced=bool(reached), origin=origin,
-            path=path, weight_max=tuple(self.weight_max),
-            reached=tuple(reached.get(first, ())) if first is not None else (),
-            others=tuple(e for e in origins if e.index != first)[:20],
-            masks=sum(e.kind == "mask" for e in tracer.events), checkpoint_step=self.checkpoint_step,
-            replayed_steps=len(before), trace_s=trace_s, ops_traced=tracer.ops)
+        return finding_of(tracer, self.named, _loss_of(out), trigger, fail_step, trace_s,
+                          weight_max=tuple(self.weight_max), growth_hint=self._growth_hint(),
+                          checkpoint_step=self.checkpoint_step, replayed_steps=len(before))
+
+
+def finding_of(tracer: OpTracer, named: list[tuple[str, nn.Parameter]], loss: torch.Tensor | None, trigger: str,
+               step: int, trace_s: float, *, weight_max: tuple[tuple[int, float], ...] = (), growth_hint: str = "",
+               checkpoint_step: int = 0, replayed_steps: int = 0) -> Finding:
+    """The finding of a traced step that went non-finite: the first op whose non-finite output reached the loss,
+    a gradient or a parameter (else the first non-finite op at all), its path and diagnosis."""
+    targets = []
+    if loss is not None:
+        targets.append(("loss", loss.detach()))
+    targets += [(f"{n} (gradient)", p.grad) for n, p in named if p.grad is not None]
+    targets += [(f"{n} (parameter)", p.detach()) for n, p in named]
+    reached: dict[int, list[str]] = {}
+    for label, t in targets:
+        idx = tracer.origin_of(t)
+        if idx is not None and tracer.events[idx].kind != "mask":
+            reached.setdefault(idx, []).append(label)
+    origins = [e for e in tracer.events if e.kind != "mask"]
+    first = min(reached) if reached else (origins[0].index if origins else None)
+    origin = tracer.events[first] if first is not None else None
+    path = tuple(tracer.paths.get(first, ())) if first is not None else ()
+    if origin is not None and origin.kind == "origin":
+        hint = "" if "root cause" in origin.diagnosis else (path_hint(origin.op, path) or growth_hint)
+        origin = replace(origin, diagnosis=origin.diagnosis + hint)
+    return Finding(
+        step=step, trigger=trigger, reproduced=bool(reached), origin=origin,
+        path=path, weight_max=weight_max,
+        reached=tuple(reached.get(first, ())) if first is not None else (),
+        others=tuple(e for e in origins if e.index != first)[:20],
+        masks=sum(e.kind == "mask" for e in tracer.events), checkpoint_step=checkpoint_step,
+        replayed_steps=replayed_steps, trace_s=trace_s, ops_traced=tracer.ops)
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:

@@ -4,13 +4,14 @@ value's origin, plus GradScaler's history under amp-fp16."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from dtypelab.core.errors import DtypelabError, describe_exception
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.hardware import HardwareInfo, probe
 from dtypelab.core.hardware import environment as current_environment
 from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
@@ -26,10 +27,28 @@ def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, b
           seed: int = 0, device: str | None = None, threads: int | None = None, checkpoint_every: int | None = None,
           stop_on_skip: bool = False, force: bool = False, json_path: str | None = None,
           progress: Progress | None = None, environment: dict[str, Any] | None = None,
-          hardware: HardwareInfo | None = None) -> TraceReport:
+          hardware: HardwareInfo | None = None, script_args: Sequence[str] = ()) -> TraceReport:
     """Train ``steps`` steps (default: the task's) and stop at the first NaN/Inf in the loss, gradients or
     weights, naming the op that created it (see README). Under amp-fp16, steps GradScaler skips are
-    logged, not errors, unless ``stop_on_skip`` or the scale collapses below 1."""
+    logged, not errors, unless ``stop_on_skip`` or the scale collapses below 1. ``task`` may be a training script
+    (see ``dtypelab.session``): it runs once with ``script_args``, every step traced, until its first NaN/Inf."""
+    from dtypelab.script.runner import diagnose_script, is_script
+
+    if isinstance(task, str) and is_script(task):
+        text, result = diagnose_script("trace", task, policy, args=script_args, device=device, seed=seed,
+                                       on_step=progress)
+        env = environment if environment is not None else current_environment(hardware or probe(device, 0.02))
+        if text is None:
+            report = TraceReport(TraceConfig(task=task, policy=str(policy), steps=0, batch_size=0, seed=seed,
+                                             device=str(device or ""), checkpoint_every=0, stop_on_skip=False),
+                                 env, status="failed", reason=result.reason, wall_s=result.wall_s)
+        else:
+            loaded = TraceReport.from_json(text)
+            report = replace(loaded, environment=env, config=replace(loaded.config, task=task),
+                             created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        if json_path:
+            report.save(json_path)
+        return report
     if steps is not None and steps < 1:
         raise DtypelabError("--steps must be at least 1")
     if checkpoint_every is not None and checkpoint_every < 1:

@@ -92,6 +92,7 @@ class TraceReport(Record):
     scaler: ScalerStats = field(default_factory=dict)  # GradScaler history (amp-fp16)
     checkpoint_every: int = 0  # the interval used
     checkpoint_s: float = 0.0  # time to take one checkpoint
+    live: bool = False  # a training script: every step traced as it ran (no checkpoint, no replay)
     wall_s: float = 0.0
     created: str = ""
     schema_version: int = SCHEMA_VERSION
