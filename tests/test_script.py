@@ -142,7 +142,7 @@ def test_hf_example_is_measured_per_policy():
     report = bench_script(os.path.join(EXAMPLES, "train_hf.py"), "fp32,amp-bf16,amp-fp16", args=["--epochs", "1"])
     fp32, amp = report.result("fp32"), report.result("amp-bf16")
     assert fp32.status == amp.status == "ok" and report.config.metric == "eval_accuracy"
-    assert len(fp32.losses) == len(fp32.step_times_s) > 10
+    assert len(fp32.losses) == len(fp32.step_times_s) > 10 and fp32.batch_size == 32
     if not torch.cuda.is_available():  # accelerate does not autocast to float16 on a CPU: skipped, not faked
         assert report.result("amp-fp16").status == "skipped"
 

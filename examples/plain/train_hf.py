@@ -30,7 +30,7 @@ def accuracy(prediction):
 
 
 training = TrainingArguments(output_dir=tempfile.mkdtemp(), num_train_epochs=args.epochs, learning_rate=3e-3,
-                             per_device_train_batch_size=32, save_strategy="no", report_to=[], use_cpu=True,
+                             per_device_train_batch_size=32, save_strategy="no", report_to=[],
                              disable_tqdm=True)
 trainer = Trainer(model=model, args=training, train_dataset=data[:1000], eval_dataset=data[1000:],
                   compute_metrics=accuracy)

@@ -41,6 +41,11 @@ def training_arguments(plan: Plan, args: Any) -> tuple[Any, str | None]:
     return dataclasses.replace(args, logging_steps=1, **flags), cast
 
 
+def _on_device(args: Any, device: torch.device) -> Any:
+    """The run's device, as the job chose it (the Trainer refuses bf16 autocast on a CPU unless told use_cpu)."""
+    return dataclasses.replace(args, use_cpu=device.type == "cpu") if args.use_cpu != (device.type == "cpu") else args
+
+
 class DtypelabCallback(transformers.TrainerCallback):
     def __init__(self, lab: Session, metric: str | None, higher_is_better: bool | None) -> None:
         self.lab, self.metric, self.higher = lab, metric, higher_is_better
@@ -51,6 +56,7 @@ class DtypelabCallback(transformers.TrainerCallback):
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.lab.step_begin()
+        self.lab.add_samples(args.train_batch_size * args.gradient_accumulation_steps)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.lab.step_end()
@@ -74,7 +80,7 @@ def Trainer(*args: Any, metric: str | None = None, higher_is_better: bool | None
     if lab.driven:
         if "args" not in kwargs or "model" not in kwargs:
             raise DtypelabError("dtypelab.hf.Trainer needs model= and args= as keywords")
-        kwargs["args"], cast = training_arguments(lab.plan, kwargs["args"])
+        kwargs["args"], cast = training_arguments(lab.plan, _on_device(kwargs["args"], lab.device))
         if cast is not None:
             kwargs["model"] = kwargs["model"].to(getattr(torch, cast))
     kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), DtypelabCallback(lab, metric, higher_is_better)]

@@ -8,7 +8,7 @@ import re
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -175,7 +175,7 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
         pattern = re.compile(layers) if layers else None
     except re.error as exc:
         raise DtypelabError(f"--layers {layers!r} is not a valid regular expression: {exc}") from None
-    from dtypelab.script.runner import diagnose_script, is_script
+    from dtypelab.script.runner import diagnose_script, is_script, script_record
 
     if isinstance(task, str) and is_script(task):
         text, result = diagnose_script("audit", task, policy, args=script_args, device=device, seed=seed,
@@ -183,9 +183,7 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
         env = environment if environment is not None else current_environment(hardware or probe(device, 0.02))
         if text is None:
             raise DtypelabError(f"the audit of {task} gave no record: {result.reason or result.status}")
-        loaded = AuditReport.from_json(text)
-        report = replace(loaded, environment=env, config=replace(loaded.config, task=task),
-                         created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        report = script_record(AuditReport, text, task, env)
         if json_path:
             report.save(json_path)
         return report

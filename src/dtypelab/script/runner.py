@@ -243,3 +243,10 @@ def diagnose_script(mode: str, path: str, policy: str | Plan, *, args: Sequence[
                 return f.read(), result
         except OSError:
             return None, result
+
+
+def script_record(cls: Any, text: str, task: str, environment: dict[str, Any]) -> Any:
+    """The trace or audit record a script's session wrote, with this process's environment and the script's path."""
+    loaded = cls.from_json(text)
+    return replace(loaded, environment=environment, config=replace(loaded.config, task=task),
+                   created=time.strftime("%Y-%m-%dT%H:%M:%S"))

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.loop import fingerprint
+from dtypelab.core.loop import fingerprint, to_device
 from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync
 from dtypelab.core.policies import BASELINE, Autocast, Plan, Precision, get_policy, plan_from_dict
 from dtypelab.core.scaler import ScalerLog
@@ -185,6 +185,10 @@ class Session:
         map_tensors(lambda t: found.append(int(t.shape[0])) or t if t.dim() > 0 else t, batch)
         self._samples += found[0] if found else 0
 
+    def add_samples(self, n: int) -> None:
+        """Samples in this step, when a framework knows them without a batch to look at."""
+        self._samples += int(n)
+
     def record_loss(self, value: float) -> None:
         """One step's loss, as a framework logged it."""
         self.losses.append(float(value))
@@ -216,18 +220,24 @@ class Session:
         original = model.forward
         precision = self.precision
         autocast = isinstance(self.plan.default, Autocast)
+        device = self.device
 
         @functools.wraps(original)
         def forward(*args: Any, **kwargs: Any) -> Any:
             if model.training and torch.is_grad_enabled():
                 self._begin()
                 self._samples += _leading(args, kwargs)
+            source = _device_of(args, kwargs)
+            if source is not None and source != device:  # a script written for the CPU runs on the GPU unchanged
+                args, kwargs = to_device(args, device), to_device(kwargs, device)
             args, kwargs = precision.convert_input(args), precision.convert_input(kwargs)
             with precision.forward_context():
                 out = original(*args, **kwargs)
             # the script's loss runs after forward, outside autocast: in float32, as autocast would run it
             # (Fabric does the same); a float16 loss times GradScaler's 65536 overflows
-            return map_tensors(_to_float32, out) if autocast else out
+            out = map_tensors(_to_float32, out) if autocast else out
+            # outputs go back where the inputs came from, so the script's own targets and metrics still match
+            return to_device(out, source) if source is not None and source != device else out
 
         model.forward = forward
 
@@ -325,6 +335,13 @@ class Session:
         with open(tmp, "w") as f:
             json.dump(data, f, allow_nan=True)
         os.replace(tmp, path)
+
+
+def _device_of(args: Any, kwargs: Any) -> torch.device | None:
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, torch.Tensor):
+            return v.device
+    return None
 
 
 def _to_float32(t: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -32,7 +31,7 @@ def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, b
     weights, naming the op that created it (see README). Under amp-fp16, steps GradScaler skips are
     logged, not errors, unless ``stop_on_skip`` or the scale collapses below 1. ``task`` may be a training script
     (see ``dtypelab.session``): it runs once with ``script_args``, every step traced, until its first NaN/Inf."""
-    from dtypelab.script.runner import diagnose_script, is_script
+    from dtypelab.script.runner import diagnose_script, is_script, script_record
 
     if isinstance(task, str) and is_script(task):
         text, result = diagnose_script("trace", task, policy, args=script_args, device=device, seed=seed,
@@ -43,9 +42,7 @@ def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, b
                                              device=str(device or ""), checkpoint_every=0, stop_on_skip=False),
                                  env, status="failed", reason=result.reason, wall_s=result.wall_s)
         else:
-            loaded = TraceReport.from_json(text)
-            report = replace(loaded, environment=env, config=replace(loaded.config, task=task),
-                             created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+            report = script_record(TraceReport, text, task, env)
         if json_path:
             report.save(json_path)
         return report
