@@ -44,6 +44,7 @@ from dtypelab.render.report import ReportInfo, report
 from dtypelab.script.session import Session, session
 from dtypelab.trace.guard import Guard, NonFiniteError, watch
 from dtypelab.trace.run import trace
+from dtypelab.tune import apply_plan, tune
 
 __all__ = [
     "TF32",
@@ -78,6 +79,7 @@ __all__ = [
     "TraceReport",
     "__version__",
     "analyze_values",
+    "apply_plan",
     "audit",
     "bench",
     "cast_file",
@@ -102,6 +104,7 @@ __all__ = [
     "report",
     "session",
     "trace",
+    "tune",
     "watch"
 ]
 

@@ -17,7 +17,8 @@ def _bytes(n: int) -> str:
 @app.command()
 def export(
     task: TaskArg,
-    policy: Annotated[str, typer.Option("--policy", "-p", help="e.g. int8-dyn, fp8-wo, bf16")],
+    policy: Annotated[str, typer.Option("--policy", "-p", "--plan", help="e.g. int8-dyn, fp8-wo, bf16, or a plan file "
+                                                                        "(dtypelab tune -o plan.json)")],
     output: Annotated[str, typer.Option("--output", "-o", help="file: .safetensors (.pt for int8-dyn-legacy*)")],
     weights: Annotated[str | None, typer.Option(help="fp32 state dict to convert [default: pretrained, or "
                                                      "train the task's fp32 model here]")] = None,

@@ -31,12 +31,14 @@ from dtypelab.core.results.store import (
     save_text,
 )
 from dtypelab.core.results.trace import TRACE_SCHEMA, Finding, OpEvent, TensorSummary, TraceConfig, TraceReport
+from dtypelab.core.results.tune import TUNE_SCHEMA, LayerChoice, PlanEvaluation, TuneConfig, TuneReport
 
 
-def load_record(path: str) -> Report | AuditReport | TraceReport | LintReport:
-    """A bench, audit, trace or lint record, whichever the file holds."""
+def load_record(path: str) -> Report | AuditReport | TraceReport | LintReport | TuneReport:
+    """A bench, audit, trace, lint or tune record, whichever the file holds."""
     d = read_json(path)
-    kind = {AUDIT_SCHEMA: AuditReport, TRACE_SCHEMA: TraceReport, LINT_SCHEMA: LintReport}.get(d.get("schema"), Report)
+    kind = {AUDIT_SCHEMA: AuditReport, TRACE_SCHEMA: TraceReport, LINT_SCHEMA: LintReport,
+            TUNE_SCHEMA: TuneReport}.get(d.get("schema"), Report)
     return kind.from_dict(d)
 
 
@@ -56,15 +58,18 @@ __all__ = [
     "SKIP_KINDS",
     "STATUSES",
     "TRACE_SCHEMA",
+    "TUNE_SCHEMA",
     "AuditConfig",
     "AuditReport",
     "Finding",
     "LayerAudit",
+    "LayerChoice",
     "LayerFidelity",
     "LintFinding",
     "LintReport",
     "OpEvent",
     "OpStat",
+    "PlanEvaluation",
     "PolicyInfo",
     "PolicyResult",
     "ProfileSummary",
@@ -79,6 +84,8 @@ __all__ = [
     "TensorSummary",
     "TraceConfig",
     "TraceReport",
+    "TuneConfig",
+    "TuneReport",
     "default_result_path",
     "load_record",
     "load_report",

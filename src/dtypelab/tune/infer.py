@@ -1,0 +1,148 @@
+"""Measuring side of the per-layer search for inference: each layer's sensitivity (the model's worst output
+cosine vs fp32 with that layer alone converted) and gain (the layer's own forward, timed on the inputs it really
+gets, fp32 against the candidate), then full evaluations of plans (end-to-end latency and worst cosine).
+
+All timing is in this process, on this hardware, as medians of repeated calls; the model is the task's (trained
+fp32 weights when given, else its factory's)."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from dtypelab.core.loop import forward, to_device
+from dtypelab.core.policies import Cast, Plan, Precision, Quantize, get_policy
+from dtypelab.core.task import call_model
+from dtypelab.inference.fidelity import compare
+from dtypelab.tune.search import Evaluation, LayerScore
+
+REPS = 15  # timed calls per measurement (after two warm-ups); the median is kept
+
+
+def _median_time(fn: Callable[[], Any], reps: int = REPS) -> float:
+    with torch.no_grad():
+        fn()
+        fn()
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def targets(model: nn.Module, candidate: Plan) -> list[str]:
+    """The layers a candidate can convert: Linear layers for quantization, any leaf with weights for a cast."""
+    quantize = isinstance(candidate.default, Quantize)
+    out = []
+    for name, m in model.named_modules():
+        if not name or list(m.children()):
+            continue
+        if isinstance(m, nn.Linear) or (not quantize and isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d))):
+            out.append(name)
+    return out
+
+
+def layer_plan(layers: dict[str, Plan], name: str = "") -> Plan:
+    """fp32 everywhere, each chosen layer in its candidate's config."""
+    rules = tuple((n, plan.default) for n, plan in layers.items())
+    return Plan(Cast("float32"), rules, name=name if rules else "fp32")
+
+
+@dataclass
+class InferenceBench:
+    """One model and its inputs: times and compares plans against the fp32 model."""
+
+    make_model: Callable[[], nn.Module]
+    inputs: Any
+    device: torch.device
+    reps: int = REPS
+
+    def __post_init__(self) -> None:
+        self.base_model = self.make_model().to(self.device).eval()
+        self.reference = self._outputs(self.base_model, Precision(get_policy("fp32"), self.device))
+        self.base_s = _median_time(lambda: call_model(self.base_model, self.inputs), self.reps)
+
+    def _outputs(self, model: nn.Module, precision: Precision) -> Any:
+        with torch.no_grad(), precision.session():
+            out = forward(model, precision, self.inputs)
+        from dtypelab.core.task import map_tensors
+
+        return map_tensors(lambda t: t.detach().float().cpu() if t.is_floating_point() else t.cpu(), out)
+
+    def converted(self, plan: Plan) -> tuple[nn.Module, Precision]:
+        precision = Precision(plan, self.device)
+        model = copy.deepcopy(self.base_model)
+        return precision.convert_module(model).eval(), precision
+
+    def evaluate(self, plan: Plan) -> tuple[float, float]:
+        """(speedup over fp32 end to end, worst per-sample output cosine vs fp32)."""
+        model, precision = self.converted(plan)
+        with precision.session():
+            seconds = _median_time(lambda: forward(model, precision, self.inputs), self.reps)
+        fid = compare(self.reference, self._outputs(model, precision))
+        return self.base_s / seconds, float(fid.get("cos_min", fid.get("cos_mean", 0.0)))
+
+    def layer_inputs(self, names: list[str]) -> dict[str, tuple[Any, Any]]:
+        """The (args, kwargs) each named layer is called with in the fp32 model's forward on the inputs."""
+        seen: dict[str, tuple[Any, Any]] = {}
+        modules = dict(self.base_model.named_modules())
+        handles = [modules[n].register_forward_pre_hook(
+            lambda m, args, kwargs, n=n: seen.setdefault(n, (args, kwargs)), with_kwargs=True) for n in names]
+        try:
+            with torch.no_grad():
+                call_model(self.base_model, self.inputs)
+        finally:
+            for h in handles:
+                h.remove()
+        return seen
+
+    def layer_gain(self, name: str, candidate: Plan, args: Any, kwargs: Any) -> float:
+        """Seconds per call the layer saves converted alone (negative: it gets slower)."""
+        layer = dict(self.base_model.named_modules())[name]
+        wrapper = nn.Sequential()  # quantization configs convert Linear children: give the layer a parent
+        wrapper.add_module("layer", copy.deepcopy(layer))
+        precision = Precision(Plan(Cast("float32"), (("layer", candidate.default),)), self.device)
+        converted = precision.convert_module(wrapper).layer
+        base = _median_time(lambda: layer(*args, **kwargs), self.reps)
+        with precision.session():
+            conv = _median_time(lambda: converted(*to_device(args, self.device), **kwargs), self.reps)
+        return base - conv
+
+    def score(self, names: list[str], candidates: list[Plan], on_layer: Callable[[str], None] | None = None
+              ) -> list[tuple[LayerScore, list[tuple[str, float, float]]]]:
+        """Each layer's best candidate (most gain among those that alone keep the most fidelity per gain) and
+        every candidate's (name, sensitivity, gain) for the record."""
+        inputs = self.layer_inputs(names)
+        out = []
+        for name in names:
+            tried = []
+            for cand in candidates:
+                if name not in targets(self.base_model, cand):
+                    continue
+                _, cos = self.evaluate(layer_plan({name: cand}))
+                args, kwargs = inputs.get(name, ((), {}))
+                tried.append((cand.name, 1.0 - cos, self.layer_gain(name, cand, args, kwargs) if args else 0.0))
+            if on_layer is not None:
+                on_layer(name)
+            if not tried:
+                continue
+            best = max(tried, key=lambda t: (t[2] > 0, -t[1] / t[2] if t[2] > 0 else -1e9, t[2]))
+            out.append((LayerScore(name, max(best[1], 0.0), best[2], best[0]), tried))
+        return out
+
+
+def evaluator(bench: InferenceBench, choice: dict[str, Plan], min_cosine: float
+              ) -> Callable[[frozenset[str]], Evaluation]:
+    def evaluate(chosen: frozenset[str]) -> Evaluation:
+        speedup, cos = bench.evaluate(layer_plan({n: choice[n] for n in sorted(chosen)}))
+        return Evaluation(chosen, speedup, cos, cos >= min_cosine)
+
+    return evaluate

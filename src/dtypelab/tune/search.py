@@ -1,0 +1,133 @@
+"""The per-layer search: which layers to convert so the model is as fast as it can be while it keeps the
+constraint (output fidelity, metric). Independent of torch: layers come with a measured sensitivity and a
+measured gain, and ``evaluate(chosen)`` runs one full evaluation of a plan.
+
+1. Rank the layers by harm per unit of speed: sensitivity / gain, smallest first; layers that gain nothing alone
+   come last, by sensitivity. AIMET and INC rank by sensitivity alone; the ratio puts cheap, fast layers first.
+2. Evaluate the whole ranked set: if it keeps the constraint, that is the answer.
+3. Binary-search the longest ranked prefix that keeps the constraint (log2 L evaluations; feasibility is assumed
+   to fall with the prefix length, which holds when errors add up).
+4. With the evaluations left of the budget (L + 2·log2 L in all), refine greedily: try each layer after the
+   prefix on top of the best plan so far, keep it when the plan stays feasible and gets faster.
+
+Every plan reported was evaluated for real; the best is the fastest feasible one measured, not a prediction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LayerScore:
+    """One layer's measured sensitivity (harm of converting it alone, e.g. 1 − worst cosine) and gain (seconds
+    per call saved by converting it alone), for its best candidate config."""
+
+    name: str
+    sensitivity: float
+    gain: float
+    config: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return self.sensitivity / self.gain if self.gain > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One full evaluation of a plan: the layers it converts, its measured speedup over the unconverted model,
+    its fidelity (higher is better) and whether it keeps the constraint."""
+
+    layers: frozenset[str]
+    speedup: float
+    fidelity: float
+    feasible: bool
+    why: str = ""  # the search step that asked for it
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: Evaluation | None  # the fastest feasible plan measured (None: not even the first one was feasible)
+    order: tuple[str, ...]  # the ranking
+    evaluations: tuple[Evaluation, ...]
+    budget: int
+
+    @property
+    def front(self) -> tuple[Evaluation, ...]:
+        """The Pareto front of what was measured: no other evaluation is both faster and of higher fidelity."""
+        pts = sorted(self.evaluations, key=lambda e: (-e.speedup, -e.fidelity))
+        out, best_fid = [], -math.inf
+        for e in pts:
+            if e.fidelity > best_fid:
+                out.append(e)
+                best_fid = e.fidelity
+        return tuple(out)
+
+
+def budget_for(n_layers: int) -> int:
+    """The most full evaluations the search may make: L + 2·log2(L) (at least 1)."""
+    return max(1, n_layers + math.floor(2 * math.log2(n_layers))) if n_layers > 1 else 1
+
+
+def search(layers: Sequence[LayerScore], evaluate: Callable[[frozenset[str]], Evaluation],
+           budget: int | None = None) -> SearchResult:
+    """Find the fastest feasible subset of ``layers`` to convert with at most ``budget`` evaluations."""
+    # Layers that gain nothing alone still take part, last (by sensitivity): timed alone, a small layer's
+    # conversion overhead can hide what it saves inside the whole model, and only full evaluations decide.
+    ranked = sorted(layers, key=lambda s: (s.gain <= 0, s.ratio if s.gain > 0 else s.sensitivity, -s.gain))
+    order = tuple(s.name for s in ranked)
+    budget = budget if budget is not None else budget_for(len(layers))
+    done: dict[frozenset[str], Evaluation] = {}
+
+    def run(chosen: frozenset[str], why: str) -> Evaluation | None:
+        if chosen in done:
+            return done[chosen]
+        if len(done) >= budget:
+            return None
+        e = evaluate(chosen)
+        e = Evaluation(e.layers, e.speedup, e.fidelity, e.feasible, why)
+        done[chosen] = e
+        return e
+
+    def prefix(k: int) -> frozenset[str]:
+        return frozenset(order[:k])
+
+    best: Evaluation | None = None
+
+    def consider(e: Evaluation | None) -> None:
+        nonlocal best
+        # only a plan measurably faster than the unconverted model is worth choosing
+        if e is not None and e.feasible and e.speedup > 1.0 and (best is None or e.speedup > best.speedup):
+            best = e
+
+    if not order:
+        return SearchResult(None, order, (), budget)
+    whole = run(prefix(len(order)), "every layer")
+    consider(whole)
+    k = len(order) if whole is not None and whole.feasible else 0
+    if k == 0:  # binary search: the longest feasible prefix in [0, L - 1]
+        lo, hi = 0, len(order) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            e = run(prefix(mid), f"binary search: the first {mid} of the ranking")
+            if e is None:
+                break
+            consider(e)
+            if e.feasible:
+                lo = mid
+            else:
+                hi = mid - 1
+        k = lo
+    current = best.layers if best is not None else frozenset()
+    for name in order[k:]:  # greedy refinement on top of the best plan so far
+        if name in current:
+            continue
+        e = run(current | {name}, f"refine: add {name}")
+        if e is None:
+            break
+        consider(e)
+        if best is not None and best.layers == e.layers:
+            current = e.layers
+    return SearchResult(best, order, tuple(done.values()), budget)

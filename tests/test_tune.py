@@ -1,0 +1,72 @@
+"""dtypelab tune (inference): a real, if tiny, search; its plan file; apply_plan → export → load gives the same
+outputs; a plan naming modules the model lacks is a clear error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY
+from torch import nn
+
+import dtypelab
+from dtypelab.core.policies import Cast, Plan, Quantize
+
+
+def test_tune_on_a_tiny_model_writes_a_plan_that_bench_and_export_take(tmp_path):
+    plan_file, record = tmp_path / "plan.json", tmp_path / "tune.json"
+    report = dtypelab.tune(f"{TINY}:make_task", candidates="int8-dyn,bf16", min_cosine=0.99,
+                           output=str(plan_file), json_path=str(record))
+    assert {layer.name for layer in report.layers} == {"net.0", "net.2"}
+    assert len(report.evaluations) <= report.config.budget and len(report.uniform) == 2
+    assert all(e.fidelity <= 1.0 + 1e-9 for e in report.evaluations)
+    if report.evaluations:  # what was chosen was measured, and it keeps the constraint
+        assert report.fidelity >= 0.99
+    plan = dtypelab.load_plan(str(plan_file))
+    assert {p for p, _ in plan.rules} == {layer.name for layer in report.layers if layer.chosen}
+    assert dtypelab.load_record(str(record)) == report  # JSON round trip
+    bench = dtypelab.bench(f"{TINY}:make_task", f"fp32,{plan_file}", mode="infer", launcher="inline", rounds=0,
+                           steps=5)
+    assert all(r.status == "ok" for r in bench.results)
+
+
+def test_apply_export_load_give_identical_outputs(tmp_path):
+    plan = Plan(Cast("float32"), (("net.0", Quantize("int8-dynamic")),), name="mixed")
+    plan_file = tmp_path / "mixed.json"
+    plan_file.write_text(plan.to_json())
+    task = dtypelab.load_task(f"{TINY}:make_task")
+    torch.manual_seed(3)
+    weights = tmp_path / "fp32.pt"
+    torch.save(task.make_model().state_dict(), weights)
+    out = tmp_path / "m.safetensors"
+    dtypelab.export(f"{TINY}:make_task", str(plan_file), str(out), weights=str(weights))
+    loaded, meta = dtypelab.load_exported(str(out))
+    mine = task.make_model()
+    mine.load_state_dict(torch.load(weights, weights_only=True))
+    applied = dtypelab.apply_plan(mine.eval(), str(plan_file))
+    x = task.inference_inputs(16)
+    with torch.no_grad():
+        assert torch.equal(applied(x), loaded(x))
+    assert meta["plan"]["rules"][0]["pattern"] == "net.0"
+
+
+def test_apply_plan_converts_my_model_and_names_missing_modules():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    x = torch.randn(4, 8)
+    ref = model(x)
+    mixed = dtypelab.apply_plan(model, {"default": "fp32", "rules": {"0": "int8-dyn"}})
+    assert type(mixed[0]).__name__ != "Linear" or mixed[0].weight.__class__ is not torch.nn.Parameter
+    got = mixed(x)
+    assert got.dtype == torch.float32 and torch.nn.functional.cosine_similarity(got, ref).min() > 0.99
+    with pytest.raises(dtypelab.DtypelabError, match=r"no module matches 'encoder\.layer\.0'"):
+        dtypelab.apply_plan(nn.Linear(2, 2), {"default": "fp32", "rules": {"encoder.layer.0": "bf16"}})
+    amp = dtypelab.apply_plan(nn.Linear(8, 2), "amp-bf16")
+    assert amp(x).dtype == torch.bfloat16  # the forward runs under the plan's autocast
+
+
+def test_tune_refuses_what_it_cannot_do_in_one_line():
+    with pytest.raises(dtypelab.DtypelabError, match="--mode infer"):
+        dtypelab.tune("digits", mode="train")
+    with pytest.raises(dtypelab.DtypelabError, match="min-cosine"):
+        dtypelab.tune("digits", min_cosine=1.5)
+    with pytest.raises(dtypelab.DtypelabError, match="not a plan"):
+        dtypelab.tune("digits", candidates="fp32+compile")
