@@ -70,3 +70,19 @@ def test_tune_refuses_what_it_cannot_do_in_one_line():
         dtypelab.tune("digits", min_cosine=1.5)
     with pytest.raises(dtypelab.DtypelabError, match="not a plan"):
         dtypelab.tune("digits", candidates="fp32+compile")
+
+
+@pytest.mark.slow
+def test_tune_cli(tmp_path):
+    import subprocess
+    import sys
+
+    plan = tmp_path / "p.json"
+    run = subprocess.run([sys.executable, "-m", "dtypelab", "tune", f"{TINY}:make_task", "--candidates", "int8-dyn",
+                          "--min-cosine", "0.99", "-o", str(plan)], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "COLUMNS": "200"})
+    assert run.returncode == 0, run.stderr
+    assert "chosen plan:" in run.stdout and "full evaluations of at most" in run.stdout and plan.exists()
+    bad = subprocess.run([sys.executable, "-m", "dtypelab", "tune", f"{TINY}:make_task", "--mode", "train"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--mode infer" in bad.stderr

@@ -19,23 +19,26 @@ from torch import nn
 
 from dtypelab.core.loop import forward, to_device
 from dtypelab.core.policies import Cast, Plan, Precision, Quantize, get_policy
-from dtypelab.core.task import call_model
+from dtypelab.core.task import call_model, map_tensors
 from dtypelab.inference.fidelity import compare
 from dtypelab.tune.search import Evaluation, LayerScore
 
-REPS = 15  # timed calls per measurement (after two warm-ups); the median is kept
+REPS = 11  # timed pairs per measurement (after two warm-ups each); the medians are kept
 
 
-def _median_time(fn: Callable[[], Any], reps: int = REPS) -> float:
+def _paired(base: Callable[[], Any], other: Callable[[], Any], reps: int = REPS) -> tuple[float, float]:
+    """(median seconds of ``base``, of ``other``), their calls interleaved so that drift over a long search (turbo,
+    other tenants) hits both alike: ratios stay comparable between evaluations minutes apart."""
+    times: tuple[list[float], list[float]] = ([], [])
     with torch.no_grad():
-        fn()
-        fn()
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
+        for fn in (base, other, base, other):
             fn()
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for _ in range(reps):
+            for fn, out in ((base, times[0]), (other, times[1])):
+                start = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def targets(model: nn.Module, candidate: Plan) -> list[str]:
@@ -68,13 +71,15 @@ class InferenceBench:
     def __post_init__(self) -> None:
         self.base_model = self.make_model().to(self.device).eval()
         self.reference = self._outputs(self.base_model, Precision(get_policy("fp32"), self.device))
-        self.base_s = _median_time(lambda: call_model(self.base_model, self.inputs), self.reps)
+        run = self._base_call
+        self.base_s = _paired(run, run, self.reps)[0]
+
+    def _base_call(self) -> Any:
+        return call_model(self.base_model, self.inputs)
 
     def _outputs(self, model: nn.Module, precision: Precision) -> Any:
         with torch.no_grad(), precision.session():
             out = forward(model, precision, self.inputs)
-        from dtypelab.core.task import map_tensors
-
         return map_tensors(lambda t: t.detach().float().cpu() if t.is_floating_point() else t.cpu(), out)
 
     def converted(self, plan: Plan) -> tuple[nn.Module, Precision]:
@@ -86,9 +91,9 @@ class InferenceBench:
         """(speedup over fp32 end to end, worst per-sample output cosine vs fp32)."""
         model, precision = self.converted(plan)
         with precision.session():
-            seconds = _median_time(lambda: forward(model, precision, self.inputs), self.reps)
+            base, seconds = _paired(self._base_call, lambda: forward(model, precision, self.inputs), self.reps)
         fid = compare(self.reference, self._outputs(model, precision))
-        return self.base_s / seconds, float(fid.get("cos_min", fid.get("cos_mean", 0.0)))
+        return base / seconds, float(fid.get("cos_min", fid.get("cos_mean", 0.0)))
 
     def layer_inputs(self, names: list[str]) -> dict[str, tuple[Any, Any]]:
         """The (args, kwargs) each named layer is called with in the fp32 model's forward on the inputs."""
@@ -111,9 +116,9 @@ class InferenceBench:
         wrapper.add_module("layer", copy.deepcopy(layer))
         precision = Precision(Plan(Cast("float32"), (("layer", candidate.default),)), self.device)
         converted = precision.convert_module(wrapper).layer
-        base = _median_time(lambda: layer(*args, **kwargs), self.reps)
         with precision.session():
-            conv = _median_time(lambda: converted(*to_device(args, self.device), **kwargs), self.reps)
+            base, conv = _paired(lambda: layer(*args, **kwargs),
+                                 lambda: converted(*to_device(args, self.device), **kwargs), self.reps)
         return base - conv
 
     def score(self, names: list[str], candidates: list[Plan], on_layer: Callable[[str], None] | None = None
