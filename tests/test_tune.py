@@ -77,12 +77,20 @@ def test_tune_cli(tmp_path):
     import subprocess
     import sys
 
-    plan = tmp_path / "p.json"
+    plan, record = tmp_path / "p.json", tmp_path / "t.json"
+    env = {**__import__("os").environ, "COLUMNS": "200"}
     run = subprocess.run([sys.executable, "-m", "dtypelab", "tune", f"{TINY}:make_task", "--candidates", "int8-dyn",
-                          "--min-cosine", "0.99", "-o", str(plan)], capture_output=True, text=True, timeout=300,
-                         env={**__import__("os").environ, "COLUMNS": "200"})
+                          "--min-cosine", "0.99", "-o", str(plan), "--json", str(record)], capture_output=True,
+                         text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
     assert "chosen plan:" in run.stdout and "full evaluations of at most" in run.stdout and plan.exists()
+    shown = subprocess.run([sys.executable, "-m", "dtypelab", "show", str(record), "--format", "markdown"],
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert shown.returncode == 0 and "| net.0 |" in shown.stdout
+    page = tmp_path / "t.html"
+    assert subprocess.run([sys.executable, "-m", "dtypelab", "report", str(record), "-o", str(page)],
+                          capture_output=True, timeout=120).returncode == 0
+    assert "dtypelab tune" in page.read_text()
     bad = subprocess.run([sys.executable, "-m", "dtypelab", "tune", f"{TINY}:make_task", "--mode", "train"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--mode infer" in bad.stderr

@@ -76,15 +76,18 @@ def _emit_doc(doc, fmt: str, data, styles=None, wrap=None) -> None:
 
 def _emit_record(report, fmt: str, top: int = 0) -> None:
     """Any saved record: a bench report, an audit (``top`` riskiest rows) or a trace."""
-    from dtypelab.core.results import AuditReport, TraceReport
+    from dtypelab.core.results import AuditReport, TraceReport, TuneReport
     from dtypelab.render.numeric import audit_doc
     from dtypelab.render.trace import trace_doc
+    from dtypelab.render.tune import tune_doc
 
     if isinstance(report, AuditReport):
         doc, styles, wrap = audit_doc(report, top)
         _emit_doc(doc, fmt, report, styles, wrap)
     elif isinstance(report, TraceReport):
         _emit_doc(trace_doc(report), fmt, report, wrap={1})
+    elif isinstance(report, TuneReport):
+        _emit_doc(tune_doc(report), fmt, report, wrap={5})
     else:
         _emit(report, fmt)
 

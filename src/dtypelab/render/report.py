@@ -24,6 +24,7 @@ from dtypelab.core.results import (
     LintReport,
     Report,
     TraceReport,
+    TuneReport,
     load_record,
 )
 from dtypelab.core.results.store import save_text
@@ -34,6 +35,7 @@ from dtypelab.render.numeric import audit_doc
 from dtypelab.render.profile import profile_sections
 from dtypelab.render.tables import html_fragment
 from dtypelab.render.trace import trace_doc
+from dtypelab.render.tune import tune_doc
 
 HEATMAP_ROWS = 40  # riskiest tensor families drawn in the audit heat map (the table below lists all)
 MAX_HISTOGRAMS = 6
@@ -258,6 +260,10 @@ def _render(record: Any, key: str, layers: str | None) -> str:
         return _trace(record, key)
     if isinstance(record, LintReport):
         return _lint(record, key)
+    if isinstance(record, TuneReport):
+        title, headers, rows, notes = tune_doc(record)
+        return _section(title, html_fragment(headers, rows, notes, classes=True), record.environment, record.created,
+                        key)
     raise TypeError(f"not a dtypelab record: {type(record).__name__}")
 
 
