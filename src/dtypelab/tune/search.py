@@ -106,8 +106,8 @@ def search(layers: Sequence[LayerScore], evaluate: Callable[[frozenset[str]], Ev
         return SearchResult(None, order, (), budget)
     whole = run(prefix(len(order)), "every layer")
     consider(whole)
-    k = len(order) if whole is not None and whole.feasible else 0
-    if k == 0:  # binary search: the longest feasible prefix in [0, L - 1]
+    k = len(order) if best is not None else 0
+    if whole is not None and not whole.feasible:  # binary search: the longest feasible prefix in [0, L - 1]
         lo, hi = 0, len(order) - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -121,7 +121,9 @@ def search(layers: Sequence[LayerScore], evaluate: Callable[[frozenset[str]], Ev
                 hi = mid - 1
         k = lo
     current = best.layers if best is not None else frozenset()
-    for name in order[k:]:  # greedy refinement on top of the best plan so far
+    # greedy refinement on top of the best plan so far; with none faster than fp32 yet, from nothing, over every
+    # layer (a feasible prefix may still be slower than fp32 as a whole while some of its layers pay)
+    for name in order[k:] if best is not None else order:
         if name in current:
             continue
         e = run(current | {name}, f"refine: add {name}")
