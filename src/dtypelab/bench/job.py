@@ -25,7 +25,7 @@ from dtypelab.core.loop import (
     threads,
     to_device,
 )
-from dtypelab.core.measure import CpuMeter, MemoryMeter, StepTimer, device_sync
+from dtypelab.core.measure import CpuMeter, MemoryMeter, StepTimer, device_sync, summarize
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy
 from dtypelab.core.results import PolicyResult, policy_info
 from dtypelab.core.task import Task, load_task, plain
@@ -112,9 +112,9 @@ def too_slow(job: Job, samples: list[float]) -> str:
 def _profiler(job: Job, device: torch.device, precision: Precision, samples: list[float]) -> Profiler | None:
     if not job.profile_steps:
         return None
-    timed = sorted(samples[_warmup(job, samples):])
-    return Profiler(device, precision, job.profile_steps, dict(job.peaks or {}), timed[len(timed) // 2] if timed
-                    else None, trace_path(job.trace_dir, job.policy))
+    timed = summarize(samples[_warmup(job, samples):])
+    return Profiler(device, precision, job.profile_steps, dict(job.peaks or {}), timed.median if timed else None,
+                    trace_path(job.trace_dir, job.policy))
 
 
 def _slow_result(job: Job, reason: str, samples: list[float], losses: tuple[float, ...] = ()) -> PolicyResult:

@@ -215,7 +215,7 @@ def bench(
                                                      skip="slow" if avail.ok else "unsupported"))
         else:
             runnable.append(name)
-    _save(report, json_path)
+    save_report(report, json_path)
 
     with tempfile.TemporaryDirectory(prefix="dtypelab-") as workdir:
         base_step: float | None = None  # fp32's median step in this sweep: later runs 10x slower stop early
@@ -255,7 +255,7 @@ def bench(
                     base_step = result.timing.median if result.status == "ok" and result.timing and quiet else None
                 report = report.with_result(result)
                 pending.pop(0)
-                _save(report, json_path)  # on disk before anyone hears of it: Ctrl-C in a handler loses nothing
+                save_report(report, json_path)  # on disk before anyone hears of it: Ctrl-C in a handler loses nothing
                 on_event(Event("skip" if over else "done", name, result=result))
                 if name == BASELINE and budget_s is not None and pending:
                     on_event(Event("notice", "", label=_budget_plan([plans[n] for n in pending], hardware, base_wall,
@@ -264,7 +264,7 @@ def bench(
             for name in pending:
                 report = report.with_result(PolicyResult(name, "interrupted", "interrupted before it finished",
                                                          info=policy_info(plans[name])))
-            _save(report, json_path)
+            save_report(report, json_path)
             raise
         if rounds:
             report = _interleaved(report, loaded, plans, launcher, on_event, json_path, timeout_s, RoundsJob(
@@ -299,7 +299,7 @@ def _interleaved(report: Report, task: Task, plans: dict[str, Plan], launcher: L
             else None
         report = report.with_result(replace(r, rounds=blocks, compiled_ci=fair,
                                             speedup_ci=None if name == BASELINE else paired_speedup(base, blocks)))
-    _save(report, json_path)
+    save_report(report, json_path)
     return report
 
 
@@ -330,7 +330,8 @@ def _budget_plan(plans: list[Plan], hw: HardwareInfo, base_wall: float, budget_s
     return text + (f"; at those estimates these will be skipped: {', '.join(dropped)}" if dropped else "")
 
 
-def _save(report: Report, path: str | None) -> None:
+def save_report(report: Report, path: str | None) -> None:
+    """Write the record (nothing when ``path`` is None); a path that cannot be written is a one-line error."""
     if path:
         try:
             report.save(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 
 import torch
 
@@ -51,24 +52,22 @@ def profile(task: str | Task, policy: str | Plan = "fp32", *, mode: str = "train
             raise DtypelabError(wrong)
         precision = Precision(plan, dev)
     bs = batch_size or task_obj.batch_size
-    sync = device_sync(dev)
+    timer = StepTimer(sync=device_sync(dev))
     with threads(threads_n):
         if mode == "train":
             model, optimizer = build_trainable(task_obj, precision, dev, seed)
-            timer = StepTimer(sync=sync)
             fit(task_obj, model, precision, optimizer, dev, warmup, bs, seed, timer)
-            timed = sorted(timer.samples)[len(timer.samples) // 2]
-            profiler = Profiler(dev, precision, steps, hardware.gflops, timed, trace_path(trace_dir, plan.name))
+        else:
+            torch.manual_seed(seed)
+            model = precision.convert_module(task_obj.make_model().to(dev)).eval()
+            inputs = to_device(task_obj.inference_inputs(bs), dev)
+            with precision.session(), torch.no_grad():
+                for _ in range(warmup):
+                    timer.start()
+                    forward(model, precision, inputs)
+                    timer.stop()
+        profiler = Profiler(dev, precision, steps, hardware.gflops, statistics.median(timer.samples),
+                            trace_path(trace_dir, plan.name))
+        if mode == "train":
             return profile_training(task_obj, model, precision, optimizer, profiler, bs, warmup)
-        torch.manual_seed(seed)
-        model = precision.convert_module(task_obj.make_model().to(dev)).eval()
-        inputs = to_device(task_obj.inference_inputs(bs), dev)
-        timer = StepTimer(sync=sync)
-        with precision.session(), torch.no_grad():
-            for _ in range(warmup):
-                timer.start()
-                forward(model, precision, inputs)
-                timer.stop()
-        timed = sorted(timer.samples)[len(timer.samples) // 2]
-        profiler = Profiler(dev, precision, steps, hardware.gflops, timed, trace_path(trace_dir, plan.name))
         return profile_inference(model, precision, inputs, profiler)

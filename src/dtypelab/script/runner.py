@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 import re
 import subprocess
@@ -22,6 +23,7 @@ from typing import Any
 
 from dtypelab.bench.launch import Event, OnEvent, death_reason, last_line, stop_process
 from dtypelab.bench.recommend import Tolerance
+from dtypelab.bench.sweep import save_report
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, environment, probe, resolve_device
 from dtypelab.core.policies import BASELINE, Config, Plan, default_policies, get_policy, parse_policies
@@ -133,7 +135,7 @@ def _result(job: ScriptJob, d: dict, wall: float) -> PolicyResult:
     times = tuple(d["step_times_s"])
     losses = tuple(float(x) for x in d["losses"])
     first_bad = d.get("first_nonfinite_step")
-    diverged = first_bad is not None and losses and not _finite(losses[-1])
+    diverged = first_bad is not None and losses and not math.isfinite(losses[-1])
     return PolicyResult(
         policy=job.policy, status="diverged" if diverged else "ok", batch_size=int(d.get("batch_size") or 0),
         reason=f"loss non-finite from step {first_bad}" if diverged else "", warmup=_warmup(len(times)),
@@ -142,10 +144,6 @@ def _result(job: ScriptJob, d: dict, wall: float) -> PolicyResult:
         memory_method=d["memory_method"], model_bytes=d.get("model_bytes"),
         init_fingerprint=d.get("init_fingerprint", ""), scaler=d.get("scaler") or {}, info=policy_info(job.plan),
         wall_s=wall)
-
-
-def _finite(x: float) -> bool:
-    return x == x and abs(x) != float("inf")
 
 
 def _warmup(n: int) -> int:
@@ -215,11 +213,7 @@ def _with(report: Report, result: PolicyResult, json_path: str | None, primary: 
         report = replace(report, config=replace(report.config, metric=metric, higher_is_better=higher,
                                                 steps=len(result.step_times_s), warmup=result.warmup,
                                                 batch_size=result.batch_size))
-    if json_path:
-        try:
-            report.save(json_path)
-        except OSError as exc:
-            raise DtypelabError(f"cannot write results to {json_path}: {exc.strerror}") from None
+    save_report(report, json_path)
     return report
 
 

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import random
+import statistics
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -30,6 +31,7 @@ from dtypelab.core.errors import DtypelabError
 from dtypelab.core.loop import fingerprint, to_device
 from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync
 from dtypelab.core.policies import BASELINE, Autocast, Plan, Precision, get_policy, plan_from_dict
+from dtypelab.core.results import save_text
 from dtypelab.core.scaler import ScalerLog
 from dtypelab.core.task import map_tensors
 from dtypelab.inference.sizes import serialize
@@ -181,9 +183,7 @@ class Session:
 
     def count_samples(self, batch: Any) -> None:
         """A framework's training batch: its leading dimension is added to this step's samples."""
-        found: list[int] = []
-        map_tensors(lambda t: found.append(int(t.shape[0])) or t if t.dim() > 0 else t, batch)
-        self._samples += found[0] if found else 0
+        self._samples += _leading(batch)
 
     def add_samples(self, n: int) -> None:
         """Samples in this step, when a framework knows them without a batch to look at."""
@@ -226,7 +226,7 @@ class Session:
         def forward(*args: Any, **kwargs: Any) -> Any:
             if model.training and torch.is_grad_enabled():
                 self._begin()
-                self._samples += _leading(args, kwargs)
+                self._samples += _leading((args, kwargs))
             source = _device_of(args, kwargs)
             if source is not None and source != device:  # a script written for the CPU runs on the GPU unchanged
                 args, kwargs = to_device(args, device), to_device(kwargs, device)
@@ -307,10 +307,7 @@ class Session:
             return
         record = self.diag.record(self.job, self.losses, self._log.stats() if self._log is not None else {})
         if record is not None:
-            path = f"{self.job['path']}.record"
-            with open(f"{path}.tmp", "w") as f:
-                f.write(record)
-            os.replace(f"{path}.tmp", path)
+            save_text(f"{self.job['path']}.record", record)
         peak = self.meter.peak_bytes()
         first_bad = next((i for i, v in enumerate(self.losses) if not math.isfinite(v)), None)
         higher = self._higher if self._higher is not None else not lower_is_better(self._metric)
@@ -322,7 +319,7 @@ class Session:
             "model_bytes": len(serialize(self._model)[0]) if self._model is not None else None,
             "init_fingerprint": self._init, "scaler": self._log.stats() if self._log is not None else {},
             "setup_called": self._model is not None,
-            "batch_size": sorted(self.step_samples)[len(self.step_samples) // 2] if self.step_samples else 0,
+            "batch_size": int(statistics.median_low(self.step_samples)) if self.step_samples else 0,
         })
 
     def _at_exit(self) -> None:
@@ -330,11 +327,7 @@ class Session:
             self._close()
 
     def _write(self, kind: str, data: dict[str, Any]) -> None:
-        path = f"{self.job['path']}.{kind}"
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f, allow_nan=True)
-        os.replace(tmp, path)
+        save_text(f"{self.job['path']}.{kind}", json.dumps(data, allow_nan=True))
 
 
 def _device_of(args: Any, kwargs: Any) -> torch.device | None:
@@ -348,12 +341,12 @@ def _to_float32(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.is_floating_point() and t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-def _leading(args: Any, kwargs: Any) -> int:
-    """The batch size of a forward call: the leading dimension of its first tensor argument."""
-    for v in (*args, *kwargs.values()):
-        if isinstance(v, torch.Tensor) and v.dim() > 0:
-            return int(v.shape[0])
-    return 0
+def _leading(batch: Any) -> int:
+    """The batch size of a batch or a forward call's arguments: the leading dimension of the first tensor with
+    one, however nested (a dict batch, a tuple of tensors)."""
+    found: list[int] = []
+    map_tensors(lambda t: found.append(int(t.shape[0])) or t if t.dim() > 0 else t, batch)
+    return found[0] if found else 0
 
 
 def _number(v: Any) -> bool:
