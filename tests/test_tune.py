@@ -10,6 +10,8 @@ from torch import nn
 
 import dtypelab
 from dtypelab.core.policies import Cast, Plan, Quantize
+from dtypelab.render.tables import markdown_table
+from dtypelab.render.tune import tune_doc
 
 
 def test_tune_on_a_tiny_model_writes_a_plan_that_bench_and_export_take(tmp_path):
@@ -64,8 +66,14 @@ def test_apply_plan_converts_my_model_and_names_missing_modules():
 
 
 def test_tune_refuses_what_it_cannot_do_in_one_line():
-    with pytest.raises(dtypelab.DtypelabError, match="--mode infer"):
-        dtypelab.tune("digits", mode="train")
+    with pytest.raises(dtypelab.DtypelabError, match="--mode must be infer or train"):
+        dtypelab.tune("digits", mode="fit")
+    with pytest.raises(dtypelab.DtypelabError, match="whole-model cast or autocast"):
+        dtypelab.tune("digits", mode="train", candidates="int8-dyn")
+    with pytest.raises(dtypelab.DtypelabError, match="bad tolerance"):
+        dtypelab.tune("digits", mode="train", tolerance="a lot")
+    with pytest.raises(dtypelab.DtypelabError, match="at least 2"):
+        dtypelab.tune("digits", mode="train", steps=1)
     with pytest.raises(dtypelab.DtypelabError, match="min-cosine"):
         dtypelab.tune("digits", min_cosine=1.5)
     with pytest.raises(dtypelab.DtypelabError, match="not a plan"):
@@ -83,7 +91,7 @@ def test_tune_cli(tmp_path):
                           "--min-cosine", "0.99", "-o", str(plan), "--json", str(record)], capture_output=True,
                          text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
-    assert "chosen plan:" in run.stdout and "full evaluations of at most" in run.stdout and plan.exists()
+    assert "chosen plan:" in run.stdout and "full evaluations (at most" in run.stdout and plan.exists()
     shown = subprocess.run([sys.executable, "-m", "dtypelab", "show", str(record), "--format", "markdown"],
                            capture_output=True, text=True, timeout=120, env=env)
     assert shown.returncode == 0 and "| net.0 |" in shown.stdout
@@ -91,6 +99,41 @@ def test_tune_cli(tmp_path):
     assert subprocess.run([sys.executable, "-m", "dtypelab", "report", str(record), "-o", str(page)],
                           capture_output=True, timeout=120).returncode == 0
     assert "dtypelab tune" in page.read_text()
-    bad = subprocess.run([sys.executable, "-m", "dtypelab", "tune", f"{TINY}:make_task", "--mode", "train"],
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--mode infer" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "dtypelab", "tune", f"{TINY}:make_task", "--mode", "train",
+                          "--candidates", "int8-dyn"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "whole-model cast or autocast" in bad.stderr
+
+
+def test_training_tune_finds_the_planted_layer_and_keeps_it_an_fp32_island(tmp_path):
+    """tiny-recenter's layer 2 computes (x + 1000) - 1000: converted to bf16 alone it wipes out its input; the
+    other layers are harmless. Whatever this CPU's bf16 speed, the probe must rank it most sensitive, every plan
+    that converts it must fail the metric, and a chosen plan (where bf16 pays) must keep it in fp32."""
+    plan_file, record = tmp_path / "plan.json", tmp_path / "tune.json"
+    report = dtypelab.tune(f"{TINY}:make_recenter_task", mode="train", candidates="bf16", tolerance="5%",
+                           output=str(plan_file), json_path=str(record))
+    sens = {layer.name: layer.sensitivity for layer in report.layers}
+    assert set(sens) == {"0", "2", "3"} and sens["2"] > 20 * max(sens["0"], sens["3"])
+    assert 0 < len(report.evaluations) <= report.config.budget == 3 + 3
+    assert all(not e.feasible for e in report.evaluations if "2" in e.layers)
+    assert any(e.feasible for e in report.evaluations)  # the search measured plans that keep the metric
+    assert [u.feasible for u in report.uniform] == [False]  # bf16 everywhere breaks it
+    plan = dtypelab.load_plan(str(plan_file))
+    if report.speedup > 1:
+        assert plan.default == Cast("bfloat16") and ("2", Cast("float32")) in plan.rules
+        assert report.fidelity >= report.config.base_metric * 0.95
+    else:
+        assert plan.name == "fp32" and report.explanation.startswith("No plan measured")
+    assert dtypelab.load_record(str(record)) == report
+    text = markdown_table(*tune_doc(report))
+    assert "training (30 steps)" in text and ("fp32 islands" in text or "0 of 3 layers" in text)
+
+
+def test_an_fp32_island_keeps_its_parameters_and_rescues_the_metric():
+    island = Plan(Cast("bfloat16"), (("2", Cast("float32")),), name="bf16-island")
+    task = dtypelab.load_task(f"{TINY}:make_recenter_task")
+    model = dtypelab.Precision(island).convert_module(task.make_model())
+    assert model[0].weight.dtype == torch.bfloat16 and model[2].shift.dtype == torch.float32
+    assert model(torch.randn(4, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16  # cast back for the next layer
+    report = dtypelab.bench(f"{TINY}:make_recenter_task", ["fp32", "bf16", island], isolate=False, rounds=0)
+    acc = {r.policy: r.metric("accuracy") for r in report.results}
+    assert acc["bf16"] < acc["fp32"] - 0.2 and acc["bf16-island"] >= acc["fp32"] - 0.05

@@ -68,3 +68,20 @@ def test_random_additive_instances_stay_in_budget_and_near_the_optimum(seed):
     got = result.best.speedup if result.best else 1.0
     assert got >= 0.9 * _optimum(layers, threshold)  # a heuristic: the benchmark reports how close it gets
     assert all(e.feasible for e in [result.best] if e) and result.front
+
+
+def test_a_layer_whose_fast_choice_breaks_the_constraint_takes_its_faithful_alternative():
+    """Per-tensor int8 is faster on 'head' but too lossy; per-channel is slower and fine: the refinement takes
+    the alternative rather than leaving the layer in fp32."""
+    layers = [LayerScore(f"l{i}", 0.001, 0.08) for i in range(4)] + [LayerScore("head", 0.05, 0.1)]
+    alt = LayerScore("head@per-channel", 0.002, 0.06)
+    by = {s.name: s for s in [*layers, alt]}
+
+    def evaluate(chosen: frozenset[str]) -> Evaluation:
+        assert not {"head", "head@per-channel"} <= chosen  # one config per layer
+        harm, saved = sum(by[n].sensitivity for n in chosen), sum(by[n].gain for n in chosen)
+        return Evaluation(chosen, 1 / (1 - saved), 1 - harm, harm <= 0.01)
+
+    result = search(layers, evaluate, alternatives={"head": [alt]})
+    assert result.best.layers == frozenset({"l0", "l1", "l2", "l3", "head@per-channel"})
+    assert len(result.evaluations) <= budget_for(len(layers))

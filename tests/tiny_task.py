@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -53,6 +54,23 @@ def make_task() -> Task:
     return _task()
 
 
+class Recenter(nn.Module):
+    """(x + 1000) - 1000: exact in float32, but bfloat16's 8-bit mantissa rounds x + 1000 to a multiple of 4, so
+    this one layer, converted, wipes out its input; kept as an fp32 island it is harmless."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.shift = nn.Parameter(torch.full((width,), 1000.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x + self.shift) - self.shift
+
+
+def make_recenter_task() -> Task:
+    return dataclasses.replace(_task(), name="tiny-recenter", make_model=lambda: nn.Sequential(
+        nn.Linear(8, 32), nn.Tanh(), Recenter(32), nn.Linear(32, 3)))
+
+
 def make_raising_task() -> Task:
     return _task(torch.bfloat16, "raise")
 
@@ -63,6 +81,21 @@ def make_crashing_task() -> Task:
 
 def make_hanging_task() -> Task:
     return _task(torch.bfloat16, "hang")
+
+
+class RankTrap(MLP):
+    """Misbehaves on torchrun's rank 1 only: raises under bfloat16, hangs under float64."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if os.environ.get("RANK") == "1" and x.dtype == torch.bfloat16:
+            raise ValueError("planted failure on rank 1")
+        if os.environ.get("RANK") == "1" and x.dtype == torch.float64:
+            time.sleep(3600)
+        return self.net(x)
+
+
+def make_rank_trap_task() -> Task:
+    return dataclasses.replace(_task(), name="tiny-rank-trap", make_model=lambda: RankTrap())
 
 
 def make_broken_task() -> Task:

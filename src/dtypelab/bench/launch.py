@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -43,6 +44,19 @@ class Event:
 
 OnEvent = Callable[[Event], None]
 OnStep = Callable[[int, int], None]  # (steps done, total)
+
+
+def watch_parent() -> None:
+    """Exit this process when its parent dies (nobody would read its result, and it must not be orphaned)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def last_line(path: str) -> str:

@@ -39,6 +39,9 @@ INFER_STEPS = 50
 INFER_TIME_BOX_S = 8.0
 MIN_TIMED = 4
 DEFAULT_ROUNDS = {"train": 5, "infer": 3}
+# --nproc without --policies: plain DDP (the baseline), each gradient compression, FSDP2 with and without bf16
+DISTRIBUTED_DEFAULTS = ("fp32", "fp32+ddp-fp16", "fp32+ddp-bf16", "fp32+ddp-powersgd", "fp32+fsdp",
+                        "fp32+fsdp-bf16-params-fp32-reduce")
 
 
 def _check_patterns(task: Task, plans: Iterable[Plan]) -> None:
@@ -86,6 +89,11 @@ def bench(
     profile: bool | int = False,
     trace_dir: str | None = None,
     script_args: Sequence[str] = (),
+    nproc: int | None = None,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    torchrun_args: str | Sequence[str] | None = None,
+    link_gbps: str | Sequence[str | float] | None = None,
 ) -> Report:
     """Train (or run inference on) ``task`` under each policy and measure speed, memory and metric.
 
@@ -109,6 +117,13 @@ def bench(
 
     ``task`` may also be a training script (a ``.py`` file without ``make_task``, see ``dtypelab.session``): it is
     run once per policy with ``script_args``, and measured the same way (``dtypelab.script.bench_script``).
+
+    ``nproc`` (training only): every policy runs under torchrun on ``nproc`` ranks per node (gloo on CPU, NCCL on
+    CUDA), each rank on its slice of the same global batch; a policy may carry a distributed modifier
+    (``fp32+ddp-fp16``, ``fp32+fsdp-bf16-params-fp32-reduce``, see ``core.policies.distributed``), and one
+    without runs as plain DDP. ``nnodes``, ``rdzv_endpoint`` and ``torchrun_args`` go to torchrun unchanged.
+    The record gets bytes per step, communication and per-rank memory, and a scaling estimate for the links in
+    ``link_gbps`` (``dtypelab.distributed``).
     """
     from dtypelab.script.runner import bench_script, is_script
 
@@ -125,6 +140,14 @@ def bench(
                             hardware=hardware)
     if script_args:
         raise DtypelabError(f"arguments after -- are for a training script; {task} is a task")
+    torchrun = None
+    if nproc is not None or nnodes != 1 or rdzv_endpoint or torchrun_args:
+        from dtypelab.distributed.launch import check_options
+
+        torchrun = check_options(nproc, nnodes, rdzv_endpoint, torchrun_args, mode=mode, per_layer=per_layer,
+                                 profile=bool(profile or trace_dir), rounds=rounds, launcher=launcher)
+        launcher, rounds = torchrun.launcher(), 0
+    links = _links(link_gbps, torchrun is not None)
     started = time.monotonic()
     if mode not in MODES:
         raise DtypelabError(f"unknown mode {mode!r}: use train or infer")
@@ -142,7 +165,11 @@ def bench(
     tol = Tolerance.parse(tolerance)
     budget_s = parse_budget(budget)
     explicit = policies is not None
-    plans = {p.name: p for p in (parse_policies(policies) if explicit else map(get_policy, default_policies(mode)))}
+    defaults = DISTRIBUTED_DEFAULTS if torchrun is not None else default_policies(mode)
+    plans = {p.name: p for p in (parse_policies(policies) if explicit else map(get_policy, defaults))}
+    if torchrun is None and any(p.distributed for p in plans.values()):
+        raise DtypelabError(f"{next(n for n, p in plans.items() if p.distributed)} runs across processes: give "
+                            "--nproc N")
     if launcher is None:
         launcher = "process" if isolate else "inline"
     if isinstance(launcher, str):
@@ -162,6 +189,12 @@ def bench(
         raise DtypelabError(f"task {loaded.name} is inference-only: use --mode infer")
     _check_patterns(loaded, plans.values())
     dev = resolve_device(device)
+    if torchrun is not None and dev.type == "cuda":
+        import torch
+
+        if torchrun.nproc > torch.cuda.device_count():
+            raise DtypelabError(f"--nproc {torchrun.nproc} on CUDA needs one GPU per rank; this node has "
+                                f"{torch.cuda.device_count()}")
     on_event = on_event or (lambda e: None)
     force_slow = False
     if hardware is None:
@@ -201,7 +234,8 @@ def bench(
         seed=seed, tolerance=str(tol), device=str(dev), force=force, timeout_s=timeout_s,
         metric=loaded.metric, higher_is_better=loaded.higher_is_better, threads=threads, per_layer=per_layer,
         min_cosine=min_cosine, task_name=loaded.name, time_box_s=time_box, rounds=rounds, rounds_block=block,
-        profile_steps=profile_steps,
+        profile_steps=profile_steps, nproc=torchrun.nproc if torchrun else 0, nnodes=nnodes,
+        link_gbps=tuple(g for _, g in links),
     )
     report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
@@ -266,12 +300,37 @@ def bench(
                                                          info=policy_info(plans[name])))
             save_report(report, json_path)
             raise
+        if torchrun is not None:
+            report = _with_scaling(report, links)
+            save_report(report, json_path)
         if rounds:
             report = _interleaved(report, loaded, plans, launcher, on_event, json_path, timeout_s, RoundsJob(
                 task, (), mode, rounds, block, batch_size, seed, str(dev),
                 None if mode == "infer" and loaded.pretrained else os.path.join(
                     workdir, "reference.pt" if mode == "infer" else "init.pt"), threads, workdir=workdir))
     return report
+
+
+def _links(spec: str | Sequence[str | float] | None, distributed: bool) -> tuple[tuple[str, float], ...]:
+    if not distributed:
+        if spec:
+            raise DtypelabError("--link-gbps is for the scaling estimate of a distributed run: give --nproc N")
+        return ()
+    from dtypelab.distributed.scaling import parse_links
+
+    return parse_links(spec)
+
+
+def _with_scaling(report: Report, links: tuple[tuple[str, float], ...]) -> Report:
+    from dtypelab.bench.recommend import judge
+    from dtypelab.distributed.scaling import estimate
+
+    cfg, base = report.config, report.result(BASELINE)
+    base_metric = base.metric(cfg.metric) if base is not None else None
+    tol = Tolerance.parse(cfg.tolerance)
+    accepted = {r.policy: base_metric is None or r.metric(cfg.metric) is None
+                or judge(r.metric(cfg.metric), base_metric, tol, cfg.higher_is_better)[0] for r in report.results}
+    return replace(report, scaling=estimate(report, links, accepted))
 
 
 def _interleaved(report: Report, task: Task, plans: dict[str, Plan], launcher: Launcher, on_event: OnEvent,

@@ -142,6 +142,19 @@ def bench(
                        ] = False,
     trace_dir: Annotated[str | None, typer.Option(help="with --profile: write each policy's raw Chrome trace "
                                                        "(TensorBoard, Perfetto) to this folder")] = None,
+    nproc: Annotated[int | None, typer.Option(help="run every policy under torchrun on N ranks per node (gloo on "
+                                                   "CPU, NCCL on CUDA); policies may add +ddp-fp16, +ddp-bf16, "
+                                                   "+ddp-powersgd, +fsdp, +fsdp-bf16-params-fp32-reduce",
+                                              rich_help_panel="Distributed")] = None,
+    nnodes: Annotated[int, typer.Option(help="nodes (torchrun --nnodes); run the same command on each",
+                                        rich_help_panel="Distributed")] = 1,
+    rdzv_endpoint: Annotated[str | None, typer.Option(help="HOST:PORT of the rendezvous (torchrun "
+                                                           "--rdzv-endpoint)", rich_help_panel="Distributed")] = None,
+    torchrun_args: Annotated[str | None, typer.Option(help="more torchrun arguments, unchanged: '--node-rank 1 "
+                                                           "--rdzv-id job7'", rich_help_panel="Distributed")] = None,
+    link_gbps: Annotated[str | None, typer.Option(help="links for the scaling estimate: Gbit/s numbers or presets "
+                                                       "25gbe, 100gbe, pcie4, nvlink4 [default: all four presets]",
+                                                  rich_help_panel="Distributed")] = None,
 ) -> None:
     """Train TASK under each precision policy (or, with --mode infer, run inference under each, quantized
     int8/fp8 policies included); print speed, memory, size, fidelity, metric and a recommendation. TASK may be
@@ -155,7 +168,8 @@ def bench(
         kwargs = dict(mode=mode, steps=steps, batch_size=batch_size, warmup=warmup, tolerance=tolerance,
                       device=device, seed=seed, force=force, timeout_s=timeout, threads=threads, json_path=path,
                       per_layer=per_layer, min_cosine=min_cosine, budget=budget, rounds=rounds,
-                      profile=profile, trace_dir=trace_dir, script_args=tuple(ctx.args))
+                      profile=profile, trace_dir=trace_dir, script_args=tuple(ctx.args), nproc=nproc, nnodes=nnodes,
+                      rdzv_endpoint=rdzv_endpoint, torchrun_args=torchrun_args, link_gbps=link_gbps)
         if err.is_terminal:
             with _progress() as progress:
                 report = run_bench(task, policies, on_event=_Bars(progress), **kwargs)

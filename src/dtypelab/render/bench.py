@@ -9,6 +9,7 @@ from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies import BASELINE, COMPILED_BASELINE
 from dtypelab.core.results import PolicyResult, Report
 from dtypelab.inference.perlayer import SAMPLES
+from dtypelab.render.distributed import distributed_sections
 from dtypelab.render.profile import Section, profile_sections
 from dtypelab.render.tables import html_table, markdown_table, num, rich_table
 
@@ -92,6 +93,8 @@ def bench_title(report: Report) -> str:
     steps = f"≤{cfg.steps} steps (or {cfg.time_box_s:g} s)" if cfg.time_box_s else f"{cfg.steps} steps"
     batch = f" × batch {cfg.batch_size}" if cfg.batch_size else ""
     script = f" -- {' '.join(cfg.script_args)}" if cfg.script_args else ""
+    if cfg.nproc:
+        batch += f" · {cfg.nproc * cfg.nnodes} ranks (torchrun)"
     return (f"dtypelab {what}: {cfg.task_name or cfg.task}{script} · {steps}{batch} · "
             f"{hw.get('device_name') or cfg.device} · torch {report.environment.get('torch', '?')}")
 
@@ -177,7 +180,7 @@ def sections(report: Report) -> list[Section]:
     """The tables under the main one: --per-layer, then --profile's."""
     layers = layer_rows(report)
     first = [Section(LAYER_TITLE, *layers, [LAYER_NOTE], left={0, 1}, wrap={0})] if layers else []
-    return first + profile_sections(report)
+    return first + distributed_sections(report) + profile_sections(report)
 
 
 def render_markdown(report: Report) -> str:

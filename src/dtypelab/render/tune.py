@@ -2,21 +2,38 @@
 
 from __future__ import annotations
 
+from dtypelab.core.policies import Plan
 from dtypelab.core.results import TuneReport
 
 
 def tune_doc(report: TuneReport) -> tuple[str, list[str], list[list[str]], list[str]]:
     cfg = report.config
-    title = f"dtypelab tune: {cfg.task_name or cfg.task} · inference · worst cosine ≥ {cfg.min_cosine:g}"
-    headers = ["layer", "candidate", "1 − cosine alone", "gain µs/call", "chosen", "why"]
+    train = cfg.mode == "train"
+    if train:
+        constraint = f"{cfg.metric} within {cfg.tolerance} of fp32's {cfg.base_metric:.4g}"
+        title = f"dtypelab tune: {cfg.task_name or cfg.task} · training ({cfg.steps} steps) · {constraint}"
+        headers = ["layer", "candidate", "loss deviation alone", "gain µs/step", "converted", "why"]
+    else:
+        title = f"dtypelab tune: {cfg.task_name or cfg.task} · inference · worst cosine ≥ {cfg.min_cosine:g}"
+        headers = ["layer", "candidate", "1 − cosine alone", "gain µs/call", "chosen", "why"]
     rows = [[layer.name, layer.candidate, f"{layer.sensitivity:.2e}", f"{layer.gain_s * 1e6:+.1f}",
              "yes" if layer.chosen else "no", layer.why] for layer in report.layers]
     n = sum(layer.chosen for layer in report.layers)
-    notes = [f"chosen plan: {n} of {len(report.layers)} layers converted, {report.speedup:.2f}x fp32's speed "
-             f"(measured end to end), worst cosine {report.fidelity:.5f}; {len(report.evaluations)} full "
-             f"evaluations of at most {cfg.budget}"]
-    notes += [f"uniform {u.why}: {u.speedup:.2f}x, worst cosine {u.fidelity:.5f}"
-              + ("" if u.feasible else f" (below {cfg.min_cosine:g})") for u in report.uniform]
-    notes.append(f"fp32 forward {report.base_s * 1e3:.3g} ms (batch {cfg.batch_size}); search took "
+    quality = (f"{cfg.metric} {report.fidelity:.4g}" if train else f"worst cosine {report.fidelity:.5f}")
+    where = f"{Plan.from_dict(report.plan).default.label} with {len(report.layers) - n} fp32 islands" \
+        if train and n else f"{n} of {len(report.layers)} layers converted"
+    budget = f"at most {cfg.budget}" + (" per candidate" if train and len(cfg.candidates) > 1 else "")
+    notes = [f"chosen plan: {where}, {report.speedup:.2f}x fp32's speed (measured end to end), {quality}; "
+             f"{len(report.evaluations)} full evaluations ({budget})"]
+    for u in report.uniform:
+        value = f"{cfg.metric} {u.fidelity:.4g}" if train else f"worst cosine {u.fidelity:.5f}"
+        notes.append(f"uniform {u.why}: {u.speedup:.2f}x, {value}" + ("" if u.feasible else " (rejected)"))
+    if report.front:
+        notes.append("Pareto front seen (speedup, " + ("metric" if train else "worst cosine") + "): " + ", ".join(
+            f"{e.speedup:.2f}x/{e.fidelity:.4g}" for e in report.front))
+    if report.explanation:
+        notes.append(report.explanation)
+    unit = "training step" if train else "forward"
+    notes.append(f"fp32 {unit} {report.base_s * 1e3:.3g} ms (batch {cfg.batch_size}); search took "
                  f"{report.wall_s:.0f} s")
     return title, headers, rows, notes

@@ -8,8 +8,6 @@ fp32 weights when given, else its factory's)."""
 from __future__ import annotations
 
 import copy
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,23 +20,7 @@ from dtypelab.core.policies import Cast, Plan, Precision, Quantize, get_policy
 from dtypelab.core.task import call_model, map_tensors
 from dtypelab.inference.fidelity import compare
 from dtypelab.tune.search import Evaluation, LayerScore
-
-REPS = 11  # timed pairs per measurement (after two warm-ups each); the medians are kept
-
-
-def _paired(base: Callable[[], Any], other: Callable[[], Any], reps: int = REPS) -> tuple[float, float]:
-    """(median seconds of ``base``, of ``other``), their calls interleaved so that drift over a long search (turbo,
-    other tenants) hits both alike: ratios stay comparable between evaluations minutes apart."""
-    times: tuple[list[float], list[float]] = ([], [])
-    with torch.no_grad():
-        for fn in (base, other, base, other):
-            fn()
-        for _ in range(reps):
-            for fn, out in ((base, times[0]), (other, times[1])):
-                start = time.perf_counter()
-                fn()
-                out.append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
+from dtypelab.tune.timing import REPS, paired
 
 
 def targets(model: nn.Module, candidate: Plan) -> list[str]:
@@ -72,7 +54,7 @@ class InferenceBench:
         self.base_model = self.make_model().to(self.device).eval()
         self.reference = self._outputs(self.base_model, Precision(get_policy("fp32"), self.device))
         run = self._base_call
-        self.base_s = _paired(run, run, self.reps)[0]
+        self.base_s = paired(run, run, self.device, self.reps)[0]
 
     def _base_call(self) -> Any:
         return call_model(self.base_model, self.inputs)
@@ -91,7 +73,8 @@ class InferenceBench:
         """(speedup over fp32 end to end, worst per-sample output cosine vs fp32)."""
         model, precision = self.converted(plan)
         with precision.session():
-            base, seconds = _paired(self._base_call, lambda: forward(model, precision, self.inputs), self.reps)
+            base, seconds = paired(self._base_call, lambda: forward(model, precision, self.inputs), self.device,
+                                   self.reps)
         fid = compare(self.reference, self._outputs(model, precision))
         return base / seconds, float(fid.get("cos_min", fid.get("cos_mean", 0.0)))
 
@@ -117,14 +100,14 @@ class InferenceBench:
         precision = Precision(Plan(Cast("float32"), (("layer", candidate.default),)), self.device)
         converted = precision.convert_module(wrapper).layer
         with precision.session():
-            base, conv = _paired(lambda: layer(*args, **kwargs),
-                                 lambda: converted(*to_device(args, self.device), **kwargs), self.reps)
+            base, conv = paired(lambda: layer(*args, **kwargs),
+                                lambda: converted(*to_device(args, self.device), **kwargs), self.device, self.reps)
         return base - conv
 
-    def score(self, names: list[str], candidates: list[Plan], on_layer: Callable[[str], None] | None = None
-              ) -> list[tuple[LayerScore, list[tuple[str, float, float]]]]:
-        """Each layer's best candidate (most gain among those that alone keep the most fidelity per gain) and
-        every candidate's (name, sensitivity, gain) for the record."""
+    def score(self, names: list[str], candidates: list[Plan], on_layer: Callable[[str], None] | None = None,
+              max_sensitivity: float = 1.0) -> list[tuple[LayerScore, list[tuple[str, float, float]]]]:
+        """Each layer's best candidate (see ``pick``) and every candidate's (name, sensitivity, gain) for the
+        record."""
         inputs = self.layer_inputs(names)
         out = []
         for name in names:
@@ -139,15 +122,40 @@ class InferenceBench:
                 on_layer(name)
             if not tried:
                 continue
-            best = max(tried, key=lambda t: (t[2] > 0, -t[1] / t[2] if t[2] > 0 else -1e9, t[2]))
+            best = pick(tried, max_sensitivity)
             out.append((LayerScore(name, max(best[1], 0.0), best[2], best[0]), tried))
         return out
+
+
+def pick(tried: list[tuple[str, float, float]], max_sensitivity: float) -> tuple[str, float, float]:
+    """A layer's candidate from its (name, sensitivity, gain) per candidate: the most gain among those that alone
+    keep the constraint (sensitivity ≤ ``max_sensitivity``), else the least harm per unit of gain. Harm per gain
+    first would let a faithful but slower kernel win a layer that a faster one converts just as acceptably."""
+    ok = [t for t in tried if t[1] <= max_sensitivity and t[2] > 0]
+    if ok:
+        return max(ok, key=lambda t: (t[2], -t[1]))
+    return max(tried, key=lambda t: (t[2] > 0, -t[1] / t[2] if t[2] > 0 else -1e9, t[2]))
+
+
+def alternatives(scored: list[tuple[LayerScore, list[tuple[str, float, float]]]]) -> dict[str, list[LayerScore]]:
+    """Per layer, its other candidates that gain alone, named ``layer@candidate`` for the search."""
+    return {s.name: [LayerScore(f"{s.name}@{c}", max(sens, 0.0), gain, c) for c, sens, gain in tried
+                     if c != s.config and gain > 0] for s, tried in scored}
+
+
+def chosen_configs(chosen: frozenset[str], choice: dict[str, Plan]) -> dict[str, Plan]:
+    """The search's keys (``layer`` for its first choice, ``layer@candidate`` for an alternative) as layer → plan."""
+    out = {}
+    for key in sorted(chosen):
+        name, _, alt = key.partition("@")
+        out[name] = get_policy(alt) if alt else choice[name]
+    return out
 
 
 def evaluator(bench: InferenceBench, choice: dict[str, Plan], min_cosine: float
               ) -> Callable[[frozenset[str]], Evaluation]:
     def evaluate(chosen: frozenset[str]) -> Evaluation:
-        speedup, cos = bench.evaluate(layer_plan({n: choice[n] for n in sorted(chosen)}))
+        speedup, cos = bench.evaluate(layer_plan(chosen_configs(chosen, choice)))
         return Evaluation(chosen, speedup, cos, cos >= min_cosine)
 
     return evaluate

@@ -1,103 +1,229 @@
-"""``tune()``: the fastest per-layer plan that keeps the model's outputs within ``min_cosine`` of fp32's, for
-inference, measured on this machine. Training plans are not tuned yet (issue #15 continues)."""
+"""``tune()``: the fastest per-layer plan that keeps the constraint, measured on this machine. Inference: each
+layer fp32 or a candidate (int8, bf16, ...), worst output cosine vs fp32 at least ``min_cosine``. Training: a
+candidate (bf16, amp-bf16, ...) everywhere but on fp32 islands, the task's metric within ``tolerance`` of fp32's
+after the same training."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from dtypelab.bench.recommend import Tolerance
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import environment, probe
+from dtypelab.core.hardware import HardwareInfo, environment, probe
 from dtypelab.core.loop import build_model, to_device
-from dtypelab.core.policies import Plan, get_policy, parse_policies
+from dtypelab.core.policies import Autocast, Cast, Plan, get_policy, parse_policies
 from dtypelab.core.results import LayerChoice, PlanEvaluation, TuneConfig, TuneReport
 from dtypelab.core.task import Task, load_task
-from dtypelab.tune.infer import InferenceBench, evaluator, layer_plan, targets
-from dtypelab.tune.search import budget_for, search
+from dtypelab.tune.infer import InferenceBench, alternatives, chosen_configs, evaluator, layer_plan, targets
+from dtypelab.tune.search import Evaluation, LayerScore, budget_for, pareto, search
+from dtypelab.tune.train import TrainBench, island_plan, train_evaluator, train_targets
 
 Progress = Callable[[str], None]
+DEFAULT_CANDIDATES = {"infer": "int8-dyn", "train": "bf16,amp-bf16"}
 
 
-def tune(task: str | Task, *, mode: str = "infer", candidates: str = "int8-dyn", min_cosine: float = 0.999,
+def tune(task: str | Task, *, mode: str = "infer", candidates: str | None = None, min_cosine: float = 0.999,
+         tolerance: str = "1%", steps: int | None = None, probe_steps: int | None = None,
          batch_size: int | None = None, device: str | None = None, weights: str | None = None, seed: int = 0,
          output: str | None = None, json_path: str | None = None, progress: Progress | None = None) -> TuneReport:
-    """Choose, per layer, which candidate config (or fp32) each layer runs in so that inference is as fast as
-    measured possible while the worst per-sample output cosine vs fp32 stays at or above ``min_cosine``.
+    """Choose, per layer, the precision each layer runs in so that the model is as fast as measured possible while
+    it keeps the constraint; every plan reported was measured end to end (see the README's "dtypelab tune").
 
-    Sensitivity per layer: the model with that layer alone converted, its worst output cosine. Gain per layer: the
-    layer's own forward on the inputs it gets, fp32 against the candidate (medians). Then ``tune.search`` with at
-    most L + 2·log2(L) full evaluations, each an end-to-end timing and fidelity check of a real plan. ``output``
-    writes the chosen plan as a plan file (``--policies plan.json``, ``export --policy plan.json``,
-    ``dtypelab.apply_plan``)."""
-    if mode != "infer":
-        raise DtypelabError("dtypelab tune chooses inference plans so far: use --mode infer (training plans: "
-                            "write them by hand, see README 'Policies are configs; plans choose per module')")
+    ``mode="infer"``: each layer fp32 or one of ``candidates``; sensitivity = the model's worst output cosine with
+    that layer alone converted, gain = the layer's own forward timed fp32 against converted; the constraint is a
+    worst per-sample output cosine vs fp32 of at least ``min_cosine``. ``mode="train"``: per candidate (a whole
+    model cast or autocast), which layers stay fp32 islands; sensitivity = a short training probe's loss deviation
+    from fp32 with the layer alone converted, plus the range audit's verdict; gain = the layer's forward and
+    backward; the constraint is the task's metric after ``steps`` steps within ``tolerance`` of fp32's. Either
+    way, at most L + 2·log2(L) full evaluations per candidate. ``output`` writes the chosen plan as a plan file."""
+    if mode not in DEFAULT_CANDIDATES:
+        raise DtypelabError(f"--mode must be infer or train, got {mode!r}")
     if not 0 < min_cosine <= 1:
         raise DtypelabError(f"--min-cosine must be in (0, 1], got {min_cosine:g}")
+    if (steps is not None and steps < 2) or (probe_steps is not None and probe_steps < 2):
+        raise DtypelabError("--steps and --probe-steps must be at least 2")
     progress = progress or (lambda text: None)
     start = time.perf_counter()
     task_obj = load_task(task) if isinstance(task, str) else task
-    cands = parse_policies(candidates)
+    cands = parse_policies(candidates or DEFAULT_CANDIDATES[mode])
     for plan in cands:
         if plan.rules or plan.compiles:
             raise DtypelabError(f"candidate {plan.name}: a candidate is one whole-model config, not a plan")
     hw = probe(device, budget_s=0.02)
-    dev = torch.device(hw.device)
     for plan in cands:
         avail = plan.availability(hw)
         if not avail.ok:
             raise DtypelabError(f"candidate {plan.name} cannot run here: {avail.reason}")
+        if avail.slow and mode == "train":
+            raise DtypelabError(f"candidate {plan.name} is refused: {avail.reason}")
+    spec = task if isinstance(task, str) else task_obj.name
+    if mode == "train":
+        report = _tune_train(spec, task_obj, cands, hw, Tolerance.parse(tolerance), steps, probe_steps,
+                             batch_size, seed, progress)
+    else:
+        report = _tune_infer(spec, task_obj, cands, hw, min_cosine, batch_size, weights, seed, progress)
+    report = _finish(report, time.perf_counter() - start)
+    if output:
+        with open(output, "w") as f:
+            f.write(get_policy(Plan.from_dict(report.plan)).to_json() + "\n")
+    if json_path:
+        report.save(json_path)
+    return report
+
+
+def _finish(report: TuneReport, wall_s: float) -> TuneReport:
+    return replace(report, wall_s=wall_s, created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+
+
+def _record(e: Evaluation, sign: float = 1.0, candidate: str = "") -> PlanEvaluation:
+    fidelity = sign * e.fidelity if math.isfinite(e.fidelity) else math.nan
+    return PlanEvaluation(tuple(sorted(e.layers)), e.speedup, fidelity, e.feasible, e.why, candidate)
+
+
+def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, min_cosine: float,
+                batch_size: int | None, weights: str | None, seed: int, progress: Progress) -> TuneReport:
+    dev = torch.device(hw.device)
     bs = batch_size or task_obj.batch_size
     inputs = to_device(task_obj.inference_inputs(bs), dev)
     bench = InferenceBench(lambda: build_model(task_obj, seed, weights), inputs, dev)
     names = sorted({n for c in cands for n in targets(bench.base_model, c)},
                    key=list(dict(bench.base_model.named_modules())).index)
     if not names:
-        raise DtypelabError(f"no layer of {task_obj.name}'s model can take {candidates} (Linear / Conv layers)")
+        raise DtypelabError(f"no layer of {task_obj.name}'s model can take {', '.join(c.name for c in cands)} "
+                            "(Linear / Conv layers)")
     progress(f"scoring {len(names)} layers × {len(cands)} candidates")
-    scored = bench.score(names, cands, on_layer=lambda n: progress(f"scored {n}"))
+    scored = bench.score(names, cands, on_layer=lambda n: progress(f"scored {n}"), max_sensitivity=1 - min_cosine)
     choice = {s.name: get_policy(s.config) for s, _ in scored}
     budget = budget_for(len(scored))
     progress(f"searching: at most {budget} full evaluations")
-    result = search([s for s, _ in scored], evaluator(bench, choice, min_cosine), budget)
+    result = search([s for s, _ in scored], evaluator(bench, choice, min_cosine), budget, alternatives(scored))
     uniform = []
     for cand in cands:  # each candidate everywhere it applies, measured the same way, for comparison
         plan = layer_plan({n: cand for n in targets(bench.base_model, cand)})
         sp, cos = bench.evaluate(plan)
         uniform.append(PlanEvaluation(tuple(n for n, _ in plan.rules), sp, cos, cos >= min_cosine,
-                                      f"{cand.name} on every layer it applies to"))
+                                      f"{cand.name} on every layer it applies to", cand.name))
     best = result.best
-    chosen = best.layers if best is not None else frozenset()
-    plan = layer_plan({n: choice[n] for n in names if n in chosen}, name=f"{task_obj.name}-tuned")
+    configs = chosen_configs(best.layers, choice) if best is not None else {}
+    plan = layer_plan(configs, name=f"{task_obj.name}-tuned")
     layers = []
     for s, tried in scored:
-        alone = f"alone {s.gain * 1e6:+.1f} µs per call, cosine cost {s.sensitivity:.2e}"
-        if s.name in chosen:
-            why = f"converted ({alone}); the plan was measured end to end"
-        elif best is None:
-            why = f"kept fp32 ({alone}): no plan measured was both faster than fp32 and within the cosine"
-        else:
-            why = f"kept fp32 ({alone}): the plans that converted it were slower or broke the cosine"
-        layers.append(LayerChoice(s.name, s.config, s.sensitivity, s.gain, s.name in chosen, why, tuple(tried)))
-    report = TuneReport(
-        config=TuneConfig(task=task if isinstance(task, str) else task_obj.name, mode=mode,
-                          candidates=tuple(c.name for c in cands), min_cosine=min_cosine, batch_size=bs,
-                          device=str(dev), budget=budget, task_name=task_obj.name),
+        taken = configs.get(s.name)
+        if taken is not None and taken.name != s.config:  # converted by an alternative the refinement tried
+            s = next(LayerScore(s.name, max(sens, 0.0), gain, c) for c, sens, gain in tried if c == taken.name)
+        layers.append(LayerChoice(s.name, s.config, s.sensitivity, s.gain, taken is not None,
+                                  _why(s, taken is not None, best is not None, "per call, cosine cost"),
+                                  tuple(tried)))
+    return TuneReport(
+        config=TuneConfig(task=spec, mode="infer", candidates=tuple(c.name for c in cands), min_cosine=min_cosine,
+                          batch_size=bs, device=str(dev), budget=budget, task_name=task_obj.name),
         environment=environment(hw), plan=plan.to_dict(), speedup=best.speedup if best else 1.0,
         fidelity=best.fidelity if best else 1.0, layers=tuple(layers),
-        evaluations=tuple(PlanEvaluation(tuple(sorted(e.layers)), e.speedup, e.fidelity, e.feasible, e.why)
-                          for e in result.evaluations),
-        uniform=tuple(uniform), base_s=bench.base_s, wall_s=time.perf_counter() - start,
-        created=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    if output:
-        with open(output, "w") as f:
-            f.write(plan.to_json() + "\n")
-    if json_path:
-        report.save(json_path)
-    return report
+        evaluations=tuple(_record(e) for e in result.evaluations), uniform=tuple(uniform),
+        front=tuple(_record(e) for e in result.front), base_s=bench.base_s,
+        explanation="" if best else _none_found(tuple(uniform), tuple(_record(e) for e in result.evaluations), hw,
+                                                f"a worst output cosine of {min_cosine:g}"))
+
+
+def _why(s: LayerScore, chosen: bool, found: bool, units: str, kept: str = "kept fp32", extra: str = "") -> str:
+    alone = f"alone {s.gain * 1e6:+.1f} µs {units} {s.sensitivity:.2e}{extra}"
+    if chosen:
+        return f"converted ({alone}); the plan was measured end to end"
+    if not found:
+        return f"{kept} ({alone}): no plan measured was both faster than fp32 and within the constraint"
+    return f"{kept} ({alone}): the plans that converted it were slower or broke the constraint"
+
+
+def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, tol: Tolerance,
+                steps: int | None, probe_steps: int | None, batch_size: int | None, seed: int,
+                progress: Progress) -> TuneReport:
+    from dtypelab.numerics.audit import audit
+
+    if task_obj.inference_only:
+        raise DtypelabError(f"task {task_obj.name} is inference-only: nothing to train (use --mode infer)")
+    for plan in cands:
+        if not isinstance(plan.default, (Cast, Autocast)) or plan.default == Cast("float32"):
+            raise DtypelabError(f"candidate {plan.name}: training plans take a whole-model cast or autocast "
+                                "(bf16, fp16, amp-bf16, amp-fp16), kept in fp32 on chosen layers")
+    dev = torch.device(hw.device)
+    steps, bs = steps or task_obj.steps, batch_size or task_obj.batch_size
+    progress(f"training fp32 for {steps} steps (the reference)")
+    bench = TrainBench(task_obj, dev, steps, bs, tol, seed, probe_steps or 0)
+    names = train_targets(bench.base.model)
+    if not names:
+        raise DtypelabError(f"no layer of {task_obj.name}'s model owns parameters: nothing to choose")
+    for fmt in dict.fromkeys(c.default.dtype for c in cands):
+        progress(f"range audit for {fmt}")
+        bench.audits[fmt] = audit(task_obj, policy="fp32", steps=min(20, steps), formats=(fmt,), batch_size=bs,
+                                  seed=seed, device=str(dev), hardware=hw)
+    sign = 1.0 if task_obj.higher_is_better else -1.0
+    budget = budget_for(len(names))
+    found: list[tuple[Plan, Any, list[tuple[LayerScore, str]]]] = []
+    for cand in cands:
+        progress(f"{cand.name}: probing {len(names)} layers ({bench.probe_steps} steps each)")
+        scored = bench.score(names, cand, on_layer=lambda n, c=cand: progress(f"{c.name}: probed {n}"))
+        progress(f"{cand.name}: searching, at most {budget} full evaluations of {steps} steps")
+        result = search([s for s, _ in scored], train_evaluator(bench, cand, names), budget)
+        found.append((cand, result, scored))
+    winners = [(c, r) for c, r, _ in found if r.best is not None]
+    best_cand, best_result = max(winners, key=lambda cr: cr[1].best.speedup) if winners else (None, None)
+    best = best_result.best if best_result is not None else None
+    if best_cand is not None:
+        plan = island_plan(best_cand, best.layers, names, name=f"{task_obj.name}-tuned")
+    else:
+        plan = Plan(Cast("float32"), name="fp32")
+    by_name = {c.name: {s.name: (s, verdict) for s, verdict in scored} for c, _, scored in found}
+    shown = best_cand.name if best_cand is not None else cands[0].name
+    layers = []
+    for n in names:
+        s, verdict = by_name[shown][n]
+        tried = tuple((c, by_name[c][n][0].sensitivity, by_name[c][n][0].gain) for c in by_name)
+        chosen = best is not None and n in best.layers
+        extra = f"; audit: {verdict}" if verdict else ""
+        layers.append(LayerChoice(n, s.config, s.sensitivity, s.gain, chosen,
+                                  _why(s, chosen, best is not None, "per step, loss deviation", "fp32 island",
+                                       extra), tried))
+    evaluations = tuple(_record(e, sign, c.name) for c, r, _ in found for e in r.evaluations)
+    uniform = tuple(_record(Evaluation(e.layers, e.speedup, e.fidelity, e.feasible,
+                                       f"{c.name} on every layer"), sign, c.name)
+                    for c, r, _ in found for e in r.evaluations[:1])  # the search's first plan: all converted
+    front = tuple(_record(e, sign) for e in pareto([e for _, r, _ in found for e in r.evaluations]))
+    return TuneReport(
+        config=TuneConfig(task=spec, mode="train", candidates=tuple(c.name for c in cands), min_cosine=0.0,
+                          batch_size=bs, device=str(dev), budget=budget, task_name=task_obj.name,
+                          metric=task_obj.metric, higher_is_better=task_obj.higher_is_better, tolerance=str(tol),
+                          steps=steps, probe_steps=bench.probe_steps, base_metric=bench.base.metric),
+        environment=environment(hw), plan=plan.to_dict(), speedup=best.speedup if best else 1.0,
+        fidelity=sign * best.fidelity if best else bench.base.metric, layers=tuple(layers),
+        evaluations=evaluations, uniform=uniform, front=front, base_s=bench.base_s,
+        explanation="" if best else _none_found(uniform, evaluations, hw, f"its {task_obj.metric} within {tol} of "
+                                                f"fp32's ({bench.base.metric:.4g})"))
+
+
+def _none_found(uniform: tuple[PlanEvaluation, ...], evaluations: tuple[PlanEvaluation, ...], hw: HardwareInfo,
+                constraint: str) -> str:
+    """Why no plan was chosen, in measured terms: the uniform candidates, the fastest plan that kept the
+    constraint, and the hardware probe's matmul ratio for each candidate's dtype."""
+    parts = [f"No plan measured was both faster than fp32 and kept {constraint}."]
+    for u in uniform:
+        parts.append(f"{u.why}: {u.speedup:.2f}x fp32's speed, {u.fidelity:.4g}"
+                     f"{'' if u.feasible else ' (outside the constraint)'}.")
+    kept = [e for e in evaluations if e.feasible]
+    if kept:
+        top = max(kept, key=lambda e: e.speedup)
+        parts.append(f"The fastest plan that kept it ran at {top.speedup:.2f}x ({top.why}).")
+    base = hw.gflops.get("float32")
+    for dtype in dict.fromkeys(get_policy(u.candidate).compute_dtype for u in uniform if u.candidate):
+        if base and hw.gflops.get(dtype):
+            parts.append(f"The hardware probe measures {dtype} matmuls at {hw.gflops[dtype] / base:.2f}x "
+                         f"float32's on this {hw.device_name}.")
+    return " ".join(parts)
 
 
 def apply_plan(model: torch.nn.Module, plan: str | Plan | dict[str, Any], device: str | None = None

@@ -8,7 +8,9 @@ measured gain, and ``evaluate(chosen)`` runs one full evaluation of a plan.
 3. Binary-search the longest ranked prefix that keeps the constraint (log2 L evaluations; feasibility is assumed
    to fall with the prefix length, which holds when errors add up).
 4. With the evaluations left of the budget (L + 2·log2 L in all), refine greedily: try each layer after the
-   prefix on top of the best plan so far, keep it when the plan stays feasible and gets faster.
+   prefix on top of the best plan so far, keep it when the plan stays feasible and gets faster; when it does
+   not, try the layer's alternatives (other candidates for it) that could fix what failed: less harmful ones
+   (most faithful first) when it broke the constraint, faster ones when it kept it but did not pay.
 
 Every plan reported was evaluated for real; the best is the fastest feasible one measured, not a prediction.
 """
@@ -16,7 +18,7 @@ Every plan reported was evaluated for real; the best is the fastest feasible one
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -56,14 +58,18 @@ class SearchResult:
 
     @property
     def front(self) -> tuple[Evaluation, ...]:
-        """The Pareto front of what was measured: no other evaluation is both faster and of higher fidelity."""
-        pts = sorted(self.evaluations, key=lambda e: (-e.speedup, -e.fidelity))
-        out, best_fid = [], -math.inf
-        for e in pts:
-            if e.fidelity > best_fid:
-                out.append(e)
-                best_fid = e.fidelity
-        return tuple(out)
+        return pareto(self.evaluations)
+
+
+def pareto(evaluations: Sequence[Evaluation]) -> tuple[Evaluation, ...]:
+    """The Pareto front of what was measured: no other evaluation is both faster and of higher fidelity."""
+    pts = sorted(evaluations, key=lambda e: (-e.speedup, -e.fidelity))
+    out, best_fid = [], -math.inf
+    for e in pts:
+        if e.fidelity > best_fid:
+            out.append(e)
+            best_fid = e.fidelity
+    return tuple(out)
 
 
 def budget_for(n_layers: int) -> int:
@@ -72,12 +78,17 @@ def budget_for(n_layers: int) -> int:
 
 
 def search(layers: Sequence[LayerScore], evaluate: Callable[[frozenset[str]], Evaluation],
-           budget: int | None = None) -> SearchResult:
-    """Find the fastest feasible subset of ``layers`` to convert with at most ``budget`` evaluations."""
+           budget: int | None = None, alternatives: Mapping[str, Sequence[LayerScore]] | None = None
+           ) -> SearchResult:
+    """Find the fastest feasible subset of ``layers`` to convert with at most ``budget`` evaluations.
+    ``alternatives[name]``: other ways to convert that layer, each under its own unique name (which ``evaluate``
+    then receives in place of ``name``), tried in refinement where the layer's first choice did not pay."""
+    alternatives = alternatives or {}
     # Layers that gain nothing alone still take part, last (by sensitivity): timed alone, a small layer's
     # conversion overhead can hide what it saves inside the whole model, and only full evaluations decide.
     ranked = sorted(layers, key=lambda s: (s.gain <= 0, s.ratio if s.gain > 0 else s.sensitivity, -s.gain))
     order = tuple(s.name for s in ranked)
+    by_name = {s.name: s for s in layers}
     budget = budget if budget is not None else budget_for(len(layers))
     done: dict[frozenset[str], Evaluation] = {}
 
@@ -126,10 +137,24 @@ def search(layers: Sequence[LayerScore], evaluate: Callable[[frozenset[str]], Ev
     for name in order[k:] if best is not None else order:
         if name in current:
             continue
+        first = by_name[name]
         e = run(current | {name}, f"refine: add {name}")
         if e is None:
             break
         consider(e)
         if best is not None and best.layers == e.layers:
             current = e.layers
+            continue
+        # an alternative is worth a full evaluation only where it could fix what failed: less harm when the
+        # first choice broke the constraint, more gain when it kept it but did not pay
+        options = [a for a in alternatives.get(name, ())
+                   if (a.sensitivity < first.sensitivity if not e.feasible else a.gain > first.gain)]
+        for alt in sorted(options, key=lambda a: a.sensitivity if not e.feasible else -a.gain):
+            e = run(current | {alt.name}, f"refine: {name} as {alt.config or alt.name}")
+            if e is None:
+                return SearchResult(best, order, tuple(done.values()), budget)
+            consider(e)
+            if best is not None and best.layers == e.layers:
+                current = e.layers
+                break
     return SearchResult(best, order, tuple(done.values()), budget)

@@ -8,6 +8,7 @@ A registered policy is a named plan. Adding a parameterised variant is one line:
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
@@ -16,6 +17,7 @@ from typing import Any
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config, Quantize
+from dtypelab.core.policies.distributed import Distributed, split_modifier
 from dtypelab.core.policies.plan import PLAN_SCHEMA, Availability, Plan, single
 from dtypelab.core.policies.precision import Precision
 
@@ -102,8 +104,7 @@ def load_plan(path: str) -> Plan:
     if not isinstance(data, dict):
         raise DtypelabError(f"{path} is not a dtypelab plan (expected a JSON object)")
     plan = Plan.from_dict(data, lookup=_config_named)
-    return plan if data.get("name") else Plan(plan.default, plan.rules, os.path.splitext(os.path.basename(path))[0],
-                                              plan.summary)
+    return plan if data.get("name") else dataclasses.replace(plan, name=os.path.splitext(os.path.basename(path))[0])
 
 
 def plan_from_dict(d: dict[str, Any]) -> Plan:
@@ -117,6 +118,9 @@ def get_policy(spec: str | Config | Plan) -> Plan:
         return spec
     if isinstance(spec, Config):
         return single(spec)
+    base, modifier = split_modifier(str(spec))
+    if modifier is not None:  # POLICY+ddp-fp16, plan.json+fsdp: the policy with a distributed modifier
+        return get_policy(base).with_distributed(modifier)
     if isinstance(spec, str) and spec.endswith(".json"):
         return load_plan(spec)
     return _lookup(str(spec))
@@ -140,5 +144,5 @@ def parse_policies(policies: str | Sequence[str | Config | Plan] | None) -> list
 
 
 __all__ = ["BASELINE", "COMPILED_BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "TF32", "Autocast",
-           "Availability", "Cast", "Config", "Plan", "Precision", "Quantize", "default_policies", "get_policy",
-           "load_plan", "parse_policies", "plan_from_dict", "policies_for", "register", "single"]
+           "Availability", "Cast", "Config", "Distributed", "Plan", "Precision", "Quantize", "default_policies",
+           "get_policy", "load_plan", "parse_policies", "plan_from_dict", "policies_for", "register", "single"]

@@ -24,6 +24,7 @@ from torch import nn
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config, Quantize
+from dtypelab.core.policies.distributed import Distributed
 
 PLAN_SCHEMA = "dtypelab.plan"
 PLAN_VERSION = 1
@@ -57,6 +58,7 @@ class Plan:
     name: str = ""
     summary: str = ""
     compile: bool = False  # run the whole model under torch.compile (a quantize config may also ask for it)
+    distributed: Distributed | None = None  # with --nproc: DDP hook / FSDP mixed precision (``+ddp-fp16``)
 
     def __post_init__(self) -> None:
         rules = tuple((str(p), c) for p, c in (self.rules.items() if isinstance(self.rules, Mapping) else self.rules))
@@ -66,6 +68,7 @@ class Plan:
 
     def _derived_name(self) -> str:
         tail = "+compile" if self.compile and not any(c.compiles for c in self.configs) else ""
+        tail += f"+{self.distributed.label}" if self.distributed is not None else ""
         if not self.rules:
             return self.default.label + tail
         return f"{self.default.label}+" + ",".join(f"{p}={c.label}" for p, c in self.rules) + tail
@@ -89,6 +92,9 @@ class Plan:
                                     "config the same compile setting")
         if isinstance(self.default, Quantize) and any(isinstance(c, Autocast) for c in self.configs):
             raise DtypelabError(f"plan {self.name}: autocast rules need an unquantized default")
+        if self.distributed is not None and any(isinstance(c, Quantize) for c in self.configs):
+            raise DtypelabError(f"plan {self.name}: distributed modifiers are for training; quantized plans are "
+                                "inference-only")
 
     # --- what the plan holds ----------------------------------------------------------------------
     @property
@@ -98,6 +104,8 @@ class Plan:
 
     @property
     def modes(self) -> tuple[str, ...]:
+        if self.distributed is not None:
+            return ("train",)
         return ("infer",) if any(isinstance(c, Quantize) for c in self.configs) else ("train", "infer")
 
     @property
@@ -124,6 +132,8 @@ class Plan:
             text += "; " + "; ".join(f"{p}: {c.label}" for p, c in self.rules)
         if self.compile and not any(c.compiles for c in self.configs):
             text += ", under torch.compile (the first call compiles)"
+        if self.distributed is not None:
+            text += f"; {self.distributed.describe()}"
         return text
 
     def compiled(self) -> Plan:
@@ -133,8 +143,15 @@ class Plan:
         swap = {c: replace(c, compile=True) for c in self.configs if isinstance(c, Quantize)}
         if swap:
             return Plan(swap.get(self.default, self.default), tuple((p, swap.get(c, c)) for p, c in self.rules),
-                        name=f"{self.name}+compile")
-        return Plan(self.default, self.rules, name=f"{self.name}+compile", compile=True)
+                        name=f"{self.name}+compile", distributed=self.distributed)
+        return Plan(self.default, self.rules, name=f"{self.name}+compile", compile=True, distributed=self.distributed)
+
+    def with_distributed(self, spec: Distributed | None) -> Plan:
+        """This plan with a distributed modifier, named NAME+MODIFIER."""
+        if spec is None or spec == self.distributed:
+            return self
+        base = self.name.removesuffix(f"+{self.distributed.label}") if self.distributed else self.name
+        return replace(self, distributed=spec, name=f"{base}+{spec.label}")
 
     def config_for(self, name: str, parent: Config | None = None) -> Config:
         """The config of the module called ``name`` whose parent runs in ``parent`` (None: the root)."""
@@ -162,6 +179,8 @@ class Plan:
     def mode_error(self, mode: str) -> str | None:
         if mode in self.modes:
             return None
+        if self.distributed is not None:
+            return f"policy {self.name} is a distributed training policy: use --mode train"
         return f"policy {self.name} is inference-only (it quantizes a trained model): use --mode infer"
 
     def availability(self, hw: HardwareInfo) -> Availability:
@@ -169,8 +188,9 @@ class Plan:
             why_not = config.supported(hw)
             if why_not:
                 return Availability(False, why_not)
-        for config in self.configs:
-            slow = hw.slow_reason(config.probe_key)
+        fsdp_dtype = self.distributed.compute_dtype if self.distributed is not None else None
+        for key in [c.probe_key for c in self.configs] + ([fsdp_dtype] if fsdp_dtype else []):
+            slow = hw.slow_reason(key)
             if slow:
                 return Availability(True, slow, slow=True)
         return Availability(True)
@@ -189,7 +209,8 @@ class Plan:
         return {"schema": PLAN_SCHEMA, "schema_version": PLAN_VERSION, "name": self.name, "summary": self.summary,
                 "default": self.default.to_dict(),
                 "rules": [{"pattern": p, "config": c.to_dict()} for p, c in self.rules],
-                **({"compile": True} if self.compile else {})}
+                **({"compile": True} if self.compile else {}),
+                **({"distributed": self.distributed.to_dict()} if self.distributed is not None else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], lookup: Callable[[str], Config] | None = None) -> Plan:
@@ -219,8 +240,13 @@ class Plan:
             pairs = tuple((r["pattern"], config(r["config"])) for r in rules)
         except (KeyError, TypeError):
             raise DtypelabError("plan rules must be objects with 'pattern' and 'config'") from None
+        dist = d.get("distributed")
+        if dist is not None and not isinstance(dist, dict):
+            raise DtypelabError("a plan's 'distributed' must be an object such as {\"strategy\": \"ddp\", "
+                                "\"hook\": \"fp16\"}")
         return cls(config(d["default"]), pairs, name=d.get("name", ""), summary=d.get("summary", ""),
-                   compile=bool(d.get("compile", False)))
+                   compile=bool(d.get("compile", False)),
+                   distributed=Distributed.from_dict(dist) if dist is not None else None)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)

@@ -18,6 +18,7 @@ from dtypelab.core.results.bench import (
     SpeedupInterval,
     policy_info,
 )
+from dtypelab.core.results.distributed import DistStats, ScalingEstimate, ScalingPoint
 from dtypelab.core.results.lint import LINT_SCHEMA, LintFinding, LintReport
 from dtypelab.core.results.profile import CATEGORIES, CATEGORY_LABELS, PHASES, OpStat, ProfileSummary, SourceOp
 from dtypelab.core.results.store import (
@@ -61,6 +62,7 @@ __all__ = [
     "TUNE_SCHEMA",
     "AuditConfig",
     "AuditReport",
+    "DistStats",
     "Finding",
     "LayerAudit",
     "LayerChoice",
@@ -78,6 +80,8 @@ __all__ = [
     "RoundBlock",
     "RunConfig",
     "ScalerStats",
+    "ScalingEstimate",
+    "ScalingPoint",
     "SizeInfo",
     "SourceOp",
     "SpeedupInterval",

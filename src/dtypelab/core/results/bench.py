@@ -11,6 +11,7 @@ from typing_extensions import TypedDict
 
 from dtypelab.core.measure import Summary, summarize
 from dtypelab.core.policies import REGISTRY, Plan
+from dtypelab.core.results.distributed import DistStats, ScalingEstimate
 from dtypelab.core.results.profile import ProfileSummary
 from dtypelab.core.results.store import SCHEMA_VERSION, Record
 
@@ -135,6 +136,9 @@ class RunConfig:
     task_name: str = ""  # Task.name (``task`` is how it was given: a built-in name, file.py:fn or pkg.mod:fn)
     profile_steps: int = 0  # --profile: steps profiled per policy after its measurement (0: none)
     script_args: tuple[str, ...] = ()  # a training script's own arguments (``bench train.py -- args``)
+    nproc: int = 0  # --nproc: ranks per node under torchrun (0: one process, no torch.distributed)
+    nnodes: int = 1
+    link_gbps: tuple[float, ...] = ()  # --link-gbps: bandwidths the scaling estimate is given for
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,7 @@ class PolicyResult:
     speedup_ci: SpeedupInterval | None = None  # vs the baseline, from paired rounds
     compiled_ci: SpeedupInterval | None = None  # a compiled policy vs fp32+compile, from paired rounds
     profile: ProfileSummary | None = None  # --profile: where the step's time goes
+    distributed: DistStats | None = None  # --nproc: bytes, communication, per-rank memory, the link
     wall_s: float = 0.0
 
     @property
@@ -229,6 +234,7 @@ class Report(Record):
     environment: dict[str, Any]
     results: tuple[PolicyResult, ...] = ()
     created: str = ""
+    scaling: ScalingEstimate | None = None  # --nproc: the estimate from the measured compute and bytes
     schema_version: int = SCHEMA_VERSION
 
     schema = SCHEMA

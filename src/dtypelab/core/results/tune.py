@@ -18,14 +18,21 @@ class TuneConfig:
     min_cosine: float
     batch_size: int
     device: str
-    budget: int  # the most full evaluations allowed: L + 2·log2(L)
+    budget: int  # the most full evaluations allowed: L + 2·log2(L), per candidate in train mode
     task_name: str = ""
+    metric: str = ""  # train: the task's metric, the constraint
+    higher_is_better: bool = True
+    tolerance: str = ""  # train: how far the metric may fall from fp32's (1% or an absolute 0.005)
+    steps: int = 0  # train: steps of each full evaluation
+    probe_steps: int = 0  # train: steps of each layer's sensitivity probe
+    base_metric: float = 0.0  # train: fp32's metric after the same training
 
 
 @dataclass(frozen=True)
 class LayerChoice:
-    """One layer: each candidate's measured sensitivity (1 − worst output cosine, converted alone) and gain
-    (seconds per call saved alone), the candidate ranked for it, and whether the chosen plan converts it."""
+    """One layer: each candidate's measured sensitivity and gain (seconds per call saved converted alone), the
+    candidate ranked for it, and whether the chosen plan converts it. Sensitivity: infer 1 − worst output cosine;
+    train the loss curve's relative deviation from fp32's in a short probe, plus the range audit's penalty."""
 
     name: str
     candidate: str
@@ -40,9 +47,10 @@ class LayerChoice:
 class PlanEvaluation:
     layers: tuple[str, ...]
     speedup: float
-    fidelity: float  # worst per-sample output cosine vs fp32
+    fidelity: float  # infer: worst per-sample output cosine vs fp32; train: the task's metric after training
     feasible: bool
     why: str = ""
+    candidate: str = ""  # train: the config the plan runs in outside its fp32 islands
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,9 @@ class TuneReport(Record):
     layers: tuple[LayerChoice, ...] = ()
     evaluations: tuple[PlanEvaluation, ...] = ()
     uniform: tuple[PlanEvaluation, ...] = ()  # each candidate on every layer it applies to, measured alike
-    base_s: float = 0.0  # fp32's median forward
+    front: tuple[PlanEvaluation, ...] = ()  # the Pareto front of the evaluations: none both faster and better
+    base_s: float = 0.0  # fp32's median forward (train: training step)
+    explanation: str = ""  # when no plan beat fp32 within the constraint: what was measured instead
     wall_s: float = 0.0
     created: str = ""
     schema_version: int = SCHEMA_VERSION
