@@ -101,6 +101,14 @@ def test_compression_halves_the_bytes_exactly_and_every_default_policy_runs(swee
     assert "ESTIMATE, not a measurement" in text and "bytes vs fp32" in text and "2 ranks (torchrun)" in text
 
 
+def test_the_html_report_shows_the_distributed_tables(sweep, tmp_path):
+    record, page = tmp_path / "r.json", tmp_path / "r.html"
+    sweep.save(str(record))
+    dtypelab.report([str(record)], str(page))
+    html = page.read_text()
+    assert "distributed: bytes, communication and memory per step" in html and "scaling estimate" in html
+
+
 def test_a_failing_rank_is_reported_a_hanging_one_times_out_and_no_process_is_left():
     report = dtypelab.bench(f"{TINY}:make_rank_trap_task", "fp32,bf16,fp64", nproc=2, steps=4, warmup=1, budget=0,
                             timeout_s=15)

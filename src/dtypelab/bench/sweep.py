@@ -94,6 +94,7 @@ def bench(
     rdzv_endpoint: str | None = None,
     torchrun_args: str | Sequence[str] | None = None,
     link_gbps: str | Sequence[str | float] | None = None,
+    plan: str | Sequence[str | Plan] | None = None,
 ) -> Report:
     """Train (or run inference on) ``task`` under each policy and measure speed, memory and metric.
 
@@ -115,6 +116,9 @@ def bench(
     profiler's cost never enters the measured times. ``trace_dir`` also writes each policy's Chrome trace there
     (and implies ``profile``).
 
+    ``plan``: plan files (or plans) measured beside ``policies`` (or beside the default set when ``policies`` is
+    None), e.g. what ``dtypelab tune -o plan.json`` wrote.
+
     ``task`` may also be a training script (a ``.py`` file without ``make_task``, see ``dtypelab.session``): it is
     run once per policy with ``script_args``, and measured the same way (``dtypelab.script.bench_script``).
 
@@ -131,7 +135,9 @@ def bench(
         unsupported = [flag for flag, given in (("--mode infer", mode != "train"), ("--steps", steps is not None),
                                                 ("--batch-size", batch_size is not None), ("--warmup", warmup),
                                                 ("--per-layer", per_layer), ("--profile", profile or trace_dir),
-                                                ("--threads", threads), ("--rounds", rounds)) if given]
+                                                ("--threads", threads), ("--rounds", rounds),
+                                                ("--plan (name the plan file in --policies)", plan),
+                                                ("--nproc", nproc is not None)) if given]
         if unsupported:
             raise DtypelabError(f"{', '.join(unsupported)}: not for a training script, which runs its own loop (pass "
                                 "its own arguments after --)")
@@ -167,6 +173,8 @@ def bench(
     explicit = policies is not None
     defaults = DISTRIBUTED_DEFAULTS if torchrun is not None else default_policies(mode)
     plans = {p.name: p for p in (parse_policies(policies) if explicit else map(get_policy, defaults))}
+    added = {p.name: p for p in parse_policies(plan)} if plan else {}
+    plans.update(added)
     if torchrun is None and any(p.distributed for p in plans.values()):
         raise DtypelabError(f"{next(n for n, p in plans.items() if p.distributed)} runs across processes: give "
                             "--nproc N")
@@ -180,8 +188,8 @@ def bench(
         raise DtypelabError(f"--min-cosine must be between 0 and 1, got {min_cosine:g}")
     if per_layer and mode != "infer":
         raise DtypelabError("--per-layer compares inference outputs: use it with --mode infer")
-    for plan in plans.values() if explicit else ():
-        wrong_mode = plan.mode_error(mode)
+    for named in plans.values() if explicit else added.values():
+        wrong_mode = named.mode_error(mode)
         if wrong_mode:
             raise DtypelabError(wrong_mode)
     loaded = load_task(task)  # fail here, once, on a broken task, before any child starts
@@ -242,7 +250,7 @@ def bench(
     runnable: list[str] = []
     for name in [BASELINE] + [n for n in order if n != BASELINE]:  # the baseline always runs first
         avail = plans[name].availability(hardware)
-        if not avail.ok and explicit:
+        if not avail.ok and (explicit or name in added):
             raise DtypelabError(f"policy {name} cannot run here: {avail.reason}")
         if not avail.ok or (avail.slow and not (force or force_slow)):
             report = report.with_result(PolicyResult(name, "skipped", avail.reason, info=policy_info(plans[name]),
@@ -301,7 +309,9 @@ def bench(
             save_report(report, json_path)
             raise
         if torchrun is not None:
-            report = _with_scaling(report, links)
+            from dtypelab.distributed.scaling import with_scaling
+
+            report = with_scaling(report, links)
             save_report(report, json_path)
         if rounds:
             report = _interleaved(report, loaded, plans, launcher, on_event, json_path, timeout_s, RoundsJob(
@@ -319,18 +329,6 @@ def _links(spec: str | Sequence[str | float] | None, distributed: bool) -> tuple
     from dtypelab.distributed.scaling import parse_links
 
     return parse_links(spec)
-
-
-def _with_scaling(report: Report, links: tuple[tuple[str, float], ...]) -> Report:
-    from dtypelab.bench.recommend import judge
-    from dtypelab.distributed.scaling import estimate
-
-    cfg, base = report.config, report.result(BASELINE)
-    base_metric = base.metric(cfg.metric) if base is not None else None
-    tol = Tolerance.parse(cfg.tolerance)
-    accepted = {r.policy: base_metric is None or r.metric(cfg.metric) is None
-                or judge(r.metric(cfg.metric), base_metric, tol, cfg.higher_is_better)[0] for r in report.results}
-    return replace(report, scaling=estimate(report, links, accepted))
 
 
 def _interleaved(report: Report, task: Task, plans: dict[str, Plan], launcher: Launcher, on_event: OnEvent,

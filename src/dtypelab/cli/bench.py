@@ -115,6 +115,8 @@ def bench(
     ctx: typer.Context,
     task: TaskArg,
     policies: Annotated[str | None, typer.Option("--policies", "-p", help="comma-separated; default: all")] = None,
+    plan: Annotated[str | None, typer.Option(help="plan file(s) (dtypelab tune -o), measured beside --policies or, "
+                                                  "without it, beside the default policies")] = None,
     mode: Annotated[str, typer.Option(help="train, or infer (forward latency and output fidelity)")] = "train",
     steps: Annotated[int | None, typer.Option(help="training steps (infer: timed forward passes)")] = None,
     batch_size: BatchOpt = None,
@@ -169,7 +171,7 @@ def bench(
                       device=device, seed=seed, force=force, timeout_s=timeout, threads=threads, json_path=path,
                       per_layer=per_layer, min_cosine=min_cosine, budget=budget, rounds=rounds,
                       profile=profile, trace_dir=trace_dir, script_args=tuple(ctx.args), nproc=nproc, nnodes=nnodes,
-                      rdzv_endpoint=rdzv_endpoint, torchrun_args=torchrun_args, link_gbps=link_gbps)
+                      plan=plan, rdzv_endpoint=rdzv_endpoint, torchrun_args=torchrun_args, link_gbps=link_gbps)
         if err.is_terminal:
             with _progress() as progress:
                 report = run_bench(task, policies, on_event=_Bars(progress), **kwargs)

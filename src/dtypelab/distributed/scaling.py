@@ -17,7 +17,9 @@ NVLink 4 (H100 SXM) 450 GB/s, 25 and 100 Gigabit Ethernet.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
+from dtypelab.bench.recommend import Tolerance, judge
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies import BASELINE
 from dtypelab.core.results import PolicyResult, Report, ScalingEstimate, ScalingPoint
@@ -67,11 +69,14 @@ def compute_of(r: PolicyResult, base: PolicyResult | None) -> float:
     return max(d.compute_s, base.distributed.compute_s)
 
 
+def _wire(r: PolicyResult, n: int) -> float:
+    return sum(wire_factor(kind, n) * b for kind, b in r.distributed.payload_bytes.items())
+
+
 def predict(r: PolicyResult, n: int, gbps: float, base: PolicyResult | None = None) -> float:
     """The model's step time for ``r``'s policy at ``n`` ranks over ``gbps``."""
     d = r.distributed
-    wire = sum(wire_factor(kind, n) * b for kind, b in d.payload_bytes.items())
-    return compute_of(r, base) + d.collectives * d.link_latency_s + wire * 8 / (gbps * 1e9)
+    return compute_of(r, base) + d.collectives * d.link_latency_s + _wire(r, n) * 8 / (gbps * 1e9)
 
 
 def _verdict(r: PolicyResult, base: PolicyResult, points: list[ScalingPoint], accepted: bool) -> str:
@@ -79,11 +84,15 @@ def _verdict(r: PolicyResult, base: PolicyResult, points: list[ScalingPoint], ac
         return "not worth it: its metric is outside the tolerance in the measured run"
     wins = [p for p in points if p.policy == r.policy and p.speedup >= 1 + MIN_GAIN]
     if not wins:
+        top = max((p for p in points if p.policy == r.policy), key=lambda p: p.speedup)
+        saved = (_wire(base, top.nproc) - _wire(r, top.nproc)) * 8 / (top.gbps * 1e9)
         extra = compute_of(r, base) - base.distributed.compute_s
-        extra_calls = r.distributed.collectives - base.distributed.collectives
-        return (f"not worth it at any estimated point (none reaches {1 + MIN_GAIN:g}x): its step costs "
-                f"{extra * 1e3:+.3g} ms of compute and {extra_calls:+d} collectives against fp32's, more than the "
-                "bytes it saves take on these links")
+        calls = r.distributed.collectives - base.distributed.collectives
+        return (f"not worth it: at best {top.speedup:.2f}x ({top.nproc} ranks, {top.link}), under "
+                f"{1 + MIN_GAIN:g}x; there its payload {'saves' if saved >= 0 else 'adds'} {abs(saved) * 1e3:.3g} ms "
+                "per step against "
+                f"{extra * 1e3:+.3g} ms of compute and {calls:+d} collectives vs fp32, in a step of "
+                f"{top.step_s * 1e3:.3g} ms")
     first = min(wins, key=lambda p: (p.nproc, -p.gbps))
     fastest = max(p.gbps for p in wins if p.nproc == first.nproc)
     return (f"estimated to pay from {first.nproc} ranks on links up to {fastest:g} Gbit/s "
@@ -107,3 +116,13 @@ def estimate(report: Report, links: Sequence[tuple[str, float]], accepted: dict[
                 points.append(ScalingPoint(r.policy, name, gbps, n, step, predict(base, n, gbps) / step))
     verdicts = {r.policy: _verdict(r, base, points, accepted.get(r.policy, True)) for r in ran if r is not base}
     return ScalingEstimate(MODEL, tuple(points), validation, verdicts)
+
+
+def with_scaling(report: Report, links: Sequence[tuple[str, float]]) -> Report:
+    """The report with its scaling estimate; a policy whose metric failed the tolerance is "not worth it"."""
+    cfg, base = report.config, report.result(BASELINE)
+    base_metric = base.metric(cfg.metric) if base is not None else None
+    tol = Tolerance.parse(cfg.tolerance)
+    accepted = {r.policy: base_metric is None or r.metric(cfg.metric) is None
+                or judge(r.metric(cfg.metric), base_metric, tol, cfg.higher_is_better)[0] for r in report.results}
+    return replace(report, scaling=estimate(report, links, accepted))

@@ -31,6 +31,7 @@ from dtypelab.core.results.store import save_text
 from dtypelab.numerics.formats import get_format
 from dtypelab.render import plots
 from dtypelab.render.bench import bench_notes, bench_title, layer_rows, table_rows
+from dtypelab.render.distributed import distributed_sections
 from dtypelab.render.numeric import audit_doc
 from dtypelab.render.profile import profile_sections
 from dtypelab.render.tables import html_fragment
@@ -94,6 +95,9 @@ def _bench(report: Report, key: str) -> str:
     layers = layer_rows(report)
     if layers:
         parts.append(_details(f"per-layer SQNR, {len(layers[1])} layers", html_fragment(*layers, [], classes=True)))
+    for section in distributed_sections(report):  # bench --nproc: bytes per step, then the scaling estimate
+        parts.append(_details(section.title, html_fragment(section.headers, section.rows, section.notes,
+                                                           classes=True), opened=True))
     profiled = [r for r in report.results if r.profile is not None and not r.profile.error]
     if profiled:
         parts.append(_figure(plots.stacked_breakdown(

@@ -25,6 +25,7 @@ from dtypelab.tune.search import Evaluation, LayerScore, budget_for, pareto, sea
 from dtypelab.tune.train import TrainBench, island_plan, train_evaluator, train_targets
 
 Progress = Callable[[str], None]
+NOTHING_CHOSEN = "float32 everywhere: no plan measured was faster than fp32 within the constraint"
 DEFAULT_CANDIDATES = {"infer": "int8-dyn", "train": "bf16,amp-bf16"}
 
 
@@ -111,7 +112,8 @@ def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
                                       f"{cand.name} on every layer it applies to", cand.name))
     best = result.best
     configs = chosen_configs(best.layers, choice) if best is not None else {}
-    plan = layer_plan(configs, name=f"{task_obj.name}-tuned")
+    plan = replace(layer_plan(configs), name=f"{task_obj.name}-tuned",  # named even when it is fp32 throughout
+                   summary="" if configs else NOTHING_CHOSEN)
     layers = []
     for s, tried in scored:
         taken = configs.get(s.name)
@@ -177,7 +179,7 @@ def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
     if best_cand is not None:
         plan = island_plan(best_cand, best.layers, names, name=f"{task_obj.name}-tuned")
     else:
-        plan = Plan(Cast("float32"), name="fp32")
+        plan = Plan(Cast("float32"), name=f"{task_obj.name}-tuned", summary=NOTHING_CHOSEN)
     by_name = {c.name: {s.name: (s, verdict) for s, verdict in scored} for c, _, scored in found}
     shown = best_cand.name if best_cand is not None else cands[0].name
     layers = []

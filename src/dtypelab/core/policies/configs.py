@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
@@ -25,6 +25,7 @@ from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
 
 FLOAT_DTYPES = ("float64", "float32", "bfloat16", "float16")
+T = TypeVar("T")
 SHORT = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -83,12 +84,17 @@ class Config:
         kind = kinds.get(d.pop("kind", None))
         if kind is None:
             raise DtypelabError(f"unknown config kind in {d!r}: use one of {', '.join(kinds)}")
-        known = {f.name for f in fields(kind)}
-        unknown = set(d) - known
-        if unknown:
-            raise DtypelabError(f"{kind.kind} config: unknown field(s) {', '.join(sorted(unknown))}; "
-                                f"known: {', '.join(sorted(known)) or 'none'}")
-        return kind(**d)
+        return from_fields(kind, d, f"{kind.kind} config")
+
+
+def from_fields(cls: type[T], d: dict[str, Any], what: str) -> T:
+    """``cls(**d)``, with a one-line error naming any field ``cls`` does not have."""
+    known = {f.name for f in fields(cls)}
+    unknown = set(d) - known
+    if unknown:
+        raise DtypelabError(f"{what}: unknown field(s) {', '.join(sorted(unknown))}; known: "
+                            f"{', '.join(sorted(known)) or 'none'}")
+    return cls(**d)
 
 
 @dataclass(frozen=True)

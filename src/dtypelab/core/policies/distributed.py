@@ -16,10 +16,11 @@ Plan files say the same as ``"distributed": {"strategy": "ddp", "hook": "fp16"}`
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.policies.configs import from_fields
 
 STRATEGIES = ("ddp", "fsdp")
 HOOKS = ("none", "fp16", "bf16", "powersgd")
@@ -94,12 +95,7 @@ class Distributed:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Distributed:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise DtypelabError(f"distributed: unknown field(s) {', '.join(sorted(unknown))}; known: "
-                                f"{', '.join(sorted(known))}")
-        return cls(**d)
+        return from_fields(cls, d, "distributed")
 
     @classmethod
     def parse(cls, text: str) -> Distributed:
