@@ -25,7 +25,9 @@ def test_bench_then_show_end_to_end(tmp_path):
     assert run.returncode == 0, run.stderr
     for text in ("fp32", "amp-bf16", "bf16", "step ms", "accuracy", "verdict"):
         assert text in run.stdout
-    assert any(line.startswith("• Use ") or line.startswith("• Keep fp32") for line in run.stdout.splitlines())
+    # the first sentence decides (or, on a machine busy during the fp32 rounds, says it cannot)
+    assert any(line.startswith(("• Use ", "• Keep fp32", "• No recommendation: the machine was too busy"))
+               for line in run.stdout.splitlines())
     assert "results saved to" in run.stderr
     data = json.loads(out.read_text())
     assert [r["policy"] for r in data["results"]] == ["fp32", "amp-bf16", "bf16"]
