@@ -120,6 +120,7 @@ def test_policies_command_explains_each_policy():
     run = dtypelab("policies", "--device", "cpu")
     assert run.returncode == 0
     assert "tf32" in run.stdout and "CUDA" in run.stdout and "amp-fp16" in run.stdout
+    assert "+ddp-fp16" in run.stdout and "NAME+compile" in run.stdout  # the suffixes every policy takes
 
 
 def test_nothing_imports_the_cli():

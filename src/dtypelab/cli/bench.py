@@ -240,6 +240,9 @@ def policies(device: DeviceOpt = None) -> None:
     for name, summary, verdict in rows:
         table.add_row(Text(name), Text(summary), Text(verdict))
     out.print(table)
+    out.print("Any policy or plan file also runs as NAME+compile (under torch.compile) and, for training with bench "
+              "--nproc N, takes a distributed modifier: +ddp (implied), +ddp-fp16, +ddp-bf16, +ddp-powersgd[-rN], "
+              "+fsdp, +fsdp-bf16-params-fp32-reduce.", highlight=False, markup=False)
 
 
 @app.command()
