@@ -14,7 +14,7 @@ from conftest import fake_hardware
 from torch import nn
 
 from dtypelab import DtypelabError, bench, export, load_exported, recommend
-from dtypelab.bench.sweep import policy_table
+from dtypelab.bench.listing import policy_table
 from dtypelab.core.policies import REGISTRY, Precision, configs, get_policy, policies_for
 from dtypelab.inference.fidelity import compare
 from dtypelab.inference.sizes import linear_weight_bytes, serialize, tensor_bytes

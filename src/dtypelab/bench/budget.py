@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies import Plan
+from dtypelab.core.policies import BASELINE, Plan
 
 DEFAULT_BUDGET_S = 900.0
 # A compiled policy's first call: inductor's compile of a small transformer took 32 s on 2 cores with an
@@ -58,3 +58,30 @@ def estimate(plan: Plan, hw: HardwareInfo, baseline_wall_s: float) -> Estimate:
         seconds += COMPILE_ALLOWANCE_S
         why += f"; {COMPILE_ALLOWANCE_S:.0f} s allowed for compiling"
     return Estimate(seconds, why)
+
+
+def over_budget(plan: Plan, hw: HardwareInfo, base_wall: float | None, budget_s: float | None,
+                elapsed: float) -> str:
+    """Why this policy would not fit in what is left of the budget, or ""."""
+    if budget_s is None or base_wall is None or plan.name == BASELINE:
+        return ""
+    est, left = estimate(plan, hw, base_wall), budget_s - elapsed
+    if est.seconds <= left:
+        return ""
+    return (f"over the time budget: estimated {est.seconds:.0f} s ({est.why}), {max(0.0, left):.0f} s left of "
+            f"{budget_text(budget_s)}")
+
+
+def budget_plan(plans: list[Plan], hw: HardwareInfo, base_wall: float, budget_s: float, elapsed: float) -> str:
+    """One line, after the fp32 run: what the rest of the sweep is estimated to take and, at those estimates,
+    which policies will not fit (each is judged again, on the time really left, when its turn comes)."""
+    left, total, dropped = budget_s - elapsed, 0.0, []
+    for plan in plans:
+        seconds = estimate(plan, hw, base_wall).seconds
+        if total + seconds > left:
+            dropped.append(f"{plan.name} (~{seconds:.0f} s)")
+        else:
+            total += seconds
+    text = (f"time budget {budget_text(budget_s)}: the {len(plans)} remaining polic{'ies' if len(plans) > 1 else 'y'} "
+            f"are estimated at ~{total:.0f} s, {max(0.0, left):.0f} s left")
+    return text + (f"; at those estimates these will be skipped: {', '.join(dropped)}" if dropped else "")

@@ -8,7 +8,9 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from dtypelab.bench.budget import DEFAULT_BUDGET_S, budget_text, estimate, parse_budget
+import torch
+
+from dtypelab.bench.budget import DEFAULT_BUDGET_S, budget_plan, over_budget, parse_budget
 from dtypelab.bench.job import Job
 from dtypelab.bench.launch import LAUNCHERS, Event, Launcher, OnEvent
 from dtypelab.bench.recommend import Tolerance
@@ -19,8 +21,6 @@ from dtypelab.core.measure import DISTURBED_CORES, CpuMeter
 from dtypelab.core.policies import (
     BASELINE,
     COMPILED_BASELINE,
-    NOT_IN_DEFAULT_SWEEP,
-    REGISTRY,
     Config,
     Plan,
     default_policies,
@@ -56,6 +56,32 @@ def _check_patterns(task: Task, plans: Iterable[Plan]) -> None:
         return
     for plan in ruled:
         plan.assign(model)
+
+
+def _probe(dev: torch.device, force: bool, on_event: OnEvent) -> tuple[HardwareInfo, bool]:
+    """The hardware probe, and whether it ran disturbed (then no policy is skipped as slow on its evidence)."""
+    on_event(Event("probe", "", label="probing hardware"))
+    cpu = CpuMeter()
+    cpu.start()
+    hardware = probe(dev)
+    busy = cpu.stop()
+    if busy is None or not busy.disturbed or force:
+        return hardware, False
+    # a busy machine makes every dtype look slow: skipping on that evidence would drop sane policies
+    on_event(Event("notice", "", label=f"the hardware probe was disturbed (other processes used "
+                                        f"{busy.other_cores:.2f} of a core): no policy is skipped as slow"))
+    return hardware, True
+
+
+def _with_baselines(plans: dict[str, Plan], explicit: bool) -> dict[str, Plan]:
+    """Table order: the registry's for a default sweep, else the user's with the baseline added first; compiled
+    fp32 beside any compiled policy, whose speed means little against eager fp32 alone."""
+    if BASELINE not in plans or explicit:
+        plans = {BASELINE: get_policy(BASELINE), **plans}
+    if any(p.compiles for p in plans.values()) and COMPILED_BASELINE not in plans:
+        plans = {BASELINE: plans[BASELINE], COMPILED_BASELINE: get_policy(COMPILED_BASELINE),
+                 **{k: v for k, v in plans.items() if k != BASELINE}}
+    return plans
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -146,14 +172,14 @@ def bench(
                             hardware=hardware)
     if script_args:
         raise DtypelabError(f"arguments after -- are for a training script; {task} is a task")
-    torchrun = None
-    if nproc is not None or nnodes != 1 or rdzv_endpoint or torchrun_args:
+    torchrun, links = None, ()
+    if nproc is not None or nnodes != 1 or rdzv_endpoint or torchrun_args or link_gbps:
         from dtypelab.distributed.launch import check_options
 
-        torchrun = check_options(nproc, nnodes, rdzv_endpoint, torchrun_args, mode=mode, per_layer=per_layer,
-                                 profile=bool(profile or trace_dir), rounds=rounds, launcher=launcher)
+        torchrun, links = check_options(nproc, nnodes, rdzv_endpoint, torchrun_args, link_gbps, mode=mode,
+                                        per_layer=per_layer, profile=bool(profile or trace_dir), rounds=rounds,
+                                        launcher=launcher)
         launcher, rounds = torchrun.launcher(), 0
-    links = _links(link_gbps, torchrun is not None)
     started = time.monotonic()
     if mode not in MODES:
         raise DtypelabError(f"unknown mode {mode!r}: use train or infer")
@@ -197,25 +223,13 @@ def bench(
         raise DtypelabError(f"task {loaded.name} is inference-only: use --mode infer")
     _check_patterns(loaded, plans.values())
     dev = resolve_device(device)
-    if torchrun is not None and dev.type == "cuda":
-        import torch
-
-        if torchrun.nproc > torch.cuda.device_count():
-            raise DtypelabError(f"--nproc {torchrun.nproc} on CUDA needs one GPU per rank; this node has "
-                                f"{torch.cuda.device_count()}")
+    if torchrun is not None and dev.type == "cuda" and torchrun.nproc > torch.cuda.device_count():
+        raise DtypelabError(f"--nproc {torchrun.nproc} on CUDA needs one GPU per rank; this node has "
+                            f"{torch.cuda.device_count()}")
     on_event = on_event or (lambda e: None)
     force_slow = False
     if hardware is None:
-        on_event(Event("probe", "", label="probing hardware"))
-        cpu = CpuMeter()
-        cpu.start()
-        hardware = probe(dev)
-        busy = cpu.stop()
-        if busy is not None and busy.disturbed and not force:
-            # a busy machine makes every dtype look slow: skipping on that evidence would drop sane policies
-            force_slow = True
-            on_event(Event("notice", "", label=f"the hardware probe was disturbed (other processes used "
-                                                f"{busy.other_cores:.2f} of a core): no policy is skipped as slow"))
+        hardware, force_slow = _probe(dev, force, on_event)
 
     # A pretrained task is never trained: its steps are forward passes, sized for its (larger) model.
     time_box = INFER_TIME_BOX_S if mode == "infer" and steps is None else None
@@ -229,13 +243,7 @@ def bench(
     # Blocks long enough for a median, short enough that the rounds cost a fraction of the learning runs.
     block = 0 if not rounds else (max(5, min(30, steps // (2 * rounds))) if mode == "train"
                                   else max(2, min(10, steps // (2 * rounds))))
-    # Table order: the registry's for a default sweep, else the user's with the baseline added first.
-    if BASELINE not in plans or explicit:  # the user's order with the baseline first; else the registry's
-        plans = {BASELINE: get_policy(BASELINE), **plans}
-    if any(p.compiles for p in plans.values()) and COMPILED_BASELINE not in plans:
-        # a compiled policy's speed means little against eager fp32 alone: time compiled fp32 beside it
-        plans = {BASELINE: plans[BASELINE], COMPILED_BASELINE: get_policy(COMPILED_BASELINE),
-                 **{k: v for k, v in plans.items() if k != BASELINE}}
+    plans = _with_baselines(plans, explicit)
     order = list(plans)
     config = RunConfig(
         task=task, mode=mode, policies=tuple(order), steps=steps, batch_size=batch_size, warmup=warmup,
@@ -284,7 +292,7 @@ def bench(
         try:
             while pending:
                 name = pending[0]
-                over = _over_budget(plans[name], hardware, base_wall, budget_s, time.monotonic() - started)
+                over = over_budget(plans[name], hardware, base_wall, budget_s, time.monotonic() - started)
                 if over:
                     result = PolicyResult(name, "skipped", over, info=policy_info(plans[name]), skip="budget")
                 else:
@@ -300,7 +308,7 @@ def bench(
                 save_report(report, json_path)  # on disk before anyone hears of it: Ctrl-C in a handler loses nothing
                 on_event(Event("skip" if over else "done", name, result=result))
                 if name == BASELINE and budget_s is not None and pending:
-                    on_event(Event("notice", "", label=_budget_plan([plans[n] for n in pending], hardware, base_wall,
+                    on_event(Event("notice", "", label=budget_plan([plans[n] for n in pending], hardware, base_wall,
                                                                     budget_s, time.monotonic() - started)))
         except KeyboardInterrupt:
             for name in pending:
@@ -319,16 +327,6 @@ def bench(
                 None if mode == "infer" and loaded.pretrained else os.path.join(
                     workdir, "reference.pt" if mode == "infer" else "init.pt"), threads, workdir=workdir))
     return report
-
-
-def _links(spec: str | Sequence[str | float] | None, distributed: bool) -> tuple[tuple[str, float], ...]:
-    if not distributed:
-        if spec:
-            raise DtypelabError("--link-gbps is for the scaling estimate of a distributed run: give --nproc N")
-        return ()
-    from dtypelab.distributed.scaling import parse_links
-
-    return parse_links(spec)
 
 
 def _interleaved(report: Report, task: Task, plans: dict[str, Plan], launcher: Launcher, on_event: OnEvent,
@@ -360,33 +358,6 @@ def _interleaved(report: Report, task: Task, plans: dict[str, Plan], launcher: L
     return report
 
 
-def _over_budget(plan: Plan, hw: HardwareInfo, base_wall: float | None, budget_s: float | None,
-                 elapsed: float) -> str:
-    """Why this policy would not fit in what is left of the budget, or ""."""
-    if budget_s is None or base_wall is None or plan.name == BASELINE:
-        return ""
-    est, left = estimate(plan, hw, base_wall), budget_s - elapsed
-    if est.seconds <= left:
-        return ""
-    return (f"over the time budget: estimated {est.seconds:.0f} s ({est.why}), {max(0.0, left):.0f} s left of "
-            f"{budget_text(budget_s)}")
-
-
-def _budget_plan(plans: list[Plan], hw: HardwareInfo, base_wall: float, budget_s: float, elapsed: float) -> str:
-    """One line, after the fp32 run: what the rest of the sweep is estimated to take and, at those estimates,
-    which policies will not fit (each is judged again, on the time really left, when its turn comes)."""
-    left, total, dropped = budget_s - elapsed, 0.0, []
-    for plan in plans:
-        seconds = estimate(plan, hw, base_wall).seconds
-        if total + seconds > left:
-            dropped.append(f"{plan.name} (~{seconds:.0f} s)")
-        else:
-            total += seconds
-    text = (f"time budget {budget_text(budget_s)}: the {len(plans)} remaining polic{'ies' if len(plans) > 1 else 'y'} "
-            f"are estimated at ~{total:.0f} s, {max(0.0, left):.0f} s left")
-    return text + (f"; at those estimates these will be skipped: {', '.join(dropped)}" if dropped else "")
-
-
 def save_report(report: Report, path: str | None) -> None:
     """Write the record (nothing when ``path`` is None); a path that cannot be written is a one-line error."""
     if path:
@@ -394,21 +365,3 @@ def save_report(report: Report, path: str | None) -> None:
             report.save(path)
         except OSError as exc:
             raise DtypelabError(f"cannot write results to {path}: {exc.strerror}") from None
-
-
-def policy_table(device: str | None = None, hardware: HardwareInfo | None = None) -> list[tuple[str, str, str]]:
-    """(name, summary, verdict here) for every registered policy; inference-only ones say so."""
-    dev = resolve_device(device)
-    hw = hardware or probe(dev)
-    rows = []
-    for name, plan in REGISTRY.items():
-        avail = plan.availability(hw)
-        verdict = "runs" if avail.ok and not avail.slow else (
-            f"skipped unless --force: {avail.reason}" if avail.ok else f"not here: {avail.reason}")
-        if plan.modes == ("infer",):
-            verdict += " (inference only)"
-        left_out = [m for m, names in NOT_IN_DEFAULT_SWEEP.items() if name in names]
-        if left_out:
-            verdict += f" (not in the default {', '.join(left_out)} sweep; name it to run it)"
-        rows.append((name, plan.describe(), verdict))
-    return rows

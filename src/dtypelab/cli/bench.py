@@ -231,7 +231,7 @@ def policies(device: DeviceOpt = None) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from dtypelab.bench.sweep import policy_table
+    from dtypelab.bench.listing import policy_table
 
     with _guarded():
         rows = policy_table(device)

@@ -222,6 +222,13 @@ def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], obj: Any) -> Any:
     return obj
 
 
+def tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in a nested tuple/list/dict/dataclass, in ``map_tensors``'s order."""
+    found: list[torch.Tensor] = []
+    map_tensors(lambda t: found.append(t) or t, obj)
+    return found
+
+
 def plain(obj: Any) -> Any:
     """The same nested tensors in plain dicts / lists / tuples: what ``torch.load(weights_only=True)`` reads back
     (a ModelOutput or a user's dataclass is not on its allowlist)."""

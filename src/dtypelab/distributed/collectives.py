@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dtypelab.core.measure import StepTimer, device_sync
+
 # name -> (kind, index of the tensor argument that is the payload)
 WRAPPED = {"all_reduce": ("all_reduce", 0), "all_gather_into_tensor": ("all_gather", 0),
            "all_gather_single": ("all_gather", 0), "reduce_scatter_tensor": ("reduce_scatter", 1),
@@ -55,15 +57,22 @@ class Step:
 
 
 class Counter:
-    """Counts the collectives issued between ``begin_step`` calls while ``active()``."""
+    """Counts the collectives issued inside each ``step()`` while ``active()``."""
 
     def __init__(self) -> None:
         self.steps: list[Step] = []
         self._lock = threading.Lock()
-        self.recording = False
+        self._recording = False
 
-    def begin_step(self) -> None:
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """One training step: what its collectives send is counted as one ``Step``."""
         self.steps.append(Step())
+        self._recording = True
+        try:
+            yield
+        finally:
+            self._recording = False
 
     def _record(self, step: Step, kind: str, nbytes: int) -> None:
         with self._lock:
@@ -82,7 +91,7 @@ class Counter:
             kind, index = WRAPPED[name]
 
             def counted(*args: Any, **kwargs: Any) -> Any:
-                if not self.recording or not self.steps:
+                if not self._recording:
                     return fn(*args, **kwargs)
                 step, start = self.steps[-1], time.perf_counter()
                 nbytes = _payload(args, kwargs, index)
@@ -120,20 +129,17 @@ def measure_link(device: torch.device, group: Any = None, nbytes: int = 8 << 20,
     """The link between these ranks, from timed all-reduces: latency (a 4-byte all-reduce) and the bandwidth in
     Gbit/s a ring all-reduce of ``nbytes`` achieves (wire bytes per rank / time). All ranks must call it."""
     n = dist.get_world_size(group)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
     def timed(t: torch.Tensor) -> float:
-        samples = []
-        for i in range(reps + 1):
+        dist.all_reduce(t, group=group)  # warm-up
+        timer = StepTimer(sync=device_sync(device))
+        for _ in range(reps):
             dist.barrier(group=group)
-            sync()
-            start = time.perf_counter()
+            timer.start()
             dist.all_reduce(t, group=group)
-            sync()
-            if i:
-                samples.append(time.perf_counter() - start)
+            timer.stop()
         # the slowest rank's median: a collective ends when the last rank is done
-        mine = torch.tensor([statistics.median(samples)], dtype=torch.float64, device=device)
+        mine = torch.tensor([statistics.median(timer.samples)], dtype=torch.float64, device=device)
         dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group)
         return float(mine)
 

@@ -29,6 +29,7 @@ from dtypelab.bench.job import Job
 from dtypelab.bench.launch import OnStep, last_line
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.results import PolicyResult
+from dtypelab.distributed.scaling import parse_links
 
 POLL_S = 0.1
 STOP_GRACE_S = 10.0
@@ -95,6 +96,14 @@ def kill_ranks(rundir: str) -> list[int]:
     return killed
 
 
+def _read(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def first_error(rundir: str, log: str) -> str:
     """The failure's root cause, in one line: the error the first failed rank wrote (torchrun's "Root Cause"), or,
     for a rank killed by a signal (a C++ abort writes no Python error), what the log says of it; the earliest
@@ -104,13 +113,8 @@ def first_error(rundir: str, log: str) -> str:
         m = re.fullmatch(r"error-(\d+)\.txt", name)
         if m:
             path = os.path.join(rundir, name)
-            with open(path, errors="replace") as f:
-                errors[int(m.group(1))] = (os.path.getmtime(path), f.read().strip())
-    try:
-        with open(log, errors="replace") as f:
-            text = f.read()
-    except OSError:
-        text = ""
+            errors[int(m.group(1))] = (os.path.getmtime(path), _read(path).strip())
+    text = _read(log)
     root = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)[^\n]*?(\((SIG\w+)\))?\s*$", text,
                      re.S | re.M)
     if root and int(root.group(1)) in errors:
@@ -124,11 +128,7 @@ def first_error(rundir: str, log: str) -> str:
 def root_cause(log: str) -> str:
     """What torchrun's failure summary says of the first failed rank (its exit code, the signal), else the log's
     last line: a rank killed by a signal writes no error of its own."""
-    try:
-        with open(log, errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return ""
+    text = _read(log)
     found = [f"{k}: {v.strip()}" for k, v in re.findall(r"^\s*(rank|exitcode|traceback)\s*:\s*(.+)$", text, re.M)]
     if found:
         return "torchrun: " + "; ".join(dict.fromkeys(found))[:300]
@@ -211,9 +211,13 @@ class TorchrunLauncher:
 
 
 def check_options(nproc: int | None, nnodes: int, rdzv_endpoint: str | None, torchrun_args: str | Sequence[str] | None,
-                  *, mode: str, per_layer: bool, profile: bool, rounds: int | None, launcher: object) -> Torchrun:
-    """The torchrun settings for ``bench --nproc``, or a one-line error for what a distributed run cannot do."""
+                  link_gbps: str | Sequence[str | float] | None, *, mode: str, per_layer: bool, profile: bool,
+                  rounds: int | None, launcher: object) -> tuple[Torchrun, tuple[tuple[str, float], ...]]:
+    """The torchrun settings for ``bench --nproc`` and the links of its scaling estimate, or a one-line error for
+    what a distributed run cannot do."""
     if nproc is None:
+        if link_gbps and nnodes == 1 and not rdzv_endpoint and not torchrun_args:
+            raise DtypelabError("--link-gbps is for the scaling estimate of a distributed run: give --nproc N")
         raise DtypelabError("--nnodes, --rdzv-endpoint and --torchrun-args need --nproc N (ranks per node)")
     if nproc < 1 or nnodes < 1:
         raise DtypelabError(f"--nproc and --nnodes must be at least 1, got {nproc} and {nnodes}")
@@ -230,4 +234,4 @@ def check_options(nproc: int | None, nnodes: int, rdzv_endpoint: str | None, tor
         extra = tuple(shlex.split(torchrun_args) if isinstance(torchrun_args, str) else torchrun_args or ())
     except ValueError as exc:
         raise DtypelabError(f"--torchrun-args: {exc}") from None
-    return Torchrun(nproc, nnodes, rdzv_endpoint, extra)
+    return Torchrun(nproc, nnodes, rdzv_endpoint, extra), parse_links(link_gbps)

@@ -27,7 +27,7 @@ from dtypelab.core.loop import build_model, evaluate, fingerprint, prime, to_dev
 from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync
 from dtypelab.core.policies import Distributed, Precision
 from dtypelab.core.results import DistStats, PolicyResult
-from dtypelab.core.task import Task, map_tensors
+from dtypelab.core.task import Task, map_tensors, tensors
 from dtypelab.distributed.collectives import Counter, measure_link, wire_factor
 from dtypelab.distributed.wrap import unwrapped_state, wrap
 
@@ -36,19 +36,12 @@ COMPUTE_STEPS = 12  # timed steps on the one-rank groups (after 2 warm-ups)
 
 def batch_dim(batch: Any, batch_size: int) -> int:
     """The batch dimension: the first dimension whose size is ``batch_size`` in every tensor that has one."""
-    dims: list[int] = []
-    map_tensors(lambda t: dims.append(next((d for d, n in enumerate(t.shape) if n == batch_size), -1)) or t, batch)
+    dims = [next((d for d, n in enumerate(t.shape) if n == batch_size), -1) for t in tensors(batch)]
     found = {d for d in dims if d >= 0}
     if len(found) != 1:
         raise DtypelabError(f"cannot split the batch across ranks: no single dimension of size {batch_size} in "
-                            f"the batch's tensors (shapes: {_shapes(batch)})")
+                            f"the batch's tensors (shapes: {', '.join(str(tuple(t.shape)) for t in tensors(batch))})")
     return found.pop()
-
-
-def _shapes(batch: Any) -> str:
-    shapes: list[str] = []
-    map_tensors(lambda t: shapes.append(str(tuple(t.shape))) or t, batch)
-    return ", ".join(shapes)
 
 
 def shard(batch: Any, rank: int, world: int, batch_size: int) -> Any:
@@ -74,14 +67,14 @@ def _gather(obj: Any) -> list[Any]:
 
 
 def _fresh(task: Task, job: Job, precision: Precision, spec: Distributed, device: torch.device,
-           group: Any = None) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer]:
+           group: Any = None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     model = build_model(task, job.seed).to(device)  # on the device first: NCCL broadcasts device tensors
     if group is None:
         _broadcast_weights(model)
     model = precision.convert_module(model)
     model.train()
     wrapped = wrap(model, spec, device, group)
-    return model, wrapped, task.make_optimizer(wrapped.parameters())
+    return wrapped, task.make_optimizer(wrapped.parameters())
 
 
 def train_distributed(task: Task, job: Job, device: torch.device, progress: Callable[[int, int], None],
@@ -97,19 +90,17 @@ def train_distributed(task: Task, job: Job, device: torch.device, progress: Call
     meter = MemoryMeter(device)
     meter.start()
     init = fingerprint(build_model(task, job.seed))  # before the broadcast: the seed's weights, as single-process
-    _, wrapped, optimizer = _fresh(task, job, precision, spec, device)
+    wrapped, optimizer = _fresh(task, job, precision, spec, device)
     meter.open_window()
     timer, counter, losses = StepTimer(sync=device_sync(device)), Counter(), []
     torch.manual_seed(job.seed)  # as the single-process loop does
     with precision.session(), counter.active():
         for step in range(job.steps):
             inputs, target = to_device(shard(task.batch(step, job.batch_size), rank, world, job.batch_size), device)
-            counter.begin_step()
-            counter.recording = True
-            timer.start()
-            loss = train_step(task, wrapped, precision, optimizer, inputs, target)
-            timer.stop()
-            counter.recording = False
+            with counter.step():
+                timer.start()
+                loss = train_step(task, wrapped, precision, optimizer, inputs, target)
+                timer.stop()
             losses.append(float(loss.detach()))
             progress(step + 1, job.steps)
     peak = meter.peak_bytes()
@@ -155,14 +146,14 @@ def _compute_time(task: Task, job: Job, precision: Precision, spec: Distributed,
     groups = [dist.new_group([r]) for r in range(dist.get_world_size())]  # every rank creates every group
     solo = groups[dist.get_rank()]
     precision = Precision(job.plan, device)  # its own GradScaler: the measured run's stays as it ended
-    _, wrapped, optimizer = _fresh(task, job, precision, spec, device, group=solo)
+    wrapped, optimizer = _fresh(task, job, precision, spec, device, group=solo)
     timer = StepTimer(sync=device_sync(device))
     with precision.session():
-        for i in range(COMPUTE_STEPS + 2):
-            if i >= 2:
-                timer.start()
+        for _ in range(2):  # warm-up
             train_step(task, wrapped, precision, optimizer, inputs, target)
-            if i >= 2:
-                timer.stop()
+        for _ in range(COMPUTE_STEPS):
+            timer.start()
+            train_step(task, wrapped, precision, optimizer, inputs, target)
+            timer.stop()
     dist.barrier()
     return statistics.median(timer.samples)

@@ -20,25 +20,18 @@ import torch.distributed as dist
 from dtypelab.bench.launch import watch_parent
 from dtypelab.core.errors import describe_exception
 from dtypelab.core.loop import threads
-from dtypelab.core.results import policy_info
+from dtypelab.core.results import policy_info, save_bytes
 from dtypelab.core.task import load_task
 from dtypelab.distributed.train import train_distributed
 
 PROGRESS_EVERY_S = 0.2
 
 
-def _write(path: str, data: bytes) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def main(rundir: str) -> int:
     watch_parent()  # torchrun starts ranks in sessions of their own: if it is killed, they must not live on
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    _write(os.path.join(rundir, f"pid-{rank}"), str(os.getpid()).encode())
+    save_bytes(os.path.join(rundir, f"pid-{rank}"), str(os.getpid()).encode())
     with open(os.path.join(rundir, "job.pkl"), "rb") as f:
         job, nnodes, timeout_s = pickle.load(f)
     cuda = job.device.startswith("cuda")
@@ -50,7 +43,7 @@ def main(rundir: str) -> int:
         now = time.monotonic()
         if rank == 0 and (now - last >= PROGRESS_EVERY_S or done == total):
             last = now
-            _write(os.path.join(rundir, "progress"), f"{done} {total}".encode())
+            save_bytes(os.path.join(rundir, "progress"), f"{done} {total}".encode())
 
     start = time.perf_counter()
     try:
@@ -61,11 +54,11 @@ def main(rundir: str) -> int:
             result = train_distributed(load_task(job.task_spec), job, device, progress, nnodes)
         if rank == 0:
             result = replace(result, info=policy_info(job.plan), wall_s=time.perf_counter() - start)
-            _write(os.path.join(rundir, "result.pkl"), pickle.dumps(result))
+            save_bytes(os.path.join(rundir, "result.pkl"), pickle.dumps(result))
         # leave together: a gloo rank tearing down while its peer still works (rank 0 evaluating) can abort
         dist.barrier()
     except BaseException as exc:  # every failure (SystemExit included) becomes this rank's one line
-        _write(os.path.join(rundir, f"error-{rank}.txt"), f"rank {rank}: {describe_exception(exc)}".encode())
+        save_bytes(os.path.join(rundir, f"error-{rank}.txt"), f"rank {rank}: {describe_exception(exc)}".encode())
         return 1
     finally:
         if dist.is_initialized():

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from dtypelab.core.task import map_tensors
+from dtypelab.core.task import tensors
 
 
 def sqnr_db(reference: torch.Tensor, test: torch.Tensor) -> float:
@@ -21,16 +21,14 @@ def sqnr_db(reference: torch.Tensor, test: torch.Tensor) -> float:
 
 def flat(outputs: Any) -> torch.Tensor:
     """Every floating tensor in a nested output, flattened and joined (float64)."""
-    parts: list[torch.Tensor] = []
-    map_tensors(lambda t: parts.append(t.reshape(-1).double()) or t, outputs)
+    parts = [t.reshape(-1).double() for t in tensors(outputs)]
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
 def per_sample(outputs: Any) -> torch.Tensor | None:
     """Outputs as (samples, features): the leading dimension of every tensor is the sample. None when the
     tensors disagree on it (then per-sample cosine has no meaning)."""
-    parts: list[torch.Tensor] = []
-    map_tensors(lambda t: parts.append(t.reshape(t.shape[0], -1).double() if t.dim() else t) or t, outputs)
+    parts = [t.reshape(t.shape[0], -1).double() if t.dim() else t for t in tensors(outputs)]
     if not parts or any(p.dim() != 2 or p.shape[0] != parts[0].shape[0] for p in parts):
         return None
     return torch.cat(parts, dim=1)

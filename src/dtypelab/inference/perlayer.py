@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dtypelab.core.policies import Precision
-from dtypelab.core.task import Batch, call_model, map_tensors
+from dtypelab.core.task import Batch, call_model, map_tensors, tensors
 from dtypelab.inference.fidelity import flat, sqnr_db
 
 SAMPLES = 8  # per-layer outputs are held in memory: a slice of the inference batch is enough
@@ -24,9 +24,7 @@ _SKIP = (nn.Dropout, nn.Identity)
 
 def _first_float(out: Any) -> torch.Tensor | None:
     """The first floating tensor of a layer's output (a tensor, or a tuple/dict holding one)."""
-    found: list[torch.Tensor] = []
-    map_tensors(lambda t: found.append(t) or t, out)
-    return next((t for t in found if t.is_floating_point()), None)
+    return next((t for t in tensors(out) if t.is_floating_point()), None)
 
 
 def _leaves(model: nn.Module) -> dict[str, nn.Module]:

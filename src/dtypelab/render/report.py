@@ -33,7 +33,7 @@ from dtypelab.render import plots
 from dtypelab.render.bench import bench_notes, bench_title, layer_rows, table_rows
 from dtypelab.render.distributed import distributed_sections
 from dtypelab.render.numeric import audit_doc
-from dtypelab.render.profile import profile_sections
+from dtypelab.render.profile import Section, profile_sections
 from dtypelab.render.tables import html_fragment
 from dtypelab.render.trace import trace_doc
 from dtypelab.render.tune import tune_doc
@@ -72,6 +72,11 @@ def _details(summary: str, body: str, opened: bool = False) -> str:
     return f"<details{' open' if opened else ''}><summary>{_esc(summary)}</summary>{body}</details>"
 
 
+def _table_section(section: Section) -> str:
+    return _details(section.title, html_fragment(section.headers, section.rows, section.notes, classes=True),
+                    opened=True)
+
+
 def _figure(svg: str | None, caption: str, key: str) -> str:
     if svg is None:
         return ""
@@ -95,9 +100,7 @@ def _bench(report: Report, key: str) -> str:
     layers = layer_rows(report)
     if layers:
         parts.append(_details(f"per-layer SQNR, {len(layers[1])} layers", html_fragment(*layers, [], classes=True)))
-    for section in distributed_sections(report):  # bench --nproc: bytes per step, then the scaling estimate
-        parts.append(_details(section.title, html_fragment(section.headers, section.rows, section.notes,
-                                                           classes=True), opened=True))
+    parts += map(_table_section, distributed_sections(report))  # --nproc: bytes per step, the scaling estimate
     profiled = [r for r in report.results if r.profile is not None and not r.profile.error]
     if profiled:
         parts.append(_figure(plots.stacked_breakdown(
@@ -105,9 +108,7 @@ def _bench(report: Report, key: str) -> str:
             [[r.profile.categories.get(c, 0.0) * 1e3 for c in CATEGORIES] for r in profiled]),
             "Where each policy's step goes (--profile): matmul/conv is what a faster dtype speeds up; casts, other "
             "ops and the time outside any op mostly are not.", f"{key}-profile"))
-        for section in profile_sections(report):
-            parts.append(_details(section.title, html_fragment(section.headers, section.rows, section.notes,
-                                                               classes=True), opened=True))
+        parts += map(_table_section, profile_sections(report))
     mb = 2**20
     if cfg.mode == "train":
         parts.append(_figure(plots.loss_curves(names, [r.losses for r in ran]),

@@ -33,7 +33,7 @@ from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync
 from dtypelab.core.policies import BASELINE, Autocast, Plan, Precision, get_policy, plan_from_dict
 from dtypelab.core.results import save_text
 from dtypelab.core.scaler import ScalerLog
-from dtypelab.core.task import map_tensors
+from dtypelab.core.task import map_tensors, tensors
 from dtypelab.inference.sizes import serialize
 from dtypelab.script.diagnose import diagnosis
 
@@ -344,9 +344,7 @@ def _to_float32(t: torch.Tensor) -> torch.Tensor:
 def _leading(batch: Any) -> int:
     """The batch size of a batch or a forward call's arguments: the leading dimension of the first tensor with
     one, however nested (a dict batch, a tuple of tensors)."""
-    found: list[int] = []
-    map_tensors(lambda t: found.append(int(t.shape[0])) or t if t.dim() > 0 else t, batch)
-    return found[0] if found else 0
+    return next((int(t.shape[0]) for t in tensors(batch) if t.dim() > 0), 0)
 
 
 def _number(v: Any) -> bool:

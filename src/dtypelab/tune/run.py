@@ -18,7 +18,7 @@ from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, environment, probe
 from dtypelab.core.loop import build_model, to_device
 from dtypelab.core.policies import Autocast, Cast, Plan, get_policy, parse_policies
-from dtypelab.core.results import LayerChoice, PlanEvaluation, TuneConfig, TuneReport
+from dtypelab.core.results import LayerChoice, PlanEvaluation, TuneConfig, TuneReport, save_text
 from dtypelab.core.task import Task, load_task
 from dtypelab.tune.infer import InferenceBench, alternatives, chosen_configs, evaluator, layer_plan, targets
 from dtypelab.tune.search import Evaluation, LayerScore, budget_for, pareto, search
@@ -71,8 +71,7 @@ def tune(task: str | Task, *, mode: str = "infer", candidates: str | None = None
         report = _tune_infer(spec, task_obj, cands, hw, min_cosine, batch_size, weights, seed, progress)
     report = _finish(report, time.perf_counter() - start)
     if output:
-        with open(output, "w") as f:
-            f.write(get_policy(Plan.from_dict(report.plan)).to_json() + "\n")
+        save_text(output, Plan.from_dict(report.plan).to_json() + "\n")
     if json_path:
         report.save(json_path)
     return report

@@ -1,0 +1,24 @@
+"""``dtypelab policies``: every registered policy, what it does, and whether it runs on this machine."""
+
+from __future__ import annotations
+
+from dtypelab.core.hardware import HardwareInfo, probe, resolve_device
+from dtypelab.core.policies import NOT_IN_DEFAULT_SWEEP, REGISTRY
+
+
+def policy_table(device: str | None = None, hardware: HardwareInfo | None = None) -> list[tuple[str, str, str]]:
+    """(name, summary, verdict here) for every registered policy; inference-only ones say so."""
+    dev = resolve_device(device)
+    hw = hardware or probe(dev)
+    rows = []
+    for name, plan in REGISTRY.items():
+        avail = plan.availability(hw)
+        verdict = "runs" if avail.ok and not avail.slow else (
+            f"skipped unless --force: {avail.reason}" if avail.ok else f"not here: {avail.reason}")
+        if plan.modes == ("infer",):
+            verdict += " (inference only)"
+        left_out = [m for m, names in NOT_IN_DEFAULT_SWEEP.items() if name in names]
+        if left_out:
+            verdict += f" (not in the default {', '.join(left_out)} sweep; name it to run it)"
+        rows.append((name, plan.describe(), verdict))
+    return rows
