@@ -63,6 +63,13 @@ def test_bench_then_show_end_to_end(tmp_path):
     (("export", f"{TINY}:make_task", "-p", "int8-dyn-legacy", "-o", "x.safetensors"), "give a path ending in .pt"),
     (("export", f"{TINY}:make_task", "-p", "int9", "-o", "x.safetensors"), "unknown policy 'int9'"),
     (("export", f"{TINY}:make_task", "-p", "bf16", "-o", "/proc/x.safetensors"), "cannot write /proc/x.safetensors"),
+    # output paths are checked before the run whose result they are to hold
+    (("tune", f"{TINY}:make_task", "-o", "/proc/plan.json"), "cannot write /proc/plan.json"),
+    (("tune", f"{TINY}:make_task", "--mode", "train", "--json", "/proc/t.json"), "cannot write /proc/t.json"),
+    (("tune", f"{TINY}:make_task", "-o", "/"), "cannot write /: it is a folder"),
+    (("audit", f"{TINY}:make_task", "--json", "/proc/a.json"), "cannot write /proc/a.json"),
+    (("trace", f"{TINY}:make_task", "--json", "/proc/t.json"), "cannot write /proc/t.json"),
+    (("bench", f"{TINY}:make_task", "-p", "fp32", "--json", "/proc/b.json"), "cannot write /proc/b.json"),
 ])
 def test_user_mistakes_get_one_line_and_nonzero_exit(args, message):
     run = dtypelab(*args)

@@ -27,7 +27,7 @@ from dtypelab.core.policies import (
     get_policy,
     parse_policies,
 )
-from dtypelab.core.results import PolicyResult, Report, RunConfig, policy_info
+from dtypelab.core.results import PolicyResult, Report, RunConfig, policy_info, save_report
 from dtypelab.core.task import Task, load_task
 from dtypelab.profile.run import PROFILE_STEPS
 
@@ -356,12 +356,3 @@ def _interleaved(report: Report, task: Task, plans: dict[str, Plan], launcher: L
                                             speedup_ci=None if name == BASELINE else paired_speedup(base, blocks)))
     save_report(report, json_path)
     return report
-
-
-def save_report(report: Report, path: str | None) -> None:
-    """Write the record (nothing when ``path`` is None); a path that cannot be written is a one-line error."""
-    if path:
-        try:
-            report.save(path)
-        except OSError as exc:
-            raise DtypelabError(f"cannot write results to {path}: {exc.strerror}") from None

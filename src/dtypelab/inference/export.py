@@ -100,10 +100,7 @@ def export(task: str, policy: str | Plan, path: str, *, weights: str | None = No
     if not path.endswith(EXTENSIONS[fmt]):
         raise DtypelabError(f"policy {policy} is written with {fmt}: give a path ending in "
                             f"{' or '.join(EXTENSIONS[fmt])}, not {os.path.basename(path)!r}")
-    try:
-        save_bytes(path, blob)
-    except OSError as exc:
-        raise DtypelabError(f"cannot write {path}: {exc.strerror}") from None
+    save_bytes(path, blob)
     inputs = loaded_task.inference_inputs(min(loaded_task.batch_size, 8))
     reloaded, _ = load_exported(path, task=loaded_task)
     diff = (_outputs(converted, pol, inputs) - _outputs(reloaded, pol, inputs)).abs().max().item()

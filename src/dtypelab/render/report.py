@@ -330,8 +330,5 @@ def report(records: Sequence[str | Any], path: str | None = None, title: str = "
             names.append(f"{getattr(item, 'schema', 'record').replace('.', '-')}-{i + 1}.json")
     text = report_html(loaded, names, title, layers)
     if path:
-        try:
-            save_text(path, text)
-        except OSError as exc:
-            raise DtypelabError(f"cannot write {path}: {exc.strerror}") from None
+        save_text(path, text)
     return ReportInfo(path, text, len(loaded), text.count("data-plot="))

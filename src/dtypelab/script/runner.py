@@ -23,11 +23,10 @@ from typing import Any
 
 from dtypelab.bench.launch import Event, OnEvent, death_reason, last_line, stop_process
 from dtypelab.bench.recommend import Tolerance
-from dtypelab.bench.sweep import save_report
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, environment, probe, resolve_device
 from dtypelab.core.policies import BASELINE, Config, Plan, default_policies, get_policy, parse_policies
-from dtypelab.core.results import PolicyResult, Report, RunConfig, policy_info
+from dtypelab.core.results import PolicyResult, Report, RunConfig, policy_info, save_report
 from dtypelab.script.session import ENV_JOB
 
 POLL_S = 0.1

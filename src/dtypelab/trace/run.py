@@ -14,7 +14,7 @@ from dtypelab.core.hardware import HardwareInfo, probe
 from dtypelab.core.hardware import environment as current_environment
 from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
-from dtypelab.core.results import Finding, TraceConfig, TraceReport
+from dtypelab.core.results import Finding, TraceConfig, TraceReport, check_writable
 from dtypelab.core.source import Sites
 from dtypelab.core.task import Task
 from dtypelab.trace.guard import Guard, NonFiniteError
@@ -33,6 +33,7 @@ def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, b
     (see ``dtypelab.session``): it runs once with ``script_args``, every step traced, until its first NaN/Inf."""
     from dtypelab.script.runner import diagnose_script, is_script, script_record
 
+    check_writable(json_path)
     if isinstance(task, str) and is_script(task):
         text, result = diagnose_script("trace", task, policy, args=script_args, device=device, seed=seed,
                                        on_step=progress)

@@ -18,7 +18,7 @@ from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, environment, probe
 from dtypelab.core.loop import build_model, to_device
 from dtypelab.core.policies import Autocast, Cast, Plan, get_policy, parse_policies
-from dtypelab.core.results import LayerChoice, PlanEvaluation, TuneConfig, TuneReport, save_text
+from dtypelab.core.results import LayerChoice, PlanEvaluation, TuneConfig, TuneReport, check_writable, save_text
 from dtypelab.core.task import Task, load_task
 from dtypelab.tune.infer import InferenceBench, alternatives, chosen_configs, evaluator, layer_plan, targets
 from dtypelab.tune.search import Evaluation, LayerScore, budget_for, pareto, search
@@ -49,6 +49,7 @@ def tune(task: str | Task, *, mode: str = "infer", candidates: str | None = None
         raise DtypelabError(f"--min-cosine must be in (0, 1], got {min_cosine:g}")
     if (steps is not None and steps < 2) or (probe_steps is not None and probe_steps < 2):
         raise DtypelabError("--steps and --probe-steps must be at least 2")
+    check_writable(output, json_path)  # before a search that may take many minutes
     progress = progress or (lambda text: None)
     start = time.perf_counter()
     task_obj = load_task(task) if isinstance(task, str) else task

@@ -24,11 +24,13 @@ from dtypelab.core.results.profile import CATEGORIES, CATEGORY_LABELS, PHASES, O
 from dtypelab.core.results.store import (
     SCHEMA_VERSION,
     Record,
+    check_writable,
     default_result_path,
     plain_json,
     read_json,
     reserve_path,
     save_bytes,
+    save_report,
     save_text,
 )
 from dtypelab.core.results.trace import TRACE_SCHEMA, Finding, OpEvent, TensorSummary, TraceConfig, TraceReport
@@ -90,6 +92,7 @@ __all__ = [
     "TraceReport",
     "TuneConfig",
     "TuneReport",
+    "check_writable",
     "default_result_path",
     "load_record",
     "load_report",
@@ -98,5 +101,6 @@ __all__ = [
     "read_json",
     "reserve_path",
     "save_bytes",
+    "save_report",
     "save_text",
 ]

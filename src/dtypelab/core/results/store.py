@@ -102,18 +102,44 @@ def read_json(path: str) -> dict[str, Any]:
 
 def save_bytes(path: str, data: bytes) -> None:
     """Write atomically: a crash mid-write leaves the previous complete file (or none) in place. The file gets
-    the usual permissions (umask), unlike a mkstemp file's 0600."""
+    the usual permissions (umask), unlike a mkstemp file's 0600. A path that cannot be written is a one-line
+    error naming it."""
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}-{os.path.basename(path)}")
     try:
+        os.makedirs(directory, exist_ok=True)
         with open(tmp, "xb") as f:
             f.write(data)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise DtypelabError(f"cannot write {path}: {exc.strerror or exc}") from None
         raise
+
+
+def check_writable(*paths: str | None) -> None:
+    """Fail now, in one line, for a path that could not be written later: before the long run it is to hold the
+    result of (an empty file is written there and removed; a missing folder is created, as saving would)."""
+    for path in filter(None, paths):
+        if os.path.isdir(path):
+            raise DtypelabError(f"cannot write {path}: it is a folder")
+        directory = os.path.dirname(os.path.abspath(path))
+        probe = os.path.join(directory, f".tmp-{os.getpid()}-check-{os.path.basename(path)}")
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with open(probe, "wb"):
+                pass
+            os.unlink(probe)
+        except OSError as exc:
+            raise DtypelabError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def save_report(record: Record, path: str | None) -> None:
+    """Write the record when a path is given (a path that cannot be written is a one-line error)."""
+    if path:
+        record.save(path)
 
 
 def save_text(path: str, text: str) -> None:
