@@ -123,9 +123,9 @@ def test_the_scaling_estimate_can_say_not_worth_it():
     cfg = RunConfig("t", "train", ("fp32", "fp32+ddp-fp16"), 10, 8, 1, 0, "1%", "cpu", False, 60, "acc", True,
                     nproc=2)
 
-    def result(name: str, compute: float, payload: int, step: float) -> PolicyResult:
+    def result(name: str, compute: float, payload: int, step: float, alpha: float = 1e-4) -> PolicyResult:
         d = DistStats(2, 1, "gloo", "ddp", name, {"all_reduce": payload}, payload, 1, 0.0, compute, (1, 1),
-                      (step, step), 1e-4, 10.0, 8 << 20)
+                      (step, step), alpha, 10.0, 8 << 20)
         return PolicyResult(name, "ok", step_times_s=(step,) * 5, distributed=d, metrics={"acc": 1.0})
 
     # fp16 saves 2 MB per step but its casts cost 50 ms: never worth it on these links
@@ -139,6 +139,10 @@ def test_the_scaling_estimate_can_say_not_worth_it():
     # the same compression with free casts pays where bytes dominate
     cheap = replace(report, results=(report.results[0], result("fp32+ddp-fp16", 0.010, 2 << 20, 0.02)))
     assert "pay from" in estimate(cheap, parse_links("25gbe"), {}).verdicts["fp32+ddp-fp16"]
+    # nor for a quieter link probe in its own run: α belongs to the link, so every policy gets the same one
+    quiet = replace(report, results=(result("fp32", 0.010, 4 << 20, 0.02, alpha=2e-3),
+                                     result("fp32+ddp-fp16", 0.010, 4 << 20, 0.02, alpha=1e-6)))
+    assert estimate(quiet, parse_links("25gbe"), {}).verdicts["fp32+ddp-fp16"].startswith("not worth it")
 
 
 @pytest.mark.cuda

@@ -137,3 +137,18 @@ def test_an_fp32_island_keeps_its_parameters_and_rescues_the_metric():
     report = dtypelab.bench(f"{TINY}:make_recenter_task", ["fp32", "bf16", island], isolate=False, rounds=0)
     acc = {r.policy: r.metric("accuracy") for r in report.results}
     assert acc["bf16"] < acc["fp32"] - 0.2 and acc["bf16-island"] >= acc["fp32"] - 0.05
+
+
+def test_the_cosine_constraint_has_a_meaning_for_one_output_value_per_sample():
+    from dtypelab.inference.fidelity import compare
+    from dtypelab.tune.infer import output_cosine
+
+    g = torch.Generator().manual_seed(0)
+    scalar = torch.randn(64, generator=g)  # a regression's predictions: no per-sample cosine exists
+    assert output_cosine(scalar, scalar + 1e-3 * torch.randn(64, generator=g)) > 0.9999
+    assert output_cosine(scalar, scalar + torch.randn(64, generator=g)) < 0.9
+    assert output_cosine(scalar, -scalar) < -0.99
+    vectors = torch.randn(8, 4, generator=g)  # per-sample vectors: the worst sample's cosine, as bench reports
+    noisy = vectors + 0.1 * torch.randn(8, 4, generator=g)
+    assert output_cosine(vectors, noisy) == pytest.approx(compare(vectors, noisy)["cos_min"])
+    assert output_cosine(vectors, torch.zeros(3)) == 0.0  # outputs of another shape keep nothing

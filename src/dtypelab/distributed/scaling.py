@@ -6,7 +6,8 @@ of B Gbit/s. It is an estimate, labelled so everywhere; it is checked against th
 
 with no overlap of communication and computation (DDP overlaps the all-reduce with the backward pass, so the
 model errs high where communication is a large share: the validation error says by how much). α is the measured
-time of a 4-byte all-reduce between the measured ranks (the collective's fixed cost, kept as measured). A DDP
+time of a 4-byte all-reduce between the measured ranks (the collective's fixed cost, kept as measured; the
+median over the policies' runs, since it belongs to the link and not to a policy). A DDP
 hook only adds work to the step it compresses, so a hook policy's compute is never taken below the plain DDP
 policy's of the same numerics: a lower figure is timing noise, and crediting it would make any compression "pay".
 
@@ -16,6 +17,7 @@ NVLink 4 (H100 SXM) 450 GB/s, 25 and 100 Gigabit Ethernet.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -30,7 +32,7 @@ DEFAULT_LINKS = ("25gbe", "100gbe", "pcie4", "nvlink4")
 RANKS = (2, 8, 64, 512)
 MIN_GAIN = 0.02  # an estimated speedup below 1.02x is no reason to change anything
 MODEL = ("ring all-reduce, no overlap: step(N, B) = compute + collectives × α + Σ wire_factor(N) × payload × 8 / B, "
-         "α the measured 4-byte all-reduce")
+         "α the measured 4-byte all-reduce (median over the runs)")
 
 
 def parse_links(spec: str | Sequence[str | float] | None) -> tuple[tuple[str, float], ...]:
@@ -73,10 +75,13 @@ def _wire(r: PolicyResult, n: int) -> float:
     return sum(wire_factor(kind, n) * b for kind, b in r.distributed.payload_bytes.items())
 
 
-def predict(r: PolicyResult, n: int, gbps: float, base: PolicyResult | None = None) -> float:
-    """The model's step time for ``r``'s policy at ``n`` ranks over ``gbps``."""
+def predict(r: PolicyResult, n: int, gbps: float, base: PolicyResult | None = None,
+            alpha: float | None = None) -> float:
+    """The model's step time for ``r``'s policy at ``n`` ranks over ``gbps``, with a collective's fixed cost
+    ``alpha`` (None: the one measured in ``r``'s own run)."""
     d = r.distributed
-    return compute_of(r, base) + d.collectives * d.link_latency_s + _wire(r, n) * 8 / (gbps * 1e9)
+    alpha = d.link_latency_s if alpha is None else alpha
+    return compute_of(r, base) + d.collectives * alpha + _wire(r, n) * 8 / (gbps * 1e9)
 
 
 def _verdict(r: PolicyResult, base: PolicyResult, points: list[ScalingPoint], accepted: bool) -> str:
@@ -88,7 +93,7 @@ def _verdict(r: PolicyResult, base: PolicyResult, points: list[ScalingPoint], ac
         saved = (_wire(base, top.nproc) - _wire(r, top.nproc)) * 8 / (top.gbps * 1e9)
         extra = compute_of(r, base) - base.distributed.compute_s
         calls = r.distributed.collectives - base.distributed.collectives
-        return (f"not worth it: at best {top.speedup:.2f}x ({top.nproc} ranks, {top.link}), under "
+        return (f"not worth it: at best {top.speedup:.3f}x ({top.nproc} ranks, {top.link}), under "
                 f"{1 + MIN_GAIN:g}x; there its payload {'saves' if saved >= 0 else 'adds'} {abs(saved) * 1e3:.3g} ms "
                 "per step against "
                 f"{extra * 1e3:+.3g} ms of compute and {calls:+d} collectives vs fp32, in a step of "
@@ -105,15 +110,19 @@ def estimate(report: Report, links: Sequence[tuple[str, float]], accepted: dict[
     base = next((r for r in ran if r.policy == BASELINE), None)
     if base is None:
         return None
+    # α is the link's, not the policy's: one figure (the median of every run's probe) for every policy, or
+    # a policy whose probe happened to run quieter would be credited with a faster link
+    alpha = statistics.median(r.distributed.link_latency_s for r in ran)
     points, validation = [], {}
     for r in ran:
         d = r.distributed
-        # validated on its own measured compute: the clamp is for comparing policies, not for fitting the run
+        # validated on its own measured compute and link: the clamp and the shared α are for comparing policies,
+        # not for fitting the run
         validation[r.policy] = predict(r, d.nproc * d.nnodes, d.link_gbps) / r.timing.median - 1
         for name, gbps in links:
             for n in RANKS:
-                step = predict(r, n, gbps, base)
-                points.append(ScalingPoint(r.policy, name, gbps, n, step, predict(base, n, gbps) / step))
+                step = predict(r, n, gbps, base, alpha)
+                points.append(ScalingPoint(r.policy, name, gbps, n, step, predict(base, n, gbps, alpha=alpha) / step))
     verdicts = {r.policy: _verdict(r, base, points, accepted.get(r.policy, True)) for r in ran if r is not base}
     return ScalingEstimate(MODEL, tuple(points), validation, verdicts)
 
