@@ -8,7 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TINY
+from conftest import HERE, TINY
+
+SCRIPT = os.path.join(HERE, "scripts", "nan_script.py")
 
 
 def dtypelab(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
@@ -70,6 +72,9 @@ def test_bench_then_show_end_to_end(tmp_path):
     (("audit", f"{TINY}:make_task", "--json", "/proc/a.json"), "cannot write /proc/a.json"),
     (("trace", f"{TINY}:make_task", "--json", "/proc/t.json"), "cannot write /proc/t.json"),
     (("bench", f"{TINY}:make_task", "-p", "fp32", "--json", "/proc/b.json"), "cannot write /proc/b.json"),
+    # a training script is refused, without being run, by the commands that need a task
+    (("tune", SCRIPT), "defines no make_task: it is a training script"),
+    (("export", SCRIPT, "-p", "bf16", "-o", "x.safetensors"), "defines no make_task: it is a training script"),
 ])
 def test_user_mistakes_get_one_line_and_nonzero_exit(args, message):
     run = dtypelab(*args)

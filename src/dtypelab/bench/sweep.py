@@ -28,7 +28,7 @@ from dtypelab.core.policies import (
     parse_policies,
 )
 from dtypelab.core.results import PolicyResult, Report, RunConfig, policy_info, save_report
-from dtypelab.core.task import Task, load_task
+from dtypelab.core.task import Task, is_script, load_task
 from dtypelab.profile.run import PROFILE_STEPS
 
 MODES = ("train", "infer")
@@ -155,7 +155,7 @@ def bench(
     The record gets bytes per step, communication and per-rank memory, and a scaling estimate for the links in
     ``link_gbps`` (``dtypelab.distributed``).
     """
-    from dtypelab.script.runner import bench_script, is_script
+    from dtypelab.script.runner import bench_script
 
     if is_script(task):
         unsupported = [flag for flag, given in (("--mode infer", mode != "train"), ("--steps", steps is not None),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import importlib
@@ -154,11 +155,38 @@ def resolve_spec(spec: str) -> str:
     return BUILTIN.get(spec, spec)
 
 
+def _defines_make_task(path: str) -> bool | None:
+    """Whether the file defines ``make_task`` at top level, from its syntax alone (None: it does not parse)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), filename=path)
+    except (SyntaxError, ValueError, OSError):
+        return None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "make_task":
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "make_task" for t in node.targets):
+            return True
+    return False
+
+
+def is_script(spec: str) -> bool:
+    """A path to a .py file that defines no ``make_task``: a training script to run, not a task file to import.
+    Decided from the file's syntax, without running it (a file that does not parse counts as a script: running
+    it will say what is wrong, in the script's own words)."""
+    if ":" in spec or not spec.endswith(".py") or not os.path.isfile(spec):
+        return False
+    return _defines_make_task(spec) is not True
+
+
 def load_task(spec: str) -> Task:
     """Load a task from a built-in name, ``path/file.py:make_task`` or ``pkg.module:make_task``."""
     target = resolve_spec(spec)
     if ":" not in target:
         if target.endswith(".py"):
+            if os.path.isfile(target) and _defines_make_task(target) is False:  # refused without running it
+                raise TaskError(f"{spec} defines no make_task: it is a training script, which bench, audit and trace "
+                                "run as it is; this command needs a task file (README: Write your own task)")
             target += ":make_task"
         else:
             close = difflib.get_close_matches(spec, BUILTIN, n=1)

@@ -20,7 +20,7 @@ from dtypelab.core.hardware import environment as current_environment
 from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
 from dtypelab.core.results import AuditConfig, AuditReport, LayerAudit, check_writable
-from dtypelab.core.task import Task
+from dtypelab.core.task import Task, is_script
 from dtypelab.numerics.formats import AUDIT_FORMATS, get_format, parse_formats
 from dtypelab.numerics.rangestats import RangeCounter, RangeStats
 
@@ -176,7 +176,7 @@ def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int
     except re.error as exc:
         raise DtypelabError(f"--layers {layers!r} is not a valid regular expression: {exc}") from None
     check_writable(json_path)
-    from dtypelab.script.runner import diagnose_script, is_script, script_record
+    from dtypelab.script.runner import diagnose_script, script_record
 
     if isinstance(task, str) and is_script(task):
         text, result = diagnose_script("audit", task, policy, args=script_args, device=device, seed=seed,

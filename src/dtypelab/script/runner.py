@@ -8,7 +8,6 @@ script that never calls ``finish`` becomes a result that says so; the other poli
 
 from __future__ import annotations
 
-import ast
 import json
 import math
 import os
@@ -30,24 +29,6 @@ from dtypelab.core.results import PolicyResult, Report, RunConfig, policy_info, 
 from dtypelab.script.session import ENV_JOB
 
 POLL_S = 0.1
-
-
-def is_script(spec: str) -> bool:
-    """A path to a .py file that defines no ``make_task``: a training script to run, not a task file to import.
-    Decided from the file's syntax, without running it."""
-    if ":" in spec or not spec.endswith(".py") or not os.path.isfile(spec):
-        return False
-    try:
-        with open(spec, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), filename=spec)
-    except (SyntaxError, ValueError, OSError):
-        return True  # running it will say what is wrong, in the script's own words
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "make_task":
-            return False
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "make_task" for t in node.targets):
-            return False
-    return True
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
 from dtypelab.core.results import Finding, TraceConfig, TraceReport, check_writable
 from dtypelab.core.source import Sites
-from dtypelab.core.task import Task
+from dtypelab.core.task import Task, is_script
 from dtypelab.trace.guard import Guard, NonFiniteError
 
 Progress = Callable[[int, int], None]
@@ -31,7 +31,7 @@ def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, b
     weights, naming the op that created it (see README). Under amp-fp16, steps GradScaler skips are
     logged, not errors, unless ``stop_on_skip`` or the scale collapses below 1. ``task`` may be a training script
     (see ``dtypelab.session``): it runs once with ``script_args``, every step traced, until its first NaN/Inf."""
-    from dtypelab.script.runner import diagnose_script, is_script, script_record
+    from dtypelab.script.runner import diagnose_script, script_record
 
     check_writable(json_path)
     if isinstance(task, str) and is_script(task):
