@@ -13,9 +13,10 @@ import dtypelab
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=float, default=2)
+parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
 
-torch.manual_seed(0)
+torch.manual_seed(args.seed)
 ids = torch.randint(10, 100, (1200, 24))
 labels = (torch.rand(1200) < 0.5).long()
 ids[labels == 1, torch.randint(1, 24, (int(labels.sum()),))] = 7  # the positive class contains token 7
@@ -33,7 +34,7 @@ def accuracy(prediction):
 
 training = TrainingArguments(output_dir=tempfile.mkdtemp(), num_train_epochs=args.epochs, learning_rate=3e-3,
                              per_device_train_batch_size=32, save_strategy="no", report_to=[],
-                             disable_tqdm=True)
+                             disable_tqdm=True, seed=args.seed)
 trainer = dtypelab.hf.Trainer(model=model, args=training, train_dataset=data[:1000], eval_dataset=data[1000:],
                               compute_metrics=accuracy, metric="eval_accuracy")
 trainer.train()

@@ -35,9 +35,10 @@ class Classifier(pl.LightningModule):
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
 
-pl.seed_everything(0)
+pl.seed_everything(args.seed)
 digits = load_digits()
 x = torch.tensor(digits.images, dtype=torch.float32) / 16.0
 y = torch.tensor(digits.target)
@@ -47,4 +48,4 @@ val = DataLoader(TensorDataset(x[1500:], y[1500:]), batch_size=256)
 trainer = dtypelab.lightning.Trainer(metric="val_acc", max_epochs=args.epochs, logger=False,
                                      enable_checkpointing=False, enable_progress_bar=False)
 trainer.fit(Classifier(), train, val)
-print(f"val_acc {trainer.callback_metrics['val_acc']:.4f}")
+print(f"val_acc {trainer.callback_metrics['val_acc']:.6f}")

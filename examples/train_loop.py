@@ -15,8 +15,10 @@ import dtypelab
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--accumulate", type=int, default=2)
+parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
-lab = dtypelab.session(seed=0)
+torch.manual_seed(args.seed)
+lab = dtypelab.session()
 
 digits = load_digits()
 x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
@@ -43,5 +45,5 @@ for _epoch in range(args.epochs):
 model.eval()
 with torch.no_grad():
     accuracy = (model(x[1500:]).argmax(1) == y[1500:]).float().mean().item()
-print(f"accuracy {accuracy:.4f}")
+print(f"accuracy {accuracy:.6f}")
 lab.finish(accuracy=accuracy)

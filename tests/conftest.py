@@ -23,9 +23,37 @@ def fake_hardware(fp16_gflops: float = 0.5, device: str = "cpu", **kernels: floa
                         cuda_capability=None, threads=torch.get_num_threads(), gflops=gflops)
 
 
+def avx2_hardware() -> HardwareInfo:
+    """The 2-core AVX2-only EPYC as `dtypelab hardware` measured it: bf16 and fp16 ~118x slower than fp32 (no native
+    arithmetic), torchao's int8 matmul 27x slower (no VNNI), fbgemm's int8 faster."""
+    gflops = {"float64": 66.8, "float32": 166.0, "bfloat16": 1.4, "float16": 1.42, "int8": 6.11,
+              "int8-fbgemm": 226.0, "int8-weight-only": 138.0, "fp8-weight-only": 89.2}
+    return HardwareInfo(device="cpu", device_name="AMD EPYC", cpu_name="AMD EPYC", cpu_flags=("avx2", "fma", "f16c"),
+                        cpu_capability="AVX2", cuda_capability=None, threads=torch.get_num_threads(), gflops=gflops)
+
+
+def hardware_file(directory, hw: HardwareInfo | None = None) -> str:
+    """A saved probe (as `dtypelab hardware --json` writes it) for --hardware / DTYPELAB_HARDWARE."""
+    from dtypelab.core.results import plain_json
+
+    path = os.path.join(str(directory), "hardware.json")
+    with open(path, "w") as f:
+        f.write(plain_json((hw or fake_hardware()).to_dict()))
+    return path
+
+
 @pytest.fixture
 def hw() -> HardwareInfo:
     return fake_hardware()
+
+
+@pytest.fixture(scope="session")
+def fast_bf16_env(tmp_path_factory) -> dict[str, str]:
+    """The environment for a CLI subprocess that needs bf16 (or int8) to run whatever this CPU is: the commands
+    decide with fake_hardware()'s figures instead of probing (DTYPELAB_HARDWARE). The refusals themselves are
+    tested with avx2_hardware()."""
+    return {**os.environ, "DTYPELAB_HARDWARE": hardware_file(tmp_path_factory.mktemp("hw"),
+                                                              fake_hardware(int8=250.0)), "COLUMNS": "200"}
 
 
 @pytest.fixture

@@ -89,7 +89,8 @@ def test_progress_without_a_terminal_prints_lines_and_heartbeats(tmp_path):
 
 def test_a_policy_measured_10x_slower_than_fp32_on_the_model_stops_early(tmp_path):
     """What a matmul probe misses (fp16 convolutions on a CPU with fast fp16 matmuls) the run itself shows."""
-    from dtypelab.bench.job import SLOW_AFTER, Job, run_job, too_slow
+    from dtypelab.bench.job import Job, run_job, too_slow
+    from dtypelab.core.measure import SLOW_AFTER
 
     for mode in ("train", "infer"):
         job = Job(f"{TINY}:make_task", get_policy("bf16"), mode, 10**9, 8, 2, 0, "cpu", str(tmp_path),

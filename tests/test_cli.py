@@ -72,6 +72,8 @@ def test_bench_then_show_end_to_end(tmp_path):
     (("audit", f"{TINY}:make_task", "--json", "/proc/a.json"), "cannot write /proc/a.json"),
     (("trace", f"{TINY}:make_task", "--json", "/proc/t.json"), "cannot write /proc/t.json"),
     (("bench", f"{TINY}:make_task", "-p", "fp32", "--json", "/proc/b.json"), "cannot write /proc/b.json"),
+    (("bench", f"{TINY}:make_task", "--hardware", "nowhere.json"), "no such hardware file: nowhere.json"),
+    (("tune", f"{TINY}:make_task", "--hardware", TINY), "cannot read hardware file"),
     # a training script is refused, without being run, by the commands that need a task
     (("tune", SCRIPT), "defines no make_task: it is a training script"),
     (("export", SCRIPT, "-p", "bf16", "-o", "x.safetensors"), "defines no make_task: it is a training script"),
@@ -81,6 +83,38 @@ def test_user_mistakes_get_one_line_and_nonzero_exit(args, message):
     assert run.returncode == 2
     assert message in run.stderr
     assert "Traceback" not in run.stderr and run.stderr.strip().count("\n") == 0, run.stderr
+
+
+def test_a_disturbed_probe_leaves_a_user_mistake_one_line(tmp_path):
+    """The 'probe was disturbed' notice once came before the error, making it two lines."""
+    from dataclasses import replace
+
+    from conftest import fake_hardware, hardware_file
+
+    busy = hardware_file(tmp_path, replace(fake_hardware(), disturbed="other processes used 0.96 of a core"))
+    for args, message in ((("--policies", "tf32"), "policy tf32 cannot run here"),
+                          (("-p", "fp32", "--json", "/proc/b.json"), "cannot write /proc/b.json")):
+        run = dtypelab("bench", f"{TINY}:make_task", *args, "--hardware", busy)
+        assert run.returncode == 2 and message in run.stderr and run.stderr.strip().count("\n") == 0, run.stderr
+
+
+def test_a_saved_probe_is_what_bench_decides_with(tmp_path):
+    saved = tmp_path / "hw.json"
+    shown = dtypelab("hardware", "--json", str(saved))
+    assert shown.returncode == 0 and "float32" in shown.stdout and saved.exists()
+    hw = json.loads(saved.read_text())
+    assert hw["gflops"]["float32"] > 0 and hw["device"] == "cpu"
+    from conftest import avx2_hardware, hardware_file
+
+    # the AVX2 EPYC's figures: bf16 is skipped as slow without running, whatever this CPU
+    slow = hardware_file(tmp_path, avx2_hardware())
+    out = tmp_path / "r.json"
+    run = dtypelab("bench", f"{TINY}:make_task", "-p", "fp32,bf16", "--steps", "6", "--rounds", "0", "--json",
+                   str(out), "--hardware", slow)
+    assert run.returncode == 0, run.stderr
+    record = json.loads(out.read_text())
+    assert record["environment"]["hardware"]["device_name"] == "AMD EPYC"
+    assert [r["status"] for r in record["results"]] == ["ok", "skipped"]
 
 
 def test_a_raising_task_shows_the_users_traceback_only():

@@ -9,7 +9,7 @@ import sys
 from dataclasses import replace
 
 import pytest
-from conftest import TINY
+from conftest import TINY, avx2_hardware, fake_hardware
 
 import dtypelab
 from dtypelab.core.policies import Distributed, Plan, get_policy
@@ -23,10 +23,11 @@ STEPS = 8
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    """The default distributed set on the tiny task, once, through the CLI: its record for the tests below."""
+def sweep(tmp_path_factory, fast_bf16_env):
+    """The default distributed set on the tiny task, once, through the CLI: its record for the tests below (with a
+    probe that runs bf16 whatever this CPU is: the slow-bf16 refusal is tested below)."""
     path = tmp_path_factory.mktemp("dist") / "r.json"
-    env = {**os.environ, "COLUMNS": "250"}
+    env = {**fast_bf16_env, "COLUMNS": "250"}
     run = subprocess.run([sys.executable, "-m", "dtypelab", "bench", f"{TINY}:make_task", "--nproc", "2", "--steps",
                           str(STEPS), "--warmup", "2", "--budget", "0", "--json", str(path), "--format", "markdown"],
                          capture_output=True, text=True, timeout=600, env=env)
@@ -111,12 +112,20 @@ def test_the_html_report_shows_the_distributed_tables(sweep, tmp_path):
 
 def test_a_failing_rank_is_reported_a_hanging_one_times_out_and_no_process_is_left():
     report = dtypelab.bench(f"{TINY}:make_rank_trap_task", "fp32,bf16,fp64", nproc=2, steps=4, warmup=1, budget=0,
-                            timeout_s=15)
+                            timeout_s=15, hardware=fake_hardware())
     assert report.result("fp32").status == "ok"
     bad = report.result("bf16")
     assert bad.status == "failed" and bad.reason.startswith("rank 1: ValueError: planted failure on rank 1")
     assert report.result("fp64").status == "timeout"
     assert not _workers()
+
+
+def test_where_bf16_is_slow_the_bf16_modifiers_are_skipped_as_slow_without_running():
+    report = dtypelab.bench(f"{TINY}:make_task", "fp32+fsdp-bf16-params-fp32-reduce", nproc=2, steps=4, warmup=1,
+                            budget=0, hardware=avx2_hardware())
+    skipped = report.result("fp32+fsdp-bf16-params-fp32-reduce")
+    assert skipped.status == "skipped" and skipped.skip == "slow" and "no native bfloat16" in skipped.reason
+    assert report.result("fp32").status == "ok"
 
 
 def test_the_scaling_estimate_can_say_not_worth_it():

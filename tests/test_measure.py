@@ -65,10 +65,10 @@ def test_model_bytes_counts_dtype_and_shared_tensors_once():
 
 
 def test_cpu_meter_counts_other_processes_from_injected_readings():
-    from dtypelab.core.measure import CpuMeter, CpuReading
+    from dtypelab.core.disturbance import CpuMeter, CpuReading
 
     readings = iter([CpuReading(100.0, 500.0, 10.0, 1.0, 20.0, 5), CpuReading(110.0, 528.0, 28.0, 1.5, 24.0, 9)])
-    meter = CpuMeter(read=lambda: next(readings))
+    meter = CpuMeter(read=lambda: next(readings), resolution_s=0.0)
     meter.start()
     d = meter.stop()
     # machine-wide busy +28 s, ours +18 s: others used 10 s of CPU in 10 s, one core's worth
@@ -82,7 +82,7 @@ def test_cpu_meter_sees_a_real_busy_process():
     import sys
     import time
 
-    from dtypelab.core.measure import CpuMeter
+    from dtypelab.core.disturbance import CpuMeter
 
     quiet = CpuMeter()
     quiet.start()
@@ -102,7 +102,7 @@ def test_cpu_meter_sees_a_real_busy_process():
 
 
 def test_a_broken_reader_leaves_the_run_measured_without_context():
-    from dtypelab.core.measure import CpuMeter
+    from dtypelab.core.disturbance import CpuMeter
 
     def boom():
         raise OSError("no /proc here")
@@ -110,3 +110,23 @@ def test_a_broken_reader_leaves_the_run_measured_without_context():
     meter = CpuMeter(read=boom)
     meter.start()
     assert meter.stop() is None
+
+
+def test_a_tick_of_rounding_in_a_short_block_is_not_another_process():
+    """A quiet machine was once called busy: over a 37 ms block of timed steps, machine-wide CPU time (10 ms ticks)
+    read one tick more than this process's own, 0.27 of a core. The counters' resolution is discounted, and a short
+    window is judged by whether tasks waited for a CPU."""
+    from dtypelab.core.disturbance import CpuMeter, CpuReading
+
+    def meter(*readings: CpuReading) -> CpuMeter:
+        it = iter(readings)
+        m = CpuMeter(read=lambda: next(it), resolution_s=0.03)
+        m.start()
+        return m
+
+    tick = meter(CpuReading(10.0, 500.00, 20.00, 0.0, 5.0, 0), CpuReading(10.037, 500.08, 20.07, 0.0, 5.001, 0)).stop()
+    assert tick.raw_other_cpu_s == pytest.approx(0.01) and tick.other_cpu_s == 0.0 and not tick.disturbed
+    # a real competitor in the same short window: its CPU time is near the resolution, but our threads waited
+    hog = meter(CpuReading(10.0, 500.00, 20.00, 0.0, 5.0, 0), CpuReading(10.037, 500.10, 20.07, 0.0, 5.033, 9)).stop()
+    assert hog.other_cores < 0.25 and hog.stalled > 0.5 and hog.disturbed
+    assert hog.to_dict()["disturbed"] is True and tick.to_dict()["disturbed"] is False

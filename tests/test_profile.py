@@ -71,7 +71,10 @@ def test_planted_float64_promotion_is_found_with_its_source_line():
     assert not dtypelab.profile(f"{PT}:fp64_task", "fp64", steps=2, warmup=2, device="cpu").fp64_ops
 
 
-def test_autocast_coverage_and_float32_by_design():
+def test_autocast_coverage_and_float32_by_design(monkeypatch):
+    # where bf16 matmuls are not native they take nearly the whole step, and the loss falls under the listing share:
+    # list every op here, so that the classification itself is what is checked, whatever this CPU
+    monkeypatch.setattr(sys.modules["dtypelab.profile.summary"], "LISTED_SHARE", 0.0)
     p = dtypelab.profile(f"{PT}:wide_task", "amp-bf16", steps=3, warmup=2, device="cpu")
     assert p.dtype_flops and max(p.dtype_flops, key=p.dtype_flops.get) == "bfloat16"
     assert p.categories.get("cast", 0) > 0
@@ -104,10 +107,10 @@ def test_bad_profile_arguments_are_one_line_errors():
 
 
 @pytest.mark.slow
-def test_bench_profile_cli_record_tables_and_traces(tmp_path):
+def test_bench_profile_cli_record_tables_and_traces(tmp_path, fast_bf16_env):
     def run_cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "dtypelab", *args], capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "COLUMNS": "200"})
+                              env=fast_bf16_env)
 
     out = tmp_path / "r.json"
     traces = tmp_path / "traces"

@@ -38,7 +38,7 @@ def test_fastest_within_tolerance_wins_and_rejections_are_explained():
     assert text.startswith("Use amp-bf16: 2.50x faster than fp32, acc 0.962 vs 0.965 (-0.31%, within 1%).")
     assert "bf16: 3.33x faster than fp32, acc 0.945 (-2.07%, outside 1%)." in text
     assert "fp16: skipped — slow here." in text
-    assert rec.verdicts["bf16"] == "acc outside 1%"
+    assert rec.verdicts["bf16"] == "outside 1%"
 
 
 def test_lower_is_better_metric_and_absolute_tolerance():
@@ -52,7 +52,7 @@ def test_unstable_and_diverged_runs_are_never_recommended():
                            result("bf16", 1, math.nan, status="diverged", nonfinite=0)))
     assert rec.best == "fp32"
     assert rec.sentences[0].startswith("Keep fp32")
-    assert rec.verdicts["fp16"].startswith("unstable") and rec.verdicts["bf16"].startswith("diverged")
+    assert rec.verdicts["fp16"].startswith("non-finite loss") and rec.verdicts["bf16"].startswith("diverged")
 
 
 def test_lowest_memory_is_reported_when_it_differs():
@@ -90,7 +90,7 @@ def test_a_metric_that_moved_the_good_way_reads_better_and_the_tolerance_says_it
                            higher=False))
     text = " ".join(rec.sentences)
     assert "fp64: 2.00x slower than fp32 (0.50x its speed), acc 0.0197 (-1.50%, better than fp32)." in text
-    assert rec.verdicts["fp64"] == "acc better than fp32" and "within" not in rec.verdicts["fp64"]
+    assert rec.verdicts["fp64"] == "better than fp32" and "within" not in rec.verdicts["fp64"]
     assert rec.best == "bf16" and "(+0.50%, within 1%)" in rec.sentences[0]
     assert "Tolerance 1% is one-sided: a policy's acc may be up to 1% higher than fp32's" in text
 

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from conftest import avx2_hardware, fake_hardware
 from torch import nn
 
 import dtypelab
@@ -19,6 +20,7 @@ from dtypelab.script.session import ENV_JOB
 HERE = os.path.dirname(__file__)
 EXAMPLES = os.path.join(HERE, "..", "examples")
 PROBE = os.path.join(HERE, "scripts", "probe_script.py")
+SCHED = os.path.join(HERE, "scripts", "sched_script.py")
 
 
 @pytest.mark.parametrize("name", ["train_loop", "train_lightning", "train_hf"])
@@ -96,7 +98,7 @@ def test_finish_needs_a_metric_and_guesses_its_direction(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_script_sweep_same_shuffle_crash_and_missing_calls(tmp_path):
     report = bench_script(PROBE, "fp32,bf16,amp-bf16", args=["--crash-under", "amp-bf16"],
-                          json_path=str(tmp_path / "r.json"))
+                          json_path=str(tmp_path / "r.json"), hardware=fake_hardware())
     fp32, bf16, amp = (report.result(n) for n in ("fp32", "bf16", "amp-bf16"))
     assert fp32.status == bf16.status == "ok" and report.config.metric == "accuracy"
     assert fp32.metrics["first_batch"] == bf16.metrics["first_batch"]  # the same shuffle
@@ -111,11 +113,11 @@ def test_script_sweep_same_shuffle_crash_and_missing_calls(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_cli_runs_the_plain_loop_example(tmp_path):
+def test_bench_cli_runs_the_plain_loop_example(tmp_path, fast_bf16_env):
     out = tmp_path / "loop.json"
     run = subprocess.run([sys.executable, "-m", "dtypelab", "bench", os.path.join(EXAMPLES, "train_loop.py"), "-p",
                           "fp32,amp-bf16", "--json", str(out), "--", "--epochs", "1"],
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+                         capture_output=True, text=True, timeout=600, env=fast_bf16_env)
     assert run.returncode == 0, run.stderr
     assert "train_loop.py -- --epochs 1" in run.stdout and "accuracy" in run.stdout
     report = dtypelab.load_report(str(out))
@@ -129,7 +131,8 @@ def test_bench_cli_runs_the_plain_loop_example(tmp_path):
 @pytest.mark.slow
 def test_lightning_example_is_measured_per_policy():
     pytest.importorskip("lightning")
-    report = bench_script(os.path.join(EXAMPLES, "train_lightning.py"), "fp32,bf16,amp-bf16", args=["--epochs", "1"])
+    report = bench_script(os.path.join(EXAMPLES, "train_lightning.py"), "fp32,bf16,amp-bf16", args=["--epochs", "1"],
+                          hardware=fake_hardware())
     for r in report.results:
         assert r.status == "ok", (r.policy, r.reason)
         assert r.step_times_s and r.losses and "val_acc" in r.metrics and r.batch_size == 32
@@ -139,7 +142,8 @@ def test_lightning_example_is_measured_per_policy():
 @pytest.mark.slow
 def test_hf_example_is_measured_per_policy():
     pytest.importorskip("transformers")
-    report = bench_script(os.path.join(EXAMPLES, "train_hf.py"), "fp32,amp-bf16,amp-fp16", args=["--epochs", "1"])
+    report = bench_script(os.path.join(EXAMPLES, "train_hf.py"), "fp32,amp-bf16,amp-fp16", args=["--epochs", "1"],
+                          hardware=fake_hardware(fp16_gflops=200.0))
     fp32, amp = report.result("fp32"), report.result("amp-bf16")
     assert fp32.status == amp.status == "ok" and report.config.metric == "eval_accuracy"
     assert len(fp32.losses) == len(fp32.step_times_s) > 10 and fp32.batch_size == 32
@@ -162,3 +166,105 @@ def test_trace_and_audit_arm_on_the_scripts_own_loop(tmp_path):
     audit = dtypelab.load_record(str(out))
     assert len(audit.losses) == 3 and any(layer.kind == "param_grad" for layer in audit.layers)
     assert any(layer.name == "0" and layer.kind == "activation" for layer in audit.layers)
+
+
+def _plain(script: str, *args: str) -> str:
+    """The script's output run on its own, without dtypelab driving it."""
+    env = {k: v for k, v in os.environ.items() if k != ENV_JOB}
+    run = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["before", "after", "chain"])
+def test_schedulers_and_ema_in_any_order_run_alone_and_under_bench(order):
+    """An LR scheduler built after lab.setup once died at `step_fn.__func__`; the script must run unchanged alone
+    and under bench, and its driven fp32 run must train exactly as its plain run (it seeds itself with 7)."""
+    args = ["--order", order, "--accumulate", "2"]
+    alone = _plain(SCHED, *args)
+    policies = "fp32,amp-bf16" if order == "chain" else "fp32"  # the crash came at setup, whatever the policy
+    report = bench_script(SCHED, policies, args=args, hardware=fake_hardware())
+    for r in report.results:
+        assert r.status == "ok", (r.policy, r.reason)
+    fp32 = report.result("fp32")
+    assert alone.startswith(f"accuracy {fp32.metrics['accuracy']:.6f} lr {fp32.metrics['lr']:.6g}")
+    assert fp32.metrics["lr"] != 0.1  # the scheduler really stepped
+    # the recorded loss is the loss the step trained on: its micro-batches' mean, not 1/accumulate of it
+    assert fp32.losses[-1] == pytest.approx(fp32.metrics["last_loss"], rel=1e-5)
+
+
+def test_a_step_loss_is_its_micro_batches_added_up(tmp_path, monkeypatch):
+    model, x, y = _model_and_batch()
+    lab = _session(tmp_path, monkeypatch, "fp32")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = lab.setup(model, optimizer)
+    halves = [nn.functional.cross_entropy(model(xb), yb) for xb, yb in ((x[:16], y[:16]), (x[16:], y[16:]))]
+    for loss in halves:
+        lab.backward(loss / 2)
+    optimizer.step()
+    assert lab.losses == [pytest.approx((float(halves[0].detach()) + float(halves[1].detach())) / 2)]
+    assert isinstance(optimizer.step, __import__("types").MethodType) and optimizer.step.__self__ is optimizer
+    lab.finish(accuracy=1.0)
+    result = json.loads((tmp_path / "fp32.job.json.result").read_text())
+    assert result["disturbance"]["wall_s"] > 0 and "disturbed" in result["disturbance"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["train_loop", "train_lightning", "train_hf"])
+def test_the_measured_example_run_alone_trains_exactly_as_the_plain_one(example):
+    """dtypelab.lightning.Trainer once re-seeded torch with 0, undoing the script's own seed: run alone, the
+    measured version of each example must print exactly what the plain one prints, with a seed other than 0."""
+    if example != "train_loop":
+        pytest.importorskip("lightning" if example == "train_lightning" else "transformers")
+    args = ["--epochs", "1", "--seed", "42"]
+    measured, plain = (_plain(os.path.join(EXAMPLES, *where, f"{example}.py"), *args) for where in ((), ("plain",)))
+    if example == "train_hf":  # the Trainer's evaluate() also reports its own timings
+        import ast
+
+        measured, plain = ({k: v for k, v in ast.literal_eval(t).items() if "runtime" not in k and "per_second"
+                            not in k} for t in (measured, plain))
+    assert measured == plain
+
+
+@pytest.mark.slow
+def test_a_script_run_slow_or_diverging_under_a_policy_is_stopped_early(tmp_path):
+    """bench's protections in script mode: a policy 10x slower per step than fp32 stops after a few steps (here the
+    probe lets it through, as a disturbed one would), and one whose loss stays non-finite stops after 10 steps."""
+    args = ["--slow-under", "bf16", "--nan-under", "amp-bf16"]
+    report = bench_script(SCHED, "fp32,bf16,amp-bf16", args=args, hardware=fake_hardware())
+    fp32, slow, nan = (report.result(n) for n in ("fp32", "bf16", "amp-bf16"))
+    assert fp32.status == "ok" and len(fp32.step_times_s) == 32
+    assert slow.status == "skipped" and slow.skip == "slow" and "pathologically slow" in slow.reason
+    assert len(slow.step_times_s) < 10
+    assert nan.status == "diverged" and "stopped after 10 non-finite steps" in nan.reason and len(nan.losses) == 13
+    assert fp32.disturbance and "disturbed" in fp32.disturbance
+
+
+def test_where_bf16_is_slow_a_script_sweep_skips_it_without_running_it():
+    report = bench_script(PROBE, "fp32,bf16", hardware=avx2_hardware())
+    bf16 = report.result("bf16")
+    assert bf16.status == "skipped" and bf16.skip == "slow" and "no native bfloat16" in bf16.reason
+    assert not bf16.step_times_s
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_fp32_baseline_failed_exits_non_zero(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "dtypelab", "bench", PROBE, "-p", "fp32", "--json",
+                          str(tmp_path / "r.json"), "--", "--crash-under", "fp32"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and "fp32 baseline did not complete" in run.stderr and "Traceback" not in run.stderr
+    assert dtypelab.load_report(str(tmp_path / "r.json")).result("fp32").status == "failed"
+
+
+def test_a_disturbed_probe_skips_nothing_in_script_mode_and_says_so():
+    """A busy machine once made the probe read bf16 as 1.7x slower (not 57x) and nothing said so; and another time
+    read fp64 as 11x slower and skipped it. A probe still disturbed after re-probing decides no skip."""
+    from dataclasses import replace
+
+    notices = []
+    busy = replace(avx2_hardware(), disturbed="other processes used 0.96 of a core during 3 probes")
+    report = bench_script(PROBE, "fp32,bf16", hardware=busy,
+                          on_event=lambda e: notices.append(e.label) if e.kind == "notice" else None)
+    assert report.result("bf16").status == "ok"
+    assert any(n.startswith("the hardware probe was disturbed (other processes used 0.96") for n in notices)

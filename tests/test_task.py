@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, fake_hardware
 
 import dtypelab
 from dtypelab import Task, TaskError, load_task
@@ -89,7 +89,8 @@ def test_map_tensors_and_call_model_handle_nested_batches():
 def test_compute_loss_task_trains_and_evaluate_gets_the_model_output_intact():
     pytest.importorskip("transformers")
     # hf_tasks.evaluate asserts it got a SequenceClassifierOutput with float32 logits: else the run fails
-    report = dtypelab.bench("tests/hf_tasks.py:own_loss_task", "fp32,amp-bf16", launcher="inline", rounds=0)
+    report = dtypelab.bench("tests/hf_tasks.py:own_loss_task", "fp32,amp-bf16", launcher="inline", rounds=0,
+                            hardware=fake_hardware())
     for r in report.results:
         assert r.status == "ok", (r.policy, r.reason)
         assert len(r.losses) == 6 and "accuracy" in r.metrics
@@ -98,7 +99,7 @@ def test_compute_loss_task_trains_and_evaluate_gets_the_model_output_intact():
 def test_inference_task_needs_no_training_fields():
     pytest.importorskip("transformers")
     report = dtypelab.bench("tests/hf_tasks.py:inference_task", "fp32,bf16", mode="infer", launcher="inline",
-                            rounds=0)
+                            rounds=0, hardware=fake_hardware())
     assert [r.status for r in report.results] == ["ok", "ok"] and report.result("bf16").fidelity["sqnr_db"] > 10
     with pytest.raises(dtypelab.DtypelabError, match="inference-only"):
         dtypelab.bench("tests/hf_tasks.py:inference_task", "fp32", launcher="inline")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, avx2_hardware, fake_hardware
 from torch import nn
 
 import dtypelab
@@ -17,7 +17,7 @@ from dtypelab.render.tune import tune_doc
 def test_tune_on_a_tiny_model_writes_a_plan_that_bench_and_export_take(tmp_path):
     plan_file, record = tmp_path / "plan.json", tmp_path / "tune.json"
     report = dtypelab.tune(f"{TINY}:make_task", candidates="int8-dyn,bf16", min_cosine=0.99,
-                           output=str(plan_file), json_path=str(record))
+                           output=str(plan_file), json_path=str(record), hardware=fake_hardware(int8=250.0))
     assert {layer.name for layer in report.layers} == {"net.0", "net.2"}
     assert len(report.evaluations) <= report.config.budget and len(report.uniform) == 2
     assert all(e.fidelity <= 1.0 + 1e-9 for e in report.evaluations)
@@ -81,12 +81,12 @@ def test_tune_refuses_what_it_cannot_do_in_one_line():
 
 
 @pytest.mark.slow
-def test_tune_cli(tmp_path):
+def test_tune_cli(tmp_path, fast_bf16_env):
     import subprocess
     import sys
 
     plan, record = tmp_path / "p.json", tmp_path / "t.json"
-    env = {**__import__("os").environ, "COLUMNS": "200"}
+    env = fast_bf16_env
     run = subprocess.run([sys.executable, "-m", "dtypelab", "tune", f"{TINY}:make_task", "--candidates", "int8-dyn",
                           "--min-cosine", "0.99", "-o", str(plan), "--json", str(record)], capture_output=True,
                          text=True, timeout=300, env=env)
@@ -110,7 +110,7 @@ def test_training_tune_finds_the_planted_layer_and_keeps_it_an_fp32_island(tmp_p
     that converts it must fail the metric, and a chosen plan (where bf16 pays) must keep it in fp32."""
     plan_file, record = tmp_path / "plan.json", tmp_path / "tune.json"
     report = dtypelab.tune(f"{TINY}:make_recenter_task", mode="train", candidates="bf16", tolerance="5%",
-                           output=str(plan_file), json_path=str(record))
+                           output=str(plan_file), json_path=str(record), hardware=fake_hardware())
     sens = {layer.name: layer.sensitivity for layer in report.layers}
     assert set(sens) == {"0", "2", "3"} and sens["2"] > 20 * max(sens["0"], sens["3"])
     assert 0 < len(report.evaluations) <= report.config.budget == 3 + 3
@@ -134,7 +134,8 @@ def test_an_fp32_island_keeps_its_parameters_and_rescues_the_metric():
     model = dtypelab.Precision(island).convert_module(task.make_model())
     assert model[0].weight.dtype == torch.bfloat16 and model[2].shift.dtype == torch.float32
     assert model(torch.randn(4, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16  # cast back for the next layer
-    report = dtypelab.bench(f"{TINY}:make_recenter_task", ["fp32", "bf16", island], isolate=False, rounds=0)
+    report = dtypelab.bench(f"{TINY}:make_recenter_task", ["fp32", "bf16", island], isolate=False, rounds=0,
+                            hardware=fake_hardware())
     acc = {r.policy: r.metric("accuracy") for r in report.results}
     assert acc["bf16"] < acc["fp32"] - 0.2 and acc["bf16-island"] >= acc["fp32"] - 0.05
 
@@ -152,3 +153,74 @@ def test_the_cosine_constraint_has_a_meaning_for_one_output_value_per_sample():
     noisy = vectors + 0.1 * torch.randn(8, 4, generator=g)
     assert output_cosine(vectors, noisy) == pytest.approx(compare(vectors, noisy)["cos_min"])
     assert output_cosine(vectors, torch.zeros(3)) == 0.0  # outputs of another shape keep nothing
+
+
+def test_where_every_candidate_is_slow_tune_keeps_fp32_in_a_record_and_force_searches(tmp_path):
+    """On the AVX2-only CPU bf16 and amp-bf16 are ~118x slower: that is the answer (keep fp32), not an error."""
+    record = tmp_path / "t.json"
+    report = dtypelab.tune(f"{TINY}:make_recenter_task", mode="train", hardware=avx2_hardware(),
+                           json_path=str(record))
+    assert report.plan["rules"] == [] and report.plan["default"]["dtype"] == "float32" and not report.evaluations
+    assert report.explanation.startswith("Keep fp32: every candidate is measured pathologically slow here")
+    assert "bf16: left out, this CPU has no native bfloat16 arithmetic" in " ".join(report.notes)
+    assert dtypelab.load_record(str(record)).to_json() == report.to_json()  # its metric is NaN: nothing trained
+    text = markdown_table(*tune_doc(report))
+    assert "nothing was searched" in text and "--force searches" in text
+    forced = dtypelab.tune(f"{TINY}:make_recenter_task", mode="train", candidates="bf16", steps=10,
+                           hardware=avx2_hardware(), force=True)
+    assert forced.evaluations and not any("left out" in n for n in forced.notes)
+
+
+def test_a_candidate_equal_to_the_default_is_no_conversion(tmp_path):
+    plan_file = tmp_path / "p.json"
+    report = dtypelab.tune(f"{TINY}:make_task", candidates="fp32,int8-dyn", min_cosine=0.9, output=str(plan_file),
+                           hardware=fake_hardware(int8=250.0))
+    assert report.config.candidates == ("int8-dyn",) and any("fp32: left out" in n for n in report.notes)
+    assert all(rule["config"]["kind"] != "cast" for rule in report.plan["rules"])  # never a rule restating fp32
+    assert all(c != "fp32" for layer in report.layers for c, _, _ in layer.tried)
+    with pytest.raises(dtypelab.DtypelabError, match="no candidate to convert to"):
+        dtypelab.tune(f"{TINY}:make_task", candidates="fp32", hardware=fake_hardware())
+
+
+def test_a_plan_is_chosen_only_when_its_interval_says_faster():
+    from dtypelab.tune.search import Evaluation, LayerScore, search
+
+    layers = [LayerScore("a", 0.0, 0.01), LayerScore("b", 0.0, 0.01)]
+
+    def noisy(chosen):  # 1.05x measured, but the interval reaches below the 1.02 band: not measurably faster
+        return Evaluation(chosen, 1.05, 1.0, True, low=0.97, high=1.13)
+
+    assert search(layers, noisy).best is None
+
+    def clear(chosen):
+        return Evaluation(chosen, 1.05, 1.0, True, low=1.03, high=1.07)
+
+    assert search(layers, clear).best is not None
+
+
+def test_tune_measures_again_under_disturbance_and_names_it(monkeypatch):
+    from dtypelab.core.disturbance import Disturbance
+    from dtypelab.tune import timing
+
+    class Busy:
+        def start(self):
+            pass
+
+        def stop(self):
+            return Disturbance(wall_s=1.0, other_cpu_s=0.9, steal_s=0.0, pressure_s=0.5, involuntary_switches=3)
+
+    attempts = []
+    real = timing.StepTimer
+
+    def counting(*a, **k):
+        attempts.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(timing, "CpuMeter", Busy)
+    monkeypatch.setattr(timing, "StepTimer", counting)
+    report = dtypelab.tune(f"{TINY}:make_task", candidates="int8-dyn", min_cosine=0.9,
+                           hardware=fake_hardware(int8=250.0))
+    assert all(e.disturbed.startswith("other processes used 0.90 of a core") for e in report.evaluations)
+    assert any(n.startswith("Disturbance: other processes used the CPU during") for n in report.notes)
+    measurements = len(attempts) // 2  # two timers per measurement
+    assert measurements % (1 + timing.RETRIES) == 0  # every measurement was taken again, RETRIES times

@@ -13,7 +13,9 @@ from torch.utils.data import DataLoader, TensorDataset
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--accumulate", type=int, default=2)
+parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
+torch.manual_seed(args.seed)
 
 digits = load_digits()
 x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
@@ -39,4 +41,4 @@ for _epoch in range(args.epochs):
 model.eval()
 with torch.no_grad():
     accuracy = (model(x[1500:]).argmax(1) == y[1500:]).float().mean().item()
-print(f"accuracy {accuracy:.4f}")
+print(f"accuracy {accuracy:.6f}")

@@ -73,9 +73,10 @@ class DtypelabCallback(transformers.TrainerCallback):
 
 
 def Trainer(*args: Any, metric: str | None = None, higher_is_better: bool | None = None,
-            seed: int = 0, **kwargs: Any) -> Any:
+            seed: int | None = None, **kwargs: Any) -> Any:
     """``transformers.Trainer(*args, **kwargs)`` measured by dtypelab (keyword ``model=`` and ``args=``).
-    ``metric``: the evaluation metric to judge policies by (e.g. "eval_accuracy"; default: the first one)."""
+    ``metric``: the evaluation metric to judge policies by (e.g. "eval_accuracy"; default: the first one). ``seed``
+    is accepted for old scripts and ignored: the Trainer seeds from ``TrainingArguments.seed`` as it always does."""
     lab = Session(seed=seed)
     if lab.driven:
         if "args" not in kwargs or "model" not in kwargs:

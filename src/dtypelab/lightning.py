@@ -67,10 +67,12 @@ class DtypelabCallback(pl.Callback):
 
 
 def Trainer(*args: Any, metric: str | None = None, higher_is_better: bool | None = None,
-            seed: int = 0, **kwargs: Any) -> pl.Trainer:
+            seed: int | None = None, **kwargs: Any) -> pl.Trainer:
     """``lightning.pytorch.Trainer(*args, **kwargs)`` measured by dtypelab. ``metric``: the logged metric to
     judge policies by (default: the first one logged); whether higher is better is guessed from its name unless
-    given. Seed before building the model (``L.seed_everything``) so every policy starts from the same weights."""
+    given. It touches no global state of the script's (``seed`` is accepted for old scripts and ignored): run by
+    dtypelab, each policy's process is seeded before the script starts, and ``L.seed_everything`` in the script
+    holds."""
     lab = Session(seed=seed)
     if lab.driven:
         kwargs["precision"] = lightning_precision(lab.plan)

@@ -7,7 +7,7 @@ from torch import nn
 
 import dtypelab
 
-lab = dtypelab.session(seed=0)
+lab = dtypelab.session()
 x = torch.randn(64, 8) * 30
 y = torch.randint(0, 4, (64,))
 model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 4))

@@ -19,7 +19,7 @@ args = parser.parse_args()
 
 if args.no_session:
     raise SystemExit(0)
-lab = dtypelab.session(seed=0)
+lab = dtypelab.session()
 x = torch.randn(256, 8)
 y = (x.sum(1) > 0).long()
 loader = DataLoader(TensorDataset(torch.arange(256), x, y), batch_size=32, shuffle=True)

@@ -49,7 +49,7 @@ def estimate(plan: Plan, hw: HardwareInfo, baseline_wall_s: float) -> Estimate:
     float32's matmul (never below fp32's own: start-up, loading and evaluation do not get faster), plus a
     compile allowance for compiled policies. An upper bound for compute-bound models; small models are
     dominated by overheads and run closer to fp32's time."""
-    ref = hw.gflops.get("float32")
+    ref = None if hw.disturbed else hw.gflops.get("float32")  # a disturbed probe's ratios estimate nothing
     ratios = [ref / hw.gflops[c.probe_key] for c in plan.configs if ref and hw.gflops.get(c.probe_key)]
     ratio = max(ratios, default=1.0)
     seconds = baseline_wall_s * max(1.0, ratio)

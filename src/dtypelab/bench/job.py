@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from dtypelab.core.disturbance import CpuMeter
 from dtypelab.core.errors import describe_exception
 from dtypelab.core.loop import (
     DIVERGED_PATIENCE,
@@ -25,7 +26,7 @@ from dtypelab.core.loop import (
     threads,
     to_device,
 )
-from dtypelab.core.measure import CpuMeter, MemoryMeter, StepTimer, device_sync, summarize
+from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync, slow_verdict, summarize
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy
 from dtypelab.core.results import PolicyResult, policy_info
 from dtypelab.core.task import Task, load_task, plain
@@ -84,29 +85,13 @@ class Job:
         return os.path.join(self.workdir, "reference_outputs.pt")
 
 
-SLOW_AFTER = 3  # timed steps after warm-up before a policy can be judged too slow
-SLOW_SAVES_S = 5.0  # ... and only stopped when the steps left would take at least this long at its pace
-
-
 def _warmup(job: Job, samples: list[float]) -> int:
     return min(job.warmup, max(0, len(samples) - 1))
 
 
 def too_slow(job: Job, samples: list[float]) -> str:
-    """Why this run should stop now as pathologically slow on the model itself, or "": the median of its first
-    SLOW_AFTER steps after warm-up is past ``job.slow_step_s``. Catches what a matmul probe cannot (a dtype
-    whose matmuls are native but whose convolutions or elementwise kernels are not)."""
-    timed = samples[job.warmup:]
-    if job.slow_step_s is None or len(timed) < SLOW_AFTER:
-        return ""
-    median = sorted(timed)[len(timed) // 2]
-    # a tiny model's 0.5 ms is 10x its fp32 0.05 ms: stopping it would save nothing and lose its metric
-    if median <= job.slow_step_s or median * (job.steps - len(samples)) < SLOW_SAVES_S:
-        return ""
-    base = f" vs {job.baseline_step_s * 1e3:.3g} ms for fp32, {median / job.baseline_step_s:.0f}x slower" \
-        if job.baseline_step_s else ""
-    return (f"measured pathologically slow on this model: {median * 1e3:.3g} ms per step over its first "
-            f"{len(timed)} timed steps{base}; stopped there")
+    """``slow_verdict`` for this job: past 10x fp32's median step (``job.slow_step_s``), the run stops."""
+    return slow_verdict(samples, job.warmup, job.slow_step_s, job.steps, job.baseline_step_s)
 
 
 def _profiler(job: Job, device: torch.device, precision: Precision, samples: list[float]) -> Profiler | None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dtypelab.bench.rounds import MIN_GAIN, MIN_QUIET, disturbed_text
+from dtypelab.bench.rounds import MIN_QUIET, disturbed_text
+from dtypelab.core.disturbance import describe, was_disturbed
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.measure import DISTURBED_CORES
 from dtypelab.core.policies import BASELINE
 from dtypelab.core.results import PolicyResult, Report
 from dtypelab.core.scaler import scaler_notes
+from dtypelab.core.stats import MIN_GAIN
 from dtypelab.profile.explain import why
 
 
@@ -48,6 +49,7 @@ class Recommendation:
     verdicts: dict[str, str]  # short text per policy for the table
     sentences: tuple[str, ...]  # the explanation in words
     undecided: bool = False  # too disturbed to decide (``bench --strict`` exits non-zero)
+    no_baseline: bool = False  # the fp32 baseline did not complete: nothing to compare with (bench exits 1)
 
 
 def _fmt(x: float) -> str:
@@ -99,8 +101,7 @@ def speed_text(sp: float) -> str:
 
 def _short_reason(r: PolicyResult) -> str:
     if r.status == "skipped":
-        return {"slow": "too slow here (--force runs it)", "budget": "over the time budget (--budget)"}.get(
-            r.skip, "not on this hardware")
+        return {"slow": "too slow here", "budget": "over budget"}.get(r.skip, "not on this hardware")
     if r.status in ("failed", "timeout", "oom"):
         return r.reason if len(r.reason) <= 60 else r.reason[:57] + "..."
     return r.status
@@ -128,16 +129,10 @@ def _details(report: Report) -> list[str]:
 def disturbed_sentence(report: Report, best: str | None) -> str:
     """Which timings other processes disturbed, in words; "" when none was. The decision still comes from the
     medians: this says when not to trust it."""
-    hit = [r for r in report.results if r.disturbance.get("other_cores", 0.0) >= DISTURBED_CORES]
+    hit = [r for r in report.results if was_disturbed(r.disturbance)]
     if not hit:
         return ""
-    parts = []
-    for r in hit:
-        d = r.disturbance
-        pressure = d.get("pressure_s")
-        stall = f", tasks waited for a CPU {pressure / d['wall_s']:.0%} of the time" if pressure and d.get(
-            "wall_s") else ""
-        parts.append(f"{r.policy} ({d['other_cores']:.2f} of a core{stall})")
+    parts = [f"{r.policy} ({describe(r.disturbance, subject=False)})" for r in hit]
     names = {r.policy for r in hit}
     lead = "Caution: the decision rests on disturbed timings. " if names & {best, BASELINE} else ""
     return (f"{lead}Other processes used the CPU while these policies' steps were timed: {', '.join(parts)}; their "
@@ -173,7 +168,7 @@ def recommend(report: Report) -> Recommendation:
         sentences.append(f"No recommendation: the {BASELINE} baseline did not complete ({why}).")
         for (reason, _), names in skipped.items():
             sentences.append(f"{', '.join(names)}: {reason}.")
-        return Recommendation(None, None, verdicts, tuple(sentences))
+        return Recommendation(None, None, verdicts, tuple(sentences), no_baseline=True)
 
     accepted: list[PolicyResult] = []
     notes: dict[str, str] = {}
@@ -187,7 +182,7 @@ def recommend(report: Report) -> Recommendation:
             verdicts[r.policy] = f"diverged at step {r.first_nonfinite_step}"
             notes[r.policy] = f"{r.policy}: {speed} but diverged ({r.reason})."
         elif r.first_nonfinite_step is not None:
-            verdicts[r.policy] = f"unstable (non-finite loss at step {r.first_nonfinite_step})"
+            verdicts[r.policy] = f"non-finite loss at step {r.first_nonfinite_step}"
             notes[r.policy] = f"{r.policy}: {speed} but the loss went non-finite at step {r.first_nonfinite_step}."
         elif value is None or not math.isfinite(value):
             verdicts[r.policy] = "no metric"
@@ -199,12 +194,12 @@ def recommend(report: Report) -> Recommendation:
                 verdicts[r.policy] = "baseline"
                 accepted.append(r)
                 continue
-            verdicts[r.policy] = f"{metric} {where}"
+            verdicts[r.policy] = where
             notes[r.policy] = f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}, {where})."
             cos = r.fidelity.get("cos_min") if cfg.mode == "infer" else None
             if ok and cos is not None and cos < cfg.min_cosine:  # the metric can hide drift the outputs show
                 ok = False
-                verdicts[r.policy] = f"worst cosine {cos:.4f} < {cfg.min_cosine:g}"
+                verdicts[r.policy] = f"cosine {cos:.4f} < {cfg.min_cosine:g}"
                 notes[r.policy] = (f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}) but its worst output "
                                    f"cosine vs {BASELINE} is {cos:.4f}, below {cfg.min_cosine:g}.")
             if ok:
@@ -221,11 +216,24 @@ def recommend(report: Report) -> Recommendation:
         best = min(timed, key=lambda r: r.timing.median).policy if timed else None
     with_mem = [r for r in accepted if r.peak_memory_bytes is not None]
     lowest = min(with_mem, key=lambda r: r.peak_memory_bytes).policy if with_mem else None
-    too_busy = paired and sum(b.disturbed for b in base.rounds) > len(base.rounds) / 2
+    busy = paired and sum(b.disturbed for b in base.rounds) > len(base.rounds) / 2
+    # Busy rounds decide nothing only where they could change the answer: an alternative whose interval reaches
+    # above the no-gain band might be faster (or slower) on a quiet machine; one whose whole interval lies at or
+    # below it cannot win either way, and then "keep fp32" stands.
+    contenders = [r for r in accepted if r.policy != BASELINE and r.speedup_ci and r.speedup_ci.high > 1 + MIN_GAIN]
+    too_busy = busy and bool(contenders)
     if too_busy:
         sentences.append(f"No recommendation: the machine was too busy to decide "
-                         f"({disturbed_text(BASELINE, base.rounds)}); re-run it on a quiet machine.")
+                         f"({disturbed_text(BASELINE, base.rounds)}) and "
+                         f"{', '.join(r.policy for r in contenders)} might be faster on a quiet machine; re-run it "
+                         "there.")
         best = None
+    elif busy:
+        sentences.append(f"Keep {BASELINE}: the machine was busy ({disturbed_text(BASELINE, base.rounds)}), but no "
+                         f"alternative within {tol} on {metric} came out faster even so (every 95% interval at or "
+                         f"below {1 + MIN_GAIN:.2f}x), so disturbance cannot change this decision ({BASELINE}: "
+                         f"{_fmt(base_metric)}).")
+        best = BASELINE
     elif best == BASELINE or best is None:
         measurably = "measurably faster (95% interval above 1)" if paired else "faster"
         sentences.append(f"Keep {BASELINE}: no other policy was both {measurably} and within {tol} on {metric} "
@@ -249,8 +257,8 @@ def recommend(report: Report) -> Recommendation:
             f"{r.policy} {r.speedup_ci.point:.2f}x ({r.speedup_ci.low:.2f}–{r.speedup_ci.high:.2f})" for r in unclear)
             + "; the interval includes no gain, so the safer " + BASELINE + " numerics are preferred.")
         for r in unclear:
-            if verdicts.get(r.policy, "").startswith(metric):
-                verdicts[r.policy] = "no measurable speed difference"
+            if verdicts.get(r.policy, "").startswith(("within", "better", "equal")):
+                verdicts[r.policy] = "no measurable gain"
     busy = rounds_sentence(report) if paired else disturbed_sentence(report, best)
     if busy:
         sentences.append(busy)

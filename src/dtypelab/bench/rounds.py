@@ -9,7 +9,6 @@ measurement only, on the same initial weights and batches.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -18,15 +17,15 @@ from typing import Any
 
 import torch
 
+from dtypelab.core.disturbance import DISTURBED_CORES, CpuMeter
 from dtypelab.core.loop import build_model, forward, to_device, train_step
-from dtypelab.core.measure import DISTURBED_CORES, CpuMeter, StepTimer, device_sync
+from dtypelab.core.measure import StepTimer, device_sync
 from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.results import RoundBlock, SpeedupInterval
+from dtypelab.core.stats import CONFIDENCE, MIN_GAIN, ratio_interval
 from dtypelab.core.task import load_task
 
 MIN_QUIET = 3  # undisturbed rounds needed to leave the disturbed ones out
-CONFIDENCE = 0.95
-MIN_GAIN = 0.02  # a speedup whose interval stays above 1 + this counts as measurably faster
 
 
 @dataclass(frozen=True)
@@ -129,25 +128,17 @@ def _rounds(job: RoundsJob, progress: Callable[[int, int], None]) -> dict[str, t
 
 
 # --- statistics ------------------------------------------------------------------------------------------
-def _t(df: int) -> float:
-    from scipy.stats import t
-
-    return float(t.ppf(0.5 + CONFIDENCE / 2, df))
-
-
 def paired_speedup(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...]) -> SpeedupInterval | None:
     """fp32's block median over this policy's, round by round; their geometric mean and a Student-t interval
     on the log ratios. Rounds where either block was disturbed are left out while MIN_QUIET quiet ones remain."""
     pairs = [(b, p) for b, p in zip(base, blocks, strict=False) if b.median_s > 0 and p.median_s > 0]
     quiet = [(b, p) for b, p in pairs if not (b.disturbed or p.disturbed)]
     used = quiet if len(quiet) >= MIN_QUIET else pairs
-    if len(used) < 2:
+    ci = ratio_interval([(b.median_s, p.median_s) for b, p in used])
+    if ci is None:
         return None
-    logs = [math.log(b.median_s / p.median_s) for b, p in used]
-    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
-    half = _t(len(logs) - 1) * sd / math.sqrt(len(logs))
-    return SpeedupInterval(point=math.exp(mean), low=math.exp(mean - half), high=math.exp(mean + half),
-                           rounds=len(used), dropped=len(pairs) - len(used), disturbed=len(pairs) - len(quiet))
+    return SpeedupInterval(point=ci.point, low=ci.low, high=ci.high, rounds=ci.n, dropped=len(pairs) - len(used),
+                           disturbed=len(pairs) - len(quiet))
 
 
 def disturbed_text(name: str, blocks: tuple[RoundBlock, ...]) -> str:

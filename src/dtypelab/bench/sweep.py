@@ -15,9 +15,16 @@ from dtypelab.bench.job import Job
 from dtypelab.bench.launch import LAUNCHERS, Event, Launcher, OnEvent
 from dtypelab.bench.recommend import Tolerance
 from dtypelab.bench.rounds import RoundsJob, RoundsResult, paired_speedup
+from dtypelab.core.disturbance import was_disturbed
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import SLOW_RATIO, HardwareInfo, environment, probe, resolve_device
-from dtypelab.core.measure import DISTURBED_CORES, CpuMeter
+from dtypelab.core.hardware import (
+    SLOW_RATIO,
+    HardwareInfo,
+    environment,
+    hardware_for,
+    probe_notice,
+    resolve_device,
+)
 from dtypelab.core.policies import (
     BASELINE,
     COMPILED_BASELINE,
@@ -58,19 +65,10 @@ def _check_patterns(task: Task, plans: Iterable[Plan]) -> None:
         plan.assign(model)
 
 
-def _probe(dev: torch.device, force: bool, on_event: OnEvent) -> tuple[HardwareInfo, bool]:
-    """The hardware probe, and whether it ran disturbed (then no policy is skipped as slow on its evidence)."""
-    on_event(Event("probe", "", label="probing hardware"))
-    cpu = CpuMeter()
-    cpu.start()
-    hardware = probe(dev)
-    busy = cpu.stop()
-    if busy is None or not busy.disturbed or force:
-        return hardware, False
-    # a busy machine makes every dtype look slow: skipping on that evidence would drop sane policies
-    on_event(Event("notice", "", label=f"the hardware probe was disturbed (other processes used "
-                                        f"{busy.other_cores:.2f} of a core): no policy is skipped as slow"))
-    return hardware, True
+def _hardware(dev: torch.device, given: HardwareInfo | str | None, on_event: OnEvent) -> HardwareInfo:
+    if given is None:
+        on_event(Event("probe", "", label="probing hardware"))
+    return hardware_for(dev, given)
 
 
 def _with_baselines(plans: dict[str, Plan], explicit: bool) -> dict[str, Plan]:
@@ -109,7 +107,7 @@ def bench(
     isolate: bool = True,
     launcher: str | Launcher | None = None,
     on_event: OnEvent | None = None,
-    hardware: HardwareInfo | None = None,
+    hardware: HardwareInfo | str | None = None,
     budget: str | float | None = DEFAULT_BUDGET_S,
     rounds: int | None = None,
     profile: bool | int = False,
@@ -227,9 +225,7 @@ def bench(
         raise DtypelabError(f"--nproc {torchrun.nproc} on CUDA needs one GPU per rank; this node has "
                             f"{torch.cuda.device_count()}")
     on_event = on_event or (lambda e: None)
-    force_slow = False
-    if hardware is None:
-        hardware, force_slow = _probe(dev, force, on_event)
+    hardware = _hardware(dev, hardware, on_event)
 
     # A pretrained task is never trained: its steps are forward passes, sized for its (larger) model.
     time_box = INFER_TIME_BOX_S if mode == "infer" and steps is None else None
@@ -260,12 +256,14 @@ def bench(
         avail = plans[name].availability(hardware)
         if not avail.ok and (explicit or name in added):
             raise DtypelabError(f"policy {name} cannot run here: {avail.reason}")
-        if not avail.ok or (avail.slow and not (force or force_slow)):
+        if not avail.ok or (avail.slow and not force):
             report = report.with_result(PolicyResult(name, "skipped", avail.reason, info=policy_info(plans[name]),
                                                      skip="slow" if avail.ok else "unsupported"))
         else:
             runnable.append(name)
     save_report(report, json_path)
+    if probe_notice(hardware) and not force:  # said once every option is known good: an error stays one line
+        on_event(Event("notice", "", label=probe_notice(hardware)))
 
     with tempfile.TemporaryDirectory(prefix="dtypelab-") as workdir:
         base_step: float | None = None  # fp32's median step in this sweep: later runs 10x slower stop early
@@ -301,7 +299,7 @@ def bench(
                 if name == BASELINE:
                     base_wall = result.wall_s
                     # fp32's median under disturbance would make every later policy look 10x slower
-                    quiet = result.disturbance.get("other_cores", 0.0) < DISTURBED_CORES
+                    quiet = not was_disturbed(result.disturbance)
                     base_step = result.timing.median if result.status == "ok" and result.timing and quiet else None
                 report = report.with_result(result)
                 pending.pop(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,8 +18,8 @@ from dtypelab.core.errors import DtypelabError, TaskError, format_user_traceback
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure which numeric precision your PyTorch model should use, on this hardware.")
 err = Console(stderr=True)
-# Piped or redirected output has no width; rich would assume 80 columns and fold the table.
-out = Console() if Console().is_terminal else Console(width=200)
+# Piped or redirected output has no width: rich would assume 80 columns; COLUMNS still says how wide a log is.
+out = Console() if Console().is_terminal else Console(width=int(os.environ.get("COLUMNS", "0") or 0) or 200)
 
 
 def _progress() -> Progress:

@@ -24,7 +24,17 @@ from dtypelab.cli._common import (
     out,
     write_html,
 )
-from dtypelab.cli.options import BatchOpt, DeviceOpt, ForceOpt, FormatOpt, HtmlOpt, JsonOpt, TaskArg, ThreadsOpt
+from dtypelab.cli.options import (
+    BatchOpt,
+    DeviceOpt,
+    ForceOpt,
+    FormatOpt,
+    HardwareOpt,
+    HtmlOpt,
+    JsonOpt,
+    TaskArg,
+    ThreadsOpt,
+)
 from dtypelab.core.errors import DtypelabError
 
 HEARTBEAT_S = 30.0
@@ -157,10 +167,12 @@ def bench(
     link_gbps: Annotated[str | None, typer.Option(help="links for the scaling estimate: Gbit/s numbers or presets "
                                                        "25gbe, 100gbe, pcie4, nvlink4 [default: all four presets]",
                                                   rich_help_panel="Distributed")] = None,
+    hardware: HardwareOpt = None,
 ) -> None:
     """Train TASK under each precision policy (or, with --mode infer, run inference under each, quantized
     int8/fp8 policies included); print speed, memory, size, fidelity, metric and a recommendation. TASK may be
-    your own training script (train.py, using dtypelab.session()); its arguments go after --."""
+    your own training script (train.py, using dtypelab.session()); its arguments go after --. Exit 1 when the fp32
+    baseline did not complete (nothing to compare with), 3 with --strict when the machine was too busy to decide."""
     from dtypelab.bench.sweep import bench as run_bench
     from dtypelab.core.results import default_result_path
 
@@ -171,7 +183,8 @@ def bench(
                       device=device, seed=seed, force=force, timeout_s=timeout, threads=threads, json_path=path,
                       per_layer=per_layer, min_cosine=min_cosine, budget=budget, rounds=rounds,
                       profile=profile, trace_dir=trace_dir, script_args=tuple(ctx.args), nproc=nproc, nnodes=nnodes,
-                      plan=plan, rdzv_endpoint=rdzv_endpoint, torchrun_args=torchrun_args, link_gbps=link_gbps)
+                      plan=plan, rdzv_endpoint=rdzv_endpoint, torchrun_args=torchrun_args, link_gbps=link_gbps,
+                      hardware=hardware)
         if err.is_terminal:
             with _progress() as progress:
                 report = run_bench(task, policies, on_event=_Bars(progress), **kwargs)
@@ -181,12 +194,16 @@ def bench(
     _emit(report, fmt)
     err.print(f"[dim]results saved to {escape(path)}; re-render with: dtypelab show {escape(path)}[/]")
     write_html(report, html)
-    if strict:
-        from dtypelab.bench.recommend import recommend
+    from dtypelab.bench.recommend import recommend
 
-        if recommend(report).undecided:
-            err.print("[bold red]--strict:[/] the machine was too disturbed to decide", highlight=False)
-            raise typer.Exit(3)
+    rec = recommend(report)
+    if rec.no_baseline:
+        err.print("[bold red]error:[/] the fp32 baseline did not complete: nothing to compare the policies with",
+                  highlight=False)
+        raise typer.Exit(1)
+    if strict and rec.undecided:
+        err.print("[bold red]--strict:[/] the machine was too disturbed to decide", highlight=False)
+        raise typer.Exit(3)
 
 
 @app.command()
@@ -246,12 +263,17 @@ def policies(device: DeviceOpt = None) -> None:
 
 
 @app.command()
-def hardware(device: DeviceOpt = None) -> None:
+def hardware(device: DeviceOpt = None, json: Annotated[str | None, typer.Option(
+        "--json", help="also save the probe here, for --hardware FILE (bench, tune) or DTYPELAB_HARDWARE")] = None
+             ) -> None:
     """Show what this machine can do: flags, and measured throughput per dtype and per quantized kernel."""
-    from dtypelab.core.hardware import KERNEL_LABELS, probe
+    from dtypelab.core.hardware import KERNEL_LABELS, measured_probe
+    from dtypelab.core.results import plain_json, save_text
 
     with _guarded():
-        hw = probe(device)
+        hw = measured_probe(device)
+        if json:
+            save_text(json, plain_json(hw.to_dict()) + "\n")
     lines = [f"device      {hw.device} ({hw.device_name})",
              f"cpu         {hw.cpu_name}; torch capability {hw.cpu_capability}; {hw.threads} threads",
              f"cpu flags   {' '.join(hw.cpu_flags) or '(unknown)'}"]
@@ -265,5 +287,9 @@ def hardware(device: DeviceOpt = None) -> None:
         what = KERNEL_LABELS.get(key, "")
         slow = hw.slow_reason(key)
         lines.append(f"  {key:17s} {gflops:9.3g}  {ratio}  {native:10s} {what}{'  — ' + slow if slow else ''}".rstrip())
+    if hw.disturbed:
+        lines.append(f"caution     the probe was disturbed ({hw.disturbed}): these figures are not reliable")
     for line in lines:
         out.print(line, markup=False, highlight=False)
+    if json:
+        err.print(f"[dim]probe saved to {escape(json)}[/]")

@@ -16,3 +16,6 @@ ThreadsOpt = Annotated[int | None, typer.Option(help="torch threads per run [def
 JsonOpt = Annotated[str | None, typer.Option("--json", help="result file [default: dtypelab-results/…]")]
 FormatOpt = Annotated[str, typer.Option("--format", help="table, markdown, html or json")]
 HtmlOpt = Annotated[str | None, typer.Option("--html", help="also write the offline HTML report (plots) here")]
+HardwareOpt = Annotated[str | None, typer.Option(
+    "--hardware", envvar="DTYPELAB_HARDWARE",
+    help="decide with this saved hardware probe (dtypelab hardware --json FILE, or any record) instead of probing")]

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from dtypelab.cli._common import _guarded, app, err, out
-from dtypelab.cli.options import BatchOpt, DeviceOpt, TaskArg
+from dtypelab.cli.options import BatchOpt, DeviceOpt, ForceOpt, HardwareOpt, TaskArg
 
 
 @app.command()
@@ -30,6 +30,8 @@ def tune(
     batch_size: BatchOpt = None,
     device: DeviceOpt = None,
     weights: Annotated[str | None, typer.Option(help="fp32 state dict [default: the task's model as built]")] = None,
+    force: ForceOpt = False,
+    hardware: HardwareOpt = None,
 ) -> None:
     """Per layer, choose a candidate config or fp32 so that the model is as fast as measured possible while it
     keeps the constraint: inference, the worst output cosine vs fp32 at or above --min-cosine; training, the task's
@@ -40,8 +42,8 @@ def tune(
     with _guarded(), err.status(f"tuning {task}") as status:
         report = run_tune(task, mode=mode, candidates=candidates, min_cosine=min_cosine, tolerance=tolerance,
                           steps=steps, probe_steps=probe_steps, batch_size=batch_size,
-                          device=device, weights=weights, output=output, json_path=json,
-                          progress=lambda text: status.update(text))
+                          device=device, weights=weights, output=output, json_path=json, force=force,
+                          hardware=hardware, progress=lambda text: status.update(text))
     _emit_record(report, "table")
     if output:
         out.print(f"plan written to {output}: dtypelab bench {report.config.task} --mode {mode} -p fp32,{output}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shlex
@@ -9,11 +10,12 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
 
+from dtypelab.core.disturbance import CpuMeter, describe
 from dtypelab.core.errors import DtypelabError
 
 # CPU flags that decide whether a low-precision format is computed natively or converted around fp32.
@@ -46,6 +48,9 @@ class HardwareInfo:
     cuda_capability: tuple[int, int] | None
     threads: int
     gflops: dict[str, float] = field(default_factory=dict)  # dtype name, "tf32" or a KERNEL_PROBES key -> GFLOP/s
+    # What other processes did during the probe when they disturbed it even after re-probing ("" when quiet): its
+    # figures then decide nothing on their own (no policy is skipped as slow, nor run because it looked fast).
+    disturbed: str = ""
 
     @property
     def is_cuda(self) -> bool:
@@ -94,7 +99,7 @@ class HardwareInfo:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HardwareInfo:
-        d = dict(d)
+        d = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}  # a newer file's extra fields
         d["cpu_flags"] = tuple(d.get("cpu_flags", ()))
         cc = d.get("cuda_capability")
         d["cuda_capability"] = tuple(cc) if cc else None
@@ -227,3 +232,66 @@ def probe(device: str | torch.device | None = None, budget_s: float = 0.1) -> Ha
         cpu_capability=torch.backends.cpu.get_cpu_capability(), cuda_capability=cc,
         threads=torch.get_num_threads(), gflops={k: round(v, 3) for k, v in gflops.items()},
     )
+
+
+PROBE_RETRIES = 2  # re-probes while other processes disturb it
+PROBE_PAUSE_S = 0.5  # between them: a bursty neighbour may have finished its burst
+
+
+def measured_probe(device: str | torch.device | None = None, budget_s: float = 0.1,
+                   retries: int = PROBE_RETRIES) -> HardwareInfo:
+    """``probe``, watched for other processes: re-taken while they disturb it, and marked ``disturbed`` when they
+    still do, so that its figures are never the sole reason to skip a policy or to run one."""
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    for attempt in range(retries + 1):
+        meter = CpuMeter()
+        meter.start()
+        hw = probe(dev, budget_s)
+        busy = meter.stop()
+        if busy is None or not busy.disturbed:
+            return hw
+        if attempt < retries:
+            time.sleep(PROBE_PAUSE_S)
+    tries = f"{retries + 1} probes" if retries else "the probe"
+    return replace(hw, disturbed=f"{describe(busy)} during {tries}")
+
+
+def load_hardware(path: str) -> HardwareInfo:
+    """A saved probe: ``dtypelab hardware --json FILE``, or any dtypelab record (its environment's hardware)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise DtypelabError(f"no such hardware file: {path}") from None
+    except (OSError, ValueError) as exc:
+        raise DtypelabError(f"cannot read hardware file {path}: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("environment"), dict):
+        data = data["environment"].get("hardware")
+    if not isinstance(data, dict) or not isinstance(data.get("gflops"), dict) or "device" not in data:
+        raise DtypelabError(f"{path} holds no hardware probe (write one with: dtypelab hardware --json FILE)")
+    try:
+        return HardwareInfo.from_dict(data)
+    except TypeError as exc:
+        raise DtypelabError(f"{path}: not a hardware probe ({exc})") from None
+
+
+def hardware_for(device: str | torch.device | None, given: HardwareInfo | str | None = None,
+                 budget_s: float = 0.1) -> HardwareInfo:
+    """The hardware a command decides with: ``given`` (a HardwareInfo, or a file for ``load_hardware``), else a
+    ``measured_probe`` of ``device``. A given probe of another kind of device than the run's is an error."""
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    if given is None:
+        return measured_probe(dev, budget_s)
+    hw = load_hardware(given) if isinstance(given, str) else given
+    if torch.device(hw.device).type != dev.type:
+        raise DtypelabError(f"the hardware probe given describes {hw.device} ({hw.device_name}); this run is on "
+                            f"{dev}")
+    return hw
+
+
+def probe_notice(hardware: HardwareInfo) -> str:
+    """What a disturbed probe means for a sweep, or "" when it was quiet."""
+    if not hardware.disturbed:
+        return ""
+    return (f"the hardware probe was disturbed ({hardware.disturbed}): no policy is skipped as slow on its figures; "
+            "each policy's own steps decide (a run 10x slower than fp32 stops after a few steps)")

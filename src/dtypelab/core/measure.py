@@ -10,7 +10,6 @@ import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -72,6 +71,28 @@ class StepTimer:
         return elapsed
 
 
+SLOW_AFTER = 3  # timed steps after warm-up before a run can be judged pathologically slow
+SLOW_SAVES_S = 5.0  # ... and it is stopped only when the steps left would take at least this long at its pace
+
+
+def slow_verdict(samples: Sequence[float], warmup: int, limit_s: float | None, steps_total: int,
+                 baseline_s: float | None = None) -> str:
+    """Why a run should stop now as pathologically slow on the model itself, or "": the median of its timed steps
+    (at least SLOW_AFTER after ``warmup``) is past ``limit_s`` (fp32's median over SLOW_RATIO), and the steps left
+    of ``steps_total`` would take SLOW_SAVES_S or more. Catches what a matmul probe cannot (a dtype whose matmuls
+    are native but whose convolutions are not) and what a disturbed probe let through."""
+    timed = list(samples[warmup:])
+    if limit_s is None or len(timed) < SLOW_AFTER:
+        return ""
+    median = sorted(timed)[len(timed) // 2]
+    # a tiny model's 0.5 ms is 10x its fp32 0.05 ms: stopping it would save nothing and lose its metric
+    if median <= limit_s or median * (steps_total - len(samples)) < SLOW_SAVES_S:
+        return ""
+    base = f" vs {baseline_s * 1e3:.3g} ms for fp32, {median / baseline_s:.0f}x slower" if baseline_s else ""
+    return (f"measured pathologically slow on this model: {median * 1e3:.3g} ms per step over its first "
+            f"{len(timed)} timed steps{base}; stopped there")
+
+
 def device_sync(device: torch.device) -> Callable[[], None] | None:
     return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
 
@@ -117,89 +138,6 @@ def _current_rss() -> int:
         import psutil
 
         return psutil.Process().memory_info().rss
-
-
-# --- other processes ------------------------------------------------------------------------------
-
-# Cores of CPU time other processes used, on average, while a policy's steps were timed, from which its timing
-# is not trusted: on 2 cores one busy process slows a threaded torch run 10-30x.
-DISTURBED_CORES = 0.25
-
-
-class CpuReading(NamedTuple):
-    wall_s: float
-    busy_s: float  # every process's CPU time on the machine (user, nice, system, irq, softirq)
-    own_s: float  # this process's, its reaped children's included
-    steal_s: float  # time the hypervisor gave this machine's CPUs to someone else
-    pressure_s: float | None  # /proc/pressure/cpu "some": time runnable tasks waited for a CPU (None: no PSI)
-    involuntary: int  # this process's involuntary context switches
-
-
-def read_cpu() -> CpuReading:
-    import psutil
-
-    sys_t, proc = psutil.cpu_times(), psutil.Process()
-    own = proc.cpu_times()
-    pressure = None
-    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/pressure/cpu") as f:
-        pressure = int(f.readline().split("total=")[1]) / 1e6
-    return CpuReading(time.monotonic(), sys_t.user + sys_t.nice + sys_t.system + getattr(sys_t, "irq", 0.0)
-                      + getattr(sys_t, "softirq", 0.0), own.user + own.system + own.children_user
-                      + own.children_system, getattr(sys_t, "steal", 0.0), pressure,
-                      proc.num_ctx_switches().involuntary)
-
-
-@dataclass(frozen=True)
-class Disturbance:
-    """What the rest of the machine did while a policy's steps were timed."""
-
-    wall_s: float
-    other_cpu_s: float  # CPU time of every other process (machine-wide busy time less this process's)
-    steal_s: float
-    pressure_s: float | None
-    involuntary_switches: int
-
-    @property
-    def other_cores(self) -> float:
-        return self.other_cpu_s / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def disturbed(self) -> bool:
-        stolen = self.steal_s / self.wall_s if self.wall_s > 0 else 0.0
-        return self.other_cores >= DISTURBED_CORES or stolen >= DISTURBED_CORES
-
-    def to_dict(self) -> dict[str, float | int | None]:
-        return {"wall_s": self.wall_s, "other_cpu_s": self.other_cpu_s, "other_cores": self.other_cores,
-                "steal_s": self.steal_s, "pressure_s": self.pressure_s,
-                "involuntary_switches": self.involuntary_switches}
-
-
-class CpuMeter:
-    """``start()`` ... ``stop()`` around timed steps: how much CPU other processes took meanwhile. ``read`` is
-    injectable for tests."""
-
-    def __init__(self, read: Callable[[], CpuReading] = read_cpu) -> None:
-        self.read, self._start = read, None
-
-    def start(self) -> None:
-        try:
-            self._start = self.read()
-        except Exception:  # no psutil reading on this platform: the run is measured, its context is not
-            self._start = None
-
-    def stop(self) -> Disturbance | None:
-        if self._start is None:
-            return None
-        try:
-            end = self.read()
-        except Exception:
-            return None
-        a = self._start
-        pressure = end.pressure_s - a.pressure_s if a.pressure_s is not None and end.pressure_s is not None else None
-        return Disturbance(wall_s=end.wall_s - a.wall_s,
-                           other_cpu_s=max(0.0, (end.busy_s - a.busy_s) - (end.own_s - a.own_s)),
-                           steal_s=max(0.0, end.steal_s - a.steal_s), pressure_s=pressure,
-                           involuntary_switches=end.involuntary - a.involuntary)
 
 
 class MemoryMeter:

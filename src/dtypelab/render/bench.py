@@ -11,10 +11,14 @@ from dtypelab.core.results import PolicyResult, Report
 from dtypelab.inference.perlayer import SAMPLES
 from dtypelab.render.distributed import distributed_sections
 from dtypelab.render.profile import Section, profile_sections
-from dtypelab.render.tables import html_table, markdown_table, num, rich_table
+from dtypelab.render.tables import drop_order, html_table, markdown_table, num, rich_table
 
 FORMATS = ("table", "markdown", "html", "json")
 MB = 2**20
+# Columns a narrow terminal leaves out first to last (the notes still say what they held); the policy, its speedup,
+# metric, worst cosine and verdict stay.
+DROP_FIRST = ("samples/s", "size MB", "linear W", "max abs err", "peak MB", "step ms", "latency ms", "final loss",
+              "SQNR dB", "status", "Δ ")
 
 
 def _timing(r: PolicyResult) -> str:
@@ -216,9 +220,10 @@ def render_table(report: Report, console: object | None = None) -> None:
     styles = ["bold green" if r.policy == rec.best else colours.get(r.status, "") for r in report.results]
     last = len(headers) - 1  # the verdict column gives way instead of the numbers
     rich_table(console, bench_title(report), headers, rows, bench_notes(report, rec), left={0, 1, last}, wrap={last},
-               styles=styles)
+               styles=styles, drop=drop_order(headers, DROP_FIRST))
     for x in sections(report):
-        rich_table(console, x.title, x.headers, x.rows, x.notes, left=x.left, wrap=x.wrap)
+        rich_table(console, x.title, x.headers, x.rows, x.notes, left=x.left, wrap=x.wrap,
+                   drop=drop_order(x.headers, x.drop) if x.drop else None)
 
 
 def render(report: Report, fmt: str) -> str:

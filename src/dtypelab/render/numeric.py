@@ -13,7 +13,7 @@ from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.results import AuditReport, plain_json
 from dtypelab.numerics.castcheck import LABELS, CastFileReport, CastReport, ValueCast
 from dtypelab.numerics.formats import Format, get_format
-from dtypelab.render.tables import html_table, markdown_table, num, pow2, rich_table
+from dtypelab.render.tables import drop_order, html_table, markdown_table, num, pow2, rich_table
 
 Doc = tuple[str, list[str], list[list[str]], list[str]]
 SEVERITY_STYLE = {0: "", 1: "yellow", 2: "bold yellow", 3: "bold red"}
@@ -167,6 +167,13 @@ def to_json(obj: Any) -> str:
     return plain_json(obj) + "\n"
 
 
+# Columns a narrow terminal leaves out first, per table (by the first header): the rest go right to left.
+DROP_FIRST = {"layer": ("module", "zero", "range", "min |x|", "non-finite", "max |x|", "kind",  # audit, tune
+                        "candidate", "gain", "1 − cosine", "loss deviation"),
+              "tensor": ("dtype", "shape", "bytes", "max rel err", "subnormal", "elements"),  # cast
+              "format": ("smallest subnormal", "bits", "eps", "digits", "inf/nan", "smallest normal")}
+
+
 def emit(doc: Doc, fmt: str, console: Any, styles: list[str] | None = None, wrap: set[int] | None = None) -> str | None:
     """Print a rich table (fmt 'table', returns None) or return Markdown / HTML text."""
     title, headers, rows, notes = doc
@@ -174,7 +181,9 @@ def emit(doc: Doc, fmt: str, console: Any, styles: list[str] | None = None, wrap
         last = len(headers) - 1
         wrap = wrap or {last}
         text_columns = {i for i, h in enumerate(headers) if h.startswith(("bits", "what", "note"))}
+        first = drop_order(headers, DROP_FIRST.get(headers[0], ()))
+        rest = [i for i in range(len(headers) - 1, 0, -1) if i not in wrap and i not in first]
         rich_table(console, title, headers, rows, notes, left={0, 1, 2} | text_columns | wrap, wrap=wrap,
-                   styles=styles)
+                   styles=styles, drop=first + rest)
         return None
     return (markdown_table if fmt == "markdown" else html_table)(title, headers, rows, notes)

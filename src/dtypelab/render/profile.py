@@ -20,6 +20,7 @@ class Section:
     notes: list[str]
     left: set[int] = field(default_factory=set)
     wrap: set[int] = field(default_factory=set)
+    drop: tuple[str, ...] = ()  # header prefixes a narrow terminal leaves out first (default: from the right)
 
 
 def _pct(x: float | None) -> str:

@@ -53,7 +53,8 @@ figure{margin:1em 0;break-inside:avoid}figure .svg svg{max-width:100%;height:aut
 figcaption{font-size:.9em;color:#333;margin-top:.2em}
 table{border-collapse:collapse;font-size:.82em;margin:.5em 0;display:block;overflow-x:auto}
 td,th{border:1px solid #bbb;padding:3px 7px;text-align:left}th{background:#f0f4f8}
-td.n{text-align:right;white-space:nowrap}td.t{min-width:5em}td.t:first-child{white-space:nowrap}
+td.n{text-align:right}td.t{min-width:5em}td.t:first-child{white-space:nowrap}
+th{font-weight:600;vertical-align:bottom}td{overflow-wrap:normal;word-break:keep-all}
 summary{cursor:pointer;font-size:.9em;color:#0072B2;margin:.4em 0}
 ul{font-size:.9em}.card td{white-space:normal;text-align:left}.card td:first-child{font-weight:600;width:9em}
 .meta{font-size:.85em;color:#333}.meta code{background:#f4f4f4;padding:0 .3em}

@@ -1,6 +1,7 @@
 """``dtypelab bench train.py [-- args]``: the user's own script, run once per policy, each in its own process.
 
-The script is run as it is (``python train.py args``), with ``DTYPELAB_JOB`` naming a JSON file that tells its
+The script is run as it is (``python -m dtypelab.script.boot train.py args``: ``python train.py args`` with the RNGs
+seeded before its first line), with ``DTYPELAB_JOB`` naming a JSON file that tells its
 ``dtypelab.session()`` (or the Lightning / Hugging Face integration) which policy to use; the session writes
 ``<job>.started``, ``<job>.progress`` and, at ``finish()``, ``<job>.result`` next to it. A crash, a hang or a
 script that never calls ``finish`` becomes a result that says so; the other policies still run.
@@ -22,11 +23,14 @@ from typing import Any
 
 from dtypelab.bench.launch import Event, OnEvent, death_reason, last_line, stop_process
 from dtypelab.bench.recommend import Tolerance
+from dtypelab.core.disturbance import was_disturbed
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import HardwareInfo, environment, probe, resolve_device
+from dtypelab.core.hardware import SLOW_RATIO, HardwareInfo, environment, hardware_for, probe_notice, resolve_device
+from dtypelab.core.loop import DIVERGED_PATIENCE
 from dtypelab.core.policies import BASELINE, Config, Plan, default_policies, get_policy, parse_policies
 from dtypelab.core.results import PolicyResult, Report, RunConfig, policy_info, save_report
-from dtypelab.script.session import ENV_JOB
+from dtypelab.script.boot import ENV_SEED
+from dtypelab.script.session import ENV_JOB, warmup_steps
 
 POLL_S = 0.1
 
@@ -40,7 +44,7 @@ class ScriptJob:
     device: str
     workdir: str
     mode: str = "bench"  # or "trace" / "audit": the session arms the guard or the range audit
-    extra: tuple[tuple[str, Any], ...] = ()  # the audit's steps, every, layers, formats
+    extra: tuple[tuple[str, Any], ...] = ()  # the audit's steps, every, layers, formats; bench: fp32's pace
 
     @property
     def policy(self) -> str:
@@ -70,11 +74,11 @@ def run_script(job: ScriptJob, timeout_s: float, on_step: Callable[[int, int], N
         json.dump({"plan": job.plan.to_dict(), "seed": job.seed, "device": job.device, "mode": job.mode,
                    "script": job.path, "task_name": os.path.basename(job.path), **dict(job.extra)}, f)
     log = job.job_file.replace(".job.json", ".log")
-    env = {**os.environ, ENV_JOB: job.job_file, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, ENV_JOB: job.job_file, ENV_SEED: str(job.seed), "PYTHONUNBUFFERED": "1"}
     start = time.monotonic()
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, job.path, *job.args], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                cwd=os.getcwd(), start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", "dtypelab.script.boot", job.path, *job.args], stdout=out,
+                                stderr=subprocess.STDOUT, env=env, cwd=os.getcwd(), start_new_session=True)
     try:
         while proc.poll() is None:
             if time.monotonic() - start > timeout_s:
@@ -98,8 +102,12 @@ def run_script(job: ScriptJob, timeout_s: float, on_step: Callable[[int, int], N
         return PolicyResult(job.policy, status, reason, wall_s=wall), None
     if os.path.exists(job.job_file + ".skip"):
         with open(job.job_file + ".skip") as f:
-            reason = json.load(f)["reason"]
-        return PolicyResult(job.policy, "skipped", reason, skip="unsupported", wall_s=wall), None
+            skip = json.load(f)
+        times = tuple(skip.get("step_times_s") or ())
+        return PolicyResult(job.policy, "skipped", skip["reason"], skip=skip.get("kind", "unsupported"), wall_s=wall,
+                            step_times_s=times, warmup=warmup_steps(len(times)) if times else 0,
+                            losses=tuple(float(x) for x in skip.get("losses") or ()),
+                            disturbance=skip.get("disturbance") or {}), None
     try:
         with open(job.job_file + ".result") as f:
             data = json.load(f)
@@ -116,25 +124,39 @@ def _result(job: ScriptJob, d: dict, wall: float) -> PolicyResult:
     losses = tuple(float(x) for x in d["losses"])
     first_bad = d.get("first_nonfinite_step")
     diverged = first_bad is not None and losses and not math.isfinite(losses[-1])
+    reason = f"loss non-finite from step {first_bad}" if diverged else ""
+    if diverged and d.get("stopped"):
+        reason += f"; {d['stopped']}"
     return PolicyResult(
         policy=job.policy, status="diverged" if diverged else "ok", batch_size=int(d.get("batch_size") or 0),
-        reason=f"loss non-finite from step {first_bad}" if diverged else "", warmup=_warmup(len(times)),
+        reason=reason, warmup=warmup_steps(len(times)),
         step_times_s=times, losses=losses, first_nonfinite_step=first_bad, metrics=d["metrics"],
         peak_memory_bytes=d["peak_memory_bytes"], load_peak_memory_bytes=d.get("load_peak_memory_bytes"),
         memory_method=d["memory_method"], model_bytes=d.get("model_bytes"),
         init_fingerprint=d.get("init_fingerprint", ""), scaler=d.get("scaler") or {}, info=policy_info(job.plan),
-        wall_s=wall)
+        wall_s=wall, disturbance=d.get("disturbance") or {})
 
 
-def _warmup(n: int) -> int:
-    return max(1, min(10, n // 10)) if n > 1 else 0
+def pace(fp32: PolicyResult, force: bool) -> tuple[tuple[str, Any], ...]:
+    """What a later policy's session needs for bench's in-run protections: fp32's step count and median step
+    (when fp32 was timed undisturbed: a disturbed median would make every policy look slow), and the
+    divergence patience."""
+    extra: list[tuple[str, Any]] = [("patience", DIVERGED_PATIENCE)]
+    timing = fp32.timing
+    if fp32.status == "ok" and timing and not force and not was_disturbed(fp32.disturbance):
+        extra += [("slow_step_s", timing.median / SLOW_RATIO), ("baseline_step_s", timing.median),
+                  ("baseline_steps", len(fp32.step_times_s))]
+    return tuple(extra)
 
 
 def bench_script(path: str, policies: str | Sequence[str | Config | Plan] | None = None, *,
                  args: Sequence[str] = (), tolerance: str = "1%", device: str | None = None, seed: int = 0,
                  force: bool = False, timeout_s: float = 600.0, json_path: str | None = None,
-                 on_event: OnEvent | None = None, hardware: HardwareInfo | None = None) -> Report:
-    """Run a training script once per policy and measure each run: the same record as ``bench`` gives a task."""
+                 on_event: OnEvent | None = None, hardware: HardwareInfo | str | None = None) -> Report:
+    """Run a training script once per policy and measure each run: the same record as ``bench`` gives a task,
+    with the same protections: the hardware probe's skips (never on a disturbed probe), a run 10x slower per step
+    than fp32 stopped after a few steps, a run whose loss stays non-finite stopped."""
+
     if not os.path.isfile(path):
         raise DtypelabError(f"no such script: {path}")
     if timeout_s <= 0:
@@ -153,27 +175,34 @@ def bench_script(path: str, policies: str | Sequence[str | Config | Plan] | None
     on_event = on_event or (lambda e: None)
     if hardware is None:
         on_event(Event("probe", "", label="probing hardware"))
-        hardware = probe(dev)
+    hardware = hardware_for(dev, hardware)
     config = RunConfig(task=path, mode="train", policies=tuple(plans), steps=0, batch_size=0, warmup=0, seed=seed,
                        tolerance=str(tol), device=str(dev), force=force, timeout_s=timeout_s, metric="",
                        higher_is_better=True, task_name=os.path.basename(path), script_args=tuple(args))
     report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    for name, plan in plans.items():  # every refusal before the first run, so that an error stays one line
+        avail = plan.availability(hardware)
+        if not avail.ok and explicit and name != BASELINE:
+            raise DtypelabError(f"policy {name} cannot run here: {avail.reason}")
+    if probe_notice(hardware) and not force:
+        on_event(Event("notice", "", label=probe_notice(hardware)))
+    extra: tuple[tuple[str, Any], ...] = ()
     with tempfile.TemporaryDirectory(prefix="dtypelab-script-") as workdir:
         try:
             for name, plan in plans.items():
                 avail = plan.availability(hardware)
                 if not avail.ok or (avail.slow and not force):
-                    if not avail.ok and explicit and name != BASELINE:
-                        raise DtypelabError(f"policy {name} cannot run here: {avail.reason}")
                     result = PolicyResult(name, "skipped", avail.reason, info=policy_info(plan),
                                           skip="slow" if avail.ok else "unsupported")
                     report = _with(report, result, json_path, None)
                     on_event(Event("skip", name, result=result))
                     continue
                 on_event(Event("start", name, 0, 0))
-                job = ScriptJob(os.path.abspath(path), tuple(args), plan, seed, str(dev), workdir)
+                job = ScriptJob(os.path.abspath(path), tuple(args), plan, seed, str(dev), workdir, extra=extra)
                 result, primary = run_script(job, timeout_s, lambda d, t, n=name: on_event(Event("step", n, d, t)))
                 result = result if result.info else replace(result, info=policy_info(plan))
+                if name == BASELINE:
+                    extra = pace(result, force)
                 report = _with(report, result, json_path, primary)
                 on_event(Event("done", name, result=result))
         except KeyboardInterrupt:

@@ -18,18 +18,20 @@ import functools
 import json
 import math
 import os
-import random
 import statistics
 import time
+import types
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
+from dtypelab.core.disturbance import CpuMeter
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.loop import fingerprint, to_device
-from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync
+from dtypelab.core.loop import DIVERGED_PATIENCE, fingerprint, to_device
+from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync, slow_verdict
 from dtypelab.core.policies import BASELINE, Autocast, Plan, Precision, get_policy, plan_from_dict
 from dtypelab.core.results import save_text
 from dtypelab.core.scaler import ScalerLog
@@ -59,22 +61,20 @@ def lower_is_better(metric: str) -> bool:
     return any(w in LOWER_IS_BETTER for w in words)
 
 
-def _seed(seed: int) -> None:
-    """Every RNG a training script draws from: the same shuffle, dropout and initial weights for every policy."""
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy as np
-
-        np.random.seed(seed)
-    except ImportError:
-        pass
+def warmup_steps(n: int) -> int:
+    """Steps left out of a script run's timing: a tenth, at least 1 and at most 10."""
+    return max(1, min(10, n // 10)) if n > 1 else 0
 
 
 class Session:
     """Measures one training run of a user's script under the policy the parent chose (fp32 when none)."""
 
-    def __init__(self, seed: int = 0, device: str | None = None) -> None:
+    def __init__(self, seed: int | None = None, device: str | None = None) -> None:
+        if seed is not None:
+            warnings.warn("dtypelab.session(seed=...) no longer seeds anything: run by dtypelab, every policy's "
+                          "process is seeded before your script starts (bench --seed N), and your own seeding "
+                          "still wins; run on its own, your script trains exactly as without dtypelab",
+                          DeprecationWarning, stacklevel=3)
         self.job = read_job()
         self.driven = self.job is not None
         self.plan: Plan = plan_from_dict(self.job["plan"]) if self.driven else get_policy(BASELINE)
@@ -83,8 +83,7 @@ class Session:
             raise DtypelabError(wrong)
         want = (self.job or {}).get("device") or device
         self.device = torch.device(want or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.seed = int((self.job or {}).get("seed", seed))
-        _seed(self.seed)
+        self.seed = int((self.job or {}).get("seed", 0))
         self.precision = Precision(self.plan, self.device)
         self._globals = self.precision.session()
         self._globals.__enter__()  # tf32 flags and the like, restored at finish()
@@ -108,6 +107,9 @@ class Session:
         self._metric = ""
         self.finished = False
         self._last_progress = 0.0
+        self._cpu: CpuMeter | None = None  # what other processes did from the first step to the end
+        self._nonfinite_run = 0  # consecutive non-finite step losses (bench: the run stops at DIVERGED_PATIENCE)
+        self._stopped = ""  # why the session ended the run early
         self.diag = diagnosis(self.job)  # trace / audit modes: the guard or the range audit on this loop
         if self.driven:
             self._write("started", {"pid": os.getpid()})
@@ -130,7 +132,8 @@ class Session:
         return (model, *optimizers) if optimizers else model
 
     def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, scaled under a GradScaler policy; the loss is recorded for the loss curve."""
+        """``loss.backward()``, scaled under a GradScaler policy; the loss is recorded for the loss curve (a step's
+        loss is the sum of its micro-batches' values, as their gradients add up)."""
         self._begin()
         self._pending.append(float(loss.detach()))
         self.precision.backward(loss)
@@ -242,16 +245,18 @@ class Session:
         model.forward = forward
 
     def _wrap_step(self, opt: torch.optim.Optimizer) -> None:
-        original = opt.step
+        original = opt.step  # the class's bound method, or what a scheduler built before setup put there
+        session = self
 
         @functools.wraps(original)  # keeps an LR scheduler's mark on the method (it warns without it)
-        def step(closure: Any = None) -> Any:
-            if self._inner:  # GradScaler.step calls optimizer.step: the real one
+        def step(optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
+            if session._inner:  # GradScaler.step calls optimizer.step: the real one
                 return original(closure) if closure is not None else original()
-            self._step(opt)
+            session._step(optimizer)
             return None
 
-        opt.step = step  # type: ignore[method-assign]
+        # A bound method, as torch's LR schedulers (``step.__func__``), Lightning, HF and timm expect of it
+        opt.step = types.MethodType(step, opt)  # type: ignore[method-assign]
 
     def _step(self, opt: torch.optim.Optimizer) -> None:
         scaler = self.precision.grad_scaler()
@@ -273,6 +278,9 @@ class Session:
 
     def _begin(self) -> None:
         if not self._in_step:
+            if self._cpu is None:
+                self._cpu = CpuMeter()
+                self._cpu.start()
             self._in_step = True
             self.diag.begin(len(self.losses), self.precision.grad_scale())
             self.timer.start()
@@ -283,7 +291,7 @@ class Session:
             self._in_step = False
         self.diag.end(len(self.losses), list(self._pending))
         if self._pending:
-            self.losses.append(sum(self._pending) / len(self._pending))
+            self.losses.append(sum(self._pending))
         if self._samples:
             self.step_samples.append(self._samples)
         self._samples = 0
@@ -297,6 +305,33 @@ class Session:
         if self.diag.stop:  # the trace found its step, or the audit has its steps: the run ends here
             self._close()
             raise SystemExit(0)
+        if self.driven and (self.job or {}).get("mode", "bench") == "bench":
+            self._guard()
+
+    def _guard(self) -> None:
+        """bench's protections, as a task run has them: stop a run whose loss stayed non-finite for
+        DIVERGED_PATIENCE steps, and one measured 10x slower per step than fp32 (when fp32's steps were timed
+        undisturbed). Either ends the script here, with what was measured so far."""
+        job = self.job or {}
+        if self.losses:
+            self._nonfinite_run = 0 if math.isfinite(self.losses[-1]) else self._nonfinite_run + 1
+        if self._nonfinite_run >= int(job.get("patience", DIVERGED_PATIENCE)):
+            self._stopped = f"stopped after {self._nonfinite_run} non-finite steps"
+            self._close()
+            raise SystemExit(0)
+        samples = self.timer.samples
+        slow = slow_verdict(samples, warmup_steps(int(job.get("baseline_steps") or len(samples))),
+                            job.get("slow_step_s"), int(job.get("baseline_steps") or 0), job.get("baseline_step_s"))
+        if slow:
+            self.finished = True
+            self._globals.__exit__(None, None, None)
+            self._write("skip", {"reason": slow, "kind": "slow", "step_times_s": samples, "losses": self.losses,
+                                 "disturbance": self._disturbance()})
+            raise SystemExit(0)
+
+    def _disturbance(self) -> dict[str, Any]:
+        d = self._cpu.stop() if self._cpu is not None else None
+        return d.to_dict() if d is not None else {}
 
     def _close(self) -> None:
         if self.finished:
@@ -320,6 +355,7 @@ class Session:
             "init_fingerprint": self._init, "scaler": self._log.stats() if self._log is not None else {},
             "setup_called": self._model is not None,
             "batch_size": int(statistics.median_low(self.step_samples)) if self.step_samples else 0,
+            "disturbance": self._disturbance(), "stopped": self._stopped,
         })
 
     def _at_exit(self) -> None:
@@ -353,7 +389,9 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def session(seed: int = 0, device: str | None = None) -> Session:
-    """The handle for measuring your own training script: ``lab = dtypelab.session()`` at its top. ``seed``
-    seeds Python's, NumPy's and torch's RNGs so every policy sees the same shuffle and initial weights."""
+def session(seed: int | None = None, device: str | None = None) -> Session:
+    """The handle for measuring your own training script: ``lab = dtypelab.session()`` at its top. It touches no
+    global state of the script's: run by ``dtypelab bench``, each policy's process is seeded before the script
+    starts (``bench --seed``), so every policy sees the same shuffle and initial weights unless the script seeds
+    itself (then its seed holds). ``seed`` is accepted for old scripts and ignored, with a warning."""
     return Session(seed, device)

@@ -8,6 +8,7 @@ fp32 weights when given, else its factory's)."""
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,9 @@ from dtypelab.core.policies import Cast, Plan, Precision, Quantize, get_policy
 from dtypelab.core.task import call_model, map_tensors
 from dtypelab.inference.fidelity import compare, flat
 from dtypelab.tune.search import Evaluation, LayerScore
-from dtypelab.tune.timing import REPS, paired
+from dtypelab.tune.timing import REPS, Paired, paired
+
+FP32 = Cast("float32")
 
 
 def targets(model: nn.Module, candidate: Plan) -> list[str]:
@@ -36,9 +39,10 @@ def targets(model: nn.Module, candidate: Plan) -> list[str]:
 
 
 def layer_plan(layers: dict[str, Plan], name: str = "") -> Plan:
-    """fp32 everywhere, each chosen layer in its candidate's config."""
-    rules = tuple((n, plan.default) for n, plan in layers.items())
-    return Plan(Cast("float32"), rules, name=name if rules else "fp32")
+    """fp32 everywhere, each chosen layer in its candidate's config (a rule restating fp32 is no conversion and is
+    left out)."""
+    rules = tuple((n, plan.default) for n, plan in layers.items() if plan.default != FP32)
+    return Plan(FP32, rules, name=name if rules else "fp32")
 
 
 @dataclass
@@ -54,7 +58,7 @@ class InferenceBench:
         self.base_model = self.make_model().to(self.device).eval()
         self.reference = self._outputs(self.base_model, Precision(get_policy("fp32"), self.device))
         run = self._base_call
-        self.base_s = paired(run, run, self.device, self.reps)[0]
+        self.base_s = paired(run, run, self.device, self.reps).base_s
 
     def _base_call(self) -> Any:
         return call_model(self.base_model, self.inputs)
@@ -69,13 +73,12 @@ class InferenceBench:
         model = copy.deepcopy(self.base_model)
         return precision.convert_module(model).eval(), precision
 
-    def evaluate(self, plan: Plan) -> tuple[float, float]:
-        """(speedup over fp32 end to end, output cosine vs fp32: see ``output_cosine``)."""
+    def evaluate(self, plan: Plan) -> tuple[Paired, float]:
+        """(its timing against fp32's end to end, output cosine vs fp32: see ``output_cosine``)."""
         model, precision = self.converted(plan)
         with precision.session():
-            base, seconds = paired(self._base_call, lambda: forward(model, precision, self.inputs), self.device,
-                                   self.reps)
-        return base / seconds, output_cosine(self.reference, self._outputs(model, precision))
+            timing = paired(self._base_call, lambda: forward(model, precision, self.inputs), self.device, self.reps)
+        return timing, output_cosine(self.reference, self._outputs(model, precision))
 
     def layer_inputs(self, names: list[str]) -> dict[str, tuple[Any, Any]]:
         """The (args, kwargs) each named layer is called with in the fp32 model's forward on the inputs."""
@@ -99,9 +102,9 @@ class InferenceBench:
         precision = Precision(Plan(Cast("float32"), (("layer", candidate.default),)), self.device)
         converted = precision.convert_module(wrapper).layer
         with precision.session():
-            base, conv = paired(lambda: layer(*args, **kwargs),
-                                lambda: converted(*to_device(args, self.device), **kwargs), self.device, self.reps)
-        return base - conv
+            timing = paired(lambda: layer(*args, **kwargs),
+                            lambda: converted(*to_device(args, self.device), **kwargs), self.device, self.reps)
+        return timing.base_s - timing.other_s
 
     def score(self, names: list[str], candidates: list[Plan], on_layer: Callable[[str], None] | None = None,
               max_sensitivity: float = 1.0) -> list[tuple[LayerScore, list[tuple[str, float, float]]]]:
@@ -161,10 +164,18 @@ def chosen_configs(chosen: frozenset[str], choice: dict[str, Plan]) -> dict[str,
     return out
 
 
+def evaluation(chosen: frozenset[str], timing: Paired, fidelity: float, feasible: bool, why: str = ""
+               ) -> Evaluation:
+    """A full evaluation from its paired timing against fp32."""
+    ci = timing.interval
+    return Evaluation(chosen, ci.point if ci else timing.speedup, fidelity, feasible, why,
+                      low=ci.low if ci else math.nan, high=ci.high if ci else math.nan, disturbed=timing.disturbed)
+
+
 def evaluator(bench: InferenceBench, choice: dict[str, Plan], min_cosine: float
               ) -> Callable[[frozenset[str]], Evaluation]:
     def evaluate(chosen: frozenset[str]) -> Evaluation:
-        speedup, cos = bench.evaluate(layer_plan(chosen_configs(chosen, choice)))
-        return Evaluation(chosen, speedup, cos, cos >= min_cosine)
+        timing, cos = bench.evaluate(layer_plan(chosen_configs(chosen, choice)))
+        return evaluation(chosen, timing, cos, cos >= min_cosine)
 
     return evaluate

@@ -15,13 +15,23 @@ import torch
 
 from dtypelab.bench.recommend import Tolerance
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import HardwareInfo, environment, probe
+from dtypelab.core.hardware import HardwareInfo, environment, hardware_for, probe_notice
 from dtypelab.core.loop import build_model, to_device
 from dtypelab.core.policies import Autocast, Cast, Plan, get_policy, parse_policies
 from dtypelab.core.results import LayerChoice, PlanEvaluation, TuneConfig, TuneReport, check_writable, save_text
 from dtypelab.core.task import Task, load_task
-from dtypelab.tune.infer import InferenceBench, alternatives, chosen_configs, evaluator, layer_plan, targets
+from dtypelab.tune.infer import (
+    FP32,
+    InferenceBench,
+    alternatives,
+    chosen_configs,
+    evaluation,
+    evaluator,
+    layer_plan,
+    targets,
+)
 from dtypelab.tune.search import Evaluation, LayerScore, budget_for, pareto, search
+from dtypelab.tune.timing import RETRIES
 from dtypelab.tune.train import TrainBench, island_plan, train_evaluator, train_targets
 
 Progress = Callable[[str], None]
@@ -32,7 +42,8 @@ DEFAULT_CANDIDATES = {"infer": "int8-dyn", "train": "bf16,amp-bf16"}
 def tune(task: str | Task, *, mode: str = "infer", candidates: str | None = None, min_cosine: float = 0.999,
          tolerance: str = "1%", steps: int | None = None, probe_steps: int | None = None,
          batch_size: int | None = None, device: str | None = None, weights: str | None = None, seed: int = 0,
-         output: str | None = None, json_path: str | None = None, progress: Progress | None = None) -> TuneReport:
+         output: str | None = None, json_path: str | None = None, progress: Progress | None = None,
+         force: bool = False, hardware: HardwareInfo | str | None = None) -> TuneReport:
     """Choose, per layer, the precision each layer runs in so that the model is as fast as measured possible while
     it keeps the constraint; every plan reported was measured end to end (see the README's "dtypelab tune").
 
@@ -42,7 +53,10 @@ def tune(task: str | Task, *, mode: str = "infer", candidates: str | None = None
     model cast or autocast), which layers stay fp32 islands; sensitivity = a short training probe's loss deviation
     from fp32 with the layer alone converted, plus the range audit's verdict; gain = the layer's forward and
     backward; the constraint is the task's metric after ``steps`` steps within ``tolerance`` of fp32's. Either
-    way, at most L + 2·log2(L) full evaluations per candidate. ``output`` writes the chosen plan as a plan file."""
+    way, at most L + 2·log2(L) full evaluations per candidate, and a plan is chosen only when its paired timing's
+    whole 95% interval lies above the no-gain band (as ``bench`` decides). ``output`` writes the chosen plan as a plan
+    file. A candidate that is fp32 itself is no conversion and is left out; one the hardware probe measured
+    pathologically slow here is left out unless ``force`` (every candidate slow: a record that keeps fp32)."""
     if mode not in DEFAULT_CANDIDATES:
         raise DtypelabError(f"--mode must be infer or train, got {mode!r}")
     if not 0 < min_cosine <= 1:
@@ -50,27 +64,46 @@ def tune(task: str | Task, *, mode: str = "infer", candidates: str | None = None
     if (steps is not None and steps < 2) or (probe_steps is not None and probe_steps < 2):
         raise DtypelabError("--steps and --probe-steps must be at least 2")
     check_writable(output, json_path)  # before a search that may take many minutes
+    tol = Tolerance.parse(tolerance)
     progress = progress or (lambda text: None)
     start = time.perf_counter()
     task_obj = load_task(task) if isinstance(task, str) else task
+    if mode == "train" and task_obj.inference_only:
+        raise DtypelabError(f"task {task_obj.name} is inference-only: nothing to train (use --mode infer)")
     cands = parse_policies(candidates or DEFAULT_CANDIDATES[mode])
     for plan in cands:
         if plan.rules or plan.compiles:
             raise DtypelabError(f"candidate {plan.name}: a candidate is one whole-model config, not a plan")
-    hw = probe(device, budget_s=0.02)
+        if mode == "train" and (not isinstance(plan.default, (Cast, Autocast)) or plan.default == FP32):
+            raise DtypelabError(f"candidate {plan.name}: training plans take a whole-model cast or autocast "
+                                "(bf16, fp16, amp-bf16, amp-fp16), kept in fp32 on chosen layers")
+    notes: list[str] = []
+    same = [p.name for p in cands if p.default == FP32]
+    if same:  # fp32 is every plan's default: "converting" a layer to it changes nothing
+        notes.append(f"{', '.join(same)}: left out of the candidates, fp32 is the plan's default (no conversion)")
+        cands = [p for p in cands if p.default != FP32]
+        if not cands:
+            raise DtypelabError("no candidate to convert to: fp32 is the default every plan starts from; give "
+                                "e.g. --candidates int8-dyn (infer) or bf16 (train)")
+    hw = hardware_for(device, hardware, budget_s=0.02)
     for plan in cands:
         avail = plan.availability(hw)
         if not avail.ok:
             raise DtypelabError(f"candidate {plan.name} cannot run here: {avail.reason}")
-        if avail.slow and mode == "train":
-            raise DtypelabError(f"candidate {plan.name} is refused: {avail.reason}")
+    if hw.disturbed:
+        notes.append(probe_notice(hw).replace("no policy is skipped", "no candidate is skipped"))
+    slow = {p.name: p.availability(hw).reason for p in cands if p.availability(hw).slow and not force}
+    if slow:
+        notes += [f"{name}: left out, {why}; --force searches with it anyway" for name, why in slow.items()]
+        cands = [p for p in cands if p.name not in slow]
     spec = task if isinstance(task, str) else task_obj.name
-    if mode == "train":
-        report = _tune_train(spec, task_obj, cands, hw, Tolerance.parse(tolerance), steps, probe_steps,
-                             batch_size, seed, progress)
+    if not cands:
+        report = _nothing_to_search(spec, task_obj, mode, slow, hw, min_cosine, tol, steps, batch_size)
+    elif mode == "train":
+        report = _tune_train(spec, task_obj, cands, hw, tol, steps, probe_steps, batch_size, seed, progress)
     else:
         report = _tune_infer(spec, task_obj, cands, hw, min_cosine, batch_size, weights, seed, progress)
-    report = _finish(report, time.perf_counter() - start)
+    report = _finish(replace(report, notes=tuple(notes) + report.notes), time.perf_counter() - start)
     if output:
         save_text(output, Plan.from_dict(report.plan).to_json() + "\n")
     if json_path:
@@ -82,9 +115,39 @@ def _finish(report: TuneReport, wall_s: float) -> TuneReport:
     return replace(report, wall_s=wall_s, created=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
 
+def _nothing_to_search(spec: str, task_obj: Task, mode: str, slow: dict[str, str], hw: HardwareInfo,
+                       min_cosine: float, tol: Tolerance, steps: int | None, batch_size: int | None) -> TuneReport:
+    """Every candidate was measured pathologically slow here: that is the answer (keep fp32), not an error."""
+    plan = Plan(FP32, name=f"{task_obj.name}-tuned", summary=NOTHING_CHOSEN)
+    train = mode == "train"
+    config = TuneConfig(task=spec, mode=mode, candidates=tuple(slow), min_cosine=0.0 if train else min_cosine,
+                        batch_size=batch_size or task_obj.batch_size, device=hw.device, budget=0,
+                        task_name=task_obj.name, metric=task_obj.metric if train else "",
+                        higher_is_better=task_obj.higher_is_better, tolerance=str(tol) if train else "",
+                        steps=(steps or task_obj.steps) if train else 0)
+    why = "; ".join(f"{name}: {reason}" for name, reason in slow.items())
+    return TuneReport(config=config, environment=environment(hw), plan=plan.to_dict(), speedup=1.0,
+                      fidelity=1.0 if not train else math.nan,
+                      explanation=f"Keep fp32: every candidate is measured pathologically slow here ({why}); "
+                                  "nothing was searched. --force searches anyway.")
+
+
 def _record(e: Evaluation, sign: float = 1.0, candidate: str = "") -> PlanEvaluation:
     fidelity = sign * e.fidelity if math.isfinite(e.fidelity) else math.nan
-    return PlanEvaluation(tuple(sorted(e.layers)), e.speedup, fidelity, e.feasible, e.why, candidate)
+    finite = not math.isnan(e.low)
+    return PlanEvaluation(tuple(sorted(e.layers)), e.speedup, fidelity, e.feasible, e.why, candidate,
+                          low=e.low if finite else None, high=e.high if finite else None, disturbed=e.disturbed)
+
+
+def _disturbance_note(evaluations: tuple[PlanEvaluation, ...]) -> tuple[str, ...]:
+    """Which evaluations other processes disturbed even after re-measuring, in words; () when none was."""
+    hit = [e for e in evaluations if e.disturbed]
+    if not hit:
+        return ()
+    return (f"Disturbance: other processes used the CPU during {len(hit)} of {len(evaluations)} evaluations' timings "
+            f"even after {RETRIES} re-measurements each (e.g. {hit[0].disturbed}); their intervals are wide, and a "
+            "plan is chosen only when its whole interval lies above 1.02x, so the choice may keep fp32 where a quiet "
+            "machine would convert: re-run on a quiet machine.",)
 
 
 def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, min_cosine: float,
@@ -107,9 +170,10 @@ def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
     uniform = []
     for cand in cands:  # each candidate everywhere it applies, measured the same way, for comparison
         plan = layer_plan({n: cand for n in targets(bench.base_model, cand)})
-        sp, cos = bench.evaluate(plan)
-        uniform.append(PlanEvaluation(tuple(n for n, _ in plan.rules), sp, cos, cos >= min_cosine,
-                                      f"{cand.name} on every layer it applies to", cand.name))
+        timing, cos = bench.evaluate(plan)
+        e = evaluation(frozenset(n for n, _ in plan.rules), timing, cos, cos >= min_cosine,
+                       f"{cand.name} on every layer it applies to")
+        uniform.append(_record(e, candidate=cand.name))
     best = result.best
     configs = chosen_configs(best.layers, choice) if best is not None else {}
     plan = replace(layer_plan(configs), name=f"{task_obj.name}-tuned",  # named even when it is fp32 throughout
@@ -122,15 +186,17 @@ def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
         layers.append(LayerChoice(s.name, s.config, s.sensitivity, s.gain, taken is not None,
                                   _why(s, taken is not None, best is not None, "per call, cosine cost"),
                                   tuple(tried)))
+    evaluations = tuple(_record(e) for e in result.evaluations)
     return TuneReport(
         config=TuneConfig(task=spec, mode="infer", candidates=tuple(c.name for c in cands), min_cosine=min_cosine,
                           batch_size=bs, device=str(dev), budget=budget, task_name=task_obj.name),
         environment=environment(hw), plan=plan.to_dict(), speedup=best.speedup if best else 1.0,
         fidelity=best.fidelity if best else 1.0, layers=tuple(layers),
-        evaluations=tuple(_record(e) for e in result.evaluations), uniform=tuple(uniform),
+        evaluations=evaluations, uniform=tuple(uniform),
         front=tuple(_record(e) for e in result.front), base_s=bench.base_s,
-        explanation="" if best else _none_found(tuple(uniform), tuple(_record(e) for e in result.evaluations), hw,
-                                                f"a worst output cosine of {min_cosine:g}"))
+        explanation="" if best else _none_found(tuple(uniform), evaluations, hw,
+                                                f"a worst output cosine of {min_cosine:g}"),
+        notes=_disturbance_note(evaluations + tuple(uniform)))
 
 
 def _why(s: LayerScore, chosen: bool, found: bool, units: str, kept: str = "kept fp32", extra: str = "") -> str:
@@ -147,12 +213,6 @@ def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
                 progress: Progress) -> TuneReport:
     from dtypelab.numerics.audit import audit
 
-    if task_obj.inference_only:
-        raise DtypelabError(f"task {task_obj.name} is inference-only: nothing to train (use --mode infer)")
-    for plan in cands:
-        if not isinstance(plan.default, (Cast, Autocast)) or plan.default == Cast("float32"):
-            raise DtypelabError(f"candidate {plan.name}: training plans take a whole-model cast or autocast "
-                                "(bf16, fp16, amp-bf16, amp-fp16), kept in fp32 on chosen layers")
     dev = torch.device(hw.device)
     steps, bs = steps or task_obj.steps, batch_size or task_obj.batch_size
     progress(f"training fp32 for {steps} steps (the reference)")
@@ -192,8 +252,7 @@ def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
                                   _why(s, chosen, best is not None, "per step, loss deviation", "fp32 island",
                                        extra), tried))
     evaluations = tuple(_record(e, sign, c.name) for c, r, _ in found for e in r.evaluations)
-    uniform = tuple(_record(Evaluation(e.layers, e.speedup, e.fidelity, e.feasible,
-                                       f"{c.name} on every layer"), sign, c.name)
+    uniform = tuple(_record(replace(e, why=f"{c.name} on every layer"), sign, c.name)
                     for c, r, _ in found for e in r.evaluations[:1])  # the search's first plan: all converted
     front = tuple(_record(e, sign) for e in pareto([e for _, r, _ in found for e in r.evaluations]))
     return TuneReport(
@@ -205,14 +264,16 @@ def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
         fidelity=sign * best.fidelity if best else bench.base.metric, layers=tuple(layers),
         evaluations=evaluations, uniform=uniform, front=front, base_s=bench.base_s,
         explanation="" if best else _none_found(uniform, evaluations, hw, f"its {task_obj.metric} within {tol} of "
-                                                f"fp32's ({bench.base.metric:.4g})"))
+                                                f"fp32's ({bench.base.metric:.4g})"),
+        notes=_disturbance_note(evaluations))
 
 
 def _none_found(uniform: tuple[PlanEvaluation, ...], evaluations: tuple[PlanEvaluation, ...], hw: HardwareInfo,
                 constraint: str) -> str:
     """Why no plan was chosen, in measured terms: the uniform candidates, the fastest plan that kept the
     constraint, and the hardware probe's matmul ratio for each candidate's dtype."""
-    parts = [f"No plan measured was both faster than fp32 and kept {constraint}."]
+    parts = [f"No plan measured was both measurably faster than fp32 (its whole 95% interval above 1.02x) and kept "
+             f"{constraint}."]
     for u in uniform:
         parts.append(f"{u.why}: {u.speedup:.2f}x fp32's speed, {u.fidelity:.4g}"
                      f"{'' if u.feasible else ' (outside the constraint)'}.")

@@ -12,14 +12,17 @@ measured gain, and ``evaluate(chosen)`` runs one full evaluation of a plan.
    not, try the layer's alternatives (other candidates for it) that could fix what failed: less harmful ones
    (most faithful first) when it broke the constraint, faster ones when it kept it but did not pay.
 
-Every plan reported was evaluated for real; the best is the fastest feasible one measured, not a prediction.
+Every plan reported was evaluated for real; the best is the fastest feasible one measured to be faster than the
+unconverted model (its whole interval above the no-gain band, as ``bench`` decides), not a prediction.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from dtypelab.core.stats import measurably_faster
 
 
 @dataclass(frozen=True)
@@ -39,14 +42,24 @@ class LayerScore:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One full evaluation of a plan: the layers it converts, its measured speedup over the unconverted model,
-    its fidelity (higher is better) and whether it keeps the constraint."""
+    """One full evaluation of a plan: the layers it converts, its measured speedup over the unconverted model
+    (with its 95% interval where the timing gave one), its fidelity (higher is better) and whether it keeps the
+    constraint."""
 
     layers: frozenset[str]
     speedup: float
     fidelity: float
     feasible: bool
     why: str = ""  # the search step that asked for it
+    low: float = math.nan
+    high: float = math.nan
+    disturbed: str = ""  # what other processes did during its timing, when they disturbed it
+
+    @property
+    def faster(self) -> bool:
+        """Measurably faster than the unconverted model: its whole interval above the no-gain band (without an
+        interval, its speedup above 1)."""
+        return measurably_faster(self.low) if not math.isnan(self.low) else self.speedup > 1.0
 
 
 @dataclass(frozen=True)
@@ -97,8 +110,7 @@ def search(layers: Sequence[LayerScore], evaluate: Callable[[frozenset[str]], Ev
             return done[chosen]
         if len(done) >= budget:
             return None
-        e = evaluate(chosen)
-        e = Evaluation(e.layers, e.speedup, e.fidelity, e.feasible, why)
+        e = replace(evaluate(chosen), why=why)
         done[chosen] = e
         return e
 
@@ -110,7 +122,7 @@ def search(layers: Sequence[LayerScore], evaluate: Callable[[frozenset[str]], Ev
     def consider(e: Evaluation | None) -> None:
         nonlocal best
         # only a plan measurably faster than the unconverted model is worth choosing
-        if e is not None and e.feasible and e.speedup > 1.0 and (best is None or e.speedup > best.speedup):
+        if e is not None and e.feasible and e.faster and (best is None or e.speedup > best.speedup):
             best = e
 
     if not order:

@@ -27,8 +27,9 @@ from dtypelab.core.loop import build_trainable, evaluate, fit, to_device, train_
 from dtypelab.core.policies import Autocast, Cast, Plan, Precision, single
 from dtypelab.core.results import AuditReport
 from dtypelab.core.task import Task, call_model
+from dtypelab.tune.infer import evaluation
 from dtypelab.tune.search import Evaluation, LayerScore
-from dtypelab.tune.timing import REPS, paired
+from dtypelab.tune.timing import REPS, Paired, paired
 
 SEVERITY_PENALTY = (0.0, 0.01, 0.1, 1.0)  # audit severity 0 safe .. 3 overflow, added to the probe's deviation
 FP32 = Cast("float32")
@@ -75,7 +76,7 @@ class TrainBench:
         self.base = self.train(single(FP32, "fp32"), self.steps)
         self.batch = to_device(self.task.batch(self.steps, self.batch_size), self.device)
         step = self._step(self.base)
-        self.base_s = paired(step, step, self.device, self.reps, grad=True)[0]
+        self.base_s = paired(step, step, self.device, self.reps, grad=True).base_s
 
     @property
     def metric(self) -> str:
@@ -99,14 +100,15 @@ class TrainBench:
     def feasible(self, metric: float, diverged: bool) -> bool:
         return not diverged and judge(metric, self.base.metric, self.tolerance, self.task.higher_is_better)[0]
 
-    def evaluate(self, plan: Plan) -> tuple[float, float, bool]:
-        """(speedup over fp32 per training step, the metric after training, whether it keeps the constraint)."""
+    def evaluate(self, plan: Plan) -> tuple[Paired | None, float, bool]:
+        """(its training steps timed against fp32's — None when it diverged —, the metric after training, whether
+        it keeps the constraint)."""
         t = self.train(plan, self.steps)
         if t.diverged:
-            return 0.0, t.metric, False
+            return None, t.metric, False
         with t.precision.session():
-            base, seconds = paired(self._step(self.base), self._step(t), self.device, self.reps, grad=True)
-        return base / seconds, t.metric, self.feasible(t.metric, False)
+            timing = paired(self._step(self.base), self._step(t), self.device, self.reps, grad=True)
+        return timing, t.metric, self.feasible(t.metric, False)
 
     def probe(self, plan: Plan) -> float:
         """Relative deviation of the plan's loss curve from fp32's over the second half of a short probe."""
@@ -150,8 +152,8 @@ class TrainBench:
             return run
 
         with precision.session():
-            base, conv = paired(step(layer), step(converted), self.device, self.reps, grad=True)
-        return base - conv
+            timing = paired(step(layer), step(converted), self.device, self.reps, grad=True)
+        return timing.base_s - timing.other_s
 
     def penalties(self, candidate: Plan, names: list[str]) -> dict[str, tuple[float, str]]:
         """Per layer (penalty, the audit's verdict) for the candidate's format; nothing for float32 formats."""
@@ -196,7 +198,8 @@ def train_evaluator(bench: TrainBench, candidate: Plan, layers: list[str]
     sign = 1.0 if bench.task.higher_is_better else -1.0  # the search's fidelity is higher-is-better
 
     def run(chosen: frozenset[str]) -> Evaluation:
-        speedup, metric, ok = bench.evaluate(island_plan(candidate, chosen, layers))
-        return Evaluation(chosen, speedup, sign * metric if math.isfinite(metric) else -math.inf, ok)
+        timing, metric, ok = bench.evaluate(island_plan(candidate, chosen, layers))
+        fidelity = sign * metric if math.isfinite(metric) else -math.inf
+        return evaluation(chosen, timing, fidelity, ok) if timing else Evaluation(chosen, 0.0, fidelity, False)
 
     return run

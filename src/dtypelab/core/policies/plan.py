@@ -191,7 +191,7 @@ class Plan:
         fsdp_dtype = self.distributed.compute_dtype if self.distributed is not None else None
         for key in [c.probe_key for c in self.configs] + ([fsdp_dtype] if fsdp_dtype else []):
             slow = hw.slow_reason(key)
-            if slow:
+            if slow and not hw.disturbed:  # a disturbed probe skips nothing: the in-run check decides
                 return Availability(True, slow, slow=True)
         return Availability(True)
 

@@ -71,14 +71,16 @@ class LayerFidelity(TypedDict):
 
 
 class DisturbanceInfo(TypedDict, total=False):
-    """core.measure.Disturbance.to_dict(): what other processes did while the policy's steps were timed."""
+    """core.disturbance.Disturbance.to_dict(): what other processes did while the policy's steps were timed."""
 
     wall_s: float
-    other_cpu_s: float
+    other_cpu_s: float  # less the counters' resolution
     other_cores: float
     steal_s: float
     pressure_s: float | None
     involuntary_switches: int
+    resolution_s: float
+    disturbed: bool  # the meter's verdict (older records: other_cores >= 0.25)
 
 
 @dataclass(frozen=True)

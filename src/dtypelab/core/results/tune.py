@@ -51,6 +51,9 @@ class PlanEvaluation:
     feasible: bool
     why: str = ""
     candidate: str = ""  # train: the config the plan runs in outside its fp32 islands
+    low: float | None = None  # the speedup's 95% interval over the paired timings (None: no interval)
+    high: float | None = None
+    disturbed: str = ""  # what other processes did during its timing, when they disturbed even its re-measurements
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class TuneReport(Record):
     front: tuple[PlanEvaluation, ...] = ()  # the Pareto front of the evaluations: none both faster and better
     base_s: float = 0.0  # fp32's median forward (train: training step)
     explanation: str = ""  # when no plan beat fp32 within the constraint: what was measured instead
+    notes: tuple[str, ...] = ()  # candidates left out and why, disturbed timings
     wall_s: float = 0.0
     created: str = ""
     schema_version: int = SCHEMA_VERSION

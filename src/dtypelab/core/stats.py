@@ -1,0 +1,42 @@
+"""Speed comparisons from paired timings: a geometric-mean ratio with a Student-t interval on the log ratios, and
+the band a ratio must clear to count as faster. ``bench``'s interleaved rounds and ``tune``'s paired timings
+decide alike with these."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import NamedTuple
+
+CONFIDENCE = 0.95
+MIN_GAIN = 0.02  # a speedup whose interval stays above 1 + this counts as measurably faster
+
+
+class Interval(NamedTuple):
+    point: float  # geometric mean of the ratios
+    low: float
+    high: float
+    n: int  # ratios used
+
+
+def t_quantile(df: int, confidence: float = CONFIDENCE) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + confidence / 2, df))
+
+
+def ratio_interval(pairs: Sequence[tuple[float, float]], confidence: float = CONFIDENCE) -> Interval | None:
+    """``base / other`` over paired timings (base seconds, other seconds): their geometric mean and a Student-t
+    interval on the log ratios; None with fewer than two usable pairs."""
+    logs = [math.log(b / o) for b, o in pairs if b > 0 and o > 0]
+    if len(logs) < 2:
+        return None
+    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+    half = t_quantile(len(logs) - 1, confidence) * sd / math.sqrt(len(logs))
+    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), len(logs))
+
+
+def measurably_faster(low: float) -> bool:
+    """The whole interval lies above the no-gain band."""
+    return low > 1 + MIN_GAIN
