@@ -289,9 +289,11 @@ def hardware_for(device: str | torch.device | None, given: HardwareInfo | str | 
     return hw
 
 
-def probe_notice(hardware: HardwareInfo) -> str:
-    """What a disturbed probe means for a sweep, or "" when it was quiet."""
+def probe_notice(hardware: HardwareInfo, what: str = "policy",
+                 instead: str = "each policy's own steps decide (a run 10x slower than fp32 stops after a few steps)"
+                 ) -> str:
+    """What a disturbed probe means for a sweep (or a search: ``what``, ``instead``), or "" when it was quiet."""
     if not hardware.disturbed:
         return ""
-    return (f"the hardware probe was disturbed ({hardware.disturbed}): no policy is skipped as slow on its figures; "
-            "each policy's own steps decide (a run 10x slower than fp32 stops after a few steps)")
+    return (f"the hardware probe was disturbed ({hardware.disturbed}): no {what} is skipped as slow on its figures; "
+            f"{instead}")

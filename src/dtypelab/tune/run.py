@@ -91,7 +91,7 @@ def tune(task: str | Task, *, mode: str = "infer", candidates: str | None = None
         if not avail.ok:
             raise DtypelabError(f"candidate {plan.name} cannot run here: {avail.reason}")
     if hw.disturbed:
-        notes.append(probe_notice(hw).replace("no policy is skipped", "no candidate is skipped"))
+        notes.append(probe_notice(hw, "candidate", "the search measures each one on the model itself"))
     slow = {p.name: p.availability(hw).reason for p in cands if p.availability(hw).slow and not force}
     if slow:
         notes += [f"{name}: left out, {why}; --force searches with it anyway" for name, why in slow.items()]
