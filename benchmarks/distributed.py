@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 import dtypelab
-from dtypelab.bench.recommend import recommend
+from dtypelab.core.judging import recommend
 
 MB = 2**20
 

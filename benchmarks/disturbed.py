@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from dtypelab import recommend
-from dtypelab.core.results import load_report
+from dtypelab.core.records import load_report
 
 BURN = "import sys, time\nt = time.time()\nwhile time.time() - t < float(sys.argv[1]): pass\n"
 

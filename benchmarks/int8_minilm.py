@@ -15,7 +15,7 @@ import argparse
 from rich.console import Console
 
 from dtypelab import bench
-from dtypelab.bench.recommend import speedup
+from dtypelab.core.judging import speedup
 from dtypelab.core.policies import BASELINE
 from dtypelab.render.bench import render_table
 

@@ -76,7 +76,7 @@ def null_overhead(steps: int = 3000, rounds: int = 7) -> tuple[float, float, flo
     from torch import nn
 
     from dtypelab import Task
-    from dtypelab.bench.job import Job, run_job
+    from dtypelab.sweep.job import Job, run_job
 
     x, y = torch.randn(4, 1), torch.randn(4, 1)
     task = Task("null", lambda: nn.Linear(1, 1), lambda s, b: (x, y), nn.functional.mse_loss,

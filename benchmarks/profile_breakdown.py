@@ -15,7 +15,7 @@ import argparse
 import time
 
 import dtypelab
-from dtypelab.bench.recommend import recommend, speedup
+from dtypelab.core.judging import recommend, speedup
 from dtypelab.core.results import CATEGORIES, CATEGORY_LABELS, PHASES
 
 

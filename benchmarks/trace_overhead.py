@@ -20,7 +20,7 @@ import torch
 from dtypelab.core.loop import train_step
 from dtypelab.core.policies import Precision, get_policy
 from dtypelab.core.task import load_task
-from dtypelab.trace.guard import Guard
+from dtypelab.tracing.guard import Guard
 
 
 def measure(task_name: str, rounds: int, block: int) -> dict[str, float]:

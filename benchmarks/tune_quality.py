@@ -23,8 +23,8 @@ from torch import nn
 
 import dtypelab
 from dtypelab.core.policies import get_policy, parse_policies
-from dtypelab.tune.infer import InferenceBench, alternatives, chosen_configs, evaluator, layer_plan
-from dtypelab.tune.search import budget_for, search
+from dtypelab.tuning.infer import InferenceBench, alternatives, chosen_configs, evaluator, layer_plan
+from dtypelab.tuning.search import budget_for, search
 
 
 def main() -> None:

@@ -11,7 +11,8 @@ from conftest import HERE, fake_hardware
 
 import dtypelab
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.results import AuditReport, load_record
+from dtypelab.core.records import load_record
+from dtypelab.core.results import AuditReport
 from dtypelab.numerics.audit import audit
 
 AUDIT_TASK = os.path.join(HERE, "tiny_task.py") + ":make_audit_task"

@@ -10,8 +10,8 @@ import pytest
 from conftest import TINY, fake_hardware
 
 from dtypelab import DtypelabError, PolicyResult, bench, recommend
-from dtypelab.bench.budget import COMPILE_ALLOWANCE_S, estimate, parse_budget
 from dtypelab.core.policies import get_policy
+from dtypelab.sweep.budget import COMPILE_ALLOWANCE_S, estimate, parse_budget
 
 
 class Clockwork:
@@ -89,8 +89,8 @@ def test_progress_without_a_terminal_prints_lines_and_heartbeats(tmp_path):
 
 def test_a_policy_measured_10x_slower_than_fp32_on_the_model_stops_early(tmp_path):
     """What a matmul probe misses (fp16 convolutions on a CPU with fast fp16 matmuls) the run itself shows."""
-    from dtypelab.bench.job import Job, run_job, too_slow
     from dtypelab.core.measure import SLOW_AFTER
+    from dtypelab.sweep.job import Job, run_job, too_slow
 
     for mode in ("train", "infer"):
         job = Job(f"{TINY}:make_task", get_policy("bf16"), mode, 10**9, 8, 2, 0, "cpu", str(tmp_path),

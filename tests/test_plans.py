@@ -16,10 +16,11 @@ from test_policies import global_state
 
 import dtypelab
 from dtypelab import TF32, Autocast, Cast, DtypelabError, Plan, Precision, Quantize, get_policy
-from dtypelab.bench.job import Job, run_job
 from dtypelab.core.policies import REGISTRY, register
-from dtypelab.core.results import Report, default_result_path, load_record
+from dtypelab.core.records import load_record
+from dtypelab.core.results import Report, default_result_path
 from dtypelab.render.bench import render_html, render_markdown
+from dtypelab.sweep.job import Job, run_job
 
 V1 = os.path.join(HERE, "data", "v1")
 
@@ -50,7 +51,7 @@ def test_files_written_by_version_1_render_as_before(name):
 
 def test_version_1_bench_is_migrated_to_self_describing_fields():
     report = load_record(os.path.join(V1, "bench_train.json"))
-    assert report.schema_version == 2
+    assert report.schema_version == 3 and report.recommendation.chosen == "fp32"
     amp = report.result("amp-fp16")
     assert amp.info.plan["default"] == {"kind": "autocast", "dtype": "float16", "scaler": True}
     assert amp.scaler["grad_scale"][0] == 65536.0

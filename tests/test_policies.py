@@ -11,9 +11,9 @@ import torch
 from conftest import fake_hardware
 from torch._inductor import config as inductor
 
-from dtypelab.bench.job import Job, run_job
 from dtypelab.core.policies import REGISTRY, Precision, get_policy, parse_policies, policies_for
 from dtypelab.core.task import load_task
+from dtypelab.sweep.job import Job, run_job
 
 
 def global_state() -> dict:

@@ -13,8 +13,8 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 import dtypelab
-from dtypelab.profile import why
-from dtypelab.profile.collect import tally
+from dtypelab.profiling import why
+from dtypelab.profiling.collect import tally
 
 PT = os.path.join(os.path.dirname(__file__), "profile_tasks.py")
 
@@ -74,7 +74,7 @@ def test_planted_float64_promotion_is_found_with_its_source_line():
 def test_autocast_coverage_and_float32_by_design(monkeypatch):
     # where bf16 matmuls are not native they take nearly the whole step, and the loss falls under the listing share:
     # list every op here, so that the classification itself is what is checked, whatever this CPU
-    monkeypatch.setattr(sys.modules["dtypelab.profile.summary"], "LISTED_SHARE", 0.0)
+    monkeypatch.setattr(sys.modules["dtypelab.profiling.summary"], "LISTED_SHARE", 0.0)
     p = dtypelab.profile(f"{PT}:wide_task", "amp-bf16", steps=3, warmup=2, device="cpu")
     assert p.dtype_flops and max(p.dtype_flops, key=p.dtype_flops.get) == "bfloat16"
     assert p.categories.get("cast", 0) > 0
@@ -133,7 +133,7 @@ def test_bench_profile_cli_record_tables_and_traces(tmp_path, fast_bf16_env):
 
 def test_dtypes_come_from_kineto_where_events_lack_them():
     """torch 2.11's FunctionEvent has no input_dtypes: they are read from the Kineto events by id."""
-    from dtypelab.profile.collect import dtype_of, input_dtypes
+    from dtypelab.profiling.collect import dtype_of, input_dtypes
 
     lin, x = nn.Linear(32, 16).to(torch.bfloat16), torch.randn(8, 32).to(torch.bfloat16)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:

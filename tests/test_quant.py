@@ -14,11 +14,11 @@ from conftest import fake_hardware
 from torch import nn
 
 from dtypelab import DtypelabError, bench, export, load_exported, recommend
-from dtypelab.bench.listing import policy_table
 from dtypelab.core.policies import REGISTRY, Precision, configs, get_policy, policies_for
 from dtypelab.inference.fidelity import compare
 from dtypelab.inference.sizes import linear_weight_bytes, serialize, tensor_bytes
 from dtypelab.render.bench import render
+from dtypelab.sweep.listing import policy_table
 
 QUANT = [n for n, c in REGISTRY.items() if c.modes == ("infer",)]
 # Lowest acceptable output SQNR on the MLP below. Expected from the formats: int8 with a scale per row has
@@ -144,7 +144,7 @@ def test_unsupported_here_is_skipped_with_the_reason(tiny, monkeypatch):
     why = get_policy("int8-dyn-legacy").availability(cuda)
     assert not why.ok and "CPU only" in why.reason
     monkeypatch.setattr(configs, "torchao_missing", lambda: "torchao cannot be imported (planted)")
-    bench_module = sys.modules["dtypelab.bench.sweep"]  # the package's `bench` attribute is the function
+    bench_module = sys.modules["dtypelab.sweep.sweep"]  # the package's `bench` attribute is the function
     monkeypatch.setattr(bench_module, "default_policies", lambda mode: ["fp32", "int8-dyn", "int8-dyn-legacy"])
     report = bench(tiny, mode="infer", steps=2, warmup=1, isolate=False, hardware=fake_hardware())
     skipped = report.result("int8-dyn")

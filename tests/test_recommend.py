@@ -5,6 +5,7 @@ import math
 import pytest
 
 from dtypelab import DtypelabError, PolicyResult, Report, RunConfig, Tolerance, recommend
+from dtypelab.core.judging import judged
 from dtypelab.render.bench import render_html, render_markdown
 
 
@@ -18,7 +19,7 @@ def report(*results, tolerance="1%", higher=True) -> Report:
     cfg = RunConfig(task="t", mode="train", policies=tuple(r.policy for r in results), steps=5, batch_size=10,
                     warmup=0, seed=0, tolerance=tolerance, device="cpu", force=False, timeout_s=1,
                     metric="acc", higher_is_better=higher)
-    return Report(cfg, {"hardware": {}}, tuple(results))
+    return judged(Report(cfg, {"hardware": {}}, tuple(results)))  # as a sweep writes it: with its decision
 
 
 def test_tolerance_parsing():

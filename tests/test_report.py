@@ -11,7 +11,7 @@ import pytest
 from conftest import TINY, fake_hardware
 
 import dtypelab
-from dtypelab.core.results import load_record
+from dtypelab.core.records import load_record
 from dtypelab.render.plots import pareto
 from dtypelab.render.report import report, report_html
 

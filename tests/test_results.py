@@ -6,6 +6,7 @@ import math
 import pytest
 
 from dtypelab import DtypelabError, PolicyResult, Report, RunConfig, load_report
+from dtypelab.core.judging import judged
 
 
 def make_report() -> Report:
@@ -18,7 +19,7 @@ def make_report() -> Report:
     bad = PolicyResult("fp16", "diverged", "loss non-finite from step 1", batch_size=8, warmup=1,
                        step_times_s=(0.3, 0.2, 0.2, 0.2), losses=(2.0, math.nan, math.inf, -math.inf),
                        first_nonfinite_step=1, metrics={"accuracy": math.nan})
-    return Report(cfg, {"torch": "x", "hardware": {"device": "cpu"}}, (ok, bad), created="now")
+    return judged(Report(cfg, {"torch": "x", "hardware": {"device": "cpu"}}, (ok, bad), created="now"))
 
 
 def test_json_round_trip_is_exact_including_nonfinite():

@@ -8,9 +8,9 @@ import pytest
 from conftest import TINY, fake_hardware
 
 from dtypelab import PolicyResult, Report, RunConfig, bench, recommend
-from dtypelab.bench.rounds import RoundsJob, paired_speedup, run_rounds
 from dtypelab.core.policies import get_policy
 from dtypelab.core.results import RoundBlock
+from dtypelab.sweep.rounds import RoundsJob, paired_speedup, run_rounds
 
 
 def blocks(medians, disturbed=(), other=0.96):
@@ -122,7 +122,7 @@ def test_the_sweep_times_in_rounds_and_stores_intervals(tmp_path):
     md = render_markdown(report)
     assert "speedup (95% interval)" in md and re.search(r"\| bf16 \| ok \| [^|]+ \| [\d.]+x \([\d.]+–[\d.]+\)", md)
     assert "interleaved rounds of 5 steps" in md
-    from dtypelab.core.results import load_report
+    from dtypelab.core.records import load_report
 
     again = load_report(str(tmp_path / "r.json"))
     assert again.result("bf16").speedup_ci == report.result("bf16").speedup_ci

@@ -14,10 +14,12 @@ from conftest import TINY, fake_hardware
 from rich.console import Console
 
 import dtypelab
-from dtypelab.core.results import DistStats, PolicyResult, Report, RunConfig, load_record
+from dtypelab.core.records import load_record
+from dtypelab.core.results import DistStats, PolicyResult, Report, RunConfig
 from dtypelab.distributed.scaling import parse_links, with_scaling
+from dtypelab.numerics.tables import formats_doc
 from dtypelab.render.bench import render_table, sections, table_rows
-from dtypelab.render.numeric import audit_doc, emit, formats_doc
+from dtypelab.render.numeric import audit_doc, emit
 from dtypelab.render.tables import WORD_CAP, fit_columns
 from dtypelab.render.trace import trace_doc
 from dtypelab.render.tune import tune_doc

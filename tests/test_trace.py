@@ -12,10 +12,11 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import dtypelab
-from dtypelab.core.results import TraceReport, load_record
+from dtypelab.core.records import load_record
+from dtypelab.core.results import TraceReport
 from dtypelab.core.scaler import ScalerLog, scaler_notes
-from dtypelab.trace.diagnose import explain
-from dtypelab.trace.guard import Guard, NonFiniteError, _all_finite
+from dtypelab.tracing.diagnose import explain
+from dtypelab.tracing.guard import Guard, NonFiniteError, _all_finite
 
 
 def run(task, policy: str = "fp32", **kw) -> TraceReport:
@@ -265,8 +266,8 @@ def test_exploding_weights_point_at_the_learning_rate():
 
 
 def test_root_hints_for_idioms_the_lint_rules_know():
-    from dtypelab.trace.diagnose import path_hint, root_hint
-    from dtypelab.trace.nonfinite import _Made
+    from dtypelab.tracing.diagnose import path_hint, root_hint
+    from dtypelab.tracing.nonfinite import _Made
 
     assert "log_softmax" in root_hint("log", [_Made("_softmax", False, ())])
     assert "logsigmoid" in root_hint("log", [_Made("sigmoid", False, ())])

@@ -142,7 +142,7 @@ def test_an_fp32_island_keeps_its_parameters_and_rescues_the_metric():
 
 def test_the_cosine_constraint_has_a_meaning_for_one_output_value_per_sample():
     from dtypelab.inference.fidelity import compare
-    from dtypelab.tune.infer import output_cosine
+    from dtypelab.tuning.infer import output_cosine
 
     g = torch.Generator().manual_seed(0)
     scalar = torch.randn(64, generator=g)  # a regression's predictions: no per-sample cosine exists
@@ -183,7 +183,7 @@ def test_a_candidate_equal_to_the_default_is_no_conversion(tmp_path):
 
 
 def test_a_plan_is_chosen_only_when_its_interval_says_faster():
-    from dtypelab.tune.search import Evaluation, LayerScore, search
+    from dtypelab.tuning.search import Evaluation, LayerScore, search
 
     layers = [LayerScore("a", 0.0, 0.01), LayerScore("b", 0.0, 0.01)]
 
@@ -200,7 +200,7 @@ def test_a_plan_is_chosen_only_when_its_interval_says_faster():
 
 def test_tune_measures_again_under_disturbance_and_names_it(monkeypatch):
     from dtypelab.core.disturbance import Disturbance
-    from dtypelab.tune import timing
+    from dtypelab.tuning import timing
 
     class Busy:
         def start(self):

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from dtypelab.tune.search import Evaluation, LayerScore, budget_for, search
+from dtypelab.tuning.search import Evaluation, LayerScore, budget_for, search
 
 
 def _model(layers: list[LayerScore], threshold: float):

@@ -1,50 +1,48 @@
-"""dtypelab: measure which numeric precision your PyTorch model should use, on your own hardware."""
+"""dtypelab: measure which numeric precision your PyTorch model should use, on your own hardware.
 
-__version__ = "0.1.0"
+The public names below load on first use (``dtypelab.bench`` imports the sweep and torch; ``import dtypelab``
+alone imports neither), each from its package's public API. ``dtypelab.lightning`` and ``dtypelab.hf`` are the
+Lightning and Hugging Face integrations (optional extras).
+"""
 
-from dtypelab.bench.recommend import Recommendation, Tolerance, recommend
-from dtypelab.bench.sweep import bench
-from dtypelab.core.errors import DtypelabError, TaskError
-from dtypelab.core.hardware import HardwareInfo, probe
-from dtypelab.core.policies import (
-    TF32,
-    Autocast,
-    Cast,
-    Config,
-    Plan,
-    Precision,
-    Quantize,
-    get_policy,
-    load_plan,
-    register,
-)
-from dtypelab.core.results import (
-    AuditReport,
-    Finding,
-    LintFinding,
-    LintReport,
-    PolicyResult,
-    ProfileSummary,
-    Report,
-    RunConfig,
-    TraceReport,
-    load_record,
-    load_report,
-)
-from dtypelab.core.task import InferenceTask, Task, load_task
-from dtypelab.inference.export import ExportInfo, export, load_exported
-from dtypelab.inference.fidelity import compare as compare_outputs
-from dtypelab.lint import lint_paths, lint_source
-from dtypelab.numerics.audit import audit
-from dtypelab.numerics.castcheck import analyze_values, cast_file, cast_report
-from dtypelab.numerics.formats import Format, formats, get_format
-from dtypelab.numerics.rangestats import RangeStats, range_stats
-from dtypelab.profile import profile
-from dtypelab.render.report import ReportInfo, report
-from dtypelab.script.session import Session, session
-from dtypelab.trace.guard import Guard, NonFiniteError, watch
-from dtypelab.trace.run import trace
-from dtypelab.tune import apply_plan, tune
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from dtypelab.core.version import __version__
+
+# public name -> the module that defines it publicly
+_PUBLIC = {
+    # measuring (capabilities)
+    "bench": "dtypelab.sweep", "tune": "dtypelab.tuning", "apply_plan": "dtypelab.tuning",
+    "trace": "dtypelab.tracing", "watch": "dtypelab.tracing", "Guard": "dtypelab.tracing",
+    "NonFiniteError": "dtypelab.tracing", "profile": "dtypelab.profiling", "audit": "dtypelab.numerics",
+    "analyze_values": "dtypelab.numerics", "cast_file": "dtypelab.numerics", "cast_report": "dtypelab.numerics",
+    "Format": "dtypelab.numerics", "formats": "dtypelab.numerics", "get_format": "dtypelab.numerics",
+    "RangeStats": "dtypelab.numerics", "range_stats": "dtypelab.numerics", "export": "dtypelab.inference",
+    "load_exported": "dtypelab.inference", "ExportInfo": "dtypelab.inference",
+    "compare_outputs": "dtypelab.inference", "lint_paths": "dtypelab.lint", "lint_source": "dtypelab.lint",
+    "session": "dtypelab.script", "Session": "dtypelab.script", "report": "dtypelab.render",
+    "ReportInfo": "dtypelab.render",
+    # the core: tasks, hardware, policies and plans, judging, records
+    "Task": "dtypelab.core.task", "InferenceTask": "dtypelab.core.task", "load_task": "dtypelab.core.task",
+    "DtypelabError": "dtypelab.core.errors", "TaskError": "dtypelab.core.errors",
+    "HardwareInfo": "dtypelab.core.hardware", "probe": "dtypelab.core.hardware",
+    "TF32": "dtypelab.core.policies", "Autocast": "dtypelab.core.policies", "Cast": "dtypelab.core.policies",
+    "Config": "dtypelab.core.policies", "Plan": "dtypelab.core.policies", "Precision": "dtypelab.core.policies",
+    "Quantize": "dtypelab.core.policies", "get_policy": "dtypelab.core.policies",
+    "load_plan": "dtypelab.core.policies", "register": "dtypelab.core.policies",
+    "Tolerance": "dtypelab.core.judging", "Recommendation": "dtypelab.core.judging",
+    "recommend": "dtypelab.core.judging",
+    "AuditReport": "dtypelab.core.results", "Finding": "dtypelab.core.results",
+    "LintFinding": "dtypelab.core.results", "LintReport": "dtypelab.core.results",
+    "PolicyResult": "dtypelab.core.results", "ProfileSummary": "dtypelab.core.results",
+    "Report": "dtypelab.core.results", "RunConfig": "dtypelab.core.results", "TraceReport": "dtypelab.core.results",
+    "TuneReport": "dtypelab.core.results", "load_record": "dtypelab.core.records",
+    "load_report": "dtypelab.core.records",
+}
+_INTEGRATIONS = ("lightning", "hf")
 
 __all__ = [
     "TF32",
@@ -77,6 +75,7 @@ __all__ = [
     "TaskError",
     "Tolerance",
     "TraceReport",
+    "TuneReport",
     "__version__",
     "analyze_values",
     "apply_plan",
@@ -105,14 +104,59 @@ __all__ = [
     "session",
     "trace",
     "tune",
-    "watch"
+    "watch",
 ]
 
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
+    from dtypelab.core.errors import DtypelabError, TaskError
+    from dtypelab.core.hardware import HardwareInfo, probe
+    from dtypelab.core.judging import Recommendation, Tolerance, recommend
+    from dtypelab.core.policies import TF32, Autocast, Cast, Config, Plan, Precision, Quantize, get_policy, load_plan
+    from dtypelab.core.policies import register as register
+    from dtypelab.core.records import load_record, load_report
+    from dtypelab.core.results import (
+        AuditReport,
+        Finding,
+        LintFinding,
+        LintReport,
+        PolicyResult,
+        ProfileSummary,
+        Report,
+        RunConfig,
+        TraceReport,
+        TuneReport,
+    )
+    from dtypelab.core.task import InferenceTask, Task, load_task
+    from dtypelab.inference import ExportInfo, compare_outputs, export, load_exported
+    from dtypelab.lint import lint_paths, lint_source
+    from dtypelab.numerics import (
+        Format,
+        RangeStats,
+        analyze_values,
+        audit,
+        cast_file,
+        cast_report,
+        formats,
+        get_format,
+        range_stats,
+    )
+    from dtypelab.profiling import profile
+    from dtypelab.render import ReportInfo, report
+    from dtypelab.script import Session, session
+    from dtypelab.sweep import bench
+    from dtypelab.tracing import Guard, NonFiniteError, trace, watch
+    from dtypelab.tuning import apply_plan, tune
 
-def __getattr__(name: str) -> object:
-    """``dtypelab.lightning`` and ``dtypelab.hf`` load on first use: Lightning and transformers are optional."""
-    if name in ("lightning", "hf"):
-        import importlib
 
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        globals()[name] = value  # once loaded, a plain attribute
+        return value
+    if name in _INTEGRATIONS:  # Lightning and transformers are optional extras
         return importlib.import_module(f"dtypelab.{name}")
     raise AttributeError(f"module 'dtypelab' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return [*__all__, *_INTEGRATIONS]

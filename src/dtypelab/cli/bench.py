@@ -173,8 +173,8 @@ def bench(
     int8/fp8 policies included); print speed, memory, size, fidelity, metric and a recommendation. TASK may be
     your own training script (train.py, using dtypelab.session()); its arguments go after --. Exit 1 when the fp32
     baseline did not complete (nothing to compare with), 3 with --strict when the machine was too busy to decide."""
-    from dtypelab.bench.sweep import bench as run_bench
     from dtypelab.core.results import default_result_path
+    from dtypelab.sweep.sweep import bench as run_bench
 
     path = json or default_result_path(task, mode)
     with _guarded(f"policies that finished are saved in {path}"):
@@ -194,7 +194,7 @@ def bench(
     _emit(report, fmt)
     err.print(f"[dim]results saved to {escape(path)}; re-render with: dtypelab show {escape(path)}[/]")
     write_html(report, html)
-    from dtypelab.bench.recommend import recommend
+    from dtypelab.core.judging import recommend
 
     rec = recommend(report)
     if rec.no_baseline:
@@ -232,7 +232,7 @@ def show(
     top: Annotated[int, typer.Option(help="audit: rows to show, riskiest first (0: all)")] = 0,
 ) -> None:
     """Re-render a saved result."""
-    from dtypelab.core.results import load_record
+    from dtypelab.core.records import load_record
 
     try:
         _check_format(fmt)
@@ -248,7 +248,7 @@ def policies(device: DeviceOpt = None) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from dtypelab.bench.listing import policy_table
+    from dtypelab.sweep.listing import policy_table
 
     with _guarded():
         rows = policy_table(device)

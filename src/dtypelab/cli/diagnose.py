@@ -45,7 +45,7 @@ def trace(
 ) -> None:
     """Train with a NaN/Inf guard armed; at the first non-finite value, name the op, module, source line
     and cause. Exit 1 when one was found. TASK may be your training script (arguments after --)."""
-    from dtypelab.trace.run import trace as run_trace
+    from dtypelab.tracing.run import trace as run_trace
 
     report = run_recorded("trace", task, policy, steps, json, fmt, lambda path, progress: run_trace(
         task, policy=policy, steps=steps, batch_size=batch_size, seed=seed, device=device, threads=threads,

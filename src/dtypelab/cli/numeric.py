@@ -35,7 +35,7 @@ def formats(
     from dtypelab.numerics.castcheck import analyze_values
     from dtypelab.numerics.formats import formats as all_formats
     from dtypelab.numerics.formats import parse_formats
-    from dtypelab.render.numeric import formats_doc, values_doc
+    from dtypelab.numerics.tables import formats_doc, values_doc
 
     try:
         _check_format(fmt)
@@ -59,7 +59,7 @@ def cast(
     """What converting every tensor in FILE to a format does: overflow, underflow, error, SQNR, bytes."""
     from dtypelab.numerics.castcheck import cast_file
     from dtypelab.numerics.formats import get_format
-    from dtypelab.render.numeric import cast_doc
+    from dtypelab.numerics.tables import cast_doc
 
     try:
         _check_format(fmt)

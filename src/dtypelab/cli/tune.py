@@ -37,7 +37,7 @@ def tune(
     keeps the constraint: inference, the worst output cosine vs fp32 at or above --min-cosine; training, the task's
     metric within --tolerance of fp32's after the same training. Every plan reported was measured end to end."""
     from dtypelab.cli._common import _emit_record
-    from dtypelab.tune.run import tune as run_tune
+    from dtypelab.tuning.run import tune as run_tune
 
     with _guarded(), err.status(f"tuning {task}") as status:
         report = run_tune(task, mode=mode, candidates=candidates, min_cosine=min_cosine, tolerance=tolerance,

@@ -17,6 +17,7 @@ import torch
 
 from dtypelab.core.disturbance import CpuMeter, describe
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.version import __version__
 
 # CPU flags that decide whether a low-precision format is computed natively or converted around fp32.
 RELEVANT_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
@@ -108,8 +109,6 @@ class HardwareInfo:
 
 def environment(hw: HardwareInfo) -> dict[str, Any]:
     """Versions and hardware, kept in every record."""
-    from dtypelab import __version__
-
     return {
         "dtypelab": __version__, "torch": torch.__version__, "python": platform.python_version(),
         "platform": platform.platform(), "cuda": torch.version.cuda, "hardware": hw.to_dict(),

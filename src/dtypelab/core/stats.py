@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 CONFIDENCE = 0.95
 MIN_GAIN = 0.02  # a speedup whose interval stays above 1 + this counts as measurably faster
+MIN_QUIET = 3  # undisturbed rounds needed to leave the disturbed ones out of a paired speedup
 
 
 class Interval(NamedTuple):

@@ -25,11 +25,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from dtypelab.bench.job import Job
-from dtypelab.bench.launch import OnStep, last_line
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.results import PolicyResult
 from dtypelab.distributed.scaling import parse_links
+from dtypelab.sweep.job import Job
+from dtypelab.sweep.launch import OnStep, last_line
 
 POLL_S = 0.1
 STOP_GRACE_S = 10.0

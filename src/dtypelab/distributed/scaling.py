@@ -21,8 +21,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 
-from dtypelab.bench.recommend import Tolerance, judge
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.judging import Tolerance, judge
 from dtypelab.core.policies import BASELINE
 from dtypelab.core.results import PolicyResult, Report, ScalingEstimate, ScalingPoint
 from dtypelab.distributed.collectives import wire_factor

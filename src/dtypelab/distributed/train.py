@@ -21,7 +21,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dtypelab.bench.job import Job
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.loop import build_model, evaluate, fingerprint, prime, to_device, train_step
 from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync
@@ -30,6 +29,7 @@ from dtypelab.core.results import DistStats, PolicyResult
 from dtypelab.core.task import Task, map_tensors, tensors
 from dtypelab.distributed.collectives import Counter, measure_link, wire_factor
 from dtypelab.distributed.wrap import unwrapped_state, wrap
+from dtypelab.sweep.job import Job
 
 COMPUTE_STEPS = 12  # timed steps on the one-rank groups (after 2 warm-ups)
 

@@ -17,12 +17,13 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from dtypelab.bench.launch import watch_parent
 from dtypelab.core.errors import describe_exception
 from dtypelab.core.loop import threads
-from dtypelab.core.results import policy_info, save_bytes
+from dtypelab.core.policies import policy_info
+from dtypelab.core.results import save_bytes
 from dtypelab.core.task import load_task
 from dtypelab.distributed.train import train_distributed
+from dtypelab.sweep.launch import watch_parent
 
 PROGRESS_EVERY_S = 0.2
 

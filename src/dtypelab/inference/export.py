@@ -17,12 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from dtypelab import __version__
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.loop import build_model, fit, forward
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy
 from dtypelab.core.results.store import save_bytes
 from dtypelab.core.task import Task, load_task
+from dtypelab.core.version import __version__
 from dtypelab.inference.fidelity import flat
 from dtypelab.inference.sizes import SAFETENSORS, TORCH, dedupe_state, linear_weight_bytes, serialize
 

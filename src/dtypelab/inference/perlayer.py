@@ -15,10 +15,11 @@ import torch
 from torch import nn
 
 from dtypelab.core.policies import Precision
+from dtypelab.core.results import PER_LAYER_SAMPLES
 from dtypelab.core.task import Batch, call_model, map_tensors, tensors
 from dtypelab.inference.fidelity import flat, sqnr_db
 
-SAMPLES = 8  # per-layer outputs are held in memory: a slice of the inference batch is enough
+SAMPLES = PER_LAYER_SAMPLES  # per-layer outputs are held in memory: a slice of the inference batch is enough
 _SKIP = (nn.Dropout, nn.Identity)
 
 

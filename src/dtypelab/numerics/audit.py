@@ -8,7 +8,7 @@ import re
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -19,7 +19,15 @@ from dtypelab.core.hardware import HardwareInfo, probe
 from dtypelab.core.hardware import environment as current_environment
 from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
-from dtypelab.core.results import AuditConfig, AuditReport, LayerAudit, check_writable
+from dtypelab.core.results import (
+    AuditConfig,
+    AuditReport,
+    FormatLimits,
+    FormatVerdict,
+    LayerAudit,
+    Risk,
+    check_writable,
+)
 from dtypelab.core.task import Task, is_script
 from dtypelab.numerics.formats import AUDIT_FORMATS, get_format, parse_formats
 from dtypelab.numerics.rangestats import RangeCounter, RangeStats
@@ -110,25 +118,36 @@ def install_hooks(model: nn.Module, rec: Recorder, pattern: re.Pattern[str] | No
     return handles
 
 
-def _verdict(stats: RangeStats, fmt: str, kind: str) -> tuple[int, str]:
-    """(severity 0-3, "category: detail") for one tensor family in one format."""
+def _verdict(stats: RangeStats, fmt: str, kind: str) -> FormatVerdict:
+    """What ``fmt`` would do to one tensor family: its risk and the measured detail."""
     f = get_format(fmt)
     over, under, sub = (stats.fraction(fmt, k) for k in ("overflow", "underflow", "subnormal"))
     if stats.nonfinite:
-        return 3, f"non-finite already: {_pct(stats.nonfinite / (stats.numel or 1))}"
+        return FormatVerdict(Risk.NONFINITE, f"non-finite already: {_pct(stats.nonfinite / (stats.numel or 1))}")
     if over:
-        return 3, f"overflow risk: {_pct(over)} beyond ±{f.max:g}"
+        return FormatVerdict(Risk.OVERFLOW, f"overflow risk: {_pct(over)} beyond ±{f.max:g}")
     if kind != "activation" and under + sub >= UNDERFLOW_FLAG:
-        return 2, f"gradient underflow: needs loss scaling ({_pct(under)} → 0, {_pct(sub)} subnormal)"
+        return FormatVerdict(Risk.GRADIENT_UNDERFLOW, f"gradient underflow: needs loss scaling ({_pct(under)} → 0, "
+                                                      f"{_pct(sub)} subnormal)")
     if under >= UNDERFLOW_FLAG:
-        return 2, f"underflow: {_pct(under)} flush to zero"
+        return FormatVerdict(Risk.UNDERFLOW, f"underflow: {_pct(under)} flush to zero")
     if sub >= UNDERFLOW_FLAG:
-        return 1, f"precision loss: {_pct(sub)} subnormal"
+        return FormatVerdict(Risk.PRECISION_LOSS, f"precision loss: {_pct(sub)} subnormal")
     if under >= MINOR_FLAG:
-        return 1, f"minor underflow: {_pct(under)} flush to zero"
+        return FormatVerdict(Risk.MINOR_UNDERFLOW, f"minor underflow: {_pct(under)} flush to zero")
     if stats.max_abs > f.max / 4:
-        return 1, f"little headroom: max |x| {stats.max_abs:.3g} within 4x of {f.max:g}"
-    return 0, "safe"
+        return FormatVerdict(Risk.LITTLE_HEADROOM,
+                             f"little headroom: max |x| {stats.max_abs:.3g} within 4x of {f.max:g}")
+    return FormatVerdict(Risk.SAFE, "safe")
+
+
+def format_limits(fmts: tuple[str, ...]) -> dict[str, FormatLimits]:
+    """Each audited format's range, kept in the record: renderers draw it without the formats registry."""
+    out: dict[str, FormatLimits] = {}
+    for name in fmts:
+        f = get_format(name)
+        out[name] = {"max": f.max, "smallest_normal": f.smallest_normal, "smallest_subnormal": f.smallest_subnormal}
+    return out
 
 
 def _pct(x: float) -> str:
@@ -236,13 +255,14 @@ def build_report(config: AuditConfig, rec: Recorder, losses: list[float], status
     rows = []
     for (name, kind), e in rec.entries.items():
         verdicts = {f: _verdict(e.stats, f, kind) for f in config.formats}
-        severity = max((s for s, _ in verdicts.values()), default=0)
+        severity = max((v.severity for v in verdicts.values()), default=0)
         risk = sum(e.stats.fraction(f, k) for f in config.formats for k in ("overflow", "underflow"))
         rows.append((-severity, -risk, KIND_ORDER.index(kind), LayerAudit(
             name=name, module=e.module, kind=kind, calls=e.calls, stats=e.stats.to_dict(), severity=severity,
-            verdicts={f: text for f, (_, text) in verdicts.items()})))
+            verdicts=verdicts)))
     rows.sort(key=lambda r: r[:3])
     layers = tuple(r[3] for r in rows)
+    config = replace(config, limits=config.limits or format_limits(config.formats))
     return AuditReport(config=config, environment=environment, layers=layers, loss_scale=loss_scale_advice(layers),
                        losses=tuple(losses), status=status, reason=reason, wall_s=wall_s,
                        created=time.strftime("%Y-%m-%dT%H:%M:%S"))

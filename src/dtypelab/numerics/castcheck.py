@@ -181,6 +181,10 @@ class CastFileReport:
     total: CastReport
     skipped: tuple[str, ...] = field(default=())  # non-tensor entries of a checkpoint
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "target": self.target, "rows": [r.to_dict() for r in self.rows],
+                "total": self.total.to_dict(), "skipped": list(self.skipped)}
+
 
 def _flatten(obj: Any, prefix: str, out: dict[str, torch.Tensor], skipped: list[str]) -> None:
     if isinstance(obj, torch.Tensor):

@@ -3,10 +3,9 @@ then the scaling estimate, labelled as the estimate it is."""
 
 from __future__ import annotations
 
-from dtypelab.core.policies import BASELINE
-from dtypelab.core.results import Report
+from dtypelab.core.results import BASELINE, Report
+from dtypelab.core.text import num
 from dtypelab.render.profile import Section
-from dtypelab.render.tables import num
 
 MB = 2**20
 SHOWN_RANKS = (8, 64)

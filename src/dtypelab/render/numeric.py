@@ -9,86 +9,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.results import AuditReport, plain_json
-from dtypelab.numerics.castcheck import LABELS, CastFileReport, CastReport, ValueCast
-from dtypelab.numerics.formats import Format, get_format
-from dtypelab.render.tables import drop_order, html_table, markdown_table, num, pow2, rich_table
+from dtypelab.core.text import num, pct
+from dtypelab.render.tables import drop_order, html_table, markdown_table, rich_table
 
 Doc = tuple[str, list[str], list[list[str]], list[str]]
 SEVERITY_STYLE = {0: "", 1: "yellow", 2: "bold yellow", 3: "bold red"}
 
-
-def _pct(x: float) -> str:
-    return "0" if x == 0 else (f"{x:.2%}" if x >= 1e-4 else f"{x:.1e}")
-
-
-# --- formats -----------------------------------------------------------------------------------
-def _native(fmt: Format, hw: HardwareInfo | None) -> str:
-    if hw is None:
-        return "—"
-    text = {True: "yes", False: "no", None: "—"}[hw.native(fmt.name)]
-    if fmt.name in hw.gflops and hw.gflops.get("float32"):
-        text += f" ({hw.gflops[fmt.name] / hw.gflops['float32']:.2g}x fp32 matmul)"
-    return text
-
-
-def formats_doc(formats: list[Format], hw: HardwareInfo | None) -> Doc:
-    headers = ["format", "bits s/e/m", "max", "smallest normal", "smallest subnormal", "eps", "digits",
-               "inf/nan", f"native on {hw.device if hw else 'this machine'}", "note"]
-    rows = []
-    for f in formats:
-        sign = f.bits - f.exponent_bits - f.mantissa_bits if f.is_float else None
-        layout = f"{f.bits}: {sign}/{f.exponent_bits}/{f.mantissa_bits}" if f.is_float else f"{f.bits} int"
-        special = "/".join(t for t, ok in (("inf", f.has_inf), ("nan", f.has_nan)) if ok) or "none"
-        rows.append([f.name, layout, num(f.max, ".6g"), pow2(f.smallest_normal), pow2(f.smallest_subnormal),
-                     pow2(f.eps), f"{f.decimal_digits:.1f}", special if f.is_float else "—", _native(f, hw), f.note])
-    notes = ["digits: significant decimal digits, (mantissa bits + 1)·log10(2); eps: gap between 1 and the next "
-             "value", "native: from CPU flags / CUDA capability; the ratio is measured matmul throughput"]
-    return "numeric formats (computed from torch, numpy and ml_dtypes)", headers, rows, notes
-
-
-def values_doc(casts: list[ValueCast]) -> Doc:
-    headers = ["value", "format", "stored", "bits (sign | exponent | mantissa)", "abs error", "rel error",
-               "what happened"]
-    rows = [[num(c.value, ".10g"), c.format, num(c.stored, ".10g"), c.bits, num(c.abs_error, ".3g"),
-             num(c.rel_error, ".3g"), LABELS.get(c.outcome, c.outcome)] for c in casts]
-    return "values stored in each format", headers, rows, []
-
-
-# --- cast --------------------------------------------------------------------------------------
-def _cast_row(r: CastReport, is_float: bool) -> list[str]:
-    if r.note.startswith("skipped"):
-        return [r.name, r.source, "×".join(map(str, r.shape)), f"{r.numel:,}"] + ["—"] * 7 + [r.note]
-    c = r.counts
-    lost = (c.get("overflow_inf", 0) + c.get("overflow_nan", 0) + c.get("saturated", 0)) if is_float else (
-        c.get("wrapped", 0) + c.get("saturated", 0) + c.get("out_of_range", 0))
-    small = c.get("underflow_zero", 0) if is_float else c.get("truncated", 0)
-    sub = c.get("subnormal", 0) if is_float else 0
-    n = r.numel or 1
-    return [r.name, r.source, "×".join(map(str, r.shape)) or "—", f"{r.numel:,}", _pct(lost / n), _pct(small / n),
-            _pct(sub / n) if is_float else "—", num(r.max_abs_error, ".3g"), num(r.max_rel_error, ".3g"),
-            num(r.sqnr_db, ".1f"), f"{r.bytes_before:,} → {r.bytes_after:,}", r.note]
-
-
-def cast_doc(report: CastFileReport, fmt: Format) -> Doc:
-    f = fmt.is_float
-    headers = ["tensor", "dtype", "shape", "elements", "overflow/saturate" if f else "wrapped/out of range",
-               "flushed to zero" if f else "truncated", "subnormal", "max abs err", "max rel err", "SQNR dB",
-               "bytes", "note"]
-    rows = [_cast_row(r, f) for r in report.rows]
-    if len(report.rows) > 1:
-        rows.append(_cast_row(report.total, f))
-    notes = []
-    t = report.total
-    if not f:
-        notes.append(f"a raw cast to {fmt.name} truncates toward zero; quantization (scale, round, clamp) is a "
-                     "different operation")
-    if f and t.counts.get("saturated"):
-        notes.append(f"{fmt.name} has no infinity: PyTorch saturates overflow to ±{fmt.max:g}")
-    if report.skipped:
-        notes.append(f"not tensors, skipped: {', '.join(report.skipped[:10])}")
-    return f"{report.path} → {report.target}", headers, rows, notes
 
 
 # --- audit -------------------------------------------------------------------------------------
@@ -108,8 +35,8 @@ def audit_doc(report: AuditReport, top: int = 0) -> tuple[Doc, list[str], set[in
         rows.append([layer.name, {"activation": "act", "grad": "grad", "param_grad": "param grad"}[layer.kind],
                      layer.module, num(s["max_abs"], ".3g"),
                      num(s["min_nonzero"] if math.isfinite(s["min_nonzero"]) else None, ".3g"),
-                     _pct(s["zeros"] / n), _pct(s["nonfinite"] / n), num(span, ".0f")]
-                    + [layer.verdicts[f] for f in cfg.formats])
+                     pct(s["zeros"] / n), pct(s["nonfinite"] / n), num(span, ".0f")]
+                    + [layer.verdicts[f].text for f in cfg.formats])
         styles.append(SEVERITY_STYLE[layer.severity])
     every = "every step" if cfg.every == 1 else f"every {cfg.every} steps"
     title = (f"dtypelab audit: {cfg.task_name or cfg.task} · {cfg.policy} · {len(report.losses)} steps, measured "
@@ -128,7 +55,7 @@ def audit_notes(report: AuditReport) -> list[str]:
     for fmt in report.config.formats:
         worst = {}
         for layer in report.layers:
-            word = layer.verdicts[fmt].split(":")[0]
+            word = layer.verdicts[fmt].risk.value
             if word != "safe":
                 label = layer.name if layer.kind == "activation" else f"{layer.name} {layer.kind.replace('_', ' ')}"
                 worst.setdefault(word, []).append(label)
@@ -143,13 +70,14 @@ def audit_notes(report: AuditReport) -> list[str]:
         text = (f"float16 loss scale: start at 2^{ls['log2_scale']} = {ls['scale']:g} (largest gradient "
                 f"{ls['max_grad']:.3g}, kept 2x below 65504)")
         if ls.get("flushed_unscaled") is not None:
-            text += (f"; gradient values flushed to zero in float16: {_pct(ls['flushed_unscaled'])} unscaled, "
-                     f"{_pct(ls['flushed_at_scale'])} at that scale")
+            text += (f"; gradient values flushed to zero in float16: {pct(ls['flushed_unscaled'])} unscaled, "
+                     f"{pct(ls['flushed_at_scale'])} at that scale")
         if ls.get("gradscaler_default_overflows"):
             text += "; GradScaler's default 65536 would overflow at first and back off, skipping steps"
         notes.append(text)
-    spans = [f"{f} {math.log2(get_format(f).max / get_format(f).smallest_subnormal):.0f}"
-             for f in report.config.formats if f.startswith("float8")]
+    limits = report.config.limits
+    spans = [f"{f} {math.log2(limits[f]['max'] / limits[f]['smallest_subnormal']):.0f}"
+             for f in report.config.formats if f.startswith("float8") and f in limits]
     if spans:
         notes.append("fp8 verdicts assume no per-tensor scaling. With scaling, what must fit is the range in "
                      f"binades, log2(max/min non-zero): the formats span {', '.join(spans)} (with subnormals)")
@@ -161,9 +89,8 @@ def to_json(obj: Any) -> str:
     """JSON for any of the numeric results (dataclasses, lists of them, or records)."""
     if hasattr(obj, "to_json"):  # records (audit, trace) have their own versioned JSON
         return obj.to_json() + "\n"
-    if isinstance(obj, CastFileReport):
-        obj = {"path": obj.path, "target": obj.target, "rows": [r.to_dict() for r in obj.rows],
-               "total": obj.total.to_dict(), "skipped": list(obj.skipped)}
+    if hasattr(obj, "to_dict"):  # a command's own result type (cast_file's report)
+        obj = obj.to_dict()
     return plain_json(obj) + "\n"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dtypelab.core.results import CATEGORIES, CATEGORY_LABELS, PHASES, PolicyResult, ProfileSummary, Report
-from dtypelab.render.tables import num
+from dtypelab.core.text import num
 
 TOP_SHOWN = 6  # ops per policy in the tables (the record keeps more)
 

@@ -14,23 +14,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dtypelab.bench.recommend import Tolerance, recommend, speedup
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.policies import BASELINE
+from dtypelab.core.records import load_record
 from dtypelab.core.results import (
+    BASELINE,
     CATEGORIES,
     CATEGORY_LABELS,
     AuditReport,
     LintReport,
     Report,
+    Tolerance,
     TraceReport,
     TuneReport,
-    load_record,
 )
 from dtypelab.core.results.store import save_text
-from dtypelab.numerics.formats import get_format
 from dtypelab.render import plots
-from dtypelab.render.bench import bench_notes, bench_title, layer_rows, table_rows
+from dtypelab.render.bench import bench_notes, bench_title, decision, layer_rows, table_rows
 from dtypelab.render.distributed import distributed_sections
 from dtypelab.render.numeric import audit_doc
 from dtypelab.render.profile import Section, profile_sections
@@ -40,9 +39,6 @@ from dtypelab.render.tune import tune_doc
 
 HEATMAP_ROWS = 40  # riskiest tensor families drawn in the audit heat map (the table below lists all)
 MAX_HISTOGRAMS = 6
-# An audit verdict's severity from its category (numerics.audit writes "category: detail"; the record keeps text).
-SEVERITY = (("non-finite", 3), ("overflow", 3), ("gradient underflow", 2), ("underflow", 2), ("precision loss", 1),
-            ("minor underflow", 1), ("little headroom", 1))
 CSS = """
 :root{color-scheme:light}
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:#111;background:#fff;
@@ -92,7 +88,7 @@ def _band(base: float, tol: Tolerance, higher: bool) -> tuple[float, float]:
 
 
 def _bench(report: Report, key: str) -> str:
-    cfg, rec = report.config, recommend(report)
+    cfg, rec = report.config, decision(report)
     base = report.result(BASELINE)
     ran = [r for r in report.results if r.ran]
     names = [r.policy for r in ran]
@@ -128,11 +124,10 @@ def _bench(report: Report, key: str) -> str:
     if base_metric is not None and math.isfinite(base_metric):
         # a run that diverged is no candidate, and its metric would squash the candidates into a corner
         stable = [r for r in ran if r.status == "ok" and r.first_nonfinite_step is None]
-        points = [(r.policy, speedup(r, base) or math.nan, r.metric(cfg.metric) or math.nan) for r in stable
-                  if r.metric(cfg.metric) is not None]
+        points = [(r.policy, (rec.verdict(r.policy).speedup if rec.verdict(r.policy) else None) or math.nan,
+                   r.metric(cfg.metric) or math.nan) for r in stable if r.metric(cfg.metric) is not None]
         parts.append(_figure(plots.speed_vs_metric(points, cfg.metric, cfg.higher_is_better,
-                                                   _band(base_metric, Tolerance.parse(cfg.tolerance),
-                                                         cfg.higher_is_better), rec.best,
+                                                   _band(base_metric, cfg.tolerance, cfg.higher_is_better), rec.best,
                                                    intervals={r.policy: (r.speedup_ci.low, r.speedup_ci.high)
                                                               for r in stable if r.speedup_ci}),
                              f"Speed against {cfg.metric}: the recommendation is the fastest point inside the green "
@@ -172,10 +167,6 @@ def _bench(report: Report, key: str) -> str:
 
 
 # --- audit -----------------------------------------------------------------------------------------
-def _severity(verdict: str) -> int:
-    return next((v for k, v in SEVERITY if verdict.startswith(k)), 0)
-
-
 def _histogram_layers(report: AuditReport, pattern: str | None) -> list[Any]:
     """The tensor families to draw binade histograms for: those whose name matches ``pattern`` (at most
     MAX_HISTOGRAMS), else the riskiest of each kind (activation, gradient, parameter gradient)."""
@@ -194,16 +185,17 @@ def _audit(report: AuditReport, key: str, layers: str | None = None) -> str:
     fmts = list(report.config.formats)
     top = list(report.layers[:HEATMAP_ROWS])
     heat = plots.audit_heatmap([f"{layer.name} ({layer.kind})" for layer in top], fmts,
-                               [[_severity(layer.verdicts.get(f, "")) for f in fmts] for layer in top])
+                               [[layer.verdicts[f].severity if f in layer.verdicts else 0 for f in fmts]
+                                for layer in top])
     parts = [_figure(heat, f"The {len(top)} riskiest tensor families against each candidate format, coloured by what "
                            "storing their values there would do: look for the columns you want to use.",
                      f"{key}-heatmap")]
     bands = []
     for f in fmts:
-        fm = get_format(f)
-        if fm.is_float and fm.smallest_normal:
-            sub = fm.smallest_subnormal or fm.smallest_normal
-            bands.append((f, math.log2(sub), math.log2(fm.smallest_normal), math.log2(fm.max)))
+        lim = report.config.limits.get(f)
+        if lim and lim["smallest_normal"]:
+            sub = lim["smallest_subnormal"] or lim["smallest_normal"]
+            bands.append((f, math.log2(sub), math.log2(lim["smallest_normal"]), math.log2(lim["max"])))
     for i, layer in enumerate(_histogram_layers(report, layers)):
         why = "chosen with --layer" if layers else f"the riskiest {layer.kind.replace('_', ' ')} measured"
         parts.append(_figure(plots.binade_histogram(f"{layer.name} ({layer.kind}), {why}", layer.stats["binades"],

@@ -3,30 +3,7 @@
 from __future__ import annotations
 
 import html
-import math
 import re
-from decimal import Decimal
-
-
-def num(x: float | None, fmt: str = ".4g") -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    text = format(x, fmt)
-    return text.lstrip("-") if float(text.replace(",", "")) == 0 else text  # no "-0.0" for tiny negatives
-
-
-def pow2(x: float | None) -> str:
-    """A power of two as people check it: '2^-7 = 0.0078125' (exact when that takes at most 12 digits, else
-    '2^-24 ≈ 5.96e-08'); any other value as ``num`` prints it."""
-    if x is None or not isinstance(x, float | int) or not math.isfinite(x) or x <= 0 or math.frexp(x)[0] != 0.5:
-        return num(x)
-    exponent = math.frexp(x)[1] - 1
-    exact = Decimal(x).normalize()
-    if len(exact.as_tuple().digits) <= 12:
-        return f"2^{exponent} = {exact:f}"
-    return f"2^{exponent} ≈ {x:.4g}"
 
 
 def markdown_table(title: str, headers: list[str], rows: list[list[str]], notes: list[str]) -> str:

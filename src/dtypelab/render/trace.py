@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dtypelab.core.results import OpEvent, TensorSummary, TraceReport
 from dtypelab.core.scaler import scaler_notes
+from dtypelab.core.text import num
 from dtypelab.render.numeric import Doc
-from dtypelab.render.tables import num
 
 
 def tensor_text(t: TensorSummary) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dtypelab.core.policies import Plan
 from dtypelab.core.results import PlanEvaluation, TuneReport
 
 
@@ -10,7 +9,7 @@ def tune_doc(report: TuneReport) -> tuple[str, list[str], list[list[str]], list[
     cfg = report.config
     train = cfg.mode == "train"
     if train:
-        constraint = f"{cfg.metric} within {cfg.tolerance} of fp32's" + (
+        constraint = f"{cfg.metric} within {cfg.tolerance or '?'} of fp32's" + (
             f" {cfg.base_metric:.4g}" if cfg.base_metric else "")
         title = f"dtypelab tune: {cfg.task_name or cfg.task} · training ({cfg.steps} steps) · {constraint}"
         headers = ["layer", "candidate", "loss deviation alone", "gain µs/step", "converted", "why"]
@@ -21,7 +20,7 @@ def tune_doc(report: TuneReport) -> tuple[str, list[str], list[list[str]], list[
              "yes" if layer.chosen else "no", layer.why] for layer in report.layers]
     n = sum(layer.chosen for layer in report.layers)
     quality = (f"{cfg.metric} {report.fidelity:.4g}" if train else f"worst cosine {report.fidelity:.5f}")
-    where = f"{Plan.from_dict(report.plan).default.label} with {len(report.layers) - n} fp32 islands" \
+    where = f"{report.plan_default} with {len(report.layers) - n} fp32 islands" \
         if train and n else f"{n} of {len(report.layers)} layers converted"
     budget = f"at most {cfg.budget}" + (" per candidate" if train and len(cfg.candidates) > 1 else "")
     chosen = next((e for e in report.evaluations if set(e.layers) == {x.name for x in report.layers if x.chosen}

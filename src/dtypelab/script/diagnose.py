@@ -22,8 +22,8 @@ from dtypelab.core.results import AuditConfig, TraceConfig, TraceReport
 from dtypelab.core.source import Sites
 from dtypelab.numerics.audit import Recorder, build_report, install_hooks
 from dtypelab.numerics.rangestats import RangeCounter
-from dtypelab.trace.guard import finding_of
-from dtypelab.trace.nonfinite import OpTracer, storage_key
+from dtypelab.tracing.guard import finding_of
+from dtypelab.tracing.nonfinite import OpTracer, storage_key
 
 
 class Diagnosis:

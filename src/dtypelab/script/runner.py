@@ -21,16 +21,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dtypelab.bench.launch import Event, OnEvent, death_reason, last_line, stop_process
-from dtypelab.bench.recommend import Tolerance
 from dtypelab.core.disturbance import was_disturbed
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import SLOW_RATIO, HardwareInfo, environment, hardware_for, probe_notice, resolve_device
+from dtypelab.core.judging import Tolerance
 from dtypelab.core.loop import DIVERGED_PATIENCE
-from dtypelab.core.policies import BASELINE, Config, Plan, default_policies, get_policy, parse_policies
-from dtypelab.core.results import PolicyResult, Report, RunConfig, policy_info, save_report
+from dtypelab.core.policies import BASELINE, Config, Plan, default_policies, get_policy, parse_policies, policy_info
+from dtypelab.core.records import save_judged
+from dtypelab.core.results import PolicyResult, Report, RunConfig
 from dtypelab.script.boot import ENV_SEED
 from dtypelab.script.session import ENV_JOB, warmup_steps
+from dtypelab.sweep.launch import Event, OnEvent, death_reason, last_line, stop_process
 
 POLL_S = 0.1
 
@@ -222,7 +223,7 @@ def _with(report: Report, result: PolicyResult, json_path: str | None, primary: 
         report = replace(report, config=replace(report.config, metric=metric, higher_is_better=higher,
                                                 steps=len(result.step_times_s), warmup=result.warmup,
                                                 batch_size=result.batch_size))
-    save_report(report, json_path)
+    report = save_judged(report, json_path)
     return report
 
 

@@ -20,8 +20,9 @@ from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config, Quantiz
 from dtypelab.core.policies.distributed import Distributed, split_modifier
 from dtypelab.core.policies.plan import PLAN_SCHEMA, Availability, Plan, single
 from dtypelab.core.policies.precision import Precision
+from dtypelab.core.results import PolicyInfo
+from dtypelab.core.tolerance import BASELINE, COMPILED_BASELINE
 
-BASELINE = "fp32"
 REGISTRY: dict[str, Plan] = {}
 
 
@@ -45,7 +46,6 @@ register("amp-fp16", Autocast("float16", scaler=True), "torch.autocast(float16) 
 register("int8-dyn", Quantize("int8-dynamic"), "int8 weights (per channel) + int8 activations (per token), torchao, "
          "eager")
 # Compiled float baselines: a compiled quantized policy is only fairly compared with compiled float ones.
-COMPILED_BASELINE = "fp32+compile"
 register(COMPILED_BASELINE, REGISTRY["fp32"].compiled(), "float32 under torch.compile: the speed baseline of "
          "compiled policies")
 register("bf16+compile", REGISTRY["bf16"].compiled())
@@ -143,6 +143,15 @@ def parse_policies(policies: str | Sequence[str | Config | Plan] | None) -> list
     return list(plans.values())
 
 
+def policy_info(plan: Plan) -> PolicyInfo:
+    """A plan's description for the record: what it was when measured, whatever the registry says later."""
+    return PolicyInfo(name=plan.name, summary=plan.describe(), plan=plan.to_dict(), compute_dtype=plan.compute_dtype,
+                      backend=" + ".join(dict.fromkeys(c.backend for c in plan.configs)),
+                      arithmetic="; ".join(c.arithmetic for c in plan.configs if c.arithmetic),
+                      emulated=plan.emulated, compiles=plan.compiles, modes=plan.modes)
+
+
 __all__ = ["BASELINE", "COMPILED_BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "TF32", "Autocast",
            "Availability", "Cast", "Config", "Distributed", "Plan", "Precision", "Quantize", "default_policies",
-           "get_policy", "load_plan", "parse_policies", "plan_from_dict", "policies_for", "register", "single"]
+           "get_policy", "load_plan", "parse_policies", "plan_from_dict", "policies_for", "policy_info", "register",
+           "single"]

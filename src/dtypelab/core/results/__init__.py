@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from dtypelab.core.results.audit import AUDIT_SCHEMA, AuditConfig, AuditReport, LayerAudit
+from dtypelab.core.results.audit import (
+    AUDIT_SCHEMA,
+    AuditConfig,
+    AuditReport,
+    FormatLimits,
+    FormatVerdict,
+    LayerAudit,
+    Risk,
+)
 from dtypelab.core.results.bench import (
+    PER_LAYER_SAMPLES,
     SCHEMA,
     SKIP_KINDS,
     STATUSES,
@@ -16,13 +25,12 @@ from dtypelab.core.results.bench import (
     ScalerStats,
     SizeInfo,
     SpeedupInterval,
-    policy_info,
 )
+from dtypelab.core.results.decision import Decision, PolicyVerdict, Recommendation, Verdict
 from dtypelab.core.results.distributed import DistStats, ScalingEstimate, ScalingPoint
 from dtypelab.core.results.lint import LINT_SCHEMA, LintFinding, LintReport
 from dtypelab.core.results.profile import CATEGORIES, CATEGORY_LABELS, PHASES, OpStat, ProfileSummary, SourceOp
 from dtypelab.core.results.store import (
-    SCHEMA_VERSION,
     Record,
     check_writable,
     default_result_path,
@@ -34,38 +42,42 @@ from dtypelab.core.results.store import (
     save_text,
 )
 from dtypelab.core.results.trace import TRACE_SCHEMA, Finding, OpEvent, TensorSummary, TraceConfig, TraceReport
-from dtypelab.core.results.tune import TUNE_SCHEMA, LayerChoice, PlanEvaluation, TuneConfig, TuneReport
+from dtypelab.core.results.tune import (
+    TUNE_SCHEMA,
+    LayerChoice,
+    PlanEvaluation,
+    TuneConfig,
+    TuneReport,
+    default_label,
+    tune_recommendation,
+)
+from dtypelab.core.tolerance import BASELINE, COMPILED_BASELINE, Tolerance
 
-
-def load_record(path: str) -> Report | AuditReport | TraceReport | LintReport | TuneReport:
-    """A bench, audit, trace, lint or tune record, whichever the file holds."""
-    d = read_json(path)
-    kind = {AUDIT_SCHEMA: AuditReport, TRACE_SCHEMA: TraceReport, LINT_SCHEMA: LintReport,
-            TUNE_SCHEMA: TuneReport}.get(d.get("schema"), Report)
-    return kind.from_dict(d)
-
-
-def load_report(path: str) -> Report:
-    """A bench record (any schema version this dtypelab reads)."""
-    return Report.from_dict(read_json(path))
-
+KINDS = {AUDIT_SCHEMA: AuditReport, TRACE_SCHEMA: TraceReport, LINT_SCHEMA: LintReport, TUNE_SCHEMA: TuneReport,
+         SCHEMA: Report}  # every record kind by its "schema" field
 
 __all__ = [
     "AUDIT_SCHEMA",
+    "BASELINE",
     "CATEGORIES",
     "CATEGORY_LABELS",
+    "COMPILED_BASELINE",
+    "KINDS",
     "LINT_SCHEMA",
+    "PER_LAYER_SAMPLES",
     "PHASES",
     "SCHEMA",
-    "SCHEMA_VERSION",
     "SKIP_KINDS",
     "STATUSES",
     "TRACE_SCHEMA",
     "TUNE_SCHEMA",
     "AuditConfig",
     "AuditReport",
+    "Decision",
     "DistStats",
     "Finding",
+    "FormatLimits",
+    "FormatVerdict",
     "LayerAudit",
     "LayerChoice",
     "LayerFidelity",
@@ -76,9 +88,12 @@ __all__ = [
     "PlanEvaluation",
     "PolicyInfo",
     "PolicyResult",
+    "PolicyVerdict",
     "ProfileSummary",
+    "Recommendation",
     "Record",
     "Report",
+    "Risk",
     "RoundBlock",
     "RunConfig",
     "ScalerStats",
@@ -88,19 +103,20 @@ __all__ = [
     "SourceOp",
     "SpeedupInterval",
     "TensorSummary",
+    "Tolerance",
     "TraceConfig",
     "TraceReport",
     "TuneConfig",
     "TuneReport",
+    "Verdict",
     "check_writable",
+    "default_label",
     "default_result_path",
-    "load_record",
-    "load_report",
     "plain_json",
-    "policy_info",
     "read_json",
     "reserve_path",
     "save_bytes",
     "save_report",
     "save_text",
+    "tune_recommendation",
 ]

@@ -4,18 +4,26 @@ old file renders the same whatever today's registry says."""
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from typing_extensions import TypedDict
 
 from dtypelab.core.measure import Summary, summarize
-from dtypelab.core.policies import REGISTRY, Plan
+from dtypelab.core.results.decision import Recommendation
 from dtypelab.core.results.distributed import DistStats, ScalingEstimate
 from dtypelab.core.results.profile import ProfileSummary
-from dtypelab.core.results.store import SCHEMA_VERSION, Record
+from dtypelab.core.results.store import Record
+from dtypelab.core.tolerance import Tolerance
 
 SCHEMA = "dtypelab.report"
+# 2: self-describing (policy info, structured skips, typed measurements); 3: the typed tolerance and the
+# recommendation in the record
+BENCH_VERSION = 3
+PER_LAYER_SAMPLES = 8  # --per-layer compares the first samples of the batch (every layer's output is held)
 
 # Outcome of one policy. "ok" and "diverged" ran to the end; the rest have a reason and maybe no numbers.
 STATUSES = ("ok", "diverged", "failed", "timeout", "oom", "skipped", "interrupted")
@@ -123,7 +131,7 @@ class RunConfig:
     batch_size: int
     warmup: int
     seed: int
-    tolerance: str
+    tolerance: Tolerance
     device: str
     force: bool
     timeout_s: float
@@ -141,6 +149,10 @@ class RunConfig:
     nproc: int = 0  # --nproc: ranks per node under torchrun (0: one process, no torch.distributed)
     nnodes: int = 1
     link_gbps: tuple[float, ...] = ()  # --link-gbps: bandwidths the scaling estimate is given for
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tolerance, Tolerance):  # "1%" from Python callers: parsed once, here
+            object.__setattr__(self, "tolerance", Tolerance.parse(self.tolerance))
 
 
 @dataclass(frozen=True)
@@ -199,10 +211,17 @@ class PolicyResult:
         return self.metrics.get(name)
 
 
+@functools.cache
+def _v1_policies() -> dict[str, Any]:
+    """What each policy name meant when version-1 files were first read (frozen: today's registry may differ)."""
+    with open(os.path.join(os.path.dirname(__file__), "v1_policies.json")) as f:
+        return json.load(f)
+
+
 def _v1_result(r: dict[str, Any]) -> dict[str, Any]:
-    """Version 1 kept policy measurements in ``extras`` and no description of the policy: the description
-    is taken from the registry of the version that read v1 files first (the same names meant the same
-    policies then), and "skipped because slow" from the reason's measured GFLOP/s."""
+    """Version 1 kept policy measurements in ``extras`` and no description of the policy: the description is the
+    one those names had when v1 files were first read, and "skipped because slow" comes from the reason's
+    measured GFLOP/s."""
     r = dict(r)
     extras = r.pop("extras", {}) or {}
     if "grad_scale" in extras:
@@ -210,9 +229,9 @@ def _v1_result(r: dict[str, Any]) -> dict[str, Any]:
     for key in ("size", "first_call_s", "per_layer"):
         if extras.get(key) is not None:
             r[key] = extras[key]
-    plan = REGISTRY.get(r.get("policy", ""))
-    if plan is not None:
-        r["info"] = policy_info(plan)
+    info = _v1_policies().get(r.get("policy", ""))
+    if info is not None:
+        r["info"] = info
     if r.get("status") == "skipped":
         r["skip"] = "slow" if "GFLOP/s" in r.get("reason", "") else "unsupported"
     return r
@@ -222,12 +241,13 @@ def _migrate_v1(d: dict[str, Any]) -> dict[str, Any]:
     return {**d, "results": [_v1_result(r) for r in d.get("results", [])]}
 
 
-def policy_info(plan: Plan) -> PolicyInfo:
-    """A plan's description for the record."""
-    return PolicyInfo(name=plan.name, summary=plan.describe(), plan=plan.to_dict(), compute_dtype=plan.compute_dtype,
-                      backend=" + ".join(dict.fromkeys(c.backend for c in plan.configs)),
-                      arithmetic="; ".join(c.arithmetic for c in plan.configs if c.arithmetic),
-                      emulated=plan.emulated, compiles=plan.compiles, modes=plan.modes)
+def _migrate_v2(d: dict[str, Any]) -> dict[str, Any]:
+    """The tolerance was a string every reader parsed; the recommendation is made when the file is loaded."""
+    config = dict(d.get("config") or {})
+    if isinstance(config.get("tolerance"), str):
+        tol = Tolerance.parse(config["tolerance"])
+        config["tolerance"] = {"value": tol.value, "relative": tol.relative}
+    return {**d, "config": config}
 
 
 @dataclass(frozen=True)
@@ -237,10 +257,13 @@ class Report(Record):
     results: tuple[PolicyResult, ...] = ()
     created: str = ""
     scaling: ScalingEstimate | None = None  # --nproc: the estimate from the measured compute and bytes
-    schema_version: int = SCHEMA_VERSION
+    # what dtypelab decided from these results, and why (core.judging.judged); None only while a sweep starts
+    recommendation: Recommendation | None = None
+    schema_version: int = BENCH_VERSION
 
     schema = SCHEMA
-    migrations: ClassVar[dict[int, Any]] = {1: _migrate_v1}
+    version = BENCH_VERSION
+    migrations: ClassVar[dict[int, Any]] = {1: _migrate_v1, 2: _migrate_v2}
 
     def with_result(self, result: PolicyResult) -> Report:
         """A new report with ``result`` added (or replaced), kept in the config's policy order."""

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dtypelab.core.results.store import SCHEMA_VERSION, Record
+from dtypelab.core.results.store import Record
 
 LINT_SCHEMA = "dtypelab.lint"
+LINT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class LintReport(Record):
     seconds: float
     suppressed: int = 0
 
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = LINT_VERSION
 
     schema = LINT_SCHEMA
+    version = LINT_VERSION

@@ -24,7 +24,6 @@ from pydantic_core import to_json
 
 from dtypelab.core.errors import DtypelabError
 
-SCHEMA_VERSION = 2  # 2: self-describing bench records (policy info, structured skips, typed measurements)
 RECORD_CONFIG = ConfigDict(ser_json_inf_nan="strings")
 
 T = TypeVar("T")
@@ -36,12 +35,13 @@ def _adapter(cls: type) -> TypeAdapter:
 
 
 class Record:
-    """Mixin for a frozen dataclass saved as ``{"schema": ..., "schema_version": ..., ...fields}``.
-
-    ``migrations[v]`` turns a version-``v`` dict into version ``v + 1``: old files render as they did."""
+    """Mixin for a frozen dataclass saved as ``{"schema": ..., "schema_version": ..., ...fields}``. Each kind of
+    record has its own ``version``; ``migrations[v]`` turns a version-``v`` dict into version ``v + 1``, so old
+    files render as they did."""
 
     __pydantic_config__ = RECORD_CONFIG
     schema: ClassVar[str]
+    version: ClassVar[int] = 2  # the kinds that have not changed since the shared version 2
     migrations: ClassVar[dict[int, Callable[[dict[str, Any]], dict[str, Any]]]] = {}
 
     def to_dict(self) -> dict[str, Any]:
@@ -60,12 +60,13 @@ class Record:
         if d.get("schema") != cls.schema:
             raise DtypelabError(f"not a dtypelab result file (no 'schema': {cls.schema!r})")
         version = d.get("schema_version")
-        if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
-            raise DtypelabError(f"file has schema version {version}; this dtypelab reads 1 to {SCHEMA_VERSION}")
+        if not isinstance(version, int) or not 1 <= version <= cls.version:
+            raise DtypelabError(f"{cls.schema} file has schema version {version}; this dtypelab reads 1 to "
+                                f"{cls.version}")
         d = dict(d)
-        for v in range(version, SCHEMA_VERSION):
+        for v in range(version, cls.version):
             d = cls.migrations.get(v, lambda x: x)(d)
-        d["schema_version"] = SCHEMA_VERSION
+        d["schema_version"] = cls.version
         try:
             return _adapter(cls).validate_python(d)
         except ValidationError as exc:

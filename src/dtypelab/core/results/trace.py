@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtypelab.core.results.bench import ScalerStats
-from dtypelab.core.results.store import SCHEMA_VERSION, Record
+from dtypelab.core.results.store import Record
 
 TRACE_SCHEMA = "dtypelab.trace"
+TRACE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class TraceReport(Record):
     live: bool = False  # a training script: every step traced as it ran (no checkpoint, no replay)
     wall_s: float = 0.0
     created: str = ""
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = TRACE_VERSION
 
     schema = TRACE_SCHEMA
+    version = TRACE_VERSION

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from dtypelab.core.results import OpEvent
 from dtypelab.core.source import Sites, user_source
-from dtypelab.trace.diagnose import explain, root_hint, summarize_tensor
+from dtypelab.tracing.diagnose import explain, root_hint, summarize_tensor
 
 # Ops that write no values of their own (outputs alias an input or are uninitialised memory).
 _NO_VALUES = {"detach", "alias", "lift_fresh", "empty", "empty_like", "empty_strided", "new_empty",

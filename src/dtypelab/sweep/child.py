@@ -1,4 +1,4 @@
-"""The child process of a ProcessLauncher: ``python -m dtypelab.bench.child FD`` reads one pickled job on
+"""The child process of a ProcessLauncher: ``python -m dtypelab.sweep.child FD`` reads one pickled job on
 stdin, runs it, and sends progress and the result over the pipe FD. Never imported by the package (running
 it with -m would otherwise import it twice)."""
 
@@ -10,7 +10,7 @@ import sys
 import time
 from multiprocessing.connection import Connection
 
-from dtypelab.bench.launch import PROGRESS_EVERY_S, execute, watch_parent
+from dtypelab.sweep.launch import PROGRESS_EVERY_S, execute, watch_parent
 
 
 def _child_main(fd: int) -> None:

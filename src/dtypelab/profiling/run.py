@@ -15,7 +15,7 @@ from dtypelab.core.measure import StepTimer, device_sync
 from dtypelab.core.policies import Plan, Precision, get_policy
 from dtypelab.core.results import ProfileSummary
 from dtypelab.core.task import Task, load_task
-from dtypelab.profile.collect import Profiler, profile_inference, profile_training
+from dtypelab.profiling.collect import Profiler, profile_inference, profile_training
 
 PROFILE_STEPS = 5  # enough for a stable breakdown; the profiler's per-op cost makes more wasteful
 

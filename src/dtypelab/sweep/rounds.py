@@ -17,15 +17,13 @@ from typing import Any
 
 import torch
 
-from dtypelab.core.disturbance import DISTURBED_CORES, CpuMeter
+from dtypelab.core.disturbance import CpuMeter
 from dtypelab.core.loop import build_model, forward, to_device, train_step
 from dtypelab.core.measure import StepTimer, device_sync
 from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.results import RoundBlock, SpeedupInterval
-from dtypelab.core.stats import CONFIDENCE, MIN_GAIN, ratio_interval
+from dtypelab.core.stats import MIN_QUIET, ratio_interval
 from dtypelab.core.task import load_task
-
-MIN_QUIET = 3  # undisturbed rounds needed to leave the disturbed ones out
 
 
 @dataclass(frozen=True)
@@ -141,14 +139,4 @@ def paired_speedup(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...])
                            disturbed=len(pairs) - len(quiet))
 
 
-def disturbed_text(name: str, blocks: tuple[RoundBlock, ...]) -> str:
-    """'another process used 96% of a core during 7 of 12 fp32 blocks', or "" when none was disturbed."""
-    hit = [b for b in blocks if b.disturbed]
-    if not hit:
-        return ""
-    mean = statistics.fmean(b.other_cores for b in hit)
-    return f"other processes used {mean:.0%} of a core during {len(hit)} of {len(blocks)} {name} blocks"
-
-
-__all__ = ["CONFIDENCE", "DISTURBED_CORES", "MIN_GAIN", "MIN_QUIET", "RoundsJob", "RoundsResult", "disturbed_text",
-           "paired_speedup", "run_rounds"]
+__all__ = ["RoundsJob", "RoundsResult", "paired_speedup", "run_rounds"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtypelab.core.results import OpStat, ProfileSummary, SourceOp
-from dtypelab.profile.flops import FORMULAS, op_flops
+from dtypelab.profiling.flops import FORMULAS, op_flops
 
 TOP_OPS = 12
 LISTED_SHARE = 0.005  # an op ran in float32 under autocast: listed from this share of the step up

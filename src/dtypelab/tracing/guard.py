@@ -23,8 +23,8 @@ from torch.utils._pytree import tree_flatten
 from dtypelab.core.results import Finding
 from dtypelab.core.scaler import COLLAPSE_BELOW, ScalerLog
 from dtypelab.core.source import Sites
-from dtypelab.trace.diagnose import path_hint
-from dtypelab.trace.nonfinite import OpTracer, storage_key
+from dtypelab.tracing.diagnose import path_hint
+from dtypelab.tracing.nonfinite import OpTracer, storage_key
 
 GROWTH = 100.0  # weights grown by this factor since the first checkpoint: the optimizer, not one op, is at fault
 MAX_WEIGHT_HISTORY = 1000

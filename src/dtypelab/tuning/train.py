@@ -22,14 +22,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from dtypelab.bench.recommend import Tolerance, judge
+from dtypelab.core.judging import Tolerance, judge
 from dtypelab.core.loop import build_trainable, evaluate, fit, to_device, train_step
 from dtypelab.core.policies import Autocast, Cast, Plan, Precision, single
 from dtypelab.core.results import AuditReport
 from dtypelab.core.task import Task, call_model
-from dtypelab.tune.infer import evaluation
-from dtypelab.tune.search import Evaluation, LayerScore
-from dtypelab.tune.timing import REPS, Paired, paired
+from dtypelab.tuning.infer import evaluation
+from dtypelab.tuning.search import Evaluation, LayerScore
+from dtypelab.tuning.timing import REPS, Paired, paired
 
 SEVERITY_PENALTY = (0.0, 0.01, 0.1, 1.0)  # audit severity 0 safe .. 3 overflow, added to the probe's deviation
 FP32 = Cast("float32")

@@ -27,14 +27,14 @@ from dtypelab.core.loop import (
     to_device,
 )
 from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync, slow_verdict, summarize
-from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy
-from dtypelab.core.results import PolicyResult, policy_info
+from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy, policy_info
+from dtypelab.core.results import PolicyResult
 from dtypelab.core.task import Task, load_task, plain
 from dtypelab.inference.fidelity import compare
 from dtypelab.inference.perlayer import layer_fidelity
 from dtypelab.inference.sizes import linear_weight_bytes, serialize
-from dtypelab.profile.collect import Profiler, profile_inference, profile_training
-from dtypelab.profile.run import trace_path
+from dtypelab.profiling.collect import Profiler, profile_inference, profile_training
+from dtypelab.profiling.run import trace_path
 
 Progress = Callable[[int, int], None]  # (steps done, total)
 

@@ -10,11 +10,6 @@ from dataclasses import replace
 
 import torch
 
-from dtypelab.bench.budget import DEFAULT_BUDGET_S, budget_plan, over_budget, parse_budget
-from dtypelab.bench.job import Job
-from dtypelab.bench.launch import LAUNCHERS, Event, Launcher, OnEvent
-from dtypelab.bench.recommend import Tolerance
-from dtypelab.bench.rounds import RoundsJob, RoundsResult, paired_speedup
 from dtypelab.core.disturbance import was_disturbed
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import (
@@ -25,6 +20,7 @@ from dtypelab.core.hardware import (
     probe_notice,
     resolve_device,
 )
+from dtypelab.core.judging import Tolerance
 from dtypelab.core.policies import (
     BASELINE,
     COMPILED_BASELINE,
@@ -33,10 +29,16 @@ from dtypelab.core.policies import (
     default_policies,
     get_policy,
     parse_policies,
+    policy_info,
 )
-from dtypelab.core.results import PolicyResult, Report, RunConfig, policy_info, save_report
+from dtypelab.core.records import save_judged
+from dtypelab.core.results import PolicyResult, Report, RunConfig
 from dtypelab.core.task import Task, is_script, load_task
-from dtypelab.profile.run import PROFILE_STEPS
+from dtypelab.profiling.run import PROFILE_STEPS
+from dtypelab.sweep.budget import DEFAULT_BUDGET_S, budget_plan, over_budget, parse_budget
+from dtypelab.sweep.job import Job
+from dtypelab.sweep.launch import LAUNCHERS, Event, Launcher, OnEvent
+from dtypelab.sweep.rounds import RoundsJob, RoundsResult, paired_speedup
 
 MODES = ("train", "infer")
 INFER_STEPS = 50
@@ -261,7 +263,7 @@ def bench(
                                                      skip="slow" if avail.ok else "unsupported"))
         else:
             runnable.append(name)
-    save_report(report, json_path)
+    report = save_judged(report, json_path)
     if probe_notice(hardware) and not force:  # said once every option is known good: an error stays one line
         on_event(Event("notice", "", label=probe_notice(hardware)))
 
@@ -303,7 +305,8 @@ def bench(
                     base_step = result.timing.median if result.status == "ok" and result.timing and quiet else None
                 report = report.with_result(result)
                 pending.pop(0)
-                save_report(report, json_path)  # on disk before anyone hears of it: Ctrl-C in a handler loses nothing
+                # on disk before anyone hears of it: Ctrl-C in a handler loses nothing
+                report = save_judged(report, json_path)
                 on_event(Event("skip" if over else "done", name, result=result))
                 if name == BASELINE and budget_s is not None and pending:
                     on_event(Event("notice", "", label=budget_plan([plans[n] for n in pending], hardware, base_wall,
@@ -312,13 +315,13 @@ def bench(
             for name in pending:
                 report = report.with_result(PolicyResult(name, "interrupted", "interrupted before it finished",
                                                          info=policy_info(plans[name])))
-            save_report(report, json_path)
+            report = save_judged(report, json_path)
             raise
         if torchrun is not None:
             from dtypelab.distributed.scaling import with_scaling
 
             report = with_scaling(report, links)
-            save_report(report, json_path)
+            report = save_judged(report, json_path)
         if rounds:
             report = _interleaved(report, loaded, plans, launcher, on_event, json_path, timeout_s, RoundsJob(
                 task, (), mode, rounds, block, batch_size, seed, str(dev),
@@ -352,5 +355,5 @@ def _interleaved(report: Report, task: Task, plans: dict[str, Plan], launcher: L
             else None
         report = report.with_result(replace(r, rounds=blocks, compiled_ci=fair,
                                             speedup_ci=None if name == BASELINE else paired_speedup(base, blocks)))
-    save_report(report, json_path)
+    report = save_judged(report, json_path)
     return report

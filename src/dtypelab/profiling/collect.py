@@ -28,7 +28,7 @@ from dtypelab.core.policies import Autocast, Precision
 from dtypelab.core.results import ProfileSummary, SourceOp
 from dtypelab.core.source import user_source
 from dtypelab.core.task import Task
-from dtypelab.profile.summary import dtype_of, input_dtypes, summarise, tally  # noqa: F401 (public here too)
+from dtypelab.profiling.summary import dtype_of, input_dtypes, summarise, tally  # noqa: F401 (public here too)
 
 
 class Marks:

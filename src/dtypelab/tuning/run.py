@@ -13,14 +13,14 @@ from typing import Any
 
 import torch
 
-from dtypelab.bench.recommend import Tolerance
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, environment, hardware_for, probe_notice
+from dtypelab.core.judging import Tolerance
 from dtypelab.core.loop import build_model, to_device
 from dtypelab.core.policies import Autocast, Cast, Plan, get_policy, parse_policies
 from dtypelab.core.results import LayerChoice, PlanEvaluation, TuneConfig, TuneReport, check_writable, save_text
 from dtypelab.core.task import Task, load_task
-from dtypelab.tune.infer import (
+from dtypelab.tuning.infer import (
     FP32,
     InferenceBench,
     alternatives,
@@ -30,9 +30,9 @@ from dtypelab.tune.infer import (
     layer_plan,
     targets,
 )
-from dtypelab.tune.search import Evaluation, LayerScore, budget_for, pareto, search
-from dtypelab.tune.timing import RETRIES
-from dtypelab.tune.train import TrainBench, island_plan, train_evaluator, train_targets
+from dtypelab.tuning.search import Evaluation, LayerScore, budget_for, pareto, search
+from dtypelab.tuning.timing import RETRIES
+from dtypelab.tuning.train import TrainBench, island_plan, train_evaluator, train_targets
 
 Progress = Callable[[str], None]
 NOTHING_CHOSEN = "float32 everywhere: no plan measured was faster than fp32 within the constraint"
@@ -123,7 +123,7 @@ def _nothing_to_search(spec: str, task_obj: Task, mode: str, slow: dict[str, str
     config = TuneConfig(task=spec, mode=mode, candidates=tuple(slow), min_cosine=0.0 if train else min_cosine,
                         batch_size=batch_size or task_obj.batch_size, device=hw.device, budget=0,
                         task_name=task_obj.name, metric=task_obj.metric if train else "",
-                        higher_is_better=task_obj.higher_is_better, tolerance=str(tol) if train else "",
+                        higher_is_better=task_obj.higher_is_better, tolerance=tol if train else None,
                         steps=(steps or task_obj.steps) if train else 0)
     why = "; ".join(f"{name}: {reason}" for name, reason in slow.items())
     return TuneReport(config=config, environment=environment(hw), plan=plan.to_dict(), speedup=1.0,
@@ -258,7 +258,7 @@ def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
     return TuneReport(
         config=TuneConfig(task=spec, mode="train", candidates=tuple(c.name for c in cands), min_cosine=0.0,
                           batch_size=bs, device=str(dev), budget=budget, task_name=task_obj.name,
-                          metric=task_obj.metric, higher_is_better=task_obj.higher_is_better, tolerance=str(tol),
+                          metric=task_obj.metric, higher_is_better=task_obj.higher_is_better, tolerance=tol,
                           steps=steps, probe_steps=bench.probe_steps, base_metric=bench.base.metric),
         environment=environment(hw), plan=plan.to_dict(), speedup=best.speedup if best else 1.0,
         fidelity=sign * best.fidelity if best else bench.base.metric, layers=tuple(layers),

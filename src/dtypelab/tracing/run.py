@@ -17,7 +17,7 @@ from dtypelab.core.loop import threads as torch_threads
 from dtypelab.core.results import Finding, TraceConfig, TraceReport, check_writable
 from dtypelab.core.source import Sites
 from dtypelab.core.task import Task, is_script
-from dtypelab.trace.guard import Guard, NonFiniteError
+from dtypelab.tracing.guard import Guard, NonFiniteError
 
 Progress = Callable[[int, int], None]
 

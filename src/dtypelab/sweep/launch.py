@@ -1,7 +1,7 @@
 """Launchers: how a job runs — in this process, or in a child process (a torchrun launcher is the next
 one to plug in here). The sweep only ever calls ``Launcher.run``.
 
-The child is a fresh ``python -m dtypelab.bench.child`` (not multiprocessing's spawn, which re-imports
+The child is a fresh ``python -m dtypelab.sweep.child`` (not multiprocessing's spawn, which re-imports
 the parent's ``__main__``: that breaks under ``python -`` and re-runs unguarded user scripts). Messages
 travel over a dedicated pipe, so whatever the user's model prints cannot corrupt them; the child's
 own stdout/stderr go to a log whose last line explains a hard crash.
@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from dtypelab.bench.job import Job, run_job
 from dtypelab.core.results import PolicyResult
+from dtypelab.sweep.job import Job, run_job
 
 PROGRESS_EVERY_S = 0.1
 
@@ -120,7 +120,7 @@ LAUNCHERS: dict[str, Launcher] = {"inline": InlineLauncher(), "process": Process
 
 def execute(job: Any, on_step: OnStep | None = None) -> Any:
     """Run a job here: one policy's measurement (``Job``), or the interleaved timing rounds (``RoundsJob``)."""
-    from dtypelab.bench.rounds import RoundsJob, run_rounds
+    from dtypelab.sweep.rounds import RoundsJob, run_rounds
 
     return run_rounds(job, on_step) if isinstance(job, RoundsJob) else run_job(job, on_step)
 
@@ -132,7 +132,7 @@ def run_isolated(job: Job, timeout_s: float, on_step: OnStep) -> PolicyResult:
     start = time.monotonic()
     with open(log, "wb") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dtypelab.bench.child", str(write_fd)], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "dtypelab.sweep.child", str(write_fd)], stdin=subprocess.PIPE,
             stdout=log_file, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
         )
     os.close(write_fd)  # only the child holds the write end: its exit means EOF here

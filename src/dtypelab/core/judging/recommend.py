@@ -1,0 +1,333 @@
+"""The recommendation of a bench record: the fastest stable policy whose primary metric stays within tolerance of
+fp32 (and, in inference, whose outputs stay close to fp32's), decided from paired rounds' intervals when they ran.
+``recommend`` returns it as a ``Recommendation`` record; ``judged`` stores it in the report."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from dtypelab.core.disturbance import describe, was_disturbed
+from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.judging.explain import why
+from dtypelab.core.results import (
+    COMPILED_BASELINE,
+    Decision,
+    PolicyResult,
+    PolicyVerdict,
+    Recommendation,
+    Report,
+    RoundBlock,
+    Verdict,
+)
+from dtypelab.core.scaler import scaler_notes
+from dtypelab.core.stats import MIN_GAIN, MIN_QUIET
+from dtypelab.core.tolerance import BASELINE, Tolerance, delta_text, judge, tolerance_sentence
+
+MEMORY_GAP = 0.95  # a lower peak is worth a sentence below this ratio (smaller gaps are measurement noise)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def speedup(result: PolicyResult, base: PolicyResult) -> float | None:
+    """From paired rounds when they ran (their geometric mean), else the ratio of the runs' medians."""
+    if result.speedup_ci is not None:
+        return result.speedup_ci.point
+    if result is base or result.policy == base.policy:
+        return 1.0 if base.timing else None
+    t, b = result.timing, base.timing
+    return b.median / t.median if t and b and t.median > 0 else None
+
+
+def speed_text(sp: float) -> str:
+    """'2.52x faster than fp32', or '2.17x slower than fp32 (0.46x its speed)': a ratio below 1 never
+    reads as 'x slower'."""
+    if sp >= 1:
+        return f"{sp:.2f}x faster than {BASELINE}"
+    return f"{1 / sp:.2f}x slower than {BASELINE} ({sp:.2f}x its speed)"
+
+
+def disturbed_text(name: str, blocks: tuple[RoundBlock, ...]) -> str:
+    """'other processes used 96% of a core during 7 of 12 fp32 blocks', or "" when none was disturbed."""
+    hit = [b for b in blocks if b.disturbed]
+    if not hit:
+        return ""
+    mean = sum(b.other_cores for b in hit) / len(hit)
+    return f"other processes used {mean:.0%} of a core during {len(hit)} of {len(blocks)} {name} blocks"
+
+
+_NOT_RUN = {"skipped": {"slow": (Verdict.SKIPPED_SLOW, "too slow here"),
+                        "budget": (Verdict.SKIPPED_BUDGET, "over budget")},
+            "failed": Verdict.FAILED, "timeout": Verdict.TIMEOUT, "oom": Verdict.OOM,
+            "interrupted": Verdict.INTERRUPTED}
+
+
+def _not_run(r: PolicyResult) -> PolicyVerdict:
+    if r.status == "skipped":
+        verdict, text = _NOT_RUN["skipped"].get(r.skip, (Verdict.SKIPPED_UNSUPPORTED, "not on this hardware"))
+    else:
+        verdict = _NOT_RUN.get(r.status, Verdict.FAILED)
+        text = r.reason if len(r.reason) <= 60 else r.reason[:57] + "..."
+        text = text if r.status in ("failed", "timeout", "oom") else r.status
+    return PolicyVerdict(r.policy, verdict, text)
+
+
+def _details(report: Report, speedups: dict[str, float | None]) -> list[str]:
+    """Facts worth a sentence of their own: GradScaler skips, output fidelity in inference, --profile's why."""
+    out = []
+    for r in report.results:
+        out += [n if n.endswith(".") else n + "." for n in scaler_notes(r.scaler, len(r.losses), r.policy)]
+        if report.config.mode == "infer" and r.policy != BASELINE and "sqnr_db" in r.fidelity:
+            cos = r.fidelity.get("cos_min")
+            out.append(f"{r.policy}: outputs {r.fidelity['sqnr_db']:.1f} dB SQNR vs {BASELINE}, "
+                       f"max abs error {r.fidelity['max_abs_err']:.3g}"
+                       + (f", worst cosine {cos:.4f}." if cos is not None else "."))
+    base = report.result(BASELINE)
+    for r in report.results:
+        if r.profile is not None and r.ran:
+            sp = speedups.get(r.policy) if r.policy != BASELINE else None
+            dtype = r.info.compute_dtype if r.info else ""
+            out.append("Why: " + why(r.policy, r.profile, base.profile if base else None, sp, dtype))
+    return out
+
+
+def disturbed_sentence(report: Report, best: str | None) -> str:
+    """Which policies' own runs other processes disturbed, in words; "" when none was."""
+    hit = [r for r in report.results if was_disturbed(r.disturbance)]
+    if not hit:
+        return ""
+    parts = [f"{r.policy} ({describe(r.disturbance, subject=False)})" for r in hit]
+    names = {r.policy for r in hit}
+    lead = "Caution: the decision rests on disturbed timings. " if names & {best, BASELINE} else ""
+    return (f"{lead}Other processes used the CPU while these policies' steps were timed: {', '.join(parts)}; their "
+            "speeds are not reliable: re-run on a quiet machine before acting on them.")
+
+
+def rounds_sentence(report: Report) -> str:
+    """Which rounds other processes disturbed, in words, and what was done about them; "" when none."""
+    parts = [p for p in (disturbed_text(r.policy, r.rounds) for r in report.results if r.rounds) if p]
+    if not parts:
+        return ""
+    return ("Disturbance: " + "; ".join(parts) + ". Rounds with a disturbed block are left out of the paired "
+            f"speedups while {MIN_QUIET} quiet rounds remain.")
+
+
+def _judged_runs(report: Report, base: PolicyResult, base_metric: float, tol: Tolerance
+                 ) -> tuple[dict[str, PolicyVerdict], list[PolicyResult], dict[str, str]]:
+    """Each policy that ran, judged on its own: (verdicts, the accepted results, a sentence per policy)."""
+    cfg = report.config
+    metric, higher = cfg.metric, cfg.higher_is_better
+    verdicts: dict[str, PolicyVerdict] = {}
+    accepted: list[PolicyResult] = []
+    notes: dict[str, str] = {}
+    for r in report.results:
+        if not r.ran:
+            continue
+        value = r.metric(metric)
+        sp = speedup(r, base)
+        ci = r.speedup_ci
+        finite = value is not None and math.isfinite(value) and r.policy != BASELINE
+        common = {"speedup": sp, "speedup_low": ci.low if ci else None, "speedup_high": ci.high if ci else None,
+                  "metric": value, "delta": delta_text(value, base_metric, tol) if finite else ""}
+        speed = speed_text(sp) if sp else "no timing"
+        if r.status == "diverged":
+            verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.DIVERGED, f"diverged at step {r.first_nonfinite_step}",
+                                               **common)
+            notes[r.policy] = f"{r.policy}: {speed} but diverged ({r.reason})."
+        elif r.first_nonfinite_step is not None:
+            verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.NONFINITE,
+                                               f"non-finite loss at step {r.first_nonfinite_step}", **common)
+            notes[r.policy] = f"{r.policy}: {speed} but the loss went non-finite at step {r.first_nonfinite_step}."
+        elif value is None or not math.isfinite(value):
+            verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.NO_METRIC, "no metric", **common)
+            notes[r.policy] = f"{r.policy}: {speed} but its {metric} is {value}."
+        else:
+            ok, where = judge(value, base_metric, tol, higher)
+            delta = delta_text(value, base_metric, tol)
+            if r.policy == BASELINE:
+                verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.BASELINE, "baseline", **common)
+                accepted.append(r)
+                continue
+            kind = Verdict.BETTER if where.startswith("better") else Verdict.EQUAL if where.startswith("equal") \
+                else Verdict.WITHIN if ok else Verdict.OUTSIDE
+            verdicts[r.policy] = PolicyVerdict(r.policy, kind, where, **common)
+            notes[r.policy] = f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}, {where})."
+            cos = r.fidelity.get("cos_min") if cfg.mode == "infer" else None
+            if ok and cos is not None and cos < cfg.min_cosine:  # the metric can hide drift the outputs show
+                ok = False
+                verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.COSINE, f"cosine {cos:.4f} < {cfg.min_cosine:g}",
+                                                   **common)
+                notes[r.policy] = (f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}) but its worst output "
+                                   f"cosine vs {BASELINE} is {cos:.4f}, below {cfg.min_cosine:g}.")
+            if ok:
+                accepted.append(r)
+    return verdicts, accepted, notes
+
+
+def recommend(report: Report) -> Recommendation:
+    """Judge every result against the fp32 baseline of the same report."""
+    cfg = report.config
+    tol = cfg.tolerance
+    metric, higher = cfg.metric, cfg.higher_is_better
+    base = report.result(BASELINE)
+    skipped: dict[tuple[str, str], list[str]] = {}
+    not_run = {r.policy: _not_run(r) for r in report.results if not r.ran}
+    for r in report.results:
+        if not r.ran:
+            skipped.setdefault((f"{r.status} — {r.reason}", r.skip), []).append(r.policy)
+    base_metric = base.metric(metric) if base and base.status == "ok" else None
+    if base is None or base_metric is None or not math.isfinite(base_metric):
+        why_not = f"{base.status}: {base.reason}" if base and base.status != "ok" else "it has no finite metric"
+        reason = f"No recommendation: the {BASELINE} baseline did not complete ({why_not})."
+        sentences = [reason] + [f"{', '.join(names)}: {text}." for (text, _), names in skipped.items()]
+        ran = {r.policy: PolicyVerdict(r.policy, Verdict.UNJUDGED, "") for r in report.results if r.ran}
+        return Recommendation(Decision.NO_BASELINE, None, reason, _ordered(report, {**not_run, **ran}),
+                              sentences=tuple(sentences), notes=tuple(table_notes(report)))
+
+    verdicts, accepted, notes = _judged_runs(report, base, base_metric, tol)
+    timed = [r for r in accepted if r.timing]
+    paired = bool(base.rounds) and any(r.speedup_ci for r in accepted)
+    unclear: list[PolicyResult] = []
+    if paired:  # decide from the intervals of paired rounds, not from medians
+        faster = [r for r in accepted if r.speedup_ci and r.speedup_ci.low > 1 + MIN_GAIN]
+        unclear = [r for r in accepted if r.speedup_ci and r.speedup_ci.low <= 1 + MIN_GAIN <= r.speedup_ci.high]
+        best: str | None = max(faster, key=lambda r: r.speedup_ci.point).policy if faster else BASELINE
+    else:
+        best = min(timed, key=lambda r: r.timing.median).policy if timed else None
+    with_mem = [r for r in accepted if r.peak_memory_bytes is not None]
+    lowest = min(with_mem, key=lambda r: r.peak_memory_bytes).policy if with_mem else None
+    busy = paired and sum(b.disturbed for b in base.rounds) > len(base.rounds) / 2
+    # Busy rounds decide nothing only where they could change the answer: an alternative whose interval reaches
+    # above the no-gain band might be faster (or slower) on a quiet machine; one whose whole interval lies at or
+    # below it cannot win either way, and then "keep fp32" stands.
+    contenders = [r for r in accepted if r.policy != BASELINE and r.speedup_ci and r.speedup_ci.high > 1 + MIN_GAIN]
+    sentences: list[str] = []
+    if busy and contenders:
+        decision, best = Decision.TOO_BUSY, None
+        sentences.append(f"No recommendation: the machine was too busy to decide "
+                         f"({disturbed_text(BASELINE, base.rounds)}) and "
+                         f"{', '.join(r.policy for r in contenders)} might be faster on a quiet machine; re-run it "
+                         "there.")
+    elif busy:
+        decision, best = Decision.KEEP_BASELINE_BUSY, BASELINE
+        sentences.append(f"Keep {BASELINE}: the machine was busy ({disturbed_text(BASELINE, base.rounds)}), but no "
+                         f"alternative within {tol} on {metric} came out faster even so (every 95% interval at or "
+                         f"below {1 + MIN_GAIN:.2f}x), so disturbance cannot change this decision ({BASELINE}: "
+                         f"{_fmt(base_metric)}).")
+    elif best == BASELINE or best is None:
+        decision, best = Decision.KEEP_BASELINE, BASELINE
+        measurably = "measurably faster (95% interval above 1)" if paired else "faster"
+        sentences.append(f"Keep {BASELINE}: no other policy was both {measurably} and within {tol} on {metric} "
+                         f"({BASELINE}: {_fmt(base_metric)}).")
+    else:
+        decision = Decision.USE
+        b = report.result(best)
+        sp = speedup(b, base)
+        ci = (f" (95% interval {b.speedup_ci.low:.2f}–{b.speedup_ci.high:.2f}x over {b.speedup_ci.rounds} paired "
+              "rounds)") if paired and b.speedup_ci else ""
+        sentences.append(
+            f"Use {best}: {sp:.2f}x faster than {BASELINE}{ci}, {metric} {_fmt(b.metric(metric))} vs "
+            f"{_fmt(base_metric)} ({delta_text(b.metric(metric), base_metric, tol)}, "
+            f"{judge(b.metric(metric), base_metric, tol, higher)[1]})."
+        )
+        verdicts[best] = replace(verdicts[best], verdict=Verdict.RECOMMENDED, text="recommended")
+        noisy = [r.policy for r in (b, base) if r.timing.noisy] if not paired else []
+        if noisy:
+            sentences.append(f"Timings of {' and '.join(noisy)} were noisy: re-run before trusting a small gap.")
+    if unclear:
+        sentences.append("No measurable speed difference from " + BASELINE + ": " + ", ".join(
+            f"{r.policy} {r.speedup_ci.point:.2f}x ({r.speedup_ci.low:.2f}–{r.speedup_ci.high:.2f})" for r in unclear)
+            + "; the interval includes no gain, so the safer " + BASELINE + " numerics are preferred.")
+        for r in unclear:
+            if verdicts[r.policy].verdict in (Verdict.BETTER, Verdict.EQUAL, Verdict.WITHIN):
+                verdicts[r.policy] = replace(verdicts[r.policy], verdict=Verdict.NO_GAIN, text="no measurable gain")
+    busy_text = rounds_sentence(report) if paired else disturbed_sentence(report, best)
+    if busy_text:
+        sentences.append(busy_text)
+    sentences += [note for name, note in notes.items() if name != best]
+    if notes:
+        sentences.append(tolerance_sentence(metric, tol, higher))
+    sentences += _details(report, {name: v.speedup for name, v in verdicts.items()})
+    if lowest and lowest != best:
+        low, b = report.result(lowest), report.result(best or BASELINE)
+        if low.peak_memory_bytes < MEMORY_GAP * (b.peak_memory_bytes or 0):
+            sentences.append(f"Lowest peak memory within tolerance: {lowest} "
+                             f"({low.peak_memory_bytes / 2**20:.1f} MB vs {b.peak_memory_bytes / 2**20:.1f} MB "
+                             f"for {b.policy}).")
+            v = verdicts[lowest]
+            verdicts[lowest] = replace(v, text=v.text + ", lowest memory", lowest_memory=True)
+    for (text, skip), names in skipped.items():
+        hint = {"slow": "; use --force to run anyway", "budget": "; a larger --budget (0: none) runs it"}.get(skip, "")
+        sentences.append(f"{', '.join(names)}: {text}{hint}.")
+    return Recommendation(decision, best, sentences[0], _ordered(report, {**not_run, **verdicts}), lowest,
+                          tuple(sentences), tuple(table_notes(report)))
+
+
+def _ordered(report: Report, verdicts: dict[str, PolicyVerdict]) -> tuple[PolicyVerdict, ...]:
+    return tuple(verdicts[r.policy] for r in report.results if r.policy in verdicts)
+
+
+def _compiled_text(r: PolicyResult, report: Report) -> str:
+    """A compiled policy against compiled fp32, its fair baseline (compilation alone speeds fp32 up too)."""
+    base = report.result(COMPILED_BASELINE)
+    if r.policy == COMPILED_BASELINE or not (r.info and r.info.compiles) or not r.ran or not base or not base.ran:
+        return ""
+    ci = r.compiled_ci
+    if ci:
+        how = f"{ci.point:.2f}x ({ci.low:.2f}–{ci.high:.2f}, paired rounds)"
+    elif r.timing and base.timing:
+        how = f"{base.timing.median / r.timing.median:.2f}x (medians)"
+    else:
+        return ""
+    return (f"{r.policy} vs {COMPILED_BASELINE}, its fair baseline (compiling speeds fp32 up too): {how}; "
+            "the speedup column is vs eager fp32.")
+
+
+def _linear_bytes(r: PolicyResult) -> float | None:
+    return r.size["linear_weight_bytes"] if r.size else None
+
+
+def table_notes(report: Report) -> list[str]:
+    """The footnotes under the table: how each policy computes, compiled baselines, emulated formats, what the
+    columns mean, noisy timings."""
+    notes: list[str] = []
+    ran = [r for r in report.results if r.ran]
+    try:
+        hw = HardwareInfo.from_dict(report.environment["hardware"])
+    except (KeyError, TypeError):  # a record without (a whole) hardware description
+        hw = None
+    for r in ran:
+        info = r.info
+        if info and info.arithmetic:
+            notes.append(f"{r.policy} ({info.backend}): {info.arithmetic}.")
+        if info and info.compute_dtype == "int8" and hw and hw.native("int8") is False:
+            notes.append(f"{r.policy}: this {hw.device_name or 'device'} has no int8 dot-product instructions "
+                         "(VNNI/AMX), so its int8 matmuls are not native here.")
+        fair = _compiled_text(r, report)
+        if fair:
+            notes.append(fair)
+        first = r.first_call_s
+        if info and info.compiles and first:
+            notes.append(f"{r.policy}: the first call took {first:.1f} s (compilation, which inductor caches on "
+                         "disk for later runs), outside the latency.")
+    if any(r.info and r.info.emulated for r in ran):
+        notes.append("† emulated format: stored in it but computed in a wider type; its speed is not the "
+                     "format's native speed.")
+    if any(_linear_bytes(r) for r in ran):
+        notes.append("size MB: the converted model's file (safetensors, or torch.save for torch.ao's packed "
+                     "modules); linear W: bytes of linear-layer weights incl. scales, vs fp32.")
+    cfg = report.config
+    if any(r.speedup_ci for r in report.results):
+        notes.append(f"speedup: geometric mean of fp32's block median over the policy's, over {cfg.rounds} "
+                     f"interleaved rounds of {cfg.rounds_block} steps in one process (paired: the same round, the "
+                     "same batches), with a 95% Student-t interval; step ms is from each policy's own run.")
+    if any(r.timing and r.timing.noisy for r in report.results):
+        notes.append("* noisy timing: IQR above 10% of the median; compare such policies with care.")
+    return notes
+
+
+def judged(report: Report) -> Report:
+    """The report with its recommendation (recomputed from its results)."""
+    return replace(report, recommendation=recommend(report))
