@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 
-from dtypelab.render.report import report
+from dtypelab.render.page import report
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "test-artifacts", "report-pages")
 

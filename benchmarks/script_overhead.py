@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dtypelab
-from dtypelab.script.session import ENV_JOB
+from dtypelab.script.handle import ENV_JOB
 
 
 def models() -> dict[str, tuple[nn.Module, torch.Tensor, torch.Tensor]]:

@@ -13,7 +13,7 @@ import dtypelab
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.records import load_record
 from dtypelab.core.results import AuditReport
-from dtypelab.numerics.audit import audit
+from dtypelab.numerics.auditing import audit
 
 AUDIT_TASK = os.path.join(HERE, "tiny_task.py") + ":make_audit_task"
 ENV = {"test": True}  # skip the hardware probe
@@ -30,19 +30,19 @@ def report() -> AuditReport:
 
 def test_planted_overflow_is_flagged_for_fp16_not_bf16(report):
     boom = layer(report, "boom", "activation")
-    assert boom.verdicts["float16"].startswith("overflow risk")
-    assert boom.verdicts["bfloat16"] == "safe"
+    assert boom.verdicts["float16"].text.startswith("overflow risk")
+    assert boom.verdicts["bfloat16"].risk.value == "safe"
     assert boom.stats["max_abs"] > 65504 and boom.severity == 3
     assert report.layers[0].severity == 3  # sorted by risk: the worst first
-    assert not layer(report, "unboom", "activation").verdicts["float16"].startswith("overflow")
+    assert not layer(report, "unboom", "activation").verdicts["float16"].text.startswith("overflow")
 
 
 def test_planted_gradient_underflow_needs_loss_scaling_in_fp16_only(report):
     early = layer(report, "early", "grad")
-    assert early.verdicts["float16"].startswith("gradient underflow: needs loss scaling")
-    assert early.verdicts["bfloat16"] == "safe"
+    assert early.verdicts["float16"].text.startswith("gradient underflow: needs loss scaling")
+    assert early.verdicts["bfloat16"].risk.value == "safe"
     weight = layer(report, "early.weight", "param_grad")
-    assert weight.verdicts["float16"].startswith("gradient underflow: needs loss scaling")
+    assert weight.verdicts["float16"].text.startswith("gradient underflow: needs loss scaling")
     head = layer(report, "head", "grad")  # downstream of the shrink: ordinary gradients
     assert head.stats["max_abs"] > 1e-4
     ls = report.loss_scale

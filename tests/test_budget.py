@@ -11,6 +11,7 @@ from conftest import TINY, fake_hardware
 
 from dtypelab import DtypelabError, PolicyResult, bench, recommend
 from dtypelab.core.policies import get_policy
+from dtypelab.run import Outcome
 from dtypelab.sweep.budget import COMPILE_ALLOWANCE_S, estimate, parse_budget
 
 
@@ -24,8 +25,9 @@ class Clockwork:
 
     def run(self, job, timeout_s, on_step):
         self.ran.append(job.policy)
-        return PolicyResult(job.policy, "ok", batch_size=job.batch_size, step_times_s=(0.01,) * 3,
-                            losses=(1.0,), metrics={"accuracy": 0.9}, wall_s=self.walls.get(job.policy, 1.0))
+        return Outcome("ok", value=PolicyResult(job.policy, "ok", batch_size=job.batch_size,
+                                                step_times_s=(0.01,) * 3, losses=(1.0,), metrics={"accuracy": 0.9},
+                                                wall_s=self.walls.get(job.policy, 1.0)))
 
 
 def test_parse_budget():

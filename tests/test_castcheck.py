@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.numerics.castcheck import analyze_values, cast_file, cast_report, load_tensors
-from dtypelab.numerics.formats import get_format
+from dtypelab.numerics.catalog import get_format
 
 
 def test_float_outcomes_are_counted():

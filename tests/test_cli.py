@@ -61,7 +61,7 @@ def test_bench_then_show_end_to_end(tmp_path):
     (("audit", f"{TINY}:make_task", "--layers", "(["), "not a valid regular expression"),
     (("audit", f"{TINY}:make_task", "--formats", "int8"), "no subnormal range"),
     (("bench", f"{TINY}:make_task", "-p", "int8-dyn"), "policy int8-dyn is inference-only"),
-    (("bench", f"{TINY}:make_task", "--per-layer"), "--per-layer compares inference outputs"),
+    (("bench", f"{TINY}:make_task", "--per-layer"), "per_layer compares inference outputs"),
     (("export", f"{TINY}:make_task", "-p", "int8-dyn-legacy", "-o", "x.safetensors"), "give a path ending in .pt"),
     (("export", f"{TINY}:make_task", "-p", "int9", "-o", "x.safetensors"), "unknown policy 'int9'"),
     (("export", f"{TINY}:make_task", "-p", "bf16", "-o", "/proc/x.safetensors"), "cannot write /proc/x.safetensors"),

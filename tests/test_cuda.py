@@ -44,7 +44,7 @@ def test_range_stats_of_a_cuda_tensor_equal_the_cpu_ones():
 
 
 def test_audit_on_cuda_with_amp_fp16(tiny):
-    from dtypelab.numerics.audit import audit
+    from dtypelab.numerics.auditing import audit
 
     report = audit(tiny, policy="amp-fp16", steps=3, device="cuda", environment={})
     assert report.status == "ok" and report.layers and report.config.device.startswith("cuda")

@@ -42,7 +42,7 @@ def _workers() -> list[int]:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"dtypelab.distributed.worker" in f.read():
+                if b"dtypelab.run.worker" in f.read():
                     out.append(int(pid))
         except OSError:
             continue
@@ -166,14 +166,15 @@ def test_nccl_stock_bf16_hook_on_one_gpu():
 
 
 def test_the_root_cause_is_the_rank_torchrun_names_not_its_consequences(tmp_path):
-    from dtypelab.distributed.launch import first_error
+    from dtypelab.run.torchrun import root_cause
 
-    (tmp_path / "error-1.txt").write_text("rank 1: RuntimeError: Connection reset by peer (at train.py:110)")
+    consequence = ("failed", "rank 1: RuntimeError: Connection reset by peer (at train.py:110)", 1)
     log = tmp_path / "torchrun.log"
     log.write_text("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
                    "  what():  [enforce fail at pair.cc:456] Received data size doesn't match expected size.\n"
                    "Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-23_08:22:29\n"
                    "  rank      : 0 (local_rank: 0)\n  exitcode  : -6 (pid: 23397)  (SIGABRT)\n")
-    assert first_error(str(tmp_path), str(log)).startswith("rank 0 killed by SIGABRT: [enforce fail")
-    (tmp_path / "error-0.txt").write_text("rank 0: ValueError: mine (at model.py:3)")
-    assert first_error(str(tmp_path), str(log)) == "rank 0: ValueError: mine (at model.py:3)"
+    _, reason = root_cause([consequence], str(log))
+    assert reason.startswith("rank 0 killed by SIGABRT: [enforce fail")
+    mine = ("failed", "rank 0: ValueError: mine (at model.py:3)", 0)
+    assert root_cause([consequence, mine], str(log)) == mine[:2]

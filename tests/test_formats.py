@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.numerics.formats import (
+from dtypelab.numerics.catalog import (
     bit_fields,
     cast,
     formats,

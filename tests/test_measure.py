@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dtypelab.core.measure import MemoryMeter, StepTimer, summarize
+from dtypelab.core.measure import MemoryMeter, StepTimer
+from dtypelab.core.stats import summarize
 from dtypelab.inference.sizes import model_bytes
 
 

@@ -202,3 +202,75 @@ def test_bench_refuses_a_plan_pattern_that_names_no_module_before_running(tiny):
     with pytest.raises(DtypelabError, match=r"plan typo: no module matches 'nett\.0'"):
         dtypelab.bench(tiny, [typo], steps=2, isolate=False, hardware=fake_hardware(),
                        on_event=lambda e: pytest.fail(f"started {e.kind} before checking the plan"))
+
+
+RENDER_WITHOUT_REGISTRY = r"""
+import importlib.abc, sys
+BLOCKED = ("dtypelab.core.policies", "dtypelab.core.loop", "dtypelab.run", "dtypelab.sweep", "dtypelab.tuning",
+           "dtypelab.tracing", "dtypelab.profiling", "dtypelab.numerics", "dtypelab.inference", "dtypelab.lint",
+           "dtypelab.distributed", "dtypelab.script", "dtypelab.lightning", "dtypelab.hf")
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith(BLOCKED):
+            raise ImportError(f"{name} must not be needed to render a record")
+
+sys.meta_path.insert(0, Block())
+from dtypelab.core.records import load_record
+from dtypelab.core.results import AuditReport, Report, TraceReport, TuneReport
+from dtypelab.render import report
+from dtypelab.render.bench import render_html, render_markdown
+from dtypelab.render.numeric import audit_doc, emit
+from dtypelab.render.trace import trace_doc
+from dtypelab.render.tune import tune_doc
+
+records = [load_record(p) for p in sys.argv[1:]]
+for r in records:
+    if isinstance(r, Report):
+        render_markdown(r), render_html(r)
+    elif isinstance(r, AuditReport):
+        emit(audit_doc(r, 0)[0], "markdown", None)
+    elif isinstance(r, TraceReport):
+        emit(trace_doc(r), "markdown", None)
+    else:
+        emit(tune_doc(r), "markdown", None)
+page = report(records).html
+print(len(records), "records", len(page), "bytes")
+"""
+
+
+def test_every_golden_record_renders_with_the_registry_and_every_capability_unimportable(tmp_path):
+    """Renderers read records only: the decision, the verdicts and the notes are in the record (old files get theirs
+    when loaded), so rendering needs neither the policy registry nor any capability."""
+    import subprocess
+    import sys
+
+    tune = tmp_path / "tune.json"
+    from conftest import TINY, fake_hardware
+
+    dtypelab.tune(f"{TINY}:make_task", candidates="int8-dyn", min_cosine=0.9, json_path=str(tune),
+                  hardware=fake_hardware(int8=250.0))
+    files = [os.path.join(V1, f"{n}.json") for n in ("bench_train", "bench_infer", "audit", "trace", "trace_clean")]
+    run = subprocess.run([sys.executable, "-c", RENDER_WITHOUT_REGISTRY, *files, str(tune)], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith("6 records")
+
+
+def test_a_bench_record_carries_its_decision_as_data(tmp_path):
+    """What `jq .recommendation` reads: the decision as a code, the policy chosen, the reason, every verdict."""
+    import json
+
+    path = tmp_path / "r.json"
+    report = dtypelab.bench(f"{TINY}:make_task", "fp32,fp64", steps=6, rounds=0, launcher="inline",
+                            json_path=str(path), hardware=fake_hardware())
+    rec = json.loads(path.read_text())["recommendation"]
+    assert rec["decision"] in ("use", "keep-baseline") and rec["chosen"] in ("fp32", "fp64")
+    assert rec["reason"] == report.recommendation.reason and rec["reason"].startswith(("Use", "Keep"))
+    verdicts = {v["policy"]: v for v in rec["policies"]}
+    assert verdicts["fp32"]["verdict"] == "baseline" and verdicts["fp64"]["verdict"] in (
+        "better", "equal", "within", "outside", "recommended")
+    assert json.loads(path.read_text())["config"]["tolerance"] == {"value": 0.01, "relative": True}
+    with open(os.path.join(V1, "bench_train.json")) as f:
+        old = json.load(f)
+    assert "recommendation" not in old and load_record(os.path.join(V1, "bench_train.json")).recommendation

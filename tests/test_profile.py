@@ -13,7 +13,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 import dtypelab
-from dtypelab.profiling import why
+from dtypelab.core.judging import why
 from dtypelab.profiling.collect import tally
 
 PT = os.path.join(os.path.dirname(__file__), "profile_tasks.py")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.numerics.formats import cast, get_format
+from dtypelab.numerics.catalog import cast, get_format
 from dtypelab.numerics.rangestats import RangeCounter, RangeStats, format_thresholds, range_stats
 
 FORMATS = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float6_e2m3fn",

@@ -12,8 +12,8 @@ from conftest import TINY, fake_hardware
 
 import dtypelab
 from dtypelab.core.records import load_record
+from dtypelab.render.page import report, report_html
 from dtypelab.render.plots import pareto
-from dtypelab.render.report import report, report_html
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 V1 = os.path.join(os.path.dirname(__file__), "data", "v1")

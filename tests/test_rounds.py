@@ -10,6 +10,7 @@ from conftest import TINY, fake_hardware
 from dtypelab import PolicyResult, Report, RunConfig, bench, recommend
 from dtypelab.core.policies import get_policy
 from dtypelab.core.results import RoundBlock
+from dtypelab.run import Outcome
 from dtypelab.sweep.rounds import RoundsJob, paired_speedup, run_rounds
 
 
@@ -158,9 +159,9 @@ def test_a_disturbed_probe_or_baseline_never_skips_a_policy_as_slow(monkeypatch)
 
         def run(self, job, timeout_s, on_step):
             self.seen.append((job.policy, job.slow_step_s))
-            return PolicyResult(job.policy, "ok", batch_size=8, step_times_s=(0.01,) * 3, losses=(1.0,),
-                                metrics={"accuracy": 0.9}, wall_s=1.0,
-                                disturbance={"wall_s": 1.0, "other_cores": 0.9} if job.policy == "fp32" else {})
+            return Outcome("ok", value=PolicyResult(
+                job.policy, "ok", batch_size=8, step_times_s=(0.01,) * 3, losses=(1.0,), metrics={"accuracy": 0.9},
+                wall_s=1.0, disturbance={"wall_s": 1.0, "other_cores": 0.9} if job.policy == "fp32" else {}))
 
     bench(f"{TINY}:make_task", "bf16", launcher=Spy(), hardware=fake_hardware(), budget=0, rounds=0)
     assert Spy.seen == [("fp32", None), ("bf16", None)]  # fp32 timed under disturbance: the check stays off

@@ -72,9 +72,9 @@ def test_default_sweep_lists_inapplicable_policies_as_skipped(hw, tiny):
     ({"policies": "tf32"}, "policy tf32 cannot run here"),
     ({"policies": "fp33"}, "did you mean 'fp32'"),
     ({"tolerance": "one%"}, "bad tolerance"),
-    ({"steps": 0}, "--steps must be a positive integer"),
+    ({"steps": 0}, "steps: must be at least 1, got 0 (--steps)"),
     ({"steps": 5, "warmup": 5}, "--warmup (5) must be smaller than --steps (5)"),
-    ({"mode": "serve"}, "unknown mode 'serve'"),
+    ({"mode": "serve"}, "mode: must be one of 'train' or 'infer', got 'serve' (--mode)"),
     ({"device": "tpu"}, "invalid device 'tpu'"),
 ])
 def test_bad_arguments(kwargs, message, hw, tiny):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import subprocess
 import sys
@@ -14,8 +13,8 @@ from conftest import avx2_hardware, fake_hardware
 from torch import nn
 
 import dtypelab
-from dtypelab.script import bench_script, is_script
-from dtypelab.script.session import ENV_JOB
+from dtypelab.core.task import is_script
+from dtypelab.run.channel import ENV_CHANNEL, Channel
 
 HERE = os.path.dirname(__file__)
 EXAMPLES = os.path.join(HERE, "..", "examples")
@@ -43,7 +42,7 @@ def test_a_script_is_told_apart_from_a_task_file_without_running_it(tmp_path):
 
 
 def test_the_script_runs_normally_without_dtypelab_driving_it():
-    env = {k: v for k, v in os.environ.items() if k != ENV_JOB}
+    env = {k: v for k, v in os.environ.items() if k != ENV_CHANNEL}
     run = subprocess.run([sys.executable, os.path.join(EXAMPLES, "train_loop.py"), "--epochs", "1"],
                          capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
@@ -51,10 +50,20 @@ def test_the_script_runs_normally_without_dtypelab_driving_it():
 
 
 def _session(tmp_path, monkeypatch, policy: str) -> dtypelab.Session:
-    job = tmp_path / f"{policy}.job.json"
-    job.write_text(json.dumps({"plan": dtypelab.get_policy(policy).to_dict(), "seed": 0, "device": "cpu"}))
-    monkeypatch.setenv(ENV_JOB, str(job))
-    return dtypelab.session()
+    """A session driven as the script launcher drives one: connected to a channel, sent its job."""
+    channel = Channel({"plan": dtypelab.get_policy(policy).to_dict(), "seed": 0, "device": "cpu"})
+    for key, value in channel.env.items():
+        monkeypatch.setenv(key, value)
+    lab = dtypelab.session()
+    lab.channel = channel  # the launcher's end, for the test to read what the session sent
+    return lab
+
+
+def _sent(lab) -> dict:
+    """The session's last word: what it measured."""
+    done = [m for m in lab.channel.drain(timeout=0.5) if m[0] == "done"]
+    lab.channel.close()
+    return done[-1][1]
 
 
 def _model_and_batch() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
@@ -80,7 +89,7 @@ def test_clipping_under_amp_fp16_unscales_first(tmp_path, monkeypatch):
     optimizer.step()
     assert len(lab.timer.samples) == 1 and len(lab.losses) == 1
     lab.finish(accuracy=0.5)
-    result = json.loads((tmp_path / "amp-fp16.job.json.result").read_text())
+    result = _sent(lab)
     assert result["scaler"]["grad_scale"] and result["batch_size"] == 32 and result["metric"] == "accuracy"
     assert not torch.is_autocast_enabled("cpu")
 
@@ -91,14 +100,14 @@ def test_finish_needs_a_metric_and_guesses_its_direction(tmp_path, monkeypatch):
     with pytest.raises(dtypelab.DtypelabError, match="needs the metric"):
         lab.finish()
     lab.finish(val_loss=0.3)
-    result = json.loads((tmp_path / "fp32.job.json.result").read_text())
+    result = _sent(lab)
     assert result["higher_is_better"] is False and result["higher_guessed"] is True
 
 
 @pytest.mark.slow
 def test_script_sweep_same_shuffle_crash_and_missing_calls(tmp_path):
-    report = bench_script(PROBE, "fp32,bf16,amp-bf16", args=["--crash-under", "amp-bf16"],
-                          json_path=str(tmp_path / "r.json"), hardware=fake_hardware())
+    report = dtypelab.bench(PROBE, "fp32,bf16,amp-bf16", script_args=["--crash-under", "amp-bf16"],
+                            json_path=str(tmp_path / "r.json"), hardware=fake_hardware())
     fp32, bf16, amp = (report.result(n) for n in ("fp32", "bf16", "amp-bf16"))
     assert fp32.status == bf16.status == "ok" and report.config.metric == "accuracy"
     assert fp32.metrics["first_batch"] == bf16.metrics["first_batch"]  # the same shuffle
@@ -106,9 +115,9 @@ def test_script_sweep_same_shuffle_crash_and_missing_calls(tmp_path):
     assert len(fp32.step_times_s) == 8 and fp32.batch_size == 32 and len(fp32.losses) == 8
     assert amp.status == "failed" and "planted failure under amp-bf16" in amp.reason
     assert dtypelab.load_report(str(tmp_path / "r.json")).result("bf16").status == "ok"
-    missing = bench_script(PROBE, "fp32", args=["--no-finish"]).result("fp32")
+    missing = dtypelab.bench(PROBE, "fp32", script_args=["--no-finish"]).result("fp32")
     assert missing.status == "failed" and "lab.finish(" in missing.reason
-    none = bench_script(PROBE, "fp32", args=["--no-session"]).result("fp32")
+    none = dtypelab.bench(PROBE, "fp32", script_args=["--no-session"]).result("fp32")
     assert none.status == "failed" and "dtypelab.session()" in none.reason
 
 
@@ -131,7 +140,8 @@ def test_bench_cli_runs_the_plain_loop_example(tmp_path, fast_bf16_env):
 @pytest.mark.slow
 def test_lightning_example_is_measured_per_policy():
     pytest.importorskip("lightning")
-    report = bench_script(os.path.join(EXAMPLES, "train_lightning.py"), "fp32,bf16,amp-bf16", args=["--epochs", "1"],
+    report = dtypelab.bench(os.path.join(EXAMPLES, "train_lightning.py"), "fp32,bf16,amp-bf16",
+                            script_args=["--epochs", "1"],
                           hardware=fake_hardware())
     for r in report.results:
         assert r.status == "ok", (r.policy, r.reason)
@@ -142,7 +152,8 @@ def test_lightning_example_is_measured_per_policy():
 @pytest.mark.slow
 def test_hf_example_is_measured_per_policy():
     pytest.importorskip("transformers")
-    report = bench_script(os.path.join(EXAMPLES, "train_hf.py"), "fp32,amp-bf16,amp-fp16", args=["--epochs", "1"],
+    report = dtypelab.bench(os.path.join(EXAMPLES, "train_hf.py"), "fp32,amp-bf16,amp-fp16",
+                            script_args=["--epochs", "1"],
                           hardware=fake_hardware(fp16_gflops=200.0))
     fp32, amp = report.result("fp32"), report.result("amp-bf16")
     assert fp32.status == amp.status == "ok" and report.config.metric == "eval_accuracy"
@@ -170,7 +181,7 @@ def test_trace_and_audit_arm_on_the_scripts_own_loop(tmp_path):
 
 def _plain(script: str, *args: str) -> str:
     """The script's output run on its own, without dtypelab driving it."""
-    env = {k: v for k, v in os.environ.items() if k != ENV_JOB}
+    env = {k: v for k, v in os.environ.items() if k != ENV_CHANNEL}
     run = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
     return run.stdout.strip().splitlines()[-1]
@@ -184,7 +195,7 @@ def test_schedulers_and_ema_in_any_order_run_alone_and_under_bench(order):
     args = ["--order", order, "--accumulate", "2"]
     alone = _plain(SCHED, *args)
     policies = "fp32,amp-bf16" if order == "chain" else "fp32"  # the crash came at setup, whatever the policy
-    report = bench_script(SCHED, policies, args=args, hardware=fake_hardware())
+    report = dtypelab.bench(SCHED, policies, script_args=args, hardware=fake_hardware())
     for r in report.results:
         assert r.status == "ok", (r.policy, r.reason)
     fp32 = report.result("fp32")
@@ -206,7 +217,7 @@ def test_a_step_loss_is_its_micro_batches_added_up(tmp_path, monkeypatch):
     assert lab.losses == [pytest.approx((float(halves[0].detach()) + float(halves[1].detach())) / 2)]
     assert isinstance(optimizer.step, __import__("types").MethodType) and optimizer.step.__self__ is optimizer
     lab.finish(accuracy=1.0)
-    result = json.loads((tmp_path / "fp32.job.json.result").read_text())
+    result = _sent(lab)
     assert result["disturbance"]["wall_s"] > 0 and "disturbed" in result["disturbance"]
 
 
@@ -232,7 +243,7 @@ def test_a_script_run_slow_or_diverging_under_a_policy_is_stopped_early(tmp_path
     """bench's protections in script mode: a policy 10x slower per step than fp32 stops after a few steps (here the
     probe lets it through, as a disturbed one would), and one whose loss stays non-finite stops after 10 steps."""
     args = ["--slow-under", "bf16", "--nan-under", "amp-bf16"]
-    report = bench_script(SCHED, "fp32,bf16,amp-bf16", args=args, hardware=fake_hardware())
+    report = dtypelab.bench(SCHED, "fp32,bf16,amp-bf16", script_args=args, hardware=fake_hardware())
     fp32, slow, nan = (report.result(n) for n in ("fp32", "bf16", "amp-bf16"))
     assert fp32.status == "ok" and len(fp32.step_times_s) == 32
     assert slow.status == "skipped" and slow.skip == "slow" and "pathologically slow" in slow.reason
@@ -242,7 +253,7 @@ def test_a_script_run_slow_or_diverging_under_a_policy_is_stopped_early(tmp_path
 
 
 def test_where_bf16_is_slow_a_script_sweep_skips_it_without_running_it():
-    report = bench_script(PROBE, "fp32,bf16", hardware=avx2_hardware())
+    report = dtypelab.bench(PROBE, "fp32,bf16", hardware=avx2_hardware())
     bf16 = report.result("bf16")
     assert bf16.status == "skipped" and bf16.skip == "slow" and "no native bfloat16" in bf16.reason
     assert not bf16.step_times_s
@@ -264,7 +275,7 @@ def test_a_disturbed_probe_skips_nothing_in_script_mode_and_says_so():
 
     notices = []
     busy = replace(avx2_hardware(), disturbed="other processes used 0.96 of a core during 3 probes")
-    report = bench_script(PROBE, "fp32,bf16", hardware=busy,
+    report = dtypelab.bench(PROBE, "fp32,bf16", hardware=busy,
                           on_event=lambda e: notices.append(e.label) if e.kind == "notice" else None)
     assert report.result("bf16").status == "ok"
     assert any(n.startswith("the hardware probe was disturbed (other processes used 0.96") for n in notices)

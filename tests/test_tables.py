@@ -14,6 +14,7 @@ from conftest import TINY, fake_hardware
 from rich.console import Console
 
 import dtypelab
+from dtypelab.core.judging import judged
 from dtypelab.core.records import load_record
 from dtypelab.core.results import DistStats, PolicyResult, Report, RunConfig
 from dtypelab.distributed.scaling import parse_links, with_scaling
@@ -39,7 +40,7 @@ def _distributed() -> Report:
                             batch_size=8, peak_memory_bytes=1 << 20)
 
     report = Report(cfg, {}, (result("fp32", 0.010, 4 << 20, 0.02), result("fp32+ddp-fp16", 0.060, 2 << 20, 0.07)))
-    return with_scaling(report, parse_links("25gbe,100gbe,pcie4,nvlink4"))
+    return judged(with_scaling(report, parse_links("25gbe,100gbe,pcie4,nvlink4")))
 
 
 @pytest.fixture(scope="module")

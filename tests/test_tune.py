@@ -66,7 +66,7 @@ def test_apply_plan_converts_my_model_and_names_missing_modules():
 
 
 def test_tune_refuses_what_it_cannot_do_in_one_line():
-    with pytest.raises(dtypelab.DtypelabError, match="--mode must be infer or train"):
+    with pytest.raises(dtypelab.DtypelabError, match=r"mode: must be one of 'infer' or 'train', got 'fit' \(--mode\)"):
         dtypelab.tune("digits", mode="fit")
     with pytest.raises(dtypelab.DtypelabError, match="whole-model cast or autocast"):
         dtypelab.tune("digits", mode="train", candidates="int8-dyn")

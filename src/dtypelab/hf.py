@@ -14,7 +14,7 @@ import torch
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies import TF32, Autocast, Cast, Plan
-from dtypelab.script.session import Session
+from dtypelab.script import Session
 
 try:
     import transformers

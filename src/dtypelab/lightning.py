@@ -9,7 +9,7 @@ from typing import Any
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies import TF32, Autocast, Cast, Plan
-from dtypelab.script.session import Session
+from dtypelab.script import Session
 
 try:
     import lightning.pytorch as pl

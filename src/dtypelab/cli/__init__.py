@@ -1,8 +1,14 @@
-"""Command-line interface. Thin: each command calls one public function. Nothing imports this package."""
+"""Command-line interface. Thin: each command builds one validated options object (its flags are made from the
+object's fields) and calls one public function. Nothing imports this package."""
 
 from __future__ import annotations
 
-from dtypelab.cli import bench, diagnose, export, numeric, tune  # noqa: F401  (each registers its commands on the app)
-from dtypelab.cli._common import app, main
+from dtypelab.cli import bench, diagnose, export, numeric, tune
+from dtypelab.cli._common import app
+
+
+def main() -> None:
+    app()
+
 
 __all__ = ["app", "main"]

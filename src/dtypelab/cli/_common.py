@@ -1,10 +1,18 @@
-"""What every command shares: the typer app, consoles, progress bars, errors and output."""
+"""What every command shares: the typer app, consoles, one-line errors, progress (bars on a terminal, plain lines
+in a log) and the rendering of a record.
+
+The CLI is thin: each command builds one validated options object and calls one public function. Its modules
+import the capabilities inside the commands, not at the top: ``dtypelab --help`` then starts without torch (a
+fraction of a second instead of two). That is start-up time, not a way around an import cycle.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +23,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dtypelab.core.errors import DtypelabError, TaskError, format_user_traceback
 
+FORMATS = ("table", "markdown", "html", "json")
+HEARTBEAT_S = 30.0
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure which numeric precision your PyTorch model should use, on this hardware.")
 err = Console(stderr=True)
@@ -22,13 +33,13 @@ err = Console(stderr=True)
 out = Console() if Console().is_terminal else Console(width=int(os.environ.get("COLUMNS", "0") or 0) or 200)
 
 
-def _progress() -> Progress:
+def progress_bars() -> Progress:
     """Transient bars on stderr, so stdout carries only the result."""
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=err, transient=True)
 
 
-def _fail(exc: DtypelabError) -> typer.Exit:
+def fail(exc: DtypelabError) -> typer.Exit:
     err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     cause = exc.__cause__
     if isinstance(exc, TaskError) and cause is not None and format_user_traceback(cause):
@@ -37,90 +48,180 @@ def _fail(exc: DtypelabError) -> typer.Exit:
 
 
 @contextlib.contextmanager
-def _guarded(interrupted: str = "") -> Iterator[None]:
+def guarded(interrupted: str = "") -> Iterator[None]:
     """A user mistake becomes a one-line error (exit 2); Ctrl-C says what was kept (exit 130)."""
     try:
         yield
     except DtypelabError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     except KeyboardInterrupt:
         err.print(f"[yellow]interrupted[/]{': ' + escape(interrupted) if interrupted else ''}")
         raise typer.Exit(130) from None
 
 
-def _check_format(fmt: str) -> None:
-    from dtypelab.render.bench import FORMATS
-
-    if fmt not in FORMATS:
-        raise DtypelabError(f"unknown format {fmt!r}: use {', '.join(FORMATS)}")
+def check_format(fmt: str, formats: tuple[str, ...] = FORMATS) -> None:
+    if fmt not in formats:
+        raise DtypelabError(f"unknown format {fmt!r}: use {', '.join(formats)}")
 
 
-def _emit(report, fmt: str) -> None:
-    from dtypelab.render.bench import render, render_table
+class Bars:
+    """Rich progress bars fed by a capability's events: one bar per policy (or phase)."""
 
-    if fmt == "table":
-        render_table(report, out)
+    def __init__(self, progress: Progress) -> None:
+        self.progress, self.bars = progress, {}
+
+    def __call__(self, event: Any) -> None:
+        p = self.progress
+        if event.kind == "probe":
+            self.bars["probe"] = p.add_task(event.label, total=None)
+        elif event.kind == "start":
+            if "probe" in self.bars:
+                p.remove_task(self.bars.pop("probe"))
+            self.bars[event.policy] = p.add_task(event.label or event.policy, total=event.total or None)
+        elif event.kind == "step" and event.policy in self.bars:
+            p.update(self.bars[event.policy], completed=event.done, total=event.total or None)
+        elif event.kind in ("done", "end") and event.policy in self.bars:
+            r = event.result
+            p.remove_task(self.bars.pop(event.policy))
+            colour = "green" if r.status == "ok" else "red"
+            p.console.print(f"{escape(event.label or r.policy)}: [{colour}]{r.status}[/] in {r.wall_s:.1f} s"
+                            + (f" — {escape(r.reason)}" if r.reason else ""), highlight=False)
+        elif event.kind == "skip":
+            p.console.print(f"{escape(event.policy)}: [yellow]skipped[/] — {escape(event.result.reason)}",
+                            highlight=False)
+        elif event.kind == "notice":
+            p.console.print(f"[dim]{escape(event.label)}[/]", highlight=False)
+
+
+class Lines:
+    """Progress as plain lines, for logs and CI where stderr is no terminal (bars would print nothing): one
+    line per start, finish or skip, and a heartbeat every ``every`` seconds while one runs (a compile or a slow
+    kernel can take minutes without a step)."""
+
+    def __init__(self, every: float) -> None:
+        self.every, self.started = every, time.monotonic()
+        self.current: tuple[str, float] | None = None  # (label, since)
+        self.last = 0.0  # when the last line was printed
+        self.done, self.total = 0, 0
+        self.lock, self.stopped = threading.Lock(), threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def __enter__(self) -> Lines:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+    def _say(self, text: str) -> None:
+        self.last = time.monotonic()
+        sys.stderr.write(f"[{self.last - self.started:6.0f} s] {text}\n")
+        sys.stderr.flush()
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(min(1.0, self.every / 4)):
+            with self.lock:
+                if self.current and time.monotonic() - self.last >= self.every:  # silent for a whole interval
+                    label, since = self.current
+                    steps = f", {self.done}/{self.total} steps" if self.total else ""
+                    self._say(f"{label}: still running after {time.monotonic() - since:.0f} s{steps}")
+
+    def __call__(self, event: Any) -> None:
+        with self.lock:
+            label = event.label or event.policy
+            if event.kind == "start":  # (the ~1 s probe gets no line: an error after it must stay one line)
+                self.current, self.done, self.total = (label, time.monotonic()), 0, event.total
+                self._say(f"{label}: started" + (f" ({event.total} steps)" if event.total else ""))
+            elif event.kind == "step":
+                self.done, self.total = event.done, event.total
+            elif event.kind in ("done", "end"):
+                r, self.current = event.result, None
+                self._say(f"{label}: {r.status} in {r.wall_s:.1f} s" + (f" — {r.reason}" if r.reason else ""))
+            elif event.kind == "skip":
+                self._say(f"{label}: skipped — {event.result.reason}")
+            elif event.kind == "notice":
+                self._say(event.label)
+
+
+@contextlib.contextmanager
+def events() -> Iterator[Callable[[Any], None]]:
+    """The event sink a long command reports to: bars on a terminal, plain lines with a heartbeat in a log."""
+    if err.is_terminal:
+        with progress_bars() as progress:
+            yield Bars(progress)
     else:
-        sys.stdout.write(render(report, fmt))
+        with Lines(float(os.environ.get("DTYPELAB_HEARTBEAT_S", HEARTBEAT_S))) as lines:
+            yield lines
 
 
-def _emit_doc(doc, fmt: str, data, styles=None, wrap=None) -> None:
-    from dtypelab.render.numeric import emit, to_json
-
-    if fmt == "json":
-        sys.stdout.write(to_json(data))
-    else:
-        text = emit(doc, fmt, out, styles, wrap)
-        if text is not None:
-            sys.stdout.write(text)
-
-
-def _emit_record(report, fmt: str, top: int = 0) -> None:
-    """Any saved record: a bench report, an audit (``top`` riskiest rows) or a trace."""
+def emit(record: Any, fmt: str, top: int = 0) -> None:
+    """Any record on stdout: a bench report, an audit (``top`` riskiest rows), a trace or a tune record."""
     from dtypelab.core.results import AuditReport, TraceReport, TuneReport
-    from dtypelab.render.numeric import audit_doc
+    from dtypelab.render.bench import render, render_table
+    from dtypelab.render.numeric import audit_doc, to_json
+    from dtypelab.render.numeric import emit as emit_doc
     from dtypelab.render.trace import trace_doc
     from dtypelab.render.tune import tune_doc
 
-    if isinstance(report, AuditReport):
-        doc, styles, wrap = audit_doc(report, top)
-        _emit_doc(doc, fmt, report, styles, wrap)
-    elif isinstance(report, TraceReport):
-        _emit_doc(trace_doc(report), fmt, report, wrap={1})
-    elif isinstance(report, TuneReport):
-        _emit_doc(tune_doc(report), fmt, report, wrap={5})
+    if isinstance(record, AuditReport | TraceReport | TuneReport):
+        if fmt == "json":
+            sys.stdout.write(to_json(record))
+            return
+        if isinstance(record, AuditReport):
+            doc, styles, wrap = audit_doc(record, top)
+        elif isinstance(record, TraceReport):
+            doc, styles, wrap = trace_doc(record), None, {1}
+        else:
+            doc, styles, wrap = tune_doc(record), None, {5}
+        text = emit_doc(doc, fmt, out, styles, wrap)
+        if text is not None:
+            sys.stdout.write(text)
+    elif fmt == "table":
+        render_table(record, out)
     else:
-        _emit(report, fmt)
+        sys.stdout.write(render(record, fmt))
 
 
-def main() -> None:
-    app()
+def emit_doc(doc: Any, fmt: str, data: Any) -> None:
+    """A command's own document (the format table, a cast) in a format; ``data`` is what its JSON holds."""
+    from dtypelab.render.numeric import emit as emit_table
+    from dtypelab.render.numeric import to_json
+
+    if fmt == "json":
+        sys.stdout.write(to_json(data))
+        return
+    text = emit_table(doc, fmt, out)
+    if text is not None:
+        sys.stdout.write(text)
+
+
+def saved(path: str) -> None:
+    err.print(f"[dim]results saved to {escape(path)}; re-render with: dtypelab show {escape(path)}[/]")
 
 
 def write_html(record: Any, path: str | None) -> None:
     """``--html PATH``: the report page for what was just measured (saved even when the run failed)."""
     if not path:
         return
-    from dtypelab.render.report import report
+    from dtypelab.render import report
 
-    with _guarded():
+    with guarded():
         info = report([record], path)
     err.print(f"[dim]report written to {escape(path)} ({info.bytes / 1024:.0f} KB, {info.plots} plots)[/]")
 
 
-def run_recorded(kind: str, task: str, policy: str, total: int | None, json_path: str | None, fmt: str,
-                 run: Callable[..., Any], kept: str, top: int = 0, html: str | None = None) -> Any:
-    """A single-policy training command (audit, trace): result path, progress bar, Ctrl-C keeping what was
-    measured, the record rendered, where it was saved. ``run(path, progress)`` returns the record."""
-    from dtypelab.core.results import default_result_path
-
-    path = json_path or default_result_path(task, kind)
-    with _guarded(f"{kept} {path}"):
-        _check_format(fmt)
-        with _progress() as progress:
-            bar = progress.add_task(f"{kind} {task} ({policy})", total=total)
-            report = run(path, lambda done, n: progress.update(bar, completed=done, total=n))
-    _emit_record(report, fmt, top)
-    err.print(f"[dim]results saved to {escape(path)}; re-render with: dtypelab show {escape(path)}[/]")
-    write_html(report, html)
-    return report
+def run_recorded(kind: str, task: str, label: str, total: int | None, fmt: str,
+                 run: Callable[[Callable[[int, int], None]], Any], kept: str, path: str, top: int = 0,
+                 html: str | None = None) -> Any:
+    """A single-policy training command (audit, trace): progress bar, Ctrl-C keeping what was measured, the record
+    rendered, where it was saved. ``run(progress)`` returns the record."""
+    with guarded(f"{kept} {path}"):
+        check_format(fmt)
+        with progress_bars() as progress:
+            bar = progress.add_task(f"{kind} {task} ({label})", total=total)
+            record = run(lambda done, n: progress.update(bar, completed=done, total=n))
+    emit(record, fmt, top)
+    saved(path)
+    write_html(record, html)
+    return record

@@ -2,33 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Any
 
 import typer
 
-from dtypelab.cli._common import _guarded, app, err, out
-from dtypelab.cli.options import TaskArg
+from dtypelab.cli._common import app, err, guarded, out
+from dtypelab.cli._options import argument, command
+from dtypelab.inference import ExportOptions
 
 
 def _bytes(n: int) -> str:
     return f"{n / 2**20:.2f} MB" if n >= 2**20 else f"{n / 1024:.1f} KB"
 
 
-@app.command()
-def export(
-    task: TaskArg,
-    policy: Annotated[str, typer.Option("--policy", "-p", "--plan", help="e.g. int8-dyn, fp8-wo, bf16, or a plan file "
-                                                                        "(dtypelab tune -o plan.json)")],
-    output: Annotated[str, typer.Option("--output", "-o", help="file: .safetensors (.pt for int8-dyn-legacy*)")],
-    weights: Annotated[str | None, typer.Option(help="fp32 state dict to convert [default: pretrained, or "
-                                                     "train the task's fp32 model here]")] = None,
-    seed: int = 0,
-) -> None:
-    """Convert TASK's model with POLICY, write it, and check that the file loads back to the same outputs."""
-    from dtypelab.inference.export import export as run_export
+def _export(opts: ExportOptions, cli: dict[str, Any]) -> None:
+    from dtypelab.inference import export
 
-    with _guarded(), err.status(f"converting {task} with {policy}"):
-        info = run_export(task, policy, output, weights=weights, seed=seed)
+    with guarded(), err.status(f"converting {cli['task']} with {opts.policy}"):
+        info = export(cli["task"], opts.policy, opts.output, weights=opts.weights, seed=opts.seed)
     lines = [f"wrote {info.path} ({info.format}): {_bytes(info.file_bytes)}, "
              f"{info.file_bytes / info.fp32_file_bytes:.2f}x fp32's {_bytes(info.fp32_file_bytes)}"]
     if info.fp32_linear_weight_bytes:
@@ -40,3 +31,8 @@ def export(
         out.print(line, highlight=False, markup=False)
     if info.roundtrip_max_abs_diff != 0:
         raise typer.Exit(1)
+
+
+command(app, "export", ExportOptions, _export, arguments=[argument("task", str, "built-in name, path/file.py:make_task "
+                                                                             "or pkg.module:make_task")],
+        help="Convert TASK's model with POLICY, write it, and check that the file loads back to the same outputs.")

@@ -2,108 +2,72 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Any
 
 import typer
 from rich.markup import escape
 
-from dtypelab.cli._common import _check_format, _emit_doc, _fail, _progress, app, err, run_recorded
-from dtypelab.cli.options import (
-    BatchOpt,
-    DeviceOpt,
-    ForceOpt,
-    FormatOpt,
-    HtmlOpt,
-    JsonOpt,
-    PolicyOpt,
-    TaskArg,
-    ThreadsOpt,
-)
-from dtypelab.core.errors import DtypelabError
+from dtypelab.cli._common import app, check_format, emit_doc, err, guarded, progress_bars, run_recorded
+from dtypelab.cli._options import argument, command, flag
+from dtypelab.numerics import AuditOptions, CastOptions, FormatsOptions
 
 
-@app.command()
-def formats(
-    value: Annotated[list[float] | None, typer.Option("--value", "-v", help="show how this value is stored "
-                                                      "in each format (repeatable)")] = None,
-    only: Annotated[str | None, typer.Option("--formats", "-f", help="comma-separated formats [default: all]")] = None,
-    device: Annotated[str | None, typer.Option(help="device whose native support is shown")] = None,
-    fmt: FormatOpt = "table",
-) -> None:
-    """Every numeric format's range and precision, computed; with --value, what storing a value does."""
+def _formats(opts: FormatsOptions, cli: dict[str, Any]) -> None:
     from dtypelab.core.hardware import probe
-    from dtypelab.numerics.castcheck import analyze_values
-    from dtypelab.numerics.formats import formats as all_formats
-    from dtypelab.numerics.formats import parse_formats
-    from dtypelab.numerics.tables import formats_doc, values_doc
+    from dtypelab.numerics import analyze_values, formats, formats_doc, parse_formats, values_doc
 
-    try:
-        _check_format(fmt)
-        chosen = list(parse_formats(only)) if only else list(all_formats().values())
-        if value:
-            casts = analyze_values(value, chosen)
-            _emit_doc(values_doc(casts), fmt, casts)
+    with guarded():
+        check_format(opts.fmt)
+        chosen = list(parse_formats(opts.formats)) if opts.formats else list(formats().values())
+        if opts.value:
+            casts = analyze_values(list(opts.value), chosen)
+            emit_doc(values_doc(casts), opts.fmt, casts)
         else:
-            hw = probe(device, budget_s=0.05)
-            _emit_doc(formats_doc(chosen, hw), fmt, chosen)
-    except DtypelabError as exc:
-        raise _fail(exc) from None
+            emit_doc(formats_doc(chosen, probe(opts.device, budget_s=0.05)), opts.fmt, chosen)
 
 
-@app.command()
-def cast(
-    file: Annotated[str, typer.Argument(help=".pt/.pth/.bin (loaded with weights_only), .safetensors, .npy, .npz")],
-    to: Annotated[str, typer.Option("--to", "-t", help="target format, e.g. fp16, bf16, fp8, int8")],
-    fmt: FormatOpt = "table",
-) -> None:
-    """What converting every tensor in FILE to a format does: overflow, underflow, error, SQNR, bytes."""
-    from dtypelab.numerics.castcheck import cast_file
-    from dtypelab.numerics.formats import get_format
-    from dtypelab.numerics.tables import cast_doc
+command(app, "formats", FormatsOptions, _formats,
+        help="Every numeric format's range and precision, computed; with --value, what storing a value does.")
 
-    try:
-        _check_format(fmt)
-        target = get_format(to)
-        with _progress() as progress:
+
+def _cast(opts: CastOptions, cli: dict[str, Any]) -> None:
+    from dtypelab.numerics import cast_doc, cast_file, get_format
+
+    with guarded():
+        check_format(opts.fmt)
+        target = get_format(opts.to)
+        with progress_bars() as progress:
             bar = progress.add_task(f"casting to {target.name} (elements)", total=None)
-            report = cast_file(file, to, lambda done, total: progress.update(bar, completed=done, total=total))
-    except DtypelabError as exc:
-        raise _fail(exc) from None
-    _emit_doc(cast_doc(report, target), fmt, report)
+            report = cast_file(cli["file"], opts.to, lambda done, total: progress.update(bar, completed=done,
+                                                                                         total=total))
+    emit_doc(cast_doc(report, target), opts.fmt, report)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def audit(
-    ctx: typer.Context,
-    task: TaskArg,
-    policy: PolicyOpt = "fp32",
-    steps: Annotated[int, typer.Option(help="training steps")] = 20,
-    every: Annotated[int, typer.Option(help="measure every N-th step (hooks stay idle on the others)")] = 1,
-    layers: Annotated[str | None, typer.Option(help="regular expression on module / parameter names")] = None,
-    formats: Annotated[str, typer.Option("--formats", "-f", help="candidate formats, comma-separated")] = (
-        "float16,bfloat16,float8_e4m3fn,float8_e5m2"),
-    batch_size: BatchOpt = None,
-    device: DeviceOpt = None,
-    seed: int = 0,
-    force: ForceOpt = False,
-    threads: ThreadsOpt = None,
-    json: JsonOpt = None,
-    fmt: FormatOpt = "table",
-    top: Annotated[int, typer.Option(help="rows to show, riskiest first (0: all; the JSON has all)")] = 25,
-    html: HtmlOpt = None,
-) -> None:
-    """Per-layer value ranges of activations and gradients against fp16, bf16 and fp8, sorted by risk. TASK may be
-    your training script (arguments after --): its first --steps steps are audited."""
-    from dtypelab.numerics.audit import audit as run_audit
+command(app, "cast", CastOptions, _cast,
+        arguments=[argument("file", str, ".pt/.pth/.bin (loaded with weights_only), .safetensors, .npy, .npz")],
+        help="What converting every tensor in FILE to a format does: overflow, underflow, error, SQNR, bytes.")
 
-    report = run_recorded("audit", task, policy, steps, json, fmt, lambda path, progress: run_audit(
-        task, policy=policy, steps=steps, every=every, layers=layers, formats=formats, batch_size=batch_size,
-        seed=seed, device=device, threads=threads, json_path=path, force=force, progress=progress,
-        script_args=tuple(ctx.args)),
-        "the steps measured so far are saved in", top, html)
+
+def _audit(opts: AuditOptions, cli: dict[str, Any]) -> None:
+    from dtypelab.core.results import default_result_path
+    from dtypelab.numerics import audit
+
+    path = opts.json_path or default_result_path(cli["task"], "audit")
+    report = run_recorded("audit", cli["task"], opts.policy, opts.steps, cli["fmt"], lambda progress: audit(
+        cli["task"], opts.but(json_path=path, script_args=cli["rest"]), progress=progress),
+        "the steps measured so far are saved in", path, cli["top"], cli["html"])
     if report.status == "failed":  # what was measured is shown and saved; the exit code still says so
         err.print(f"[bold red]error:[/] training failed after {len(report.losses)} steps: {escape(report.reason)}",
                   highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 
+command(app, "audit", AuditOptions, _audit,
+        arguments=[argument("task", str, "built-in name, path/file.py:make_task, pkg.module:make_task, or your "
+                                         "training script (its arguments after --)")],
+        extra=[flag("fmt", str, "table", "table, markdown, html or json", "--format"),
+               flag("top", int, 25, "rows to show, riskiest first (0: all; the JSON has all)", "--top"),
+               flag("html", str | None, None, "also write the offline HTML report (plots) here", "--html")],
+        takes_rest=True,
+        help="Per-layer value ranges of activations and gradients against fp16, bf16 and fp8, sorted by risk. TASK "
+             "may be your training script (arguments after --): its first --steps steps are audited.")

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dtypelab.core.errors import DtypelabError, TaskError, describe_exception
-from dtypelab.core.hardware import HardwareInfo, probe, resolve_device
+from dtypelab.core.hardware import HardwareInfo, hardware_for, resolve_device
 from dtypelab.core.policies import Plan, Precision, get_policy
 from dtypelab.core.task import Task, call_model, load_task, map_tensors, plain
 
@@ -64,7 +64,7 @@ def build_model(task: Task, seed: int, weights: str | None = None) -> nn.Module:
     return model
 
 
-def prepare(task: str | Task, policy: str | Plan, device: str | None, hardware: HardwareInfo | None,
+def prepare(task: str | Task, policy: str | Plan, device: str | None, hardware: HardwareInfo | str | None,
             force: bool) -> tuple[str, Task, torch.device, Precision, HardwareInfo]:
     """(task spec, task, device, precision, hardware) for the single-process training commands (audit,
     trace): an error when the policy cannot train, cannot run here, or was measured pathologically slow
@@ -77,7 +77,7 @@ def prepare(task: str | Task, policy: str | Plan, device: str | None, hardware: 
         f"task {task_obj.name} is inference-only: nothing to train" if task_obj.inference_only else None)
     if wrong_mode:
         raise DtypelabError(wrong_mode)
-    hardware = hardware or probe(dev, budget_s=0.02)
+    hardware = hardware_for(dev, hardware, budget_s=0.02)
     plan.require(hardware, force)
     return spec, task_obj, dev, Precision(plan, dev), hardware
 

@@ -1,4 +1,5 @@
-"""Timing, memory and size measurements. The clock and the sync are injectable for testing."""
+"""Timing, memory and size measurements. The clock and the sync are injectable for testing. (Their robust
+statistics, ``Summary`` and ``summarize``, are in ``core.stats``: records use them without torch.)"""
 
 from __future__ import annotations
 
@@ -9,42 +10,8 @@ import os
 import resource
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-import numpy as np
 import torch
-
-NOISY_REL_IQR = 0.10  # IQR/median above this: timings are too noisy to trust small differences
-
-
-@dataclass(frozen=True)
-class Summary:
-    """Robust statistics of timing samples (seconds)."""
-
-    n: int
-    median: float
-    q1: float
-    q3: float
-
-    @property
-    def iqr(self) -> float:
-        return self.q3 - self.q1
-
-    @property
-    def rel_iqr(self) -> float:
-        return self.iqr / self.median if self.median > 0 else float("inf")
-
-    @property
-    def noisy(self) -> bool:
-        return self.rel_iqr > NOISY_REL_IQR
-
-
-def summarize(samples: Sequence[float]) -> Summary | None:
-    """Median and quartiles of samples; None when there are none."""
-    if len(samples) == 0:
-        return None
-    q1, med, q3 = np.percentile(np.asarray(samples, dtype=np.float64), [25, 50, 75])
-    return Summary(len(samples), float(med), float(q1), float(q3))
 
 
 class StepTimer:

@@ -20,7 +20,7 @@ _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep 
 _TASKS_DIR = os.path.join(_PKG_DIR, "core", "tasks") + os.sep
 # dtypelab code that runs *inside* an op's call (plan regions, the op tracer): walked through, not a driver.
 _PASS_THROUGH = (os.path.join(_PKG_DIR, "core", "policies") + os.sep,
-                 os.path.join(_PKG_DIR, "trace", "nonfinite.py"), os.path.abspath(__file__))
+                 os.path.join(_PKG_DIR, "tracing", "nonfinite.py"), os.path.abspath(__file__))
 _DISPATCH = ("__torch_dispatch__", "__torch_function__")
 _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 # Installed packages (typer, click, rich, transformers, …) are nobody's "line of your code".

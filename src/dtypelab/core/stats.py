@@ -7,7 +7,43 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
+
+import numpy as np
+
+NOISY_REL_IQR = 0.10  # IQR/median above this: timings are too noisy to trust small differences
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Robust statistics of timing samples (seconds)."""
+
+    n: int
+    median: float
+    q1: float
+    q3: float
+
+    @property
+    def iqr(self) -> float:
+        return self.q3 - self.q1
+
+    @property
+    def rel_iqr(self) -> float:
+        return self.iqr / self.median if self.median > 0 else float("inf")
+
+    @property
+    def noisy(self) -> bool:
+        return self.rel_iqr > NOISY_REL_IQR
+
+
+def summarize(samples: Sequence[float]) -> Summary | None:
+    """Median and quartiles of samples; None when there are none."""
+    if len(samples) == 0:
+        return None
+    q1, med, q3 = np.percentile(np.asarray(samples, dtype=np.float64), [25, 50, 75])
+    return Summary(len(samples), float(med), float(q1), float(q3))
+
 
 CONFIDENCE = 0.95
 MIN_GAIN = 0.02  # a speedup whose interval stays above 1 + this counts as measurably faster

@@ -1,5 +1,9 @@
-"""distributed: precision across processes. Every policy's training job runs under torchrun (``launch``) on N
-ranks; each rank wraps the model as its distributed modifier says (``wrap``: DDP communication hooks, FSDP2
-mixed precision), trains on its slice of the global batch (``train``), counts what its collectives send
-(``collectives``), and rank 0 records it; ``scaling`` estimates, from those measurements, where each compression
-pays. torch.distributed does all communication; nothing here replaces it."""
+"""Distributed policies (``bench --nproc``): one policy's data-parallel training on every rank torchrun starts
+(job, train), DDP hooks and FSDP2 (wrap), the bytes each collective sends and the link (collectives), and the
+ring-model scaling estimate (scaling)."""
+
+from dtypelab.distributed.options import torchrun_settings
+from dtypelab.distributed.scaling import estimate, parse_links, predict, with_scaling
+from dtypelab.distributed.train import DistributedJob
+
+__all__ = ["DistributedJob", "estimate", "parse_links", "predict", "torchrun_settings", "with_scaling"]

@@ -22,9 +22,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.judging import Tolerance, judge
-from dtypelab.core.policies import BASELINE
 from dtypelab.core.results import PolicyResult, Report, ScalingEstimate, ScalingPoint
+from dtypelab.core.tolerance import BASELINE, Tolerance, judge
 from dtypelab.distributed.collectives import wire_factor
 
 LINKS = {"pcie4": 256.0, "nvlink4": 3600.0, "25gbe": 25.0, "100gbe": 100.0}  # Gbit/s, nominal

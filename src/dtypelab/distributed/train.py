@@ -1,4 +1,6 @@
-"""One policy's data-parallel training, run on every rank that torchrun started (``worker``).
+"""One policy's data-parallel training, run on every rank that torchrun started: ``DistributedJob`` is the piece of
+work ``dtypelab.run``'s torchrun launcher sends each rank (it joins the process group, trains, leaves with its
+peers, and returns the result on rank 0).
 
 - The global batch is the task's own ``batch(step, batch_size)``, identical to the single-process run's; each
   rank takes its contiguous 1/N slice along the batch dimension (the first dimension whose size is the batch
@@ -13,24 +15,77 @@
 
 from __future__ import annotations
 
+import datetime
 import math
+import os
 import statistics
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.loop import build_model, evaluate, fingerprint, prime, to_device, train_step
+from dtypelab.core.loop import build_model, evaluate, fingerprint, prime, threads, to_device, train_step
 from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync
-from dtypelab.core.policies import Distributed, Precision
+from dtypelab.core.policies import Distributed, Plan, Precision, get_policy, policy_info
 from dtypelab.core.results import DistStats, PolicyResult
-from dtypelab.core.task import Task, map_tensors, tensors
+from dtypelab.core.task import Task, load_task, map_tensors, tensors
 from dtypelab.distributed.collectives import Counter, measure_link, wire_factor
 from dtypelab.distributed.wrap import unwrapped_state, wrap
-from dtypelab.sweep.job import Job
 
+
+@dataclass(frozen=True)
+class DistributedJob:
+    """Everything every rank needs, picklable: the task travels as its spec, the policy as its plan."""
+
+    task_spec: str
+    plan: Plan
+    steps: int
+    batch_size: int
+    warmup: int
+    seed: int
+    device: str
+    workdir: str
+    threads: int | None = None
+    nnodes: int = 1
+    timeout_s: float = 600.0  # also the process group's: a rank that waits longer for its peers gives up
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "plan", get_policy(self.plan))
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def policy(self) -> str:
+        return self.plan.name
+
+    def __call__(self, report: Any) -> PolicyResult | None:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        cuda = self.device.startswith("cuda")
+        device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+        start = time.perf_counter()
+        try:
+            if cuda:
+                torch.cuda.set_device(device)
+            dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=self.timeout_s))
+            with threads(self.threads):
+                result = train_distributed(load_task(self.task_spec), self, device, report, self.nnodes)
+            # leave together: a gloo rank tearing down while its peer still works (rank 0 evaluating) can abort
+            dist.barrier()
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        if result is None:
+            return None
+        return replace(result, info=policy_info(self.plan), wall_s=time.perf_counter() - start)
+
+
+Job = DistributedJob
 COMPUTE_STEPS = 12  # timed steps on the one-rank groups (after 2 warm-ups)
 
 
@@ -78,7 +133,8 @@ def _fresh(task: Task, job: Job, precision: Precision, spec: Distributed, device
 
 
 def train_distributed(task: Task, job: Job, device: torch.device, progress: Callable[[int, int], None],
-                      nnodes: int = 1) -> PolicyResult:
+                      nnodes: int = 1) -> PolicyResult | None:
+    """Rank 0 returns the policy's result; the other ranks None."""
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = job.plan.distributed or Distributed()
     if job.batch_size % world:
@@ -111,7 +167,7 @@ def train_distributed(task: Task, job: Job, device: torch.device, progress: Call
     state = unwrapped_state(wrapped, spec)
     gathered = _gather({"steps": timer.samples, "losses": losses, "peak": peak, "compute": compute})
     if rank != 0:
-        return PolicyResult(job.policy, "ok")
+        return None
     step_times = tuple(max(g["steps"][i] for g in gathered) for i in range(len(timer.samples)))
     mean_losses = tuple(statistics.fmean(g["losses"][i] for g in gathered) for i in range(len(losses)))
     bad = next((i for i, v in enumerate(mean_losses) if not math.isfinite(v)), None)

@@ -49,3 +49,6 @@ def compare(reference: Any, test: Any) -> dict[str, float]:
         cos = torch.nn.functional.cosine_similarity(a, b, dim=1, eps=1e-30)
         out.update(cos_min=cos.min().item(), cos_mean=cos.mean().item())
     return out
+
+
+compare_outputs = compare  # the public name (``dtypelab.compare_outputs``)

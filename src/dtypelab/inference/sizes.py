@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from dtypelab.core.backends import torchao_module
+
 SAFETENSORS, TORCH = "safetensors", "torch.save"
 
 
@@ -49,8 +51,6 @@ def flatten_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, 
     state = dedupe_state(model.state_dict())
     if all(_is_plain(t) for t in state.values()):
         return state, {}
-    from dtypelab.core.backends import torchao_module
-
     support = torchao_module("prototype.safetensors.safetensors_support")
     tensors, metadata = support.flatten_tensor_state_dict({k: v.detach().to("cpu") for k, v in state.items()})
     return {k: v.contiguous() for k, v in tensors.items()}, metadata

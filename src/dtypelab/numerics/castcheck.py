@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.numerics.formats import Format, bit_fields, cast, get_format, overflow_threshold
+from dtypelab.numerics.catalog import Format, bit_fields, cast, get_format, overflow_threshold
 
 # Outcomes, in the order a single value is labelled by (first match wins).
 FLOAT_OUTCOMES = ("nan_input", "inf_input", "overflow_inf", "overflow_nan", "saturated", "underflow_zero",

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.numerics.formats import Format, get_format, overflow_threshold
+from dtypelab.numerics.catalog import Format, get_format, overflow_threshold
 
 # Carrier: the float type statistics are computed in. float32 holds float16 / bfloat16 exactly.
 _CARRIERS = {torch.float32: (np.float32, np.int32, 23, 8), torch.float64: (np.float64, np.int64, 52, 11)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.text import num, pct, pow2
 from dtypelab.numerics.castcheck import LABELS, CastFileReport, CastReport, ValueCast
-from dtypelab.numerics.formats import Format
+from dtypelab.numerics.catalog import Format
 
 Doc = tuple[str, list[str], list[list[str]], list[str]]
 

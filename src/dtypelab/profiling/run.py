@@ -16,8 +16,7 @@ from dtypelab.core.policies import Plan, Precision, get_policy
 from dtypelab.core.results import ProfileSummary
 from dtypelab.core.task import Task, load_task
 from dtypelab.profiling.collect import Profiler, profile_inference, profile_training
-
-PROFILE_STEPS = 5  # enough for a stable breakdown; the profiler's per-op cost makes more wasteful
+from dtypelab.profiling.options import PROFILE_STEPS
 
 
 def trace_path(trace_dir: str | None, policy: str) -> str | None:

@@ -1,11 +1,20 @@
-"""script: measure the user's own training — a plain PyTorch script through ``dtypelab.session()``, a
-LightningModule through ``dtypelab.lightning.Trainer``, a Hugging Face model through ``dtypelab.hf.Trainer`` —
-once per policy, each run in its own process (runner), with the same record, table and recommendation as a
-Task gets."""
+"""Measure the user's own training — a plain PyTorch script through ``dtypelab.session()``, a LightningModule through
+``dtypelab.lightning.Trainer``, a Hugging Face model through ``dtypelab.hf.Trainer`` — once per policy, each run in
+its own process (runner, on ``dtypelab.run``'s script launcher), with the same record, table and recommendation as a
+Task gets. ``Diagnosis`` is what ``trace`` and ``audit`` put on the script's loop."""
 
-from dtypelab.core.task import is_script
-from dtypelab.script import runner, session  # noqa: F401
-from dtypelab.script.runner import bench_script
-from dtypelab.script.session import Session
+from __future__ import annotations
 
-__all__ = ["Session", "bench_script", "is_script"]
+from typing import TYPE_CHECKING
+
+from dtypelab.core.lazy import exports
+
+__getattr__, __dir__, __all__ = exports(__name__, {
+    "session": "handle", "Session": "handle", "Diagnosis": "diagnose", "bench_script": "runner",
+    "diagnose_script": "runner", "script_record": "runner",
+})
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
+    from dtypelab.script.diagnose import Diagnosis
+    from dtypelab.script.handle import Session, session
+    from dtypelab.script.runner import bench_script, diagnose_script, script_record

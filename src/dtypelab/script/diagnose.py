@@ -1,29 +1,13 @@
-"""``dtypelab trace train.py`` and ``dtypelab audit train.py``: the session's hooks that arm the NaN guard or
-the range audit on the user's real loop.
-
-trace: a script's steps cannot be replayed (its loss is computed in its own code), so every step runs under the
-op tracer from its first forward to its optimizer step; the first step whose loss or weights go non-finite is
-diagnosed from that trace and the run stops there. Tracing every op costs several times the step time: this is a
-diagnostic run, not a measurement. audit: forward hooks record every module's outputs and, after each backward,
-the parameters' gradients, for ``steps`` steps (every ``every``-th), then the run stops with the audit record.
-"""
+"""What a session does besides measuring, on the script's own loop: nothing (bench), or a diagnosis the job brings —
+the NaN guard's op tracer (``dtypelab.tracing``) or the range audit (``dtypelab.numerics``). A diagnosis is an object
+of its capability, sent with the job; the session calls these hooks around every step."""
 
 from __future__ import annotations
 
-import math
-import re
-import time
 from typing import Any
 
 import torch
 from torch import nn
-
-from dtypelab.core.results import AuditConfig, TraceConfig, TraceReport
-from dtypelab.core.source import Sites
-from dtypelab.numerics.audit import Recorder, build_report, install_hooks
-from dtypelab.numerics.rangestats import RangeCounter
-from dtypelab.tracing.guard import finding_of
-from dtypelab.tracing.nonfinite import OpTracer, storage_key
 
 
 class Diagnosis:
@@ -42,94 +26,3 @@ class Diagnosis:
     def record(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any]) -> str | None:
         """The record to write (JSON) when the run ends, or None."""
         return None
-
-
-class TraceDiagnosis(Diagnosis):
-    def __init__(self, job: dict[str, Any]) -> None:
-        self.job = job
-        self.model: nn.Module | None = None
-        self.named: list[tuple[str, nn.Parameter]] = []
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.tracer: OpTracer | None = None
-        self.loss: torch.Tensor | None = None
-        self.finding = None
-        self.started = 0.0
-        self.start = time.perf_counter()
-
-    def setup(self, model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> None:
-        self.model, self.named = model, list(model.named_parameters())
-        self.optimizer = optimizers[0] if optimizers else None
-
-    def begin(self, step: int, grad_scale: float) -> None:
-        if self.model is None or self.tracer is not None:
-            return
-        names = {storage_key(p): f"{n} (parameter)" for n, p in self.named}
-        self.tracer = OpTracer(self.model, self.optimizer, names, step=step, sites=Sites())
-        self.started = time.perf_counter()
-        self.tracer.__enter__()
-
-    def backward(self, loss: torch.Tensor) -> None:
-        self.loss = loss
-
-    def end(self, step: int, loss_values: list[float]) -> None:
-        if self.tracer is None:
-            return
-        tracer, self.tracer = self.tracer, None
-        tracer.__exit__(None, None, None)
-        bad_loss = next((v for v in loss_values if not math.isfinite(v)), None)
-        trigger = f"loss is {bad_loss}" if bad_loss is not None else ""
-        if not trigger:
-            bad = [n for n, p in self.named if not bool(torch.isfinite(p).all())]
-            if bad:
-                trigger = f"parameter {bad[0]} non-finite after the optimizer step" + (
-                    f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
-        if trigger:
-            self.finding = finding_of(tracer, self.named, self.loss, trigger, step, time.perf_counter() - self.started)
-            self.stop = True
-        self.loss = None
-
-    def record(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any]) -> str:
-        config = TraceConfig(task=job.get("script", ""), policy=job["plan"]["name"], steps=len(losses), batch_size=0,
-                             seed=job.get("seed", 0), device=job.get("device", ""), checkpoint_every=0,
-                             stop_on_skip=False, task_name=job.get("task_name", ""))
-        return TraceReport(config=config, environment={}, status="found" if self.finding else "clean",
-                           finding=self.finding, losses=tuple(losses), scaler=scaler, live=True,
-                           wall_s=time.perf_counter() - self.start).to_json()
-
-
-class AuditDiagnosis(Diagnosis):
-    def __init__(self, job: dict[str, Any]) -> None:
-        self.job = job
-        self.steps, self.every = int(job.get("steps", 20)), int(job.get("every", 1))
-        self.pattern = re.compile(job["layers"]) if job.get("layers") else None
-        self.rec = Recorder(RangeCounter(tuple(job["formats"])))
-        self.params: list[tuple[str, nn.Parameter]] = []
-        self.start = time.perf_counter()
-
-    def setup(self, model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> None:
-        install_hooks(model, self.rec, self.pattern)
-        self.params = [(n, p) for n, p in model.named_parameters() if not self.pattern or self.pattern.search(n)]
-
-    def begin(self, step: int, grad_scale: float) -> None:
-        self.rec.new_step(step % self.every == 0 and step < self.steps, grad_scale)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        if self.rec.active:
-            for name, p in self.params:
-                if p.grad is not None:
-                    self.rec.record(name, "parameter", "param_grad", p.grad)
-
-    def end(self, step: int, loss_values: list[float]) -> None:
-        self.stop = step + 1 >= self.steps
-
-    def record(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any]) -> str:
-        config = AuditConfig(task=job.get("script", ""), policy=job["plan"]["name"], steps=len(losses),
-                             every=self.every, layers=job.get("layers") or "", formats=tuple(job["formats"]),
-                             batch_size=0, seed=job.get("seed", 0), device=job.get("device", ""),
-                             task_name=job.get("task_name", ""))
-        return build_report(config, self.rec, losses, "ok", "", {}, time.perf_counter() - self.start).to_json()
-
-
-def diagnosis(job: dict[str, Any] | None) -> Diagnosis:
-    mode = (job or {}).get("mode", "bench")
-    return {"trace": TraceDiagnosis, "audit": AuditDiagnosis}.get(mode, lambda j: Diagnosis())(job)

@@ -1,126 +1,74 @@
-"""``dtypelab bench train.py [-- args]``: the user's own script, run once per policy, each in its own process.
-
-The script is run as it is (``python -m dtypelab.script.boot train.py args``: ``python train.py args`` with the RNGs
-seeded before its first line), with ``DTYPELAB_JOB`` naming a JSON file that tells its
-``dtypelab.session()`` (or the Lightning / Hugging Face integration) which policy to use; the session writes
-``<job>.started``, ``<job>.progress`` and, at ``finish()``, ``<job>.result`` next to it. A crash, a hang or a
-script that never calls ``finish`` becomes a result that says so; the other policies still run.
+"""``dtypelab bench train.py [-- args]``: the user's own script, run once per policy, each in its own process by
+``dtypelab.run``'s script launcher. Its ``dtypelab.session()`` (or a framework integration) connects to the launcher,
+is sent its job (the policy; a diagnosis for ``trace`` / ``audit``) and sends back what it measured. A crash, a hang
+or a script that never calls ``finish`` becomes a result that says so; the other policies still run.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from dtypelab.core.disturbance import was_disturbed
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import SLOW_RATIO, HardwareInfo, environment, hardware_for, probe_notice, resolve_device
-from dtypelab.core.judging import Tolerance
+from dtypelab.core.hardware import SLOW_RATIO, environment, hardware_for, probe_notice, resolve_device
 from dtypelab.core.loop import DIVERGED_PATIENCE
-from dtypelab.core.policies import BASELINE, Config, Plan, default_policies, get_policy, parse_policies, policy_info
+from dtypelab.core.options import Options
+from dtypelab.core.policies import BASELINE, Plan, default_policies, get_policy, parse_policies, policy_info
 from dtypelab.core.records import save_judged
 from dtypelab.core.results import PolicyResult, Report, RunConfig
-from dtypelab.script.boot import ENV_SEED
-from dtypelab.script.session import ENV_JOB, warmup_steps
-from dtypelab.sweep.launch import Event, OnEvent, death_reason, last_line, stop_process
+from dtypelab.run import Event, OnEvent, Outcome, ScriptLauncher, ScriptRun, Target
+from dtypelab.script.diagnose import Diagnosis
+from dtypelab.script.handle import warmup_steps
 
-POLL_S = 0.1
-
-
-@dataclass(frozen=True)
-class ScriptJob:
-    path: str
-    args: tuple[str, ...]
-    plan: Plan
-    seed: int
-    device: str
-    workdir: str
-    mode: str = "bench"  # or "trace" / "audit": the session arms the guard or the range audit
-    extra: tuple[tuple[str, Any], ...] = ()  # the audit's steps, every, layers, formats; bench: fp32's pace
-
-    @property
-    def policy(self) -> str:
-        return self.plan.name
-
-    @property
-    def job_file(self) -> str:
-        return os.path.join(self.workdir, re.sub(r"[^A-Za-z0-9_.+-]", "_", self.policy) + ".job.json")
-
-
-def _missing_call(job: ScriptJob) -> str:
-    started = os.path.exists(job.job_file + ".started")
-    if not started:
-        return ("the script never created a dtypelab session: add `lab = dtypelab.session()` near its top (or use "
-                "dtypelab.lightning.Trainer / dtypelab.hf.Trainer)")
-    return ("the script ended without calling lab.finish(...): add `lab.finish(accuracy=...)` (your metric) after "
-            "its evaluation")
-
+# Options of a Task's own loop: a script runs its own (its arguments go after --)
+LOOP_OPTIONS = {"mode": "--mode infer", "steps": "--steps", "batch_size": "--batch-size", "warmup": "--warmup",
+                "per_layer": "--per-layer", "profile": "--profile", "trace_dir": "--profile", "threads": "--threads",
+                "rounds": "--rounds", "plan": "--plan (name the plan file in --policies)", "nproc": "--nproc"}
+NEVER_STARTED = ("the script never created a dtypelab session: add `lab = dtypelab.session()` near its top (or use "
+                 "dtypelab.lightning.Trainer / dtypelab.hf.Trainer)")
+NEVER_FINISHED = ("the script ended without calling lab.finish(...): add `lab.finish(accuracy=...)` (your metric) "
+                  "after its evaluation")
 
 Primary = tuple[str, bool] | None  # the run's primary metric and whether higher is better
 
 
-def run_script(job: ScriptJob, timeout_s: float, on_step: Callable[[int, int], None]) -> tuple[PolicyResult, Primary]:
-    """One policy: the script in a fresh process under ``timeout_s``; its session's result (and primary metric),
-    or why there is none."""
-    with open(job.job_file, "w") as f:
-        json.dump({"plan": job.plan.to_dict(), "seed": job.seed, "device": job.device, "mode": job.mode,
-                   "script": job.path, "task_name": os.path.basename(job.path), **dict(job.extra)}, f)
-    log = job.job_file.replace(".job.json", ".log")
-    env = {**os.environ, ENV_JOB: job.job_file, ENV_SEED: str(job.seed), "PYTHONUNBUFFERED": "1"}
-    start = time.monotonic()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "dtypelab.script.boot", job.path, *job.args], stdout=out,
-                                stderr=subprocess.STDOUT, env=env, cwd=os.getcwd(), start_new_session=True)
-    try:
-        while proc.poll() is None:
-            if time.monotonic() - start > timeout_s:
-                stop_process(proc)
-                return PolicyResult(job.policy, "timeout", f"stopped after the {timeout_s:g} s time limit",
-                                    wall_s=time.monotonic() - start), None
-            time.sleep(POLL_S)
-            try:
-                with open(job.job_file + ".progress") as f:
-                    on_step(json.load(f)["steps"], 0)
-            except (OSError, ValueError, KeyError):
-                pass
-    finally:
-        stop_process(proc)  # Ctrl-C in the parent: never leave the script running
-    wall = time.monotonic() - start
-    if proc.returncode != 0:
-        status, reason = death_reason(proc.returncode, log)
-        if proc.returncode > 0:
-            tail = last_line(log)
-            reason = f"the script exited with code {proc.returncode}" + (f": {tail}" if tail else "")
-        return PolicyResult(job.policy, status, reason, wall_s=wall), None
-    if os.path.exists(job.job_file + ".skip"):
-        with open(job.job_file + ".skip") as f:
-            skip = json.load(f)
-        times = tuple(skip.get("step_times_s") or ())
-        return PolicyResult(job.policy, "skipped", skip["reason"], skip=skip.get("kind", "unsupported"), wall_s=wall,
+def job_for(path: str, plan: Plan, seed: int, device: str, mode: str = "bench", diagnosis: Diagnosis | None = None,
+            **extra: Any) -> dict[str, Any]:
+    """What a script's session is sent: its policy, what else to do, and bench's pace (``extra``)."""
+    return {"plan": plan.to_dict(), "seed": seed, "device": device, "mode": mode, "script": path,
+            "task_name": os.path.basename(path), "diagnosis": diagnosis, **extra}
+
+
+def run_script(path: str, args: tuple[str, ...], job: dict[str, Any], seed: int, timeout_s: float, workdir: str,
+               on_step: Callable[[int, int], None]) -> Outcome:
+    """One run of the script, its session sent ``job``."""
+    run = ScriptRun(path, args, seed, job, name=job["plan"]["name"])
+    return ScriptLauncher(workdir).run(run, timeout_s, on_step)
+
+
+def script_result(out: Outcome, plan: Plan) -> tuple[PolicyResult, Primary]:
+    """A run's outcome as the policy's result (and its primary metric), or why there is none."""
+    if not out.ok:
+        return PolicyResult(plan.name, out.status, out.reason, wall_s=out.wall_s), None
+    d = out.value
+    if d is None:
+        return PolicyResult(plan.name, "failed", NEVER_FINISHED if out.started else NEVER_STARTED,
+                            wall_s=out.wall_s), None
+    if d.get("kind") == "skip":
+        times = tuple(d.get("step_times_s") or ())
+        return PolicyResult(plan.name, "skipped", d["reason"], skip=d.get("skip", "unsupported"), wall_s=out.wall_s,
                             step_times_s=times, warmup=warmup_steps(len(times)) if times else 0,
-                            losses=tuple(float(x) for x in skip.get("losses") or ()),
-                            disturbance=skip.get("disturbance") or {}), None
-    try:
-        with open(job.job_file + ".result") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return PolicyResult(job.policy, "failed", _missing_call(job), wall_s=wall), None
-    return _result(job, data, wall), (data.get("metric") or "", bool(data.get("higher_is_better", True)))
-
-
-def _result(job: ScriptJob, d: dict, wall: float) -> PolicyResult:
+                            losses=tuple(float(x) for x in d.get("losses") or ()),
+                            disturbance=d.get("disturbance") or {}), None
     if not d.get("setup_called"):
-        return PolicyResult(job.policy, "failed", "the script never called lab.setup(model, optimizer): the policy "
-                                                  "was not applied to its model", wall_s=wall)
+        return PolicyResult(plan.name, "failed", "the script never called lab.setup(model, optimizer): the policy "
+                                                 "was not applied to its model", wall_s=out.wall_s), None
     times = tuple(d["step_times_s"])
     losses = tuple(float(x) for x in d["losses"])
     first_bad = d.get("first_nonfinite_step")
@@ -128,43 +76,44 @@ def _result(job: ScriptJob, d: dict, wall: float) -> PolicyResult:
     reason = f"loss non-finite from step {first_bad}" if diverged else ""
     if diverged and d.get("stopped"):
         reason += f"; {d['stopped']}"
-    return PolicyResult(
-        policy=job.policy, status="diverged" if diverged else "ok", batch_size=int(d.get("batch_size") or 0),
+    result = PolicyResult(
+        policy=plan.name, status="diverged" if diverged else "ok", batch_size=int(d.get("batch_size") or 0),
         reason=reason, warmup=warmup_steps(len(times)),
         step_times_s=times, losses=losses, first_nonfinite_step=first_bad, metrics=d["metrics"],
         peak_memory_bytes=d["peak_memory_bytes"], load_peak_memory_bytes=d.get("load_peak_memory_bytes"),
         memory_method=d["memory_method"], model_bytes=d.get("model_bytes"),
-        init_fingerprint=d.get("init_fingerprint", ""), scaler=d.get("scaler") or {}, info=policy_info(job.plan),
-        wall_s=wall, disturbance=d.get("disturbance") or {})
+        init_fingerprint=d.get("init_fingerprint", ""), scaler=d.get("scaler") or {}, info=policy_info(plan),
+        wall_s=out.wall_s, disturbance=d.get("disturbance") or {})
+    return result, (d.get("metric") or "", bool(d.get("higher_is_better", True)))
 
 
-def pace(fp32: PolicyResult, force: bool) -> tuple[tuple[str, Any], ...]:
+def pace(fp32: PolicyResult, force: bool) -> dict[str, Any]:
     """What a later policy's session needs for bench's in-run protections: fp32's step count and median step
-    (when fp32 was timed undisturbed: a disturbed median would make every policy look slow), and the
-    divergence patience."""
-    extra: list[tuple[str, Any]] = [("patience", DIVERGED_PATIENCE)]
+    (when fp32 was timed undisturbed: a disturbed median would set the bar by noise), and the divergence patience."""
+    extra: dict[str, Any] = {"patience": DIVERGED_PATIENCE}
     timing = fp32.timing
     if fp32.status == "ok" and timing and not force and not was_disturbed(fp32.disturbance):
-        extra += [("slow_step_s", timing.median / SLOW_RATIO), ("baseline_step_s", timing.median),
-                  ("baseline_steps", len(fp32.step_times_s))]
-    return tuple(extra)
+        extra.update(slow_step_s=timing.median / SLOW_RATIO, baseline_step_s=timing.median,
+                     baseline_steps=len(fp32.step_times_s))
+    return extra
 
 
-def bench_script(path: str, policies: str | Sequence[str | Config | Plan] | None = None, *,
-                 args: Sequence[str] = (), tolerance: str = "1%", device: str | None = None, seed: int = 0,
-                 force: bool = False, timeout_s: float = 600.0, json_path: str | None = None,
-                 on_event: OnEvent | None = None, hardware: HardwareInfo | str | None = None) -> Report:
-    """Run a training script once per policy and measure each run: the same record as ``bench`` gives a task,
-    with the same protections: the hardware probe's skips (never on a disturbed probe), a run 10x slower per step
-    than fp32 stopped after a few steps, a run whose loss stays non-finite stopped."""
-
+def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None = None) -> Report:
+    """Run a training script once per policy and measure each run: the same record as ``bench`` gives a task, with
+    the same protections: the hardware probe's skips (never on a disturbed probe), a run 10x slower per step than
+    fp32 stopped after a few steps, a run whose loss stays non-finite stopped. ``opts`` is a ``BenchOptions``."""
+    target = Target.of(target)
+    path = target.spec
+    refused = list(dict.fromkeys(flag for name, flag in LOOP_OPTIONS.items() if name in opts.model_fields_set
+                                 and getattr(opts, name) not in (None, False, "train", ())))
+    if refused:
+        raise DtypelabError(f"{', '.join(refused)}: not for a training script, which runs its own loop (pass its own "
+                            "arguments after --)")
     if not os.path.isfile(path):
         raise DtypelabError(f"no such script: {path}")
-    if timeout_s <= 0:
-        raise DtypelabError(f"--timeout must be positive, got {timeout_s:g}")
-    tol = Tolerance.parse(tolerance)
-    explicit = policies is not None
-    plans = {p.name: p for p in (parse_policies(policies) if explicit else map(get_policy, default_policies("train")))}
+    explicit = opts.policies is not None
+    plans = {p.name: p for p in (parse_policies(opts.policies) if explicit else
+                                 map(get_policy, default_policies("train")))}
     for plan in plans.values():
         wrong = plan.mode_error("train")
         if wrong and explicit:
@@ -172,45 +121,48 @@ def bench_script(path: str, policies: str | Sequence[str | Config | Plan] | None
         if plan.compiles and explicit:
             raise DtypelabError(f"policy {plan.name}: compiled policies are not supported for scripts yet")
     plans = {BASELINE: get_policy(BASELINE), **{k: v for k, v in plans.items() if not v.compiles}}
-    dev = resolve_device(device)
+    dev = resolve_device(opts.device)
     on_event = on_event or (lambda e: None)
-    if hardware is None:
+    if opts.hardware is None:
         on_event(Event("probe", "", label="probing hardware"))
-    hardware = hardware_for(dev, hardware)
-    config = RunConfig(task=path, mode="train", policies=tuple(plans), steps=0, batch_size=0, warmup=0, seed=seed,
-                       tolerance=str(tol), device=str(dev), force=force, timeout_s=timeout_s, metric="",
-                       higher_is_better=True, task_name=os.path.basename(path), script_args=tuple(args))
+    hardware = hardware_for(dev, opts.hardware)
+    config = RunConfig(task=path, mode="train", policies=tuple(plans), steps=0, batch_size=0, warmup=0,
+                       seed=opts.seed, tolerance=opts.tolerance, device=str(dev), force=opts.force,
+                       timeout_s=opts.timeout_s, metric="", higher_is_better=True, task_name=os.path.basename(path),
+                       script_args=tuple(opts.script_args))
     report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     for name, plan in plans.items():  # every refusal before the first run, so that an error stays one line
         avail = plan.availability(hardware)
         if not avail.ok and explicit and name != BASELINE:
             raise DtypelabError(f"policy {name} cannot run here: {avail.reason}")
-    if probe_notice(hardware) and not force:
+    if probe_notice(hardware) and not opts.force:
         on_event(Event("notice", "", label=probe_notice(hardware)))
-    extra: tuple[tuple[str, Any], ...] = ()
+    extra: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="dtypelab-script-") as workdir:
         try:
             for name, plan in plans.items():
                 avail = plan.availability(hardware)
-                if not avail.ok or (avail.slow and not force):
+                if not avail.ok or (avail.slow and not opts.force):
                     result = PolicyResult(name, "skipped", avail.reason, info=policy_info(plan),
                                           skip="slow" if avail.ok else "unsupported")
-                    report = _with(report, result, json_path, None)
+                    report = _with(report, result, opts.json_path, None)
                     on_event(Event("skip", name, result=result))
                     continue
                 on_event(Event("start", name, 0, 0))
-                job = ScriptJob(os.path.abspath(path), tuple(args), plan, seed, str(dev), workdir, extra=extra)
-                result, primary = run_script(job, timeout_s, lambda d, t, n=name: on_event(Event("step", n, d, t)))
+                job = job_for(target.path, plan, opts.seed, str(dev), **extra)
+                out = run_script(target.path, tuple(opts.script_args), job, opts.seed, opts.timeout_s, workdir,
+                                 lambda d, t, n=name: on_event(Event("step", n, d, t)))
+                result, primary = script_result(out, plan)
                 result = result if result.info else replace(result, info=policy_info(plan))
-                if name == BASELINE:
-                    extra = pace(result, force)
-                report = _with(report, result, json_path, primary)
+                report = _with(report, result, opts.json_path, primary)
                 on_event(Event("done", name, result=result))
+                if name == BASELINE:
+                    extra = pace(result, opts.force)
         except KeyboardInterrupt:
             for name in plans:
                 if report.result(name) is None:
                     report = _with(report, PolicyResult(name, "interrupted", "interrupted before it finished",
-                                                        info=policy_info(plans[name])), json_path, None)
+                                                        info=policy_info(plans[name])), opts.json_path, None)
             raise
     return report
 
@@ -223,34 +175,31 @@ def _with(report: Report, result: PolicyResult, json_path: str | None, primary: 
         report = replace(report, config=replace(report.config, metric=metric, higher_is_better=higher,
                                                 steps=len(result.step_times_s), warmup=result.warmup,
                                                 batch_size=result.batch_size))
-    report = save_judged(report, json_path)
-    return report
+    return save_judged(report, json_path)
 
 
-def diagnose_script(mode: str, path: str, policy: str | Plan, *, args: Sequence[str] = (), device: str | None = None,
-                    seed: int = 0, timeout_s: float = 600.0, on_step: Callable[[int, int], None] | None = None,
-                    **extra: Any) -> tuple[str | None, PolicyResult]:
-    """Run the script once in ``mode`` ("trace" or "audit"): (the record's JSON its session wrote, or None; the
-    run's result, which says why there is no record)."""
-    if not os.path.isfile(path):
-        raise DtypelabError(f"no such script: {path}")
+def diagnose_script(target: Target | str, policy: str | Plan, diagnosis: Diagnosis, *, args: tuple[str, ...] = (),
+                    device: str | None = None, seed: int = 0, timeout_s: float = 600.0,
+                    on_step: Callable[[int, int], None] | None = None) -> tuple[str | None, Outcome]:
+    """Run the script once with ``diagnosis`` on its loop (``trace``, ``audit``): (the record's JSON its session
+    sent, or None; the run's outcome, which says why there is none)."""
+    target = Target.of(target)
+    if not os.path.isfile(target.spec):
+        raise DtypelabError(f"no such script: {target.spec}")
     plan = get_policy(policy)
     wrong = plan.mode_error("train")
     if wrong:
         raise DtypelabError(wrong)
     dev = resolve_device(device)
     with tempfile.TemporaryDirectory(prefix="dtypelab-script-") as workdir:
-        job = ScriptJob(os.path.abspath(path), tuple(args), plan, seed, str(dev), workdir, mode, tuple(extra.items()))
-        result, _ = run_script(job, timeout_s, on_step or (lambda d, t: None))
-        try:
-            with open(job.job_file + ".record") as f:
-                return f.read(), result
-        except OSError:
-            return None, result
+        job = job_for(target.path, plan, seed, str(dev), mode=type(diagnosis).__name__, diagnosis=diagnosis)
+        out = run_script(target.path, tuple(args), job, seed, timeout_s, workdir, on_step or (lambda d, t: None))
+    record = out.messages.get("record")
+    return (record[0] if record else None), out
 
 
-def script_record(cls: Any, text: str, task: str, environment: dict[str, Any]) -> Any:
+def script_record(cls: Any, text: str, task: str, env: dict[str, Any]) -> Any:
     """The trace or audit record a script's session wrote, with this process's environment and the script's path."""
     loaded = cls.from_json(text)
-    return replace(loaded, environment=environment, config=replace(loaded.config, task=task),
+    return replace(loaded, environment=env, config=replace(loaded.config, task=task),
                    created=time.strftime("%Y-%m-%dT%H:%M:%S"))

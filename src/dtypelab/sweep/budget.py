@@ -3,12 +3,10 @@ policy that would take ten minutes is skipped with its estimate instead of silen
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass
 
-from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.options import parse_duration
 from dtypelab.core.policies import BASELINE, Plan
 
 DEFAULT_BUDGET_S = 900.0
@@ -19,19 +17,7 @@ COMPILE_ALLOWANCE_S = 60.0
 
 def parse_budget(text: str | float | None) -> float | None:
     """'15m', '900', '90s', '1.5h' -> seconds; '0' or 'none' -> None (no budget)."""
-    if text is None or isinstance(text, int | float):
-        value = None if text is None else float(text)
-    else:
-        raw = str(text).strip().lower()
-        if raw in ("0", "none", "off", "inf"):
-            return None
-        m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*(s|m|min|h)?", raw)
-        if not m:
-            raise DtypelabError(f"bad budget {text!r}: use seconds (900, 90s), minutes (15m), hours (1h) or 0 for none")
-        value = float(m.group(1)) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
-    if value is not None and (not math.isfinite(value) or value < 0):
-        raise DtypelabError(f"bad budget {text!r}: must be a finite number of seconds >= 0")
-    return value or None
+    return parse_duration(text, "budget")
 
 
 def budget_text(seconds: float) -> str:

@@ -1,5 +1,5 @@
-"""One policy's measurement: training or inference on the core loop, timed, with its memory window.
-Runs wherever a launcher puts it (this process, a child process)."""
+"""One policy's measurement: training or inference on the core loop, timed, with its memory window. A ``Work`` of
+``dtypelab.run``: it runs wherever a launcher puts it (this process, a child process)."""
 
 from __future__ import annotations
 
@@ -26,15 +26,13 @@ from dtypelab.core.loop import (
     threads,
     to_device,
 )
-from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync, slow_verdict, summarize
+from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync, slow_verdict
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy, policy_info
 from dtypelab.core.results import PolicyResult
+from dtypelab.core.stats import summarize
 from dtypelab.core.task import Task, load_task, plain
-from dtypelab.inference.fidelity import compare
-from dtypelab.inference.perlayer import layer_fidelity
-from dtypelab.inference.sizes import linear_weight_bytes, serialize
-from dtypelab.profiling.collect import Profiler, profile_inference, profile_training
-from dtypelab.profiling.run import trace_path
+from dtypelab.inference import compare, layer_fidelity, linear_weight_bytes, serialize
+from dtypelab.profiling import Profiler, profile_inference, profile_training, trace_path
 
 Progress = Callable[[int, int], None]  # (steps done, total)
 
@@ -71,6 +69,13 @@ class Job:
     @property
     def policy(self) -> str:
         return self.plan.name
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    def __call__(self, report: Progress) -> PolicyResult:
+        return run_job(self, report)
 
     @property
     def init_path(self) -> str:

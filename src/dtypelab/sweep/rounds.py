@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from dtypelab.core.disturbance import CpuMeter
-from dtypelab.core.loop import build_model, forward, to_device, train_step
+from dtypelab.core.errors import describe_exception
+from dtypelab.core.loop import build_model, forward, threads, to_device, train_step
 from dtypelab.core.measure import StepTimer, device_sync
 from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.results import RoundBlock, SpeedupInterval
@@ -44,8 +45,11 @@ class RoundsJob:
     workdir: str = "."  # where a child process's log goes (the sweep's temporary folder)
 
     @property
-    def policy(self) -> str:  # for a launcher's messages about a job that died
+    def name(self) -> str:  # for a launcher's messages about it
         return "rounds"
+
+    def __call__(self, report: Callable[[int, int], None]) -> RoundsResult:
+        return run_rounds(self, report)
 
 
 @dataclass(frozen=True)
@@ -60,9 +64,6 @@ class RoundsResult:
 def run_rounds(job: RoundsJob, progress: Callable[[int, int], None] | None = None) -> RoundsResult:
     """Build every policy's model, warm each up, then time ``block`` steps of each, round after round (the order
     reversed every other round, so no policy always follows the same one)."""
-    from dtypelab.core.errors import describe_exception
-    from dtypelab.core.loop import threads
-
     start = time.perf_counter()
     progress = progress or (lambda done, total: None)
     try:

@@ -1,6 +1,19 @@
-"""The NaN/Inf guard, the op-level tracer that finds the first non-finite value, and its diagnoses (``trace``)."""
+"""The NaN/Inf guard, the op-level tracer that finds the first non-finite value, and its diagnoses (``trace``,
+on ``TraceOptions``; on a training script, the tracer rides its own loop: ``TraceDiagnosis``)."""
 
-from dtypelab.tracing.guard import Guard, NonFiniteError, watch
-from dtypelab.tracing.run import trace
+from __future__ import annotations
 
-__all__ = ["Guard", "NonFiniteError", "trace", "watch"]
+from typing import TYPE_CHECKING
+
+from dtypelab.core.lazy import exports
+
+__getattr__, __dir__, __all__ = exports(__name__, {
+    "trace": "run", "TraceOptions": "options", "Guard": "guard", "NonFiniteError": "guard", "watch": "guard",
+    "TraceDiagnosis": "script",
+})
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
+    from dtypelab.tracing.guard import Guard, NonFiniteError, watch
+    from dtypelab.tracing.options import TraceOptions
+    from dtypelab.tracing.run import trace
+    from dtypelab.tracing.script import TraceDiagnosis

@@ -4,54 +4,57 @@ value's origin, plus GradScaler's history under amp-fp16."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from dtypelab.core.errors import DtypelabError, describe_exception
-from dtypelab.core.hardware import HardwareInfo, probe
+from dtypelab.core.errors import describe_exception
 from dtypelab.core.hardware import environment as current_environment
+from dtypelab.core.hardware import hardware_for
 from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
 from dtypelab.core.results import Finding, TraceConfig, TraceReport, check_writable
 from dtypelab.core.source import Sites
-from dtypelab.core.task import Task, is_script
+from dtypelab.core.task import Task
+from dtypelab.run import Target
+from dtypelab.script import diagnose_script, script_record
 from dtypelab.tracing.guard import Guard, NonFiniteError
+from dtypelab.tracing.options import TraceOptions
+from dtypelab.tracing.script import TraceDiagnosis
 
 Progress = Callable[[int, int], None]
 
 
-def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, batch_size: int | None = None,
-          seed: int = 0, device: str | None = None, threads: int | None = None, checkpoint_every: int | None = None,
-          stop_on_skip: bool = False, force: bool = False, json_path: str | None = None,
-          progress: Progress | None = None, environment: dict[str, Any] | None = None,
-          hardware: HardwareInfo | None = None, script_args: Sequence[str] = ()) -> TraceReport:
-    """Train ``steps`` steps (default: the task's) and stop at the first NaN/Inf in the loss, gradients or
-    weights, naming the op that created it (see README). Under amp-fp16, steps GradScaler skips are
-    logged, not errors, unless ``stop_on_skip`` or the scale collapses below 1. ``task`` may be a training script
-    (see ``dtypelab.session``): it runs once with ``script_args``, every step traced, until its first NaN/Inf."""
-    from dtypelab.script.runner import diagnose_script, script_record
-
-    check_writable(json_path)
-    if isinstance(task, str) and is_script(task):
-        text, result = diagnose_script("trace", task, policy, args=script_args, device=device, seed=seed,
-                                       on_step=progress)
-        env = environment if environment is not None else current_environment(hardware or probe(device, 0.02))
+def trace(task: str | Task, options: TraceOptions | None = None, *, progress: Progress | None = None,
+          environment: dict[str, Any] | None = None, **settings: Any) -> TraceReport:
+    """Train ``steps`` steps (default: the task's) and stop at the first NaN/Inf in the loss, gradients or weights,
+    naming the op that created it (``TraceOptions``, or its fields as keywords; see the guide). Under amp-fp16,
+    steps GradScaler skips are logged, not errors, unless ``stop_on_skip`` or the scale collapses below 1. ``task``
+    may be a training script (see ``dtypelab.session``): it runs once with ``script_args``, every step traced, until
+    its first NaN/Inf."""
+    opts = TraceOptions.build(options, **settings)
+    check_writable(opts.json_path)
+    target = Target.of(task)
+    if target.is_script:
+        text, out = diagnose_script(target, opts.policy, TraceDiagnosis(), args=tuple(opts.script_args),
+                                    device=opts.device, seed=opts.seed, on_step=progress)
+        env = environment if environment is not None else current_environment(
+            hardware_for(opts.device, opts.hardware, 0.02))
         if text is None:
-            report = TraceReport(TraceConfig(task=task, policy=str(policy), steps=0, batch_size=0, seed=seed,
-                                             device=str(device or ""), checkpoint_every=0, stop_on_skip=False),
-                                 env, status="failed", reason=result.reason, wall_s=result.wall_s)
+            report = TraceReport(TraceConfig(task=target.spec, policy=str(opts.policy), steps=0, batch_size=0,
+                                             seed=opts.seed, device=str(opts.device or ""), checkpoint_every=0,
+                                             stop_on_skip=False),
+                                 env, status="failed", reason=out.reason or out.status, wall_s=out.wall_s)
         else:
-            report = script_record(TraceReport, text, task, env)
-        if json_path:
-            report.save(json_path)
+            report = script_record(TraceReport, text, target.spec, env)
+        if opts.json_path:
+            report.save(opts.json_path)
         return report
-    if steps is not None and steps < 1:
-        raise DtypelabError("--steps must be at least 1")
-    if checkpoint_every is not None and checkpoint_every < 1:
-        raise DtypelabError("--checkpoint-every must be at least 1 (or omitted: chosen from its measured cost)")
-    spec, task_obj, dev, pol, hardware = prepare(task, policy, device, hardware, force)
+    spec, task_obj, dev, pol, hardware = prepare(target.given or target.spec, opts.policy, opts.device, opts.hardware,
+                                                 opts.force)
+    steps, batch_size, seed, checkpoint_every = opts.steps, opts.batch_size, opts.seed, opts.checkpoint_every
+    stop_on_skip, threads, json_path = opts.stop_on_skip, opts.threads, opts.json_path
     n, bs = steps or task_obj.steps, batch_size or task_obj.batch_size
     config = TraceConfig(task=spec, policy=pol.name, steps=n, batch_size=bs, seed=seed, device=str(dev),
                          checkpoint_every=checkpoint_every or 0, stop_on_skip=stop_on_skip, task_name=task_obj.name)
@@ -93,4 +96,4 @@ def trace(task: str | Task, *, policy: str = "fp32", steps: int | None = None, b
     return report
 
 
-__all__ = ["Finding", "Guard", "NonFiniteError", "trace"]
+__all__ = ["Finding", "Guard", "NonFiniteError", "TraceOptions", "trace"]

@@ -19,7 +19,7 @@ from torch import nn
 from dtypelab.core.loop import forward, to_device
 from dtypelab.core.policies import Cast, Plan, Precision, Quantize, get_policy
 from dtypelab.core.task import call_model, map_tensors
-from dtypelab.inference.fidelity import compare, flat
+from dtypelab.inference import compare, flat
 from dtypelab.tuning.search import Evaluation, LayerScore
 from dtypelab.tuning.timing import REPS, Paired, paired
 

@@ -15,11 +15,22 @@ import torch
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, environment, hardware_for, probe_notice
-from dtypelab.core.judging import Tolerance
 from dtypelab.core.loop import build_model, to_device
-from dtypelab.core.policies import Autocast, Cast, Plan, get_policy, parse_policies
-from dtypelab.core.results import LayerChoice, PlanEvaluation, TuneConfig, TuneReport, check_writable, save_text
-from dtypelab.core.task import Task, load_task
+from dtypelab.core.policies import Autocast, Cast, Plan, Precision, get_policy, parse_policies, plan_from_dict
+from dtypelab.core.results import (
+    LayerChoice,
+    PlanEvaluation,
+    TuneConfig,
+    TuneReport,
+    check_writable,
+    default_label,
+    save_text,
+    tune_recommendation,
+)
+from dtypelab.core.task import Task
+from dtypelab.core.tolerance import Tolerance
+from dtypelab.numerics import audit
+from dtypelab.run import Target
 from dtypelab.tuning.infer import (
     FP32,
     InferenceBench,
@@ -30,20 +41,17 @@ from dtypelab.tuning.infer import (
     layer_plan,
     targets,
 )
+from dtypelab.tuning.options import DEFAULT_CANDIDATES, TuneOptions
 from dtypelab.tuning.search import Evaluation, LayerScore, budget_for, pareto, search
 from dtypelab.tuning.timing import RETRIES
 from dtypelab.tuning.train import TrainBench, island_plan, train_evaluator, train_targets
 
 Progress = Callable[[str], None]
 NOTHING_CHOSEN = "float32 everywhere: no plan measured was faster than fp32 within the constraint"
-DEFAULT_CANDIDATES = {"infer": "int8-dyn", "train": "bf16,amp-bf16"}
 
 
-def tune(task: str | Task, *, mode: str = "infer", candidates: str | None = None, min_cosine: float = 0.999,
-         tolerance: str = "1%", steps: int | None = None, probe_steps: int | None = None,
-         batch_size: int | None = None, device: str | None = None, weights: str | None = None, seed: int = 0,
-         output: str | None = None, json_path: str | None = None, progress: Progress | None = None,
-         force: bool = False, hardware: HardwareInfo | str | None = None) -> TuneReport:
+def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Progress | None = None,
+         **settings: Any) -> TuneReport:
     """Choose, per layer, the precision each layer runs in so that the model is as fast as measured possible while
     it keeps the constraint; every plan reported was measured end to end (see the README's "dtypelab tune").
 
@@ -56,18 +64,18 @@ def tune(task: str | Task, *, mode: str = "infer", candidates: str | None = None
     way, at most L + 2·log2(L) full evaluations per candidate, and a plan is chosen only when its paired timing's
     whole 95% interval lies above the no-gain band (as ``bench`` decides). ``output`` writes the chosen plan as a plan
     file. A candidate that is fp32 itself is no conversion and is left out; one the hardware probe measured
-    pathologically slow here is left out unless ``force`` (every candidate slow: a record that keeps fp32)."""
-    if mode not in DEFAULT_CANDIDATES:
-        raise DtypelabError(f"--mode must be infer or train, got {mode!r}")
-    if not 0 < min_cosine <= 1:
-        raise DtypelabError(f"--min-cosine must be in (0, 1], got {min_cosine:g}")
-    if (steps is not None and steps < 2) or (probe_steps is not None and probe_steps < 2):
-        raise DtypelabError("--steps and --probe-steps must be at least 2")
+    pathologically slow here is left out unless ``force`` (every candidate slow: a record that keeps fp32).
+    ``options`` is a ``TuneOptions`` (or its fields as keywords)."""
+    opts = TuneOptions.build(options, **settings)
+    mode, candidates, min_cosine, force = opts.mode, opts.candidates, opts.min_cosine, opts.force
+    steps, probe_steps, batch_size, seed = opts.steps, opts.probe_steps, opts.batch_size, opts.seed
+    output, json_path = opts.output, opts.json_path
     check_writable(output, json_path)  # before a search that may take many minutes
-    tol = Tolerance.parse(tolerance)
+    tol = Tolerance.parse(opts.tolerance)
     progress = progress or (lambda text: None)
     start = time.perf_counter()
-    task_obj = load_task(task) if isinstance(task, str) else task
+    target = Target.of(task)
+    task_obj = target.task()
     if mode == "train" and task_obj.inference_only:
         raise DtypelabError(f"task {task_obj.name} is inference-only: nothing to train (use --mode infer)")
     cands = parse_policies(candidates or DEFAULT_CANDIDATES[mode])
@@ -85,7 +93,7 @@ def tune(task: str | Task, *, mode: str = "infer", candidates: str | None = None
         if not cands:
             raise DtypelabError("no candidate to convert to: fp32 is the default every plan starts from; give "
                                 "e.g. --candidates int8-dyn (infer) or bf16 (train)")
-    hw = hardware_for(device, hardware, budget_s=0.02)
+    hw = hardware_for(opts.device, opts.hardware, budget_s=0.02)
     for plan in cands:
         avail = plan.availability(hw)
         if not avail.ok:
@@ -96,14 +104,14 @@ def tune(task: str | Task, *, mode: str = "infer", candidates: str | None = None
     if slow:
         notes += [f"{name}: left out, {why}; --force searches with it anyway" for name, why in slow.items()]
         cands = [p for p in cands if p.name not in slow]
-    spec = task if isinstance(task, str) else task_obj.name
+    spec = target.spec
     if not cands:
         report = _nothing_to_search(spec, task_obj, mode, slow, hw, min_cosine, tol, steps, batch_size)
     elif mode == "train":
         report = _tune_train(spec, task_obj, cands, hw, tol, steps, probe_steps, batch_size, seed, progress)
     else:
-        report = _tune_infer(spec, task_obj, cands, hw, min_cosine, batch_size, weights, seed, progress)
-    report = _finish(replace(report, notes=tuple(notes) + report.notes), time.perf_counter() - start)
+        report = _tune_infer(spec, task_obj, cands, hw, min_cosine, batch_size, opts.weights, seed, progress)
+    report = _finish(replace(report, notes=tuple(notes) + report.notes), time.perf_counter() - start, bool(cands))
     if output:
         save_text(output, Plan.from_dict(report.plan).to_json() + "\n")
     if json_path:
@@ -111,8 +119,11 @@ def tune(task: str | Task, *, mode: str = "infer", candidates: str | None = None
     return report
 
 
-def _finish(report: TuneReport, wall_s: float) -> TuneReport:
-    return replace(report, wall_s=wall_s, created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+def _finish(report: TuneReport, wall_s: float, searched: bool) -> TuneReport:
+    """The record's time, and its decision: use the plan, or keep fp32 (and why)."""
+    rec = tune_recommendation(report.plan, report.speedup, report.explanation, searched)
+    return replace(report, wall_s=wall_s, created=time.strftime("%Y-%m-%dT%H:%M:%S"), recommendation=rec,
+                   plan_default=default_label(report.plan.get("default", {})))
 
 
 def _nothing_to_search(spec: str, task_obj: Task, mode: str, slow: dict[str, str], hw: HardwareInfo,
@@ -211,8 +222,6 @@ def _why(s: LayerScore, chosen: bool, found: bool, units: str, kept: str = "kept
 def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, tol: Tolerance,
                 steps: int | None, probe_steps: int | None, batch_size: int | None, seed: int,
                 progress: Progress) -> TuneReport:
-    from dtypelab.numerics.audit import audit
-
     dev = torch.device(hw.device)
     steps, bs = steps or task_obj.steps, batch_size or task_obj.batch_size
     progress(f"training fp32 for {steps} steps (the reference)")
@@ -294,8 +303,6 @@ def apply_plan(model: torch.nn.Module, plan: str | Plan | dict[str, Any], device
     """Your own model under a plan (a plan file, a policy name, a Plan): converted, each module in its config,
     with ``forward`` running under the plan's precision (inputs converted, autocast when the plan asks). A plan
     that names modules the model lacks is an error naming them."""
-    from dtypelab.core.policies import Precision, plan_from_dict
-
     plan = plan_from_dict(plan) if isinstance(plan, dict) else get_policy(plan)
     dev = torch.device(device) if device else next((p.device for p in model.parameters()), torch.device("cpu"))
     precision = Precision(plan, dev)

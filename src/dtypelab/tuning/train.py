@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from dtypelab.core.judging import Tolerance, judge
 from dtypelab.core.loop import build_trainable, evaluate, fit, to_device, train_step
 from dtypelab.core.policies import Autocast, Cast, Plan, Precision, single
 from dtypelab.core.results import AuditReport
 from dtypelab.core.task import Task, call_model
+from dtypelab.core.tolerance import Tolerance, judge
 from dtypelab.tuning.infer import evaluation
 from dtypelab.tuning.search import Evaluation, LayerScore
 from dtypelab.tuning.timing import REPS, Paired, paired

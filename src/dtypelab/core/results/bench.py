@@ -12,11 +12,11 @@ from typing import Any, ClassVar
 
 from typing_extensions import TypedDict
 
-from dtypelab.core.measure import Summary, summarize
 from dtypelab.core.results.decision import Recommendation
 from dtypelab.core.results.distributed import DistStats, ScalingEstimate
 from dtypelab.core.results.profile import ProfileSummary
 from dtypelab.core.results.store import Record
+from dtypelab.core.stats import Summary, summarize
 from dtypelab.core.tolerance import Tolerance
 
 SCHEMA = "dtypelab.report"

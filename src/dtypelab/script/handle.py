@@ -1,8 +1,9 @@
 """The handle a user's own training script calls: ``lab = dtypelab.session()``.
 
 Run normally (``python train.py``) it trains in fp32 and does nothing else visible. Run by ``dtypelab bench
-train.py``, each run is told its policy through the environment (``DTYPELAB_JOB``: a JSON file the parent
-wrote) and writes its measurements next to it when the script calls ``lab.finish(...)``.
+train.py``, the session is the worker of ``dtypelab.run``'s script launcher: it connects to the launcher's channel
+(named in its environment), is sent its job (the policy, and what else to do: a trace, an audit), reports its steps,
+and sends what it measured when the script calls ``lab.finish(...)``.
 
 The shape is Lightning Fabric's: ``setup`` returns the same model and optimizers with their ``forward`` and
 ``step`` wrapped (inputs converted, the forward under the policy's autocast, GradScaler's step and update,
@@ -15,9 +16,7 @@ from __future__ import annotations
 
 import atexit
 import functools
-import json
 import math
-import os
 import statistics
 import time
 import types
@@ -33,27 +32,15 @@ from dtypelab.core.errors import DtypelabError
 from dtypelab.core.loop import DIVERGED_PATIENCE, fingerprint, to_device
 from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync, slow_verdict
 from dtypelab.core.policies import BASELINE, Autocast, Plan, Precision, get_policy, plan_from_dict
-from dtypelab.core.results import save_text
 from dtypelab.core.scaler import ScalerLog
 from dtypelab.core.task import map_tensors, tensors
-from dtypelab.inference.sizes import serialize
-from dtypelab.script.diagnose import diagnosis
+from dtypelab.inference import serialize
+from dtypelab.run import connect
+from dtypelab.script.diagnose import Diagnosis
 
-ENV_JOB = "DTYPELAB_JOB"
 PROGRESS_EVERY_S = 0.25
 # a metric whose name says it is an error is better lower; anything else is taken as better higher
 LOWER_IS_BETTER = ("loss", "error", "err", "perplexity", "ppl", "mse", "mae", "rmse", "bpc", "bits", "wer", "cer")
-
-
-def read_job() -> dict[str, Any] | None:
-    """The job the parent wrote for this run, or None when the script runs on its own."""
-    path = os.environ.get(ENV_JOB)
-    if not path:
-        return None
-    with open(path) as f:
-        job = json.load(f)
-    job["path"] = path
-    return job
 
 
 def lower_is_better(metric: str) -> bool:
@@ -75,7 +62,8 @@ class Session:
                           "process is seeded before your script starts (bench --seed N), and your own seeding "
                           "still wins; run on its own, your script trains exactly as without dtypelab",
                           DeprecationWarning, stacklevel=3)
-        self.job = read_job()
+        connected = connect()  # None: the script runs on its own
+        self._conn, self.job = connected if connected is not None else (None, None)
         self.driven = self.job is not None
         self.plan: Plan = plan_from_dict(self.job["plan"]) if self.driven else get_policy(BASELINE)
         wrong = self.plan.mode_error("train")
@@ -110,9 +98,9 @@ class Session:
         self._cpu: CpuMeter | None = None  # what other processes did from the first step to the end
         self._nonfinite_run = 0  # consecutive non-finite step losses (bench: the run stops at DIVERGED_PATIENCE)
         self._stopped = ""  # why the session ended the run early
-        self.diag = diagnosis(self.job)  # trace / audit modes: the guard or the range audit on this loop
+        # trace / audit modes: the guard or the range audit on this loop, as the job says (their capabilities')
+        self.diag: Diagnosis = (self.job or {}).get("diagnosis") or Diagnosis()
         if self.driven:
-            self._write("started", {"pid": os.getpid()})
             atexit.register(self._at_exit)
 
     # --- what the script calls -----------------------------------------------------------------
@@ -207,7 +195,7 @@ class Session:
             raise DtypelabError(reason)
         self.finished = True
         self._globals.__exit__(None, None, None)
-        self._write("skip", {"reason": reason})
+        self._done({"kind": "skip", "reason": reason})
         raise SystemExit(0)
 
     def step_begin(self) -> None:
@@ -301,7 +289,7 @@ class Session:
         now = time.monotonic()
         if self.driven and now - self._last_progress >= PROGRESS_EVERY_S:
             self._last_progress = now
-            self._write("progress", {"steps": len(self.timer.samples)})
+            self._conn.send(("step", len(self.timer.samples), 0))
         if self.diag.stop:  # the trace found its step, or the audit has its steps: the run ends here
             self._close()
             raise SystemExit(0)
@@ -325,8 +313,8 @@ class Session:
         if slow:
             self.finished = True
             self._globals.__exit__(None, None, None)
-            self._write("skip", {"reason": slow, "kind": "slow", "step_times_s": samples, "losses": self.losses,
-                                 "disturbance": self._disturbance()})
+            self._done({"kind": "skip", "skip": "slow", "reason": slow, "step_times_s": samples,
+                        "losses": self.losses, "disturbance": self._disturbance()})
             raise SystemExit(0)
 
     def _disturbance(self) -> dict[str, Any]:
@@ -342,12 +330,12 @@ class Session:
             return
         record = self.diag.record(self.job, self.losses, self._log.stats() if self._log is not None else {})
         if record is not None:
-            save_text(f"{self.job['path']}.record", record)
+            self._conn.send(("record", record))
         peak = self.meter.peak_bytes()
         first_bad = next((i for i, v in enumerate(self.losses) if not math.isfinite(v)), None)
         higher = self._higher if self._higher is not None else not lower_is_better(self._metric)
-        self._write("result", {
-            "policy": self.plan.name, "step_times_s": self.timer.samples, "losses": self.losses,
+        self._done({
+            "kind": "result", "policy": self.plan.name, "step_times_s": self.timer.samples, "losses": self.losses,
             "first_nonfinite_step": first_bad, "metrics": self._metrics, "metric": self._metric,
             "higher_is_better": higher, "higher_guessed": self._higher is None, "peak_memory_bytes": peak,
             "load_peak_memory_bytes": self.meter.load_peak, "memory_method": self.meter.method,
@@ -362,8 +350,9 @@ class Session:
         if not self.finished and self._metrics:  # an integration recorded metrics: they are the result
             self._close()
 
-    def _write(self, kind: str, data: dict[str, Any]) -> None:
-        save_text(f"{self.job['path']}.{kind}", json.dumps(data, allow_nan=True))
+    def _done(self, data: dict[str, Any]) -> None:
+        """The run's last word to the launcher: what it measured, or why it was skipped."""
+        self._conn.send(("done", data, 0))
 
 
 def _device_of(args: Any, kwargs: Any) -> torch.device | None:

@@ -1,5 +1,6 @@
-"""Per-layer range audit: train a few steps with hooks that measure every activation, every gradient
-flowing into a module output and every parameter gradient against candidate formats."""
+"""Recording value ranges on a training loop (forward hooks on every module's outputs, their gradients, the
+parameters' gradients) and judging them against each format: what ``audit`` runs on a Task's loop and the audit
+diagnosis runs on a script's."""
 
 from __future__ import annotations
 
@@ -7,18 +8,13 @@ import math
 import re
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from dtypelab.core.errors import DtypelabError, describe_exception
-from dtypelab.core.hardware import HardwareInfo, probe
-from dtypelab.core.hardware import environment as current_environment
-from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
-from dtypelab.core.loop import threads as torch_threads
 from dtypelab.core.results import (
     AuditConfig,
     AuditReport,
@@ -26,13 +22,10 @@ from dtypelab.core.results import (
     FormatVerdict,
     LayerAudit,
     Risk,
-    check_writable,
 )
-from dtypelab.core.task import Task, is_script
-from dtypelab.numerics.formats import AUDIT_FORMATS, get_format, parse_formats
+from dtypelab.numerics.catalog import get_format
 from dtypelab.numerics.rangestats import RangeCounter, RangeStats
 
-Progress = Callable[[int, int], None]
 KIND_ORDER = ("activation", "grad", "param_grad")
 # A fraction of values below these is noise; above, a format's verdict changes (see _verdict).
 UNDERFLOW_FLAG = 1e-2  # gradient values flushed to zero: loss scaling needed
@@ -174,80 +167,6 @@ def loss_scale_advice(entries: list[LayerAudit]) -> dict[str, Any]:
             "flushed_unscaled": unscaled / nonzero if unscaled is not None and nonzero else None,
             "flushed_at_scale": flushed / nonzero if nonzero else 0.0,
             "gradscaler_default_overflows": 2.0**k * HEADROOM < 2.0**16}
-
-
-def audit(task: str | Task, *, policy: str = "fp32", steps: int = 20, every: int = 1, layers: str | None = None,
-          formats: str | tuple[str, ...] = AUDIT_FORMATS, batch_size: int | None = None, seed: int = 0,
-          device: str | None = None, threads: int | None = None, json_path: str | None = None,
-          progress: Progress | None = None, environment: dict[str, Any] | None = None,
-          force: bool = False, hardware: HardwareInfo | None = None, script_args: Sequence[str] = ()) -> AuditReport:
-    """Train ``steps`` steps under ``policy`` and measure ranges every ``every`` steps; see README.
-
-    A policy that cannot run here is an error; one measured pathologically slow here (fp16 on a CPU
-    without fp16 arithmetic) is refused unless ``force``, as in ``bench``. ``task`` may be a training script (see
-    ``dtypelab.session``): it runs with ``script_args`` for ``steps`` steps of its own loop, then stops."""
-    if steps < 1 or every < 1:
-        raise DtypelabError("--steps and --every must be at least 1")
-    fmts = tuple(f.name for f in parse_formats(formats))
-    counter = RangeCounter(fmts)  # raises for formats without a subnormal range, before training
-    try:
-        pattern = re.compile(layers) if layers else None
-    except re.error as exc:
-        raise DtypelabError(f"--layers {layers!r} is not a valid regular expression: {exc}") from None
-    check_writable(json_path)
-    from dtypelab.script.runner import diagnose_script, script_record
-
-    if isinstance(task, str) and is_script(task):
-        text, result = diagnose_script("audit", task, policy, args=script_args, device=device, seed=seed,
-                                       on_step=progress, steps=steps, every=every, layers=layers, formats=list(fmts))
-        env = environment if environment is not None else current_environment(hardware or probe(device, 0.02))
-        if text is None:
-            raise DtypelabError(f"the audit of {task} gave no record: {result.reason or result.status}")
-        report = script_record(AuditReport, text, task, env)
-        if json_path:
-            report.save(json_path)
-        return report
-    spec, task_obj, dev, pol, hardware = prepare(task, policy, device, hardware, force)
-    bs = batch_size or task_obj.batch_size
-    config = AuditConfig(task=spec, policy=pol.name, steps=steps, every=every, layers=layers or "", formats=fmts,
-                         batch_size=bs, seed=seed, device=str(dev), task_name=task_obj.name)
-    progress = progress or (lambda done, total: None)
-    rec = Recorder(counter)
-    losses: list[float] = []
-    status, reason, start = "ok", "", time.perf_counter()
-    with torch_threads(threads):
-        model, optimizer = build_trainable(task_obj, pol, dev, seed)
-        handles = install_hooks(model, rec, pattern)
-        params = [(n, p) for n, p in model.named_parameters() if not pattern or pattern.search(n)]
-
-        def after_backward() -> None:
-            for name, p in params:
-                if p.grad is not None:
-                    rec.record(name, "parameter", "param_grad", p.grad)
-
-        try:
-            with pol.session():
-                for step in range(steps):
-                    rec.new_step(step % every == 0, pol.grad_scale())
-                    inputs, target = to_device(task_obj.batch(step, bs), dev)
-                    loss = train_step(task_obj, model, pol, optimizer, inputs, target,
-                                       after_backward=after_backward if rec.active else None)
-                    losses.append(float(loss.detach()))
-                    progress(step + 1, steps)
-        except KeyboardInterrupt:
-            status, reason = "interrupted", f"interrupted after {len(losses)} steps"
-        except Exception as exc:
-            status, reason = "failed", describe_exception(exc)
-        finally:
-            for h in handles:
-                h.remove()
-    environment = environment if environment is not None else current_environment(hardware)
-    report = build_report(config, rec, losses, status, reason, environment, time.perf_counter() - start)
-    if json_path:
-        report.save(json_path)
-    if status == "interrupted":
-        raise KeyboardInterrupt
-    return report
 
 
 def build_report(config: AuditConfig, rec: Recorder, losses: list[float], status: str, reason: str,

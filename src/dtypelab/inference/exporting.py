@@ -17,7 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from dtypelab.core.backends import torchao_module
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.hardware import probe
 from dtypelab.core.loop import build_model, fit, forward
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy
 from dtypelab.core.results.store import save_bytes
@@ -80,8 +82,6 @@ def export(task: str, policy: str | Plan, path: str, *, weights: str | None = No
     """Convert ``task``'s model with ``policy`` (a name, a plan file or a plan), write it to ``path`` and check
     that it loads back to the same outputs. A non-pretrained task is trained in fp32 first unless ``weights``
     (a state dict) is given. The file's metadata holds the plan itself, so it loads without the registry."""
-    from dtypelab.core.hardware import probe
-
     plan = get_policy(policy)
     policy = plan.name
     pol = Precision(plan, "cpu")
@@ -146,7 +146,6 @@ def load_exported(path: str, task: str | Task | None = None) -> tuple[nn.Module,
     target = _eager(pol.convert_module(task_obj.make_model()))
     state = tensors
     if "tensor_names" in raw:  # torchao subclasses flattened by sizes.flatten_state
-        from dtypelab.core.backends import torchao_module
 
         support = torchao_module("prototype.safetensors.safetensors_support")
         state, leftover = support.unflatten_tensor_state_dict(tensors, raw)

@@ -56,7 +56,6 @@ ALIASES = {
 }
 
 # Formats the range audit scores by default: the ones people train or serve in.
-AUDIT_FORMATS = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,92 @@
+"""A command's flags, made from its options object: each field of an ``Options`` model becomes an option with the
+field's description as its help, its default, and the spelling, panel and environment variable its
+``json_schema_extra`` gives. A new option of a command is then one field of its model; the CLI follows.
+
+``command`` registers a typer command whose parameters are the given arguments, the model's fields and any
+CLI-only options (output format, --html), and which calls ``run(options, cli)``: ``options`` the validated
+model, ``cli`` the CLI-only values and the arguments.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from dtypelab.cli._common import guarded
+from dtypelab.core.options import Options
+
+CLI_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "floats": list[float]}
+
+
+def _cli_type(annotation: Any, hint: str | None) -> Any:
+    """The one plain type a flag takes: ``cli_type`` when the field says, else its annotation without None."""
+    if hint:
+        return CLI_TYPES[hint]
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] if isinstance(
+        annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union else [annotation]
+    if typing.get_origin(args[0]) is typing.Literal:
+        return str
+    return args[0] if args and isinstance(args[0], type) else str
+
+
+def option_params(model: type[Options]) -> list[inspect.Parameter]:
+    """One keyword parameter per field that has a flag, annotated for typer."""
+    params = []
+    for name, field in model.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if extra.get("cli") is False:
+            continue
+        kind = _cli_type(field.annotation, extra.get("cli_type"))
+        flags = [model.flag(name), *extra.get("aliases", ()), *([extra["short"]] if extra.get("short") else [])]
+        default = field.default
+        if kind is not bool:
+            kind = kind | None if default is None else kind  # type: ignore[assignment]
+        info = typer.Option(*flags, help=field.description, envvar=extra.get("envvar"),
+                            rich_help_panel=extra.get("panel"), show_default=default not in (None, (), False))
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=Annotated[kind, info]))
+    return params
+
+
+def command(app: typer.Typer, name: str, model: type[Options] | None, run: Callable[[Any, dict[str, Any]], None], *,
+            help: str, arguments: list[inspect.Parameter] = (), extra: list[inspect.Parameter] = (),
+            takes_rest: bool = False) -> None:
+    """Register ``name``: its parameters are ``arguments``, the model's fields and ``extra``; it calls ``run`` with the
+    validated options (built here: a bad value is a one-line error) and the other values by name."""
+    fields = set(model.model_fields) if model is not None else set()
+
+    def cmd(**given: Any) -> None:
+        ctx = given.pop("ctx", None)
+        cli = {k: v for k, v in given.items() if k not in fields}
+        if takes_rest:
+            cli["rest"] = tuple(ctx.args) if ctx is not None else ()
+        with guarded():
+            options = model.build(**{k: v for k, v in given.items() if k in fields}) if model is not None else None
+        run(options, cli)
+
+    params = list(arguments) + (option_params(model) if model is not None else []) + list(extra)
+    if takes_rest:
+        params.insert(0, inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context))
+    cmd.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    cmd.__annotations__ = {p.name: p.annotation for p in params}
+    cmd.__doc__ = help
+    cmd.__name__ = name.replace("-", "_")
+    settings = {"allow_extra_args": True, "ignore_unknown_options": True} if takes_rest else {}
+    app.command(name, context_settings=settings or None)(cmd)
+
+
+def argument(name: str, kind: Any, help: str, default: Any = inspect.Parameter.empty) -> inspect.Parameter:
+    """A positional argument of a generated command."""
+    return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
+                             annotation=Annotated[kind, typer.Argument(help=help)])
+
+
+def flag(name: str, kind: Any, default: Any, help: str, *decls: str) -> inspect.Parameter:
+    """A CLI-only option of a generated command (how to show the result: --format, --html, --strict)."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[kind, typer.Option(*decls, help=help)])

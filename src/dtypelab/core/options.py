@@ -1,0 +1,98 @@
+"""Options objects: what a command is asked to do, validated once (pydantic, already a dependency) whether the CLI or
+a Python caller builds it, then passed whole to the one public function that does it.
+
+A field's ``json_schema_extra`` may say how the CLI spells it (``flag``, ``short``), where its help goes (``panel``)
+and which environment variable fills it (``envvar``); the CLI builds each command's flags from the fields.
+A value that does not validate is a one-line ``DtypelabError`` naming the option and its flag:
+``steps: must be at least 1, got 0 (--steps)``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from dtypelab.core.errors import DtypelabError
+
+T = TypeVar("T", bound="Options")
+
+_PHRASES = {
+    "greater_than": "must be greater than {gt}",
+    "greater_than_equal": "must be at least {ge}",
+    "less_than": "must be less than {lt}",
+    "less_than_equal": "must be at most {le}",
+    "int_parsing": "must be a whole number",
+    "int_type": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_parsing": "must be a number",
+    "float_type": "must be a number",
+    "finite_number": "must be a finite number",
+    "bool_parsing": "must be true or false",
+    "bool_type": "must be true or false",
+    "string_type": "must be text",
+    "literal_error": "must be one of {expected}",
+    "extra_forbidden": "is not an option of this command",
+}
+
+
+class Options(BaseModel):
+    """Base of every command's options: frozen, no unknown names, every field validated, defaults included."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True, validate_default=True)
+
+    @classmethod
+    def flag(cls, name: str) -> str:
+        """The CLI flag of a field: its ``flag`` or ``--name-with-dashes``."""
+        field = cls.model_fields.get(name)
+        extra = (field.json_schema_extra if field is not None and isinstance(field.json_schema_extra, dict)
+                 else None) or {}
+        return str(extra.get("flag") or "--" + name.replace("_", "-"))
+
+    @classmethod
+    def build(cls: type[T], given: Options | None = None, **values: Any) -> T:
+        """``given`` (options already built) with ``values`` over it, validated; a one-line error otherwise."""
+        data = {**(dict(given) if given is not None else {}), **values}
+        try:
+            return cls(**data)
+        except ValidationError as exc:
+            raise option_error(cls, exc) from None
+
+    def but(self: T, **values: Any) -> T:
+        """A copy with some values changed (validated again)."""
+        return type(self).build(self, **values)
+
+
+def option_error(cls: type[Options], exc: ValidationError) -> DtypelabError:
+    """The first validation error, in one line: the option, what it must be, what it got, and its flag."""
+    err = exc.errors()[0]
+    name = str(err["loc"][0]) if err.get("loc") else ""
+    kind, ctx = err.get("type", ""), err.get("ctx") or {}
+    if kind == "value_error":  # a validator's own words
+        phrase = str(ctx.get("error", err.get("msg", ""))).removeprefix("Value error, ")
+    else:
+        phrase = _PHRASES.get(kind, err.get("msg", "is not valid")).format(**ctx)
+    got = err.get("input")
+    shown = "" if kind == "extra_forbidden" or isinstance(got, dict) else f", got {got!r}"
+    where = f" ({cls.flag(name)})" if name in cls.model_fields else ""
+    return DtypelabError(f"{name}: {phrase}{shown}{where}" if name else phrase)
+
+
+def parse_duration(text: str | float | None, what: str = "duration") -> float | None:
+    """'15m', '900', '90s', '1.5h' -> seconds; '0', 'none', 'off' or None -> None (no limit)."""
+    if text is None or isinstance(text, int | float):
+        value = None if text is None else float(text)
+    else:
+        raw = str(text).strip().lower()
+        if raw in ("0", "none", "off", "inf"):
+            return None
+        m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*(s|m|min|h)?", raw)
+        if not m:
+            raise DtypelabError(f"bad {what} {text!r}: use seconds (900, 90s), minutes (15m), hours (1h) or 0 for "
+                                "none")
+        value = float(m.group(1)) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
+    if value is not None and (not math.isfinite(value) or value < 0):
+        raise DtypelabError(f"bad {what} {text!r}: must be a finite number of seconds >= 0")
+    return value or None

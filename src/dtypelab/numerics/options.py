@@ -1,0 +1,70 @@
+"""What ``audit`` is asked to do, validated once (the CLI's flags are made from these fields)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from dtypelab.core.options import Options
+
+AUDIT_FORMATS = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")  # the audit's default candidates
+
+
+class AuditOptions(Options):
+    policy: str = Field("fp32", description="precision policy to train under", json_schema_extra={"short": "-p"})
+    steps: int = Field(20, ge=1, description="training steps")
+    every: int = Field(1, ge=1, description="measure every N-th step (hooks stay idle on the others)")
+    layers: str | None = Field(None, description="regular expression on module / parameter names")
+    formats: str | tuple[str, ...] = Field(",".join(AUDIT_FORMATS), description="candidate formats, comma-separated",
+                                           json_schema_extra={"short": "-f", "cli_type": "str"})
+    batch_size: int | None = Field(None, ge=1, description="samples per step [default: the task's]",
+                                   json_schema_extra={"short": "-b"})
+    device: str | None = Field(None, description="cpu, cuda, cuda:N [default: cuda if present]")
+    seed: int = Field(0, description="seed of the initial weights, batches and dropout")
+    force: bool = Field(False, description="run a policy measured to be pathologically slow here")
+    threads: int | None = Field(None, ge=1, description="torch threads [default: torch's]")
+    json_path: str | None = Field(None, description="result file [default: dtypelab-results/…]",
+                                  json_schema_extra={"flag": "--json"})
+    hardware: Any = Field(None, description="decide with this saved hardware probe instead of probing",
+                          json_schema_extra={"cli_type": "str", "envvar": "DTYPELAB_HARDWARE"})
+    script_args: tuple[str, ...] = Field((), description="a training script's own arguments (after --)",
+                                         json_schema_extra={"cli": False})
+
+    @field_validator("layers")
+    @classmethod
+    def _layers(cls, v: str | None) -> str | None:
+        if v:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"{v!r} is not a valid regular expression: {exc}") from None
+        return v
+
+    @field_validator("formats")
+    @classmethod
+    def _formats(cls, v: str | tuple[str, ...]) -> tuple[str, ...]:
+        # the formats registry loads torch and ml_dtypes: imported when options are built, not when the CLI starts
+        from dtypelab.numerics.catalog import parse_formats
+
+        return tuple(f.name for f in parse_formats(v))
+
+
+class FormatsOptions(Options):
+    value: tuple[float, ...] = Field((), description="show how this value is stored in each format (repeatable)",
+                                     json_schema_extra={"short": "-v", "cli_type": "floats"})
+    formats: str | None = Field(None, description="comma-separated formats [default: all]",
+                                json_schema_extra={"short": "-f"})
+    device: str | None = Field(None, description="device whose native support is shown")
+    fmt: str = Field("table", description="table, markdown, html or json", json_schema_extra={"flag": "--format"})
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _values(cls, v: object) -> object:
+        return () if v is None else v
+
+
+class CastOptions(Options):
+    to: str = Field(description="target format, e.g. fp16, bf16, fp8, int8", json_schema_extra={"short": "-t"})
+    fmt: str = Field("table", description="table, markdown, html or json", json_schema_extra={"flag": "--format"})

@@ -1,0 +1,16 @@
+"""How work runs, for every capability: one ``Launcher`` protocol (inline, child process, torchrun, a user's script),
+one channel that every worker talks over, one error model (``Outcome``), the events progress is shown from, and the
+``Target`` that says once whether the work is a Task or a script. Capabilities ask this layer to run their work;
+none of them knows how processes are made."""
+
+from dtypelab.run.channel import Reporter, connect
+from dtypelab.run.events import Event, OnEvent
+from dtypelab.run.launchers import LAUNCHERS, InlineLauncher, Launcher, OnStep, ProcessLauncher, Work, watch_parent
+from dtypelab.run.outcome import Outcome, failure
+from dtypelab.run.script import ScriptLauncher, ScriptRun
+from dtypelab.run.target import Target
+from dtypelab.run.torchrun import Torchrun, TorchrunLauncher
+
+__all__ = ["LAUNCHERS", "Event", "InlineLauncher", "Launcher", "OnEvent", "OnStep", "Outcome", "ProcessLauncher",
+           "Reporter", "ScriptLauncher", "ScriptRun", "Target", "Torchrun", "TorchrunLauncher", "Work", "connect",
+           "failure", "watch_parent"]

@@ -1,0 +1,38 @@
+"""``python -m dtypelab.run.worker``: the process a child-process or torchrun launcher starts. It connects to the
+channel named in its environment, is sent its work, runs it, and sends back ``("done", value, rank)`` or
+``("error", status, reason)`` (a torchrun rank's reason names its rank). Never imported by the package."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from dtypelab.run.channel import Reporter, connect
+from dtypelab.run.launchers import watch_parent
+from dtypelab.run.outcome import failure
+
+
+def main() -> int:
+    # The launcher handles Ctrl-C and stops us; a KeyboardInterrupt traceback here is noise.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    watch_parent()  # a launcher (or torchrun) that dies must not leave us running
+    rank = int(os.environ.get("RANK", "0"))
+    connected = connect(rank)
+    if connected is None:
+        print("dtypelab.run.worker is started by a dtypelab launcher, not by hand", file=sys.stderr)
+        return 2
+    conn, work = connected
+    try:
+        value = work(Reporter(conn, rank))
+    except BaseException as exc:  # every failure (SystemExit included) becomes this worker's one line
+        status, reason = failure(exc)
+        conn.send(("error", status, f"rank {rank}: {reason}" if "WORLD_SIZE" in os.environ else reason, rank))
+        return 1
+    conn.send(("done", value, rank))
+    conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

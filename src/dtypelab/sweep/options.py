@@ -1,0 +1,126 @@
+"""What ``bench`` is asked to do, validated once: the CLI builds it from its flags (and makes the flags from these
+fields), a Python caller from keywords. A new option is one field here and its use in the sweep."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from dtypelab.core.options import Options, parse_duration
+from dtypelab.core.tolerance import Tolerance
+from dtypelab.profiling import PROFILE_STEPS
+
+DIST = {"panel": "Distributed"}
+
+
+class BenchOptions(Options):
+    policies: str | tuple[Any, ...] | None = Field(
+        None, description="comma-separated policy names or plan files [default: every policy that applies]",
+        json_schema_extra={"short": "-p", "cli_type": "str"})
+    plan: str | tuple[Any, ...] | None = Field(
+        None, description="plan file(s) (dtypelab tune -o), measured beside --policies or, without it, beside the "
+                          "default policies", json_schema_extra={"cli_type": "str"})
+    mode: Literal["train", "infer"] = Field("train", description="train, or infer (forward latency and output "
+                                                                 "fidelity)")
+    steps: int | None = Field(None, ge=1, description="training steps (infer: timed forward passes)")
+    batch_size: int | None = Field(None, ge=1, description="samples per step [default: the task's]",
+                                   json_schema_extra={"short": "-b"})
+    warmup: int | None = Field(None, ge=0, description="steps excluded from timing [default: steps/10, ≤10]")
+    tolerance: str = Field("1%", description="allowed metric change vs fp32: 1% or an absolute 0.005")
+    device: str | None = Field(None, description="cpu, cuda, cuda:N [default: cuda if present]")
+    seed: int = Field(0, description="seed of the initial weights, batches and dropout (a script: of its process)")
+    force: bool = Field(False, description="run policies measured to be pathologically slow here")
+    timeout_s: float = Field(600.0, gt=0, description="time limit per policy, seconds",
+                             json_schema_extra={"flag": "--timeout"})
+    threads: int | None = Field(None, ge=1, description="torch threads per run [default: torch's]")
+    json_path: str | None = Field(None, description="result file [default: dtypelab-results/…]",
+                                  json_schema_extra={"flag": "--json"})
+    per_layer: bool = Field(False, description="infer: SQNR of every layer's output vs fp32")
+    min_cosine: float = Field(0.99, ge=0, le=1, description="infer: lowest worst-sample output cosine vs fp32 to "
+                                                            "accept")
+    budget: str | float | None = Field("15m", description="time for the whole sweep: policies estimated (from the "
+                                                          "fp32 run and the probe) not to fit are skipped; 15m, "
+                                                          "900s, 0 for none", json_schema_extra={"cli_type": "str"})
+    rounds: int | None = Field(None, ge=0, description="interleaved timing rounds after the runs, for paired "
+                                                       "speedups with intervals; 0: off [default: 5 train, 3 infer]")
+    profile: bool | int = Field(False, description="after each policy, profile a few steps: step breakdown, top ops, "
+                                                   "achieved FLOP/s, dtype coverage, and why",
+                                json_schema_extra={"cli_type": "bool"})
+    trace_dir: str | None = Field(None, description="with --profile: write each policy's raw Chrome trace "
+                                                    "(TensorBoard, Perfetto) to this folder")
+    launcher: Any = Field(None, description="how each policy runs: process (its own, the default) or inline (in "
+                                            "this process: no isolation)", json_schema_extra={"cli_type": "str"})
+    hardware: Any = Field(None, description="decide with this saved hardware probe (dtypelab hardware --json FILE, or "
+                                            "any record) instead of probing",
+                          json_schema_extra={"cli_type": "str", "envvar": "DTYPELAB_HARDWARE"})
+    script_args: tuple[str, ...] = Field((), description="a training script's own arguments (after --)",
+                                         json_schema_extra={"cli": False})
+    nproc: int | None = Field(None, ge=1, description="run every policy under torchrun on N ranks per node (gloo on "
+                                                      "CPU, NCCL on CUDA); policies may add +ddp-fp16, +ddp-bf16, "
+                                                      "+ddp-powersgd, +fsdp, +fsdp-bf16-params-fp32-reduce",
+                              json_schema_extra=DIST)
+    nnodes: int = Field(1, ge=1, description="nodes (torchrun --nnodes); run the same command on each",
+                        json_schema_extra=DIST)
+    rdzv_endpoint: str | None = Field(None, description="HOST:PORT of the rendezvous (torchrun --rdzv-endpoint)",
+                                      json_schema_extra=DIST)
+    torchrun_args: str | tuple[str, ...] | None = Field(
+        None, description="more torchrun arguments, unchanged: '--node-rank 1 --rdzv-id job7'",
+        json_schema_extra={**DIST, "cli_type": "str"})
+    link_gbps: str | tuple[Any, ...] | None = Field(
+        None, description="links for the scaling estimate: Gbit/s numbers or presets 25gbe, 100gbe, pcie4, nvlink4 "
+                          "[default: all four presets]", json_schema_extra={**DIST, "cli_type": "str"})
+
+    @field_validator("tolerance")
+    @classmethod
+    def _tolerance(cls, v: str) -> str:
+        Tolerance.parse(v)  # a DtypelabError is a ValueError: its words become the option's error
+        return v
+
+    @field_validator("budget")
+    @classmethod
+    def _budget(cls, v: str | float | None) -> str | float | None:
+        parse_duration(v, "budget")
+        return v
+
+    @field_validator("rounds")
+    @classmethod
+    def _rounds(cls, v: int | None) -> int | None:
+        if v == 1:
+            raise ValueError("must be 0 (off) or at least 2 (an interval needs two pairs)")
+        return v
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, v: bool | int) -> bool | int:
+        if not isinstance(v, bool) and v < 0:
+            raise ValueError("must be true or a number of steps >= 0")
+        return v
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _timeout(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number of seconds")
+        return v
+
+    @model_validator(mode="after")
+    def _together(self) -> BenchOptions:
+        if self.per_layer and self.mode != "infer":
+            raise ValueError("per_layer compares inference outputs: use it with mode infer (--per-layer --mode infer)")
+        distributed = self.nnodes != 1 or self.rdzv_endpoint or self.torchrun_args or self.link_gbps
+        if self.nproc is None and distributed:
+            if self.link_gbps and self.nnodes == 1 and not self.rdzv_endpoint and not self.torchrun_args:
+                raise ValueError("link_gbps (--link-gbps) is for the scaling estimate of a distributed run: give "
+                                 "--nproc N")
+            raise ValueError("--nnodes, --rdzv-endpoint and --torchrun-args need --nproc N (ranks per node)")
+        return self
+
+    @property
+    def profile_steps(self) -> int:
+        """Steps profiled per policy: --profile's default, a number given, or the default when only a trace folder
+        was given; 0 for none."""
+        if self.profile is True or (self.trace_dir and self.profile is False):
+            return PROFILE_STEPS
+        return int(self.profile)

@@ -1,0 +1,41 @@
+"""What ``tune`` is asked to do, validated once (the CLI's flags are made from these fields)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from dtypelab.core.options import Options
+from dtypelab.core.tolerance import Tolerance
+
+DEFAULT_CANDIDATES = {"infer": "int8-dyn", "train": "bf16,amp-bf16"}
+
+
+class TuneOptions(Options):
+    mode: Literal["infer", "train"] = Field("infer", description="infer (per-layer fp32 or a candidate) or train (a "
+                                                                 "candidate with fp32 islands)")
+    candidates: str | None = Field(None, description="configs to choose from, comma-separated [default: int8-dyn for "
+                                                     "infer, bf16,amp-bf16 for train]")
+    min_cosine: float = Field(0.999, gt=0, le=1, description="infer: lowest worst-sample output cosine vs fp32 to "
+                                                             "accept")
+    tolerance: str = Field("1%", description="train: allowed metric change vs fp32: 1% or an absolute 0.005")
+    steps: int | None = Field(None, ge=2, description="train: steps of each full evaluation [default: the task's]")
+    probe_steps: int | None = Field(None, ge=2, description="train: steps of each layer's probe [default: steps/4]")
+    output: str | None = Field(None, description="write the chosen plan here (JSON)", json_schema_extra={"short": "-o"})
+    json_path: str | None = Field(None, description="the tune record (every evaluation)",
+                                  json_schema_extra={"flag": "--json"})
+    batch_size: int | None = Field(None, ge=1, description="samples per batch [default: the task's]",
+                                   json_schema_extra={"short": "-b"})
+    device: str | None = Field(None, description="cpu, cuda, cuda:N [default: cuda if present]")
+    weights: str | None = Field(None, description="fp32 state dict [default: the task's model as built]")
+    seed: int = Field(0, description="seed of the model's initial weights and the batches")
+    force: bool = Field(False, description="search with candidates measured to be pathologically slow here")
+    hardware: Any = Field(None, description="decide with this saved hardware probe instead of probing",
+                          json_schema_extra={"cli_type": "str", "envvar": "DTYPELAB_HARDWARE"})
+
+    @field_validator("tolerance")
+    @classmethod
+    def _tolerance(cls, v: str) -> str:
+        Tolerance.parse(v)
+        return v

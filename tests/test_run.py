@@ -1,0 +1,112 @@
+"""The run layer: one launcher protocol, one channel, one error model, one decision of Task or script."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import pytest
+from conftest import TINY
+
+from dtypelab.core.errors import DtypelabError
+from dtypelab.run import LAUNCHERS, InlineLauncher, ProcessLauncher, ScriptLauncher, ScriptRun, Target
+from dtypelab.run.channel import ENV_CHANNEL, connect
+
+HERE = os.path.dirname(__file__)
+
+
+@dataclass(frozen=True)
+class Work:
+    """A piece of work whose behaviour a test chooses (picklable: it travels to the worker)."""
+
+    how: str
+    name: str = "work"
+
+    def __call__(self, report):
+        report.step(1, 2)
+        if self.how == "raise":
+            raise ValueError("planted")
+        if self.how == "segfault":
+            import ctypes
+
+            ctypes.string_at(0)
+        if self.how == "hang":
+            time.sleep(60)
+        if self.how == "oom":
+            raise MemoryError
+        report.step(2, 2)
+        return {"value": 42, "pid": os.getpid()}
+
+
+@pytest.fixture(autouse=True)
+def _importable(monkeypatch):
+    """The child imports ``Work`` by name, as it imports a capability's job: from this folder."""
+    monkeypatch.setenv("PYTHONPATH", HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def test_inline_and_process_launchers_give_the_same_outcomes(tmp_path):
+    for launcher in (InlineLauncher(), ProcessLauncher(str(tmp_path))):
+        steps: list[tuple[int, int]] = []
+        out = launcher.run(Work("ok"), 30, lambda d, t, seen=steps: seen.append((d, t)))
+        assert out.ok and out.value["value"] == 42 and steps[-1] == (2, 2) and out.ranks == (0,)
+        failed = launcher.run(Work("raise"), 30, lambda d, t: None)
+        assert failed.status == "failed" and failed.reason.startswith("ValueError: planted (at test_run.py:")
+        assert launcher.run(Work("oom"), 30, lambda d, t: None).status == "oom"
+    child = ProcessLauncher(str(tmp_path)).run(Work("ok"), 30, lambda d, t: None)
+    assert child.value["pid"] != os.getpid() and child.started
+
+
+def test_a_crash_or_a_hang_in_a_child_becomes_an_outcome_and_no_process_is_left(tmp_path):
+    launcher = ProcessLauncher(str(tmp_path))
+    crash = launcher.run(Work("segfault"), 30, lambda d, t: None)
+    assert crash.status == "failed" and "SIGSEGV" in crash.reason
+    start = time.monotonic()
+    hang = launcher.run(Work("hang"), 3, lambda d, t: None)
+    assert hang.status == "timeout" and "3 s time limit" in hang.reason and time.monotonic() - start < 20
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"dtypelab.run.worker" in f.read():
+                    alive.append(pid)
+        except OSError:
+            continue
+    assert not alive
+
+
+def test_a_script_runs_as_itself_with_its_session_as_the_worker(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import sys\nimport dtypelab\nlab = dtypelab.session()\nprint('argv', sys.argv[1:])\n"
+                      "lab.setup(__import__('torch').nn.Linear(2, 2))\nlab.finish(accuracy=0.5)\n")
+    job = {"plan": {"name": "fp32", "default": {"kind": "cast", "dtype": "float32"}, "rules": []}, "seed": 3,
+           "device": "cpu"}
+    out = ScriptLauncher(str(tmp_path)).run(ScriptRun(str(script), ("--x", "1"), 3, job, name="fp32"), 60,
+                                            lambda d, t: None)
+    assert out.ok and out.started and out.value["kind"] == "result" and out.value["metrics"] == {"accuracy": 0.5}
+    with open(tmp_path / "fp32.log") as f:
+        assert "argv ['--x', '1']" in f.read()
+    silent = tmp_path / "silent.py"
+    silent.write_text("print('no session')\n")
+    never = ScriptLauncher(str(tmp_path)).run(ScriptRun(str(silent), name="x"), 60, lambda d, t: None)
+    assert never.ok and never.value is None and not never.started  # the capability says what is missing
+
+
+def test_target_decides_once_whether_a_task_or_a_script(tmp_path):
+    assert Target.of("digits").kind == "task" and Target.of(f"{TINY}:make_task").kind == "task"
+    assert Target.of(os.path.join(HERE, "scripts", "probe_script.py")).is_script
+    with pytest.raises(DtypelabError, match="it is a training script"):
+        Target.of(os.path.join(HERE, "scripts", "probe_script.py")).task()
+    assert set(LAUNCHERS) == {"inline", "process"}
+
+
+def test_work_that_does_not_load_in_the_worker_is_said_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "")
+    out = ProcessLauncher(str(tmp_path)).run(Work("ok"), 30, lambda d, t: None)
+    assert out.status == "failed" and out.reason.startswith("the worker could not load its work: ModuleNotFoundError")
+
+
+def test_a_program_run_on_its_own_has_no_channel(monkeypatch):
+    monkeypatch.delenv(ENV_CHANNEL, raising=False)
+    assert connect() is None
