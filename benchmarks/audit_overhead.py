@@ -20,8 +20,7 @@ import torch
 from dtypelab.core.loop import train_step
 from dtypelab.core.policies import Precision, get_policy
 from dtypelab.core.task import load_task
-from dtypelab.numerics.auditing import Recorder, install_hooks
-from dtypelab.numerics import AUDIT_FORMATS
+from dtypelab.numerics import AUDIT_FORMATS, Recorder, install_hooks
 from dtypelab.numerics.rangestats import RangeCounter
 
 

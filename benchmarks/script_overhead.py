@@ -4,10 +4,10 @@
 
 For a tiny MLP (where any per-step cost shows most) and the CNN of examples/train_loop.py, it times steps of a
 plain loop (forward, loss, backward, optimizer step, zero_grad) and of the same loop through a driven session
-(wrapped forward and step, the step timer, the loss record, the progress file), interleaved in blocks so drift
-hits both alike, and prints the median per-step times and their difference in microseconds. The plain loop runs
-in fp32: under another --policy the difference includes that policy's own cost (casts, autocast), not only the
-harness's. Never run it beside
+(wrapped forward and step, the step timer, the loss record, the progress messages over the launcher's channel),
+interleaved in blocks so drift hits both alike, and prints the median per-step times and their difference in
+microseconds. The plain loop runs in fp32: under another --policy the difference includes that policy's own cost
+(casts, autocast), not only the harness's. Never run it beside
 another torch process: two of them on 2 cores slow each other 10-30x.
 """
 
@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
-import tempfile
 import time
 
 import torch
@@ -26,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dtypelab
-from dtypelab.script.handle import ENV_JOB
+from dtypelab.run.channel import Channel
 
 
 def models() -> dict[str, tuple[nn.Module, torch.Tensor, torch.Tensor]]:
@@ -47,7 +45,7 @@ def timed(step, n: int) -> list[float]:
     return out
 
 
-def compare(label: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, job: str, steps: int,
+def compare(label: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, job: dict, steps: int,
             policy: str) -> None:
     plain_opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
@@ -58,7 +56,8 @@ def compare(label: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, job:
         plain_opt.zero_grad()
 
     lab_model = copy.deepcopy(model)  # the same weights, wrapped by the session
-    os.environ[ENV_JOB] = job
+    channel = Channel(job)  # the launcher's end, as the script launcher holds it
+    os.environ.update(channel.env)
     lab = dtypelab.session()
     lab_opt = torch.optim.SGD(lab_model.parameters(), lr=1e-3)
     lab_model, lab_opt = lab.setup(lab_model, lab_opt)
@@ -77,7 +76,9 @@ def compare(label: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, job:
         plain += timed(plain_step, steps // 10)
         through += timed(lab_step, steps // 10)
     lab.finish(accuracy=0.0)
-    del os.environ[ENV_JOB]
+    channel.close()
+    for key in channel.env:
+        del os.environ[key]
     p, t = statistics.median(plain), statistics.median(through)
     print(f"{label}: plain {p * 1e6:.1f} µs, through the session {t * 1e6:.1f} µs per step: "
           f"+{(t - p) * 1e6:.1f} µs ({(t / p - 1) * 100:+.1f}%) under {policy}")
@@ -91,10 +92,7 @@ def main() -> None:
     hw = dtypelab.probe(budget_s=0.02)
     print(f"{hw.cpu_name}; flags {' '.join(hw.cpu_flags)}; torch {torch.__version__}; "
           f"{torch.get_num_threads()} threads")
-    workdir = tempfile.mkdtemp()
-    job = os.path.join(workdir, "job.json")
-    with open(job, "w") as f:
-        json.dump({"plan": dtypelab.get_policy(args.policy).to_dict(), "seed": 0, "device": "cpu"}, f)
+    job = {"plan": dtypelab.get_policy(args.policy).to_dict(), "seed": 0, "device": "cpu"}
     for label, (model, x, y) in models().items():
         compare(label, model, x, y, job, args.steps, args.policy)
 
