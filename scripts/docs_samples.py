@@ -1,0 +1,117 @@
+"""Regenerate every sample output the documentation shows, by running the commands it shows.
+
+    python scripts/docs_samples.py [--only NAME ...] [--list]
+
+Each sample is written to docs/samples/NAME.txt as ``$ command`` followed by what the command printed on
+stdout (the table, the notes); progress on stderr is left out. The pages include them (``--8<--``), and the
+README's sample is rewritten between its ``<!-- sample:NAME -->`` markers. A header file, docs/samples/machine.txt,
+names the machine and versions every sample came from. Nothing in the docs is pasted by hand.
+
+Run it on a quiet machine (the samples time things; two torch processes at once on 2 cores slow each other
+10-30x), from the repository's root, in the environment the README's test command makes. It takes a few
+minutes; --only regenerates some.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLES = os.path.join(ROOT, "docs", "samples")
+WIDTH = "120"  # the docs' code blocks; a wider table leaves columns out and says which
+
+# name -> (the command as shown, how many of its output lines to keep: 0 for all)
+COMMANDS: dict[str, tuple[str, int]] = {
+    "hardware": ("dtypelab hardware", 0),
+    "policies": ("dtypelab policies", 0),
+    "bench-digits": ("dtypelab bench digits", 0),
+    "bench-infer": ("dtypelab bench digits --mode infer -p fp32,bf16,int8-dyn-legacy,int8-dyn-legacy-pc,int8-wo,fp8-wo "
+                    "--per-layer --steps 20", 0),
+    "formats-values": ("dtypelab formats -v 0.1 -v 65520 -v 1e-8 -f fp32,bf16,fp16,e4m3,e5m2,int8", 0),
+    "audit": ("dtypelab audit digits --steps 5 --top 10", 0),
+    "trace": ("dtypelab trace digits --policy fp16 --force", 0),
+    "lint": ("dtypelab lint examples/unstable_training.py", 0),
+    "tune": ("dtypelab tune digits --candidates int8-dyn-legacy-pc,int8-dyn-legacy --min-cosine 0.999", 0),
+    "script": ("dtypelab bench examples/train_loop.py -p fp32,amp-bf16 -- --epochs 1", 0),
+    "profile": ("dtypelab bench digits -p fp32,amp-bf16 --force --profile --steps 60 --rounds 0", 0),
+    "distributed": ("dtypelab bench digits --nproc 2 -p fp32,fp32+ddp-fp16,fp32+fsdp --steps 60", 0),
+}
+CLI = ("bench", "tune", "trace", "audit", "export", "show", "report", "policies", "hardware", "formats", "cast",
+       "lint")
+
+
+def run(command: str, keep: int = 0) -> str:
+    """``$ command`` and its stdout (its exit code shown when not 0: trace and lint exit 1 when they find)."""
+    env = {**os.environ, "COLUMNS": WIDTH, "DTYPELAB_HEARTBEAT_S": "3600"}
+    start = time.monotonic()
+    done = subprocess.run(shlex.split(command), capture_output=True, text=True, cwd=ROOT, env=env, timeout=3600)
+    lines = [ln.rstrip() for ln in done.stdout.rstrip().splitlines()]
+    if keep:
+        lines = lines[:keep] + ["…"] * (len(lines) > keep)
+    text = f"$ {command}\n" + "\n".join(lines) + "\n"
+    if done.returncode not in (0,):
+        text += f"(exit code {done.returncode})\n"
+    print(f"{command}: {time.monotonic() - start:.0f} s, exit {done.returncode}", file=sys.stderr)
+    if done.returncode not in (0, 1):
+        print(done.stderr[-2000:], file=sys.stderr)
+    return text
+
+
+def machine() -> str:
+    import platform
+
+    import torch
+
+    from dtypelab.core.hardware import probe
+    from dtypelab.core.version import __version__
+
+    hw = probe(budget_s=0.05)
+    return (f"{hw.cpu_name} ({', '.join(hw.cpu_flags) or 'no relevant flags'}), {hw.threads} threads; "
+            f"torch {torch.__version__}, dtypelab {__version__}, Python {platform.python_version()}; "
+            f"{time.strftime('%Y-%m-%d')}\n")
+
+
+def readme(name: str, text: str) -> None:
+    """Rewrite the README's block between ``<!-- sample:NAME -->`` and ``<!-- /sample -->``."""
+    path = os.path.join(ROOT, "README.md")
+    with open(path) as f:
+        readme_text = f.read()
+    block = re.compile(rf"(<!-- sample:{re.escape(name)} -->\n```\n).*?(```\n<!-- /sample -->)", re.S)
+    if block.search(readme_text):
+        with open(path, "w") as f:
+            f.write(block.sub(lambda m: m.group(1) + text + m.group(2), readme_text))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", nargs="*", help="sample names (see --list); cli for the CLI reference")
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args()
+    if args.list:
+        print("\n".join([*COMMANDS, "cli", "machine"]))
+        return
+    os.makedirs(SAMPLES, exist_ok=True)
+    wanted = set(args.only or [*COMMANDS, "cli", "machine"])
+    if "machine" in wanted:
+        with open(os.path.join(SAMPLES, "machine.txt"), "w") as f:
+            f.write(machine())
+    for name, (command, keep) in COMMANDS.items():
+        if name in wanted:
+            text = run(command, keep)
+            with open(os.path.join(SAMPLES, f"{name}.txt"), "w") as f:
+                f.write(text)
+            readme(name, text)
+    if "cli" in wanted:
+        for cmd in CLI:
+            with open(os.path.join(SAMPLES, f"cli-{cmd}.txt"), "w") as f:
+                f.write(run(f"dtypelab {cmd} --help"))
+
+
+if __name__ == "__main__":
+    main()
