@@ -3,6 +3,8 @@ outputs; a plan naming modules the model lacks is a clear error."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conftest import TINY, avx2_hardware, fake_hardware
@@ -224,3 +226,18 @@ def test_tune_measures_again_under_disturbance_and_names_it(monkeypatch):
     assert any(n.startswith("Disturbance: other processes used the CPU during") for n in report.notes)
     measurements = len(attempts) // 2  # two timers per measurement
     assert measurements % (1 + timing.RETRIES) == 0  # every measurement was taken again, RETRIES times
+
+
+def test_where_no_plan_keeps_the_constraint_the_record_says_why_in_the_constraints_terms():
+    """An unreachable cosine (int8 never gives exactly fp32's outputs): fp32 is kept, and the explanation gives
+    each uniform candidate's worst cosine (not a bare number) and the probe figure for that candidate's own
+    kernel (fbgemm's linear for the legacy policy, not torchao's int8 matmul)."""
+    report = dtypelab.tune(f"{TINY}:make_task", candidates="int8-dyn-legacy", min_cosine=1.0,
+                           hardware=fake_hardware(int8=250.0, int8_fbgemm=150.0))
+    assert report.speedup == 1.0 and not any(layer.chosen for layer in report.layers)
+    why = report.explanation
+    assert why.startswith("No plan measured") and "a worst output cosine of 1" in why
+    assert "int8-dyn-legacy on every layer it applies to:" in why and ", worst cosine 0.9" in why
+    assert "fbgemm" in why and "_int_mm" not in why
+    front = [n for n in tune_doc(report)[3] if n.startswith("Pareto front seen")]
+    assert all(re.fullmatch(r"\d+\.\d\dx/[01]\.\d{5}", e) for n in front for e in n.split(": ")[1].split(", "))

@@ -37,7 +37,7 @@ def tune_doc(report: TuneReport) -> tuple[str, list[str], list[list[str]], list[
                                                                                     " (rejected)"))
     if report.front:
         notes.append("Pareto front seen (speedup, " + ("metric" if train else "worst cosine") + "): " + ", ".join(
-            f"{e.speedup:.2f}x/{e.fidelity:.4g}" for e in report.front))
+            f"{e.speedup:.2f}x/" + (f"{e.fidelity:.4g}" if train else f"{e.fidelity:.5f}") for e in report.front))
     if report.explanation:
         notes.append(report.explanation)
     unit = "training step" if train else "forward"

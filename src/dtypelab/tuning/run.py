@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import HardwareInfo, environment, hardware_for, probe_notice
+from dtypelab.core.hardware import KERNEL_LABELS, HardwareInfo, environment, hardware_for, probe_notice
 from dtypelab.core.loop import build_model, to_device
 from dtypelab.core.policies import Autocast, Cast, Plan, Precision, get_policy, parse_policies, plan_from_dict
 from dtypelab.core.results import (
@@ -206,7 +206,7 @@ def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
         evaluations=evaluations, uniform=tuple(uniform),
         front=tuple(_record(e) for e in result.front), base_s=bench.base_s,
         explanation="" if best else _none_found(tuple(uniform), evaluations, hw,
-                                                f"a worst output cosine of {min_cosine:g}"),
+                                                f"a worst output cosine of {min_cosine:g}", "worst cosine"),
         notes=_disturbance_note(evaluations + tuple(uniform)))
 
 
@@ -273,27 +273,30 @@ def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
         fidelity=sign * best.fidelity if best else bench.base.metric, layers=tuple(layers),
         evaluations=evaluations, uniform=uniform, front=front, base_s=bench.base_s,
         explanation="" if best else _none_found(uniform, evaluations, hw, f"its {task_obj.metric} within {tol} of "
-                                                f"fp32's ({bench.base.metric:.4g})"),
+                                                f"fp32's ({bench.base.metric:.4g})", task_obj.metric),
         notes=_disturbance_note(evaluations))
 
 
 def _none_found(uniform: tuple[PlanEvaluation, ...], evaluations: tuple[PlanEvaluation, ...], hw: HardwareInfo,
-                constraint: str) -> str:
+                constraint: str, measure: str) -> str:
     """Why no plan was chosen, in measured terms: the uniform candidates, the fastest plan that kept the
     constraint, and the hardware probe's matmul ratio for each candidate's dtype."""
     parts = [f"No plan measured was both measurably faster than fp32 (its whole 95% interval above 1.02x) and kept "
              f"{constraint}."]
     for u in uniform:
-        parts.append(f"{u.why}: {u.speedup:.2f}x fp32's speed, {u.fidelity:.4g}"
+        value = f"{u.fidelity:.5f}" if measure == "worst cosine" else f"{u.fidelity:.4g}"
+        parts.append(f"{u.why}: {u.speedup:.2f}x fp32's speed, {measure} {value}"
                      f"{'' if u.feasible else ' (outside the constraint)'}.")
     kept = [e for e in evaluations if e.feasible]
     if kept:
         top = max(kept, key=lambda e: e.speedup)
         parts.append(f"The fastest plan that kept it ran at {top.speedup:.2f}x ({top.why}).")
     base = hw.gflops.get("float32")
-    for dtype in dict.fromkeys(get_policy(u.candidate).compute_dtype for u in uniform if u.candidate):
-        if base and hw.gflops.get(dtype):
-            parts.append(f"The hardware probe measures {dtype} matmuls at {hw.gflops[dtype] / base:.2f}x "
+    # each candidate's own kernel (fbgemm's int8 linear is not torchao's int8 matmul)
+    for key in dict.fromkeys(c.probe_key for u in uniform if u.candidate for c in get_policy(u.candidate).configs):
+        if base and hw.gflops.get(key) and key != "float32":
+            what = KERNEL_LABELS.get(key, f"{key} matmuls")
+            parts.append(f"The hardware probe measures {what} at {hw.gflops[key] / base:.2f}x "
                          f"float32's on this {hw.device_name}.")
     return " ".join(parts)
 
