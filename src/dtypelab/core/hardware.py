@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shlex
@@ -257,13 +256,10 @@ def measured_probe(device: str | torch.device | None = None, budget_s: float = 0
 
 def load_hardware(path: str) -> HardwareInfo:
     """A saved probe: ``dtypelab hardware --json FILE``, or any dtypelab record (its environment's hardware)."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise DtypelabError(f"no such hardware file: {path}") from None
-    except (OSError, ValueError) as exc:
-        raise DtypelabError(f"cannot read hardware file {path}: {exc}") from None
+    # imported here: the results package is not needed to probe, only to read a saved probe
+    from dtypelab.core.results.store import read_json
+
+    data: Any = read_json(path, "hardware file")
     if isinstance(data, dict) and isinstance(data.get("environment"), dict):
         data = data["environment"].get("hardware")
     if not isinstance(data, dict) or not isinstance(data.get("gflops"), dict) or "device" not in data:

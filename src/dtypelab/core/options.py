@@ -13,7 +13,7 @@ import math
 import re
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dtypelab.core.errors import DtypelabError
 
@@ -96,3 +96,49 @@ def parse_duration(text: str | float | None, what: str = "duration") -> float | 
     if value is not None and (not math.isfinite(value) or value < 0):
         raise DtypelabError(f"bad {what} {text!r}: must be a finite number of seconds >= 0")
     return value or None
+
+
+# Fields many commands share, spelled once so their flags and help read the same everywhere.
+def batch_size_field(what: str = "samples per step") -> Any:
+    """``--batch-size/-b``: the task's batch size unless given."""
+    return Field(None, ge=1, description=f"{what} [default: the task's]", json_schema_extra={"short": "-b"})
+
+
+def device_field(what: str = "cpu, cuda, cuda:N [default: cuda if present]") -> Any:
+    """``--device``: where to run (or whose support to show)."""
+    return Field(None, description=what)
+
+
+def threads_field(what: str = "torch threads [default: torch's]") -> Any:
+    """``--threads``: torch's intra-op threads for the run."""
+    return Field(None, ge=1, description=what)
+
+
+def json_field(what: str = "result file [default: dtypelab-results/…]") -> Any:
+    """``--json``: where the record goes."""
+    return Field(None, description=what, json_schema_extra={"flag": "--json"})
+
+
+def hardware_field(what: str = "decide with this saved hardware probe instead of probing") -> Any:
+    """``--hardware FILE`` (or ``DTYPELAB_HARDWARE``): a saved probe, or a ``HardwareInfo`` from Python."""
+    return Field(None, description=what, json_schema_extra={"cli_type": "str", "envvar": "DTYPELAB_HARDWARE"})
+
+
+def script_args_field() -> Any:
+    """A training script's own arguments: what follows ``--`` on the command line, no flag of its own."""
+    return Field((), description="a training script's own arguments (after --)", json_schema_extra={"cli": False})
+
+
+def format_field() -> Any:
+    """``--format``: how a record or table is shown."""
+    return Field("table", description="table, markdown, html or json", json_schema_extra={"flag": "--format"})
+
+
+def check_regex(value: str | None) -> str | None:
+    """A validator's check that ``value`` (when given) is a regular expression, in the option's own error line."""
+    if value:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"{value!r} is not a valid regular expression: {exc}") from None
+    return value

@@ -10,7 +10,6 @@ from typing import Any
 
 from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.hardware import environment as current_environment
-from dtypelab.core.hardware import hardware_for
 from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
 from dtypelab.core.results import AuditConfig, AuditReport, check_writable
@@ -20,7 +19,7 @@ from dtypelab.numerics.rangestats import RangeCounter
 from dtypelab.numerics.recording import Recorder, build_report, install_hooks
 from dtypelab.numerics.script import AuditDiagnosis
 from dtypelab.run import Target
-from dtypelab.script import diagnose_script, script_record
+from dtypelab.script import diagnose_script, script_environment, script_record
 
 Progress = Callable[[int, int], None]
 
@@ -43,8 +42,7 @@ def audit(task: str | Task, options: AuditOptions | None = None, *, progress: Pr
         diagnosis = AuditDiagnosis(opts.steps, opts.every, opts.layers, fmts)
         text, out = diagnose_script(target, opts.policy, diagnosis, args=tuple(opts.script_args), device=opts.device,
                                     seed=opts.seed, on_step=progress)
-        env = environment if environment is not None else current_environment(
-            hardware_for(opts.device, opts.hardware, 0.02))
+        env = script_environment(environment, opts.device, opts.hardware)
         if text is None:
             raise DtypelabError(f"the audit of {target.spec} gave no record: {out.reason or out.status}")
         report = script_record(AuditReport, text, target.spec, env)

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from pydantic import Field, field_validator
 
-from dtypelab.core.options import Options
+from dtypelab.core.options import (
+    Options,
+    batch_size_field,
+    check_regex,
+    device_field,
+    format_field,
+    hardware_field,
+    json_field,
+    script_args_field,
+    threads_field,
+)
 
 AUDIT_FORMATS = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")  # the audit's default candidates
 
@@ -19,28 +28,19 @@ class AuditOptions(Options):
     layers: str | None = Field(None, description="regular expression on module / parameter names")
     formats: str | tuple[str, ...] = Field(",".join(AUDIT_FORMATS), description="candidate formats, comma-separated",
                                            json_schema_extra={"short": "-f", "cli_type": "str"})
-    batch_size: int | None = Field(None, ge=1, description="samples per step [default: the task's]",
-                                   json_schema_extra={"short": "-b"})
-    device: str | None = Field(None, description="cpu, cuda, cuda:N [default: cuda if present]")
+    batch_size: int | None = batch_size_field()
+    device: str | None = device_field()
     seed: int = Field(0, description="seed of the initial weights, batches and dropout")
     force: bool = Field(False, description="run a policy measured to be pathologically slow here")
-    threads: int | None = Field(None, ge=1, description="torch threads [default: torch's]")
-    json_path: str | None = Field(None, description="result file [default: dtypelab-results/…]",
-                                  json_schema_extra={"flag": "--json"})
-    hardware: Any = Field(None, description="decide with this saved hardware probe instead of probing",
-                          json_schema_extra={"cli_type": "str", "envvar": "DTYPELAB_HARDWARE"})
-    script_args: tuple[str, ...] = Field((), description="a training script's own arguments (after --)",
-                                         json_schema_extra={"cli": False})
+    threads: int | None = threads_field()
+    json_path: str | None = json_field()
+    hardware: Any = hardware_field()
+    script_args: tuple[str, ...] = script_args_field()
 
     @field_validator("layers")
     @classmethod
     def _layers(cls, v: str | None) -> str | None:
-        if v:
-            try:
-                re.compile(v)
-            except re.error as exc:
-                raise ValueError(f"{v!r} is not a valid regular expression: {exc}") from None
-        return v
+        return check_regex(v)
 
     @field_validator("formats")
     @classmethod
@@ -56,8 +56,8 @@ class FormatsOptions(Options):
                                      json_schema_extra={"short": "-v", "cli_type": "floats"})
     formats: str | None = Field(None, description="comma-separated formats [default: all]",
                                 json_schema_extra={"short": "-f"})
-    device: str | None = Field(None, description="device whose native support is shown")
-    fmt: str = Field("table", description="table, markdown, html or json", json_schema_extra={"flag": "--format"})
+    device: str | None = device_field("device whose native support is shown")
+    fmt: str = format_field()
 
     @field_validator("value", mode="before")
     @classmethod
@@ -67,4 +67,4 @@ class FormatsOptions(Options):
 
 class CastOptions(Options):
     to: str = Field(description="target format, e.g. fp16, bf16, fp8, int8", json_schema_extra={"short": "-t"})
-    fmt: str = Field("table", description="table, markdown, html or json", json_schema_extra={"flag": "--format"})
+    fmt: str = format_field()

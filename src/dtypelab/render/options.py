@@ -3,15 +3,13 @@ machine (``policies``, ``hardware``): validated like every command's options, im
 
 from __future__ import annotations
 
-import re
-
 from pydantic import Field, field_validator
 
-from dtypelab.core.options import Options
+from dtypelab.core.options import Options, check_regex, device_field, format_field, json_field
 
 
 class ShowOptions(Options):
-    fmt: str = Field("table", description="table, markdown, html or json", json_schema_extra={"flag": "--format"})
+    fmt: str = format_field()
     top: int = Field(0, ge=0, description="audit: rows to show, riskiest first (0: all)")
 
 
@@ -24,19 +22,14 @@ class ReportOptions(Options):
     @field_validator("layer")
     @classmethod
     def _layer(cls, v: str | None) -> str | None:
-        if v:
-            try:
-                re.compile(v)
-            except re.error as exc:
-                raise ValueError(f"{v!r} is not a valid regular expression: {exc}") from None
-        return v
+        return check_regex(v)
 
 
 class PoliciesOptions(Options):
-    device: str | None = Field(None, description="cpu, cuda, cuda:N [default: cuda if present]")
+    device: str | None = device_field()
 
 
 class HardwareOptions(Options):
-    device: str | None = Field(None, description="cpu, cuda, cuda:N [default: cuda if present]")
-    json_path: str | None = Field(None, description="also save the probe here, for --hardware FILE (bench, tune) or "
-                                                    "DTYPELAB_HARDWARE", json_schema_extra={"flag": "--json"})
+    device: str | None = device_field()
+    json_path: str | None = json_field("also save the probe here, for --hardware FILE (bench, tune) or "
+                                          "DTYPELAB_HARDWARE")

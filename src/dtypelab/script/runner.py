@@ -198,6 +198,12 @@ def diagnose_script(target: Target | str, policy: str | Plan, diagnosis: Diagnos
     return (record[0] if record else None), out
 
 
+def script_environment(given: dict[str, Any] | None, device: str | None, hardware: Any) -> dict[str, Any]:
+    """The environment a script's trace or audit record carries: ``given``, else this machine's (a quick probe,
+    or the saved one ``hardware`` names)."""
+    return given if given is not None else environment(hardware_for(device, hardware, 0.02))
+
+
 def script_record(cls: Any, text: str, task: str, env: dict[str, Any]) -> Any:
     """The trace or audit record a script's session wrote, with this process's environment and the script's path."""
     loaded = cls.from_json(text)

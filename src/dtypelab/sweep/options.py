@@ -8,7 +8,16 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from dtypelab.core.options import Options, parse_duration
+from dtypelab.core.options import (
+    Options,
+    batch_size_field,
+    device_field,
+    hardware_field,
+    json_field,
+    parse_duration,
+    script_args_field,
+    threads_field,
+)
 from dtypelab.core.tolerance import Tolerance
 from dtypelab.profiling import PROFILE_STEPS
 
@@ -25,18 +34,16 @@ class BenchOptions(Options):
     mode: Literal["train", "infer"] = Field("train", description="train, or infer (forward latency and output "
                                                                  "fidelity)")
     steps: int | None = Field(None, ge=1, description="training steps (infer: timed forward passes)")
-    batch_size: int | None = Field(None, ge=1, description="samples per step [default: the task's]",
-                                   json_schema_extra={"short": "-b"})
+    batch_size: int | None = batch_size_field()
     warmup: int | None = Field(None, ge=0, description="steps excluded from timing [default: steps/10, ≤10]")
     tolerance: str = Field("1%", description="allowed metric change vs fp32: 1% or an absolute 0.005")
-    device: str | None = Field(None, description="cpu, cuda, cuda:N [default: cuda if present]")
+    device: str | None = device_field()
     seed: int = Field(0, description="seed of the initial weights, batches and dropout (a script: of its process)")
     force: bool = Field(False, description="run policies measured to be pathologically slow here")
     timeout_s: float = Field(600.0, gt=0, description="time limit per policy, seconds",
                              json_schema_extra={"flag": "--timeout"})
-    threads: int | None = Field(None, ge=1, description="torch threads per run [default: torch's]")
-    json_path: str | None = Field(None, description="result file [default: dtypelab-results/…]",
-                                  json_schema_extra={"flag": "--json"})
+    threads: int | None = threads_field("torch threads per run [default: torch's]")
+    json_path: str | None = json_field()
     per_layer: bool = Field(False, description="infer: SQNR of every layer's output vs fp32")
     min_cosine: float = Field(0.99, ge=0, le=1, description="infer: lowest worst-sample output cosine vs fp32 to "
                                                             "accept")
@@ -52,11 +59,9 @@ class BenchOptions(Options):
                                                     "(TensorBoard, Perfetto) to this folder")
     launcher: Any = Field(None, description="how each policy runs: process (its own, the default) or inline (in "
                                             "this process: no isolation)", json_schema_extra={"cli_type": "str"})
-    hardware: Any = Field(None, description="decide with this saved hardware probe (dtypelab hardware --json FILE, or "
-                                            "any record) instead of probing",
-                          json_schema_extra={"cli_type": "str", "envvar": "DTYPELAB_HARDWARE"})
-    script_args: tuple[str, ...] = Field((), description="a training script's own arguments (after --)",
-                                         json_schema_extra={"cli": False})
+    hardware: Any = hardware_field("decide with this saved hardware probe (dtypelab hardware --json FILE, or any "
+                                   "record) instead of probing")
+    script_args: tuple[str, ...] = script_args_field()
     nproc: int | None = Field(None, ge=1, description="run every policy under torchrun on N ranks per node (gloo on "
                                                       "CPU, NCCL on CUDA); policies may add +ddp-fp16, +ddp-bf16, "
                                                       "+ddp-powersgd, +fsdp, +fsdp-bf16-params-fp32-reduce",

@@ -6,7 +6,15 @@ from typing import Any
 
 from pydantic import Field
 
-from dtypelab.core.options import Options
+from dtypelab.core.options import (
+    Options,
+    batch_size_field,
+    device_field,
+    hardware_field,
+    json_field,
+    script_args_field,
+    threads_field,
+)
 
 
 class TraceOptions(Options):
@@ -17,14 +25,10 @@ class TraceOptions(Options):
                                                                  "they cost ~2% of the time]")
     stop_on_skip: bool = Field(False, description="amp-fp16: trace the first step GradScaler skips (default: log "
                                                   "skips, stop only when the scale collapses below 1)")
-    batch_size: int | None = Field(None, ge=1, description="samples per step [default: the task's]",
-                                   json_schema_extra={"short": "-b"})
+    batch_size: int | None = batch_size_field()
     seed: int = Field(0, description="seed of the initial weights, batches and dropout")
-    device: str | None = Field(None, description="cpu, cuda, cuda:N [default: cuda if present]")
-    threads: int | None = Field(None, ge=1, description="torch threads [default: torch's]")
-    json_path: str | None = Field(None, description="result file [default: dtypelab-results/…]",
-                                  json_schema_extra={"flag": "--json"})
-    hardware: Any = Field(None, description="decide with this saved hardware probe instead of probing",
-                          json_schema_extra={"cli_type": "str", "envvar": "DTYPELAB_HARDWARE"})
-    script_args: tuple[str, ...] = Field((), description="a training script's own arguments (after --)",
-                                         json_schema_extra={"cli": False})
+    device: str | None = device_field()
+    threads: int | None = threads_field()
+    json_path: str | None = json_field()
+    hardware: Any = hardware_field()
+    script_args: tuple[str, ...] = script_args_field()

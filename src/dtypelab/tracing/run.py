@@ -11,14 +11,13 @@ import torch
 
 from dtypelab.core.errors import describe_exception
 from dtypelab.core.hardware import environment as current_environment
-from dtypelab.core.hardware import hardware_for
 from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
 from dtypelab.core.results import Finding, TraceConfig, TraceReport, check_writable
 from dtypelab.core.source import Sites
 from dtypelab.core.task import Task
 from dtypelab.run import Target
-from dtypelab.script import diagnose_script, script_record
+from dtypelab.script import diagnose_script, script_environment, script_record
 from dtypelab.tracing.guard import Guard, NonFiniteError
 from dtypelab.tracing.options import TraceOptions
 from dtypelab.tracing.script import TraceDiagnosis
@@ -39,8 +38,7 @@ def trace(task: str | Task, options: TraceOptions | None = None, *, progress: Pr
     if target.is_script:
         text, out = diagnose_script(target, opts.policy, TraceDiagnosis(), args=tuple(opts.script_args),
                                     device=opts.device, seed=opts.seed, on_step=progress)
-        env = environment if environment is not None else current_environment(
-            hardware_for(opts.device, opts.hardware, 0.02))
+        env = script_environment(environment, opts.device, opts.hardware)
         if text is None:
             report = TraceReport(TraceConfig(task=target.spec, policy=str(opts.policy), steps=0, batch_size=0,
                                              seed=opts.seed, device=str(opts.device or ""), checkpoint_every=0,

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from dtypelab.core.options import Options
+from dtypelab.core.options import Options, batch_size_field, device_field, hardware_field, json_field
 from dtypelab.core.tolerance import Tolerance
 
 DEFAULT_CANDIDATES = {"infer": "int8-dyn", "train": "bf16,amp-bf16"}
@@ -23,16 +23,13 @@ class TuneOptions(Options):
     steps: int | None = Field(None, ge=2, description="train: steps of each full evaluation [default: the task's]")
     probe_steps: int | None = Field(None, ge=2, description="train: steps of each layer's probe [default: steps/4]")
     output: str | None = Field(None, description="write the chosen plan here (JSON)", json_schema_extra={"short": "-o"})
-    json_path: str | None = Field(None, description="the tune record (every evaluation)",
-                                  json_schema_extra={"flag": "--json"})
-    batch_size: int | None = Field(None, ge=1, description="samples per batch [default: the task's]",
-                                   json_schema_extra={"short": "-b"})
-    device: str | None = Field(None, description="cpu, cuda, cuda:N [default: cuda if present]")
+    json_path: str | None = json_field("the tune record (every evaluation)")
+    batch_size: int | None = batch_size_field("samples per batch")
+    device: str | None = device_field()
     weights: str | None = Field(None, description="fp32 state dict [default: the task's model as built]")
     seed: int = Field(0, description="seed of the model's initial weights and the batches")
     force: bool = Field(False, description="search with candidates measured to be pathologically slow here")
-    hardware: Any = Field(None, description="decide with this saved hardware probe instead of probing",
-                          json_schema_extra={"cli_type": "str", "envvar": "DTYPELAB_HARDWARE"})
+    hardware: Any = hardware_field()
 
     @field_validator("tolerance")
     @classmethod

@@ -21,6 +21,7 @@ from dtypelab.core.policies.distributed import Distributed, split_modifier
 from dtypelab.core.policies.plan import PLAN_SCHEMA, Availability, Plan, single
 from dtypelab.core.policies.precision import Precision
 from dtypelab.core.results import PolicyInfo
+from dtypelab.core.results.store import read_json
 from dtypelab.core.tolerance import BASELINE, COMPILED_BASELINE
 
 REGISTRY: dict[str, Plan] = {}
@@ -94,15 +95,7 @@ def _config_named(name: str) -> Config:
 
 def load_plan(path: str) -> Plan:
     """A plan from a JSON file (see ``Plan.from_dict``); its name defaults to the file's stem."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise DtypelabError(f"no such plan file: {path}") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DtypelabError(f"cannot read plan {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise DtypelabError(f"{path} is not a dtypelab plan (expected a JSON object)")
+    data = read_json(path, "plan file")
     plan = Plan.from_dict(data, lookup=_config_named)
     return plan if data.get("name") else dataclasses.replace(plan, name=os.path.splitext(os.path.basename(path))[0])
 

@@ -84,20 +84,23 @@ def plain_json(obj: Any) -> str:
     return to_json(obj, indent=1, inf_nan_mode="strings").decode()
 
 
-def read_json(path: str) -> dict[str, Any]:
+def read_json(path: str, what: str = "result file") -> dict[str, Any]:
+    """The JSON object in ``path``; a missing, unreadable or non-JSON file, or one holding no object, is a one-line
+    error that names ``what`` the file was meant to be (result file, plan file, hardware file)."""
     try:
         with open(path) as f:
             text = f.read()
     except FileNotFoundError:
-        raise DtypelabError(f"no such result file: {path}") from None
+        raise DtypelabError(f"no such {what}: {path}") from None
     except OSError as exc:
-        raise DtypelabError(f"cannot read {path}: {exc.strerror}") from None
+        raise DtypelabError(f"cannot read {what} {path}: {exc.strerror}") from None
     try:
         d = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DtypelabError(f"{path} is not valid JSON (line {exc.lineno}): {exc.msg}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        line = f" (line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise DtypelabError(f"cannot read {what} {path}: not valid JSON{line}") from None
     if not isinstance(d, dict):
-        raise DtypelabError(f"{path} is not a dtypelab result file")
+        raise DtypelabError(f"{path} is not a dtypelab {what} (expected a JSON object)")
     return d
 
 
