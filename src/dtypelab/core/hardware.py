@@ -16,6 +16,7 @@ import torch
 
 from dtypelab.core.disturbance import CpuMeter, describe
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.results.store import read_json
 from dtypelab.core.version import __version__
 
 # CPU flags that decide whether a low-precision format is computed natively or converted around fp32.
@@ -256,9 +257,6 @@ def measured_probe(device: str | torch.device | None = None, budget_s: float = 0
 
 def load_hardware(path: str) -> HardwareInfo:
     """A saved probe: ``dtypelab hardware --json FILE``, or any dtypelab record (its environment's hardware)."""
-    # imported here: the results package is not needed to probe, only to read a saved probe
-    from dtypelab.core.results.store import read_json
-
     data: Any = read_json(path, "hardware file")
     if isinstance(data, dict) and isinstance(data.get("environment"), dict):
         data = data["environment"].get("hardware")
