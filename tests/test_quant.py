@@ -203,12 +203,15 @@ def test_int8_without_vnni_is_called_not_native(tiny):
 
 def test_quantized_policies_are_judged_by_the_kernel_they_run():
     keys = {name: get_policy(name).default.probe_key for name in QUANT}
-    assert keys == {"int8-dyn": "int8", "int8-dyn-compile": "float32", "int8-wo": "int8-weight-only",
+    assert keys == {"int8-dyn": "int8", "int8-dyn-compile": "int8", "int8-wo": "int8-weight-only",
                     "fp8-wo": "fp8-weight-only", "int8-dyn-legacy": "int8-fbgemm", "int8-dyn-legacy-pc": "int8-fbgemm"}
     slow_int8 = fake_hardware(int8=2.0, int8_fbgemm=150.0, int8_weight_only=60.0, fp8_weight_only=40.0)
     avail = get_policy("int8-dyn").availability(slow_int8)
     assert avail.ok and avail.slow and "torch._int_mm" in avail.reason and "50x slower" in avail.reason
-    for fine in ("int8-dyn-compile", "int8-wo", "fp8-wo", "int8-dyn-legacy"):
+    # compiled, it inherits the verdict of the int8 matmul it still runs (not fp32's, as it once did)
+    compiled = get_policy("int8-dyn-compile").availability(slow_int8)
+    assert compiled.slow and "50x slower" in compiled.reason and "compiling does not change that" in compiled.reason
+    for fine in ("int8-wo", "fp8-wo", "int8-dyn-legacy"):
         assert not get_policy(fine).availability(slow_int8).slow, fine
 
 

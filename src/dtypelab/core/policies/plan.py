@@ -192,6 +192,8 @@ class Plan:
         for key in [c.probe_key for c in self.configs] + ([fsdp_dtype] if fsdp_dtype else []):
             slow = hw.slow_reason(key)
             if slow and not hw.disturbed:  # a disturbed probe skips nothing: the in-run check decides
+                if self.compile or any(c.compiles for c in self.configs):
+                    slow += "; compiling does not change that"
                 return Availability(True, slow, slow=True)
         return Availability(True)
 
