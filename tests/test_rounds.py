@@ -130,6 +130,19 @@ def test_the_sweep_times_in_rounds_and_stores_intervals(tmp_path):
 
 
 
+def test_a_policy_already_outside_the_constraints_is_not_timed_again(tmp_path):
+    """bf16's outputs cannot reach a worst cosine of 0.9999999 (an 8-bit mantissa): it is rejected by its own run,
+    so the rounds time only fp32 and fp64; the decision and its record say why bf16 has no interval."""
+    report = bench(f"{TINY}:make_task", "fp64,bf16", mode="infer", steps=8, rounds=3, min_cosine=0.9999999,
+                   isolate=False, hardware=fake_hardware(), json_path=str(tmp_path / "r.json"))
+    bf16, fp64 = report.result("bf16"), report.result("fp64")
+    assert report.recommendation.verdict("bf16").verdict.value == "cosine"
+    assert not bf16.rounds and bf16.speedup_ci is None and bf16.timing  # its own run's timing stays
+    assert len(fp64.rounds) == 3 and fp64.speedup_ci is not None
+    assert report.recommendation.chosen == "fp32"
+    assert any(n.startswith("bf16: not timed in the rounds") for n in report.recommendation.notes)
+    assert report.recommendation.verdict("bf16").speedup is not None  # the medians' ratio still shows
+
 def test_a_disturbed_probe_or_baseline_never_skips_a_policy_as_slow(monkeypatch):
     from dtypelab.core import hardware
     from dtypelab.core.disturbance import Disturbance

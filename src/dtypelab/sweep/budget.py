@@ -69,5 +69,5 @@ def budget_plan(plans: list[Plan], hw: HardwareInfo, base_wall: float, budget_s:
         else:
             total += seconds
     text = (f"time budget {budget_text(budget_s)}: the {len(plans)} remaining polic{'ies' if len(plans) > 1 else 'y'} "
-            f"are estimated at ~{total:.0f} s, {max(0.0, left):.0f} s left")
+            f"{'are' if len(plans) > 1 else 'is'} estimated at ~{total:.0f} s, {max(0.0, left):.0f} s left")
     return text + (f"; at those estimates these will be skipped: {', '.join(dropped)}" if dropped else "")

@@ -290,10 +290,15 @@ class _Sweep:
     def _interleaved(self, report: Report, job: RoundsJob) -> Report:
         """The speed phase: the policies that ran to the end are timed again in interleaved rounds, in one process,
         and each gets its paired speedup and interval. A failure here keeps the learning runs' own timings."""
-        names = [r.policy for r in report.results if r.status == "ok" and r.timing]
+        on_event, plans = self.on_event, self.plans
+        ran = [r.policy for r in report.results if r.status == "ok" and r.timing]
+        # a policy already outside the constraints is rejected whatever its speed: timing it again decides nothing
+        rec = report.recommendation
+        names = [n for n in ran if not (rec and (v := rec.verdict(n)) and v.verdict.settled)]
+        if COMPILED_BASELINE in ran and COMPILED_BASELINE not in names and any(plans[n].compiles for n in names):
+            names.append(COMPILED_BASELINE)  # the fair baseline of the compiled policies still timed
         if BASELINE not in names or len(names) < 2:
             return report
-        on_event, plans = self.on_event, self.plans
         job = replace(job, plans=tuple(plans[n] for n in names))
         label = f"timing in {job.rounds} interleaved rounds of {job.block} steps"
         on_event(Event("start", "rounds", 0, job.rounds * len(names), label=label))

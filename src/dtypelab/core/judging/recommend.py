@@ -262,7 +262,7 @@ def recommend(report: Report) -> Recommendation:
         hint = {"slow": "; use --force to run anyway", "budget": "; a larger --budget (0: none) runs it"}.get(skip, "")
         sentences.append(f"{', '.join(names)}: {text}{hint}.")
     return Recommendation(decision, best, sentences[0], _ordered(report, {**not_run, **verdicts}), lowest,
-                          tuple(sentences), tuple(table_notes(report)))
+                          tuple(sentences), tuple(table_notes(report, verdicts)))
 
 
 def _ordered(report: Report, verdicts: dict[str, PolicyVerdict]) -> tuple[PolicyVerdict, ...]:
@@ -289,9 +289,9 @@ def _linear_bytes(r: PolicyResult) -> float | None:
     return r.size["linear_weight_bytes"] if r.size else None
 
 
-def table_notes(report: Report) -> list[str]:
+def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None) -> list[str]:
     """The footnotes under the table: how each policy computes, compiled baselines, emulated formats, what the
-    columns mean, noisy timings."""
+    columns mean, policies left out of the rounds (by their ``verdicts``), noisy timings."""
     notes: list[str] = []
     ran = [r for r in report.results if r.ran]
     try:
@@ -323,6 +323,11 @@ def table_notes(report: Report) -> list[str]:
         notes.append(f"speedup: geometric mean of fp32's block median over the policy's, over {cfg.rounds} "
                      f"interleaved rounds of {cfg.rounds_block} steps in one process (paired: the same round, the "
                      "same batches), with a 95% Student-t interval; step ms is from each policy's own run.")
+    settled = [r.policy for r in ran if r.timing and not r.speedup_ci and verdicts and r.policy in verdicts
+               and verdicts[r.policy].verdict.settled]
+    if settled and any(r.speedup_ci for r in report.results):
+        notes.append(f"{', '.join(settled)}: not timed in the rounds (a policy outside the constraints is rejected "
+                     "whatever its speed); its speedup is the ratio of each run's own median, without an interval.")
     if any(r.timing and r.timing.noisy for r in report.results):
         notes.append("* noisy timing: IQR above 10% of the median; compare such policies with care.")
     return notes

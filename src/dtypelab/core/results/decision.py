@@ -42,6 +42,12 @@ class Verdict(str, Enum):
     UNJUDGED = "unjudged"  # it ran, but fp32 did not complete: nothing to judge it against
 
     @property
+    def settled(self) -> bool:
+        """Rejected whatever its speed (the learning run's metric, cosine or loss decided): timing it again in
+        paired rounds cannot change the decision."""
+        return self in (Verdict.OUTSIDE, Verdict.COSINE, Verdict.NONFINITE, Verdict.NO_METRIC)
+
+    @property
     def accepted(self) -> bool:
         """Within every constraint (a policy the decision could choose)."""
         return self in (Verdict.BASELINE, Verdict.RECOMMENDED, Verdict.BETTER, Verdict.EQUAL, Verdict.WITHIN,
