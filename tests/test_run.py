@@ -36,7 +36,9 @@ class Work:
         if self.how == "oom":
             raise MemoryError
         report.step(2, 2)
-        return {"value": 42, "pid": os.getpid()}
+        if self.how == "numpy":
+            import numpy  # noqa: F401
+        return {"value": 42, "pid": os.getpid(), "ppid": os.getppid()}
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +59,24 @@ def test_inline_and_process_launchers_give_the_same_outcomes(tmp_path):
     assert child.value["pid"] != os.getpid() and child.started
 
 
-def test_a_crash_or_a_hang_in_a_child_becomes_an_outcome_and_no_process_is_left(tmp_path):
+def _children(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid``."""
+    out = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(p))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_a_crash_or_a_hang_in_a_child_becomes_an_outcome_and_no_process_is_left(tmp_path, monkeypatch, fork):
+    """Forked from the zygote or a fresh interpreter, the same outcomes, and nothing left running."""
+    monkeypatch.setenv("DTYPELAB_FORK", fork)
     launcher = ProcessLauncher(str(tmp_path))
     crash = launcher.run(Work("segfault"), 30, lambda d, t: None)
     assert crash.status == "failed" and "SIGSEGV" in crash.reason
@@ -74,6 +93,31 @@ def test_a_crash_or_a_hang_in_a_child_becomes_an_outcome_and_no_process_is_left(
         except OSError:
             continue
     assert not alive
+    zygote = launcher._zygote
+    assert (zygote is not None and zygote.proc is not None) == (fork == "1")
+    if zygote is not None and zygote.proc is not None:
+        assert not _children(zygote.proc.pid)  # its workers are gone too
+        zygote.close()
+        assert zygote.proc is None
+
+
+def test_cpu_work_forks_from_a_warm_zygote_that_keeps_heavy_libraries(tmp_path, monkeypatch):
+    monkeypatch.delenv("DTYPELAB_FORK", raising=False)
+    launcher = ProcessLauncher(str(tmp_path))
+    first = launcher.run(Work("numpy"), 60, lambda d, t: None)
+    zygote = launcher._zygote
+    assert first.ok and zygote is not None and first.value["ppid"] == zygote.proc.pid
+    assert "numpy" in zygote.warm  # the worker said it loaded numpy: the zygote imports it before the next fork
+    second = launcher.run(Work("ok"), 60, lambda d, t: None)
+    assert second.ok and second.value["ppid"] == zygote.proc.pid and second.value["pid"] != first.value["pid"]
+    monkeypatch.setenv("SOME_IMPORT_SETTING", "1")  # the environment modules import under changed: a new zygote
+    third = launcher.run(Work("ok"), 60, lambda d, t: None)
+    assert third.ok and third.value["ppid"] == zygote.proc.pid != first.value["ppid"]
+    assert not launcher.forks(type("CudaWork", (), {"device": "cuda:0"})())  # CUDA work: a fresh interpreter
+    monkeypatch.setenv("DTYPELAB_FORK", "0")
+    fresh = launcher.run(Work("ok"), 60, lambda d, t: None)
+    assert fresh.ok and fresh.value["ppid"] == os.getpid()
+    zygote.close()
 
 
 def test_a_script_runs_as_itself_with_its_session_as_the_worker(tmp_path):

@@ -3,9 +3,9 @@ one channel that every worker talks over, one error model (``Outcome``), the eve
 ``Target`` that says once whether the work is a Task or a script. Capabilities ask this layer to run their work;
 none of them knows how processes are made."""
 
-from dtypelab.run.channel import Reporter, connect
+from dtypelab.run.channel import Reporter, connect, watch_parent
 from dtypelab.run.events import Event, OnEvent
-from dtypelab.run.launchers import LAUNCHERS, InlineLauncher, Launcher, OnStep, ProcessLauncher, Work, watch_parent
+from dtypelab.run.launchers import LAUNCHERS, InlineLauncher, Launcher, OnStep, ProcessLauncher, Work
 from dtypelab.run.outcome import Outcome, failure
 from dtypelab.run.script import ScriptLauncher, ScriptRun
 from dtypelab.run.target import Target

@@ -122,6 +122,19 @@ def connect(rank: int = 0) -> tuple[Connection, Any] | None:
         raise
 
 
+def watch_parent() -> None:
+    """Exit this process when its parent dies (nobody would read its result, and it must not be orphaned)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 class Reporter:
     """What a worker's work reports through: steps (throttled), notices, and a capability's own messages."""
 

@@ -1,6 +1,7 @@
 """``python -m dtypelab.run.worker``: the process a child-process or torchrun launcher starts. It connects to the
 channel named in its environment, is sent its work, runs it, and sends back ``("done", value, rank)`` or
-``("error", status, reason)`` (a torchrun rank's reason names its rank). Never imported by the package."""
+``("error", status, reason)`` (a torchrun rank's reason names its rank). A worker forked from the zygote
+(``dtypelab.run.zygote``) runs the same ``main``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import os
 import signal
 import sys
 
-from dtypelab.run.channel import Reporter, connect
-from dtypelab.run.launchers import watch_parent
+from dtypelab.run.channel import Reporter, connect, watch_parent
 from dtypelab.run.outcome import failure
+
+# Libraries a worker may import that cost seconds each: a worker says which it loaded, and the zygote imports them
+# before it forks the next one (between workers, never while one runs). Only these: a user's modules never run there.
+WARM = ("numpy", "safetensors", "torchao", "transformers", "tokenizers", "ml_dtypes", "lightning", "pydantic")
 
 
 def main() -> int:
@@ -29,6 +33,8 @@ def main() -> int:
         status, reason = failure(exc)
         conn.send(("error", status, f"rank {rank}: {reason}" if "WORLD_SIZE" in os.environ else reason, rank))
         return 1
+    # heavy libraries the work imported: a zygote loads them before it forks the next worker
+    conn.send(("modules", [m for m in WARM if m in sys.modules]))
     conn.send(("done", value, rank))
     conn.close()
     return 0

@@ -23,7 +23,7 @@ from dtypelab.core.loop import build_model, forward, threads, to_device, train_s
 from dtypelab.core.measure import StepTimer, device_sync
 from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.results import RoundBlock, SpeedupInterval
-from dtypelab.core.stats import MIN_QUIET, ratio_interval
+from dtypelab.core.stats import MIN_GAIN, MIN_QUIET, ratio_interval
 from dtypelab.core.task import load_task
 
 
@@ -43,6 +43,11 @@ class RoundsJob:
     threads: int | None = None
     warmup: int = 2  # untimed steps per policy before the first round (caches, compiled graphs)
     workdir: str = "."  # where a child process's log goes (the sweep's temporary folder)
+    # Sequential: after ``rounds``, a policy whose interval still straddles the no-gain band (the decision
+    # could go either way) is timed in more rounds, up to ``max_rounds``, while those extra rounds have taken
+    # less than the first ones did; a policy already decided is not timed again. 0: exactly ``rounds``.
+    max_rounds: int = 0
+    baseline: str = "fp32"
 
     @property
     def name(self) -> str:  # for a launcher's messages about it
@@ -109,8 +114,11 @@ def _rounds(job: RoundsJob, progress: Callable[[int, int], None]) -> dict[str, t
                 step(precision, model, optimizer, i, None)
     out: dict[str, list[RoundBlock]] = {name: [] for name, *_ in runs}
     total, done = job.rounds * len(runs), 0
-    for r in range(job.rounds):
-        for name, precision, model, optimizer in (runs if r % 2 == 0 else runs[::-1]):
+    first_s = 0.0  # the planned rounds' time: the extra rounds may take as long again, no longer
+    start = time.perf_counter()
+    r, active = 0, runs
+    while active:
+        for name, precision, model, optimizer in (active if r % 2 == 0 else active[::-1]):
             timer, cpu = StepTimer(sync=sync), CpuMeter()
             with precision.session():
                 cpu.start()
@@ -122,15 +130,38 @@ def _rounds(job: RoundsJob, progress: Callable[[int, int], None]) -> dict[str, t
                                         other_cores=other, pressure_s=d.pressure_s if d else None,
                                         disturbed=bool(d and d.disturbed)))
             done += 1
-            progress(done, total)
+            progress(min(done, total), total)
+        r += 1
+        if r == job.rounds:
+            first_s = time.perf_counter() - start
+        if r >= job.rounds:
+            close = _undecided(out, job.baseline) if r < job.max_rounds and \
+                time.perf_counter() - start < 2 * first_s else set()
+            active = [run for run in runs if run[0] in close or (close and run[0] == job.baseline)]
+            if active:
+                total = done + len(active) * (job.max_rounds - r)
+    progress(done, done)
     return {k: tuple(v) for k, v in out.items()}
+
+
+def _undecided(out: dict[str, list[RoundBlock]], baseline: str) -> set[str]:
+    """The policies whose paired interval so far straddles the no-gain band: more rounds could decide them."""
+    base = tuple(out.get(baseline, ()))
+    close = set()
+    for name, blocks in out.items():
+        ci = paired_speedup(base, tuple(blocks)) if name != baseline else None
+        if ci is not None and ci.low <= 1 + MIN_GAIN <= ci.high:
+            close.add(name)
+    return close
 
 
 # --- statistics ------------------------------------------------------------------------------------------
 def paired_speedup(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...]) -> SpeedupInterval | None:
     """fp32's block median over this policy's, round by round; their geometric mean and a Student-t interval
     on the log ratios. Rounds where either block was disturbed are left out while MIN_QUIET quiet ones remain."""
-    pairs = [(b, p) for b, p in zip(base, blocks, strict=False) if b.median_s > 0 and p.median_s > 0]
+    by_round = {b.round: b for b in base}  # a policy decided early has fewer rounds than fp32: pair by round
+    pairs = [(by_round[p.round], p) for p in blocks
+             if p.round in by_round and by_round[p.round].median_s > 0 and p.median_s > 0]
     quiet = [(b, p) for b, p in pairs if not (b.disturbed or p.disturbed)]
     used = quiet if len(quiet) >= MIN_QUIET else pairs
     ci = ratio_interval([(b.median_s, p.median_s) for b, p in used])

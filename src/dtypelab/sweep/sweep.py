@@ -46,6 +46,7 @@ INFER_STEPS = 50
 INFER_TIME_BOX_S = 8.0
 MIN_TIMED = 4
 DEFAULT_ROUNDS = {"train": 5, "infer": 3}
+MORE_ROUNDS = 3  # a policy whose interval still straddles the no-gain band gets up to this many times the rounds
 # --nproc without --policies: plain DDP (the baseline), each gradient compression, FSDP2 with and without bf16
 DISTRIBUTED_DEFAULTS = ("fp32", "fp32+ddp-fp16", "fp32+ddp-bf16", "fp32+ddp-powersgd", "fp32+fsdp",
                         "fp32+fsdp-bf16-params-fp32-reduce")
@@ -163,12 +164,13 @@ class _Sweep:
         """(steps, batch size, warm-up, inference time box, rounds, block) from the options and the task."""
         opts, task = self.opts, self.task
         # A pretrained task is never trained: its steps are forward passes, sized for its (larger) model.
-        time_box = INFER_TIME_BOX_S if opts.mode == "infer" and opts.steps is None else None
         steps = opts.steps or (INFER_STEPS if opts.mode == "infer" and not task.pretrained else task.steps)
         warmup = max(1, min(10, steps // 10)) if opts.warmup is None else opts.warmup
         if warmup >= steps:
             raise DtypelabError(f"--warmup ({warmup}) must be smaller than --steps ({steps})")
         rounds = 0 if self.torchrun else DEFAULT_ROUNDS[opts.mode] if opts.rounds is None else opts.rounds
+        # with rounds, the paired rounds decide speed and a run's own latency is a column only: half the time box
+        time_box = (INFER_TIME_BOX_S / (2 if rounds else 1)) if opts.mode == "infer" and opts.steps is None else None
         # Blocks long enough for a median, short enough that the rounds cost a fraction of the learning runs.
         block = 0 if not rounds else (max(5, min(30, steps // (2 * rounds))) if opts.mode == "train"
                                       else max(2, min(10, steps // (2 * rounds))))
@@ -209,7 +211,8 @@ class _Sweep:
                     workdir, "reference.pt" if opts.mode == "infer" else "init.pt")
                 report = self._interleaved(report, RoundsJob(self.target.spec, (), opts.mode, rounds, block,
                                                              batch_size, opts.seed, str(self.dev), weights,
-                                                             opts.threads, workdir=workdir))
+                                                             opts.threads, workdir=workdir,
+                                                             max_rounds=MORE_ROUNDS * rounds))
         return report
 
     def _runnable(self, hardware: HardwareInfo) -> list[str]:

@@ -320,9 +320,12 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
                      "modules); linear W: bytes of linear-layer weights incl. scales, vs fp32.")
     cfg = report.config
     if any(r.speedup_ci for r in report.results):
+        most = max((len(r.rounds) for r in report.results), default=0)
+        more = (f" (up to {most} for a policy whose interval still straddled the {1 + MIN_GAIN:.2f}x band after "
+                f"them)") if most > cfg.rounds else ""
         notes.append(f"speedup: geometric mean of fp32's block median over the policy's, over {cfg.rounds} "
-                     f"interleaved rounds of {cfg.rounds_block} steps in one process (paired: the same round, the "
-                     "same batches), with a 95% Student-t interval; step ms is from each policy's own run.")
+                     f"interleaved rounds{more} of {cfg.rounds_block} steps in one process (paired: the same round, "
+                     "the same batches), with a 95% Student-t interval; step ms is from each policy's own run.")
     settled = [r.policy for r in ran if r.timing and not r.speedup_ci and verdicts and r.policy in verdicts
                and verdicts[r.policy].verdict.settled]
     if settled and any(r.speedup_ci for r in report.results):

@@ -1,0 +1,230 @@
+"""A warm parent for child-process workers: ``python -m dtypelab.run.zygote`` imports torch once, then forks one
+worker per request, so each policy's process starts in milliseconds instead of paying Python's start-up and torch's
+import again (about 2 s each on a 2-core CPU, more with torchao and transformers, which it also keeps once a worker
+has used them).
+
+Why forking is safe here: the zygote only imports. It runs no torch op, so no OpenMP or intra-op thread pool exists
+to be broken by ``fork``; it starts no thread; it never touches CUDA (CUDA work runs in fresh processes, see
+``ProcessLauncher``). Each worker starts a session of its own (so it and what it starts stop together), writes
+to its own log, and takes the launcher's environment and working directory of the moment.
+
+Protocol, one line each way: the launcher writes a JSON request (``env``, ``cwd``, ``log``, ``preload``) on the
+zygote's stdin; the zygote answers ``pid N`` once the worker exists and ``exit CODE`` when it has ended (a negative
+code: the signal that ended it, as ``subprocess`` reports it). Its stdin closing (the launcher gone) ends the zygote
+and any worker still running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any
+
+from dtypelab.run import worker
+
+POLL_S = 0.05
+READY_TIMEOUT_S = 120.0  # importing torch on a loaded 2-core machine can take tens of seconds
+
+
+# --- the zygote's side -----------------------------------------------------------------------------------------
+def _reply(text: str) -> None:
+    os.write(1, (text + "\n").encode())
+
+
+def _child(req: dict[str, Any]) -> None:
+    """In the forked worker: its own session, log, directory and environment; then the worker's main. Never returns."""
+    code = 1
+    try:
+        os.setsid()
+        fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        code = worker.main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _wait(pid: int) -> int | None:
+    """The worker's exit code, or None when the launcher went away first (the worker is then killed)."""
+    while True:
+        ready, _, _ = select.select([0], [], [], POLL_S)
+        if ready and not os.read(0, 1 << 16):  # EOF: nobody will read the result
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+
+
+def _requests():
+    """Request lines from stdin until it closes (read unbuffered, so ``select`` sees what is pending)."""
+    pending = b""
+    while True:
+        while b"\n" not in pending:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                return
+            pending += chunk
+        line, pending = pending.split(b"\n", 1)
+        yield json.loads(line)
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and closes our stdin
+    import torch  # noqa: F401  -- the point of this process
+
+    _reply("ready")
+    for req in _requests():
+        for name in req.get("preload", ()):
+            with contextlib.suppress(Exception):  # the worker will say what is wrong, in its own log
+                importlib.import_module(name)
+        pid = os.fork()
+        if pid == 0:
+            _child(req)
+        _reply(f"pid {pid}")
+        code = _wait(pid)
+        if code is None:
+            return 0
+        _reply(f"exit {code}")
+    return 0
+
+
+# --- the launcher's side ---------------------------------------------------------------------------------------
+class Zygote:
+    """The launcher's handle on its zygote: started on first use, started again when the environment or directory a
+    worker would import under has changed (or the zygote died), closed with the launcher's process."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self._key: tuple[Any, ...] | None = None
+        self._buf = b""
+        self._lock = threading.Lock()
+        self.warm: set[str] = set()  # heavy libraries a worker imported: loaded in the zygote before the next one
+
+    @staticmethod
+    def _import_key() -> tuple[Any, ...]:
+        # what decides how modules import: the interpreter, the directory, and the environment (dtypelab's own
+        # settings and the terminal's size are read at run time, not at import)
+        env = tuple(sorted((k, v) for k, v in os.environ.items()
+                           if not k.startswith("DTYPELAB_") and k not in ("COLUMNS", "LINES")))
+        return sys.executable, os.getcwd(), env
+
+    def _start(self) -> None:
+        self.close()
+        log = os.path.join(tempfile.gettempdir(), f"dtypelab-zygote-{os.getpid()}.log")
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "dtypelab.run.zygote"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=out, cwd=os.getcwd(),
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        self._key, self._buf, self.warm = self._import_key(), b"", set()
+        if self._line(READY_TIMEOUT_S) != "ready":
+            self.close()
+            raise OSError("the worker zygote did not start")
+
+    def _line(self, timeout: float | None) -> str | None:
+        """The zygote's next reply line; None when none came in ``timeout`` or the zygote has gone."""
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        end = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            wait = None if end is None else max(0.0, end - time.monotonic())
+            ready, _, _ = select.select([fd], [], [], wait)
+            if not ready:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode()
+
+    def fork(self, env: dict[str, str], log: str, preload: tuple[str, ...] = ()) -> Forked:
+        """A worker forked from the zygote, with ``env`` and the current directory, its output to ``log``."""
+        with self._lock:
+            if self.proc is None or self.proc.poll() is not None or self._key != self._import_key():
+                self._start()
+            assert self.proc is not None and self.proc.stdin is not None
+            req = {"env": env, "cwd": os.getcwd(), "log": log, "preload": [*preload, *sorted(self.warm)]}
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
+            reply = self._line(READY_TIMEOUT_S)
+            if not reply or not reply.startswith("pid "):
+                self.close()
+                raise OSError(f"the worker zygote did not fork a worker ({reply or 'no answer'})")
+            return Forked(self, int(reply.split()[1]))
+
+    def close(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()  # the zygote ends, and any worker with it
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+            self.proc = None
+
+
+class Forked:
+    """A forked worker as ``Watch`` follows a process: ``pid``, ``poll``, ``wait``, ``returncode`` (its exit code
+    comes from the zygote, its parent)."""
+
+    def __init__(self, zygote: Zygote, pid: int) -> None:
+        self.zygote, self.pid = zygote, pid
+        self.returncode: int | None = None
+
+    def _ended(self, timeout: float | None) -> bool:
+        if self.returncode is not None:
+            return True
+        line = self.zygote._line(timeout)
+        if line is not None and line.startswith("exit "):
+            self.returncode = int(line.split()[1])
+            return True
+        if line is None and (self.zygote.proc is None or self.zygote.proc.poll() is not None):
+            self.returncode = -signal.SIGKILL  # the zygote itself died, and its worker with it
+            return True
+        return False
+
+    def poll(self) -> int | None:
+        self._ended(0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended(timeout):
+            raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
