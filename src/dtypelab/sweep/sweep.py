@@ -212,7 +212,9 @@ class _Sweep:
                 report = self._interleaved(report, RoundsJob(self.target.spec, (), opts.mode, rounds, block,
                                                              batch_size, opts.seed, str(self.dev), weights,
                                                              opts.threads, workdir=workdir,
-                                                             max_rounds=MORE_ROUNDS * rounds))
+                                                             max_rounds=MORE_ROUNDS * rounds,
+                                                             # a forward pass is steady after its first call
+                                                             warmup=1 if opts.mode == "infer" else 2))
         return report
 
     def _runnable(self, hardware: HardwareInfo) -> list[str]:
