@@ -110,6 +110,26 @@ def test_a_policy_measured_10x_slower_than_fp32_on_the_model_stops_early(tmp_pat
     assert too_slow(tiny, [1e-3] * 5) == ""  # 10x slower, but the 35 steps left take 35 ms: nothing to save
 
 
+def test_after_a_disturbed_fp32_a_run_is_judged_by_its_fastest_step_over_a_span():
+    """Other processes only ever add time: fp32's fastest step is the bar's base, and a run is stopped only when
+    even its fastest step over SLOW_SPAN_S of steps is 10x that (a burst that slowed a few steps does not)."""
+    from dtypelab.core.measure import SLOW_SPAN_S, slow_base, slow_verdict
+
+    assert slow_base([9.0, 0.1, 0.3, 0.2], 1, disturbed=False) == (0.2, 0.0)  # quiet: the median of timed steps
+    assert slow_base([9.0, 0.1, 0.3, 0.2], 1, disturbed=True) == (0.1, SLOW_SPAN_S)  # disturbed: the fastest
+    assert slow_base([9.0], 1, disturbed=True) is None
+    limit = 1.0  # 10x a fastest fp32 step of 0.1 s
+    burst = [0.1, 2.0, 2.0, 2.0, 0.5]  # three steps slowed by a burst, then a normal one
+    assert slow_verdict(burst, 1, limit, 1000, 0.1, span_s=SLOW_SPAN_S) == ""
+    assert slow_verdict(burst, 1, limit, 1000, 0.1) != ""  # by the median, as after a quiet fp32, it would stop
+    short = [0.1, 2.0, 2.0]  # slow throughout, but only 2 timed steps / 4 s: not yet judged
+    assert slow_verdict(short, 1, limit, 1000, 0.1, span_s=SLOW_SPAN_S) == ""
+    slow = [0.1] + [2.0] * 3
+    reason = slow_verdict(slow, 1, limit, 1000, 0.1, span_s=SLOW_SPAN_S)
+    assert reason.startswith("measured pathologically slow on this model: its fastest step of 3 timed (6 s")
+    assert "vs 100 ms for fp32's fastest step, 20x slower" in reason
+
+
 def test_the_sweep_arms_the_check_from_fp32_and_force_disarms_it():
     seen = []
 

@@ -107,12 +107,17 @@ def test_rounds_run_every_policy_round_robin_in_one_process(tmp_path):
 
 
 def test_the_sweep_times_in_rounds_and_stores_intervals(tmp_path):
+    events = []
     report = bench(f"{TINY}:make_task", "bf16,fp64", steps=20, rounds=3, isolate=False, hardware=fake_hardware(),
-                   json_path=str(tmp_path / "r.json"))
+                   json_path=str(tmp_path / "r.json"), on_event=events.append)
     assert report.config.rounds == 3 and report.config.rounds_block == 5
+    # a first answer from the runs' own timing, said before the rounds start
+    said = [(e.kind, e.policy, e.label) for e in events if e.label.startswith("Provisional") or e.policy == "rounds"]
+    assert said[0][0] == "notice" and said[0][2].startswith("Provisional, from each run's own timing: ")
+    assert said[1][:2] == ("start", "rounds")
     for name in ("bf16", "fp64"):
         r = report.result(name)
-        # 3 rounds, and up to 9 where the interval still straddled the 1.02x band after them
+        # 3 rounds, and up to 9 where the interval still reached below the 1.02x band, its point above it
         assert 3 <= len(r.rounds) <= 9 and r.speedup_ci and r.speedup_ci.low <= r.speedup_ci.point <= r.speedup_ci.high
     fp32 = report.result("fp32")
     assert len(fp32.rounds) == max(len(report.result(n).rounds) for n in ("bf16", "fp64")) and fp32.speedup_ci is None
@@ -135,9 +140,12 @@ def test_the_sweep_times_in_rounds_and_stores_intervals(tmp_path):
 def test_more_rounds_go_only_to_a_policy_the_decision_could_still_go_either_way_for():
     from dtypelab.sweep.rounds import _undecided
 
-    out = {"fp32": list(blocks([10.0, 10.0, 10.0])), "clear": list(blocks([5.0, 5.1, 4.9])),
-           "slower": list(blocks([20.0, 21.0, 19.0])), "close": list(blocks([9.0, 10.5, 9.6]))}
+    out = {"fp32": list(blocks([10.0, 10.0, 10.0])), "slower": list(blocks([20.0, 21.0, 19.0])),
+           "close": list(blocks([9.0, 10.5, 9.6])), "level": list(blocks([10.6, 9.4, 10.3]))}
+    # "level" straddles 1.02 too, but its point is below it: more rounds narrow it around ~0.99, never above 1.02
     assert _undecided(out, "fp32") == {"close"}
+    # a policy already measurably 2x faster beats "close" outright: its rounds decide nothing more
+    assert _undecided({**out, "clear": list(blocks([5.0, 5.1, 4.9]))}, "fp32") == set()
     # a policy decided after 3 rounds pairs its 3 blocks with fp32's first 3 of 6, by round number
     base = blocks([10.0, 10.0, 10.0, 40.0, 40.0, 40.0])
     ci = paired_speedup(base, blocks([5.0, 5.0, 5.0]))
@@ -194,10 +202,42 @@ def test_a_disturbed_probe_or_baseline_never_skips_a_policy_as_slow(monkeypatch)
         name, seen = "spy", []
 
         def run(self, job, timeout_s, on_step):
-            self.seen.append((job.policy, job.slow_step_s))
+            self.seen.append((job.policy, job.slow_step_s, job.slow_span_s))
             return Outcome("ok", value=PolicyResult(
-                job.policy, "ok", batch_size=8, step_times_s=(0.01,) * 3, losses=(1.0,), metrics={"accuracy": 0.9},
+                job.policy, "ok", batch_size=8, step_times_s=(0.02, 0.01, 0.03), losses=(1.0,),
+                metrics={"accuracy": 0.9},
                 wall_s=1.0, disturbance={"wall_s": 1.0, "other_cores": 0.9} if job.policy == "fp32" else {}))
 
     bench(f"{TINY}:make_task", "bf16", launcher=Spy(), hardware=fake_hardware(), budget=0, rounds=0)
-    assert Spy.seen == [("fp32", None), ("bf16", None)]  # fp32 timed under disturbance: the check stays off
+    # fp32 timed under disturbance: the bar is 10x its fastest step, and a run is judged by its own fastest step
+    # over SLOW_SPAN_S of timed steps (a burst of other work cannot slow all of them)
+    from dtypelab.core.measure import SLOW_SPAN_S
+    assert Spy.seen == [("fp32", None, 0.0), ("bf16", pytest.approx(0.1), SLOW_SPAN_S)]
+
+
+def test_the_rounds_time_each_policys_first_call_and_the_notes_say_what_a_warm_cache_saves():
+    """A compiled policy's first call in its own run compiles with whatever cache there is; the rounds compile it
+    again from the cache that run filled. Both figures are in the record, and a note says what a re-run saves."""
+    job = RoundsJob(f"{TINY}:make_task", (get_policy("fp32"), get_policy("fp64")), "infer", rounds=3, block=2,
+                    batch_size=8, seed=0, device="cpu", weights=None, warmup=1)
+    result = run_rounds(job)
+    assert set(result.first_call_s) == {"fp32", "fp64"} and all(s > 0 for s in result.first_call_s.values())
+
+    from dtypelab.core.policies import policy_info
+    from dtypelab.core.records import judged
+
+    def compiled(name, cold, warm):
+        return PolicyResult(name, "ok", batch_size=8, warmup=0, step_times_s=(0.01,) * 3, metrics={"acc": 0.96},
+                            info=policy_info(get_policy(name)), first_call_s=cold, rounds_first_call_s=warm)
+    cfg = RunConfig(task="t", mode="infer", policies=("fp32", "fp32+compile", "bf16+compile"), steps=3,
+                    batch_size=8, warmup=0, seed=0, tolerance="1%", device="cpu", force=False, timeout_s=1,
+                    metric="acc", higher_is_better=True)
+    base = PolicyResult("fp32", "ok", batch_size=8, warmup=0, step_times_s=(0.01,) * 3, metrics={"acc": 0.96})
+    cold = judged(Report(cfg, {"hardware": {}}, (base, compiled("fp32+compile", 30.0, 3.0),
+                                                    compiled("bf16+compile", 12.5, 2.5))))
+    notes = cold.recommendation.notes
+    assert any("fp32+compile: the first call took 30.0 s" in n and "3.0 s when the rounds compiled it again" in n
+               for n in notes)
+    assert any(n.startswith("Compiling took 42 s of this sweep") and "about 37 s shorter" in n for n in notes)
+    warm = judged(Report(cfg, {"hardware": {}}, (base, compiled("fp32+compile", 3.5, 3.0))))
+    assert not any(n.startswith("Compiling took") for n in warm.recommendation.notes)

@@ -279,3 +279,19 @@ def test_a_disturbed_probe_skips_nothing_in_script_mode_and_says_so():
                           on_event=lambda e: notices.append(e.label) if e.kind == "notice" else None)
     assert report.result("bf16").status == "ok"
     assert any(n.startswith("the hardware probe was disturbed (other processes used 0.96") for n in notices)
+
+
+def test_after_a_disturbed_fp32_a_script_sweep_still_arms_the_slow_check():
+    """Outside testers saw bf16 and fp16 run a script to its end (minutes) beside another job: fp32 had been timed
+    under disturbance, and the check was off. Now its fastest step arms it, judged over a span of steps."""
+    from dtypelab import PolicyResult
+    from dtypelab.core.measure import SLOW_SPAN_S
+    from dtypelab.script.runner import pace
+
+    steps = (0.5, 0.02, 0.01, 0.03, 0.02)
+    quiet = pace(PolicyResult("fp32", "ok", warmup=1, step_times_s=steps), force=False)
+    assert quiet["slow_step_s"] == pytest.approx(0.2) and quiet["slow_span_s"] == 0.0  # 10x its median
+    busy = pace(PolicyResult("fp32", "ok", warmup=1, step_times_s=steps, disturbance={"disturbed": True}), False)
+    assert busy["slow_step_s"] == pytest.approx(0.1) and busy["slow_span_s"] == SLOW_SPAN_S  # 10x its fastest
+    assert "slow_step_s" not in pace(PolicyResult("fp32", "ok", warmup=1, step_times_s=steps), force=True)
+    assert busy["patience"] and "slow_step_s" not in pace(PolicyResult("fp32", "failed"), force=False)

@@ -16,6 +16,32 @@ from dtypelab.render.tables import markdown_table
 from dtypelab.render.tune import tune_doc
 
 
+def test_the_search_stops_at_its_time_budget_with_the_best_plan_measured_by_then():
+    import time
+
+    from dtypelab.tuning.search import Evaluation, LayerScore, search
+
+    layers = [LayerScore(n, 0.0, 0.01) for n in "abcd"]
+
+    def infeasible(chosen):  # nothing keeps the constraint: the count budget alone would allow many evaluations
+        return Evaluation(chosen, 1.5, 0.5, len(chosen) < 1, low=1.4, high=1.6)
+
+    free = search(layers, infeasible)
+    assert len(free.evaluations) > 1 and not free.out_of_time
+    late = search(layers, infeasible, deadline=time.monotonic() - 1)
+    assert len(late.evaluations) == 1 and late.out_of_time  # the first evaluation is always made
+
+
+def test_tune_says_when_its_time_budget_cut_the_search(tmp_path):
+    report = dtypelab.tune(f"{TINY}:make_task", candidates="int8-dyn", min_cosine=0.999999, budget=0.001,
+                           hardware=fake_hardware(int8=250.0))
+    assert len(report.evaluations) == 1
+    assert any(n.startswith("The search stopped at its time budget (0.001 s) after 1 of at most") for n in
+               report.notes)
+    with pytest.raises(Exception, match="bad budget"):
+        dtypelab.tune(f"{TINY}:make_task", budget="soon")
+
+
 def test_tune_on_a_tiny_model_writes_a_plan_that_bench_and_export_take(tmp_path):
     plan_file, record = tmp_path / "plan.json", tmp_path / "tune.json"
     report = dtypelab.tune(f"{TINY}:make_task", candidates="int8-dyn,bf16", min_cosine=0.99,

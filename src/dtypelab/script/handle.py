@@ -298,8 +298,8 @@ class Session:
 
     def _guard(self) -> None:
         """bench's protections, as a task run has them: stop a run whose loss stayed non-finite for
-        DIVERGED_PATIENCE steps, and one measured 10x slower per step than fp32 (when fp32's steps were timed
-        undisturbed). Either ends the script here, with what was measured so far."""
+        DIVERGED_PATIENCE steps, and one measured 10x slower per step than fp32 (``core.measure.slow_verdict``).
+        Either ends the script here, with what was measured so far."""
         job = self.job or {}
         if self.losses:
             self._nonfinite_run = 0 if math.isfinite(self.losses[-1]) else self._nonfinite_run + 1
@@ -309,7 +309,8 @@ class Session:
             raise SystemExit(0)
         samples = self.timer.samples
         slow = slow_verdict(samples, warmup_steps(int(job.get("baseline_steps") or len(samples))),
-                            job.get("slow_step_s"), int(job.get("baseline_steps") or 0), job.get("baseline_step_s"))
+                            job.get("slow_step_s"), int(job.get("baseline_steps") or 0), job.get("baseline_step_s"),
+                            float(job.get("slow_span_s") or 0.0))
         if slow:
             self.finished = True
             self._globals.__exit__(None, None, None)

@@ -18,6 +18,7 @@ from dtypelab.core.disturbance import was_disturbed
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import SLOW_RATIO, environment, hardware_for, probe_notice, resolve_device
 from dtypelab.core.loop import DIVERGED_PATIENCE
+from dtypelab.core.measure import slow_base
 from dtypelab.core.options import Options
 from dtypelab.core.policies import BASELINE, Plan, default_policies, get_policy, parse_policies, policy_info
 from dtypelab.core.records import save_judged
@@ -88,12 +89,13 @@ def script_result(out: Outcome, plan: Plan) -> tuple[PolicyResult, Primary]:
 
 
 def pace(fp32: PolicyResult, force: bool) -> dict[str, Any]:
-    """What a later policy's session needs for bench's in-run protections: fp32's step count and median step
-    (when fp32 was timed undisturbed: a disturbed median would set the bar by noise), and the divergence patience."""
+    """What a later policy's session needs for bench's in-run protections: fp32's step count and its step
+    (``slow_base``: the median, or the fastest step when other processes disturbed it), and the divergence
+    patience."""
     extra: dict[str, Any] = {"patience": DIVERGED_PATIENCE}
-    timing = fp32.timing
-    if fp32.status == "ok" and timing and not force and not was_disturbed(fp32.disturbance):
-        extra.update(slow_step_s=timing.median / SLOW_RATIO, baseline_step_s=timing.median,
+    base = slow_base(fp32.step_times_s, fp32.warmup, was_disturbed(fp32.disturbance)) if fp32.status == "ok" else None
+    if base is not None and not force:
+        extra.update(slow_step_s=base[0] / SLOW_RATIO, baseline_step_s=base[0], slow_span_s=base[1],
                      baseline_steps=len(fp32.step_times_s))
     return extra
 

@@ -58,7 +58,8 @@ class Job:
     # Median step time above which this policy is pathologically slow on this very model (10x fp32's): the run
     # stops after warm-up + SLOW_AFTER steps and is reported skipped as slow. None: run to the end (--force).
     slow_step_s: float | None = None
-    baseline_step_s: float | None = None  # fp32's median step, for the reason
+    baseline_step_s: float | None = None  # fp32's median step (fastest, when it was disturbed), for the reason
+    slow_span_s: float = 0.0  # >0: fp32 was disturbed; judge the fastest step over timed steps this long
     profile_steps: int = 0  # --profile: steps profiled after the measurement (never part of its timing)
     peaks: dict[str, float] | None = None  # the hardware probe's GFLOP/s, for the profile's utilisation
     trace_dir: str | None = None  # --trace-dir: the profiled steps' raw Chrome trace goes here
@@ -96,7 +97,7 @@ def _warmup(job: Job, samples: list[float]) -> int:
 
 def too_slow(job: Job, samples: list[float]) -> str:
     """``slow_verdict`` for this job: past 10x fp32's median step (``job.slow_step_s``), the run stops."""
-    return slow_verdict(samples, job.warmup, job.slow_step_s, job.steps, job.baseline_step_s)
+    return slow_verdict(samples, job.warmup, job.slow_step_s, job.steps, job.baseline_step_s, job.slow_span_s)
 
 
 def _profiler(job: Job, device: torch.device, precision: Precision, samples: list[float]) -> Profiler | None:

@@ -43,9 +43,10 @@ class RoundsJob:
     threads: int | None = None
     warmup: int = 2  # untimed steps per policy before the first round (caches, compiled graphs)
     workdir: str = "."  # where a child process's log goes (the sweep's temporary folder)
-    # Sequential: after ``rounds``, a policy whose interval still straddles the no-gain band (the decision
-    # could go either way) is timed in more rounds, up to ``max_rounds``, while those extra rounds have taken
-    # less than the first ones did; a policy already decided is not timed again. 0: exactly ``rounds``.
+    # Sequential: after ``rounds``, a policy more rounds could still decide (``_undecided``: measured above the
+    # no-gain band, its interval reaching below it) is timed in more rounds, up to ``max_rounds``, while those
+    # extra rounds have taken less than the first ones did; one already decided is not timed again. 0: exactly
+    # ``rounds``.
     max_rounds: int = 0
     baseline: str = "fp32"
 
@@ -63,6 +64,9 @@ class RoundsResult:
     reason: str = ""
     blocks: dict[str, tuple[RoundBlock, ...]] | None = None
     wall_s: float = 0.0
+    # each policy's first warm-up call: for a compiled one, its compilation from inductor's cache, which the
+    # learning run has just filled (what a re-run of the sweep pays)
+    first_call_s: dict[str, float] | None = None
     info: Any = None  # (launchers fill it for policies; unused here)
 
 
@@ -73,13 +77,14 @@ def run_rounds(job: RoundsJob, progress: Callable[[int, int], None] | None = Non
     progress = progress or (lambda done, total: None)
     try:
         with threads(job.threads):
-            blocks = _rounds(job, progress)
+            blocks, first = _rounds(job, progress)
     except Exception as exc:
         return RoundsResult("failed", describe_exception(exc), wall_s=time.perf_counter() - start)
-    return RoundsResult("ok", blocks=blocks, wall_s=time.perf_counter() - start)
+    return RoundsResult("ok", blocks=blocks, wall_s=time.perf_counter() - start, first_call_s=first)
 
 
-def _rounds(job: RoundsJob, progress: Callable[[int, int], None]) -> dict[str, tuple[RoundBlock, ...]]:
+def _rounds(job: RoundsJob, progress: Callable[[int, int], None]
+            ) -> tuple[dict[str, tuple[RoundBlock, ...]], dict[str, float]]:
     task = load_task(job.task_spec)
     device = torch.device(job.device)
     sync = device_sync(device)
@@ -108,10 +113,14 @@ def _rounds(job: RoundsJob, progress: Callable[[int, int], None]) -> dict[str, t
             timer.stop()
 
     torch.manual_seed(job.seed)
-    for _, precision, model, optimizer in runs:
+    first: dict[str, float] = {}
+    for name, precision, model, optimizer in runs:
         with precision.session():
             for i in range(job.warmup):
-                step(precision, model, optimizer, i, None)
+                timer = StepTimer(sync=sync) if i == 0 else None
+                step(precision, model, optimizer, i, timer)
+                if timer:
+                    first[name] = timer.samples[0]
     out: dict[str, list[RoundBlock]] = {name: [] for name, *_ in runs}
     total, done = job.rounds * len(runs), 0
     first_s = 0.0  # the planned rounds' time: the extra rounds may take as long again, no longer
@@ -141,18 +150,20 @@ def _rounds(job: RoundsJob, progress: Callable[[int, int], None]) -> dict[str, t
             if active:
                 total = done + len(active) * (job.max_rounds - r)
     progress(done, done)
-    return {k: tuple(v) for k, v in out.items()}
+    return {k: tuple(v) for k, v in out.items()}, first
 
 
 def _undecided(out: dict[str, list[RoundBlock]], baseline: str) -> set[str]:
-    """The policies whose paired interval so far straddles the no-gain band: more rounds could decide them."""
+    """The policies for which more rounds could change the recommendation: measured faster than the no-gain band
+    (point above 1.02) but with an interval still reaching below it, and not beaten outright by a policy already
+    measurably faster (its interval wholly above this one's). One measured at or below 1.02 stays unchosen
+    whatever more rounds show: a narrower interval around its point never clears the band."""
     base = tuple(out.get(baseline, ()))
-    close = set()
-    for name, blocks in out.items():
-        ci = paired_speedup(base, tuple(blocks)) if name != baseline else None
-        if ci is not None and ci.low <= 1 + MIN_GAIN <= ci.high:
-            close.add(name)
-    return close
+    cis = {name: ci for name, blocks in out.items()
+           if name != baseline and (ci := paired_speedup(base, tuple(blocks))) is not None}
+    bar = 1 + MIN_GAIN
+    best_low = max((ci.low for ci in cis.values() if ci.low > bar), default=0.0)
+    return {name for name, ci in cis.items() if ci.low <= bar < ci.point and ci.high > best_low}
 
 
 # --- statistics ------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import torch
 from dtypelab.core.disturbance import was_disturbed
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import SLOW_RATIO, HardwareInfo, environment, hardware_for, probe_notice, resolve_device
+from dtypelab.core.measure import slow_base
 from dtypelab.core.policies import (
     BASELINE,
     COMPILED_BASELINE,
@@ -46,7 +47,7 @@ INFER_STEPS = 50
 INFER_TIME_BOX_S = 8.0
 MIN_TIMED = 4
 DEFAULT_ROUNDS = {"train": 5, "infer": 3}
-MORE_ROUNDS = 3  # a policy whose interval still straddles the no-gain band gets up to this many times the rounds
+MORE_ROUNDS = 3  # a policy the rounds have not decided yet (rounds._undecided) gets up to this many times the rounds
 # --nproc without --policies: plain DDP (the baseline), each gradient compression, FSDP2 with and without bf16
 DISTRIBUTED_DEFAULTS = ("fp32", "fp32+ddp-fp16", "fp32+ddp-bf16", "fp32+ddp-powersgd", "fp32+fsdp",
                         "fp32+fsdp-bf16-params-fp32-reduce")
@@ -212,9 +213,7 @@ class _Sweep:
                 report = self._interleaved(report, RoundsJob(self.target.spec, (), opts.mode, rounds, block,
                                                              batch_size, opts.seed, str(self.dev), weights,
                                                              opts.threads, workdir=workdir,
-                                                             max_rounds=MORE_ROUNDS * rounds,
-                                                             # a forward pass is steady after its first call
-                                                             warmup=1 if opts.mode == "infer" else 2))
+                                                             max_rounds=MORE_ROUNDS * rounds))
         return report
 
     def _runnable(self, hardware: HardwareInfo) -> list[str]:
@@ -229,22 +228,24 @@ class _Sweep:
         return runnable
 
     def _job(self, plan: Plan, mode: str, steps: int, workdir: str, hardware: HardwareInfo,
-             base_step: float | None) -> Job | DistributedJob:
+             base_step: tuple[float, float] | None) -> Job | DistributedJob:
         opts = self.opts
         _, batch_size, warmup, time_box, _, _ = self._settings()
         if self.torchrun is not None:
             return DistributedJob(self.target.spec, plan, steps, batch_size, warmup, opts.seed, str(self.dev),
                                   workdir, opts.threads, opts.nnodes, opts.timeout_s)
         watch = mode == opts.mode and plan.name != BASELINE and base_step is not None and not opts.force
+        step, span = base_step if base_step is not None else (None, 0.0)
         return Job(self.target.spec, plan, mode, steps, batch_size, warmup, opts.seed, str(self.dev), workdir,
                    opts.threads, per_layer=opts.per_layer and mode == "infer",
                    time_box_s=time_box if mode == "infer" else None, min_timed=MIN_TIMED,
-                   slow_step_s=base_step / SLOW_RATIO if watch else None, baseline_step_s=base_step,
+                   slow_step_s=step / SLOW_RATIO if watch and step else None, baseline_step_s=step,
+                   slow_span_s=span,
                    profile_steps=opts.profile_steps if mode == opts.mode else 0, peaks=hardware.gflops,
                    trace_dir=os.path.abspath(opts.trace_dir) if opts.trace_dir else None)
 
     def _measure(self, plan: Plan, mode: str, steps: int, workdir: str, hardware: HardwareInfo,
-                 base_step: float | None) -> PolicyResult:
+                 base_step: tuple[float, float] | None) -> PolicyResult:
         job = self._job(plan, mode, steps, workdir, hardware, base_step)
         out = self.launcher.run(job, self.opts.timeout_s,
                                 lambda d, t: self.on_event(Event("step", plan.name, d, t)))
@@ -262,7 +263,8 @@ class _Sweep:
                 raise DtypelabError(f"training the fp32 reference for inference failed: {ref.status}: {ref.reason}")
         pending = list(runnable)
         base_wall: float | None = None
-        base_step: float | None = None  # fp32's median step in this sweep: later runs 10x slower stop early
+        # fp32's step in this sweep and the span to judge over (core.measure.slow_base): runs 10x slower stop early
+        base_step: tuple[float, float] | None = None
         try:
             while pending:
                 name = pending[0]
@@ -274,9 +276,9 @@ class _Sweep:
                     result = self._measure(plans[name], opts.mode, steps, workdir, hardware, base_step)
                 if name == BASELINE:
                     base_wall = result.wall_s
-                    # a disturbed fp32 median would set the slow check's bar by noise
-                    quiet = not was_disturbed(result.disturbance)
-                    base_step = result.timing.median if result.status == "ok" and result.timing and quiet else None
+                    # a disturbed fp32 median would set the slow check's bar by noise: its fastest step does not
+                    base_step = slow_base(result.step_times_s, result.warmup, was_disturbed(result.disturbance)) \
+                        if result.status == "ok" else None
                 pending.pop(0)
                 # on disk before anyone hears of it: Ctrl-C in a handler loses nothing
                 report = save_judged(report.with_result(result), opts.json_path)
@@ -305,6 +307,8 @@ class _Sweep:
         if BASELINE not in names or len(names) < 2:
             return report
         job = replace(job, plans=tuple(plans[n] for n in names))
+        if rec and rec.reason:  # a first answer now; the rounds confirm or refine it
+            on_event(Event("notice", "", label=f"Provisional, from each run's own timing: {rec.reason}"))
         label = f"timing in {job.rounds} interleaved rounds of {job.block} steps"
         on_event(Event("start", "rounds", 0, job.rounds * len(names), label=label))
         out = self.launcher.run(job, self.opts.timeout_s, lambda d, t: on_event(Event("step", "rounds", d, t)))
@@ -323,5 +327,6 @@ class _Sweep:
             fair = paired_speedup(compiled, blocks) if compiled and plans[name].compiles and \
                 name != COMPILED_BASELINE else None
             report = report.with_result(replace(r, rounds=blocks, compiled_ci=fair,
-                                                speedup_ci=None if name == BASELINE else paired_speedup(base, blocks)))
+                                                speedup_ci=None if name == BASELINE else paired_speedup(base, blocks),
+                                                rounds_first_call_s=(result.first_call_s or {}).get(name)))
         return save_judged(report, self.opts.json_path)

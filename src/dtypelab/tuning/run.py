@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -16,6 +16,7 @@ import torch
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import KERNEL_LABELS, HardwareInfo, environment, hardware_for, probe_notice
 from dtypelab.core.loop import build_model, to_device
+from dtypelab.core.options import parse_duration
 from dtypelab.core.policies import Autocast, Cast, Plan, Precision, get_policy, parse_policies, plan_from_dict
 from dtypelab.core.results import (
     LayerChoice,
@@ -42,7 +43,7 @@ from dtypelab.tuning.infer import (
     targets,
 )
 from dtypelab.tuning.options import DEFAULT_CANDIDATES, TuneOptions
-from dtypelab.tuning.search import Evaluation, LayerScore, budget_for, pareto, search
+from dtypelab.tuning.search import Evaluation, LayerScore, SearchResult, budget_for, pareto, search
 from dtypelab.tuning.timing import RETRIES
 from dtypelab.tuning.train import TrainBench, island_plan, train_evaluator, train_targets
 
@@ -105,18 +106,45 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
         notes += [f"{name}: left out, {why}; --force searches with it anyway" for name, why in slow.items()]
         cands = [p for p in cands if p.name not in slow]
     spec = target.spec
+    limit = Limit(parse_duration(opts.budget, "budget"))
     if not cands:
         report = _nothing_to_search(spec, task_obj, mode, slow, hw, min_cosine, tol, steps, batch_size)
     elif mode == "train":
-        report = _tune_train(spec, task_obj, cands, hw, tol, steps, probe_steps, batch_size, seed, progress)
+        report = _tune_train(spec, task_obj, cands, hw, tol, steps, probe_steps, batch_size, seed, progress, limit)
     else:
-        report = _tune_infer(spec, task_obj, cands, hw, min_cosine, batch_size, opts.weights, seed, progress)
+        report = _tune_infer(spec, task_obj, cands, hw, min_cosine, batch_size, opts.weights, seed, progress, limit)
     report = _finish(replace(report, notes=tuple(notes) + report.notes), time.perf_counter() - start, bool(cands))
     if output:
         save_text(output, Plan.from_dict(report.plan).to_json() + "\n")
     if json_path:
         report.save(json_path)
     return report
+
+
+@dataclass
+class Limit:
+    """The search's time budget: its deadline is set when the first search starts (scoring the layers is not
+    part of it), and whether any search stopped at it."""
+
+    budget_s: float | None
+    deadline: float | None = None
+    hit: list[int] = field(default_factory=list)  # per search stopped by it: the evaluations it had made
+
+    def start(self) -> float | None:
+        if self.budget_s is not None and self.deadline is None:
+            self.deadline = time.monotonic() + self.budget_s
+        return self.deadline
+
+    def saw(self, result: SearchResult) -> None:
+        if result.out_of_time:
+            self.hit.append(len(result.evaluations))
+
+    def notes(self, budget: int) -> tuple[str, ...]:
+        if not self.hit or self.budget_s is None:
+            return ()
+        made = " and ".join(str(n) for n in self.hit)
+        return (f"The search stopped at its time budget ({self.budget_s:g} s) after {made} of at most {budget} full "
+                "evaluations: the plan is the best measured by then; --budget 0 lifts the limit.",)
 
 
 def _finish(report: TuneReport, wall_s: float, searched: bool) -> TuneReport:
@@ -162,7 +190,8 @@ def _disturbance_note(evaluations: tuple[PlanEvaluation, ...]) -> tuple[str, ...
 
 
 def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, min_cosine: float,
-                batch_size: int | None, weights: str | None, seed: int, progress: Progress) -> TuneReport:
+                batch_size: int | None, weights: str | None, seed: int, progress: Progress,
+                limit: Limit) -> TuneReport:
     dev = torch.device(hw.device)
     bs = batch_size or task_obj.batch_size
     inputs = to_device(task_obj.inference_inputs(bs), dev)
@@ -177,7 +206,9 @@ def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
     choice = {s.name: get_policy(s.config) for s, _ in scored}
     budget = budget_for(len(scored))
     progress(f"searching: at most {budget} full evaluations")
-    result = search([s for s, _ in scored], evaluator(bench, choice, min_cosine), budget, alternatives(scored))
+    result = search([s for s, _ in scored], evaluator(bench, choice, min_cosine), budget, alternatives(scored),
+                    deadline=limit.start())
+    limit.saw(result)
     uniform = []
     for cand in cands:  # each candidate everywhere it applies, measured the same way, for comparison
         plan = layer_plan({n: cand for n in targets(bench.base_model, cand)})
@@ -207,7 +238,7 @@ def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
         front=tuple(_record(e) for e in result.front), base_s=bench.base_s,
         explanation="" if best else _none_found(tuple(uniform), evaluations, hw,
                                                 f"a worst output cosine of {min_cosine:g}", "worst cosine"),
-        notes=_disturbance_note(evaluations + tuple(uniform)))
+        notes=_disturbance_note(evaluations + tuple(uniform)) + limit.notes(budget))
 
 
 def _why(s: LayerScore, chosen: bool, found: bool, units: str, kept: str = "kept fp32", extra: str = "") -> str:
@@ -221,7 +252,7 @@ def _why(s: LayerScore, chosen: bool, found: bool, units: str, kept: str = "kept
 
 def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, tol: Tolerance,
                 steps: int | None, probe_steps: int | None, batch_size: int | None, seed: int,
-                progress: Progress) -> TuneReport:
+                progress: Progress, limit: Limit) -> TuneReport:
     dev = torch.device(hw.device)
     steps, bs = steps or task_obj.steps, batch_size or task_obj.batch_size
     progress(f"training fp32 for {steps} steps (the reference)")
@@ -240,7 +271,8 @@ def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
         progress(f"{cand.name}: probing {len(names)} layers ({bench.probe_steps} steps each)")
         scored = bench.score(names, cand, on_layer=lambda n, c=cand: progress(f"{c.name}: probed {n}"))
         progress(f"{cand.name}: searching, at most {budget} full evaluations of {steps} steps")
-        result = search([s for s, _ in scored], train_evaluator(bench, cand, names), budget)
+        result = search([s for s, _ in scored], train_evaluator(bench, cand, names), budget, deadline=limit.start())
+        limit.saw(result)
         found.append((cand, result, scored))
     winners = [(c, r) for c, r, _ in found if r.best is not None]
     best_cand, best_result = max(winners, key=lambda cr: cr[1].best.speedup) if winners else (None, None)
@@ -274,7 +306,7 @@ def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
         evaluations=evaluations, uniform=uniform, front=front, base_s=bench.base_s,
         explanation="" if best else _none_found(uniform, evaluations, hw, f"its {task_obj.metric} within {tol} of "
                                                 f"fp32's ({bench.base.metric:.4g})", task_obj.metric),
-        notes=_disturbance_note(evaluations))
+        notes=_disturbance_note(evaluations) + limit.notes(budget))
 
 
 def _none_found(uniform: tuple[PlanEvaluation, ...], evaluations: tuple[PlanEvaluation, ...], hw: HardwareInfo,

@@ -19,6 +19,7 @@ unconverted model (its whole interval above the no-gain band, as ``bench`` decid
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -68,6 +69,7 @@ class SearchResult:
     order: tuple[str, ...]  # the ranking
     evaluations: tuple[Evaluation, ...]
     budget: int
+    out_of_time: bool = False  # the search stopped at its time budget, before its count budget
 
     @property
     def front(self) -> tuple[Evaluation, ...]:
@@ -91,9 +93,10 @@ def budget_for(n_layers: int) -> int:
 
 
 def search(layers: Sequence[LayerScore], evaluate: Callable[[frozenset[str]], Evaluation],
-           budget: int | None = None, alternatives: Mapping[str, Sequence[LayerScore]] | None = None
-           ) -> SearchResult:
-    """Find the fastest feasible subset of ``layers`` to convert with at most ``budget`` evaluations.
+           budget: int | None = None, alternatives: Mapping[str, Sequence[LayerScore]] | None = None,
+           deadline: float | None = None) -> SearchResult:
+    """Find the fastest feasible subset of ``layers`` to convert with at most ``budget`` evaluations, none started
+    after ``deadline`` (a ``time.monotonic()`` value; the first is always made).
     ``alternatives[name]``: other ways to convert that layer, each under its own unique name (which ``evaluate``
     then receives in place of ``name``), tried in refinement where the layer's first choice did not pay."""
     alternatives = alternatives or {}
@@ -104,11 +107,15 @@ def search(layers: Sequence[LayerScore], evaluate: Callable[[frozenset[str]], Ev
     by_name = {s.name: s for s in layers}
     budget = budget if budget is not None else budget_for(len(layers))
     done: dict[frozenset[str], Evaluation] = {}
+    late = [False]
 
     def run(chosen: frozenset[str], why: str) -> Evaluation | None:
         if chosen in done:
             return done[chosen]
         if len(done) >= budget:
+            return None
+        if done and deadline is not None and time.monotonic() >= deadline:
+            late[0] = True
             return None
         e = replace(evaluate(chosen), why=why)
         done[chosen] = e
@@ -164,9 +171,9 @@ def search(layers: Sequence[LayerScore], evaluate: Callable[[frozenset[str]], Ev
         for alt in sorted(options, key=lambda a: a.sensitivity if not e.feasible else -a.gain):
             e = run(current | {alt.name}, f"refine: {name} as {alt.config or alt.name}")
             if e is None:
-                return SearchResult(best, order, tuple(done.values()), budget)
+                return SearchResult(best, order, tuple(done.values()), budget, late[0])
             consider(e)
             if best is not None and best.layers == e.layers:
                 current = e.layers
                 break
-    return SearchResult(best, order, tuple(done.values()), budget)
+    return SearchResult(best, order, tuple(done.values()), budget, late[0])

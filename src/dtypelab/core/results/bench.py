@@ -177,6 +177,9 @@ class PolicyResult:
     scaler: ScalerStats = field(default_factory=dict)  # GradScaler history (amp-fp16)
     size: SizeInfo | None = None  # infer: the converted model's file and linear-weight bytes
     first_call_s: float | None = None  # infer: the first call (compilation, for compiled policies)
+    # the interleaved timing's first call: for a compiled policy, compilation again from inductor's on-disk cache,
+    # which its own run had filled (what a re-run pays)
+    rounds_first_call_s: float | None = None
     per_layer: tuple[LayerFidelity, ...] = ()  # infer --per-layer
     disturbance: DisturbanceInfo = field(default_factory=dict)  # other processes' CPU use during the timed steps
     rounds: tuple[RoundBlock, ...] = ()  # the interleaved timing's blocks (speed), when it ran
