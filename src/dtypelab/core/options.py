@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from dtypelab.core.errors import DtypelabError
 
@@ -99,6 +99,20 @@ def parse_duration(text: str | float | None, what: str = "duration") -> float | 
 
 
 # Fields many commands share, spelled once so their flags and help read the same everywhere.
+def _check_budget(value: str | float | None) -> str | float | None:
+    parse_duration(value, "budget")  # a DtypelabError is a ValueError: its words become the option's error
+    return value
+
+
+# ``--budget``: a time limit as typed ('15m', 900, 0 for none), checked when the options are built
+Budget = Annotated[str | float | None, AfterValidator(_check_budget)]
+
+
+def budget_field(default: str, what: str) -> Any:
+    """``--budget``: a duration (see ``parse_duration``), kept as typed; ``what`` says what it limits."""
+    return Field(default, description=f"{what}; {default}, 0 for none", json_schema_extra={"cli_type": "str"})
+
+
 def batch_size_field(what: str = "samples per step") -> Any:
     """``--batch-size/-b``: the task's batch size unless given."""
     return Field(None, ge=1, description=f"{what} [default: the task's]", json_schema_extra={"short": "-b"})

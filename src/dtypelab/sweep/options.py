@@ -9,12 +9,13 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from dtypelab.core.options import (
+    Budget,
     Options,
     batch_size_field,
+    budget_field,
     device_field,
     hardware_field,
     json_field,
-    parse_duration,
     script_args_field,
     threads_field,
 )
@@ -47,9 +48,8 @@ class BenchOptions(Options):
     per_layer: bool = Field(False, description="infer: SQNR of every layer's output vs fp32")
     min_cosine: float = Field(0.99, ge=0, le=1, description="infer: lowest worst-sample output cosine vs fp32 to "
                                                             "accept")
-    budget: str | float | None = Field("15m", description="time for the whole sweep: policies estimated (from the "
-                                                          "fp32 run and the probe) not to fit are skipped; 15m, "
-                                                          "900s, 0 for none", json_schema_extra={"cli_type": "str"})
+    budget: Budget = budget_field("15m", "time for the whole sweep: policies estimated (from the fp32 run and the "
+                                         "probe) not to fit are skipped")
     rounds: int | None = Field(None, ge=0, description="interleaved timing rounds after the runs, for paired "
                                                        "speedups with intervals; 0: off [default: 5 train, 3 infer]")
     profile: bool | int = Field(False, description="after each policy, profile a few steps: step breakdown, top ops, "
@@ -81,12 +81,6 @@ class BenchOptions(Options):
     @classmethod
     def _tolerance(cls, v: str) -> str:
         Tolerance.parse(v)  # a DtypelabError is a ValueError: its words become the option's error
-        return v
-
-    @field_validator("budget")
-    @classmethod
-    def _budget(cls, v: str | float | None) -> str | float | None:
-        parse_duration(v, "budget")
         return v
 
     @field_validator("rounds")

@@ -7,12 +7,13 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from dtypelab.core.options import (
+    Budget,
     Options,
     batch_size_field,
+    budget_field,
     device_field,
     hardware_field,
     json_field,
-    parse_duration,
 )
 from dtypelab.core.tolerance import Tolerance
 
@@ -36,17 +37,9 @@ class TuneOptions(Options):
     weights: str | None = Field(None, description="fp32 state dict [default: the task's model as built]")
     seed: int = Field(0, description="seed of the model's initial weights and the batches")
     force: bool = Field(False, description="search with candidates measured to be pathologically slow here")
-    budget: str | float | None = Field("10m", description="time for the search's full evaluations, beside their "
-                                                          "count (L + 2·log2 L): none starts after it, and the plan "
-                                                          "is the best measured by then; 10m, 600s, 0 for none",
-                                       json_schema_extra={"cli_type": "str"})
+    budget: Budget = budget_field("10m", "time for the search's full evaluations, beside their count (L + 2·log2 "
+                                         "L): none starts after it, and the plan is the best measured by then")
     hardware: Any = hardware_field()
-
-    @field_validator("budget")
-    @classmethod
-    def _budget(cls, v: str | float | None) -> str | float | None:
-        parse_duration(v, "budget")
-        return v
 
     @field_validator("tolerance")
     @classmethod

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -43,7 +43,7 @@ from dtypelab.tuning.infer import (
     targets,
 )
 from dtypelab.tuning.options import DEFAULT_CANDIDATES, TuneOptions
-from dtypelab.tuning.search import Evaluation, LayerScore, SearchResult, budget_for, pareto, search
+from dtypelab.tuning.search import Evaluation, LayerScore, Limit, budget_for, pareto, search
 from dtypelab.tuning.timing import RETRIES
 from dtypelab.tuning.train import TrainBench, island_plan, train_evaluator, train_targets
 
@@ -119,32 +119,6 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
     if json_path:
         report.save(json_path)
     return report
-
-
-@dataclass
-class Limit:
-    """The search's time budget: its deadline is set when the first search starts (scoring the layers is not
-    part of it), and whether any search stopped at it."""
-
-    budget_s: float | None
-    deadline: float | None = None
-    hit: list[int] = field(default_factory=list)  # per search stopped by it: the evaluations it had made
-
-    def start(self) -> float | None:
-        if self.budget_s is not None and self.deadline is None:
-            self.deadline = time.monotonic() + self.budget_s
-        return self.deadline
-
-    def saw(self, result: SearchResult) -> None:
-        if result.out_of_time:
-            self.hit.append(len(result.evaluations))
-
-    def notes(self, budget: int) -> tuple[str, ...]:
-        if not self.hit or self.budget_s is None:
-            return ()
-        made = " and ".join(str(n) for n in self.hit)
-        return (f"The search stopped at its time budget ({self.budget_s:g} s) after {made} of at most {budget} full "
-                "evaluations: the plan is the best measured by then; --budget 0 lifts the limit.",)
 
 
 def _finish(report: TuneReport, wall_s: float, searched: bool) -> TuneReport:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from dtypelab.core.stats import measurably_faster
 
@@ -90,6 +90,32 @@ def pareto(evaluations: Sequence[Evaluation]) -> tuple[Evaluation, ...]:
 def budget_for(n_layers: int) -> int:
     """The most full evaluations the search may make: L + 2·log2(L) (at least 1)."""
     return max(1, n_layers + math.floor(2 * math.log2(n_layers))) if n_layers > 1 else 1
+
+
+@dataclass
+class Limit:
+    """The search's time budget: its deadline is set when the first search starts (scoring the layers is not
+    part of it), and whether any search stopped at it."""
+
+    budget_s: float | None
+    deadline: float | None = None
+    hit: list[int] = field(default_factory=list)  # per search stopped by it: the evaluations it had made
+
+    def start(self) -> float | None:
+        if self.budget_s is not None and self.deadline is None:
+            self.deadline = time.monotonic() + self.budget_s
+        return self.deadline
+
+    def saw(self, result: SearchResult) -> None:
+        if result.out_of_time:
+            self.hit.append(len(result.evaluations))
+
+    def notes(self, budget: int) -> tuple[str, ...]:
+        if not self.hit or self.budget_s is None:
+            return ()
+        made = " and ".join(str(n) for n in self.hit)
+        return (f"The search stopped at its time budget ({self.budget_s:g} s) after {made} of at most {budget} full "
+                "evaluations: the plan is the best measured by then; --budget 0 lifts the limit.",)
 
 
 def search(layers: Sequence[LayerScore], evaluate: Callable[[frozenset[str]], Evaluation],
