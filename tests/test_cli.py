@@ -77,6 +77,10 @@ def test_bench_then_show_end_to_end(tmp_path):
     # a training script is refused, without being run, by the commands that need a task
     (("tune", SCRIPT), "defines no make_task: it is a training script"),
     (("export", SCRIPT, "-p", "bf16", "-o", "x.safetensors"), "defines no make_task: it is a training script"),
+    # a misspelt flag before -- is not taken for a script's argument (which only follow --)
+    (("bench", f"{TINY}:make_task", "--log", "x.txt"), "no such option: --log (a training script's own arguments"),
+    (("bench", SCRIPT, "--epochs", "1", "--", "--epochs", "1"), "no such option: --epochs"),
+    (("trace", SCRIPT, "stray"), "unexpected argument: stray"),
 ])
 def test_user_mistakes_get_one_line_and_nonzero_exit(args, message):
     run = dtypelab(*args)

@@ -106,7 +106,14 @@ def test_rounds_run_every_policy_round_robin_in_one_process(tmp_path):
     assert infer.status == "ok" and len(infer.blocks["int8-dyn"]) == 3
 
 
-def test_the_sweep_times_in_rounds_and_stores_intervals(tmp_path):
+@pytest.fixture
+def every_policy_in_rounds(monkeypatch):
+    """On a tiny model a policy's own run may well be clearly slower than fp32's (per-op overhead): these tests are
+    about the rounds themselves, so none is left out of them."""
+    monkeypatch.setattr("dtypelab.sweep.sweep.CLEARLY_SLOWER", 0.0)
+
+
+def test_the_sweep_times_in_rounds_and_stores_intervals(tmp_path, every_policy_in_rounds):
     events = []
     report = bench(f"{TINY}:make_task", "bf16,fp64", steps=20, rounds=3, isolate=False, hardware=fake_hardware(),
                    json_path=str(tmp_path / "r.json"), on_event=events.append)
@@ -137,6 +144,34 @@ def test_the_sweep_times_in_rounds_and_stores_intervals(tmp_path):
 
 
 
+def test_a_policy_its_own_run_put_clearly_below_fp32_is_not_timed_in_the_rounds(tmp_path, monkeypatch):
+    from dtypelab.core.records import load_report
+    from dtypelab.sweep.sweep import _clearly_slower
+
+    def own(name, step_s, disturbed=False):
+        return PolicyResult(name, "ok", warmup=0, step_times_s=(step_s,) * 4, disturbance={"disturbed": disturbed})
+
+    cfg = RunConfig(task="t", mode="infer", policies=("fp32", "a", "b", "c", "fp32+compile"), steps=5, batch_size=8,
+                    warmup=0, seed=0, tolerance="1%", device="cpu", force=False, timeout_s=1,
+                    metric="acc", higher_is_better=True)
+    report = Report(cfg, {"hardware": {}}, (own("fp32", 1.0), own("a", 1.2), own("b", 1.05), own("c", 2.0, True),
+                                              own("fp32+compile", 3.0)))
+    # a: 0.83x, clearly slower; b: 0.95x, close enough that the rounds decide; c: disturbed; the baselines: always
+    assert _clearly_slower(report, ["fp32", "a", "b", "c", "fp32+compile"]) == {"a"}
+    noisy = report.with_result(own("fp32", 1.0, disturbed=True))
+    assert _clearly_slower(noisy, ["fp32", "a", "b"]) == set()  # a disturbed fp32 is no yardstick
+    # every policy clearly slower: the rounds have nothing to time; the record says why there is no interval
+    monkeypatch.setattr("dtypelab.sweep.sweep.CLEARLY_SLOWER", 1e9)
+    swept = bench(f"{TINY}:make_task", "bf16,fp64", steps=20, rounds=3, isolate=False, hardware=fake_hardware(),
+                  json_path=str(tmp_path / "r.json"))
+    for name in ("bf16", "fp64"):
+        r = swept.result(name)
+        assert not r.rounds and r.speedup_ci is None and r.rounds_skip == "slower"
+        assert load_report(str(tmp_path / "r.json")).result(name).rounds_skip == "slower"
+    assert any(n.startswith("bf16, fp64: not timed in the rounds (its own run and fp32's, both undisturbed")
+               for n in swept.recommendation.notes)
+
+
 def test_more_rounds_go_only_to_a_policy_the_decision_could_still_go_either_way_for():
     from dtypelab.sweep.rounds import _undecided
 
@@ -161,7 +196,7 @@ def test_sequential_rounds_stop_at_the_planned_count_when_asked():
     more = run_rounds(dataclasses.replace(job, max_rounds=9))
     assert 3 <= len(more.blocks["fp32"]) <= 9 and len(more.blocks["fp64"]) <= len(more.blocks["fp32"])
 
-def test_a_policy_already_outside_the_constraints_is_not_timed_again(tmp_path):
+def test_a_policy_already_outside_the_constraints_is_not_timed_again(tmp_path, every_policy_in_rounds):
     """bf16's outputs cannot reach a worst cosine of 0.9999999 (an 8-bit mantissa): it is rejected by its own run,
     so the rounds time only fp32 and fp64; the decision and its record say why bf16 has no interval."""
     report = bench(f"{TINY}:make_task", "fp64,bf16", mode="infer", steps=8, rounds=3, min_cosine=0.9999999,

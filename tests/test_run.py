@@ -103,8 +103,7 @@ def test_a_crash_or_a_hang_in_a_child_becomes_an_outcome_and_no_process_is_left(
 
 def test_cpu_work_forks_from_a_warm_zygote_that_keeps_heavy_libraries(tmp_path, monkeypatch):
     monkeypatch.delenv("DTYPELAB_FORK", raising=False)
-    assert not ProcessLauncher.forks(Work("ok"))  # off by default: forked workers measured other speeds
-    monkeypatch.setenv("DTYPELAB_FORK", "1")
+    assert ProcessLauncher.forks(Work("ok"))  # on by default
     launcher = ProcessLauncher(str(tmp_path))
     first = launcher.run(Work("numpy"), 60, lambda d, t: None)
     zygote = launcher._zygote

@@ -16,8 +16,10 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from dtypelab.cli._common import guarded
+from dtypelab.core.errors import DtypelabError
 from dtypelab.core.options import Options
 
 CLI_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "floats": list[float]}
@@ -53,6 +55,28 @@ def option_params(model: type[Options]) -> list[inspect.Parameter]:
     return params
 
 
+class _RestCommand(TyperCommand):
+    """A command that passes what follows ``--`` on (a script's own arguments): click puts those and any unknown
+    option before ``--`` in one list, so the raw arguments are kept to tell a misspelt flag from a script's."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta["dtypelab_raw_args"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+def _rest(ctx: Any) -> tuple[str, ...]:
+    """The arguments after ``--``; an unknown option before it is a one-line error, not a script argument."""
+    rest = tuple(ctx.args)
+    raw = ctx.meta.get("dtypelab_raw_args", [])
+    after = len(raw) - raw.index("--") - 1 if "--" in raw else 0
+    stray = rest[:len(rest) - after]
+    if stray:
+        hint = " (a training script's own arguments go after --)"
+        raise DtypelabError(f"no such option: {stray[0]}" + hint if stray[0].startswith("-")
+                            else f"unexpected argument: {stray[0]}" + hint)
+    return rest
+
+
 def command(app: typer.Typer, name: str, model: type[Options] | None, run: Callable[[Any, dict[str, Any]], None], *,
             help: str, arguments: list[inspect.Parameter] = (), extra: list[inspect.Parameter] = (),
             takes_rest: bool = False) -> None:
@@ -63,9 +87,9 @@ def command(app: typer.Typer, name: str, model: type[Options] | None, run: Calla
     def cmd(**given: Any) -> None:
         ctx = given.pop("ctx", None)
         cli = {k: v for k, v in given.items() if k not in fields}
-        if takes_rest:
-            cli["rest"] = tuple(ctx.args) if ctx is not None else ()
         with guarded():
+            if takes_rest:
+                cli["rest"] = _rest(ctx) if ctx is not None else ()
             options = model.build(**{k: v for k, v in given.items() if k in fields}) if model is not None else None
         run(options, cli)
 
@@ -77,7 +101,7 @@ def command(app: typer.Typer, name: str, model: type[Options] | None, run: Calla
     cmd.__doc__ = help
     cmd.__name__ = name.replace("-", "_")
     settings = {"allow_extra_args": True, "ignore_unknown_options": True} if takes_rest else {}
-    app.command(name, context_settings=settings or None)(cmd)
+    app.command(name, context_settings=settings or None, cls=_RestCommand if takes_rest else None)(cmd)
 
 
 def argument(name: str, kind: Any, help: str, default: Any = inspect.Parameter.empty) -> inspect.Parameter:

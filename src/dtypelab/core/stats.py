@@ -47,6 +47,10 @@ def summarize(samples: Sequence[float]) -> Summary | None:
 
 CONFIDENCE = 0.95
 MIN_GAIN = 0.02  # a speedup whose interval stays above 1 + this counts as measurably faster
+# A policy whose own run, and fp32's, were undisturbed and put it at or below this fraction of fp32's speed is not
+# timed in the rounds: it cannot be chosen, and own runs were within 10% of the rounds (minilm, EPYC Zen 4:
+# int8-wo 0.83x own vs 0.91x rounds, fp8-wo 0.82x vs 0.90x), far from the 1.02 band.
+CLEARLY_SLOWER = 0.9
 MIN_QUIET = 3  # undisturbed rounds needed to leave the disturbed ones out of a paired speedup
 
 

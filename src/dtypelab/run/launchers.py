@@ -28,9 +28,9 @@ from dtypelab.run.channel import Channel, Reporter
 from dtypelab.run.outcome import Outcome, death_reason, failure
 from dtypelab.run.zygote import Zygote
 
-# 1: CPU children fork from a zygote (about 2 s saved each). Off by default: forked workers measured other speeds
-# than the fresh interpreter a user's own run is (digits fp32 4.4 vs 6.8 ms per step, bf16 1.27x vs 1.55x fp32, on
-# a 2-core EPYC Zen 4), a cause not yet found, and a measurement must match what the user will run.
+# CPU children fork from a zygote (about 2 s saved each) unless this is 0. Forked and fresh workers time alike: fp32
+# digits' median step over 12 alternating runs each, 5.0-8.8 ms forked and 4.9-8.9 ms fresh (means 6.2 and 6.6 ms,
+# EPYC Zen 4), once the zygote freezes its objects before forking (without gc.freeze the forked ones were slower).
 ENV_FORK = "DTYPELAB_FORK"
 
 OnStep = Callable[[int, int], None]  # (steps done, total)
@@ -176,8 +176,8 @@ class InlineLauncher:
 
 class ProcessLauncher:
     """The work in a child process of its own; a crash, hang or OOM becomes an outcome with its reason. On Linux a
-    CPU job's process may instead be forked from a zygote that has imported torch already (``DTYPELAB_FORK=1``,
-    ``dtypelab.run.zygote``; about 2 s saved per policy on 2 cores; off by default, see ``ENV_FORK``)."""
+    CPU job's process may instead be forked from a zygote that has imported torch already (``dtypelab.run.zygote``;
+    about 2 s saved per policy on 2 cores; ``DTYPELAB_FORK=0`` starts a fresh interpreter instead, see ``ENV_FORK``)."""
 
     name = "process"
 
@@ -187,9 +187,9 @@ class ProcessLauncher:
 
     @staticmethod
     def forks(work: Any) -> bool:
-        """Whether ``work`` runs in a worker forked from the zygote: a CPU job on Linux, when switched on."""
+        """Whether ``work`` runs in a worker forked from the zygote: a CPU job on Linux, unless switched off."""
         device = str(getattr(work, "device", "cpu") or "cpu")
-        return sys.platform == "linux" and device.startswith("cpu") and os.environ.get(ENV_FORK, "0") == "1"
+        return sys.platform == "linux" and device.startswith("cpu") and os.environ.get(ENV_FORK, "1") != "0"
 
     def run(self, work: Any, timeout_s: float, on_step: OnStep) -> Outcome:
         import tempfile

@@ -17,6 +17,7 @@ and any worker still running.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -104,6 +105,8 @@ def main() -> int:
         for name in req.get("preload", ()):
             with contextlib.suppress(Exception):  # the worker will say what is wrong, in its own log
                 importlib.import_module(name)
+        gc.collect()
+        gc.freeze()  # the inherited objects stay out of the worker's collections: none of their pages copied
         pid = os.fork()
         if pid == 0:
             _child(req)

@@ -21,7 +21,7 @@ from dtypelab.core.results import (
     Verdict,
 )
 from dtypelab.core.scaler import scaler_notes
-from dtypelab.core.stats import MIN_GAIN, MIN_QUIET
+from dtypelab.core.stats import CLEARLY_SLOWER, MIN_GAIN, MIN_QUIET
 from dtypelab.core.tolerance import BASELINE, Tolerance, delta_text, judge, tolerance_sentence
 
 MEMORY_GAP = 0.95  # a lower peak is worth a sentence below this ratio (smaller gaps are measurement noise)
@@ -348,6 +348,11 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
     if settled and any(r.speedup_ci for r in report.results):
         notes.append(f"{', '.join(settled)}: not timed in the rounds (a policy outside the constraints is rejected "
                      "whatever its speed); its speedup is the ratio of each run's own median, without an interval.")
+    slower = [r.policy for r in ran if r.rounds_skip == "slower" and not r.speedup_ci]
+    if slower:
+        notes.append(f"{', '.join(slower)}: not timed in the rounds (its own run and fp32's, both undisturbed, put it "
+                     f"at or below {CLEARLY_SLOWER:.2f}x fp32's speed: more rounds could not make it the answer); its "
+                     "speedup is the ratio of each run's own median, without an interval.")
     if any(r.timing and r.timing.noisy for r in report.results):
         notes.append("* noisy timing: IQR above 10% of the median; compare such policies with care.")
     return notes

@@ -180,6 +180,9 @@ class PolicyResult:
     # the interleaved timing's first call: for a compiled policy, compilation again from inductor's on-disk cache,
     # which its own run had filled (what a re-run pays)
     rounds_first_call_s: float | None = None
+    # why the interleaved timing left this policy out though it ran: "slower" (its own run already put it clearly
+    # below fp32, so no number of rounds could make it the answer)
+    rounds_skip: str = ""
     per_layer: tuple[LayerFidelity, ...] = ()  # infer --per-layer
     disturbance: DisturbanceInfo = field(default_factory=dict)  # other processes' CPU use during the timed steps
     rounds: tuple[RoundBlock, ...] = ()  # the interleaved timing's blocks (speed), when it ran
