@@ -33,6 +33,8 @@ class MLP(nn.Module):
                 os.kill(os.getpid(), signal.SIGSEGV)
             if self.trap == "hang":
                 time.sleep(3600)
+            if self.trap == "kill" and os.environ.get("TINY_KILL") == "1":  # as the OOM killer or a lost node
+                os.kill(os.getpid(), signal.SIGKILL)
         return self.net(x)
 
 
@@ -81,6 +83,10 @@ def make_crashing_task() -> Task:
 
 def make_hanging_task() -> Task:
     return _task(torch.bfloat16, "hang")
+
+
+def make_killed_task() -> Task:
+    return _task(torch.bfloat16, "kill")
 
 
 class RankTrap(MLP):

@@ -80,11 +80,15 @@ class Bars:
             self.bars[event.policy] = p.add_task(event.label or event.policy, total=event.total or None)
         elif event.kind == "step" and event.policy in self.bars:
             p.update(self.bars[event.policy], completed=event.done, total=event.total or None)
+        elif event.kind == "state" and event.policy in self.bars:  # a fanned-out job: pending, running
+            p.update(self.bars[event.policy], description=f"{event.policy}: {event.label}", completed=event.done,
+                     total=event.total or None)
         elif event.kind in ("done", "end") and event.policy in self.bars:
             r = event.result
             p.remove_task(self.bars.pop(event.policy))
             colour = "green" if r.status == "ok" else "red"
-            p.console.print(f"{escape(event.label or r.policy)}: [{colour}]{r.status}[/] in {r.wall_s:.1f} s"
+            p.console.print(f"{escape(r.policy if event.kind == 'done' else event.label or r.policy)}: "
+                            f"[{colour}]{r.status}[/] in {r.wall_s:.1f} s"
                             + (f" — {escape(r.reason)}" if r.reason else ""), highlight=False)
         elif event.kind == "skip":
             p.console.print(f"{escape(event.policy)}: [yellow]skipped[/] — {escape(event.result.reason)}",
@@ -103,6 +107,7 @@ class Lines:
         self.current: tuple[str, float] | None = None  # (label, since)
         self.last = 0.0  # when the last line was printed
         self.done, self.total = 0, 0
+        self.states: dict[str, str] = {}  # fanned-out jobs' last said state
         self.lock, self.stopped = threading.Lock(), threading.Event()
         self.thread = threading.Thread(target=self._beat, daemon=True)
 
@@ -135,8 +140,12 @@ class Lines:
                 self._say(f"{label}: started" + (f" ({event.total} steps)" if event.total else ""))
             elif event.kind == "step":
                 self.done, self.total = event.done, event.total
+            elif event.kind == "state" and self.states.get(event.policy) != event.label:
+                self.states[event.policy] = event.label
+                self._say(f"{event.policy}: {event.label}")
             elif event.kind in ("done", "end"):
                 r, self.current = event.result, None
+                label = r.policy if event.kind == "done" else label
                 self._say(f"{label}: {r.status} in {r.wall_s:.1f} s" + (f" — {r.reason}" if r.reason else ""))
             elif event.kind == "skip":
                 self._say(f"{label}: skipped — {event.result.reason}")

@@ -5,12 +5,13 @@ none of them knows how processes are made."""
 
 from dtypelab.run.channel import Reporter, connect, watch_parent
 from dtypelab.run.events import Event, OnEvent
+from dtypelab.run.fanout import FanOutLauncher, parse_gpus, parse_minutes, parse_slurm_args
 from dtypelab.run.launchers import LAUNCHERS, InlineLauncher, Launcher, OnStep, ProcessLauncher, Work
 from dtypelab.run.outcome import Outcome, failure
 from dtypelab.run.script import ScriptLauncher, ScriptRun
 from dtypelab.run.target import Target
 from dtypelab.run.torchrun import Torchrun, TorchrunLauncher
 
-__all__ = ["LAUNCHERS", "Event", "InlineLauncher", "Launcher", "OnEvent", "OnStep", "Outcome", "ProcessLauncher",
-           "Reporter", "ScriptLauncher", "ScriptRun", "Target", "Torchrun", "TorchrunLauncher", "Work", "connect",
-           "failure", "watch_parent"]
+__all__ = ["LAUNCHERS", "Event", "FanOutLauncher", "InlineLauncher", "Launcher", "OnEvent", "OnStep", "Outcome",
+           "ProcessLauncher", "Reporter", "ScriptLauncher", "ScriptRun", "Target", "Torchrun", "TorchrunLauncher",
+           "Work", "connect", "failure", "parse_gpus", "parse_minutes", "parse_slurm_args", "watch_parent"]

@@ -9,8 +9,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Event:
-    """kind is "probe", "start", "step", "done" (a policy's result), "end" (a phase's result, e.g. the interleaved
-    timing), "skip" (not run) or "notice" (a line to show, in ``label``)."""
+    """kind is "probe", "start", "step", "state" (a fanned-out job's "pending" or "running", in ``label``), "done" (a
+    policy's result), "end" (a phase's result, e.g. the interleaved timing), "skip" (not run) or "notice" (a line to
+    show, in ``label``)."""
 
     kind: str
     policy: str

@@ -32,6 +32,7 @@ class Outcome:
     started: bool = False
     wall_s: float = 0.0
     ranks: tuple[int, ...] = ()  # the workers (ranks) whose work finished; ``value`` is rank 0's
+    where: str = ""  # a fan-out launcher's job: host, job id and GPU (empty: this machine, as the launcher ran it)
 
     @property
     def ok(self) -> bool:

@@ -21,8 +21,10 @@ from dtypelab.core.options import (
 )
 from dtypelab.core.tolerance import Tolerance
 from dtypelab.profiling import PROFILE_STEPS
+from dtypelab.run import parse_gpus, parse_minutes, parse_slurm_args
 
 DIST = {"panel": "Distributed"}
+FAN = {"panel": "Fan-out (--launcher local-gpus or slurm)"}
 
 
 class BenchOptions(Options):
@@ -57,8 +59,24 @@ class BenchOptions(Options):
                                 json_schema_extra={"cli_type": "bool"})
     trace_dir: str | None = Field(None, description="with --profile: write each policy's raw Chrome trace "
                                                     "(TensorBoard, Perfetto) to this folder")
-    launcher: Any = Field(None, description="how each policy runs: process (its own, the default) or inline (in "
-                                            "this process: no isolation)", json_schema_extra={"cli_type": "str"})
+    launcher: Any = Field(None, description="how each policy runs: process (its own, the default), inline (in this "
+                                            "process: no isolation), local-gpus (one policy per GPU of this "
+                                            "machine at once) or slurm (a submitit job array)",
+                          json_schema_extra={"cli_type": "str"})
+    gpus: str | None = Field(None, description="local-gpus: the GPUs to use, such as 0,1,2,3 [default: every GPU]",
+                             json_schema_extra=FAN)
+    partition: str | None = Field(None, description="slurm: the partition to submit to", json_schema_extra=FAN)
+    slurm_time: str | None = Field(None, description="slurm: each job's time limit, minutes or HH:MM:SS [default: "
+                                                     "--timeout plus 5 minutes]",
+                                   json_schema_extra={**FAN, "flag": "--time"})
+    gpus_per_job: int = Field(1, ge=0, description="slurm: GPUs each job asks for", json_schema_extra=FAN)
+    slurm_args: str | None = Field(None, description="slurm: more sbatch options, KEY=VALUE,…: 'account=ml,qos=high'",
+                                   json_schema_extra=FAN)
+    jobs_folder: str = Field("dtypelab-jobs", description="local-gpus, slurm: submitit's folder (pickles, logs) and "
+                                                          "the runs' shared files; on Slurm it must be on a "
+                                                          "filesystem the nodes share", json_schema_extra=FAN)
+    fresh: bool = Field(False, description="measure every policy again, even when --json holds an interrupted sweep "
+                                           "of the same settings (whose finished runs a re-run otherwise keeps)")
     hardware: Any = hardware_field("decide with this saved hardware probe (dtypelab hardware --json FILE, or any "
                                    "record) instead of probing")
     script_args: tuple[str, ...] = script_args_field()
@@ -104,8 +122,36 @@ class BenchOptions(Options):
             raise ValueError("must be a finite number of seconds")
         return v
 
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: str | None) -> str | None:
+        parse_gpus(v)
+        return v
+
+    @field_validator("slurm_time")
+    @classmethod
+    def _slurm_time(cls, v: str | None) -> str | None:
+        parse_minutes(v)
+        return v
+
+    @field_validator("slurm_args")
+    @classmethod
+    def _slurm_args(cls, v: str | None) -> str | None:
+        parse_slurm_args(v)
+        return v
+
     @model_validator(mode="after")
     def _together(self) -> BenchOptions:
+        fan = self.launcher if isinstance(self.launcher, str) else None
+        if self.gpus is not None and fan != "local-gpus":
+            raise ValueError("--gpus picks the GPUs of --launcher local-gpus: give that launcher too")
+        slurm_only = [f for f, v in (("--partition", self.partition), ("--time", self.slurm_time),
+                                     ("--slurm-args", self.slurm_args)) if v]
+        if slurm_only and fan != "slurm":
+            raise ValueError(f"{slurm_only[0]} is a Slurm setting: give --launcher slurm too")
+        if fan in ("local-gpus", "slurm") and self.nproc is not None:
+            raise ValueError(f"--launcher {fan} fans single-process runs out; --nproc runs each under torchrun: "
+                             "use one or the other")
         if self.per_layer and self.mode != "infer":
             raise ValueError("per_layer compares inference outputs: use it with mode infer (--per-layer --mode infer)")
         distributed = self.nnodes != 1 or self.rdzv_endpoint or self.torchrun_args or self.link_gbps

@@ -348,6 +348,11 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
     if settled and any(r.speedup_ci for r in report.results):
         notes.append(f"{', '.join(settled)}: not timed in the rounds (a policy outside the constraints is rejected "
                      "whatever its speed); its speedup is the ratio of each run's own median, without an interval.")
+    placed = [r for r in report.results if r.ran_on]
+    if placed or report.rounds_on:
+        runs = "; ".join(f"{r.policy} on {r.ran_on}" for r in placed)
+        rounds = f"; the speed rounds, every policy on one device: {report.rounds_on}" if report.rounds_on else ""
+        notes.append(f"Where each learning run went: {runs or 'this machine'}{rounds}.")
     slower = [r.policy for r in ran if r.rounds_skip == "slower" and not r.speedup_ci]
     if slower:
         notes.append(f"{', '.join(slower)}: not timed in the rounds (its own run and fp32's, both undisturbed, put it "

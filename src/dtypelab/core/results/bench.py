@@ -183,6 +183,7 @@ class PolicyResult:
     # why the interleaved timing left this policy out though it ran: "slower" (its own run already put it clearly
     # below fp32, so no number of rounds could make it the answer)
     rounds_skip: str = ""
+    ran_on: str = ""  # a fan-out launcher's job: host, job id and GPU of the learning run (empty: this machine)
     per_layer: tuple[LayerFidelity, ...] = ()  # infer --per-layer
     disturbance: DisturbanceInfo = field(default_factory=dict)  # other processes' CPU use during the timed steps
     rounds: tuple[RoundBlock, ...] = ()  # the interleaved timing's blocks (speed), when it ran
@@ -265,6 +266,7 @@ class Report(Record):
     scaling: ScalingEstimate | None = None  # --nproc: the estimate from the measured compute and bytes
     # what dtypelab decided from these results, and why (core.judging.judged); None only while a sweep starts
     recommendation: Recommendation | None = None
+    rounds_on: str = ""  # a fan-out launcher's job that ran the interleaved timing (empty: this machine)
     schema_version: int = BENCH_VERSION
 
     schema = SCHEMA
