@@ -120,6 +120,8 @@ def test_tune_cli(tmp_path, fast_bf16_env):
                          text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
     assert "chosen plan:" in run.stdout and "full evaluations (at most" in run.stdout and plan.exists()
+    # no terminal: the progress is lines with the seconds since the start, each full evaluation said
+    assert re.search(r"\[\s+\d+ s\] full evaluation 1 of at most \d+: \d+ layers? converted", run.stderr), run.stderr
     shown = subprocess.run([sys.executable, "-m", "dtypelab", "show", str(record), "--format", "markdown"],
                            capture_output=True, text=True, timeout=120, env=env)
     assert shown.returncode == 0 and "| net.0 |" in shown.stdout

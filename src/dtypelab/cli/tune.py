@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dtypelab.cli._common import app, emit, err, guarded, out
@@ -9,11 +13,29 @@ from dtypelab.cli._options import argument, command
 from dtypelab.tuning import TuneOptions
 
 
+@contextlib.contextmanager
+def _said(label: str) -> Iterator[Callable[[str], None]]:
+    """Progress text: a spinner's line on a terminal; in a log, a line per step with the seconds since the start
+    (a search can take minutes)."""
+    if err.is_terminal:
+        with err.status(label) as status:
+            yield lambda text: status.update(text)
+        return
+    start = time.monotonic()
+
+    def say(text: str) -> None:
+        sys.stderr.write(f"[{time.monotonic() - start:6.0f} s] {text}\n")
+        sys.stderr.flush()
+
+    say(label)
+    yield say
+
+
 def _tune(opts: TuneOptions, cli: dict[str, Any]) -> None:
     from dtypelab.tuning import tune
 
-    with guarded(), err.status(f"tuning {cli['task']}") as status:
-        report = tune(cli["task"], opts, progress=lambda text: status.update(text))
+    with guarded(), _said(f"tuning {cli['task']}") as say:
+        report = tune(cli["task"], opts, progress=say)
     emit(report, "table")
     if opts.output:
         out.print(f"plan written to {opts.output}: dtypelab bench {report.config.task} --mode {opts.mode} -p "

@@ -51,6 +51,24 @@ Progress = Callable[[str], None]
 NOTHING_CHOSEN = "float32 everywhere: no plan measured was faster than fp32 within the constraint"
 
 
+
+def _told(evaluate: Callable[[frozenset[str]], Evaluation], budget: int | None, progress: Callable[[str], None],
+          prefix: str) -> Callable[[frozenset[str]], Evaluation]:
+    """``evaluate``, saying each full evaluation (the search's long part) before it starts and what it found."""
+    count = [0]
+    most = f" of at most {budget}" if budget else ""
+
+    def told(layers: frozenset[str]) -> Evaluation:
+        count[0] += 1
+        plural = "" if len(layers) == 1 else "s"
+        progress(f"{prefix}full evaluation {count[0]}{most}: {len(layers)} layer{plural} converted")
+        e = evaluate(layers)
+        progress(f"{prefix}full evaluation {count[0]}: {e.speedup:.2f}x fp32, "
+                 f"{'keeps' if e.feasible else 'breaks'} the constraint")
+        return e
+
+    return told
+
 def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Progress | None = None,
          **settings: Any) -> TuneReport:
     """Choose, per layer, the precision each layer runs in so that the model is as fast as measured possible while
@@ -180,8 +198,8 @@ def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
     choice = {s.name: get_policy(s.config) for s, _ in scored}
     budget = budget_for(len(scored))
     progress(f"searching: at most {budget} full evaluations")
-    result = search([s for s, _ in scored], evaluator(bench, choice, min_cosine), budget, alternatives(scored),
-                    deadline=limit.start())
+    result = search([s for s, _ in scored], _told(evaluator(bench, choice, min_cosine), budget, progress, ""), budget,
+                    alternatives(scored), deadline=limit.start())
     limit.saw(result)
     uniform = []
     for cand in cands:  # each candidate everywhere it applies, measured the same way, for comparison
@@ -245,7 +263,8 @@ def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
         progress(f"{cand.name}: probing {len(names)} layers ({bench.probe_steps} steps each)")
         scored = bench.score(names, cand, on_layer=lambda n, c=cand: progress(f"{c.name}: probed {n}"))
         progress(f"{cand.name}: searching, at most {budget} full evaluations of {steps} steps")
-        result = search([s for s, _ in scored], train_evaluator(bench, cand, names), budget, deadline=limit.start())
+        result = search([s for s, _ in scored], _told(train_evaluator(bench, cand, names), budget, progress,
+                                                      f"{cand.name}: "), budget, deadline=limit.start())
         limit.saw(result)
         found.append((cand, result, scored))
     winners = [(c, r) for c, r, _ in found if r.best is not None]
