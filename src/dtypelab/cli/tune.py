@@ -27,8 +27,7 @@ def _said(label: str) -> Iterator[Callable[[str], None]]:
         sys.stderr.write(f"[{time.monotonic() - start:6.0f} s] {text}\n")
         sys.stderr.flush()
 
-    say(label)
-    yield say
+    yield say  # (no line before the first step: a user mistake found first stays one line)
 
 
 def _tune(opts: TuneOptions, cli: dict[str, Any]) -> None:
