@@ -29,28 +29,24 @@ from dtypelab.core.policies import (
     parse_policies,
     policy_info,
 )
-from dtypelab.core.records import load_report, save_judged
+from dtypelab.core.records import save_judged
 from dtypelab.core.results import PolicyResult, Report, RunConfig
 from dtypelab.core.stats import CLEARLY_SLOWER
 from dtypelab.core.task import Task
 from dtypelab.distributed import DistributedJob, torchrun_settings, with_scaling
 from dtypelab.run import (
-    LAUNCHERS,
     Event,
     FanOutLauncher,
-    Launcher,
     OnEvent,
     Outcome,
     Target,
     TorchrunLauncher,
-    parse_gpus,
-    parse_minutes,
-    parse_slurm_args,
 )
 from dtypelab.script import bench_script
 from dtypelab.sweep.budget import budget_plan, over_budget, parse_budget
 from dtypelab.sweep.job import Job
 from dtypelab.sweep.options import BenchOptions
+from dtypelab.sweep.places import FAN_OUT, ProbeWork, finished_before, launcher_for, remote_device, slots
 from dtypelab.sweep.rounds import RoundsJob, RoundsResult, paired_speedup
 
 INFER_STEPS = 50
@@ -93,72 +89,6 @@ def bench(task: str | Task, policies: Any = None, options: BenchOptions | None =
     if opts.script_args:
         raise DtypelabError(f"script_args: arguments after -- are for a training script; {target.spec} is a task")
     return _Sweep(target, opts, on_event).run()
-
-
-FAN_OUT = ("local-gpus", "slurm")
-
-
-def _launcher(opts: BenchOptions) -> Launcher:
-    given = opts.launcher
-    if given is None:
-        return LAUNCHERS["process"]
-    if isinstance(given, str):
-        if given in FAN_OUT:
-            return _fan_out(given, opts)
-        if given not in LAUNCHERS:
-            raise DtypelabError(f"launcher: unknown launcher {given!r}: use {', '.join([*LAUNCHERS, *FAN_OUT])} "
-                                "(--launcher)")
-        return LAUNCHERS[given]
-    return given
-
-
-def _fan_out(kind: str, opts: BenchOptions) -> FanOutLauncher:
-    folder = os.path.abspath(opts.jobs_folder)
-    if kind == "slurm":
-        return FanOutLauncher("slurm", folder, gpus_per_job=opts.gpus_per_job, partition=opts.partition,
-                              time_min=parse_minutes(opts.slurm_time), slurm_args=parse_slurm_args(opts.slurm_args))
-    count = torch.cuda.device_count()
-    gpus = parse_gpus(opts.gpus) or tuple(range(count))
-    if not gpus:
-        raise DtypelabError("--launcher local-gpus: this machine has no CUDA GPU (the default launcher runs one "
-                            "policy after another)")
-    missing = [g for g in gpus if g >= count]
-    if missing:
-        raise DtypelabError(f"--gpus: no GPU {missing[0]}: this machine has {count}")
-    return FanOutLauncher("local-gpus", folder, gpus=gpus)
-
-
-@dataclass(frozen=True)
-class ProbeWork:
-    """The hardware probe as a piece of work: on Slurm it runs on a node of the cluster, not on the login node."""
-
-    device: str
-
-    @property
-    def name(self) -> str:
-        return "hardware probe"
-
-    def __call__(self, report: Any) -> HardwareInfo:
-        return hardware_for(self.device)
-
-
-def _slots(launcher: FanOutLauncher) -> str:
-    if launcher.kind == "slurm":
-        return "a job array" + (f" on partition {launcher.partition}" if launcher.partition else "")
-    if launcher.gpus:
-        return f"{len(launcher.gpus)} at once, on GPU {', '.join(map(str, launcher.gpus))}"
-    return f"{launcher.slots} CPU process(es) at once"
-
-
-def _remote_device(device: str | None) -> torch.device:
-    """A Slurm node's device, which this (login) machine cannot check: CUDA unless told otherwise."""
-    try:
-        dev = torch.device(device or "cuda")
-    except RuntimeError as exc:
-        raise DtypelabError(f"invalid device {device!r}: use cpu, cuda or cuda:N") from exc
-    if dev.type not in ("cpu", "cuda"):
-        raise DtypelabError(f"unsupported device {device!r}: dtypelab measures on cpu or cuda")
-    return dev
 
 
 def _check_patterns(task: Task, plans: Iterable[Plan]) -> None:
@@ -230,7 +160,7 @@ class _Sweep:
             opts.nproc, opts.nnodes, opts.rdzv_endpoint, opts.torchrun_args, opts.link_gbps, mode=opts.mode,
             per_layer=opts.per_layer, profile=bool(opts.profile_steps), rounds=opts.rounds, launcher=opts.launcher)
             if opts.nproc is not None else (None, ()))
-        self.launcher = TorchrunLauncher(self.torchrun) if self.torchrun else _launcher(opts)
+        self.launcher = TorchrunLauncher(self.torchrun) if self.torchrun else launcher_for(opts)
         self.fans_out = bool(getattr(self.launcher, "parallel", False))
         self.remote = getattr(self.launcher, "kind", "") == "slurm"  # the runs' device is on the cluster's nodes
         self.budget_s = parse_budget(opts.budget)
@@ -250,7 +180,7 @@ class _Sweep:
         if opts.mode == "train" and self.task.inference_only:
             raise DtypelabError(f"task {self.task.name} is inference-only: use --mode infer")
         _check_patterns(self.task, plans.values())
-        self.dev = _remote_device(opts.device) if self.remote else resolve_device(opts.device)
+        self.dev = remote_device(opts.device) if self.remote else resolve_device(opts.device)
         if self.fans_out and self.dev.type == "cuda":  # each job sees its own GPU(s) only, as cuda:0
             self.dev = torch.device("cuda")
         if self.torchrun and self.dev.type == "cuda" and self.torchrun.nproc > torch.cuda.device_count():
@@ -297,7 +227,7 @@ class _Sweep:
                 report = report.with_result(PolicyResult(name, "skipped", avail.reason,
                                                          info=policy_info(self.plans[name]),
                                                          skip="slow" if avail.ok else "unsupported"))
-        kept = self._finished_before(config, report.environment)
+        kept = finished_before(opts, config, report.environment)
         if kept:
             for result in kept.values():
                 report = report.with_result(result)
@@ -323,34 +253,6 @@ class _Sweep:
                                                              opts.threads, workdir=workdir,
                                                              max_rounds=MORE_ROUNDS * rounds))
         return report
-
-    def _finished_before(self, config: RunConfig, env: dict[str, Any]) -> dict[str, PolicyResult]:
-        """The finished learning runs of an interrupted sweep with the same settings, on the same hardware and
-        versions, in ``--json``'s file: a re-run keeps them. A complete record is measured again (that is what
-        re-running a finished sweep asks for); fp32 always is, as the others' yardstick and their shared files'
-        writer."""
-        path = self.opts.json_path
-        if self.opts.fresh or not path or not os.path.exists(path):
-            return {}
-        try:
-            old = load_report(path)
-        except Exception:  # not a bench record, or damaged: it will be overwritten, as before
-            return {}
-        same = ("task", "mode", "steps", "batch_size", "warmup", "seed", "tolerance", "device", "threads",
-                "per_layer", "min_cosine", "script_args", "nproc")
-        hw = ("device_name", "cpu_name", "cpu_capability")
-        if any(getattr(old.config, f, None) != getattr(config, f, None) for f in same) or \
-                any(old.environment.get(k) != env.get(k) for k in ("dtypelab", "torch")) or \
-                any((old.environment.get("hardware") or {}).get(k) != (env.get("hardware") or {}).get(k) for k in hw):
-            return {}
-        finished = {r.policy: r for r in old.results if r.status in ("ok", "diverged", "oom")}
-        unfinished = [p for p in config.policies if p not in finished and
-                      ((old.result(p) is None) or old.result(p).status in ("interrupted", "timeout", "failed"))]
-        if not unfinished:
-            return {}
-        return {name: replace(r, rounds=(), speedup_ci=None, compiled_ci=None, rounds_first_call_s=None,
-                              rounds_skip="") for name, r in finished.items()
-                if name != BASELINE and name in config.policies}
 
     def _probe(self) -> HardwareInfo:
         out = self.launcher.run(ProbeWork(str(self.dev)), self.opts.timeout_s, lambda d, t: None)
@@ -446,7 +348,7 @@ class _Sweep:
         opts, on_event, plans = self.opts, self.on_event, self.plans
         launcher: FanOutLauncher = self.launcher  # type: ignore[assignment]
         jobs = [self._job(plans[n], opts.mode, steps, workdir, hardware, base_step) for n in pending]
-        on_event(Event("notice", "", label=f"{len(jobs)} runs fanned out ({launcher.kind}, {_slots(launcher)}); "
+        on_event(Event("notice", "", label=f"{len(jobs)} runs fanned out ({launcher.kind}, {slots(launcher)}); "
                                            "the time budget does not apply to runs that go side by side"))
         for name in pending:
             on_event(Event("start", name, 0, steps, label=f"{name}: pending"))
