@@ -263,7 +263,7 @@ class FanOutLauncher:
         try:
             result = run.job.result()
         except Exception:  # ended without a result: killed, timed out, pre-empted, out of memory
-            state = _state(run.job).split()[0] if _state(run.job) else "FAILED"
+            state = (_state(run.job) or "FAILED").split()[0]  # one query: on Slurm each is an sacct call
             status = _ENDED.get(state, "failed")
             tail = _tail(run.job)
             return Outcome(status, f"job {run.job.job_id} ended without a result ({state.lower()})"
