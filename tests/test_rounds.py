@@ -276,3 +276,22 @@ def test_the_rounds_time_each_policys_first_call_and_the_notes_say_what_a_warm_c
     assert any(n.startswith("Compiling took 42 s of this sweep") and "about 37 s shorter" in n for n in notes)
     warm = judged(Report(cfg, {"hardware": {}}, (base, compiled("fp32+compile", 3.5, 3.0))))
     assert not any(n.startswith("Compiling took") for n in warm.recommendation.notes)
+
+
+def _report_with_fp32_median(median_s: float, mode: str = "infer") -> Report:
+    cfg = RunConfig(task="t", mode=mode, policies=("fp32", "bf16"), steps=20, batch_size=4, warmup=1, seed=0,
+                    tolerance=0.01, device="cpu", force=False, timeout_s=60, metric="m", higher_is_better=True,
+                    rounds=3, rounds_block=4)
+    fp32 = PolicyResult("fp32", "ok", step_times_s=(median_s,) * 6, warmup=1)
+    return Report(cfg, {}).with_result(fp32)
+
+
+def test_long_inference_passes_are_timed_one_per_round_and_short_ones_keep_their_block():
+    from dtypelab.sweep.sweep import ROUND_BLOCK_S, _infer_block
+
+    job = RoundsJob("t", (), "infer", 3, 4, 4, 0, "cpu", None)
+    assert _infer_block(_report_with_fp32_median(0.6), job) == 1  # minilm's pass on 2 cores
+    assert _infer_block(_report_with_fp32_median(ROUND_BLOCK_S / 2), job) == 2
+    assert _infer_block(_report_with_fp32_median(0.001), job) == 4  # never more than configured
+    train = dataclasses.replace(job, mode="train")
+    assert _infer_block(_report_with_fp32_median(0.6, "train"), train) == 4

@@ -19,6 +19,8 @@ from dtypelab.core.hardware import HardwareInfo, hardware_for, resolve_device
 from dtypelab.core.policies import Plan, Precision, get_policy
 from dtypelab.core.task import Task, call_model, load_task, map_tensors, plain
 
+# a context entered around one evaluation forward pass, given its batch (already on the device)
+Around = Callable[[Any], contextlib.AbstractContextManager[Any]]
 RECORD_LIMIT = 2**24  # output values kept from evaluation for the fidelity comparison (64 MB as float32)
 
 
@@ -136,12 +138,15 @@ def forward(model: nn.Module, precision: Precision, inputs: Any) -> Any:
         return call_model(model, precision.convert_input(inputs))
 
 
-def make_predict(model: nn.Module, precision: Precision, device: torch.device) -> Callable[[Any], Any]:
-    """Run the model under the precision on a batch; outputs come back as float32 on the CPU."""
+def make_predict(model: nn.Module, precision: Precision, device: torch.device,
+                 around: Around | None = None) -> Callable[[Any], Any]:
+    """Run the model under the precision on a batch; outputs come back as float32 on the CPU. ``around(batch)``,
+    if given, is a context entered around the forward pass alone (not the copies to and from the device)."""
 
     def predict(inputs: Any) -> Any:
-        with torch.no_grad():
-            out = forward(model, precision, to_device(inputs, device))
+        inputs = to_device(inputs, device)
+        with torch.no_grad(), (around(inputs) if around is not None else contextlib.nullcontext()):
+            out = forward(model, precision, inputs)
         return map_tensors(lambda t: t.detach().float().cpu() if t.is_floating_point() else t.cpu(), out)
 
     return predict
@@ -155,12 +160,12 @@ def value_count(outputs: Any) -> int:
 
 
 def evaluate(task: Task, model: nn.Module, precision: Precision, device: torch.device,
-             record: list[Any] | None = None) -> dict[str, float]:
+             record: list[Any] | None = None, around: Around | None = None) -> dict[str, float]:
     """The task's metrics under the precision; ``record`` collects the outputs it saw (up to RECORD_LIMIT
-    values), the set inference fidelity is measured on."""
+    values), the set inference fidelity is measured on; ``around`` wraps each forward pass (``make_predict``)."""
     was_training = model.training
     model.eval()
-    predict = make_predict(model, precision, device)
+    predict = make_predict(model, precision, device, around)
     kept = 0
 
     def recording(inputs: Any) -> Any:

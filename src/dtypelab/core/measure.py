@@ -165,6 +165,10 @@ class MemoryMeter:
     def open_window(self) -> None:
         """The model is built: keep the load peak, then measure only what follows."""
         self.load_peak = self.peak_bytes()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the high-water mark so far (the baseline stays): what follows is measured on its own."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,7 +31,7 @@ from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync, slow_verd
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy, policy_info
 from dtypelab.core.results import PolicyResult
 from dtypelab.core.stats import summarize
-from dtypelab.core.task import Task, load_task, plain
+from dtypelab.core.task import Task, load_task, plain, tensors
 from dtypelab.inference import compare, layer_fidelity, linear_weight_bytes, serialize
 from dtypelab.profiling import Profiler, profile_inference, profile_training, trace_path
 
@@ -153,6 +154,51 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
     )
 
 
+class _Slow(Exception):
+    """A timed pass found the run pathologically slow (``too_slow``): it stops there."""
+
+
+class _InferTiming:
+    """An inference run's timed passes. The evaluation's forward passes with the timing batch's shapes count as
+    steps (the same work on other samples: no pass is run twice), then passes on the timing batch fill up to
+    ``steps`` or the time box. The memory window holds timed passes only: a pass of another shape closes it,
+    and the next timed one opens it anew; the peak is read after each timed pass."""
+
+    def __init__(self, job: Job, timer: StepTimer, meter: MemoryMeter, progress: Progress, batch: Any) -> None:
+        self.job, self.timer, self.meter, self.progress = job, timer, meter, progress
+        self.signature = _signature(batch)
+        self.peak, self.open = 0, True
+
+    def done(self) -> bool:
+        n, job = len(self.timer.samples), self.job
+        return n >= job.steps or (job.time_box_s is not None and n >= job.warmup + job.min_timed
+                                  and sum(self.timer.samples) >= job.time_box_s)
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        if not self.open:
+            self.meter.reset()
+            self.open = True
+        self.timer.start()
+        yield
+        self.timer.stop()
+        self.peak = max(self.peak, self.meter.peak_bytes())
+        self.progress(min(len(self.timer.samples), self.job.steps), self.job.steps)
+        slow = too_slow(self.job, self.timer.samples)
+        if slow:
+            raise _Slow(slow)
+
+    def around(self, batch: Any) -> contextlib.AbstractContextManager[Any]:
+        if self.done() or _signature(batch) != self.signature:
+            self.open = False
+            return contextlib.nullcontext()
+        return self.step()
+
+
+def _signature(batch: Any) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
+    return tuple((tuple(t.shape), t.dtype) for t in tensors(batch))
+
+
 def infer(task: Task, job: Job, precision: Precision, progress: Progress) -> PolicyResult:
     device = torch.device(job.device)
     weights = None if task.pretrained else job.reference_weights
@@ -165,6 +211,7 @@ def infer(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
     model = precision.convert_module(model.to(device)).eval()
     inputs = to_device(task.inference_inputs(job.batch_size), device)
     timer = StepTimer(sync=device_sync(device))
+    timing = _InferTiming(job, timer, meter, progress, inputs)
     first_call_s = None
     with precision.session(), torch.no_grad():
         if job.plan.compiles:  # compilation is part of loading: timed apart, outside the memory window
@@ -175,22 +222,17 @@ def infer(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         meter.open_window()
         cpu = CpuMeter()
         cpu.start()
-        for i in range(job.steps):
-            timer.start()
-            forward(model, precision, inputs)
-            timer.stop()
-            progress(i + 1, job.steps)
-            if (job.time_box_s is not None and i + 1 >= job.warmup + job.min_timed
-                    and sum(timer.samples) >= job.time_box_s):
-                progress(job.steps, job.steps)
-                break
-            slow = too_slow(job, timer.samples)
-            if slow:
-                return _slow_result(job, slow, timer.samples)
-        disturbance = cpu.stop()
-        peak = meter.peak_bytes()
         outputs: list[Any] = []  # what the task's evaluation ran the model on: the fidelity set
-        metrics = evaluate(task, model, precision, device, record=outputs)
+        try:
+            metrics = evaluate(task, model, precision, device, record=outputs, around=timing.around)
+            while not timing.done():
+                with timing.step():
+                    forward(model, precision, inputs)
+        except _Slow as slow:
+            return _slow_result(job, str(slow), timer.samples)
+        progress(job.steps, job.steps)
+        disturbance = cpu.stop()
+        peak = timing.peak
         if not outputs:
             outputs.append(plain(make_predict(model, precision, device)(inputs)))
         layers = ()

@@ -7,6 +7,7 @@ judged (``core.judging``) and saved after every policy, so that an interruption 
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -59,6 +60,7 @@ INFER_TIME_BOX_S = 8.0
 INFER_TIME_BOX_ROUNDS_S = 2.0
 MIN_TIMED = 4
 DEFAULT_ROUNDS = {"train": 5, "infer": 3}
+ROUND_BLOCK_S = 0.25  # an inference round's block: passes enough to take this long (fp32's own median), at least 1
 MORE_ROUNDS = 3  # a policy the rounds have not decided yet (rounds._undecided) gets up to this many times the rounds
 # --nproc without --policies: plain DDP (the baseline), each gradient compression, FSDP2 with and without bf16
 DISTRIBUTED_DEFAULTS = ("fp32", "fp32+ddp-fp16", "fp32+ddp-bf16", "fp32+ddp-powersgd", "fp32+fsdp",
@@ -114,6 +116,16 @@ def _with_baselines(plans: dict[str, Plan], explicit: bool) -> dict[str, Plan]:
         plans = {BASELINE: plans[BASELINE], COMPILED_BASELINE: get_policy(COMPILED_BASELINE),
                  **{k: v for k, v in plans.items() if k != BASELINE}}
     return plans
+
+
+def _infer_block(report: Report, job: RoundsJob) -> int:
+    """Inference passes of a quarter second or more are timed one per round: a pass that long is its own median
+    (its spread on a quiet CPU is a few percent), and minilm's rounds take 28 s instead of 48 s. Shorter passes keep
+    the configured block. Training keeps its blocks: optimizer steps vary more."""
+    base = report.result(BASELINE)
+    if job.mode != "infer" or base is None or not base.timing:
+        return job.block
+    return max(1, min(job.block, math.ceil(ROUND_BLOCK_S / base.timing.median)))
 
 
 def _clearly_slower(report: Report, ran: list[str]) -> set[str]:
@@ -383,9 +395,13 @@ class _Sweep:
         if BASELINE not in names or len(names) < 2:
             return save_judged(report, self.opts.json_path) if slower else report
         job = replace(job, plans=tuple(plans[n] for n in names))
+        block = _infer_block(report, job)
+        if block != job.block:
+            job = replace(job, block=block, warmup=1)
+            report = replace(report, config=replace(report.config, rounds_block=block))
         if rec and rec.reason:  # a first answer now; the rounds confirm or refine it
             on_event(Event("notice", "", label=f"Provisional, from each run's own timing: {rec.reason}"))
-        label = f"timing in {job.rounds} interleaved rounds of {job.block} steps"
+        label = f"timing in {job.rounds} interleaved rounds of {job.block} step{'s' if job.block > 1 else ''}"
         on_event(Event("start", "rounds", 0, job.rounds * len(names), label=label))
         out = self.launcher.run(job, self.opts.timeout_s, lambda d, t: on_event(Event("step", "rounds", d, t)))
         result = out.value if out.ok and isinstance(out.value, RoundsResult) else RoundsResult(

@@ -340,8 +340,9 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
         most = max((len(r.rounds) for r in report.results), default=0)
         more = (f" (up to {most} for a policy whose interval still reached below the {1 + MIN_GAIN:.2f}x band "
                 "while its point lay above it)") if most > cfg.rounds else ""
+        steps = f"{cfg.rounds_block} step{'s' if cfg.rounds_block != 1 else ''}"
         notes.append(f"speedup: geometric mean of fp32's block median over the policy's, over {cfg.rounds} "
-                     f"interleaved rounds{more} of {cfg.rounds_block} steps in one process (paired: the same round, "
+                     f"interleaved rounds{more} of {steps} in one process (paired: the same round, "
                      "the same batches), with a 95% Student-t interval; step ms is from each policy's own run.")
     settled = [r.policy for r in ran if r.timing and not r.speedup_ci and verdicts and r.policy in verdicts
                and verdicts[r.policy].verdict.settled]
