@@ -15,7 +15,8 @@ from dtypelab.core.version import __version__
 # public name -> the module that defines it publicly
 _PUBLIC = {
     # measuring (capabilities)
-    "bench": "dtypelab.sweep", "tune": "dtypelab.tuning", "apply_plan": "dtypelab.tuning",
+    "bench": "dtypelab.sweep", "autopilot": "dtypelab.piloting", "tune": "dtypelab.tuning",
+    "apply_plan": "dtypelab.tuning",
     "trace": "dtypelab.tracing", "watch": "dtypelab.tracing", "Guard": "dtypelab.tracing",
     "NonFiniteError": "dtypelab.tracing", "profile": "dtypelab.profiling", "audit": "dtypelab.numerics",
     "analyze_values": "dtypelab.numerics", "cast_file": "dtypelab.numerics", "cast_report": "dtypelab.numerics",
@@ -35,7 +36,8 @@ _PUBLIC = {
     "load_plan": "dtypelab.core.policies", "register": "dtypelab.core.policies",
     "Tolerance": "dtypelab.core.judging", "Recommendation": "dtypelab.core.judging",
     "recommend": "dtypelab.core.judging",
-    "AuditReport": "dtypelab.core.results", "Finding": "dtypelab.core.results",
+    "AuditReport": "dtypelab.core.results", "AutopilotReport": "dtypelab.core.results",
+    "Finding": "dtypelab.core.results",
     "LintFinding": "dtypelab.core.results", "LintReport": "dtypelab.core.results",
     "PolicyResult": "dtypelab.core.results", "ProfileSummary": "dtypelab.core.results",
     "Report": "dtypelab.core.results", "RunConfig": "dtypelab.core.results", "TraceReport": "dtypelab.core.results",
@@ -47,6 +49,7 @@ _INTEGRATIONS = ("lightning", "hf")
 __all__ = [
     "TF32",
     "AuditReport",
+    "AutopilotReport",
     "Autocast",
     "Cast",
     "Config",
@@ -80,6 +83,7 @@ __all__ = [
     "analyze_values",
     "apply_plan",
     "audit",
+    "autopilot",
     "bench",
     "cast_file",
     "cast_report",

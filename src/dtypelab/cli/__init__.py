@@ -3,7 +3,7 @@ object's fields) and calls one public function. Nothing imports this package."""
 
 from __future__ import annotations
 
-from dtypelab.cli import bench, diagnose, export, numeric, tune
+from dtypelab.cli import autopilot, bench, diagnose, export, numeric, tune
 from dtypelab.cli._common import app
 
 

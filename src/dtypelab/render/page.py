@@ -21,6 +21,7 @@ from dtypelab.core.results import (
     CATEGORIES,
     CATEGORY_LABELS,
     AuditReport,
+    AutopilotReport,
     LintReport,
     Report,
     Tolerance,
@@ -29,6 +30,7 @@ from dtypelab.core.results import (
 )
 from dtypelab.core.results.store import save_text
 from dtypelab.render import plots
+from dtypelab.render.autopilot import autopilot_doc
 from dtypelab.render.bench import bench_notes, bench_title, decision, layer_rows, table_rows
 from dtypelab.render.distributed import distributed_sections
 from dtypelab.render.numeric import audit_doc
@@ -221,6 +223,15 @@ def _trace(report: TraceReport, key: str) -> str:
     return _section(title, body, report.environment, report.created, key)
 
 
+def _autopilot(report: AutopilotReport, key: str) -> str:
+    title, headers, rows, notes = autopilot_doc(report)
+    body = html_fragment(headers, rows, notes, classes=True)
+    if len(report.losses) > 1:
+        body += _figure(plots.loss_curves([report.config.start + " (autopilot)"], [report.losses]),
+                        "Loss of the steps that count (rolled-back steps are not in it).", f"{key}-loss")
+    return _section(title, body, report.environment, report.created, key)
+
+
 def _lint(report: LintReport, key: str) -> str:
     rows = [[f.location, f.code, f.rule, f.message, f.fix] for f in report.findings]
     notes = [f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''} in {report.files} "
@@ -258,6 +269,8 @@ def _render(record: Any, key: str, layers: str | None) -> str:
         return _trace(record, key)
     if isinstance(record, LintReport):
         return _lint(record, key)
+    if isinstance(record, AutopilotReport):
+        return _autopilot(record, key)
     if isinstance(record, TuneReport):
         title, headers, rows, notes = tune_doc(record)
         return _section(title, html_fragment(headers, rows, notes, classes=True), record.environment, record.created,

@@ -137,13 +137,17 @@ class Guard:
     return the loss (a tensor, or a tuple/dict whose first item / "loss" is one) to have it checked."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, scaler: Any = None,
-                 checkpoint_every: int | None = None, stop_on_skip: bool = False, sites: Sites | None = None) -> None:
+                 checkpoint_every: int | None = None, stop_on_skip: bool = False, sites: Sites | None = None,
+                 check_weights: bool = True) -> None:
         if checkpoint_every is not None and checkpoint_every < 1:
             raise ValueError("checkpoint_every must be at least 1 (None chooses it from the measured cost)")
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.fixed_every = checkpoint_every
         self.every = checkpoint_every or 1
         self.stop_on_skip = stop_on_skip
+        # False: the weights are not checked every step. Safe under a GradScaler, which skips every step whose
+        # gradients are not finite; a weight that still goes non-finite shows in the next step's loss.
+        self.check_weights = check_weights
         self.sites = sites
         self.named = list(model.named_parameters())
         self.params = [p for _, p in self.named]
@@ -215,7 +219,7 @@ class Guard:
             self.losses.append(value)
             if not math.isfinite(value):
                 trigger = f"loss is {value}"
-        if not trigger and not _all_finite(self.params):
+        if not trigger and self.check_weights and not _all_finite(self.params):
             bad = [n for n, p in self.named if not bool(torch.isfinite(p).all())]
             trigger = f"parameter {bad[0]} non-finite after the optimizer step" + (
                 f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
@@ -230,6 +234,18 @@ class Guard:
         if trigger:
             raise NonFiniteError(self.replay(trigger))
         return out
+
+    def checkpoint(self) -> None:
+        """Take a checkpoint now (e.g. after the model's configuration changed: a replay must run as it does now)."""
+        self._checkpoint()
+
+    def rollback(self) -> int:
+        """Back to the last checkpoint (model, optimizer, scaler, RNG), the steps since it forgotten: the step to
+        run next. For a caller that changes something (a layer's precision) and trains on from there."""
+        self.snapshot.restore()
+        self.steps, self._pending = self.checkpoint_step, []
+        del self.losses[self.checkpoint_step:]
+        return self.steps
 
     def _names(self) -> dict[int, str]:
         names = {storage_key(p): f"{n} (parameter)" for n, p in self.named}

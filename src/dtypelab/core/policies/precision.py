@@ -13,6 +13,7 @@ floating outputs cast back to what the surrounding model computes in.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import types
 import warnings
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from dtypelab.core.backends import quiet, torchao_module
+from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config, Quantize
 from dtypelab.core.policies.plan import Plan
 from dtypelab.core.scaler import ScalerLog
@@ -106,12 +108,7 @@ class Precision:
             dtype = getattr(torch, config.dtype) if isinstance(config, Cast) else torch.float32
             if isinstance(config, Cast) and dtype == outer and not isinstance(parent, Autocast):
                 continue  # runs as its parent does already (e.g. a layer excluded from quantization)
-            module = modules[name]
-            module.to(dtype)
-            # Under an autocast default, autocast itself mixes dtypes; elsewhere the next layer expects `outer`.
-            out_dtype = None if self._autocast is not None else outer
-            module._dtypelab_region = Region(self.device.type, config, dtype, out_dtype)
-            module.forward = types.MethodType(_region_forward, module)
+            self._region(modules[name], config, dtype, outer)
         model = _quantize(model, assigned)
         if self._log is not None:
             self._log.params = list(model.named_parameters())  # to name the parameters on skipped steps
@@ -120,6 +117,35 @@ class Precision:
                 # static shapes: one compile per input shape, rather than a slower dynamic-shape graph
                 model = torch.compile(model, dynamic=False)
         return model
+
+    def _region(self, module: nn.Module, config: Config, dtype: torch.dtype, outer: torch.dtype) -> None:
+        module.to(dtype)
+        # Under an autocast default, autocast itself mixes dtypes; elsewhere the next layer expects `outer`.
+        out_dtype = None if self._autocast is not None else outer
+        module._dtypelab_region = Region(self.device.type, config, dtype, out_dtype)
+        module.forward = types.MethodType(_region_forward, module)
+
+    def promote(self, model: nn.Module, name: str, config: Config,
+                optimizer: torch.optim.Optimizer | None = None) -> Plan:
+        """Run module ``name`` of a model this precision converted in ``config`` (a Cast or an Autocast) from now on,
+        while training goes on: its weights (and their optimizer state) take the config's dtype, its inputs are
+        cast to it and its outputs back to what the next layer expects. Returns the plan now in force (the
+        old one with a rule for ``name``), which this precision also adopts."""
+        if not isinstance(config, (Cast, Autocast)):
+            raise DtypelabError(f"a layer can be moved to a cast or an autocast config, not {config.label}")
+        module = dict(model.named_modules())[name]
+        dtype = getattr(torch, config.dtype) if isinstance(config, Cast) else torch.float32
+        self._region(module, config, dtype, self._cast or torch.float32)
+        if optimizer is not None:  # Adam's moments in the old dtype would not match the weights any more
+            owned = {id(p) for p in module.parameters()}
+            for p, state in optimizer.state.items():
+                if id(p) in owned:
+                    for k, v in state.items():
+                        if isinstance(v, torch.Tensor) and v.is_floating_point() and k != "step":
+                            state[k] = v.to(p.dtype)
+        rules = (*((p, c) for p, c in self.plan.rules if p != name), (name, config))
+        self.plan = dataclasses.replace(self.plan, rules=rules, name="")
+        return self.plan
 
     def convert_input(self, batch: Any) -> Any:
         """Floating inputs (and targets) in the model's dtype under a pure cast; integer ones never change."""

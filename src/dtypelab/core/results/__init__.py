@@ -11,6 +11,7 @@ from dtypelab.core.results.audit import (
     LayerAudit,
     Risk,
 )
+from dtypelab.core.results.autopilot import AUTOPILOT_SCHEMA, AutopilotConfig, AutopilotReport, Move, Rollback
 from dtypelab.core.results.bench import (
     PER_LAYER_SAMPLES,
     SCHEMA,
@@ -53,10 +54,16 @@ from dtypelab.core.results.tune import (
 )
 from dtypelab.core.tolerance import BASELINE, COMPILED_BASELINE, Tolerance
 
-KINDS = {AUDIT_SCHEMA: AuditReport, TRACE_SCHEMA: TraceReport, LINT_SCHEMA: LintReport, TUNE_SCHEMA: TuneReport,
+KINDS = {AUDIT_SCHEMA: AuditReport, AUTOPILOT_SCHEMA: AutopilotReport, TRACE_SCHEMA: TraceReport,
+         LINT_SCHEMA: LintReport, TUNE_SCHEMA: TuneReport,
          SCHEMA: Report}  # every record kind by its "schema" field
 
 __all__ = [
+    "AUTOPILOT_SCHEMA",
+    "AutopilotConfig",
+    "AutopilotReport",
+    "Move",
+    "Rollback",
     "AUDIT_SCHEMA",
     "BASELINE",
     "CATEGORIES",

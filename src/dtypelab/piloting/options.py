@@ -1,0 +1,45 @@
+"""What ``autopilot`` is asked to do, validated once (the CLI's flags are made from these fields)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from dtypelab.core.options import (
+    Options,
+    batch_size_field,
+    device_field,
+    hardware_field,
+    json_field,
+    threads_field,
+)
+
+
+class AutopilotOptions(Options):
+    start: Any = Field("amp-fp16", description="the precision training starts in: amp-fp16, amp-bf16, fp16, bf16 or a "
+                                               "plan file (.json); from Python also a Plan",
+                       json_schema_extra={"short": "-s", "cli_type": "str"})
+    steps: int | None = Field(None, ge=1, description="training steps [default: the task's]")
+    sample_every: int | None = Field(None, ge=1, description="steps between two readings of every layer's ranges "
+                                                             "[default: 10, widened up to 100 so that they cost ~2% "
+                                                             "of the time]")
+    promote_to: str = Field("auto", description="what a moved layer runs in: fp32, bf16, amp-bf16, or auto (amp-bf16 "
+                                                "on a GPU with bf16, from an fp16 start; else fp32)")
+    headroom: float = Field(0.5, gt=0, lt=1, description="move a layer whose largest value passes this share of its "
+                                                         "format's limit on two readings in a row")
+    horizon: int | None = Field(None, ge=1, description="move a layer whose rising trend crosses the limit within this "
+                                                        "many steps [default: 2 readings]")
+    max_rollbacks: int = Field(3, ge=0, description="non-finite steps to recover from before stopping with the "
+                                                    "trace's diagnosis")
+    checkpoint_every: int | None = Field(None, ge=1, description="steps between in-memory checkpoints [default: "
+                                                                 "chosen so they cost ~2% of the time]")
+    plan_out: str | None = Field(None, description="write the final plan here (a plan file bench and apply_plan take)",
+                                 json_schema_extra={"flag": "--plan-out"})
+    force: bool = Field(False, description="run a start policy measured to be pathologically slow here")
+    batch_size: int | None = batch_size_field()
+    seed: int = Field(0, description="seed of the initial weights, batches and dropout")
+    device: str | None = device_field()
+    threads: int | None = threads_field()
+    json_path: str | None = json_field()
+    hardware: Any = hardware_field()

@@ -1,0 +1,74 @@
+"""The autopilot record as a document (table, Markdown, HTML): the timeline of moves and rollbacks, then what the run
+ended with. It only reads AutopilotReport records."""
+
+from __future__ import annotations
+
+from dtypelab.core.results import AutopilotReport
+from dtypelab.core.scaler import scaler_notes
+from dtypelab.core.text import num
+from dtypelab.render.numeric import Doc
+
+
+def _rules(plan: dict) -> str:
+    rules = plan.get("rules") or []
+    if not rules:
+        return "none: every layer stayed in the start configuration"
+    return ", ".join(f"{r['pattern']} → {_config(r['config'])}" for r in rules)
+
+
+def _config(c: object) -> str:
+    if isinstance(c, str):
+        return c
+    if isinstance(c, dict):
+        dtype = str(c.get("dtype", "")).replace("float", "fp").replace("bfloat", "bf").replace("bfp", "bf")
+        return f"amp-{dtype}" if c.get("kind") == "autocast" else dtype or str(c.get("kind", "?"))
+    return str(c)
+
+
+def autopilot_doc(report: AutopilotReport) -> Doc:
+    cfg = report.config
+    title = (f"dtypelab autopilot: {cfg.task_name or cfg.task} · start {cfg.start} · {len(report.moves)} layer"
+             f"{'s' if len(report.moves) != 1 else ''} moved, {len(report.rollbacks)} rollback"
+             f"{'s' if len(report.rollbacks) != 1 else ''} · {report.status}")
+    rows: list[list[str]] = []
+    events = [(m.step, 0, m) for m in report.moves] + [(r.step, 1, r) for r in report.rollbacks]
+    for _, kind, e in sorted(events, key=lambda t: (t[0], -t[1])):
+        if kind == 0:
+            rows.append([str(e.step), "move", e.layer, f"{e.from_} → {e.to}", e.cause, e.evidence])
+        else:
+            rows.append([str(e.step), "rollback", e.layer or "—", f"back to step {e.to_step}", e.trigger, e.origin])
+    notes = []
+    steps = len(report.losses)
+    status = {"ok": f"trained {steps} of {cfg.steps} steps", "stopped": f"stopped after {steps} steps",
+              "interrupted": f"interrupted after {steps} steps", "failed": "failed"}.get(report.status, report.status)
+    notes.append(status + (f": {report.reason}" if report.reason else "") + ".")
+    if report.metrics:
+        notes.append("metrics: " + ", ".join(f"{k} {num(v, '.4g')}" for k, v in report.metrics.items()) + ".")
+    if report.losses:
+        notes.append(f"loss {num(report.losses[0], '.4g')} → {num(report.losses[-1], '.4g')}.")
+    notes.append(f"final plan: {_rules(report.final_plan)} (default {_config(report.final_plan.get('default', ''))}).")
+    lost = [f"{report.steps_rolled_back} step{'s' if report.steps_rolled_back != 1 else ''} trained again after "
+            "rollbacks"] if report.rollbacks else []
+    if report.steps_skipped:
+        lost.append(f"{report.steps_skipped} skipped by GradScaler")
+    if lost:
+        notes.append("steps lost: " + ", ".join(lost) + ".")
+    if report.samples and report.step_s > 0:
+        per = report.sample_s / report.samples
+        share = report.sample_s / (report.step_s * max(1, steps))
+        how = "" if cfg.sample_every else " (chosen from their cost)"
+        notes.append(f"readings: every {report.sample_every} steps{how} ({report.samples} in all), {per * 1e3:.2f} ms "
+                     f"each beyond a {report.step_s * 1e3:.2f} ms step: {share:.1%} of the training time; checkpoints "
+                     f"every {report.checkpoint_every} step(s), {report.checkpoint_s * 1e3:.2f} ms each.")
+    horizon = f"{cfg.horizon} steps" if cfg.horizon else "two readings"
+    notes.append(f"rules: a layer moves to {cfg.promote_to} when its largest |value| passes {cfg.headroom:.0%} of its "
+                 f"format's limit on two readings in a row, when its trend crosses the limit within {horizon} "
+                 "on two readings in a row, when more than half its weight gradient is flushed below the "
+                 "format's smallest normal on two readings in a row, or when a non-finite step's origin lies in it "
+                 f"(after a rollback; at most {cfg.max_rollbacks}).")
+    if report.finding is not None and report.finding.origin is not None:
+        o = report.finding.origin
+        notes.append(f"diagnosis of the last non-finite step ({report.finding.trigger}): {o.op} in "
+                     f"{o.module or 'no module'} ({o.phase}{', ' + o.source if o.source else ''}): {o.diagnosis}")
+    notes += scaler_notes(report.scaler, steps)
+    return title, ["step", "event", "layer", "change", "cause", "evidence"], rows, notes

@@ -1,0 +1,190 @@
+"""The live precision autopilot: a layer moved before it overflows, a surprise overflow rolled back and fixed, nothing
+moved when nothing comes near a limit, flushed gradients, a NaN no format fixes, and the record and plan it leaves."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import HERE, fake_hardware
+from test_policies import global_state
+
+import dtypelab
+from dtypelab import Autocast, Cast, DtypelabError, Plan, Precision, load_plan, load_record
+from dtypelab.piloting.controller import Controller
+from dtypelab.piloting.monitor import Reading
+
+TASKS = os.path.join(os.path.dirname(HERE), "examples", "autopilot_tasks.py")
+DRIFT, CALM = f"{TASKS}:make_drift_task", f"{TASKS}:make_calm_task"
+
+
+def run(task: str, **settings):
+    settings.setdefault("force", True)  # fp16 is slow on most CPUs; these models are tiny
+    return dtypelab.autopilot(task, hardware=fake_hardware(), **settings)
+
+
+@pytest.fixture(scope="module")
+def fp32_accuracy() -> float:
+    report = dtypelab.bench(DRIFT, "fp32", isolate=False, rounds=0, hardware=fake_hardware())
+    return report.result("fp32").metrics["accuracy"]
+
+
+def test_static_amp_fp16_diverges_on_the_drift_case():
+    report = dtypelab.bench(DRIFT, "amp-fp16", isolate=False, rounds=0, force=True, hardware=fake_hardware())
+    assert report.result("amp-fp16").status == "diverged"
+
+
+def test_a_layer_drifting_toward_the_limit_is_moved_alone_before_it_overflows(fp32_accuracy):
+    report = run(DRIFT, start="amp-fp16", sample_every=5)
+    assert report.status == "ok" and not report.rollbacks
+    assert [(m.layer, m.from_, m.to) for m in report.moves] == [("fc1", "amp-fp16", "fp32")]
+    move = report.moves[0]
+    assert move.cause in ("trend", "headroom") and move.amax < move.limit
+    assert len(report.losses) == 70 and all(math.isfinite(v) for v in report.losses)
+    assert report.metrics["accuracy"] >= fp32_accuracy - 0.01
+    assert report.final_plan["rules"] == [{"pattern": "fc1", "config": {"kind": "cast", "dtype": "float32"}}]
+
+
+def test_an_overflow_between_readings_is_rolled_back_and_its_layer_moved(fp32_accuracy):
+    report = run(DRIFT, start="amp-fp16", sample_every=40)  # too few readings to see it coming
+    assert report.status == "ok"
+    assert [r.layer for r in report.rollbacks] == ["fc1"] and "float16" in report.rollbacks[0].origin
+    assert [(m.layer, m.cause) for m in report.moves] == [("fc1", "non-finite")]
+    assert report.steps_rolled_back >= 1 and len(report.losses) == 70
+    assert all(math.isfinite(v) for v in report.losses)
+    assert report.metrics["accuracy"] >= fp32_accuracy - 0.01
+
+
+def test_rollbacks_are_bounded():
+    report = run(DRIFT, start="amp-fp16", sample_every=40, max_rollbacks=0)
+    assert report.status == "stopped" and len(report.rollbacks) == 1 and "rollbacks did not fix it" in report.reason
+
+
+@pytest.mark.parametrize("start", ["amp-fp16", "amp-bf16", "bf16"])
+def test_nothing_near_a_limit_moves_nothing_and_every_global_is_restored(start):
+    before = global_state()
+    report = run(CALM, start=start, sample_every=2)
+    assert global_state() == before
+    assert report.status == "ok" and report.moves == () and report.rollbacks == ()
+    assert report.samples == 35 and report.final_plan["rules"] == []
+
+
+def test_gradients_flushed_to_zero_without_a_scaler_move_the_layers_they_flush_in():
+    start = Plan(Autocast("float16"), name="amp-fp16-no-scaler")  # autocast without GradScaler
+    report = run(f"{TASKS}:make_tiny_loss_task", start=start, sample_every=2)
+    moved = {m.layer: m for m in report.moves}
+    assert {"fc1", "fc2"} <= set(moved) and all(m.cause == "underflow" for m in moved.values())
+    assert "GradScaler" in moved["fc2"].evidence
+    assert report.losses[-1] < 0.5 * report.losses[0]  # it learns once the gradients are kept
+
+
+def test_a_nan_no_wider_format_fixes_stops_with_the_diagnosis():
+    report = run(f"{TASKS}:make_log_zero_task", start="amp-fp16", sample_every=2)
+    assert report.status == "stopped" and report.moves == ()
+    assert len(report.rollbacks) == 1 and report.finding.origin.op == "aten.log"
+    assert "log of zero" in report.reason
+
+
+def test_one_spike_moves_nothing_and_a_sustained_one_does():
+    c = Controller(headroom=0.5, horizon=10)
+    limit = torch.finfo(torch.float16).max
+    assert c.decide(0, {"a": Reading(torch.float16, 0.6 * limit)}) == {}
+    assert c.decide(5, {"a": Reading(torch.float16, 1.0)}) == {}  # the spike passed: the count starts again
+    assert c.decide(10, {"a": Reading(torch.float16, 0.6 * limit)}) == {}
+    assert set(c.decide(15, {"a": Reading(torch.float16, 0.6 * limit)})) == {"a"}
+    assert set(Controller(0.5, 10).decide(0, {"b": Reading(torch.float16, 0.95 * limit)})) == {"b"}  # at once
+
+
+def test_a_rising_trend_moves_a_layer_while_it_is_still_far_from_the_limit():
+    c = Controller(headroom=0.5, horizon=20)  # doubling every 5 steps: 20 steps is 4 doublings
+    limit = torch.finfo(torch.float16).max
+    moved = {}
+    for step, amax in ((0, limit / 64), (5, limit / 32), (10, limit / 16), (15, limit / 8)):
+        moved = c.decide(step, {"a": Reading(torch.float16, amax)})
+    assert moved["a"].cause == "trend" and moved["a"].amax == limit / 8
+    flat = Controller(headroom=0.5, horizon=10)
+    for step in range(0, 100, 5):
+        assert flat.decide(step, {"a": Reading(torch.float16, 1000.0 + step)}) == {}  # slow growth: far off
+
+
+def test_a_layer_moved_out_of_a_pure_cast_keeps_training_with_its_optimizer_state():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    precision = Precision(dtypelab.get_policy("bf16"))
+    model = precision.convert_module(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x = torch.randn(8, 4)
+    for _ in range(2):
+        opt.zero_grad()
+        model(precision.convert_input(x)).float().sum().backward()
+        opt.step()
+    plan = precision.promote(model, "0", Cast("float32"), opt)
+    assert model[0].weight.dtype == torch.float32 and opt.state[model[0].weight]["exp_avg"].dtype == torch.float32
+    assert plan.rules == (("0", Cast("float32")),) and precision.plan == plan
+    before = model[0].weight.detach().clone()
+    opt.zero_grad()
+    out = model(precision.convert_input(x))
+    assert out.dtype == torch.bfloat16  # the next layer still gets what it expects
+    out.float().sum().backward()
+    opt.step()
+    assert not torch.equal(before, model[0].weight)
+
+
+def test_the_record_renders_and_the_plan_file_runs_in_bench(tmp_path):
+    path, plan_path = str(tmp_path / "ap.json"), str(tmp_path / "plan.json")
+    report = run(DRIFT, start="amp-fp16", sample_every=5, json_path=path, plan_out=plan_path)
+    again = load_record(path)
+    assert again == report
+    plan = load_plan(plan_path)
+    assert dict(plan.rules) == {"fc1": Cast("float32")} and plan.default == Autocast("float16", scaler=True)
+    bench = dtypelab.bench(DRIFT, [plan], isolate=False, rounds=0, force=True, hardware=fake_hardware())
+    assert bench.result(plan.name).status == "ok"
+    page = str(tmp_path / "page.html")
+    dtypelab.report([path], page)
+    assert "fc1" in (tmp_path / "page.html").read_text()
+
+
+def test_ctrl_c_keeps_the_timeline(tmp_path):
+    path = str(tmp_path / "ap.json")
+
+    def progress(done: int, total: int) -> None:
+        if done == 62:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(DRIFT, start="amp-fp16", sample_every=5, json_path=path, progress=progress)
+    saved = load_record(path)
+    assert saved.status == "interrupted" and [m.layer for m in saved.moves] == ["fc1"]
+
+
+def test_a_training_script_or_a_bad_target_is_one_line(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    with pytest.raises(DtypelabError, match="training script"):
+        dtypelab.autopilot(str(script))
+    with pytest.raises(DtypelabError, match="promote-to"):
+        run(CALM, start="amp-bf16", promote_to="fp8")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dtypelab.cli", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+def test_the_command_prints_each_move_and_the_timeline_and_exits_1_when_it_had_to_stop(tmp_path):
+    out = cli("autopilot", DRIFT, "--force", "--sample-every", "5", "--json", str(tmp_path / "a.json"),
+              "--plan-out", str(tmp_path / "p.json"))
+    assert out.returncode == 0, out.stderr
+    assert "step 55: fc1 amp-fp16 → fp32" in out.stderr  # said as it happened
+    assert "move" in out.stdout and "final plan: fc1 → fp32" in out.stdout
+    assert json.loads((tmp_path / "p.json").read_text())["rules"][0]["pattern"] == "fc1"
+    md = cli("show", str(tmp_path / "a.json"), "--format", "markdown")
+    assert md.returncode == 0 and "| step |" in md.stdout
+    stopped = cli("autopilot", f"{TASKS}:make_log_zero_task", "--force", "--json", str(tmp_path / "b.json"))
+    assert stopped.returncode == 1 and "log of zero" in stopped.stdout
+    bad = cli("autopilot", CALM, "--promote-to", "fp8")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
