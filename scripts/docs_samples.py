@@ -37,13 +37,14 @@ COMMANDS: dict[str, tuple[str, int]] = {
     "audit": ("dtypelab audit digits --steps 5 --top 10", 0),
     "trace": ("dtypelab trace digits --policy fp16 --force", 0),
     "lint": ("dtypelab lint examples/unstable_training.py", 0),
+    "autopilot": ("dtypelab autopilot examples/autopilot_tasks.py:make_drift_task --force --sample-every 5", 0),
     "tune": ("dtypelab tune digits --candidates int8-dyn-legacy-pc,int8-dyn-legacy --min-cosine 0.999", 0),
     "script": ("dtypelab bench examples/train_loop.py -p fp32,amp-bf16 -- --epochs 1", 0),
     "profile": ("dtypelab bench digits -p fp32,amp-bf16 --force --profile --steps 60 --rounds 0", 0),
     "distributed": ("dtypelab bench digits --nproc 2 -p fp32,fp32+ddp-fp16,fp32+fsdp --steps 60", 0),
 }
-CLI = ("bench", "tune", "trace", "audit", "export", "show", "report", "policies", "hardware", "formats", "cast",
-       "lint")
+CLI = ("bench", "tune", "trace", "autopilot", "audit", "export", "show", "report", "policies", "hardware", "formats",
+       "cast", "lint")
 
 
 def run(command: str, keep: int = 0) -> str:

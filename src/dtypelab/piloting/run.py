@@ -38,8 +38,6 @@ TARGETS = {"fp32": Cast("float32"), "bf16": Cast("bfloat16"), "amp-bf16": Autoca
 
 def _target(promote_to: str, precision: Precision, device: torch.device) -> Config:
     if promote_to != "auto":
-        if promote_to not in TARGETS:
-            raise DtypelabError(f"--promote-to must be one of auto, {', '.join(TARGETS)}; got {promote_to!r}")
         return TARGETS[promote_to]
     default = precision.plan.default
     fp16 = isinstance(default, (Cast, Autocast)) and default.dtype == "float16"
@@ -70,6 +68,8 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
     opts = AutopilotOptions.build(options, **settings)
     check_writable(opts.json_path)
     check_writable(opts.plan_out)
+    if opts.promote_to != "auto" and opts.promote_to not in TARGETS:
+        raise DtypelabError(f"--promote-to must be one of auto, {', '.join(TARGETS)}; got {opts.promote_to!r}")
     target = Target.of(task)
     if target.is_script:
         raise DtypelabError("autopilot runs a task (a built-in name or file.py:make_task); a training script's own "
