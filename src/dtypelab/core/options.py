@@ -156,3 +156,15 @@ def check_regex(value: str | None) -> str | None:
         except re.error as exc:
             raise ValueError(f"{value!r} is not a valid regular expression: {exc}") from None
     return value
+
+
+class TrainingOptions(Options):
+    """The fields every single-process training command shares (audit, trace, autopilot): batch, seed, device,
+    threads, the record's path and a saved hardware probe. Subclasses add theirs after these."""
+
+    batch_size: int | None = batch_size_field()
+    seed: int = Field(0, description="seed of the initial weights, batches and dropout")
+    device: str | None = device_field()
+    threads: int | None = threads_field()
+    json_path: str | None = json_field()
+    hardware: Any = hardware_field()

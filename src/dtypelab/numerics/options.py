@@ -2,39 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, field_validator
 
 from dtypelab.core.options import (
     Options,
-    batch_size_field,
+    TrainingOptions,
     check_regex,
     device_field,
     format_field,
-    hardware_field,
-    json_field,
     script_args_field,
-    threads_field,
 )
 
 AUDIT_FORMATS = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")  # the audit's default candidates
 
 
-class AuditOptions(Options):
+class AuditOptions(TrainingOptions):
     policy: str = Field("fp32", description="precision policy to train under", json_schema_extra={"short": "-p"})
     steps: int = Field(20, ge=1, description="training steps")
     every: int = Field(1, ge=1, description="measure every N-th step (hooks stay idle on the others)")
     layers: str | None = Field(None, description="regular expression on module / parameter names")
     formats: str | tuple[str, ...] = Field(",".join(AUDIT_FORMATS), description="candidate formats, comma-separated",
                                            json_schema_extra={"short": "-f", "cli_type": "str"})
-    batch_size: int | None = batch_size_field()
-    device: str | None = device_field()
-    seed: int = Field(0, description="seed of the initial weights, batches and dropout")
     force: bool = Field(False, description="run a policy measured to be pathologically slow here")
-    threads: int | None = threads_field()
-    json_path: str | None = json_field()
-    hardware: Any = hardware_field()
     script_args: tuple[str, ...] = script_args_field()
 
     @field_validator("layers")

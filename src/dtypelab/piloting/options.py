@@ -7,16 +7,11 @@ from typing import Any
 from pydantic import Field
 
 from dtypelab.core.options import (
-    Options,
-    batch_size_field,
-    device_field,
-    hardware_field,
-    json_field,
-    threads_field,
+    TrainingOptions,
 )
 
 
-class AutopilotOptions(Options):
+class AutopilotOptions(TrainingOptions):
     start: Any = Field("amp-fp16", description="the precision training starts in: amp-fp16, amp-bf16, fp16, bf16 or a "
                                                "plan file (.json); from Python also a Plan",
                        json_schema_extra={"short": "-s", "cli_type": "str"})
@@ -37,9 +32,3 @@ class AutopilotOptions(Options):
     plan_out: str | None = Field(None, description="write the final plan here (a plan file bench and apply_plan take)",
                                  json_schema_extra={"flag": "--plan-out"})
     force: bool = Field(False, description="run a start policy measured to be pathologically slow here")
-    batch_size: int | None = batch_size_field()
-    seed: int = Field(0, description="seed of the initial weights, batches and dropout")
-    device: str | None = device_field()
-    threads: int | None = threads_field()
-    json_path: str | None = json_field()
-    hardware: Any = hardware_field()

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
 from dtypelab.core.options import (
-    Options,
-    batch_size_field,
-    device_field,
-    hardware_field,
-    json_field,
+    TrainingOptions,
     script_args_field,
-    threads_field,
 )
 
 
-class TraceOptions(Options):
+class TraceOptions(TrainingOptions):
     policy: str = Field("fp32", description="precision policy to train under", json_schema_extra={"short": "-p"})
     force: bool = Field(False, description="run a policy measured to be pathologically slow here")
     steps: int | None = Field(None, ge=1, description="training steps [default: the task's]")
@@ -25,10 +18,4 @@ class TraceOptions(Options):
                                                                  "they cost ~2% of the time]")
     stop_on_skip: bool = Field(False, description="amp-fp16: trace the first step GradScaler skips (default: log "
                                                   "skips, stop only when the scale collapses below 1)")
-    batch_size: int | None = batch_size_field()
-    seed: int = Field(0, description="seed of the initial weights, batches and dropout")
-    device: str | None = device_field()
-    threads: int | None = threads_field()
-    json_path: str | None = json_field()
-    hardware: Any = hardware_field()
     script_args: tuple[str, ...] = script_args_field()
