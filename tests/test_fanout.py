@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
@@ -180,3 +182,32 @@ def test_one_gpu_slot_measures_what_the_default_launcher_does(tmp_path):
         assert a.status == b.status == "ok" and a.init_fingerprint == b.init_fingerprint
         assert "GPU 0" in a.ran_on and abs(a.metrics["accuracy"] - b.metrics["accuracy"]) <= 0.05
     assert "GPU 0" in fan.rounds_on
+
+
+IGNORED_SIGINT = r"""
+import pathlib, sys, tempfile, time
+from test_fanout import Work, _launcher
+launcher, jobs = _launcher(pathlib.Path(tempfile.mkdtemp())), []
+real = launcher._submit
+launcher._submit = lambda *a: [jobs.append(r.job) or r for r in real(*a)]
+def interrupt(name, state, done, total):
+    if state == "running":
+        raise KeyboardInterrupt
+try:
+    launcher.run_many([Work("hang1"), Work("hang2")], 120, interrupt)
+except KeyboardInterrupt:
+    pass
+end = time.monotonic() + 30
+while not all(j.done() for j in jobs) and time.monotonic() < end:
+    time.sleep(0.2)
+print(len(jobs), all(j.done() for j in jobs))
+"""
+
+
+def test_ctrl_c_cancels_the_jobs_of_a_process_that_ignores_sigint(tmp_path):
+    """A background job of a non-interactive shell (CI) ignores SIGINT, and so would the local controllers it starts:
+    submitit cancels them with SIGINT. They must start with the default disposition."""
+    run = subprocess.run([sys.executable, "-c", IGNORED_SIGINT], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": HERE}, cwd=str(tmp_path),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert run.stdout.split() == ["2", "True"], run.stdout + run.stderr

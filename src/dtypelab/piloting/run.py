@@ -150,10 +150,14 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
                             every = _interval(sampled_s, plain_s)
                             controller.horizon = opts.horizon or 2 * every
                         next_sample = step + every
+                        moved = False
                         for name, w in controller.decide(step, monitor.take()).items():
                             if _label(precision, name, model) != to.label:
                                 hint = NO_SCALER if w.cause == "underflow" and guard.scaler is None else ""
                                 move(step, name, w.cause, w.evidence + hint, w.amax, w.limit)
+                                moved = True
+                        if moved:  # a rollback must restore weights of the dtypes they have now
+                            guard.checkpoint()
                     step += 1
                     progress(step, n)
             train_s = time.perf_counter() - loop_start

@@ -19,6 +19,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -286,11 +287,21 @@ def _quiet_children(log: str) -> Any:
         sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    # submitit cancels a local job with SIGINT. A process started in the background by a non-interactive shell (or
+    # under nohup-like wrappers) ignores SIGINT, and an ignored signal stays ignored across exec: the controllers
+    # would never stop. A handler does not survive exec, so with one installed while they start, they get the default.
+    ignored = False
+    with contextlib.suppress(ValueError):  # not the main thread: leave it
+        ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        if ignored:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         yield
     finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
         for f in (*saved, fd):
