@@ -110,7 +110,7 @@ def test_rounds_run_every_policy_round_robin_in_one_process(tmp_path):
 def every_policy_in_rounds(monkeypatch):
     """On a tiny model a policy's own run may well be clearly slower than fp32's (per-op overhead): these tests are
     about the rounds themselves, so none is left out of them."""
-    monkeypatch.setattr("dtypelab.sweep.sweep.CLEARLY_SLOWER", 0.0)
+    monkeypatch.setattr("dtypelab.sweep.rounds.CLEARLY_SLOWER", 0.0)
 
 
 def test_the_sweep_times_in_rounds_and_stores_intervals(tmp_path, every_policy_in_rounds):
@@ -146,7 +146,7 @@ def test_the_sweep_times_in_rounds_and_stores_intervals(tmp_path, every_policy_i
 
 def test_a_policy_its_own_run_put_clearly_below_fp32_is_not_timed_in_the_rounds(tmp_path, monkeypatch):
     from dtypelab.core.records import load_report
-    from dtypelab.sweep.sweep import _clearly_slower
+    from dtypelab.sweep.rounds import clearly_slower as _clearly_slower
 
     def own(name, step_s, disturbed=False):
         return PolicyResult(name, "ok", warmup=0, step_times_s=(step_s,) * 4, disturbance={"disturbed": disturbed})
@@ -161,7 +161,7 @@ def test_a_policy_its_own_run_put_clearly_below_fp32_is_not_timed_in_the_rounds(
     noisy = report.with_result(own("fp32", 1.0, disturbed=True))
     assert _clearly_slower(noisy, ["fp32", "a", "b"]) == set()  # a disturbed fp32 is no yardstick
     # every policy clearly slower: the rounds have nothing to time; the record says why there is no interval
-    monkeypatch.setattr("dtypelab.sweep.sweep.CLEARLY_SLOWER", 1e9)
+    monkeypatch.setattr("dtypelab.sweep.rounds.CLEARLY_SLOWER", 1e9)
     swept = bench(f"{TINY}:make_task", "bf16,fp64", steps=20, rounds=3, isolate=False, hardware=fake_hardware(),
                   json_path=str(tmp_path / "r.json"))
     for name in ("bf16", "fp64"):
@@ -287,7 +287,8 @@ def _report_with_fp32_median(median_s: float, mode: str = "infer") -> Report:
 
 
 def test_long_inference_passes_are_timed_one_per_round_and_short_ones_keep_their_block():
-    from dtypelab.sweep.sweep import ROUND_BLOCK_S, _infer_block
+    from dtypelab.sweep.rounds import ROUND_BLOCK_S
+    from dtypelab.sweep.rounds import round_block as _infer_block
 
     job = RoundsJob("t", (), "infer", 3, 4, 4, 0, "cpu", None)
     assert _infer_block(_report_with_fp32_median(0.6), job) == 1  # minilm's pass on 2 cores

@@ -37,6 +37,8 @@ def autopilot_doc(report: AutopilotReport) -> Doc:
             rows.append([str(e.step), "move", e.layer, f"{e.from_} → {e.to}", e.cause, e.evidence])
         else:
             rows.append([str(e.step), "rollback", e.layer or "—", f"back to step {e.to_step}", e.trigger, e.origin])
+    if not rows:
+        rows.append(["—", "none", "—", "—", "—", "no layer came near its format's limits, and no step went non-finite"])
     notes = []
     steps = len(report.losses)
     status = {"ok": f"trained {steps} of {cfg.steps} steps", "stopped": f"stopped after {steps} steps",

@@ -9,6 +9,7 @@ measurement only, on the same initial weights and batches.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -17,14 +18,16 @@ from typing import Any
 
 import torch
 
-from dtypelab.core.disturbance import CpuMeter
+from dtypelab.core.disturbance import CpuMeter, was_disturbed
 from dtypelab.core.errors import describe_exception
 from dtypelab.core.loop import build_model, forward, threads, to_device, train_step
 from dtypelab.core.measure import StepTimer, device_sync
 from dtypelab.core.policies import Plan, Precision
-from dtypelab.core.results import RoundBlock, SpeedupInterval
-from dtypelab.core.stats import MIN_GAIN, MIN_QUIET, ratio_interval
+from dtypelab.core.results import BASELINE, COMPILED_BASELINE, Report, RoundBlock, SpeedupInterval
+from dtypelab.core.stats import CLEARLY_SLOWER, MIN_GAIN, MIN_QUIET, ratio_interval
 from dtypelab.core.task import load_task
+
+ROUND_BLOCK_S = 0.25  # an inference round's block: passes enough to take this long (fp32's own median), at least 1
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,33 @@ def _undecided(out: dict[str, list[RoundBlock]], baseline: str) -> set[str]:
     return {name for name, ci in cis.items() if ci.low <= bar < ci.point and ci.high > best_low}
 
 
+# --- which policies the rounds time, and in blocks of how many steps ---
+def round_block(report: Report, job: RoundsJob) -> int:
+    """Inference passes of a quarter second or more are timed one per round: a pass that long is its own median
+    (its spread on a quiet CPU is a few percent), and minilm's rounds take 28 s instead of 48 s. Shorter passes keep
+    the configured block. Training keeps its blocks: optimizer steps vary more."""
+    base = report.result(BASELINE)
+    if job.mode != "infer" or base is None or not base.timing:
+        return job.block
+    return max(1, min(job.block, math.ceil(ROUND_BLOCK_S / base.timing.median)))
+
+
+def clearly_slower(report: Report, ran: list[str]) -> set[str]:
+    """The policies the rounds need not time: their own undisturbed run at or below CLEARLY_SLOWER of fp32's speed
+    (fp32's undisturbed too). The baselines are always timed."""
+    base = report.result(BASELINE)
+    if base is None or not base.timing or was_disturbed(base.disturbance):
+        return set()
+    out = set()
+    for name in ran:
+        r = report.result(name)
+        if name in (BASELINE, COMPILED_BASELINE) or not r.timing or was_disturbed(r.disturbance):
+            continue
+        if base.timing.median <= CLEARLY_SLOWER * r.timing.median:
+            out.add(name)
+    return out
+
+
 # --- statistics ------------------------------------------------------------------------------------------
 def paired_speedup(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...]) -> SpeedupInterval | None:
     """fp32's block median over this policy's, round by round; their geometric mean and a Student-t interval
@@ -182,4 +212,4 @@ def paired_speedup(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...])
                            disturbed=len(pairs) - len(quiet))
 
 
-__all__ = ["RoundsJob", "RoundsResult", "paired_speedup", "run_rounds"]
+__all__ = ["RoundsJob", "RoundsResult", "clearly_slower", "paired_speedup", "round_block", "run_rounds"]

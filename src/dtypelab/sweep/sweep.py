@@ -7,7 +7,6 @@ judged (``core.judging``) and saved after every policy, so that an interruption 
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 import time
@@ -32,7 +31,6 @@ from dtypelab.core.policies import (
 )
 from dtypelab.core.records import save_judged
 from dtypelab.core.results import PolicyResult, Report, RunConfig
-from dtypelab.core.stats import CLEARLY_SLOWER
 from dtypelab.core.task import Task
 from dtypelab.distributed import DistributedJob, torchrun_settings, with_scaling
 from dtypelab.run import (
@@ -48,7 +46,7 @@ from dtypelab.sweep.budget import budget_plan, over_budget, parse_budget
 from dtypelab.sweep.job import Job
 from dtypelab.sweep.options import BenchOptions
 from dtypelab.sweep.places import FAN_OUT, ProbeWork, finished_before, launcher_for, remote_device, slots
-from dtypelab.sweep.rounds import RoundsJob, RoundsResult, paired_speedup
+from dtypelab.sweep.rounds import RoundsJob, RoundsResult, clearly_slower, paired_speedup, round_block
 
 INFER_STEPS = 50
 # With the default step count, inference timing stops after this many seconds of timed passes (and at least
@@ -60,7 +58,6 @@ INFER_TIME_BOX_S = 8.0
 INFER_TIME_BOX_ROUNDS_S = 2.0
 MIN_TIMED = 4
 DEFAULT_ROUNDS = {"train": 5, "infer": 3}
-ROUND_BLOCK_S = 0.25  # an inference round's block: passes enough to take this long (fp32's own median), at least 1
 MORE_ROUNDS = 3  # a policy the rounds have not decided yet (rounds._undecided) gets up to this many times the rounds
 # --nproc without --policies: plain DDP (the baseline), each gradient compression, FSDP2 with and without bf16
 DISTRIBUTED_DEFAULTS = ("fp32", "fp32+ddp-fp16", "fp32+ddp-bf16", "fp32+ddp-powersgd", "fp32+fsdp",
@@ -116,32 +113,6 @@ def _with_baselines(plans: dict[str, Plan], explicit: bool) -> dict[str, Plan]:
         plans = {BASELINE: plans[BASELINE], COMPILED_BASELINE: get_policy(COMPILED_BASELINE),
                  **{k: v for k, v in plans.items() if k != BASELINE}}
     return plans
-
-
-def _infer_block(report: Report, job: RoundsJob) -> int:
-    """Inference passes of a quarter second or more are timed one per round: a pass that long is its own median
-    (its spread on a quiet CPU is a few percent), and minilm's rounds take 28 s instead of 48 s. Shorter passes keep
-    the configured block. Training keeps its blocks: optimizer steps vary more."""
-    base = report.result(BASELINE)
-    if job.mode != "infer" or base is None or not base.timing:
-        return job.block
-    return max(1, min(job.block, math.ceil(ROUND_BLOCK_S / base.timing.median)))
-
-
-def _clearly_slower(report: Report, ran: list[str]) -> set[str]:
-    """The policies the rounds need not time: their own undisturbed run at or below CLEARLY_SLOWER of fp32's speed
-    (fp32's undisturbed too). The baselines are always timed."""
-    base = report.result(BASELINE)
-    if base is None or not base.timing or was_disturbed(base.disturbance):
-        return set()
-    out = set()
-    for name in ran:
-        r = report.result(name)
-        if name in (BASELINE, COMPILED_BASELINE) or not r.timing or was_disturbed(r.disturbance):
-            continue
-        if base.timing.median <= CLEARLY_SLOWER * r.timing.median:
-            out.add(name)
-    return out
 
 
 def policy_result(out: Outcome, plan: Plan) -> PolicyResult:
@@ -386,7 +357,7 @@ class _Sweep:
         ran = [r.policy for r in report.results if r.status == "ok" and r.timing]
         # a policy already outside the constraints is rejected whatever its speed: timing it again decides nothing
         rec = report.recommendation
-        slower = _clearly_slower(report, ran)
+        slower = clearly_slower(report, ran)
         for name in slower:
             report = report.with_result(replace(report.result(name), rounds_skip="slower"))
         names = [n for n in ran if n not in slower and not (rec and (v := rec.verdict(n)) and v.verdict.settled)]
@@ -395,7 +366,7 @@ class _Sweep:
         if BASELINE not in names or len(names) < 2:
             return save_judged(report, self.opts.json_path) if slower else report
         job = replace(job, plans=tuple(plans[n] for n in names))
-        block = _infer_block(report, job)
+        block = round_block(report, job)
         if block != job.block:
             job = replace(job, block=block, warmup=1)
             report = replace(report, config=replace(report.config, rounds_block=block))
