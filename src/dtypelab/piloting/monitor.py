@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from dtypelab.core.task import tensors
+
 # The formats whose limits a layer can run into before float32's: bfloat16 has float32's range (and smallest normal),
 # so a layer computing in it is not read at all; only the non-finite recovery applies there.
 LOW = (torch.float16,)
@@ -87,11 +89,6 @@ class Monitor:
         return {n: Reading(self._dtype[n], a, under.get(n)) for n, a in zip(names, amax, strict=True)}
 
 
+
 def _floats(obj: object) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj] if obj.is_floating_point() else []
-    if isinstance(obj, (tuple, list)):
-        return [t for o in obj for t in _floats(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _floats(o)]
-    return []
+    return [t for t in tensors(obj) if t.is_floating_point()]

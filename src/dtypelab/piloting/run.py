@@ -172,10 +172,11 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
             status, reason = "failed", describe_exception(exc)
             train_s = time.perf_counter() - loop_start
     median = statistics.median(plain_s) if plain_s else 0.0
+    final = _final(precision.plan, config.start, moves)
     report = AutopilotReport(
         config=config, environment=environment if environment is not None else current_environment(hardware),
         status=status, reason=reason, moves=tuple(moves), rollbacks=tuple(rollbacks),
-        final_plan=_final(precision.plan, config.start, moves).to_dict(), losses=tuple(guard.losses), metrics=metrics,
+        final_plan=final.to_dict(), losses=tuple(guard.losses), metrics=metrics,
         steps_rolled_back=lost,
         steps_skipped=guard.log.skipped if guard.log else 0,
         samples=len(sampled_s), sample_s=max(0.0, sum(sampled_s) - median * len(sampled_s)),
@@ -186,7 +187,7 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
     if opts.json_path:
         report.save(opts.json_path)
     if opts.plan_out:
-        save_text(opts.plan_out, _plan_json(report.final_plan))
+        save_text(opts.plan_out, final.to_json() + "\n")
     if status == "interrupted":
         raise KeyboardInterrupt
     return report
@@ -203,12 +204,6 @@ def _final(plan: Plan, start: str, moves: list[Move]) -> Plan:
     said = "; ".join(f"{m.layer} at step {m.step} ({m.cause})" for m in moves)
     return dataclasses.replace(plan, summary=f"autopilot from {start}: " + (f"moved {said}" if moves else
                                                                             "nothing moved"))
-
-
-def _plan_json(plan: dict[str, Any]) -> str:
-    import json
-
-    return json.dumps(plan, indent=1) + "\n"
 
 
 def _movable(f: Finding, precision: Precision, model: torch.nn.Module, to: Config) -> str:

@@ -3,10 +3,15 @@ ended with. It only reads AutopilotReport records."""
 
 from __future__ import annotations
 
-from dtypelab.core.results import AutopilotReport
+from dtypelab.core.results import AutopilotReport, default_label
 from dtypelab.core.scaler import scaler_notes
 from dtypelab.core.text import num
 from dtypelab.render.numeric import Doc
+
+
+def _config(c: object) -> str:
+    """A rule's config by name: a registered name as written, a written-out config as its label."""
+    return default_label(c) if isinstance(c, dict) else str(c)
 
 
 def _rules(plan: dict) -> str:
@@ -14,15 +19,6 @@ def _rules(plan: dict) -> str:
     if not rules:
         return "none: every layer stayed in the start configuration"
     return ", ".join(f"{r['pattern']} → {_config(r['config'])}" for r in rules)
-
-
-def _config(c: object) -> str:
-    if isinstance(c, str):
-        return c
-    if isinstance(c, dict):
-        dtype = str(c.get("dtype", "")).replace("float", "fp").replace("bfloat", "bf").replace("bfp", "bf")
-        return f"amp-{dtype}" if c.get("kind") == "autocast" else dtype or str(c.get("kind", "?"))
-    return str(c)
 
 
 def autopilot_doc(report: AutopilotReport) -> Doc:
