@@ -68,9 +68,10 @@ class Controller:
                                                    f"{limit:.5g}" + (" on two readings in a row" if share < AT_ONCE
                                                                      else ""), r.amax, limit)
             elif state.counts["trend"] >= CONFIRM:
+                when = f"at about step {crossing}" if crossing is not None and crossing > step else "already"
                 moves[name] = Warning_("trend", f"largest |value| {r.amax:.4g} ({share:.0%} of {fmt}'s limit "
-                                                f"{limit:.5g}) rising: its trend crosses the limit at about step "
-                                                f"{crossing}", r.amax, limit)
+                                                f"{limit:.5g}) rising: its trend line crosses the limit {when}",
+                                       r.amax, limit)
             elif state.counts["underflow"] >= CONFIRM:
                 moves[name] = Warning_("underflow", f"{r.underflow:.0%} of its weight gradient at or below {fmt}'s "
                                                     f"smallest normal {torch.finfo(r.dtype).tiny:.3g} (flushed to "

@@ -89,7 +89,7 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
     rollbacks: list[Rollback] = []
     plain_s: list[float] = []
     sampled_s: list[float] = []
-    lost = 0
+    lost = readings = 0
     start = time.perf_counter()
     with torch_threads(opts.threads):
         model, optimizer = build_trainable(task_obj, precision, dev, opts.seed)
@@ -144,9 +144,11 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
                         step = back
                         progress(step, n)
                         continue
-                    (sampled_s if sample else plain_s).append(time.perf_counter() - t0)
+                    if step:  # the first step is everyone's warm-up: it would be charged to the readings
+                        (sampled_s if sample else plain_s).append(time.perf_counter() - t0)
                     if sample:
-                        if not opts.sample_every and len(plain_s) >= 3:
+                        readings += 1
+                        if not opts.sample_every and len(plain_s) >= 3 and sampled_s:
                             every = _interval(sampled_s, plain_s)
                             controller.horizon = opts.horizon or 2 * every
                         next_sample = step + every
@@ -179,7 +181,7 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
         final_plan=final.to_dict(), losses=tuple(guard.losses), metrics=metrics,
         steps_rolled_back=lost,
         steps_skipped=guard.log.skipped if guard.log else 0,
-        samples=len(sampled_s), sample_s=max(0.0, sum(sampled_s) - median * len(sampled_s)),
+        samples=readings, sample_s=max(0.0, sum(sampled_s) - median * len(sampled_s)),
         sample_every=every, checkpoint_every=guard.every, checkpoint_s=guard.checkpoint_s, step_s=median,
         finding=finding,
         scaler=guard.log.stats() if guard.log else {}, train_s=train_s, wall_s=time.perf_counter() - start,
