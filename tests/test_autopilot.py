@@ -161,13 +161,54 @@ def test_ctrl_c_keeps_the_timeline(tmp_path):
     assert saved.status == "interrupted" and [m.layer for m in saved.moves] == ["fc1"]
 
 
-def test_a_training_script_or_a_bad_target_is_one_line(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text("print('hi')\n")
-    with pytest.raises(DtypelabError, match="training script"):
-        dtypelab.autopilot(str(script))
+SCRIPT = os.path.join(os.path.dirname(HERE), "examples", "autopilot_script.py")
+
+
+def test_a_script_overflow_between_readings_is_rolled_back_and_its_layer_moved(fp32_accuracy, tmp_path):
+    """A script's step cannot be replayed: the forward of the failing step names the origin, the steps since the
+    checkpoint are dropped, and training goes on with the script's next batch."""
+    heard = []
+    report = run(SCRIPT, start="amp-fp16", sample_every=40, json_path=str(tmp_path / "a.json"),
+                 plan_out=str(tmp_path / "p.json"), on_move=heard.append)
+    assert report.status == "ok" and report.live, report.reason
+    assert [(r.layer, r.step) for r in report.rollbacks] == [("fc1", 59)] and "float16" in report.rollbacks[0].origin
+    assert [(m.layer, m.cause) for m in report.moves] == [("fc1", "non-finite")] == [(m.layer, m.cause) for m in heard]
+    assert report.steps_rolled_back == 59 - report.rollbacks[0].to_step + 1
+    assert len(report.losses) == 70 - report.steps_rolled_back and all(math.isfinite(v) for v in report.losses)
+    assert report.metrics["accuracy"] >= fp32_accuracy - 0.01
+    assert load_record(str(tmp_path / "a.json")).moves == report.moves
+    assert load_plan(str(tmp_path / "p.json")).rules == (("fc1", Cast("float32")),)
+
+
+def test_a_script_nan_no_wider_format_fixes_stops_with_the_diagnosis():
+    report = run(SCRIPT, start="amp-fp16", script_args=("--case", "log-zero"))
+    assert report.status == "stopped" and not report.moves and len(report.rollbacks) == 1
+    assert "log of zero" in report.reason and report.finding is not None
+
+
+def test_session_autopilot_runs_a_script_on_its_own():
+    """`dtypelab.session(autopilot=...)` in a script run as `python train.py`: moves said on stderr as they happen,
+    the summary at finish, exit 1 when it had to stop."""
+    def script(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=300)
+
+    drift = script("--autopilot", "amp-fp16")
+    assert drift.returncode == 0, drift.stderr
+    assert "fc1 amp-fp16 → fp32 (trend)" in drift.stderr and "ok, from amp-fp16; moved fc1 → fp32" in drift.stderr
+    assert float(drift.stdout.split()[-1]) >= 0.95
+    calm = script("--autopilot", "amp-bf16", "--case", "calm", "--no-finish")
+    assert calm.returncode == 0 and "moved nothing" in calm.stderr and "no metric" in calm.stderr
+    stopped = script("--autopilot", "amp-fp16", "--case", "log-zero")
+    assert stopped.returncode == 1 and "log of zero" in stopped.stderr and "Traceback" not in stopped.stderr
+
+
+def test_a_bad_target_or_option_is_one_line(tmp_path):
     with pytest.raises(DtypelabError, match="promote-to"):
         run(CALM, start="amp-bf16", promote_to="fp8")
+    with pytest.raises(DtypelabError, match="arguments after -- are for a training script"):
+        run(CALM, start="amp-bf16", script_args=("--x",))
+    with pytest.raises(DtypelabError, match="inference-only"):
+        run(SCRIPT, start="int8-dyn")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -186,5 +227,8 @@ def test_the_command_prints_each_move_and_the_timeline_and_exits_1_when_it_had_t
     assert md.returncode == 0 and "| step |" in md.stdout
     stopped = cli("autopilot", f"{TASKS}:make_log_zero_task", "--force", "--json", str(tmp_path / "b.json"))
     assert stopped.returncode == 1 and "log of zero" in stopped.stdout
+    calm = cli("autopilot", SCRIPT, "--force", "--json", str(tmp_path / "c.json"), "--", "--case", "calm")
+    assert calm.returncode == 0, calm.stderr
+    assert "no layer came near" in calm.stdout and "metrics: accuracy" in calm.stdout
     bad = cli("autopilot", CALM, "--promote-to", "fp8")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -16,7 +16,7 @@ from dtypelab.core.records import load_record
 from dtypelab.core.results import TraceReport
 from dtypelab.core.scaler import ScalerLog, scaler_notes
 from dtypelab.tracing.diagnose import explain
-from dtypelab.tracing.guard import Guard, NonFiniteError, _all_finite
+from dtypelab.tracing.guard import Guard, NonFiniteError, all_finite
 
 
 def run(task, policy: str = "fp32", **kw) -> TraceReport:
@@ -121,10 +121,10 @@ def test_guard_api_in_a_users_own_loop_restores_every_global():
 def test_guard_checks_are_exact_and_leave_values_alone():
     x = torch.tensor([1e-40, -0.0, 3.0])
     before = x.clone()
-    assert _all_finite([x, torch.ones(2, dtype=torch.float16)])
+    assert all_finite([x, torch.ones(2, dtype=torch.float16)])
     assert torch.equal(x, before) and torch.signbit(x[1])  # multiplying by 1.0 changed nothing
-    assert not _all_finite([x, torch.tensor([float("-inf")])])
-    assert not _all_finite([torch.tensor([float("nan")], dtype=torch.bfloat16)])
+    assert not all_finite([x, torch.tensor([float("-inf")])])
+    assert not all_finite([torch.tensor([float("nan")], dtype=torch.bfloat16)])
     with pytest.raises(ValueError):
         Guard(torch.nn.Linear(1, 1), checkpoint_every=0)
 

@@ -24,7 +24,7 @@ _PUBLIC = {
     "RangeStats": "dtypelab.numerics", "range_stats": "dtypelab.numerics", "export": "dtypelab.inference",
     "load_exported": "dtypelab.inference", "ExportInfo": "dtypelab.inference",
     "compare_outputs": "dtypelab.inference", "lint_paths": "dtypelab.lint", "lint_source": "dtypelab.lint",
-    "session": "dtypelab.script", "Session": "dtypelab.script", "report": "dtypelab.render",
+    "session": "dtypelab.piloting", "Session": "dtypelab.script", "report": "dtypelab.render",
     "ReportInfo": "dtypelab.render",
     # the core: tasks, hardware, policies and plans, judging, records
     "Task": "dtypelab.core.task", "InferenceTask": "dtypelab.core.task", "load_task": "dtypelab.core.task",
@@ -144,9 +144,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on 
         get_format,
         range_stats,
     )
+    from dtypelab.piloting import session
     from dtypelab.profiling import profile
     from dtypelab.render import ReportInfo, report
-    from dtypelab.script import Session, session
+    from dtypelab.script import Session
     from dtypelab.sweep import bench
     from dtypelab.tracing import Guard, NonFiniteError, trace, watch
     from dtypelab.tuning import apply_plan, tune

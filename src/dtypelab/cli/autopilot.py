@@ -23,7 +23,7 @@ def _autopilot(opts: AutopilotOptions, cli: dict[str, Any]) -> None:
                   f"{escape(m.evidence)}", highlight=False, soft_wrap=True)
 
     report = run_recorded("autopilot", cli["task"], str(opts.start), opts.steps, cli["fmt"], lambda progress: autopilot(
-        cli["task"], opts.but(json_path=path), progress=progress, on_move=said),
+        cli["task"], opts.but(json_path=path, script_args=cli["rest"]), progress=progress, on_move=said),
         "the timeline so far is saved in", path, html=cli["html"])
     if opts.plan_out and report.status != "failed":
         out.print(f"plan written to {opts.plan_out}: dtypelab bench {report.config.task} -p fp32,{opts.start},"
@@ -35,10 +35,13 @@ def _autopilot(opts: AutopilotOptions, cli: dict[str, Any]) -> None:
 
 
 command(app, "autopilot", AutopilotOptions, _autopilot,
-        arguments=[argument("task", str, "built-in name, path/file.py:make_task or pkg.module:make_task")],
+        arguments=[argument("task", str, "built-in name, path/file.py:make_task, pkg.module:make_task, or your "
+                                         "training script (its arguments after --)")], takes_rest=True,
         extra=[flag("fmt", str, "table", "table, markdown, html or json", "--format"),
                flag("html", str | None, None, "also write the offline HTML report (plots) here", "--html")],
         help="Train in --start (amp-fp16 by default) and move a layer to a wider format while training goes on: when "
              "its largest values near the format's limit (or their trend will cross it), when its gradients flush "
              "to zero, or, after rolling back to an in-memory checkpoint, when a non-finite step started in it. "
-             "Writes the timeline of moves and the final plan (--plan-out) for bench. Exit 1 when it had to stop.")
+             "Writes the timeline of moves and the final plan (--plan-out) for bench. Exit 1 when it had to stop. "
+             "TASK may be your training script (arguments after --): see the guide for what differs on a script's "
+             "loop.")

@@ -24,7 +24,7 @@ class AuditDiagnosis(Diagnosis):
         self.steps, self.every, self.layers, self.formats = steps, every, layers or "", tuple(formats)
         self.params: list[tuple[str, nn.Parameter]] = []
 
-    def setup(self, model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> None:
+    def setup(self, model: nn.Module, optimizers: list[torch.optim.Optimizer], *_: Any) -> None:
         self.start = time.perf_counter()
         self.pattern = re.compile(self.layers) if self.layers else None
         self.rec = Recorder(RangeCounter(self.formats))
@@ -43,7 +43,7 @@ class AuditDiagnosis(Diagnosis):
     def end(self, step: int, loss_values: list[float]) -> None:
         self.stop = step + 1 >= self.steps
 
-    def record(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any]) -> str:
+    def record(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any], *_: Any) -> str:
         config = AuditConfig(task=job.get("script", ""), policy=job["plan"]["name"], steps=len(losses),
                              every=self.every, layers=self.layers, formats=self.formats,
                              batch_size=0, seed=job.get("seed", 0), device=job.get("device", ""),

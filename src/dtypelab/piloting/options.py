@@ -6,9 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from dtypelab.core.options import (
-    TrainingOptions,
-)
+from dtypelab.core.options import TrainingOptions, script_args_field
 
 
 class AutopilotOptions(TrainingOptions):
@@ -32,3 +30,4 @@ class AutopilotOptions(TrainingOptions):
     plan_out: str | None = Field(None, description="write the final plan here (a plan file bench and apply_plan take)",
                                  json_schema_extra={"flag": "--plan-out"})
     force: bool = Field(False, description="run a start policy measured to be pathologically slow here")
+    script_args: tuple[str, ...] = script_args_field()

@@ -16,46 +16,86 @@ import torch
 
 from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.hardware import environment as current_environment
+from dtypelab.core.hardware import hardware_for, resolve_device
 from dtypelab.core.loop import build_trainable, evaluate, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
-from dtypelab.core.policies import Autocast, Cast, Config, Plan, Precision
-from dtypelab.core.results import AutopilotConfig, AutopilotReport, Finding, Move, Rollback, check_writable, save_text
+from dtypelab.core.policies import get_policy, plan_from_dict
+from dtypelab.core.results import AutopilotConfig, AutopilotReport, Move, Rollback, check_writable, save_text
 from dtypelab.core.source import Sites
 from dtypelab.core.task import Task
 from dtypelab.piloting.controller import Controller
+from dtypelab.piloting.handle import settings_of
 from dtypelab.piloting.monitor import Monitor
+from dtypelab.piloting.moves import (
+    FIRST_EVERY,
+    NO_SCALER,
+    TARGETS,
+    final_plan,
+    interval,
+    label,
+    movable,
+    origin_text,
+    target_config,
+)
 from dtypelab.piloting.options import AutopilotOptions
+from dtypelab.piloting.script import PilotDiagnosis
 from dtypelab.run import Target
+from dtypelab.script import diagnose_script, script_record
 from dtypelab.tracing import Guard, NonFiniteError
 
 Progress = Callable[[int, int], None]
-WIDE = ("float32", "float64")
-FIRST_EVERY, MAX_EVERY = 10, 100  # steps between readings: at first, and at most when they are costly
-READING_BUDGET = 0.02  # the automatic interval keeps the readings' extra time near this share of training time
-NO_SCALER = "; the start has no GradScaler, which would scale the gradients into range for every layer at once"
-TARGETS = {"fp32": Cast("float32"), "bf16": Cast("bfloat16"), "amp-bf16": Autocast("bfloat16")}
 
 
-def _target(promote_to: str, precision: Precision, device: torch.device) -> Config:
-    if promote_to != "auto":
-        return TARGETS[promote_to]
-    default = precision.plan.default
-    fp16 = isinstance(default, (Cast, Autocast)) and default.dtype == "float16"
-    if fp16 and device.type == "cuda" and torch.cuda.is_bf16_supported():  # bf16's range at fp16's speed class
-        return Autocast("bfloat16") if isinstance(default, Autocast) else Cast("bfloat16")
-    return Cast("float32")
+def _script(target: Target, opts: AutopilotOptions, progress: Progress | None,
+            on_move: Callable[[Move], None] | None, environment: dict[str, Any] | None) -> AutopilotReport:
+    """The autopilot on a training script's own loop (``piloting.script``): one run, moves reported as they happen."""
+    start = get_policy(opts.start)
+    wrong = start.mode_error("train")
+    if wrong:
+        raise DtypelabError(wrong)
+    dev = resolve_device(opts.device)
+    hardware = hardware_for(dev, opts.hardware, budget_s=0.02)
+    start.require(hardware, opts.force)
+    moves: list[Move] = []
+    rollbacks: list[Rollback] = []
 
+    def heard(msg: tuple[Any, ...]) -> None:
+        if msg[0] == "move":
+            moves.append(msg[1])
+            if on_move is not None:
+                on_move(msg[1])
+        elif msg[0] == "rollback":
+            rollbacks.append(msg[1])
 
-def _label(precision: Precision, name: str, model: torch.nn.Module) -> str:
-    """The config a layer runs in now (its rule, else the plan's default)."""
-    return precision.plan.assign(model).get(name, precision.plan.default).label
-
-
-def _origin_text(f: Finding) -> str:
-    o = f.origin
-    if o is None:
-        return "no origin found"
-    return f"{o.op} in {o.module or 'no module'} ({o.phase}): {o.diagnosis}"
+    began = time.perf_counter()
+    env = environment if environment is not None else current_environment(hardware)
+    config = AutopilotConfig(task=target.spec, start=start.name, steps=0, batch_size=0, seed=opts.seed,
+                             device=str(dev), sample_every=opts.sample_every or 0, promote_to=opts.promote_to,
+                             headroom=opts.headroom, horizon=opts.horizon or 0, max_rollbacks=opts.max_rollbacks,
+                             task_name=target.path)
+    try:
+        text, out = diagnose_script(target, start, PilotDiagnosis(settings_of(opts, start)),
+                                    args=tuple(opts.script_args), device=opts.device, seed=opts.seed,
+                                    timeout_s=math.inf, on_step=progress, on_message=heard)
+    except KeyboardInterrupt:  # the script's process is gone: the moves it reported are the timeline
+        report = AutopilotReport(config, env, status="interrupted", reason="interrupted; the moves and rollbacks "
+                                 "reported until then are kept", moves=tuple(moves), rollbacks=tuple(rollbacks),
+                                 live=True, wall_s=time.perf_counter() - began, created=time.strftime(
+                                     "%Y-%m-%dT%H:%M:%S"))
+        if opts.json_path:
+            report.save(opts.json_path)
+        raise
+    if text is None:
+        report = AutopilotReport(config, env, status="failed", reason=out.reason or out.status, moves=tuple(moves),
+                                 rollbacks=tuple(rollbacks), live=True, wall_s=out.wall_s,
+                                 created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    else:
+        report = dataclasses.replace(script_record(AutopilotReport, text, target.spec, env), wall_s=out.wall_s)
+    if opts.json_path:
+        report.save(opts.json_path)
+    if opts.plan_out and report.final_plan:
+        save_text(opts.plan_out, plan_from_dict(report.final_plan).to_json() + "\n")
+    return report
 
 
 def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, progress: Progress | None = None,
@@ -72,11 +112,12 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
         raise DtypelabError(f"--promote-to must be one of auto, {', '.join(TARGETS)}; got {opts.promote_to!r}")
     target = Target.of(task)
     if target.is_script:
-        raise DtypelabError("autopilot runs a task (a built-in name or file.py:make_task); a training script's own "
-                            "loop is not supported yet: run `dtypelab trace` on it, or wrap its model in a Task")
+        return _script(target, opts, progress, on_move, environment)
+    if opts.script_args:
+        raise DtypelabError(f"script_args: arguments after -- are for a training script; {target.spec} is a task")
     spec, task_obj, dev, precision, hardware = prepare(target.given or target.spec, opts.start, opts.device,
                                                         opts.hardware, opts.force)
-    to = _target(opts.promote_to, precision, dev)
+    to = target_config(opts.promote_to, precision, dev)
     n, bs = opts.steps or task_obj.steps, opts.batch_size or task_obj.batch_size
     every = opts.sample_every or FIRST_EVERY
     config = AutopilotConfig(task=spec, start=precision.plan.name, steps=n, batch_size=bs, seed=opts.seed,
@@ -104,7 +145,7 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
 
         def move(step: int, name: str, cause: str, evidence: str, amax: float | None = None,
                  limit: float | None = None) -> Move:
-            was = _label(precision, name, model)
+            was = label(precision, name, model)
             precision.promote(model, name, to, optimizer)
             m = Move(step, name, was, to.label, cause, evidence, amax, limit)
             moves.append(m)
@@ -130,15 +171,15 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
                         f = exc.finding
                         back = guard.rollback()
                         lost += step + 1 - back
-                        layer = _movable(f, precision, model, to)
-                        rollbacks.append(Rollback(step, back, f.trigger, _origin_text(f), layer))
+                        layer = movable(f, precision, model, to)
+                        rollbacks.append(Rollback(step, back, f.trigger, origin_text(f), layer))
                         if not layer or len(rollbacks) > opts.max_rollbacks:
                             status, finding = "stopped", f
                             reason = (f"step {step}: {f.trigger}; " + (
                                 f"{len(rollbacks)} rollbacks did not fix it" if layer else
-                                "the origin is in no layer that a wider format would fix") + f": {_origin_text(f)}")
+                                "the origin is in no layer that a wider format would fix") + f": {origin_text(f)}")
                             break
-                        move(step, layer, "non-finite", f"step {step}: {f.trigger}: {_origin_text(f)}; rolled back "
+                        move(step, layer, "non-finite", f"step {step}: {f.trigger}: {origin_text(f)}; rolled back "
                                                         f"to step {back}")
                         guard.checkpoint()  # replays from here run in the configuration now in force
                         step = back
@@ -149,12 +190,12 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
                     if sample:
                         readings += 1
                         if not opts.sample_every and len(plain_s) >= 3 and sampled_s:
-                            every = _interval(sampled_s, plain_s)
+                            every = interval(sampled_s, plain_s)
                             controller.horizon = opts.horizon or 2 * every
                         next_sample = step + every
                         moved = False
                         for name, w in controller.decide(step, monitor.take()).items():
-                            if _label(precision, name, model) != to.label:
+                            if label(precision, name, model) != to.label:
                                 hint = NO_SCALER if w.cause == "underflow" and guard.scaler is None else ""
                                 move(step, name, w.cause, w.evidence + hint, w.amax, w.limit)
                                 moved = True
@@ -174,7 +215,7 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
             status, reason = "failed", describe_exception(exc)
             train_s = time.perf_counter() - loop_start
     median = statistics.median(plain_s) if plain_s else 0.0
-    final = _final(precision.plan, config.start, moves)
+    final = final_plan(precision.plan, config.start, moves)
     report = AutopilotReport(
         config=config, environment=environment if environment is not None else current_environment(hardware),
         status=status, reason=reason, moves=tuple(moves), rollbacks=tuple(rollbacks),
@@ -193,35 +234,6 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
     if status == "interrupted":
         raise KeyboardInterrupt
     return report
-
-
-def _interval(sampled_s: list[float], plain_s: list[float]) -> int:
-    """Steps between readings so that they cost about READING_BUDGET of the time (as the checkpoints do)."""
-    step = statistics.median(plain_s[-50:])
-    extra = max(0.0, statistics.median(sampled_s[-5:]) - step)
-    return max(FIRST_EVERY, min(MAX_EVERY, math.ceil(extra / (READING_BUDGET * step)) if step > 0 else FIRST_EVERY))
-
-
-def _final(plan: Plan, start: str, moves: list[Move]) -> Plan:
-    said = "; ".join(f"{m.layer} at step {m.step} ({m.cause})" for m in moves)
-    return dataclasses.replace(plan, summary=f"autopilot from {start}: " + (f"moved {said}" if moves else
-                                                                            "nothing moved"))
-
-
-def _movable(f: Finding, precision: Precision, model: torch.nn.Module, to: Config) -> str:
-    """The layer a non-finite step's origin lies in, when moving it could help: a module (or its nearest enclosing
-    one) that does not yet run in the target config."""
-    if f.origin is None or not f.origin.module:
-        return ""
-    if f.origin.outputs and all(t.dtype.removeprefix("torch.") in WIDE for t in f.origin.outputs):
-        return ""  # the op already ran in a wide format: a log of zero, not a range a move would fix
-    names = dict(model.named_modules())
-    name = f.origin.module
-    while name and name not in names:
-        name = name.rpartition(".")[0]
-    if not name or _label(precision, name, model) == to.label:
-        return ""
-    return name
 
 
 __all__ = ["AutopilotOptions", "autopilot"]

@@ -45,8 +45,10 @@ def autopilot_doc(report: AutopilotReport) -> Doc:
     if report.losses:
         notes.append(f"loss {num(report.losses[0], '.4g')} → {num(report.losses[-1], '.4g')}.")
     notes.append(f"final plan: {_rules(report.final_plan)} (default {_config(report.final_plan.get('default', ''))}).")
-    lost = [f"{report.steps_rolled_back} step{'s' if report.steps_rolled_back != 1 else ''} trained again after "
-            "rollbacks"] if report.rollbacks else []
+    again = ("dropped by rollbacks (a script's data cannot rewind: training went on with its next batch)"
+             if report.live else "trained again after rollbacks")
+    lost = [f"{report.steps_rolled_back} step{'s' if report.steps_rolled_back != 1 else ''} {again}"] \
+        if report.rollbacks else []
     if report.steps_skipped:
         lost.append(f"{report.steps_skipped} skipped by GradScaler")
     if lost:

@@ -3,7 +3,7 @@ one channel that every worker talks over, one error model (``Outcome``), the eve
 ``Target`` that says once whether the work is a Task or a script. Capabilities ask this layer to run their work;
 none of them knows how processes are made."""
 
-from dtypelab.run.channel import Reporter, connect, watch_parent
+from dtypelab.run.channel import Reporter, connect, launched, watch_parent
 from dtypelab.run.events import Event, OnEvent
 from dtypelab.run.fanout import FanOutLauncher, parse_gpus, parse_minutes, parse_slurm_args
 from dtypelab.run.launchers import LAUNCHERS, InlineLauncher, Launcher, OnStep, ProcessLauncher, Work
@@ -14,4 +14,4 @@ from dtypelab.run.torchrun import Torchrun, TorchrunLauncher
 
 __all__ = ["LAUNCHERS", "Event", "FanOutLauncher", "InlineLauncher", "Launcher", "OnEvent", "OnStep", "Outcome",
            "ProcessLauncher", "Reporter", "ScriptLauncher", "ScriptRun", "Target", "Torchrun", "TorchrunLauncher",
-           "Work", "connect", "failure", "parse_gpus", "parse_minutes", "parse_slurm_args", "watch_parent"]
+           "Work", "connect", "launched", "failure", "parse_gpus", "parse_minutes", "parse_slurm_args", "watch_parent"]

@@ -107,6 +107,11 @@ class Channel:
         self.close()
 
 
+def launched() -> bool:
+    """Whether a launcher started this program (named a channel in its environment); ``connect`` would connect."""
+    return bool(os.environ.get(ENV_CHANNEL) and os.environ.get(ENV_KEY))
+
+
 def connect(rank: int = 0) -> tuple[Connection, Any] | None:
     """The worker's end: (the connection, the work or payload it was sent), or None when no launcher named a
     channel (the program runs on its own)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,6 +33,7 @@ class ScriptRun:
     payload: Any = None
     name: str = "script"
     env: dict[str, str] = field(default_factory=dict)
+    on_message: Callable[[tuple[Any, ...]], None] | None = None  # the session's own kinds, as they arrive
 
 
 class ScriptLauncher:
@@ -47,7 +49,7 @@ class ScriptLauncher:
             log = log_path(self.logs, run.name)
             proc = start([sys.executable, "-m", "dtypelab.run.boot", os.path.abspath(run.path), *run.args], channel,
                          log, env={**run.env, ENV_SEED: str(run.seed)})
-            out = Watch(proc, channel, log, timeout_s, on_step).follow()
+            out = Watch(proc, channel, log, timeout_s, on_step, run.on_message).follow()
         if out.status == "timeout":
             return out
         rc = proc.returncode

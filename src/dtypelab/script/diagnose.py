@@ -4,18 +4,26 @@ of its capability, sent with the job; the session calls these hooks around every
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from dtypelab.core.policies import Precision
+
+Emit = Callable[..., None]  # a message to the launcher: ``emit(kind, *payload)`` (nothing when run on its own)
 
 
 class Diagnosis:
     """What a session does besides measuring: nothing (bench)."""
 
     stop = False
+    stop_code = 0  # the exit code when it stops a script that runs on its own
 
-    def setup(self, model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> None: ...
+    def setup(self, model: nn.Module, optimizers: list[torch.optim.Optimizer], precision: Precision,
+              emit: Emit) -> None: ...
 
     def begin(self, step: int, grad_scale: float) -> None: ...
 
@@ -23,6 +31,10 @@ class Diagnosis:
 
     def end(self, step: int, loss_values: list[float]) -> None: ...
 
-    def record(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any]) -> str | None:
+    def record(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any],
+               metrics: dict[str, float]) -> str | None:
         """The record to write (JSON) when the run ends, or None."""
         return None
+
+    def keep(self, text: str) -> None:
+        """The script ran on its own (not driven by dtypelab): what to do with the record here (nothing)."""

@@ -56,7 +56,8 @@ def warmup_steps(n: int) -> int:
 class Session:
     """Measures one training run of a user's script under the policy the parent chose (fp32 when none)."""
 
-    def __init__(self, seed: int | None = None, device: str | None = None) -> None:
+    def __init__(self, seed: int | None = None, device: str | None = None, *, plan: str | Plan | None = None,
+                 diagnosis: Diagnosis | None = None) -> None:
         if seed is not None:
             warnings.warn("dtypelab.session(seed=...) no longer seeds anything: run by dtypelab, every policy's "
                           "process is seeded before your script starts (bench --seed N), and your own seeding "
@@ -65,7 +66,9 @@ class Session:
         connected = connect()  # None: the script runs on its own
         self._conn, self.job = connected if connected is not None else (None, None)
         self.driven = self.job is not None
-        self.plan: Plan = plan_from_dict(self.job["plan"]) if self.driven else get_policy(BASELINE)
+        # run on its own, the caller may choose the policy and a diagnosis (the autopilot's session); driven, the job
+        # brings both
+        self.plan: Plan = plan_from_dict(self.job["plan"]) if self.driven else get_policy(plan or BASELINE)
         wrong = self.plan.mode_error("train")
         if wrong:
             raise DtypelabError(wrong)
@@ -99,8 +102,8 @@ class Session:
         self._nonfinite_run = 0  # consecutive non-finite step losses (bench: the run stops at DIVERGED_PATIENCE)
         self._stopped = ""  # why the session ended the run early
         # trace / audit modes: the guard or the range audit on this loop, as the job says (their capabilities')
-        self.diag: Diagnosis = (self.job or {}).get("diagnosis") or Diagnosis()
-        if self.driven:
+        self.diag: Diagnosis = (self.job or {}).get("diagnosis") or (None if self.driven else diagnosis) or Diagnosis()
+        if self.driven or diagnosis is not None:  # on its own, a diagnosis still reports a run that never finished
             atexit.register(self._at_exit)
 
     # --- what the script calls -----------------------------------------------------------------
@@ -115,7 +118,7 @@ class Session:
         for opt in optimizers:
             self._wrap_step(opt)
             self._optimizers.append(opt)
-        self.diag.setup(model, list(optimizers))
+        self.diag.setup(model, list(optimizers), self.precision, self._emit if self.driven else None)
         self.meter.open_window()  # building and converting the model is not the run's peak
         return (model, *optimizers) if optimizers else model
 
@@ -290,9 +293,9 @@ class Session:
         if self.driven and now - self._last_progress >= PROGRESS_EVERY_S:
             self._last_progress = now
             self._conn.send(("step", len(self.timer.samples), 0))
-        if self.diag.stop:  # the trace found its step, or the audit has its steps: the run ends here
+        if self.diag.stop:  # the trace found its step, the audit has its steps, the autopilot had to stop
             self._close()
-            raise SystemExit(0)
+            raise SystemExit(0 if self.driven else self.diag.stop_code)
         if self.driven and (self.job or {}).get("mode", "bench") == "bench":
             self._guard()
 
@@ -327,9 +330,12 @@ class Session:
             return
         self.finished = True
         self._globals.__exit__(None, None, None)
+        record = self.diag.record(self.job or {}, self.losses, self._log.stats() if self._log is not None else {},
+                                  self._metrics)
         if not self.driven:
+            if record is not None:
+                self.diag.keep(record)
             return
-        record = self.diag.record(self.job, self.losses, self._log.stats() if self._log is not None else {})
         if record is not None:
             self._conn.send(("record", record))
         peak = self.meter.peak_bytes()
@@ -348,8 +354,13 @@ class Session:
         })
 
     def _at_exit(self) -> None:
-        if not self.finished and self._metrics:  # an integration recorded metrics: they are the result
+        # driven: an integration recorded metrics, they are the result; on its own: the diagnosis's summary
+        if not self.finished and (self._metrics or not self.driven):
             self._close()
+
+    def _emit(self, kind: str, *payload: Any) -> None:
+        """A diagnosis's own message to the launcher, as it happens (the autopilot's moves)."""
+        self._conn.send((kind, *payload))
 
     def _done(self, data: dict[str, Any]) -> None:
         """The run's last word to the launcher: what it measured, or why it was skipped."""

@@ -47,9 +47,10 @@ def job_for(path: str, plan: Plan, seed: int, device: str, mode: str = "bench", 
 
 
 def run_script(path: str, args: tuple[str, ...], job: dict[str, Any], seed: int, timeout_s: float, workdir: str,
-               on_step: Callable[[int, int], None]) -> Outcome:
+               on_step: Callable[[int, int], None],
+               on_message: Callable[[tuple[Any, ...]], None] | None = None) -> Outcome:
     """One run of the script, its session sent ``job``."""
-    run = ScriptRun(path, args, seed, job, name=job["plan"]["name"])
+    run = ScriptRun(path, args, seed, job, name=job["plan"]["name"] or "plan", on_message=on_message)
     return ScriptLauncher(workdir).run(run, timeout_s, on_step)
 
 
@@ -182,7 +183,8 @@ def _with(report: Report, result: PolicyResult, json_path: str | None, primary: 
 
 def diagnose_script(target: Target | str, policy: str | Plan, diagnosis: Diagnosis, *, args: tuple[str, ...] = (),
                     device: str | None = None, seed: int = 0, timeout_s: float = 600.0,
-                    on_step: Callable[[int, int], None] | None = None) -> tuple[str | None, Outcome]:
+                    on_step: Callable[[int, int], None] | None = None,
+                    on_message: Callable[[tuple[Any, ...]], None] | None = None) -> tuple[str | None, Outcome]:
     """Run the script once with ``diagnosis`` on its loop (``trace``, ``audit``): (the record's JSON its session
     sent, or None; the run's outcome, which says why there is none)."""
     target = Target.of(target)
@@ -195,7 +197,8 @@ def diagnose_script(target: Target | str, policy: str | Plan, diagnosis: Diagnos
     dev = resolve_device(device)
     with tempfile.TemporaryDirectory(prefix="dtypelab-script-") as workdir:
         job = job_for(target.path, plan, seed, str(dev), mode=type(diagnosis).__name__, diagnosis=diagnosis)
-        out = run_script(target.path, tuple(args), job, seed, timeout_s, workdir, on_step or (lambda d, t: None))
+        out = run_script(target.path, tuple(args), job, seed, timeout_s, workdir, on_step or (lambda d, t: None),
+                         on_message)
     record = out.messages.get("record")
     return (record[0] if record else None), out
 

@@ -32,7 +32,7 @@ class TraceDiagnosis(Diagnosis):
         self.started = 0.0
         self.start = time.perf_counter()
 
-    def setup(self, model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> None:
+    def setup(self, model: nn.Module, optimizers: list[torch.optim.Optimizer], *_: Any) -> None:
         self.start = time.perf_counter()
         self.model, self.named = model, list(model.named_parameters())
         self.optimizer = optimizers[0] if optimizers else None
@@ -65,7 +65,7 @@ class TraceDiagnosis(Diagnosis):
             self.stop = True
         self.loss = None
 
-    def record(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any]) -> str:
+    def record(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any], *_: Any) -> str:
         config = TraceConfig(task=job.get("script", ""), policy=job["plan"]["name"], steps=len(losses), batch_size=0,
                              seed=job.get("seed", 0), device=job.get("device", ""), checkpoint_every=0,
                              stop_on_skip=False, task_name=job.get("task_name", ""))

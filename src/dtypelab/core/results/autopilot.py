@@ -78,6 +78,7 @@ class AutopilotReport(Record):
     train_s: float = 0.0  # the training loop alone (readings, checkpoints and rollbacks included)
     wall_s: float = 0.0
     created: str = ""
+    live: bool = False  # a script's own loop: rolled-back steps were dropped (its data cannot rewind), not retrained
     schema_version: int = AUTOPILOT_VERSION
 
     schema = AUTOPILOT_SCHEMA

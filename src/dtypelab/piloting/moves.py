@@ -1,0 +1,70 @@
+"""What the autopilot does the same way on a task and on a script: where a moved layer goes, which layer a non-finite
+step's origin lets it move, how often it reads, and the final plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+import torch
+
+from dtypelab.core.policies import Autocast, Cast, Config, Plan, Precision
+from dtypelab.core.results import Finding, Move
+
+WIDE = ("float32", "float64")
+FIRST_EVERY, MAX_EVERY = 10, 100  # steps between readings: at first, and at most when they are costly
+READING_BUDGET = 0.02  # the automatic interval keeps the readings' extra time near this share of training time
+NO_SCALER = "; the start has no GradScaler, which would scale the gradients into range for every layer at once"
+TARGETS = {"fp32": Cast("float32"), "bf16": Cast("bfloat16"), "amp-bf16": Autocast("bfloat16")}
+
+
+def target_config(promote_to: str, precision: Precision, device: torch.device) -> Config:
+    if promote_to != "auto":
+        return TARGETS[promote_to]
+    default = precision.plan.default
+    fp16 = isinstance(default, (Cast, Autocast)) and default.dtype == "float16"
+    if fp16 and device.type == "cuda" and torch.cuda.is_bf16_supported():  # bf16's range at fp16's speed class
+        return Autocast("bfloat16") if isinstance(default, Autocast) else Cast("bfloat16")
+    return Cast("float32")
+
+
+def label(precision: Precision, name: str, model: torch.nn.Module) -> str:
+    """The config a layer runs in now (its rule, else the plan's default)."""
+    return precision.plan.assign(model).get(name, precision.plan.default).label
+
+
+def origin_text(f: Finding) -> str:
+    o = f.origin
+    if o is None:
+        return "no origin found"
+    return f"{o.op} in {o.module or 'no module'} ({o.phase}): {o.diagnosis}"
+
+
+def interval(sampled_s: list[float], plain_s: list[float]) -> int:
+    """Steps between readings so that they cost about READING_BUDGET of the time (as the checkpoints do)."""
+    step = statistics.median(plain_s[-50:])
+    extra = max(0.0, statistics.median(sampled_s[-5:]) - step)
+    return max(FIRST_EVERY, min(MAX_EVERY, math.ceil(extra / (READING_BUDGET * step)) if step > 0 else FIRST_EVERY))
+
+
+def final_plan(plan: Plan, start: str, moves: list[Move]) -> Plan:
+    said = "; ".join(f"{m.layer} at step {m.step} ({m.cause})" for m in moves)
+    return dataclasses.replace(plan, summary=f"autopilot from {start}: " + (f"moved {said}" if moves else
+                                                                            "nothing moved"))
+
+
+def movable(f: Finding, precision: Precision, model: torch.nn.Module, to: Config) -> str:
+    """The layer a non-finite step's origin lies in, when moving it could help: a module (or its nearest enclosing
+    one) that does not yet run in the target config."""
+    if f.origin is None or not f.origin.module:
+        return ""
+    if f.origin.outputs and all(t.dtype.removeprefix("torch.") in WIDE for t in f.origin.outputs):
+        return ""  # the op already ran in a wide format: a log of zero, not a range a move would fix
+    names = dict(model.named_modules())
+    name = f.origin.module
+    while name and name not in names:
+        name = name.rpartition(".")[0]
+    if not name or label(precision, name, model) == to.label:
+        return ""
+    return name
