@@ -194,7 +194,8 @@ def test_session_autopilot_runs_a_script_on_its_own():
 
     drift = script("--autopilot", "amp-fp16")
     assert drift.returncode == 0, drift.stderr
-    assert "fc1 amp-fp16 → fp32 (trend)" in drift.stderr and "ok, from amp-fp16; moved fc1 → fp32" in drift.stderr
+    # the automatic reading interval follows measured costs: the trend or, past it, the overflow moves fc1
+    assert "fc1 amp-fp16 → fp32 (" in drift.stderr and "ok, from amp-fp16; moved fc1 → fp32" in drift.stderr
     assert float(drift.stdout.split()[-1]) >= 0.95
     calm = script("--autopilot", "amp-bf16", "--case", "calm", "--no-finish")
     assert calm.returncode == 0 and "moved nothing" in calm.stderr and "no metric" in calm.stderr

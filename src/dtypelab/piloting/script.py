@@ -36,7 +36,9 @@ from dtypelab.piloting.moves import (
 from dtypelab.script import Diagnosis
 from dtypelab.tracing import Snapshot, all_finite, trace_forward
 
-CHECKPOINT_BUDGET = 0.02  # share of the step time the automatic checkpoint interval aims at (as the Guard's)
+# share of the step time the automatic checkpoint interval aims at: the Guard's 2%; under a GradScaler a non-finite
+# step is skipped and leaves the state it started from, so a checkpoint is only the fallback for weights gone bad
+CHECKPOINT_BUDGET, SCALED_CHECKPOINT_BUDGET = 0.02, 0.005
 MAX_CHECKPOINT_EVERY = 100
 NOT_IN_FORWARD = ("the model's forward on this step's inputs is finite (replayed from the checkpoint): the value "
                   "went non-finite in the loss or the backward, which a script's step cannot replay; run `dtypelab "
@@ -197,8 +199,8 @@ class PilotDiagnosis(Diagnosis):
             print(f"dtypelab autopilot: step {event.step}: {event.layer} {event.from_} → {event.to} ({event.cause}): "
                   f"{event.evidence}", file=sys.stderr)
         else:
-            print(f"dtypelab autopilot: step {event.step}: {event.trigger}; rolled back to step {event.to_step}",
-                  file=sys.stderr)
+            back = "the step dropped" if event.to_step == event.step else f"rolled back to step {event.to_step}"
+            print(f"dtypelab autopilot: step {event.step}: {event.trigger}; {back}", file=sys.stderr)
 
     def _device(self) -> torch.device:
         return next((p.device for p in self.model.parameters()), torch.device("cpu")) if self.model is not None \
@@ -215,8 +217,8 @@ class PilotDiagnosis(Diagnosis):
         self.checkpoint_step = step
         if not self.fixed_checkpoints and len(self.plain_s) >= 2:
             step_s = statistics.median(self.plain_s[-20:])
-            self.checkpoint_every = max(1, min(MAX_CHECKPOINT_EVERY,
-                                               math.ceil(self.checkpoint_s / (CHECKPOINT_BUDGET * step_s))))
+            budget = SCALED_CHECKPOINT_BUDGET if self.scaler is not None else CHECKPOINT_BUDGET
+            self.checkpoint_every = max(1, min(MAX_CHECKPOINT_EVERY, math.ceil(self.checkpoint_s / (budget * step_s))))
 
     def _move(self, step: int, name: str, cause: str, evidence: str, amax: float | None = None,
               limit: float | None = None) -> None:
@@ -228,13 +230,16 @@ class PilotDiagnosis(Diagnosis):
 
     def _recover(self, step: int, trigger: str) -> None:
         """Back to the checkpoint; the origin from the replayed forward; the layer moved, or the run stopped."""
-        back = self.checkpoint_step
-        exact = all_finite([p.detach() for p in self.params])  # a skipped step left the weights it started from
-        if exact:
+        if self.scaler is not None and all_finite([p.detach() for p in self.params]):
+            # GradScaler skipped the step: weights and optimizer state are those it started from, so nothing is
+            # rolled back; the replay draws the step's dropout masks, and the script's RNG goes on as it was
+            back, after = step, torch.get_rng_state()
             torch.set_rng_state(self.rng)
             finding = trace_forward(self.model, self.calls, trigger, step)
-        self.snapshot.restore()
-        if not exact:
+            torch.set_rng_state(after)
+        else:
+            back = self.checkpoint_step
+            self.snapshot.restore()
             torch.set_rng_state(self.rng)
             finding = trace_forward(self.model, self.calls, trigger, step)
             self.snapshot.restore()  # the RNG and anything the replay touched
@@ -250,8 +255,9 @@ class PilotDiagnosis(Diagnosis):
                 (f"the origin is in no layer that a wider format would fix: {origin}" if finding.origin is not None
                  else origin))
             return
-        self._move(step, layer, "non-finite", f"step {step}: {trigger}: {origin}; rolled back to step {back}, the "
-                                              f"{step + 1 - back} step(s) since dropped")
+        self._move(step, layer, "non-finite", f"step {step}: {trigger}: {origin}; " + (
+            "GradScaler skipped the step" if back == step else
+            f"rolled back to step {back}, the {step + 1 - back} step(s) since dropped"))
         self._checkpoint(step + 1)
 
 

@@ -32,7 +32,8 @@ def autopilot_doc(report: AutopilotReport) -> Doc:
         if kind == 0:
             rows.append([str(e.step), "move", e.layer, f"{e.from_} → {e.to}", e.cause, e.evidence])
         else:
-            rows.append([str(e.step), "rollback", e.layer or "—", f"back to step {e.to_step}", e.trigger, e.origin])
+            back = "step dropped (GradScaler skipped it)" if e.to_step == e.step else f"back to step {e.to_step}"
+            rows.append([str(e.step), "rollback", e.layer or "—", back, e.trigger, e.origin])
     if not rows:
         rows.append(["—", "none", "—", "—", "—", "no layer came near its format's limits, and no step went non-finite"])
     notes = []
