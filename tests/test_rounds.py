@@ -204,7 +204,9 @@ def test_a_policy_already_outside_the_constraints_is_not_timed_again(tmp_path, e
     bf16, fp64 = report.result("bf16"), report.result("fp64")
     assert report.recommendation.verdict("bf16").verdict.value == "cosine"
     assert not bf16.rounds and bf16.speedup_ci is None and bf16.timing  # its own run's timing stays
-    assert len(fp64.rounds) == 3 and fp64.speedup_ci is not None
+    # 3 rounds at least; more where fp64's interval still straddles the band (on an AVX2 CPU a tiny step is about
+    # as fast in fp64 as in fp32)
+    assert len(fp64.rounds) >= 3 and fp64.speedup_ci is not None
     assert report.recommendation.chosen == "fp32"
     assert any(n.startswith("bf16: not timed in the rounds") for n in report.recommendation.notes)
     assert report.recommendation.verdict("bf16").speedup is not None  # the medians' ratio still shows
