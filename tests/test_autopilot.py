@@ -203,6 +203,17 @@ def test_session_autopilot_runs_a_script_on_its_own():
     assert stopped.returncode == 1 and "log of zero" in stopped.stderr and "Traceback" not in stopped.stderr
 
 
+def test_a_framework_trainer_is_refused_before_it_trains():
+    """Lightning's Trainer owns autocast and the GradScaler: the session refuses at attach, before any step."""
+    pytest.importorskip("lightning")
+    script = os.path.join(os.path.dirname(HERE), "examples", "train_lightning.py")
+    report = run(script, start="amp-fp16")
+    assert report.status == "failed" and "Lightning" in report.reason and not report.losses
+    from dtypelab.render.autopilot import autopilot_doc
+
+    assert "the run failed" in autopilot_doc(report)[2][0][-1]
+
+
 def test_a_bad_target_or_option_is_one_line(tmp_path):
     with pytest.raises(DtypelabError, match="promote-to"):
         run(CALM, start="amp-bf16", promote_to="fp8")

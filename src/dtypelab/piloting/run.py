@@ -86,7 +86,9 @@ def _script(target: Target, opts: AutopilotOptions, progress: Progress | None,
             report.save(opts.json_path)
         raise
     if text is None:
-        report = AutopilotReport(config, env, status="failed", reason=out.reason or out.status, moves=tuple(moves),
+        skipped = out.value.get("reason") if isinstance(out.value, dict) and out.value.get("kind") == "skip" else ""
+        report = AutopilotReport(config, env, status="failed", reason=skipped or out.reason or out.status,
+                                 moves=tuple(moves),
                                  rollbacks=tuple(rollbacks), live=True, wall_s=out.wall_s,
                                  created=time.strftime("%Y-%m-%dT%H:%M:%S"))
     else:

@@ -40,6 +40,8 @@ from dtypelab.tracing import Snapshot, all_finite, trace_forward
 # step is skipped and leaves the state it started from, so a checkpoint is only the fallback for weights gone bad
 CHECKPOINT_BUDGET, SCALED_CHECKPOINT_BUDGET = 0.02, 0.005
 MAX_CHECKPOINT_EVERY = 100
+FRAMEWORK = ("the autopilot runs on a plain loop's model (lab.setup): Lightning's and Hugging Face's Trainers keep "
+             "their own precision plumbing (autocast, GradScaler), so a layer cannot be moved while they train")
 NOT_IN_FORWARD = ("the model's forward on this step's inputs is finite (replayed from the checkpoint): the value "
                   "went non-finite in the loss or the backward, which a script's step cannot replay; run `dtypelab "
                   "trace` on the script to trace the whole step")
@@ -158,6 +160,9 @@ class PilotDiagnosis(Diagnosis):
               + (f"; {len(report.rollbacks)} rollback(s)" if report.rollbacks else "")
               + (f": {report.reason}" if report.reason else ""), file=sys.stderr)
 
+    def refuses_framework(self) -> str:
+        return FRAMEWORK
+
     # --- internals --------------------------------------------------------------------------------------
     def report(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any],
                metrics: dict[str, float]) -> AutopilotReport:
@@ -166,9 +171,7 @@ class PilotDiagnosis(Diagnosis):
         kept = tuple(v for i, v in enumerate(losses) if i not in self.dropped)
         status, reason = self.status, self.reason
         if self.model is None:
-            status, reason = "failed", ("the script never called lab.setup(model, optimizer): the autopilot runs on a "
-                                        "plain loop's model (Lightning and Hugging Face Trainers keep their own "
-                                        "precision plumbing)")
+            status, reason = "failed", "the script never called lab.setup(model, optimizer): " + FRAMEWORK
         elif status == "ok" and getattr(sys, "last_value", None) is not None:  # run on its own, it died of this
             crash = sys.last_value
             status = "interrupted" if isinstance(crash, KeyboardInterrupt) else "failed"

@@ -35,7 +35,8 @@ def autopilot_doc(report: AutopilotReport) -> Doc:
             back = "step dropped (GradScaler skipped it)" if e.to_step == e.step else f"back to step {e.to_step}"
             rows.append([str(e.step), "rollback", e.layer or "—", back, e.trigger, e.origin])
     if not rows:
-        rows.append(["—", "none", "—", "—", "—", "no layer came near its format's limits, and no step went non-finite"])
+        rows.append(["—", "none", "—", "—", "—", "the run failed: see why below" if report.status == "failed" else
+                     "no layer came near its format's limits, and no step went non-finite"])
     notes = []
     steps = len(report.losses)
     status = {"ok": f"trained {steps} of {cfg.steps} steps", "stopped": f"stopped after {steps} steps",
@@ -45,7 +46,9 @@ def autopilot_doc(report: AutopilotReport) -> Doc:
         notes.append("metrics: " + ", ".join(f"{k} {num(v, '.4g')}" for k, v in report.metrics.items()) + ".")
     if report.losses:
         notes.append(f"loss {num(report.losses[0], '.4g')} → {num(report.losses[-1], '.4g')}.")
-    notes.append(f"final plan: {_rules(report.final_plan)} (default {_config(report.final_plan.get('default', ''))}).")
+    if report.final_plan:  # a run that failed before training has none
+        notes.append(f"final plan: {_rules(report.final_plan)} (default "
+                     f"{_config(report.final_plan.get('default', ''))}).")
     again = ("dropped by rollbacks (a script's data cannot rewind: training went on with its next batch)"
              if report.live else "trained again after rollbacks")
     lost = [f"{report.steps_rolled_back} step{'s' if report.steps_rolled_back != 1 else ''} {again}"] \
@@ -62,11 +65,12 @@ def autopilot_doc(report: AutopilotReport) -> Doc:
                      f"each beyond a {report.step_s * 1e3:.2f} ms step: {share:.1%} of the training time; checkpoints "
                      f"every {report.checkpoint_every} step(s), {report.checkpoint_s * 1e3:.2f} ms each.")
     horizon = f"{cfg.horizon} steps" if cfg.horizon else "two readings"
-    notes.append(f"rules: a layer moves to {cfg.promote_to} when its largest |value| passes {cfg.headroom:.0%} of its "
-                 f"format's limit on two readings in a row, when its trend crosses the limit within {horizon} "
-                 "on two readings in a row, when more than half its weight gradient is flushed below the "
-                 "format's smallest normal on two readings in a row, or when a non-finite step's origin lies in it "
-                 f"(after a rollback; at most {cfg.max_rollbacks}).")
+    if report.final_plan:
+        notes.append(f"rules: a layer moves to {cfg.promote_to} when its largest |value| passes "
+                     f"{cfg.headroom:.0%} of its format's limit on two readings in a row, when its trend crosses the "
+                     f"limit within {horizon} on two readings in a row, when more than half its weight gradient is "
+                     "flushed below the format's smallest normal on two readings in a row, or when a non-finite "
+                     f"step's origin lies in it (after a rollback; at most {cfg.max_rollbacks}).")
     if report.finding is not None and report.finding.origin is not None:
         o = report.finding.origin
         notes.append(f"diagnosis of the last non-finite step ({report.finding.trigger}): {o.op} in "

@@ -36,5 +36,9 @@ class Diagnosis:
         """The record to write (JSON) when the run ends, or None."""
         return None
 
+    def refuses_framework(self) -> str:
+        """Why this diagnosis cannot run on a framework's own loop (Lightning, Hugging Face), or ""."""
+        return ""
+
     def keep(self, text: str) -> None:
         """The script ran on its own (not driven by dtypelab): what to do with the record here (nothing)."""

@@ -170,6 +170,9 @@ class Session:
     def attach(self, model: nn.Module) -> None:
         """A model the framework converted itself (Lightning, Hugging Face): sized and fingerprinted, and the
         memory window opened, as ``setup`` does."""
+        refused = self.diag.refuses_framework()
+        if refused:
+            self.unsupported(refused)
         if self._model is None:
             self._init = fingerprint(model)
             self._model = model
