@@ -221,6 +221,8 @@ def test_a_bad_target_or_option_is_one_line(tmp_path):
         run(CALM, start="amp-bf16", script_args=("--x",))
     with pytest.raises(DtypelabError, match="inference-only"):
         run(SCRIPT, start="int8-dyn")
+    with pytest.raises(DtypelabError, match="inference-only"):
+        dtypelab.session(autopilot="int8-dyn")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.hardware import hardware_for
 from dtypelab.core.policies import Plan, get_policy
 from dtypelab.piloting.options import AutopilotOptions
 from dtypelab.piloting.script import PilotDiagnosis
@@ -39,5 +41,14 @@ def session(seed: int | None = None, device: str | None = None, *,
     else:
         opts = AutopilotOptions.build() if autopilot is True else AutopilotOptions.build(start=autopilot)
     start = get_policy(opts.start)
+    wrong = start.mode_error("train")
+    if wrong:
+        raise DtypelabError(wrong)
+    avail = start.availability(hardware_for(device or opts.device, opts.hardware, budget_s=0.02))
+    if not avail.ok:
+        raise DtypelabError(f"autopilot start {start.name} cannot run here: {avail.reason}")
+    if avail.slow and not opts.force:  # the command refuses; a script that asked for it in code is told, and runs
+        print(f"dtypelab autopilot: warning: start {start.name} is measured pathologically slow here: {avail.reason}",
+              file=sys.stderr)
     return Session(seed, device or opts.device, plan=start,
                    diagnosis=PilotDiagnosis(settings_of(opts, start), script=sys.argv[0] if sys.argv else ""))
