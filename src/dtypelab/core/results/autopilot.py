@@ -9,7 +9,7 @@ from dtypelab.core.results.bench import ScalerStats
 from dtypelab.core.results.store import Record
 from dtypelab.core.results.trace import Finding
 
-AUTOPILOT_SCHEMA = "dtypelab.piloting"
+AUTOPILOT_SCHEMA = "dtypelab.autopilot"
 AUTOPILOT_VERSION = 1
 
 
