@@ -9,8 +9,10 @@ import statistics
 
 import torch
 
-from dtypelab.core.policies import Autocast, Cast, Config, Plan, Precision
-from dtypelab.core.results import Finding, Move
+from dtypelab.core.policies import Autocast, Cast, Config, Plan, Precision, plan_from_dict
+from dtypelab.core.results import AutopilotReport, Finding, Move, save_text
+from dtypelab.piloting.controller import Controller
+from dtypelab.piloting.monitor import Reading
 
 WIDE = ("float32", "float64")
 FIRST_EVERY, MAX_EVERY = 10, 100  # steps between readings: at first, and at most when they are costly
@@ -68,3 +70,19 @@ def movable(f: Finding, precision: Precision, model: torch.nn.Module, to: Config
     if not name or label(precision, name, model) == to.label:
         return ""
     return name
+
+
+def to_move(controller: Controller, step: int, readings: dict[str, Reading], precision: Precision,
+            model: torch.nn.Module, to: Config, scaled: bool) -> list[tuple[str, str, str, float | None, float | None]]:
+    """After a reading: (layer, cause, evidence, amax, limit) of each layer the controller warns about that does not
+    run in ``to`` yet; flushed gradients without a GradScaler say that one would fix every layer at once."""
+    return [(name, w.cause, w.evidence + (NO_SCALER if w.cause == "underflow" and not scaled else ""), w.amax, w.limit)
+            for name, w in controller.decide(step, readings).items() if label(precision, name, model) != to.label]
+
+
+def write_outputs(report: AutopilotReport, json_path: str | None, plan_out: str | None) -> None:
+    """The record and the final plan file, where asked (a run that failed before training has no plan)."""
+    if json_path:
+        report.save(json_path)
+    if plan_out and report.final_plan:
+        save_text(plan_out, plan_from_dict(report.final_plan).to_json() + "\n")

@@ -19,8 +19,8 @@ from dtypelab.core.hardware import environment as current_environment
 from dtypelab.core.hardware import hardware_for, resolve_device
 from dtypelab.core.loop import build_trainable, evaluate, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
-from dtypelab.core.policies import get_policy, plan_from_dict
-from dtypelab.core.results import AutopilotConfig, AutopilotReport, Move, Rollback, check_writable, save_text
+from dtypelab.core.policies import get_policy
+from dtypelab.core.results import AutopilotConfig, AutopilotReport, Move, Rollback, check_writable
 from dtypelab.core.source import Sites
 from dtypelab.core.task import Task
 from dtypelab.piloting.controller import Controller
@@ -28,7 +28,6 @@ from dtypelab.piloting.handle import settings_of
 from dtypelab.piloting.monitor import Monitor
 from dtypelab.piloting.moves import (
     FIRST_EVERY,
-    NO_SCALER,
     TARGETS,
     final_plan,
     interval,
@@ -36,6 +35,8 @@ from dtypelab.piloting.moves import (
     movable,
     origin_text,
     target_config,
+    to_move,
+    write_outputs,
 )
 from dtypelab.piloting.options import AutopilotOptions
 from dtypelab.piloting.script import PilotDiagnosis
@@ -93,10 +94,7 @@ def _script(target: Target, opts: AutopilotOptions, progress: Progress | None,
                                  created=time.strftime("%Y-%m-%dT%H:%M:%S"))
     else:
         report = dataclasses.replace(script_record(AutopilotReport, text, target.spec, env), wall_s=out.wall_s)
-    if opts.json_path:
-        report.save(opts.json_path)
-    if opts.plan_out and report.final_plan:
-        save_text(opts.plan_out, plan_from_dict(report.final_plan).to_json() + "\n")
+    write_outputs(report, opts.json_path, opts.plan_out)
     return report
 
 
@@ -195,13 +193,11 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
                             every = interval(sampled_s, plain_s)
                             controller.horizon = opts.horizon or 2 * every
                         next_sample = step + every
-                        moved = False
-                        for name, w in controller.decide(step, monitor.take()).items():
-                            if label(precision, name, model) != to.label:
-                                hint = NO_SCALER if w.cause == "underflow" and guard.scaler is None else ""
-                                move(step, name, w.cause, w.evidence + hint, w.amax, w.limit)
-                                moved = True
-                        if moved:  # a rollback must restore weights of the dtypes they have now
+                        wanted = to_move(controller, step, monitor.take(), precision, model, to,
+                                         guard.scaler is not None)
+                        for name, cause, evidence, amax, limit in wanted:
+                            move(step, name, cause, evidence, amax, limit)
+                        if wanted:  # a rollback must restore weights of the dtypes they have now
                             guard.checkpoint()
                     step += 1
                     progress(step, n)
@@ -229,10 +225,7 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
         finding=finding,
         scaler=guard.log.stats() if guard.log else {}, train_s=train_s, wall_s=time.perf_counter() - start,
         created=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    if opts.json_path:
-        report.save(opts.json_path)
-    if opts.plan_out:
-        save_text(opts.plan_out, final.to_json() + "\n")
+    write_outputs(report, opts.json_path, opts.plan_out)
     if status == "interrupted":
         raise KeyboardInterrupt
     return report

@@ -20,18 +20,19 @@ import torch
 from torch import nn
 
 from dtypelab.core.policies import Precision
-from dtypelab.core.results import AutopilotConfig, AutopilotReport, Move, Rollback, save_text
+from dtypelab.core.results import AutopilotConfig, AutopilotReport, Move, Rollback
 from dtypelab.piloting.controller import Controller
 from dtypelab.piloting.monitor import Monitor
 from dtypelab.piloting.moves import (
     FIRST_EVERY,
-    NO_SCALER,
     final_plan,
     interval,
     label,
     movable,
     origin_text,
     target_config,
+    to_move,
+    write_outputs,
 )
 from dtypelab.script import Diagnosis
 from dtypelab.tracing import Snapshot, all_finite, trace_forward
@@ -65,6 +66,7 @@ class PilotDiagnosis(Diagnosis):
         self.checkpoint_s = 0.0
         self.stop_code = 0
         self.calls: list[tuple[tuple, dict]] = []
+        self.device = torch.device("cpu")  # the model's, once setup has it
         self.start = time.perf_counter()
 
     # --- the session's hooks ------------------------------------------------------------------------
@@ -76,8 +78,9 @@ class PilotDiagnosis(Diagnosis):
         self.start_name = precision.plan.name
         self.optimizer = optimizers[0] if optimizers else None
         self.scaler = precision.grad_scaler()
-        self.to = target_config(s.get("promote_to") or "auto", precision, next(
-            (p.device for p in model.parameters()), torch.device("cpu")))
+        self.params = list(model.parameters())
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        self.to = target_config(s.get("promote_to") or "auto", precision, self.device)
         self.every = int(s.get("sample_every") or FIRST_EVERY)
         self.controller = Controller(float(s.get("headroom", 0.5)), int(s.get("horizon") or 2 * self.every))
         self.monitor = Monitor(model)
@@ -86,7 +89,6 @@ class PilotDiagnosis(Diagnosis):
         self.checkpoint_every = int(self.fixed_checkpoints or 1)
         self.checkpoint_step = -1
         self.next_sample = 0
-        self.params = [p for p in model.parameters()]
         self.sampling: Any = None
         model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True)
         self.start = time.perf_counter()
@@ -135,13 +137,11 @@ class PilotDiagnosis(Diagnosis):
             self.every = interval(self.sampled_s, self.plain_s)
             self.controller.horizon = int(self.settings.get("horizon") or 2 * self.every)
         self.next_sample = step + self.every
-        moved = False
-        for name, w in self.controller.decide(step, self.monitor.take()).items():
-            if label(self.precision, name, self.model) != self.to.label:
-                hint = NO_SCALER if w.cause == "underflow" and self.scaler is None else ""
-                self._move(step, name, w.cause, w.evidence + hint, w.amax, w.limit)
-                moved = True
-        if moved:  # a rollback must restore weights of the dtypes they have now
+        wanted = to_move(self.controller, step, self.monitor.take(), self.precision, self.model, self.to,
+                         self.scaler is not None)
+        for name, cause, evidence, amax, limit in wanted:
+            self._move(step, name, cause, evidence, amax, limit)
+        if wanted:  # a rollback must restore weights of the dtypes they have now
             self._checkpoint(step + 1)
 
     def record(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any],
@@ -151,10 +151,7 @@ class PilotDiagnosis(Diagnosis):
     def keep(self, text: str) -> None:
         """Run on its own: the summary on stderr, the record and plan where the settings say."""
         report = AutopilotReport.from_json(text)
-        if self.settings.get("json_path"):
-            report.save(self.settings["json_path"])
-        if self.settings.get("plan_out"):
-            save_text(self.settings["plan_out"], final_plan_of(report) + "\n")
+        write_outputs(report, self.settings.get("json_path"), self.settings.get("plan_out"))
         moved = "; ".join(f"{m.layer} → {m.to} at step {m.step} ({m.cause})" for m in report.moves) or "nothing"
         print(f"dtypelab autopilot: {report.status}, from {report.config.start}; moved {moved}"
               + (f"; {len(report.rollbacks)} rollback(s)" if report.rollbacks else "")
@@ -180,7 +177,7 @@ class PilotDiagnosis(Diagnosis):
             reason = "the script ended without lab.finish(metric=...): no metric to compare"
         config = AutopilotConfig(
             task=job.get("script") or self.script, start=start, steps=len(losses), batch_size=0,
-            seed=int(job.get("seed", s.get("seed", 0))), device=job.get("device") or str(self._device()),
+            seed=int(job.get("seed", s.get("seed", 0))), device=job.get("device") or str(self.device),
             sample_every=int(s.get("sample_every") or 0), promote_to=self.to.label if self.model is not None else "",
             headroom=float(s.get("headroom", 0.5)), horizon=int(s.get("horizon") or 0),
             max_rollbacks=int(s.get("max_rollbacks", 3)), task_name=job.get("task_name", ""))
@@ -204,10 +201,6 @@ class PilotDiagnosis(Diagnosis):
         else:
             back = "the step dropped" if event.to_step == event.step else f"rolled back to step {event.to_step}"
             print(f"dtypelab autopilot: step {event.step}: {event.trigger}; {back}", file=sys.stderr)
-
-    def _device(self) -> torch.device:
-        return next((p.device for p in self.model.parameters()), torch.device("cpu")) if self.model is not None \
-            else torch.device("cpu")
 
     def _keep_inputs(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if module.training and torch.is_grad_enabled():  # the step's own forwards, not a replay or an evaluation
@@ -262,10 +255,3 @@ class PilotDiagnosis(Diagnosis):
             "GradScaler skipped the step" if back == step else
             f"rolled back to step {back}, the {step + 1 - back} step(s) since dropped"))
         self._checkpoint(step + 1)
-
-
-def final_plan_of(report: AutopilotReport) -> str:
-    """The record's final plan as a plan file's text."""
-    from dtypelab.core.policies import plan_from_dict
-
-    return plan_from_dict(report.final_plan).to_json()
