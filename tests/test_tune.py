@@ -17,8 +17,6 @@ from dtypelab.render.tune import tune_doc
 
 
 def test_the_search_stops_at_its_time_budget_with_the_best_plan_measured_by_then():
-    import time
-
     from dtypelab.tuning.search import Evaluation, LayerScore, search
 
     layers = [LayerScore(n, 0.0, 0.01) for n in "abcd"]
@@ -28,16 +26,36 @@ def test_the_search_stops_at_its_time_budget_with_the_best_plan_measured_by_then
 
     free = search(layers, infeasible)
     assert len(free.evaluations) > 1 and not free.out_of_time
-    late = search(layers, infeasible, deadline=time.monotonic() - 1)
+    late = search(layers, infeasible, stop=lambda: True)
     assert len(late.evaluations) == 1 and late.out_of_time  # the first evaluation is always made
+
+
+def test_the_time_budget_covers_the_whole_command_and_keeps_room_for_what_follows_the_search():
+    import time
+
+    from dtypelab.tuning.search import Evaluation, Limit
+
+    assert Limit(None).stop() is None  # no budget: the count alone bounds the search
+    limit = Limit(100.0)
+    assert not limit.stop()()  # nothing measured yet: the first evaluation is always allowed
+    limit.took.append(10.0)
+    assert not limit.stop(after=8)()  # 9 evaluations of 10 s fit in the 100 s left
+    assert limit.stop(after=10)()  # 11 do not: the last would end past the budget
+    assert not limit.stop(share=0.5, after=3)() and limit.stop(share=0.5, after=5)()  # half the time: 5 at most
+    late = Limit(100.0, began=time.monotonic() - 95.0)  # time spent before the search (loading, scoring) counts
+    late.took.append(10.0)
+    assert late.stop()()
+    timed = late.timed(lambda chosen: Evaluation(chosen, 1.0, 1.0, True))
+    timed(frozenset())
+    assert len(late.took) == 2 and late.took[-1] < 1.0
 
 
 def test_tune_says_when_its_time_budget_cut_the_search(tmp_path):
     report = dtypelab.tune(f"{TINY}:make_task", candidates="int8-dyn", min_cosine=0.999999, budget=0.001,
                            hardware=fake_hardware(int8=250.0))
     assert len(report.evaluations) == 1
-    assert any(n.startswith("The search stopped at its time budget (0.001 s) after 1 of at most") for n in
-               report.notes)
+    said = "The search stopped at the time budget (0.001 s for the whole command) after 1 of at most"
+    assert any(n.startswith(said) for n in report.notes)
     with pytest.raises(Exception, match="bad budget"):
         dtypelab.tune(f"{TINY}:make_task", budget="soon")
 

@@ -37,8 +37,9 @@ class TuneOptions(Options):
     weights: str | None = Field(None, description="fp32 state dict [default: the task's model as built]")
     seed: int = Field(0, description="seed of the model's initial weights and the batches")
     force: bool = Field(False, description="search with candidates measured to be pathologically slow here")
-    budget: Budget = budget_field("10m", "time for the search's full evaluations, beside their count (L + 2·log2 "
-                                         "L): none starts after it, and the plan is the best measured by then")
+    budget: Budget = budget_field("10m", "time for the whole command: the search, beside its count (L + 2·log2 L), "
+                                         "starts no full evaluation expected to end past it, and the plan is the "
+                                         "best measured by then")
     hardware: Any = hardware_field()
 
     @field_validator("tolerance")

@@ -93,6 +93,7 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
     tol = Tolerance.parse(opts.tolerance)
     progress = progress or (lambda text: None)
     start = time.perf_counter()
+    limit = Limit(parse_duration(opts.budget, "budget"))  # the whole command's time, loading the task included
     target = Target.of(task)
     task_obj = target.task()
     if mode == "train" and task_obj.inference_only:
@@ -124,7 +125,6 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
         notes += [f"{name}: left out, {why}; --force searches with it anyway" for name, why in slow.items()]
         cands = [p for p in cands if p.name not in slow]
     spec = target.spec
-    limit = Limit(parse_duration(opts.budget, "budget"))
     if not cands:
         report = _nothing_to_search(spec, task_obj, mode, slow, hw, min_cosine, tol, steps, batch_size)
     elif mode == "train":
@@ -198,15 +198,25 @@ def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
     choice = {s.name: get_policy(s.config) for s, _ in scored}
     budget = budget_for(len(scored))
     progress(f"searching: at most {budget} full evaluations")
-    result = search([s for s, _ in scored], _told(evaluator(bench, choice, min_cosine), budget, progress, ""), budget,
-                    alternatives(scored), deadline=limit.start())
+    # each candidate everywhere it applies is measured too, for comparison; the search's first plan is that
+    # already where one candidate takes every layer (the default), so only the others cost an evaluation after it
+    uniform_plans = {c.name: layer_plan({n: c for n in targets(bench.base_model, c)}) for c in cands}
+    whole = layer_plan(choice)
+    after = sum(dict(p.rules) != dict(whole.rules) for p in uniform_plans.values())
+    result = search([s for s, _ in scored], limit.timed(_told(evaluator(bench, choice, min_cosine), budget, progress,
+                                                              "")),
+                    budget, alternatives(scored), stop=limit.stop(after=after))
     limit.saw(result)
+    first = result.evaluations[0] if result.evaluations else None
     uniform = []
-    for cand in cands:  # each candidate everywhere it applies, measured the same way, for comparison
-        plan = layer_plan({n: cand for n in targets(bench.base_model, cand)})
-        timing, cos = bench.evaluate(plan)
-        e = evaluation(frozenset(n for n, _ in plan.rules), timing, cos, cos >= min_cosine,
-                       f"{cand.name} on every layer it applies to")
+    for cand in cands:
+        plan = uniform_plans[cand.name]
+        why = f"{cand.name} on every layer it applies to"
+        if first is not None and dict(plan.rules) == dict(layer_plan(chosen_configs(first.layers, choice)).rules):
+            e = replace(first, why=why)
+        else:
+            timing, cos = bench.evaluate(plan)
+            e = evaluation(frozenset(n for n, _ in plan.rules), timing, cos, cos >= min_cosine, why)
         uniform.append(_record(e, candidate=cand.name))
     best = result.best
     configs = chosen_configs(best.layers, choice) if best is not None else {}
@@ -259,12 +269,13 @@ def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
     sign = 1.0 if task_obj.higher_is_better else -1.0
     budget = budget_for(len(names))
     found: list[tuple[Plan, Any, list[tuple[LayerScore, str]]]] = []
-    for cand in cands:
+    for i, cand in enumerate(cands):
+        share = limit.stop(share=1 / (len(cands) - i))  # each candidate left gets an equal part of the time left
         progress(f"{cand.name}: probing {len(names)} layers ({bench.probe_steps} steps each)")
         scored = bench.score(names, cand, on_layer=lambda n, c=cand: progress(f"{c.name}: probed {n}"))
         progress(f"{cand.name}: searching, at most {budget} full evaluations of {steps} steps")
-        result = search([s for s, _ in scored], _told(train_evaluator(bench, cand, names), budget, progress,
-                                                      f"{cand.name}: "), budget, deadline=limit.start())
+        result = search([s for s, _ in scored], limit.timed(_told(train_evaluator(bench, cand, names), budget,
+                                                                  progress, f"{cand.name}: ")), budget, stop=share)
         limit.saw(result)
         found.append((cand, result, scored))
     winners = [(c, r) for c, r, _ in found if r.best is not None]

@@ -94,17 +94,38 @@ def budget_for(n_layers: int) -> int:
 
 @dataclass
 class Limit:
-    """The search's time budget: its deadline is set when the first search starts (scoring the layers is not
-    part of it), and whether any search stopped at it."""
+    """``--budget``: the whole command's time, from when it began. The search starts no full evaluation expected
+    to end past its share of what is left, keeping time for the evaluations that must follow it (each estimated
+    as the mean of those measured so far); the first evaluation of each search is always made."""
 
     budget_s: float | None
-    deadline: float | None = None
+    began: float = field(default_factory=time.monotonic)
+    took: list[float] = field(default_factory=list)  # seconds of each full evaluation so far
     hit: list[int] = field(default_factory=list)  # per search stopped by it: the evaluations it had made
 
-    def start(self) -> float | None:
-        if self.budget_s is not None and self.deadline is None:
-            self.deadline = time.monotonic() + self.budget_s
-        return self.deadline
+    def timed(self, evaluate: Callable[[frozenset[str]], Evaluation]) -> Callable[[frozenset[str]], Evaluation]:
+        def run(chosen: frozenset[str]) -> Evaluation:
+            t0 = time.monotonic()
+            try:
+                return evaluate(chosen)
+            finally:
+                self.took.append(time.monotonic() - t0)
+
+        return run
+
+    def stop(self, share: float = 1.0, after: int = 0) -> Callable[[], bool] | None:
+        """For ``search``: a search starting now may use ``share`` of the time left and must leave room for
+        ``after`` more full evaluations once it ends."""
+        if self.budget_s is None:
+            return None
+        now = time.monotonic()
+        end = now + max(0.0, self.began + self.budget_s - now) * share
+
+        def late() -> bool:
+            est = sum(self.took) / len(self.took) if self.took else 0.0
+            return time.monotonic() + est * (1 + after) > end
+
+        return late
 
     def saw(self, result: SearchResult) -> None:
         if result.out_of_time:
@@ -114,15 +135,16 @@ class Limit:
         if not self.hit or self.budget_s is None:
             return ()
         made = " and ".join(str(n) for n in self.hit)
-        return (f"The search stopped at its time budget ({self.budget_s:g} s) after {made} of at most {budget} full "
-                "evaluations: the plan is the best measured by then; --budget 0 lifts the limit.",)
+        return (f"The search stopped at the time budget ({self.budget_s:g} s for the whole command) after {made} of "
+                f"at most {budget} full evaluations: the plan is the best measured by then; --budget 0 lifts the "
+                "limit.",)
 
 
 def search(layers: Sequence[LayerScore], evaluate: Callable[[frozenset[str]], Evaluation],
            budget: int | None = None, alternatives: Mapping[str, Sequence[LayerScore]] | None = None,
-           deadline: float | None = None) -> SearchResult:
-    """Find the fastest feasible subset of ``layers`` to convert with at most ``budget`` evaluations, none started
-    after ``deadline`` (a ``time.monotonic()`` value; the first is always made).
+           stop: Callable[[], bool] | None = None) -> SearchResult:
+    """Find the fastest feasible subset of ``layers`` to convert with at most ``budget`` evaluations; ``stop()`` is
+    asked before each one after the first, and True ends the search (a time budget: see ``Limit.stop``).
     ``alternatives[name]``: other ways to convert that layer, each under its own unique name (which ``evaluate``
     then receives in place of ``name``), tried in refinement where the layer's first choice did not pay."""
     alternatives = alternatives or {}
@@ -140,7 +162,7 @@ def search(layers: Sequence[LayerScore], evaluate: Callable[[frozenset[str]], Ev
             return done[chosen]
         if len(done) >= budget:
             return None
-        if done and deadline is not None and time.monotonic() >= deadline:
+        if done and stop is not None and stop():
             late[0] = True
             return None
         e = replace(evaluate(chosen), why=why)
