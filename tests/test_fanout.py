@@ -112,7 +112,10 @@ def test_a_fanned_out_sweep_keeps_what_finished_and_a_rerun_picks_it_up(tmp_path
                    json_path=path)
     bf16, fp64 = report.result("bf16"), report.result("fp64")
     assert bf16.status == "failed" and "ended without a result" in bf16.reason
-    assert fp64.status == "ok" and fp64.ran_on and report.result("fp32").ran_on and report.rounds_on
+    assert fp64.status == "ok" and fp64.ran_on and report.result("fp32").ran_on
+    # the rounds ran on one place, said in the record, unless fp64 measured too slow to be chosen (on an AVX2 CPU
+    # its step here can be under 0.6x fp32's) left nothing to time in them
+    assert report.rounds_on or fp64.rounds_skip == "slower"
     assert fp64.init_fingerprint == report.result("fp32").init_fingerprint  # one set of initial weights
     assert any(n.startswith("Where each learning run went: fp32 on ") for n in report.recommendation.notes)
     saved = load_report(path)

@@ -138,6 +138,41 @@ def test_a_script_runs_as_itself_with_its_session_as_the_worker(tmp_path):
     assert never.ok and never.value is None and not never.started  # the capability says what is missing
 
 
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_a_script_forked_from_the_zygote_ends_as_a_fresh_interpreter_would(tmp_path, monkeypatch, fork):
+    """Forked (the default on a CPU machine) or fresh, a script gets the same exit code, its atexit hooks, its
+    threads joined and Python's usual Ctrl-C; a forked one starts from the zygote, which then keeps what it
+    imported that is heavy."""
+    monkeypatch.setenv("DTYPELAB_FORK", fork)
+    mark = tmp_path / "mark.txt"
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import atexit, os, signal, sys, threading, time\nimport numpy\nimport dtypelab\n"
+        f"mark = {str(mark)!r}\n"
+        "open(mark, 'w').write(str(os.getppid()) + ' ')\n"
+        "assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
+        "def late():\n    time.sleep(0.3)\n    open(mark, 'a').write('thread ')\n"
+        "threading.Thread(target=late).start()\n"
+        "atexit.register(lambda: open(mark, 'a').write('atexit'))\n"
+        "lab = dtypelab.session()\nlab.setup(__import__('torch').nn.Linear(2, 2))\n"
+        "lab.finish(accuracy=0.5)\nsys.exit(sys.argv[1] if sys.argv[1:] else None)\n")
+    job = {"plan": {"name": "fp32", "default": {"kind": "cast", "dtype": "float32"}, "rules": []}, "seed": 0,
+           "device": "cpu"}
+    launcher = ScriptLauncher(str(tmp_path))
+    assert launcher.forks(ScriptRun(str(script), (), 0, job)) == (fork == "1")
+    out = launcher.run(ScriptRun(str(script), (), 0, job, name="ok"), 60, lambda d, t: None)
+    assert out.ok and out.value["metrics"] == {"accuracy": 0.5}
+    parent, *rest = mark.read_text().split()
+    assert rest == ["thread", "atexit"]  # the thread was joined before the atexit hooks ran, as at a normal exit
+    assert (int(parent) != os.getpid()) == (fork == "1")  # forked: the zygote is its parent
+    bad = launcher.run(ScriptRun(str(script), ("no data found",), 0, job, name="bad"), 60, lambda d, t: None)
+    assert bad.status == "failed" and bad.reason == "the script exited with code 1: no data found"
+    if fork == "1":
+        from dtypelab.run.script import _zygote
+
+        assert "numpy" in _zygote().warm
+
+
 def test_target_decides_once_whether_a_task_or_a_script(tmp_path):
     assert Target.of("digits").kind == "task" and Target.of(f"{TINY}:make_task").kind == "task"
     assert Target.of(os.path.join(HERE, "scripts", "probe_script.py")).is_script

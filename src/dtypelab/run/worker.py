@@ -14,7 +14,13 @@ from dtypelab.run.outcome import failure
 
 # Libraries a worker may import that cost seconds each: a worker says which it loaded, and the zygote imports them
 # before it forks the next one (between workers, never while one runs). Only these: a user's modules never run there.
-WARM = ("numpy", "safetensors", "torchao", "transformers", "tokenizers", "ml_dtypes", "lightning", "pydantic")
+WARM = ("numpy", "safetensors", "torchao", "transformers", "tokenizers", "accelerate", "ml_dtypes", "lightning",
+        "sklearn", "pydantic")
+
+
+def heavy_modules() -> list[str]:
+    """Which of ``WARM`` this process has imported: a worker (or a script's session) says so at its end."""
+    return [m for m in WARM if m in sys.modules]
 
 
 def main() -> int:
@@ -34,7 +40,7 @@ def main() -> int:
         conn.send(("error", status, f"rank {rank}: {reason}" if "WORLD_SIZE" in os.environ else reason, rank))
         return 1
     # heavy libraries the work imported: a zygote loads them before it forks the next worker
-    conn.send(("modules", [m for m in WARM if m in sys.modules]))
+    conn.send(("modules", heavy_modules()))
     conn.send(("done", value, rank))
     conn.close()
     return 0

@@ -8,14 +8,18 @@ to be broken by ``fork``; it starts no thread; it never touches CUDA (CUDA work 
 ``ProcessLauncher``). Each worker starts a session of its own (so it and what it starts stop together), writes
 to its own log, and takes the launcher's environment and working directory of the moment.
 
-Protocol, one line each way: the launcher writes a JSON request (``env``, ``cwd``, ``log``, ``preload``) on the
-zygote's stdin; the zygote answers ``pid N`` once the worker exists and ``exit CODE`` when it has ended (a negative
-code: the signal that ended it, as ``subprocess`` reports it). Its stdin closing (the launcher gone) ends the zygote
-and any worker still running.
+A user's training script can start here too (``argv``): it then runs as ``python -m dtypelab.run.boot SCRIPT ARGS``
+would run it, down to its exit code, its ``atexit`` hooks and its threads joined on the way out.
+
+Protocol, one line each way: the launcher writes a JSON request (``env``, ``cwd``, ``log``, ``preload``, and
+``argv`` for a script) on the zygote's stdin; the zygote answers ``pid N`` once the worker exists and ``exit CODE``
+when it has ended (a negative code: the signal that ended it, as ``subprocess`` reports it). Its stdin closing (the
+launcher gone) ends the zygote and any worker still running.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import importlib
@@ -43,8 +47,10 @@ def _reply(text: str) -> None:
 
 
 def _child(req: dict[str, Any]) -> None:
-    """In the forked worker: its own session, log, directory and environment; then the worker's main. Never returns."""
+    """In the forked worker: its own session, log, directory and environment; then the worker's main, or with
+    ``argv`` a user's script run as ``python -m dtypelab.run.boot ARGV`` runs it. Never returns."""
     code = 1
+    script = "argv" in req
     try:
         os.setsid()
         fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -57,12 +63,29 @@ def _child(req: dict[str, Any]) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        code = worker.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        if script:
+            from dtypelab.run import boot
+
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # a script gets Python's usual Ctrl-C
+            sys.argv = ["-m", *req["argv"]]
+            boot.main()
+            code = 0
+        else:
+            code = worker.main()
+    except SystemExit as exc:  # as the interpreter ends on it: None is success, a message is printed and fails
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
     except BaseException:
         traceback.print_exc()
     finally:
+        if script:  # what an interpreter does on its way out: wait for the script's threads, run its atexit hooks
+            with contextlib.suppress(BaseException):
+                threading._shutdown()  # type: ignore[attr-defined]
+            with contextlib.suppress(BaseException):
+                atexit._run_exitfuncs()
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
@@ -167,13 +190,17 @@ class Zygote:
         line, self._buf = self._buf.split(b"\n", 1)
         return line.decode()
 
-    def fork(self, env: dict[str, str], log: str, preload: tuple[str, ...] = ()) -> Forked:
-        """A worker forked from the zygote, with ``env`` and the current directory, its output to ``log``."""
+    def fork(self, env: dict[str, str], log: str, preload: tuple[str, ...] = (),
+             argv: list[str] | None = None) -> Forked:
+        """A worker forked from the zygote, with ``env`` and the current directory, its output to ``log``; with
+        ``argv`` (a script and its arguments), that script run as ``dtypelab.run.boot`` runs it."""
         with self._lock:
             if self.proc is None or self.proc.poll() is not None or self._key != self._import_key():
                 self._start()
             assert self.proc is not None and self.proc.stdin is not None
             req = {"env": env, "cwd": os.getcwd(), "log": log, "preload": [*preload, *sorted(self.warm)]}
+            if argv is not None:
+                req["argv"] = argv
             self.proc.stdin.write((json.dumps(req) + "\n").encode())
             self.proc.stdin.flush()
             reply = self._line(READY_TIMEOUT_S)

@@ -35,7 +35,7 @@ from dtypelab.core.policies import BASELINE, Autocast, Plan, Precision, get_poli
 from dtypelab.core.scaler import ScalerLog
 from dtypelab.core.task import map_tensors, tensors
 from dtypelab.inference import serialize
-from dtypelab.run import connect
+from dtypelab.run import connect, heavy_modules
 from dtypelab.script.diagnose import Diagnosis
 
 PROGRESS_EVERY_S = 0.25
@@ -366,7 +366,9 @@ class Session:
         self._conn.send((kind, *payload))
 
     def _done(self, data: dict[str, Any]) -> None:
-        """The run's last word to the launcher: what it measured, or why it was skipped."""
+        """The run's last word to the launcher: what it measured, or why it was skipped (after which heavy
+        libraries the script imported, which the launcher's zygote then keeps for the next run)."""
+        self._conn.send(("modules", heavy_modules()))
         self._conn.send(("done", data, 0))
 
 
