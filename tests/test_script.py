@@ -179,6 +179,42 @@ def test_trace_and_audit_arm_on_the_scripts_own_loop(tmp_path):
     assert any(layer.name == "0" and layer.kind == "activation" for layer in audit.layers)
 
 
+@pytest.mark.slow
+def test_a_script_is_traced_from_its_bad_step_in_a_second_run_and_one_that_does_not_repeat_is_said(tmp_path):
+    """A clean script runs once, untraced; one that goes non-finite runs again with the tracer armed from that step
+    (the finding says how many steps ran untraced first); one whose NaN does not come back when run again from the
+    same seed is a failed trace that says so, and --every-step traces it in one run."""
+    runs = tmp_path / "runs.txt"
+    script = tmp_path / "flaky.py"
+    script.write_text(
+        "import os, sys, torch\nimport dtypelab\n"
+        f"runs = {str(runs)!r}\nopen(runs, 'a').write('run ')\n"
+        "once = os.path.getsize(runs) <= 4 if sys.argv[1] == 'once' else sys.argv[1] == 'always'\n"
+        "lab = dtypelab.session()\nmodel = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nmodel, opt = lab.setup(model, opt)\n"
+        "for step in range(6):\n"
+        "    out = model(torch.randn(8, 4))\n"
+        "    loss = (out - 1).pow(2).mean() + (torch.log(torch.zeros(())) if once and step == 3 else 0)\n"
+        "    lab.backward(loss)\n    opt.step()\n    opt.zero_grad()\n"
+        "lab.finish(loss=float(loss))\n")
+
+    def count() -> int:
+        n = runs.read_text().count("run") if runs.exists() else 0
+        runs.write_text("")
+        return n
+
+    clean = dtypelab.trace(str(script), script_args=["never"])
+    assert clean.status == "clean" and len(clean.losses) == 6 and count() == 1
+    found = dtypelab.trace(str(script), script_args=["always"])
+    assert found.status == "found" and found.finding.step == 3 and found.finding.replayed_steps == 3 and count() == 2
+    assert found.finding.origin.op == "aten.log"
+    flaky = dtypelab.trace(str(script), script_args=["once"])
+    assert flaky.status == "failed" and "does not repeat itself" in flaky.reason and "--every-step" in flaky.reason
+    runs.unlink()
+    every = dtypelab.trace(str(script), script_args=["once"], every_step=True)
+    assert every.status == "found" and every.finding.replayed_steps == 0 and count() == 1
+
+
 def _plain(script: str, *args: str) -> str:
     """The script's output run on its own, without dtypelab driving it."""
     env = {k: v for k, v in os.environ.items() if k != ENV_CHANNEL}

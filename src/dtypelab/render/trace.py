@@ -55,7 +55,11 @@ def trace_doc(report: TraceReport) -> Doc:
         if len(f.weight_max) > 1:
             (s0, w0), (s1, w1) = f.weight_max[0], f.weight_max[-1]
             rows.append(["weights", f"max |w| {num(w0, '.4g')} at step {s0} → {num(w1, '.4g')} at step {s1}"])
-        if report.live:
+        if report.live and f.replayed_steps:
+            rows.append(["traced", f"live, two runs: the first, untraced, went non-finite at step {f.step}; the "
+                                   f"second ran the script again from the same seed, its first {f.replayed_steps} "
+                                   f"step(s) untraced; step {f.step}: {f.ops_traced} ops in {f.trace_s:.2f} s"])
+        elif report.live:
             rows.append(["traced", f"live: every step of the script ran under the op tracer; step {f.step}: "
                                    f"{f.ops_traced} ops in {f.trace_s:.2f} s"])
         else:

@@ -18,4 +18,6 @@ class TraceOptions(TrainingOptions):
                                                                  "they cost ~2% of the time]")
     stop_on_skip: bool = Field(False, description="amp-fp16: trace the first step GradScaler skips (default: log "
                                                   "skips, stop only when the scale collapses below 1)")
+    every_step: bool = Field(False, description="script: trace every step in one run (several times slower) instead "
+                                                "of running it again traced from the step that went non-finite")
     script_args: tuple[str, ...] = script_args_field()

@@ -3,8 +3,10 @@ value's origin, plus GradScaler's history under amp-fp16."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -30,22 +32,14 @@ def trace(task: str | Task, options: TraceOptions | None = None, *, progress: Pr
     """Train ``steps`` steps (default: the task's) and stop at the first NaN/Inf in the loss, gradients or weights,
     naming the op that created it (``TraceOptions``, or its fields as keywords; see the guide). Under amp-fp16,
     steps GradScaler skips are logged, not errors, unless ``stop_on_skip`` or the scale collapses below 1. ``task``
-    may be a training script (see ``dtypelab.session``): it runs once with ``script_args``, every step traced, until
-    its first NaN/Inf."""
+    may be a training script (see ``dtypelab.session``): it runs with ``script_args`` untraced until its first NaN/Inf,
+    then once more from the same seed with the tracer armed from that step (``every_step``: once, every step
+    traced)."""
     opts = TraceOptions.build(options, **settings)
     check_writable(opts.json_path)
     target = Target.of(task)
     if target.is_script:
-        text, out = diagnose_script(target, opts.policy, TraceDiagnosis(), args=tuple(opts.script_args),
-                                    device=opts.device, seed=opts.seed, on_step=progress)
-        env = script_environment(environment, opts.device, opts.hardware)
-        if text is None:
-            report = TraceReport(TraceConfig(task=target.spec, policy=str(opts.policy), steps=0, batch_size=0,
-                                             seed=opts.seed, device=str(opts.device or ""), checkpoint_every=0,
-                                             stop_on_skip=False),
-                                 env, status="failed", reason=out.reason or out.status, wall_s=out.wall_s)
-        else:
-            report = script_record(TraceReport, text, target.spec, env)
+        report = _trace_script(target, opts, progress, environment)
         if opts.json_path:
             report.save(opts.json_path)
         return report
@@ -92,6 +86,36 @@ def trace(task: str | Task, options: TraceOptions | None = None, *, progress: Pr
     if status == "interrupted":
         raise KeyboardInterrupt
     return report
+
+
+def _trace_script(target: Target, opts: TraceOptions, progress: Progress | None,
+                  environment: dict[str, Any] | None) -> TraceReport:
+    """A script: untraced until a step goes non-finite, then again with the tracer armed from that step (see
+    ``tracing.script``); ``every_step``: one run, every step traced."""
+    start = time.perf_counter()
+
+    def run(arm_at: int | None) -> tuple[str | None, Any]:
+        return diagnose_script(target, opts.policy, TraceDiagnosis(arm_at), args=tuple(opts.script_args),
+                               device=opts.device, seed=opts.seed, on_step=progress)
+
+    text, out = run(0 if opts.every_step else None)
+    first = json.loads(text) if text is not None else None
+    if first is not None and "bad_step" in first:  # untraced, it went non-finite there: trace that step
+        text, out = run(first["bad_step"])
+        again = json.loads(text) if text is not None else None
+        if again is not None and again.get("status") != "found":  # clean, or non-finite elsewhere, untraced
+            seen = f"step {again['bad_step']}" if "bad_step" in again else "no step"
+            text, out = None, replace(out, status="failed", reason=(
+                f"the script went non-finite at step {first['bad_step']} ({first['trigger']}), but when run again "
+                f"from the same seed with the op tracer armed from that step, {seen} did: it does not repeat itself "
+                "(unseeded data order, non-deterministic kernels?); --every-step traces every step in one run"))
+    env = script_environment(environment, opts.device, opts.hardware)
+    if text is None:
+        return TraceReport(TraceConfig(task=target.spec, policy=str(opts.policy), steps=0, batch_size=0,
+                                       seed=opts.seed, device=str(opts.device or ""), checkpoint_every=0,
+                                       stop_on_skip=False),
+                           env, status="failed", reason=out.reason or out.status, wall_s=time.perf_counter() - start)
+    return replace(script_record(TraceReport, text, target.spec, env), wall_s=time.perf_counter() - start)
 
 
 __all__ = ["Finding", "Guard", "NonFiniteError", "TraceOptions", "trace"]

@@ -93,7 +93,9 @@ class TraceReport(Record):
     scaler: ScalerStats = field(default_factory=dict)  # GradScaler history (amp-fp16)
     checkpoint_every: int = 0  # the interval used
     checkpoint_s: float = 0.0  # time to take one checkpoint
-    live: bool = False  # a training script: every step traced as it ran (no checkpoint, no replay)
+    # a training script, traced as it ran (no checkpoint): every step, or (finding.replayed_steps > 0) a second run of
+    # the script from the same seed, untraced up to the step the first run went non-finite at
+    live: bool = False
     wall_s: float = 0.0
     created: str = ""
     schema_version: int = TRACE_VERSION
