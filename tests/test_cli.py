@@ -1,4 +1,5 @@
-"""The command line end to end, in real subprocesses, as a user runs it."""
+"""The command line end to end, in real subprocesses, as a user runs it (the many one-line mistakes through
+click's test runner in this process, a few of them in a real process too)."""
 
 from __future__ import annotations
 
@@ -89,10 +90,24 @@ def test_bench_then_show_end_to_end(tmp_path):
     (("trace", SCRIPT, "stray"), "unexpected argument: stray"),
 ])
 def test_user_mistakes_get_one_line_and_nonzero_exit(args, message):
-    run = dtypelab(*args)
-    assert run.returncode == 2
+    """In this process through click's test runner (the same app, error handling and stderr; a subprocess each
+    would cost ~3 s of interpreter and torch start-up per case): the next test runs some of them as a user would."""
+    from typer.testing import CliRunner
+
+    from dtypelab.cli import app
+
+    run = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    assert run.exit_code == 2, (run.stderr, run.exception)
     assert message in run.stderr
     assert "Traceback" not in run.stderr and run.stderr.strip().count("\n") == 0, run.stderr
+
+
+def test_user_mistakes_in_a_real_process_are_one_line_too():
+    for args, message in ((("bench", "missing.py:make_task"), "task file not found: missing.py"),
+                          (("trace", SCRIPT, "stray"), "unexpected argument: stray")):
+        run = dtypelab(*args)
+        assert run.returncode == 2 and message in run.stderr, run.stderr
+        assert "Traceback" not in run.stderr and run.stderr.strip().count("\n") == 0, run.stderr
 
 
 def test_a_disturbed_probe_leaves_a_user_mistake_one_line(tmp_path):
