@@ -96,8 +96,8 @@ class ScriptLauncher:
         library that asked CUDA for its devices cannot hand CUDA to a forked child) and the job is a CPU one."""
         import torch
 
-        device = str((run.payload or {}).get("device") or "cpu") if isinstance(run.payload, dict) else "cpu"
-        return (ProcessLauncher.forks(types.SimpleNamespace(device=device)) and not run.env
+        device = run.payload.get("device") if isinstance(run.payload, dict) else None
+        return (ProcessLauncher.forks(types.SimpleNamespace(device=str(device or "cpu"))) and not run.env
                 and not torch.cuda.is_available())
 
     def run(self, run: ScriptRun, timeout_s: float, on_step: OnStep) -> Outcome:
