@@ -153,6 +153,23 @@ def start(cmd: list[str], channel: Channel, log: str, env: dict[str, str] | None
                                 cwd=os.getcwd(), start_new_session=True)
 
 
+def launch(cmd: list[str], channel: Channel, log: str, *, env: dict[str, str] | None = None,
+           zygote: Zygote | None = None, preload: tuple[str, ...] = (), argv: list[str] | None = None) -> Any:
+    """A worker: forked from ``zygote`` where one is given and answers, else ``cmd`` started fresh (the same work,
+    slower). Either way with ``env`` and the channel in its environment."""
+    if zygote is not None:
+        with contextlib.suppress(OSError):
+            return zygote.fork({**os.environ, **(env or {}), **channel.env, "PYTHONUNBUFFERED": "1"}, log,
+                               preload=preload, argv=argv)
+    return start(cmd, channel, log, env=env)
+
+
+def keep_warm(zygote: Zygote | None, out: Outcome) -> None:
+    """The heavy libraries the worker said it imported: ``zygote`` loads them before it forks the next one."""
+    if zygote is not None and out.messages.get("modules"):
+        zygote.warm.update(out.messages["modules"][0])
+
+
 def log_path(directory: str, name: str) -> str:
     import re
 
@@ -197,20 +214,16 @@ class ProcessLauncher:
         logs = self.logs or getattr(work, "workdir", None) or tempfile.gettempdir()
         with Channel(work) as channel:
             log = log_path(logs, f"{work.name}-{os.getpid()}")
-            proc: Any = None
+            zygote, module = None, type(work).__module__  # a capability's job module; never a user's module
             if self.forks(work):
                 if self._zygote is None:
                     self._zygote = Zygote()
                     atexit.register(self._zygote.close)
-                with contextlib.suppress(OSError):  # no zygote: a fresh interpreter does the same work, slower
-                    module = type(work).__module__  # a capability's job module; never a user's module
-                    proc = self._zygote.fork({**os.environ, **channel.env, "PYTHONUNBUFFERED": "1"}, log,
-                                             preload=(module,) if module.startswith("dtypelab.") else ())
-            if proc is None:
-                proc = start([sys.executable, "-m", "dtypelab.run.worker"], channel, log)
+                zygote = self._zygote
+            proc = launch([sys.executable, "-m", "dtypelab.run.worker"], channel, log, zygote=zygote,
+                          preload=(module,) if module.startswith("dtypelab.") else ())
             out = Watch(proc, channel, log, timeout_s, on_step).follow()
-        if self._zygote is not None and out.messages.get("modules"):
-            self._zygote.warm.update(out.messages["modules"][0])
+        keep_warm(zygote, out)
         return out
 
 

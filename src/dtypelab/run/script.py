@@ -11,7 +11,7 @@ script that never created a session from one that never finished it).
 from __future__ import annotations
 
 import atexit
-import contextlib
+import functools
 import os
 import sys
 import types
@@ -21,7 +21,7 @@ from typing import Any
 
 from dtypelab.run.boot import ENV_SEED
 from dtypelab.run.channel import Channel
-from dtypelab.run.launchers import OnStep, ProcessLauncher, Watch, log_path, start
+from dtypelab.run.launchers import OnStep, ProcessLauncher, Watch, keep_warm, launch, log_path
 from dtypelab.run.outcome import Outcome, death_reason, last_line
 from dtypelab.run.worker import WARM
 from dtypelab.run.zygote import Zygote
@@ -41,14 +41,12 @@ class ScriptRun:
     on_message: Callable[[tuple[Any, ...]], None] | None = None  # the session's own kinds, as they arrive
 
 
-_ZYGOTE: list[Zygote] = []  # the scripts' own zygote (warmed with what scripts import: Lightning, transformers)
-
-
+@functools.cache
 def _zygote() -> Zygote:
-    if not _ZYGOTE:
-        _ZYGOTE.append(Zygote())
-        atexit.register(_ZYGOTE[0].close)
-    return _ZYGOTE[0]
+    """The scripts' own zygote (warmed with what scripts import: Lightning, transformers), one per process."""
+    zygote = Zygote()
+    atexit.register(zygote.close)
+    return zygote
 
 
 # dtypelab's integrations import these for a script that names only them
@@ -106,16 +104,10 @@ class ScriptLauncher:
         zygote = _zygote() if self.forks(run) else None
         with Channel(run.payload) as channel:
             log = log_path(self.logs, run.name)
-            proc: Any = None
-            if zygote is not None:
-                with contextlib.suppress(OSError):  # no zygote: a fresh interpreter does the same, slower
-                    proc = zygote.fork({**os.environ, **env, **channel.env, "PYTHONUNBUFFERED": "1"}, log,
-                                       preload=named_heavy_modules(run.path), argv=argv)
-            if proc is None:
-                proc = start([sys.executable, "-m", "dtypelab.run.boot", *argv], channel, log, env=env)
+            proc = launch([sys.executable, "-m", "dtypelab.run.boot", *argv], channel, log, env=env, zygote=zygote,
+                          preload=named_heavy_modules(run.path) if zygote is not None else (), argv=argv)
             out = Watch(proc, channel, log, timeout_s, on_step, run.on_message).follow()
-        if zygote is not None and out.messages.get("modules"):
-            zygote.warm.update(out.messages["modules"][0])
+        keep_warm(zygote, out)
         if out.status == "timeout":
             return out
         rc = proc.returncode

@@ -201,8 +201,9 @@ def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
     # each candidate everywhere it applies is measured too, for comparison; the search's first plan is that
     # already where one candidate takes every layer (the default), so only the others cost an evaluation after it
     uniform_plans = {c.name: layer_plan({n: c for n in targets(bench.base_model, c)}) for c in cands}
-    whole = layer_plan(choice)
-    after = sum(dict(p.rules) != dict(whole.rules) for p in uniform_plans.values())
+    whole = dict(layer_plan(choice).rules)  # the search's first plan: every layer in its first choice
+    reused = {name for name, p in uniform_plans.items() if dict(p.rules) == whole}
+    after = len(cands) - len(reused)
     result = search([s for s, _ in scored], limit.timed(_told(evaluator(bench, choice, min_cosine), budget, progress,
                                                               "")),
                     budget, alternatives(scored), stop=limit.stop(after=after))
@@ -212,7 +213,7 @@ def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
     for cand in cands:
         plan = uniform_plans[cand.name]
         why = f"{cand.name} on every layer it applies to"
-        if first is not None and dict(plan.rules) == dict(layer_plan(chosen_configs(first.layers, choice)).rules):
+        if first is not None and cand.name in reused:
             e = replace(first, why=why)
         else:
             timing, cos = bench.evaluate(plan)
