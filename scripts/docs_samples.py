@@ -95,10 +95,10 @@ def main() -> None:
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args()
     if args.list:
-        print("\n".join([*COMMANDS, "cli", "machine"]))
+        print("\n".join([*COMMANDS, "cli", "machine", "gpu"]))
         return
     os.makedirs(SAMPLES, exist_ok=True)
-    wanted = set(args.only or [*COMMANDS, "cli", "machine"])
+    wanted = set(args.only or [*COMMANDS, "cli", "machine", "gpu"])
     if "machine" in wanted:
         with open(os.path.join(SAMPLES, "machine.txt"), "w") as f:
             f.write(machine())
@@ -108,6 +108,14 @@ def main() -> None:
             with open(os.path.join(SAMPLES, f"{name}.txt"), "w") as f:
                 f.write(text)
             readme(name, text)
+    if "gpu" in wanted:  # the committed GPU records (benchmarks/gpu_records.py), re-rendered: no GPU needed here
+        results = os.path.join(ROOT, "benchmarks", "results")
+        for gpu in sorted(os.listdir(results)) if os.path.isdir(results) else []:
+            for run_name in ("hardware", "train", "infer", "profile", "tune-infer", "tune-train", "nproc1"):
+                record = os.path.join("benchmarks", "results", gpu, f"{run_name}.json")
+                if run_name != "hardware" and os.path.exists(os.path.join(ROOT, record)):
+                    with open(os.path.join(SAMPLES, f"gpu-{gpu}-{run_name}.txt"), "w") as f:
+                        f.write(run(f"dtypelab show {record}"))
     if "cli" in wanted:
         for cmd in CLI:
             with open(os.path.join(SAMPLES, f"cli-{cmd}.txt"), "w") as f:

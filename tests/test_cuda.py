@@ -91,3 +91,119 @@ def test_profile_on_cuda_times_kernels_and_counts_flops(tiny):
     assert sum(p.phases.values()) == pytest.approx(p.step_s, rel=0.05)
     assert p.categories["matmul"] > 0 and p.dtype_flops.get("bfloat16", 0) > 0 and p.utilisation > 0
     assert any(o.category == "matmul" and o.dtypes == "bfloat16" for o in p.ops)
+
+
+# --- GPU-native formats: float8 training, float8 dynamic and int4 weight-only inference -----------------------------
+
+def _needs(cc: tuple[int, int]) -> None:
+    if torch.cuda.get_device_capability() < cc:
+        pytest.skip(f"needs compute capability {cc[0]}.{cc[1]} (this GPU: {torch.cuda.get_device_name()})")
+
+
+class _Wide(torch.nn.Module):
+    """Linear layers wide enough that float8 pays by torchao's own thresholds, and int4's group size divides."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down, self.head = (torch.nn.Linear(1024, 4096), torch.nn.Linear(4096, 2048),
+                                         torch.nn.Linear(2048, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.down(torch.relu(self.up(x)))))
+
+
+def wide_task():
+    from dtypelab import Task
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2048, 1024, generator=g), torch.randn(1024, 16, generator=g)
+    y = (x @ w).argmax(1)
+
+    def evaluate(predict):
+        return {"accuracy": (predict(x[:512]).argmax(1) == y[:512]).float().mean().item()}
+
+    def batch(step: int, size: int):
+        start = (step * size) % 2048
+        return x[start:start + size], y[start:start + size]
+
+    return Task(name="wide", make_model=_Wide, train_batch=batch,
+                loss_fn=torch.nn.functional.cross_entropy, evaluate=evaluate, metric="accuracy", steps=30,
+                batch_size=256, infer_batch=lambda n: x[:n])
+
+
+def test_float8_training_runs_compiled_and_records_its_layers():
+    _needs((8, 9))
+    report = bench(wide_task(), "fp8-tensorwise,fp8-rowwise", device="cuda", steps=20, rounds=0)
+    tw = report.result("fp8-tensorwise")
+    assert tw.status == "ok", tw.reason
+    assert set(tw.conversion["converted"]) == {"up", "down"}  # head: 16 outputs, too small / not a multiple of 16
+    assert [e["layer"] for e in tw.conversion["left_out"]] == ["head"]
+    rw = report.result("fp8-rowwise")  # rowwise pays only above 2048 out and 1024 in: no layer here, and it says so
+    assert rw.status == "ok" and rw.conversion["converted"] == [] and len(rw.conversion["left_out"]) == 3
+    assert report.result("fp32+compile") is not None  # its fair baseline beside it
+
+
+@pytest.mark.parametrize("name", ["fp8-dyn-row", "fp8-dyn-tensor", "int4-wo"])
+def test_gpu_quantized_inference(name):
+    _needs((8, 9) if name.startswith("fp8") else (8, 0))
+    report = bench(wide_task(), name, mode="infer", device="cuda", steps=5)
+    r = report.result(name)
+    assert r.status == "ok", r.reason
+    # expected SQNR: e4m3 (3 mantissa bits) on weights and activations ~ 25-30 dB; int4 in groups of 128 ~ 18-24 dB
+    low = 15 if name == "int4-wo" else 20
+    assert low < r.fidelity["sqnr_db"] < 60, r.fidelity  # < 60: it really was quantized
+    if name == "int4-wo":
+        assert r.conversion["converted"] == ["up", "down", "head"]
+
+
+@pytest.mark.parametrize("name", ["fp8-tensorwise", "fp8-rowwise", "fp8-dyn-row", "fp8-dyn-tensor", "int4-wo"])
+def test_gpu_only_policies_restore_globals(name, tiny):
+    import tempfile
+
+    from test_policies import global_state
+
+    from dtypelab.core.policies import get_policy
+    from dtypelab.sweep.job import Job, run_job
+
+    plan = get_policy(name)
+    _needs((8, 0) if name == "int4-wo" else (8, 9))
+    mode = plan.modes[0]
+    before = global_state()
+    with tempfile.TemporaryDirectory() as wd:
+        if mode == "infer":
+            run_job(Job(tiny, "fp32", "reference", 3, 8, 1, 0, "cuda", wd))
+        result = run_job(Job(tiny, name, mode, 3, 8, 1, 0, "cuda", wd))
+    assert result.ran, result.reason
+    assert global_state() == before
+
+
+def test_probe_on_cuda_times_fp8_and_knows_its_rated_peak():
+    hw = probe("cuda", budget_s=0.05)
+    if hw.cuda_capability >= (8, 9):
+        assert hw.gflops["fp8"] > hw.gflops["bfloat16"]  # float8 tensor cores: about twice bfloat16's rate
+    if hw.rated_tflops:
+        assert 0.2 < hw.gflops["bfloat16"] / hw.rated("bfloat16") < 1.05, hw.gflops
+
+
+def test_profile_on_cuda_reports_mfu(tiny):
+    import dtypelab
+
+    p = dtypelab.profile(tiny, "amp-bf16", device="cuda", steps=3, warmup=3)
+    hw = probe("cuda", budget_s=0.02)
+    if hw.rated_tflops:
+        assert p.mfu is not None and 0 < p.mfu < 1 and p.mfu_key == "bfloat16"
+
+
+def test_gpt2_full_size_on_the_gpu():
+    import os
+
+    from dtypelab.core.task import load_task
+    from dtypelab.core.tasks import gpt2
+
+    assert "GPT-2-small shape" in load_task("gpt2").description or os.environ.get("DTYPELAB_GPT2_SIZE")
+    model = gpt2.GPT(gpt2.FULL).cuda()
+    assert sum(p.numel() for p in model.parameters()) == gpt2.FULL.parameters
+    x = gpt2.Chain(gpt2.FULL).sample(2, 0)[:, :-1].cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(x)
+    assert logits.shape == (2, gpt2.FULL.seq, gpt2.FULL.vocab)

@@ -20,7 +20,7 @@ from dtypelab.inference.sizes import linear_weight_bytes, serialize, tensor_byte
 from dtypelab.render.bench import render
 from dtypelab.sweep.listing import policy_table
 
-QUANT = [n for n, c in REGISTRY.items() if c.modes == ("infer",)]
+QUANT = [n for n, c in REGISTRY.items() if c.modes == ("infer",) and not c.gpu_only]  # GPU ones: test_cuda.py
 # Lowest acceptable output SQNR on the MLP below. Expected from the formats: int8 with a scale per row has
 # ~7 significant bits (~40 dB per matmul, less once activations are quantized too); e4m3 has 4 (~28 dB).
 MIN_SQNR_DB = {"int8-dyn": 32, "int8-dyn-compile": 32, "int8-wo": 40, "fp8-wo": 24,
@@ -145,7 +145,8 @@ def test_unsupported_here_is_skipped_with_the_reason(tiny, monkeypatch):
     assert not why.ok and "CPU only" in why.reason
     monkeypatch.setattr(configs, "torchao_missing", lambda: "torchao cannot be imported (planted)")
     bench_module = sys.modules["dtypelab.sweep.sweep"]  # the package's `bench` attribute is the function
-    monkeypatch.setattr(bench_module, "default_policies", lambda mode: ["fp32", "int8-dyn", "int8-dyn-legacy"])
+    monkeypatch.setattr(bench_module, "default_policies",
+                        lambda mode, device="cpu": ["fp32", "int8-dyn", "int8-dyn-legacy"])
     report = bench(tiny, mode="infer", steps=2, warmup=1, isolate=False, hardware=fake_hardware())
     skipped = report.result("int8-dyn")
     assert skipped.status == "skipped" and skipped.reason == "torchao cannot be imported (planted)"

@@ -113,13 +113,17 @@ def _hardware(opts: HardwareOptions, cli: dict[str, Any]) -> None:
     if hw.cuda_capability:
         lines.append(f"cuda        capability {hw.cuda_capability[0]}.{hw.cuda_capability[1]}")
     ref = hw.gflops.get("float32")
-    lines.append("throughput  GFLOP/s of an n×n matmul (quantized kernels: the same count of multiply-adds)")
+    lines.append("throughput  GFLOP/s of an n×n matmul (quantized kernels: the same count of multiply-adds)"
+                 + (f"; of rated: against the {hw.rated_source} peak" if hw.rated_tflops else ""))
     for key, gflops in hw.gflops.items():
         native = {True: "native", False: "not native", None: ""}[hw.native(key)]
         ratio = f"{gflops / ref:6.2f}x fp32" if ref else ""
+        rated = hw.rated(key)
+        of_rated = (f"{gflops / rated:4.0%} of {rated / 1e3:g} TFLOP/s  " if rated else "") if hw.rated_tflops else ""
         what = KERNEL_LABELS.get(key, "")
         slow = hw.slow_reason(key)
-        lines.append(f"  {key:17s} {gflops:9.3g}  {ratio}  {native:10s} {what}{'  — ' + slow if slow else ''}".rstrip())
+        lines.append(f"  {key:17s} {gflops:9.3g}  {ratio}  {native:10s} {of_rated}{what}"
+                     f"{'  — ' + slow if slow else ''}".rstrip())
     if hw.disturbed:
         lines.append(f"caution     the probe was disturbed ({hw.disturbed}): these figures are not reliable")
     for line in lines:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shlex
 import sys
 import time
@@ -28,8 +29,9 @@ PROBE_DTYPES = ("float64", "float32", "bfloat16", "float16")
 # dynamic-quantization path calls on CPU and CUDA (torch._int_mm: oneDNN with VNNI, else a plain loop);
 # "int8-fbgemm": torch.ao's packed dynamic linear; the weight-only ones: weights converted to float32 for
 # every call, then a float32 matmul, as torchao 0.18 runs them on CPU.
-KERNEL_PROBES = ("int8", "int8-fbgemm", "int8-weight-only", "fp8-weight-only")
+KERNEL_PROBES = ("fp8", "int8", "int8-fbgemm", "int8-weight-only", "fp8-weight-only")
 KERNEL_LABELS = {
+    "fp8": "float8 e4m3 × e4m3 matmul (torch._scaled_mm: tensor cores, bfloat16 out)",
     "int8": "int8 × int8 matmul (torch._int_mm, torchao's eager path)",
     "int8-fbgemm": "torch.ao dynamic int8 linear (fbgemm/x86)",
     "int8-weight-only": "int8 weight-only linear (weights to float32 per call)",
@@ -37,6 +39,30 @@ KERNEL_LABELS = {
 }
 # A policy whose compute dtype (or kernel) runs below this fraction of fp32 throughput is "pathologically slow".
 SLOW_RATIO = 0.1
+
+# Rated dense peaks (no structured sparsity), TFLOP/s (TOPS for int8), from NVIDIA's datasheets, per probe key; the
+# first pattern that matches torch.cuda.get_device_name() wins. float64: the FP64 tensor-core figure, which cuBLAS's
+# DGEMM uses. What the probe and --profile report achieved FLOP/s against (MFU); unknown devices get none.
+RATED_TFLOPS: tuple[tuple[str, str, dict[str, float]], ...] = (
+    (r"H100.*PCIe", "H100 PCIe", {"float64": 51, "float32": 51, "tf32": 378, "bfloat16": 756, "float16": 756,
+                                  "fp8": 1513, "int8": 1513}),
+    (r"H[12]00.*NVL", "H100/H200 NVL", {"float64": 60, "float32": 60, "tf32": 417.5, "bfloat16": 835.5,
+                                        "float16": 835.5, "fp8": 1670.5, "int8": 1670.5}),
+    (r"H100|H200|GH200", "H100/H200 SXM", {"float64": 67, "float32": 67, "tf32": 494.5, "bfloat16": 989.5,
+                                            "float16": 989.5, "fp8": 1979, "int8": 1979}),
+    (r"A100", "A100", {"float64": 19.5, "float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312, "int8": 624}),
+    (r"L40S", "L40S", {"float32": 91.6, "tf32": 183, "bfloat16": 362, "float16": 362, "fp8": 733, "int8": 733}),
+    (r"\bL4\b", "L4", {"float32": 30.3, "tf32": 60, "bfloat16": 121, "float16": 121, "fp8": 242.5, "int8": 242.5}),
+    (r"\bA10\b", "A10", {"float32": 31.2, "tf32": 62.5, "bfloat16": 125, "float16": 125, "int8": 250}),
+)
+
+
+def rated_peaks(device_name: str) -> tuple[str, dict[str, float]]:
+    """(which datasheet, its dense peak TFLOP/s per probe key) for a CUDA device's name; ("", {}) when unknown."""
+    for pattern, label, peaks in RATED_TFLOPS:
+        if re.search(pattern, device_name):
+            return f"{label} (NVIDIA datasheet, dense)", dict(peaks)
+    return "", {}
 
 
 @dataclass(frozen=True)
@@ -52,6 +78,8 @@ class HardwareInfo:
     # What other processes did during the probe when they disturbed it even after re-probing ("" when quiet): its
     # figures then decide nothing on their own (no policy is skipped as slow, nor run because it looked fast).
     disturbed: str = ""
+    rated_tflops: dict[str, float] = field(default_factory=dict)  # the datasheet's dense peaks (GPUs it knows)
+    rated_source: str = ""  # which datasheet they are from
 
     @property
     def is_cuda(self) -> bool:
@@ -61,13 +89,13 @@ class HardwareInfo:
         """Whether the device computes in this format natively (None: unknown or not an arithmetic type)."""
         if dtype in ("float32", "float64"):
             return True
-        fp8 = dtype in ("float8_e4m3fn", "float8_e5m2")
+        fp8 = dtype in ("float8_e4m3fn", "float8_e5m2", "fp8")
         if self.is_cuda:
             cc = self.cuda_capability or (0, 0)
             return {"float16": cc >= (5, 3), "bfloat16": cc >= (8, 0), "tf32": cc >= (8, 0),
                     "int8": cc >= (6, 1)}.get(dtype, cc >= (8, 9) if fp8 else None)
         flags = set(self.cpu_flags)
-        if dtype in ("tf32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+        if dtype in ("tf32", "fp8", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
             return False  # no CPU instruction set computes these; PyTorch converts around float32
         if dtype in ("int8", "uint8"):  # int8 dot products: VNNI / AMX (torch._int_mm needs them for oneDNN)
             return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8", "asimddp"})
@@ -76,6 +104,11 @@ class HardwareInfo:
         if dtype == "float16":
             return bool(flags & {"avx512_fp16", "amx_fp16", "fphp", "asimdhp"})
         return None
+
+    def rated(self, key: str) -> float | None:
+        """The datasheet's dense peak for a probe key, in GFLOP/s (None: not rated, or an unknown device)."""
+        t = self.rated_tflops.get(key)
+        return t * 1e3 if t else None
 
     def slow_reason(self, dtype: str) -> str | None:
         """A measured reason why computing in dtype here is pathologically slow, or None."""
@@ -174,6 +207,13 @@ def _timed_gflops(fn: Callable[[], Any], n: int, sync: Callable[[], None], budge
 def _kernel(key: str, dev: torch.device, n: int, flags: tuple[str, ...]) -> Callable[[], Any] | None:
     """A zero-argument call of the kernel a quantized policy runs, on n×n operands; None where it has none."""
     g = torch.Generator().manual_seed(0)
+    if key == "fp8":
+        if dev.type != "cuda" or torch.cuda.get_device_capability(dev) < (8, 9):
+            return None  # no float8 tensor cores: the fp8 policies say so themselves
+        a8 = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn)
+        b8 = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn).t()  # _scaled_mm wants it column-major
+        one = torch.ones((), device=dev)
+        return lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
     x = torch.randn(n, n, generator=g).to(dev)
     w8 = torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8).to(dev)
     scales = (torch.rand(n, generator=g) / 64).to(dev)
@@ -208,9 +248,11 @@ def probe(device: str | torch.device | None = None, budget_s: float = 0.1) -> Ha
         cc = torch.cuda.get_device_capability(dev)
         name = torch.cuda.get_device_name(dev)
     gflops: dict[str, float] = {}
-    n = 2048 if dev.type == "cuda" else 256
+    # a GPU needs large products to approach its peak (launch overhead hides the tensor cores below ~4096)
+    n = 8192 if dev.type == "cuda" else 256
     for dtype_name in PROBE_DTYPES:
-        gflops[dtype_name] = _matmul_gflops(getattr(torch, dtype_name), dev, n, budget_s)
+        size = min(n, 4096) if dtype_name == "float64" else n  # a consumer GPU's float64 is 1/64 rate
+        gflops[dtype_name] = _matmul_gflops(getattr(torch, dtype_name), dev, size, budget_s)
     if dev.type == "cuda" and cc >= (8, 0):
         prev = torch.backends.cuda.matmul.fp32_precision
         torch.backends.cuda.matmul.fp32_precision = "tf32"
@@ -226,10 +268,12 @@ def probe(device: str | torch.device | None = None, budget_s: float = 0.1) -> Ha
                 gflops[key] = _timed_gflops(fn, n, sync, budget_s)
         except (RuntimeError, NotImplementedError, AttributeError):
             pass  # this torch build lacks the kernel (no quantized engine, no _int_mm): the policy says so itself
+    source, rated = rated_peaks(name) if dev.type == "cuda" else ("", {})
     return HardwareInfo(
         device=str(dev), device_name=name, cpu_name=cpu_name, cpu_flags=flags,
         cpu_capability=torch.backends.cpu.get_cpu_capability(), cuda_capability=cc,
         threads=torch.get_num_threads(), gflops={k: round(v, 3) for k, v in gflops.items()},
+        rated_tflops=rated, rated_source=source,
     )
 
 

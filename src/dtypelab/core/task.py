@@ -119,6 +119,7 @@ BUILTIN = {
     "digits": "dtypelab.core.tasks.digits:make_task",
     "checkerboard": "dtypelab.core.tasks.checkerboard:make_task",
     "charlm": "dtypelab.core.tasks.charlm:make_task",
+    "gpt2": "dtypelab.core.tasks.gpt2:make_task",  # GPT-2-small shape on a GPU, reduced elsewhere
     "minilm": "dtypelab.core.tasks.minilm:make_task",  # optional extra: dtypelab[minilm]
 }
 

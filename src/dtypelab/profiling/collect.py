@@ -14,7 +14,7 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -82,6 +82,7 @@ class Profiler:
     peaks: dict[str, float]
     timed_step_s: float | None = None
     trace_file: str | None = None
+    rated: dict[str, float] = field(default_factory=dict)  # the device's rated peaks (TFLOP/s), for the MFU
 
     def run(self, mode: str, step_fn: Callable[[int, Callable[[str], Any]], None]) -> ProfileSummary:
         cuda = self.device.type == "cuda"
@@ -117,7 +118,8 @@ class Profiler:
                 events, dtypes=dtypes, mode=mode, steps=self.steps, walls=walls, phases=dict(marks.seconds), cuda=cuda,
                 peaks=self.peaks, tf32=any(c.compute_dtype == "tf32" for c in plan.configs),
                 autocast=any(isinstance(c, Autocast) for c in plan.configs),
-                wants_fp64=plan.compute_dtype == "float64", timed_step_s=self.timed_step_s, warned=warned[:5])
+                wants_fp64=plan.compute_dtype == "float64", timed_step_s=self.timed_step_s, warned=warned[:5],
+                rated=self.rated)
             if summary.fp64_ops:  # one more step under a dispatch mode to find where float64 came in
                 finder = _Float64Sources()
                 with finder:

@@ -66,7 +66,7 @@ def profile(task: str | Task, policy: str | Plan = "fp32", *, mode: str = "train
                     forward(model, precision, inputs)
                     timer.stop()
         profiler = Profiler(dev, precision, steps, hardware.gflops, statistics.median(timer.samples),
-                            trace_path(trace_dir, plan.name))
+                            trace_path(trace_dir, plan.name), rated=hardware.rated_tflops)
         if mode == "train":
             return profile_training(task_obj, model, precision, optimizer, profiler, bs, warmup)
         return profile_inference(model, precision, inputs, profiler)

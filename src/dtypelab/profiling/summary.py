@@ -145,10 +145,24 @@ def _peak(dtype: str, peaks: dict[str, float], tf32: bool) -> float | None:
     return peaks.get("tf32" if dtype == "float32" and tf32 else dtype)
 
 
+def mfu(dtype_flops: dict[str, float], step_s: float, rated: dict[str, float], tf32: bool
+        ) -> tuple[float | None, str, float | None]:
+    """(MFU, the rated key, its peak TFLOP/s): all matmul/conv FLOPs per step over ``step_s``, against the rated
+    peak of the dtype that did most of them; (None, "", None) without a rated peak for it."""
+    if not dtype_flops or not rated or step_s <= 0:
+        return None, "", None
+    dtype = max(dtype_flops, key=lambda d: dtype_flops[d])
+    key = {"float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}.get(dtype, "tf32" if dtype == "float32" and tf32 else dtype)
+    peak = rated.get(key)
+    if not peak:
+        return None, key, None
+    return sum(dtype_flops.values()) / step_s / (peak * 1e12), key, peak
+
+
 def summarise(events: list[Any], *, mode: str, steps: int, walls: list[float], phases: dict[str, float],
               cuda: bool, peaks: dict[str, float], tf32: bool, autocast: bool, wants_fp64: bool,
               timed_step_s: float | None = None, warned: tuple[str, ...] = (),
-              dtypes: dict[int, list[str]] | None = None) -> ProfileSummary:
+              dtypes: dict[int, list[str]] | None = None, rated: dict[str, float] | None = None) -> ProfileSummary:
     """The profile of ``steps`` profiled steps from the profiler's events and the phases' wall times."""
     t = tally(events, cuda, dtypes)
     step = sum(walls) / steps
@@ -174,13 +188,15 @@ def summarise(events: list[Any], *, mode: str, steps: int, walls: list[float], p
     matmul_s = categories.get("matmul", 0.0)
     matmul_flops = sum(t.dtype_flops.values()) * per
     share = {k: v / step if step > 0 else 0.0 for k, v in categories.items()}
+    dtype_flops = {k: v * per for k, v in sorted(t.dtype_flops.items(), key=lambda kv: -kv[1])}
+    used, key, peak = mfu(dtype_flops, timed_step_s or step, rated or {}, tf32)
     bound = ("compute" if share.get("matmul", 0) >= 0.5 else
              "overhead" if share["outside"] >= share.get("cast", 0) + share.get("other", 0) else "memory")
     return ProfileSummary(
         mode=mode, steps=steps, device="cuda" if cuda else "cpu", step_s=step, timed_step_s=timed_step_s,
         phases={k: v * per for k, v in phases.items()}, categories=categories, scaler_s=t.scaler * per, ops=ops,
         dtype_time={k: v * per for k, v in sorted(t.dtype_time.items(), key=lambda kv: -kv[1])},
-        dtype_flops={k: v * per for k, v in sorted(t.dtype_flops.items(), key=lambda kv: -kv[1])},
+        dtype_flops=dtype_flops, mfu=used, mfu_key=key, rated_tflops=peak,
         matmul_flops=matmul_flops, utilisation=ideal * per / matmul_s if ideal and matmul_s > 0 else None,
         peak_gflops={k: v for k, v in peaks.items() if k in (*_FLOATING, "tf32", "int8")},
         bound=bound, fp32_under_autocast=_why_fp32(fp32, steps), fp64_ops=_listed(fp64, steps, "ran in float64"),

@@ -36,20 +36,21 @@ def breakdown_section(report: Report) -> Section | None:
     if not rows_in:
         return None
     phases = [p for p in PHASES if any(prof.phases.get(p) for _, prof in rows_in)]
+    rated = any(prof.mfu is not None for _, prof in rows_in)
     headers = ["policy", "step ms (profiled)", "profiler cost", *phases,
-               *(CATEGORY_LABELS[c] for c in CATEGORIES), "GFLOP/s", "of peak", "bound"]
+               *(CATEGORY_LABELS[c] for c in CATEGORIES), "GFLOP/s", "of peak", *(["MFU"] if rated else []), "bound"]
     rows, notes = [], []
     for r, p in rows_in:
         if p.error:
             rows.append([r.policy, "—", "—", *("—" for _ in phases), *("—" for _ in CATEGORIES), "—", "—",
-                         "no profile"])
+                         *(["—"] if rated else []), "no profile"])
             notes.append(f"{r.policy}: no profile — {p.error}")
             continue
         gflops = p.matmul_flops / p.categories["matmul"] / 1e9 if p.categories.get("matmul") else None
         rows.append([r.policy, num(p.step_s * 1e3, ".3g"), f"{p.overhead:+.0%}" if p.overhead is not None else "—",
                      *(_pct(p.share(p.phases.get(ph, 0.0))) for ph in phases),
                      *(_pct(p.share(p.categories.get(c, 0.0))) for c in CATEGORIES),
-                     num(gflops, ".3g"), _pct(p.utilisation), p.bound])
+                     num(gflops, ".3g"), _pct(p.utilisation), *([_pct(p.mfu)] if rated else []), p.bound])
         notes += _policy_notes(r.policy, p)
     first = rows_in[0][1]
     notes.append(f"{first.steps} profiled steps per policy after its measurement (torch.profiler); shares are of a "
@@ -59,6 +60,10 @@ def breakdown_section(report: Report) -> Section | None:
                  "over the measured median, never part of the table above.")
     notes.append("GFLOP/s: matmul/conv FLOPs (torch.utils.flop_counter formulas) over their time; of peak: against "
                  "the hardware probe's measured GFLOP/s for each op's dtype.")
+    if rated:
+        used = ", ".join(f"{r.policy} {p.mfu_key} {p.rated_tflops:g}" for r, p in rows_in if p.mfu is not None)
+        notes.append("MFU: the step's matmul/conv FLOPs over its unprofiled median time, against the device's rated "
+                     f"dense peak (datasheet TFLOP/s) for the dtype that did most of them: {used}.")
     return Section("Where the step goes (--profile)", headers, rows, notes, left={0, len(headers) - 1})
 
 

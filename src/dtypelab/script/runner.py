@@ -115,8 +115,9 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
     if not os.path.isfile(path):
         raise DtypelabError(f"no such script: {path}")
     explicit = opts.policies is not None
+    dev = resolve_device(opts.device)
     plans = {p.name: p for p in (parse_policies(opts.policies) if explicit else
-                                 map(get_policy, default_policies("train")))}
+                                 map(get_policy, default_policies("train", dev.type)))}
     for plan in plans.values():
         wrong = plan.mode_error("train")
         if wrong and explicit:
@@ -124,7 +125,6 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
         if plan.compiles and explicit:
             raise DtypelabError(f"policy {plan.name}: compiled policies are not supported for scripts yet")
     plans = {BASELINE: get_policy(BASELINE), **{k: v for k, v in plans.items() if not v.compiles}}
-    dev = resolve_device(opts.device)
     on_event = on_event or (lambda e: None)
     if opts.hardware is None:
         on_event(Event("probe", "", label="probing hardware"))

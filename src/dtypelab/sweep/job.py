@@ -63,6 +63,7 @@ class Job:
     slow_span_s: float = 0.0  # >0: fp32 was disturbed; judge the fastest step over timed steps this long
     profile_steps: int = 0  # --profile: steps profiled after the measurement (never part of its timing)
     peaks: dict[str, float] | None = None  # the hardware probe's GFLOP/s, for the profile's utilisation
+    rated: dict[str, float] | None = None  # the device's rated peak TFLOP/s, for the profile's MFU
     trace_dir: str | None = None  # --trace-dir: the profiled steps' raw Chrome trace goes here
 
     def __post_init__(self) -> None:
@@ -106,7 +107,7 @@ def _profiler(job: Job, device: torch.device, precision: Precision, samples: lis
         return None
     timed = summarize(samples[_warmup(job, samples):])
     return Profiler(device, precision, job.profile_steps, dict(job.peaks or {}), timed.median if timed else None,
-                    trace_path(job.trace_dir, job.policy))
+                    trace_path(job.trace_dir, job.policy), rated=dict(job.rated or {}))
 
 
 def _slow_result(job: Job, reason: str, samples: list[float], losses: tuple[float, ...] = ()) -> PolicyResult:
@@ -149,7 +150,7 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         warmup=_warmup(job, timer.samples), step_times_s=tuple(timer.samples), losses=tuple(run.losses),
         first_nonfinite_step=run.first_nonfinite, metrics=metrics, peak_memory_bytes=peak,
         load_peak_memory_bytes=meter.load_peak, memory_method=meter.method, model_bytes=len(serialize(model)[0]),
-        init_fingerprint=init, scaler=precision.stats(),
+        init_fingerprint=init, scaler=precision.stats(), conversion=precision.conversion(),
         disturbance=disturbance.to_dict() if disturbance else {}, profile=profile,
     )
 
@@ -254,6 +255,7 @@ def infer(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
                                      "linear_weight_bytes": linear_weight_bytes(model)},
         first_call_s=first_call_s if first_call_s is not None else (timer.samples[0] if timer.samples else None),
         per_layer=layers, disturbance=disturbance.to_dict() if disturbance else {}, profile=profile,
+        conversion=precision.conversion(),
     )
 
 

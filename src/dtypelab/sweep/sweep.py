@@ -26,6 +26,7 @@ from dtypelab.core.policies import (
     Plan,
     default_policies,
     get_policy,
+    gpu_only_policies,
     parse_policies,
     policy_info,
 )
@@ -148,7 +149,8 @@ class _Sweep:
         self.remote = getattr(self.launcher, "kind", "") == "slurm"  # the runs' device is on the cluster's nodes
         self.budget_s = parse_budget(opts.budget)
         self.explicit = opts.policies is not None
-        defaults = DISTRIBUTED_DEFAULTS if self.torchrun else default_policies(opts.mode)
+        self.dev = remote_device(opts.device) if self.remote else resolve_device(opts.device)
+        defaults = DISTRIBUTED_DEFAULTS if self.torchrun else default_policies(opts.mode, self.dev.type)
         plans = {p.name: p for p in (parse_policies(opts.policies) if self.explicit else map(get_policy, defaults))}
         self.added = {p.name: p for p in parse_policies(opts.plan)} if opts.plan else {}
         plans.update(self.added)
@@ -163,7 +165,6 @@ class _Sweep:
         if opts.mode == "train" and self.task.inference_only:
             raise DtypelabError(f"task {self.task.name} is inference-only: use --mode infer")
         _check_patterns(self.task, plans.values())
-        self.dev = remote_device(opts.device) if self.remote else resolve_device(opts.device)
         if self.fans_out and self.dev.type == "cuda":  # each job sees its own GPU(s) only, as cuda:0
             self.dev = torch.device("cuda")
         if self.torchrun and self.dev.type == "cuda" and self.torchrun.nproc > torch.cuda.device_count():
@@ -219,6 +220,10 @@ class _Sweep:
                                                f"{opts.json_path} ({', '.join(kept)}); measuring fp32 again (the "
                                                "others' yardstick) and the rest (--fresh: all)"))
         report = save_judged(report, opts.json_path)
+        left_gpu = [] if self.explicit or self.torchrun or self.dev.type != "cpu" else gpu_only_policies(opts.mode)
+        if left_gpu:
+            on_event(Event("notice", "", label=f"GPU-only policies not in a CPU sweep: {', '.join(left_gpu)} "
+                                               "(`dtypelab policies` says what each needs)"))
         if probe_notice(hardware) and not opts.force:  # said once every option is known good: errors stay one line
             on_event(Event("notice", "", label=probe_notice(hardware)))
         if self.fans_out:  # the runs share their initial weights and reference outputs through this folder
@@ -269,7 +274,7 @@ class _Sweep:
                    slow_step_s=step / SLOW_RATIO if watch and step else None, baseline_step_s=step,
                    slow_span_s=span,
                    profile_steps=opts.profile_steps if mode == opts.mode else 0, peaks=hardware.gflops,
-                   trace_dir=os.path.abspath(opts.trace_dir) if opts.trace_dir else None)
+                   rated=hardware.rated_tflops, trace_dir=os.path.abspath(opts.trace_dir) if opts.trace_dir else None)
 
     def _measure(self, plan: Plan, mode: str, steps: int, workdir: str, hardware: HardwareInfo,
                  base_step: tuple[float, float] | None) -> PolicyResult:

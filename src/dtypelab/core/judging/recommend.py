@@ -300,6 +300,21 @@ def _linear_bytes(r: PolicyResult) -> float | None:
     return r.size["linear_weight_bytes"] if r.size else None
 
 
+def _conversion_text(r: PolicyResult) -> str:
+    """How much of the model a float8 / int4 policy converted, and what it left out (shapes, grouped by why)."""
+    c = r.conversion
+    if not c:
+        return ""
+    done, out = c.get("converted", []), c.get("left_out", [])
+    text = f"{r.policy}: {c.get('format', 'converted')} in {len(done)} of {len(done) + len(out)} Linear layers"
+    if not done:
+        text += " (none, so its speed is that of its float part alone)"
+    if out:
+        shown = "; ".join(f"{e['layer']} {e['why']}" for e in out[:4])
+        text += f"; left out: {shown}" + (f"; and {len(out) - 4} more" if len(out) > 4 else "")
+    return text + "."
+
+
 def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None) -> list[str]:
     """The footnotes under the table: how each policy computes, compiled baselines, emulated formats, what the
     columns mean, policies left out of the rounds (by their ``verdicts``), noisy timings."""
@@ -316,6 +331,9 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
         if info and info.compute_dtype == "int8" and hw and hw.native("int8") is False:
             notes.append(f"{r.policy}: this {hw.device_name or 'device'} has no int8 dot-product instructions "
                          "(VNNI/AMX), so its int8 matmuls are not native here.")
+        conversion = _conversion_text(r)
+        if conversion:
+            notes.append(conversion)
         fair = _compiled_text(r, report)
         if fair:
             notes.append(fair)

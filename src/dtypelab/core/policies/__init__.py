@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config, Quantize
+from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config, Float8Train, Quantize
 from dtypelab.core.policies.distributed import Distributed, split_modifier
 from dtypelab.core.policies.plan import PLAN_SCHEMA, Availability, Plan, single
 from dtypelab.core.policies.precision import Precision
@@ -50,17 +50,29 @@ register("int8-dyn", Quantize("int8-dynamic"), "int8 weights (per channel) + int
 register(COMPILED_BASELINE, REGISTRY["fp32"].compiled(), "float32 under torch.compile: the speed baseline of "
          "compiled policies")
 register("bf16+compile", REGISTRY["bf16"].compiled())
+register("amp-bf16+compile", REGISTRY["amp-bf16"].compiled(), "torch.autocast(bfloat16) with float32 weights, under "
+         "torch.compile: the fair baseline of float8 training, which compiles")
 register("int8-dyn-compile", Quantize("int8-dynamic", compile=True))
 register("int8-wo", Quantize("int8-weight-only"))
 register("fp8-wo", Quantize("fp8-weight-only"))
 register("int8-dyn-legacy", Quantize("int8-dynamic", library="torch.ao", granularity="per-tensor"))
 register("int8-dyn-legacy-pc", Quantize("int8-dynamic", library="torch.ao", granularity="per-channel"))
+# GPU-native formats (CUDA only; a CPU sweep leaves them out unless named): float8 training on compute capability
+# >= 8.9, real float8 inference matmuls there, int4 weight-only inference.
+register("fp8-tensorwise", Float8Train("tensorwise"))
+register("fp8-rowwise", Float8Train("rowwise"))
+register("fp8-dyn-row", Quantize("fp8-dynamic"))
+register("fp8-dyn-tensor", Quantize("fp8-dynamic", granularity="per-tensor"))
+register("int4-wo", Quantize("int4-weight-only"))
 
 
 # Registered policies a default sweep leaves out: nobody deploys float64 inference, and it doubles the time
 # of a sweep whose question is "which cheaper format keeps my outputs". Still runnable by name.
-# Compiling a training step (forward and backward graphs) takes minutes on a small CPU: by name only.
-NOT_IN_DEFAULT_SWEEP = {"train": frozenset({"fp32+compile", "bf16+compile"}), "infer": frozenset({"fp64"})}
+# Compiling a training step (forward and backward graphs) takes minutes on a small CPU: by name only there; on a
+# GPU it takes seconds, and the compiled float policies are float8 training's fair baselines.
+NOT_IN_DEFAULT_SWEEP = {"train": frozenset({"fp32+compile", "bf16+compile", "amp-bf16+compile"}),
+                        "infer": frozenset({"fp64", "amp-bf16+compile"})}
+NOT_IN_DEFAULT_GPU_SWEEP = {"infer": frozenset({"fp64", "amp-bf16+compile"})}
 
 
 def policies_for(mode: str) -> list[str]:
@@ -68,9 +80,17 @@ def policies_for(mode: str) -> list[str]:
     return [name for name, plan in REGISTRY.items() if mode in plan.modes]
 
 
-def default_policies(mode: str) -> list[str]:
-    """What ``bench`` runs when no policy is named: ``policies_for(mode)`` less ``NOT_IN_DEFAULT_SWEEP``."""
-    return [name for name in policies_for(mode) if name not in NOT_IN_DEFAULT_SWEEP.get(mode, ())]
+def default_policies(mode: str, device: str = "cuda") -> list[str]:
+    """What ``bench`` runs when no policy is named: ``policies_for(mode)`` less ``NOT_IN_DEFAULT_SWEEP``, and on a
+    CPU (``device``) less the GPU-only ones (``gpu_only_policies``)."""
+    cpu = device.startswith("cpu")
+    left_out = (NOT_IN_DEFAULT_SWEEP if cpu else NOT_IN_DEFAULT_GPU_SWEEP).get(mode, frozenset())
+    return [name for name in policies_for(mode) if name not in left_out and not (cpu and REGISTRY[name].gpu_only)]
+
+
+def gpu_only_policies(mode: str) -> list[str]:
+    """The registered policies for ``mode`` that have no CPU path: what a CPU run's default sweep leaves out."""
+    return [name for name in policies_for(mode) if REGISTRY[name].gpu_only]
 
 
 def _lookup(name: str) -> Plan:
@@ -145,6 +165,7 @@ def policy_info(plan: Plan) -> PolicyInfo:
 
 
 __all__ = ["BASELINE", "COMPILED_BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "TF32", "Autocast",
-           "Availability", "Cast", "Config", "Distributed", "Plan", "Precision", "Quantize", "default_policies",
-           "get_policy", "load_plan", "parse_policies", "plan_from_dict", "policies_for", "policy_info", "register",
+           "Availability", "Cast", "Config", "Distributed", "Float8Train", "Plan", "Precision", "Quantize",
+           "default_policies", "get_policy", "gpu_only_policies", "load_plan", "parse_policies", "plan_from_dict",
+           "policies_for", "policy_info", "register",
            "single"]

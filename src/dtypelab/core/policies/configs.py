@@ -1,7 +1,7 @@
 """Precision configs: frozen, parameterised descriptions of how a module's numerics run (the torchao /
 Lightning Fabric shape). A config says *what*; ``precision.Precision`` applies it to a model.
 
-Four kinds, each a handful of fields:
+Five kinds, each a handful of fields:
 
 - ``Cast(dtype)``: weights, buffers, activations, gradients and optimizer state in one float dtype
   (``Cast("float32")`` is the baseline).
@@ -9,7 +9,9 @@ Four kinds, each a handful of fields:
 - ``Autocast(dtype, scaler)``: float32 weights, ``torch.autocast`` to ``dtype`` in the forward pass,
   optionally with a GradScaler (float16's narrow range needs one).
 - ``Quantize(scheme, backend, granularity, compile)``: inference only; the model's ``nn.Linear``
-  layers become int8 / fp8 ones (torchao, or the deprecated ``torch.ao.quantization``).
+  layers become int8 / fp8 / int4 ones (torchao, or the deprecated ``torch.ao.quantization``).
+- ``Float8Train(recipe)``: training only, CUDA only: the ``nn.Linear`` layers large enough to pay run float8
+  matmuls (torchao's ``convert_to_float8_training``), the rest of the model under bfloat16 autocast, compiled.
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ class Config:
     arithmetic: ClassVar[str] = ""  # for formats that need saying: what the hardware really computes in
     emulated: ClassVar[bool] = False  # stored in the format, computed in a wider one: its speed is not its own
     compiles: ClassVar[bool] = False
+    storage_dtype: ClassVar[str] = "float32"  # what the model's floats (and its inputs) are cast to
+    autocast_dtype: ClassVar[str | None] = None  # the forward's autocast dtype, when the config runs one
+    # a GPU format with no CPU path at all: a CPU run's default sweep leaves it out (tf32 stays in: it is the
+    # first question on a GPU, and its one skipped row says where it runs)
+    gpu_only: ClassVar[bool] = False
 
     @property
     def label(self) -> str:
@@ -79,7 +86,7 @@ class Config:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Config:
-        kinds = {k.kind: k for k in (Cast, TF32, Autocast, Quantize)}
+        kinds = {k.kind: k for k in (Cast, TF32, Autocast, Quantize, Float8Train)}
         d = dict(d)
         kind = kinds.get(d.pop("kind", None))
         if kind is None:
@@ -109,6 +116,10 @@ class Cast(Config):
 
     @property
     def compute_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def storage_dtype(self) -> str:
         return self.dtype
 
     @property
@@ -164,6 +175,10 @@ class Autocast(Config):
         return self.dtype
 
     @property
+    def autocast_dtype(self) -> str:
+        return self.dtype
+
+    @property
     def label(self) -> str:
         return f"amp-{SHORT[self.dtype]}" + ("" if self.scaler == (self.dtype == "float16") else
                                              ("+scaler" if self.scaler else "-noscaler"))
@@ -181,9 +196,28 @@ SCHEMES = {
     "int8-weight-only": ("float matmul on int8 weights scaled per channel (weight-only: activations stay "
                          "float)", "float32", False),
     "fp8-weight-only": ("emulated: fp8 e4m3 weights dequantized to float32 for every matmul", "float32", True),
+    "fp8-dynamic": ("float8 e4m3 × e4m3 tensor-core matmul (torch._scaled_mm), activations quantized at run time, "
+                    "bfloat16 out", "float8_e4m3fn", False),
+    "int4-weight-only": ("bfloat16 activations × int4 weights in groups of 128 (tinygemm's "
+                         "torch._weight_int4pack_mm)", "bfloat16", False),
 }
+# GPU-only schemes: bfloat16 models (their kernels take bfloat16 activations), a CUDA compute capability floor.
+GPU_SCHEMES = {"fp8-dynamic": ((8, 9), "float8 tensor-core matmuls (torch._scaled_mm)"),
+               "int4-weight-only": ((8, 0), "tinygemm's int4 CUDA kernel (torch._weight_int4pack_mm)")}
+INT4_GROUP = 128  # torchao's default group size; a layer whose input width it does not divide stays unquantized
 BACKENDS = ("torchao", "torch.ao")
 GRANULARITIES = ("per-channel", "per-tensor")
+
+
+def cuda_missing(hw: HardwareInfo, what: str, floor: tuple[int, int]) -> str | None:
+    """Why a CUDA-only format cannot run here (the CPU, or a GPU below compute capability ``floor``), or None."""
+    need = f"CUDA compute capability >= {floor[0]}.{floor[1]}"
+    if not hw.is_cuda:
+        return f"{what} needs {need}; this run is on the CPU"
+    if hw.cuda_capability is not None and tuple(hw.cuda_capability) < floor:
+        cc = ".".join(map(str, hw.cuda_capability))
+        return f"{what} needs {need} (this GPU, {hw.device_name}, is {cc})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -212,15 +246,26 @@ class Quantize(Config):
             raise DtypelabError(f"quantize: granularity must be per-channel or per-tensor, not {self.granularity!r}")
         if self.library == "torch.ao" and (self.scheme != "int8-dynamic" or self.compile):
             raise DtypelabError("quantize: the torch.ao backend offers int8-dynamic only, without compile")
-        if self.library == "torchao" and self.granularity != "per-channel":
-            raise DtypelabError("quantize: torchao's configs here are per-channel (weights) / per-token")
+        if self.library == "torchao" and self.granularity != "per-channel" and self.scheme != "fp8-dynamic":
+            raise DtypelabError("quantize: torchao's configs here are per-channel (weights) / per-token; "
+                                "per-tensor is for fp8-dynamic and the torch.ao backend")
 
     @property
     def compute_dtype(self) -> str:
         return SCHEMES[self.scheme][1]
 
     @property
+    def storage_dtype(self) -> str:
+        return "bfloat16" if self.scheme in GPU_SCHEMES else "float32"
+
+    @property
+    def gpu_only(self) -> bool:
+        return self.scheme in GPU_SCHEMES
+
+    @property
     def probe_key(self) -> str:
+        if self.scheme == "fp8-dynamic":
+            return "fp8"  # the probe's torch._scaled_mm
         if self.library == "torch.ao":
             return "int8-fbgemm"
         if self.scheme == "int8-dynamic":
@@ -252,7 +297,10 @@ class Quantize(Config):
 
     @property
     def label(self) -> str:
-        short = {"int8-dynamic": "int8-dyn", "int8-weight-only": "int8-wo", "fp8-weight-only": "fp8-wo"}[self.scheme]
+        short = {"int8-dynamic": "int8-dyn", "int8-weight-only": "int8-wo", "fp8-weight-only": "fp8-wo",
+                 "fp8-dynamic": "fp8-dyn", "int4-weight-only": "int4-wo"}[self.scheme]
+        if self.scheme == "fp8-dynamic":
+            short += "-row" if self.granularity == "per-channel" else "-tensor"
         if self.library == "torch.ao":
             return short + "-legacy" + ("-pc" if self.granularity == "per-channel" else "")
         return short + ("-compile" if self.compile else "")
@@ -260,7 +308,11 @@ class Quantize(Config):
     def describe(self) -> str:
         what = {"int8-dynamic": "int8 weights (per channel) + int8 activations (per token)",
                 "int8-weight-only": "int8 weights (per channel), float activations",
-                "fp8-weight-only": "fp8 e4m3 weights (per channel), float activations"}[self.scheme]
+                "fp8-weight-only": "fp8 e4m3 weights (per channel), float activations",
+                "fp8-dynamic": "fp8 e4m3 weights + fp8 activations (" + (
+                    "per row: weights per output channel, activations per token" if self.granularity == "per-channel"
+                    else "one scale per tensor") + "), bfloat16 elsewhere",
+                "int4-weight-only": f"int4 weights (groups of {INT4_GROUP}), bfloat16 activations"}[self.scheme]
         if self.library == "torch.ao":
             scales = "one weight scale per output channel" if self.granularity == "per-channel" else (
                 "one scale per tensor")
@@ -278,6 +330,9 @@ class Quantize(Config):
         missing = torchao_missing()
         if missing:
             return missing
+        if self.scheme in GPU_SCHEMES:
+            floor, what = GPU_SCHEMES[self.scheme]
+            return cuda_missing(hw, f"{self.label} runs {what}: it", floor)
         if self.compile and not hw.is_cuda and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
             return "torch.compile on the CPU needs a C++ compiler (g++ or clang++), none found"
         return None
@@ -290,4 +345,77 @@ class Quantize(Config):
             return q.Int8DynamicActivationInt8WeightConfig(set_inductor_config=False)
         if self.scheme == "int8-weight-only":
             return q.Int8WeightOnlyConfig(set_inductor_config=False)
+        if self.scheme == "fp8-dynamic":
+            granularity = q.PerRow() if self.granularity == "per-channel" else q.PerTensor()
+            return q.Float8DynamicActivationFloat8WeightConfig(granularity=granularity, set_inductor_config=False)
+        if self.scheme == "int4-weight-only":  # tinygemm's layout: the int4 kernel torch itself ships for CUDA
+            return q.Int4WeightOnlyConfig(group_size=INT4_GROUP, int4_packing_format="tile_packed_to_4d",
+                                          set_inductor_config=False)
         return q.Float8WeightOnlyConfig(weight_dtype=torch.float8_e4m3fn, set_inductor_config=False)
+
+
+FLOAT8_RECIPES = ("tensorwise", "rowwise")
+FLOAT8_FLOOR = (8, 9)  # Ada and Hopper: float8 tensor cores
+
+
+@dataclass(frozen=True)
+class Float8Train(Config):
+    """Training on float8 tensor cores (torchao's ``convert_to_float8_training``): each ``nn.Linear`` large enough
+    to pay runs its three matmuls (forward, input and weight gradients) in float8 with scales per tensor
+    (``tensorwise``) or per row (``rowwise``); every other op runs under bfloat16 autocast; the model is compiled,
+    which torchao needs to fuse the casts. ``min_size``: "auto" leaves out layers whose shapes torchao measured
+    slower in float8 on an H100 (casting costs more than the matmul saves), "none" converts every layer whose
+    dimensions are multiples of 16 (the hardware's requirement)."""
+
+    kind: ClassVar[str] = "float8-train"
+    modes: ClassVar[tuple[str, ...]] = ("train",)
+    compute_dtype: ClassVar[str] = "float8_e4m3fn"
+    backend: ClassVar[str] = "torchao"
+    compiles: ClassVar[bool] = True
+    autocast_dtype: ClassVar[str] = "bfloat16"
+    gpu_only: ClassVar[bool] = True
+    recipe: str = "tensorwise"
+    min_size: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.recipe not in FLOAT8_RECIPES:
+            raise DtypelabError(f"float8-train: unknown recipe {self.recipe!r}; use one of {', '.join(FLOAT8_RECIPES)}")
+        if self.min_size not in ("auto", "none"):
+            raise DtypelabError(f"float8-train: min_size must be auto or none, not {self.min_size!r}")
+
+    @property
+    def probe_key(self) -> str:
+        return "fp8"
+
+    @property
+    def label(self) -> str:
+        return f"fp8-{self.recipe}" + ("-all" if self.min_size == "none" else "")
+
+    @property
+    def arithmetic(self) -> str:
+        scales = "one scale per tensor" if self.recipe == "tensorwise" else "scales per row"
+        return (f"float8 tensor-core matmuls (e4m3, {scales}) in the converted Linear layers, bfloat16 autocast "
+                "elsewhere")
+
+    def describe(self) -> str:
+        which = "large enough to pay" if self.min_size == "auto" else "with dimensions divisible by 16"
+        return (f"float8 training ({self.recipe} scales, torchao) in the Linear layers {which}, bfloat16 autocast "
+                "elsewhere, under torch.compile")
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        return torchao_missing() or cuda_missing(hw, "float8 training runs float8 tensor-core matmuls: it",
+                                                 FLOAT8_FLOOR)
+
+    def left_out(self, out_features: int, in_features: int) -> str | None:
+        """Why a Linear layer of this shape stays out of float8, or None to convert it. The size thresholds are
+        torchao's own (``_auto_filter_for_recipe``), from its float8 microbenchmarks on an H100."""
+        n, k = out_features, in_features
+        if n % 16 or k % 16:
+            return f"{n}×{k}: float8 matmuls need dimensions divisible by 16"
+        if self.min_size == "none":
+            return None
+        if self.recipe == "tensorwise" and k <= 4096 and n <= 1024:
+            return f"{n}×{k}: too small to pay (tensorwise gains need out > 1024 or in > 4096)"
+        if self.recipe == "rowwise" and (n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048)):
+            return f"{n}×{k}: too small to pay (rowwise gains need out > 2048 and in > 1024, and more than 4096×2048)"
+        return None

@@ -75,6 +75,9 @@ class Plan:
 
     def _check(self) -> None:
         """Refuse combinations that have no meaning, before any model is built."""
+        if not any(all(m in c.modes for c in self.configs) for m in ("train", "infer")):
+            raise DtypelabError(f"plan {self.name}: its configs share no mode (" + "; ".join(
+                f"{c.label}: {'/'.join(c.modes)}" for c in self.configs) + ")")
         for pattern, config in self.rules:
             if pattern.startswith("re:"):
                 try:
@@ -104,9 +107,14 @@ class Plan:
 
     @property
     def modes(self) -> tuple[str, ...]:
-        if self.distributed is not None:
-            return ("train",)
-        return ("infer",) if any(isinstance(c, Quantize) for c in self.configs) else ("train", "infer")
+        modes = tuple(m for m in ("train", "infer") if all(m in c.modes for c in self.configs))
+        return tuple(m for m in modes if m == "train") if self.distributed is not None else modes
+
+    @property
+    def gpu_only(self) -> bool:
+        """Some config has no CPU path (fp8 training, fp8 dynamic, int4): a CPU sweep leaves the plan out unless
+        it is named."""
+        return any(c.gpu_only for c in self.configs)
 
     @property
     def uses_scaler(self) -> bool:
@@ -179,8 +187,9 @@ class Plan:
     def mode_error(self, mode: str) -> str | None:
         if mode in self.modes:
             return None
-        if self.distributed is not None:
-            return f"policy {self.name} is a distributed training policy: use --mode train"
+        if self.distributed is not None or self.modes == ("train",):
+            kind = "distributed training" if self.distributed is not None else "training"
+            return f"policy {self.name} is a {kind} policy: use --mode train"
         return f"policy {self.name} is inference-only (it quantizes a trained model): use --mode infer"
 
     def availability(self, hw: HardwareInfo) -> Availability:

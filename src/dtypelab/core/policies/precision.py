@@ -25,7 +25,7 @@ from torch import nn
 
 from dtypelab.core.backends import quiet, torchao_module
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config, Quantize
+from dtypelab.core.policies.configs import INT4_GROUP, TF32, Autocast, Cast, Config, Float8Train, Quantize
 from dtypelab.core.policies.plan import Plan
 from dtypelab.core.scaler import ScalerLog
 from dtypelab.core.task import map_tensors
@@ -47,8 +47,8 @@ class Region:
     output_dtype: torch.dtype | None
 
     def context(self) -> contextlib.AbstractContextManager[Any]:
-        if isinstance(self.config, Autocast):
-            return torch.autocast(self.device_type, dtype=getattr(torch, self.config.dtype))
+        if self.config.autocast_dtype is not None:
+            return torch.autocast(self.device_type, dtype=getattr(torch, self.config.autocast_dtype))
         return torch.autocast(self.device_type, enabled=False)
 
 
@@ -67,9 +67,10 @@ class Precision:
         self.plan = plan
         self.device = torch.device(device)
         default = plan.default
-        self._cast = getattr(torch, default.dtype) if isinstance(default, Cast) and default.dtype != "float32" \
-            else None
-        self._autocast = getattr(torch, default.dtype) if isinstance(default, Autocast) else None
+        # a pure cast, or a quantized model whose kernels take bfloat16 activations (fp8 dynamic, int4)
+        self._cast = getattr(torch, default.storage_dtype) if default.storage_dtype != "float32" else None
+        self._autocast = getattr(torch, default.autocast_dtype) if default.autocast_dtype else None
+        self._conversion: dict[str, Any] = {}
         self._scaler = torch.amp.GradScaler(self.device.type) if plan.uses_scaler else None
         self._log = ScalerLog() if self._scaler is not None else None
         self._step = 0
@@ -103,13 +104,20 @@ class Precision:
         modules = dict(model.named_modules(remove_duplicate=False))
         for name, config in assigned.items():
             parent = assigned.get(name.rpartition(".")[0]) if name else self.plan.default
-            if not name or config == parent or isinstance(config, Quantize):
+            if not name or config == parent or isinstance(config, Float8Train):
+                continue  # a float8 layer takes whatever its neighbours compute in
+            if isinstance(config, Quantize):
+                if config.storage_dtype != "float32" and getattr(torch, config.storage_dtype) != outer:
+                    # its kernel takes bfloat16 activations: the layer in bfloat16, its outputs cast back
+                    self._region(modules[name], Cast(config.storage_dtype), getattr(torch, config.storage_dtype),
+                                 outer)
                 continue
-            dtype = getattr(torch, config.dtype) if isinstance(config, Cast) else torch.float32
-            if isinstance(config, Cast) and dtype == outer and not isinstance(parent, Autocast):
+            dtype = getattr(torch, config.storage_dtype)
+            if isinstance(config, Cast) and dtype == outer and parent.autocast_dtype is None:
                 continue  # runs as its parent does already (e.g. a layer excluded from quantization)
             self._region(modules[name], config, dtype, outer)
-        model = _quantize(model, assigned)
+        model, self._conversion = _float8(model, assigned)
+        model = _quantize(model, assigned, self._conversion)
         if self._log is not None:
             self._log.params = list(model.named_parameters())  # to name the parameters on skipped steps
         if self.plan.compiles:
@@ -184,6 +192,11 @@ class Precision:
         """Measurements to keep in the record (the GradScaler's history)."""
         return self._log.stats() if self._log is not None else {}
 
+    def conversion(self) -> dict[str, Any]:
+        """Which layers a float8 / int4 conversion took and which it left out, each with why (its shape): what the
+        record says when such a policy gains less than its format promises. Empty for every other plan."""
+        return dict(self._conversion)
+
 
 @contextlib.contextmanager
 def _tf32() -> Iterator[None]:
@@ -196,9 +209,48 @@ def _tf32() -> Iterator[None]:
         matmul.fp32_precision, conv.fp32_precision = saved
 
 
-def _quantize(model: nn.Module, assigned: dict[str, Config]) -> nn.Module:
-    """Each quantize config applied to exactly the linear layers the plan gives it."""
+def _float8(model: nn.Module, assigned: dict[str, Config]) -> tuple[nn.Module, dict[str, Any]]:
+    """The linear layers the plan gives a ``Float8Train`` config, converted to torchao's ``Float8Linear`` where
+    their shape pays (``Float8Train.left_out``); the rest stay as they are. Returns the model and what was done."""
+    groups = _linear_names(model, assigned, Float8Train)
+    if not groups:
+        return model, {}
+    float8 = torchao_module("float8")
+    modules = dict(model.named_modules())
+    converted: list[str] = []
+    left_out: list[dict[str, str]] = []
+    for config, names in groups.items():
+        chosen = set()
+        for name in names:
+            why = config.left_out(modules[name].out_features, modules[name].in_features)
+            if why:
+                left_out.append({"layer": name, "why": why})
+            else:
+                chosen.add(name)
+        if chosen:
+            with quiet():
+                model = float8.convert_to_float8_training(
+                    model, config=float8.Float8LinearConfig.from_recipe_name(config.recipe),
+                    module_filter_fn=lambda m, fqn, chosen=chosen: fqn in chosen)
+        converted += sorted(chosen)
+    formats = ", ".join(f"float8 {c.recipe}" for c in groups)
+    return model, {"format": formats, "converted": converted, "left_out": left_out}
+
+
+def _quantize(model: nn.Module, assigned: dict[str, Config], conversion: dict[str, Any]) -> nn.Module:
+    """Each quantize config applied to exactly the linear layers the plan gives it (int4's layers whose input
+    width its group size does not divide are left out, and ``conversion`` says so)."""
     groups = _linear_names(model, assigned, Quantize)
+    modules = dict(model.named_modules())
+    for config, names in groups.items():
+        if config.scheme == "int4-weight-only":
+            odd = [n for n in names if modules[n].in_features % INT4_GROUP]
+            groups[config] = [n for n in names if n not in odd]
+            conversion.setdefault("format", "int4 weight-only")
+            conversion.setdefault("converted", []).extend(groups[config])
+            conversion.setdefault("left_out", []).extend(
+                {"layer": n, "why": f"{modules[n].out_features}×{modules[n].in_features}: input width not a multiple "
+                                    f"of the group size {INT4_GROUP}"} for n in odd)
     torchao = {c: names for c, names in groups.items() if c.library == "torchao"}
     legacy = {c: names for c, names in groups.items() if c.library == "torch.ao"}
     if torchao:

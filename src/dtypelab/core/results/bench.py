@@ -71,6 +71,20 @@ class SizeInfo(TypedDict):
     linear_weight_bytes: int
 
 
+class LeftOut(TypedDict):
+    layer: str
+    why: str  # its shape and the rule that kept it out
+
+
+class Conversion(TypedDict, total=False):
+    """Which Linear layers a float8 / int4 policy converted, and those it left out with why: what explains a
+    format that gains less than its datasheet says (small layers, where casting costs more than the matmul saves)."""
+
+    format: str
+    converted: list[str]
+    left_out: list[LeftOut]
+
+
 class LayerFidelity(TypedDict):
     layer: str
     type: str
@@ -191,6 +205,7 @@ class PolicyResult:
     compiled_ci: SpeedupInterval | None = None  # a compiled policy vs fp32+compile, from paired rounds
     profile: ProfileSummary | None = None  # --profile: where the step's time goes
     distributed: DistStats | None = None  # --nproc: bytes, communication, per-rank memory, the link
+    conversion: Conversion = field(default_factory=dict)  # float8 training, int4: the layers converted, left out
     wall_s: float = 0.0
 
     @property

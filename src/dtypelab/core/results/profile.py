@@ -73,6 +73,11 @@ class ProfileSummary:
     fp64_ops: tuple[SourceOp, ...] = ()  # ops that ran in float64 in a policy that never asked for it
     fp64_sources: tuple[SourceOp, ...] = ()  # where float64 entered: the op and the user's line
     warnings: tuple[str, ...] = ()  # PyTorch warnings raised during the profiled steps (e.g. loss broadcasting)
+    # MFU: the step's matmul/conv FLOP/s (over the unprofiled median step when known) against the device's rated
+    # dense peak for the dtype that did most of them (``mfu_key``: a probe key such as "bfloat16", "tf32", "fp8")
+    mfu: float | None = None
+    mfu_key: str = ""
+    rated_tflops: float | None = None
     trace_file: str = ""  # the raw Chrome trace, when --trace-dir asked for one
     error: str = ""  # the profile failed: the measurement stands, this says why there is no profile
 

@@ -1,0 +1,200 @@
+"""GPU-native formats on a CPU-only machine: the policies refuse with the reason, a CPU sweep leaves them out, what
+can be checked without a GPU is (float8 training's conversion, the records' notes, MFU, the rated peaks, the gpt2
+task reduced). Their runs on a GPU are in test_cuda.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from test_policies import global_state
+from torch import nn
+
+from dtypelab import DtypelabError
+from dtypelab.core.hardware import HardwareInfo, rated_peaks
+from dtypelab.core.policies import (
+    REGISTRY,
+    Cast,
+    Float8Train,
+    Plan,
+    Precision,
+    Quantize,
+    default_policies,
+    get_policy,
+    gpu_only_policies,
+    plan_from_dict,
+)
+from dtypelab.core.results import PolicyResult
+
+GPU_ONLY = ["fp8-tensorwise", "fp8-rowwise", "fp8-dyn-row", "fp8-dyn-tensor", "int4-wo"]
+
+
+def _hw(device: str = "cpu", cc: tuple[int, int] | None = None, name: str = "AMD EPYC") -> HardwareInfo:
+    return HardwareInfo(device=device, device_name=name, cpu_name="AMD EPYC", cpu_flags=("avx2",),
+                        cpu_capability="AVX2", cuda_capability=cc, threads=2, gflops={"float32": 100.0})
+
+
+def test_gpu_only_policies_are_registered_and_refuse_here_with_the_reason():
+    assert sorted(gpu_only_policies("train") + gpu_only_policies("infer")) == sorted(GPU_ONLY)
+    for name in GPU_ONLY:
+        why = get_policy(name).availability(_hw()).reason
+        assert "CUDA compute capability >=" in why and "this run is on the CPU" in why, (name, why)
+    ampere = _hw("cuda:0", (8, 0), "NVIDIA A100-SXM4-80GB")
+    for name in ("fp8-tensorwise", "fp8-dyn-row"):
+        why = get_policy(name).availability(ampere).reason
+        assert ">= 8.9" in why and "A100" in why and "is 8.0" in why
+    assert get_policy("int4-wo").availability(ampere).ok  # tinygemm runs on Ampere
+    hopper = _hw("cuda:0", (9, 0), "NVIDIA H100 80GB HBM3")
+    assert all(get_policy(n).availability(hopper).ok for n in GPU_ONLY)
+
+
+def test_a_cpu_sweep_leaves_the_gpu_formats_out_and_a_gpu_sweep_adds_the_compiled_baselines():
+    for mode in ("train", "infer"):
+        assert not set(default_policies(mode, "cpu")) & set(GPU_ONLY)
+    gpu = default_policies("train", "cuda")
+    assert {"fp8-tensorwise", "fp8-rowwise", "amp-bf16+compile", "fp32+compile"} <= set(gpu)
+    assert {"fp8-dyn-row", "fp8-dyn-tensor", "int4-wo"} <= set(default_policies("infer", "cuda"))
+    assert "amp-bf16+compile" not in default_policies("train", "cpu")
+
+
+def test_named_on_a_cpu_a_gpu_format_is_a_one_line_error(tiny):
+    from dtypelab import bench
+
+    with pytest.raises(DtypelabError, match="policy fp8-tensorwise cannot run here: float8 training"):
+        bench(tiny, "fp8-tensorwise", device="cpu", steps=2)
+    with pytest.raises(DtypelabError, match="training policy: use --mode train"):
+        bench(tiny, "fp8-rowwise", mode="infer", device="cpu", steps=2)
+
+
+def test_configs_round_trip_and_are_named_by_what_they_do():
+    for name in GPU_ONLY:
+        plan = get_policy(name)
+        again = plan_from_dict(json.loads(plan.to_json()))
+        assert again.default == plan.default and again.name == name
+    assert Quantize("fp8-dynamic", granularity="per-tensor").label == "fp8-dyn-tensor"
+    assert Float8Train("rowwise", "none").label == "fp8-rowwise-all"
+    assert get_policy("fp8-tensorwise").modes == ("train",) and get_policy("int4-wo").modes == ("infer",)
+    assert get_policy("int4-wo").default.storage_dtype == "bfloat16"
+    with pytest.raises(DtypelabError, match="unknown recipe"):
+        Float8Train("blockwise")
+    with pytest.raises(DtypelabError, match="share no mode"):
+        Plan(Float8Train(), (("head", Quantize("int4-weight-only")),))
+    with pytest.raises(DtypelabError, match="per-tensor is for fp8-dynamic"):
+        Quantize("int8-dynamic", granularity="per-tensor")
+
+
+@pytest.mark.parametrize(("recipe", "shape", "kept"), [
+    ("tensorwise", (1024, 4096), False), ("tensorwise", (2048, 768), True), ("tensorwise", (768, 8192), True),
+    ("rowwise", (2304, 768), False), ("rowwise", (8192, 4096), True), ("rowwise", (4096, 2048), False),
+    ("tensorwise", (1000, 8192), False)])
+def test_float8_leaves_out_the_layers_that_do_not_pay(recipe, shape, kept):
+    why = Float8Train(recipe).left_out(*shape)
+    assert (why is None) == kept
+    if not kept:
+        assert f"{shape[0]}×{shape[1]}" in why
+    assert Float8Train(recipe, "none").left_out(*shape) is None or shape[0] % 16
+
+
+def test_float8_training_converts_the_layers_that_pay_and_trains_here_emulated():
+    """The conversion is the GPU's; on a CPU torch._scaled_mm is emulated, slowly but exactly enough to check it."""
+    float8 = pytest.importorskip("torchao.float8.float8_linear")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 2048), nn.ReLU(), nn.Linear(2048, 1024), nn.Linear(1024, 10))
+    plan = Plan(Float8Train("tensorwise"), (("3", Cast("float32")),), name="fp8-head-fp32")
+    precision = Precision(plan, "cpu")
+    before = global_state()
+    compiled = precision.convert_module(model)
+    eager = compiled._orig_mod  # the compiled wrapper's module: run eagerly, compiling a step costs minutes here
+    assert isinstance(eager[0], float8.Float8Linear) and type(eager[2]) is nn.Linear and type(eager[3]) is nn.Linear
+    conversion = precision.conversion()
+    assert conversion["converted"] == ["0"] and conversion["format"] == "float8 tensorwise"
+    (left,) = conversion["left_out"]
+    assert left["layer"] == "2" and "too small to pay" in left["why"]
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    with precision.session():
+        for _ in range(2):
+            with precision.forward_context():
+                out = eager(torch.randn(8, 64))
+            assert out.dtype == torch.float32  # the fp32 rule's region casts the head back
+            precision.backward(out.square().mean())
+            precision.optimizer_step(opt)
+            opt.zero_grad()
+    assert all(torch.isfinite(p).all() for p in eager.parameters())
+    assert global_state() == before
+
+
+def test_the_record_says_what_a_float8_policy_converted_and_what_it_left_out():
+    from dtypelab.core.judging.recommend import _conversion_text
+
+    r = PolicyResult("fp8-rowwise", "ok", conversion={"format": "float8 rowwise", "converted": [], "left_out": [
+        {"layer": f"blocks.{i}.qkv", "why": "2304×768: too small to pay"} for i in range(6)]})
+    text = _conversion_text(r)
+    assert "float8 rowwise in 0 of 6 Linear layers" in text and "float part alone" in text
+    assert "blocks.0.qkv 2304×768: too small to pay" in text and "and 2 more" in text
+    assert _conversion_text(PolicyResult("fp32", "ok")) == ""
+
+
+def test_mfu_is_the_step_flops_against_the_rated_peak_of_the_dtype_that_did_most():
+    from dtypelab.profiling.summary import mfu
+
+    used, key, peak = mfu({"bfloat16": 4e14, "float32": 1e12}, 1.0, {"bfloat16": 989.5, "float32": 67}, tf32=False)
+    assert key == "bfloat16" and peak == 989.5 and used == pytest.approx(4.01e14 / 989.5e12)
+    assert mfu({"float32": 1e12}, 0.5, {"tf32": 494.5}, tf32=True)[1] == "tf32"
+    assert mfu({"float8_e4m3fn": 1e12}, 1.0, {"fp8": 1979}, tf32=False)[1] == "fp8"
+    assert mfu({"float32": 1e12}, 1.0, {}, tf32=False) == (None, "", None)  # a CPU: no datasheet
+
+
+def test_rated_peaks_by_device_name():
+    assert rated_peaks("NVIDIA H100 80GB HBM3")[1]["bfloat16"] == 989.5
+    assert rated_peaks("NVIDIA H100 PCIe")[1]["fp8"] == 1513
+    assert rated_peaks("NVIDIA H200")[1]["fp8"] == 1979
+    assert "fp8" not in rated_peaks("NVIDIA A100-SXM4-80GB")[1]
+    assert rated_peaks("NVIDIA A10G") == ("", {}) and rated_peaks("AMD EPYC") == ("", {})
+    hw = dataclasses.replace(_hw("cuda:0", (9, 0), "NVIDIA H100"), rated_tflops={"bfloat16": 989.5})
+    assert hw.rated("bfloat16") == 989.5e3 and hw.rated("fp8") is None
+    assert HardwareInfo.from_dict(hw.to_dict()) == hw
+
+
+def test_gpt2_runs_reduced_without_cuda_and_its_corpus_is_deterministic(monkeypatch):
+    from dtypelab.core.errors import TaskError
+    from dtypelab.core.task import load_task
+    from dtypelab.core.tasks import gpt2
+
+    for size in (gpt2.REDUCED, dataclasses.replace(gpt2.FULL, layers=1, vocab=1024, seq=128)):  # the formula
+        assert size.parameters == sum(p.numel() for p in gpt2.GPT(size).parameters())
+    assert round(gpt2.FULL.parameters / 1e6) == 124
+    monkeypatch.delenv("DTYPELAB_GPT2_SIZE", raising=False)
+    task = load_task("gpt2")
+    assert "reduced" in task.description and task.metric == "val_loss" and not task.higher_is_better
+    x, y = task.train_batch(3, 4)
+    assert x.shape == (4, gpt2.REDUCED.seq) and torch.equal(x[:, 1:], y[:, :-1])
+    assert torch.equal(task.train_batch(3, 4)[0], x) and not torch.equal(task.train_batch(4, 4)[0], x)
+    chain = gpt2.Chain(gpt2.REDUCED)
+    seqs = chain.sample(32, 0)
+    nxt = chain.successors[seqs[:, :-1]]  # outside the repeated span every token is one of its successors
+    follows = (nxt == seqs[:, 1:, None]).any(-1).float().mean()
+    assert follows > 0.8
+    monkeypatch.setenv("DTYPELAB_GPT2_SIZE", "huge")
+    with pytest.raises(TaskError, match="use full or reduced"):
+        load_task("gpt2")
+
+
+def test_gpt2_trains_reduced_and_its_loss_falls(monkeypatch):
+    from dtypelab import bench
+
+    monkeypatch.setenv("DTYPELAB_GPT2_SIZE", "reduced")
+    report = bench("gpt2", "fp32", device="cpu", steps=40, rounds=0)
+    r = report.result("fp32")
+    assert r.status == "ok" and r.losses[-1] < r.losses[0] - 0.5
+    assert 1 < r.metrics["perplexity"] < 512 and r.metrics["val_loss"] == pytest.approx(
+        torch.tensor(r.metrics["perplexity"]).log().item(), rel=1e-4)
+
+
+def test_registry_has_no_gpu_format_the_listing_omits():
+    from dtypelab.sweep.listing import policy_table
+
+    rows = {name: verdict for name, _, verdict in policy_table("cpu", _hw())}
+    assert all(rows[n].startswith("not here:") for n in GPU_ONLY)
+    assert set(REGISTRY) == set(rows)
