@@ -198,3 +198,49 @@ def test_registry_has_no_gpu_format_the_listing_omits():
     rows = {name: verdict for name, _, verdict in policy_table("cpu", _hw())}
     assert all(rows[n].startswith("not here:") for n in GPU_ONLY)
     assert set(REGISTRY) == set(rows)
+
+
+def test_tune_takes_float8_training_as_a_candidate_and_refuses_it_here(tiny):
+    import dtypelab
+
+    with pytest.raises(DtypelabError, match="candidate fp8-tensorwise cannot run here: float8 training"):
+        dtypelab.tune(tiny, mode="train", candidates="fp8-tensorwise", device="cpu")
+    with pytest.raises(DtypelabError, match="candidate int4-wo cannot run here"):
+        dtypelab.tune(tiny, mode="infer", candidates="int4-wo", device="cpu")
+
+
+def test_the_profile_table_gains_an_mfu_column_only_where_a_peak_is_rated():
+    from dtypelab.core.results import ProfileSummary, Report, RunConfig
+    from dtypelab.render.profile import breakdown_section
+
+    def report(mfu: float | None) -> Report:
+        prof = ProfileSummary(mode="train", steps=3, device="cuda", step_s=0.1, timed_step_s=0.09,
+                              phases={"forward": 0.03, "backward": 0.06}, categories={"matmul": 0.07, "other": 0.02,
+                                                                                      "cast": 0.0, "outside": 0.01},
+                              dtype_flops={"bfloat16": 3e13}, matmul_flops=3e13, mfu=mfu,
+                              mfu_key="bfloat16" if mfu else "", rated_tflops=989.5 if mfu else None)
+        config = RunConfig(task="gpt2", mode="train", policies=("amp-bf16",), steps=3, batch_size=16, warmup=1, seed=0,
+                           tolerance="1%", device="cuda", force=False, timeout_s=60, metric="val_loss",
+                           higher_is_better=False)
+        return Report(config, {}, results=(PolicyResult("amp-bf16", "ok", profile=prof),))
+
+    rated = breakdown_section(report(0.337))
+    assert "MFU" in rated.headers and rated.rows[0][rated.headers.index("MFU")] == "34%"
+    assert any("rated dense peak" in n and "amp-bf16 bfloat16 989.5" in n for n in rated.notes)
+    assert "MFU" not in breakdown_section(report(None)).headers
+
+
+def test_published_gpu_records_re_render_here():
+    """Every committed record under benchmarks/results/ (benchmarks/gpu_records.py) renders on this CPU."""
+    import glob
+    import os
+
+    from dtypelab.core.records import load_record
+    from dtypelab.render.page import report_html
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results")
+    files = [f for f in sorted(glob.glob(os.path.join(root, "*", "*.json"))) if not f.endswith("hardware.json")]
+    if not files:
+        pytest.skip("no GPU record is published yet (benchmarks/gpu_records.py writes them on a GPU)")
+    for path in files:
+        assert "<html" in report_html([load_record(path)]).lower(), path

@@ -17,7 +17,16 @@ from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import KERNEL_LABELS, HardwareInfo, environment, hardware_for, probe_notice
 from dtypelab.core.loop import build_model, to_device
 from dtypelab.core.options import parse_duration
-from dtypelab.core.policies import Autocast, Cast, Plan, Precision, get_policy, parse_policies, plan_from_dict
+from dtypelab.core.policies import (
+    Autocast,
+    Cast,
+    Float8Train,
+    Plan,
+    Precision,
+    get_policy,
+    parse_policies,
+    plan_from_dict,
+)
 from dtypelab.core.results import (
     LayerChoice,
     PlanEvaluation,
@@ -100,11 +109,13 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
         raise DtypelabError(f"task {task_obj.name} is inference-only: nothing to train (use --mode infer)")
     cands = parse_policies(candidates or DEFAULT_CANDIDATES[mode])
     for plan in cands:
-        if plan.rules or plan.compiles:
+        # float8 training compiles by its nature (torchao needs it); any other compiled candidate is a plan choice
+        if plan.rules or (plan.compiles and not isinstance(plan.default, Float8Train)):
             raise DtypelabError(f"candidate {plan.name}: a candidate is one whole-model config, not a plan")
-        if mode == "train" and (not isinstance(plan.default, (Cast, Autocast)) or plan.default == FP32):
-            raise DtypelabError(f"candidate {plan.name}: training plans take a whole-model cast or autocast "
-                                "(bf16, fp16, amp-bf16, amp-fp16), kept in fp32 on chosen layers")
+        if mode == "train" and (not isinstance(plan.default, (Cast, Autocast, Float8Train)) or plan.default == FP32):
+            raise DtypelabError(f"candidate {plan.name}: training plans take a whole-model cast, autocast or float8 "
+                                "training (bf16, fp16, amp-bf16, amp-fp16, fp8-tensorwise), kept in fp32 on chosen "
+                                "layers")
     notes: list[str] = []
     same = [p.name for p in cands if p.default == FP32]
     if same:  # fp32 is every plan's default: "converting" a layer to it changes nothing
