@@ -15,7 +15,9 @@ The runs (each the real command line in its own process, its output kept beside 
 - ``tune-infer``, ``tune-train``: the per-layer search on gpt2;
 - ``nproc1``: ``bench --nproc 1`` (torchrun, NCCL) on gpt2.
 
-Needs a CUDA GPU (refused otherwise) and about 25 minutes on an H100; nothing else may run on the GPU meanwhile.
+Needs a CUDA GPU (refused otherwise); nothing else may run on the GPU meanwhile. Each run is meant to take under
+10 minutes on an H100, so that one can go per call where calls are time-limited (``--only train``); ``--steps N``
+shortens the training runs where it does not.
 """
 
 from __future__ import annotations
@@ -51,8 +53,10 @@ def gpu_folder() -> str:
     return os.path.join(OUT, re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower())
 
 
-def run(name: str, folder: str, timeout_s: float) -> int:
+def run(name: str, folder: str, timeout_s: float, steps: int | None = None) -> int:
     what, args = RUNS[name]
+    if steps and args[0] == "bench":
+        args = [*args, "--steps", str(steps)]
     record, log = os.path.join(folder, f"{name}.json"), os.path.join(folder, f"{name}.log")
     cmd = ["dtypelab", *args, "--json", record]
     print(f"[{name}] {what}: {' '.join(cmd)}", flush=True)
@@ -76,6 +80,7 @@ def main() -> int:
     ap.add_argument("--fresh", action="store_true", help="run again even where a record exists")
     ap.add_argument("--list", action="store_true", help="list the runs and stop")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    ap.add_argument("--steps", type=int, default=None, help="training/inference steps of the bench runs [task's]")
     args = ap.parse_args()
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(RUNS)
     unknown = [n for n in names if n not in RUNS]
@@ -95,7 +100,7 @@ def main() -> int:
         if not args.fresh and os.path.exists(os.path.join(folder, f"{n}.json")):
             print(f"[{n}] recorded already (--fresh runs it again)")
             continue
-        if run(n, folder, args.timeout) != 0:
+        if run(n, folder, args.timeout, args.steps) != 0:
             failed.append(n)
     print(f"records in {folder}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0

@@ -190,3 +190,17 @@ def test_work_that_does_not_load_in_the_worker_is_said_in_one_line(tmp_path, mon
 def test_a_program_run_on_its_own_has_no_channel(monkeypatch):
     monkeypatch.delenv(ENV_CHANNEL, raising=False)
     assert connect() is None
+
+
+def test_the_entry_modules_run_with_python_m_without_runpy_warnings(monkeypatch):
+    """The package imports neither ``worker`` nor ``boot``: runpy would warn in every fresh worker's log otherwise."""
+    import subprocess
+    import sys
+
+    monkeypatch.delenv(ENV_CHANNEL, raising=False)
+    code = ("import dtypelab.run, sys; "
+            "print(sorted(m for m in ('dtypelab.run.worker', 'dtypelab.run.boot') if m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "[]"
+    run = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "dtypelab.run.worker"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "started by a dtypelab launcher" in run.stderr and "Warning" not in run.stderr

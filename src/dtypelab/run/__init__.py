@@ -11,7 +11,7 @@ from dtypelab.run.outcome import Outcome, failure
 from dtypelab.run.script import ScriptLauncher, ScriptRun
 from dtypelab.run.target import Target
 from dtypelab.run.torchrun import Torchrun, TorchrunLauncher
-from dtypelab.run.worker import heavy_modules
+from dtypelab.run.warm import heavy_modules
 
 __all__ = ["LAUNCHERS", "Event", "FanOutLauncher", "InlineLauncher", "Launcher", "OnEvent", "OnStep", "Outcome",
            "ProcessLauncher", "Reporter", "ScriptLauncher", "ScriptRun", "Target", "Torchrun", "TorchrunLauncher",

@@ -14,7 +14,7 @@ import random
 import runpy
 import sys
 
-ENV_SEED = "DTYPELAB_SEED"
+from dtypelab.run.warm import ENV_SEED
 
 
 def seed_everything(seed: int) -> None:

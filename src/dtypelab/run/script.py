@@ -19,11 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dtypelab.run.boot import ENV_SEED
 from dtypelab.run.channel import Channel
 from dtypelab.run.launchers import OnStep, ProcessLauncher, Watch, keep_warm, launch, log_path
 from dtypelab.run.outcome import Outcome, death_reason, last_line
-from dtypelab.run.worker import WARM
+from dtypelab.run.warm import ENV_SEED, WARM
 from dtypelab.run.zygote import Zygote
 
 
@@ -54,7 +53,7 @@ _IMPLIED = {"dtypelab.lightning": ("lightning",), "dtypelab.hf": ("transformers"
 
 
 def named_heavy_modules(path: str) -> tuple[str, ...]:
-    """The heavy libraries (``worker.WARM``) a script's source imports, read, never run: the zygote loads them once
+    """The heavy libraries (``warm.WARM``) a script's source imports, read, never run: the zygote loads them once
     before the script's first run instead of every run paying them (Lightning: about 8 s on 2 cores)."""
     import ast
 

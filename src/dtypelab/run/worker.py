@@ -11,16 +11,7 @@ import sys
 
 from dtypelab.run.channel import Reporter, connect, watch_parent
 from dtypelab.run.outcome import failure
-
-# Libraries a worker may import that cost seconds each: a worker says which it loaded, and the zygote imports them
-# before it forks the next one (between workers, never while one runs). Only these: a user's modules never run there.
-WARM = ("numpy", "safetensors", "torchao", "transformers", "tokenizers", "accelerate", "ml_dtypes", "lightning",
-        "sklearn", "pydantic")
-
-
-def heavy_modules() -> list[str]:
-    """Which of ``WARM`` this process has imported: a worker (or a script's session) says so at its end."""
-    return [m for m in WARM if m in sys.modules]
+from dtypelab.run.warm import heavy_modules
 
 
 def main() -> int:

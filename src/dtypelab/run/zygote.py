@@ -35,8 +35,6 @@ import time
 import traceback
 from typing import Any
 
-from dtypelab.run import worker
-
 POLL_S = 0.05
 READY_TIMEOUT_S = 120.0  # importing torch on a loaded 2-core machine can take tens of seconds
 
@@ -71,6 +69,8 @@ def _child(req: dict[str, Any]) -> None:
             boot.main()
             code = 0
         else:
+            from dtypelab.run import worker
+
             code = worker.main()
     except SystemExit as exc:  # as the interpreter ends on it: None is success, a message is printed and fails
         if exc.code is None or isinstance(exc.code, int):

@@ -1,0 +1,21 @@
+"""The heavy libraries a zygote keeps imported between the processes it forks (workers, scripts).
+
+Apart from ``worker`` and ``boot`` so that the package never imports those two: they are run with ``python -m``, and
+runpy warns about a module that its own package imported first.
+"""
+
+from __future__ import annotations
+
+import sys
+
+ENV_SEED = "DTYPELAB_SEED"  # the seed a script's RNGs get before its first line (run/boot.py)
+
+# Libraries a worker may import that cost seconds each: a worker says which it loaded, and the zygote imports them
+# before it forks the next one (between workers, never while one runs). Only these: a user's modules never run there.
+WARM = ("numpy", "safetensors", "torchao", "transformers", "tokenizers", "accelerate", "ml_dtypes", "lightning",
+        "sklearn", "pydantic")
+
+
+def heavy_modules() -> list[str]:
+    """Which of ``WARM`` this process has imported: a worker (or a script's session) says so at its end."""
+    return [m for m in WARM if m in sys.modules]
