@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dtypelab.core.hardware import HardwareInfo, probe, resolve_device
-from dtypelab.core.policies import NOT_IN_DEFAULT_SWEEP, REGISTRY
+from dtypelab.core.policies import REGISTRY, default_policies
 
 
 def policy_table(device: str | None = None, hardware: HardwareInfo | None = None) -> list[tuple[str, str, str]]:
@@ -17,8 +17,8 @@ def policy_table(device: str | None = None, hardware: HardwareInfo | None = None
             f"skipped unless --force: {avail.reason}" if avail.ok else f"not here: {avail.reason}")
         if plan.modes == ("infer",):
             verdict += " (inference only)"
-        left_out = [m for m, names in NOT_IN_DEFAULT_SWEEP.items() if name in names]
-        if left_out:
+        left_out = [m for m in plan.modes if name not in default_policies(m, dev.type)]
+        if left_out and avail.ok:
             verdict += f" (not in the default {', '.join(left_out)} sweep; name it to run it)"
         rows.append((name, plan.describe(), verdict))
     return rows
