@@ -214,6 +214,8 @@ def _kernel(key: str, dev: torch.device, n: int, flags: tuple[str, ...]) -> Call
         b8 = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn).t()  # _scaled_mm wants it column-major
         one = torch.ones((), device=dev)
         return lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    if dev.type != "cpu" and key != "int8":
+        return None  # the other kernels are CPU paths here; CUDA runs its own
     x = torch.randn(n, n, generator=g).to(dev)
     w8 = torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8).to(dev)
     scales = (torch.rand(n, generator=g) / 64).to(dev)
@@ -224,8 +226,6 @@ def _kernel(key: str, dev: torch.device, n: int, flags: tuple[str, ...]) -> Call
             # torchao's CPU path on VNNI without AMX: shifted to uint8 (u8s8), the form VNNI multiplies
             a = (a.to(torch.int32) + 128).to(torch.uint8)
         return lambda: torch._int_mm(a, w8.t()).to(torch.float32) * rows
-    if dev.type != "cpu":
-        return None  # the other kernels are CPU paths here; CUDA runs its own
     if key == "int8-fbgemm":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.ao's quantized tensors are deprecated: that is the point

@@ -244,13 +244,14 @@ def _quantize(model: nn.Module, assigned: dict[str, Config], conversion: dict[st
     modules = dict(model.named_modules())
     for config, names in groups.items():
         if config.scheme == "int4-weight-only":
-            odd = [n for n in names if modules[n].in_features % INT4_GROUP]
+            # tinygemm's tiles: input width in whole groups, outputs in whole tiles of 8
+            odd = [n for n in names if modules[n].in_features % INT4_GROUP or modules[n].out_features % 8]
             groups[config] = [n for n in names if n not in odd]
             conversion.setdefault("format", "int4 weight-only")
             conversion.setdefault("converted", []).extend(groups[config])
             conversion.setdefault("left_out", []).extend(
-                {"layer": n, "why": f"{modules[n].out_features}×{modules[n].in_features}: input width not a multiple "
-                                    f"of the group size {INT4_GROUP}"} for n in odd)
+                {"layer": n, "why": f"{modules[n].out_features}×{modules[n].in_features}: int4 needs the input width "
+                                    f"a multiple of {INT4_GROUP} (its group size) and the outputs of 8"} for n in odd)
     torchao = {c: names for c, names in groups.items() if c.library == "torchao"}
     legacy = {c: names for c, names in groups.items() if c.library == "torch.ao"}
     if torchao:
