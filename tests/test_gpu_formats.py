@@ -244,3 +244,18 @@ def test_published_gpu_records_re_render_here():
         pytest.skip("no GPU record is published yet (benchmarks/gpu_records.py writes them on a GPU)")
     for path in files:
         assert "<html" in report_html([load_record(path)]).lower(), path
+
+
+def test_float8_training_is_compared_with_its_fair_baseline_when_both_ran():
+    from dtypelab.core.judging.recommend import _conversion_text
+    from dtypelab.core.results import Report, RunConfig
+
+    config = RunConfig(task="gpt2", mode="train", policies=("fp8-tensorwise", "amp-bf16+compile"), steps=4,
+                       batch_size=16, warmup=1, seed=0, tolerance="1%", device="cuda", force=False, timeout_s=60,
+                       metric="val_loss", higher_is_better=False)
+    fp8 = PolicyResult("fp8-tensorwise", "ok", warmup=1, step_times_s=(9.0, 0.08, 0.08, 0.08),
+                       conversion={"format": "float8 tensorwise", "converted": ["blocks.0.qkv"], "left_out": []})
+    base = PolicyResult("amp-bf16+compile", "ok", warmup=1, step_times_s=(9.0, 0.1, 0.1, 0.1))
+    text = _conversion_text(fp8, Report(config, {}, results=(fp8, base)))
+    assert "1.25x the speed of amp-bf16+compile, its fair baseline" in text
+    assert "fair baseline" not in _conversion_text(fp8, Report(config, {}, results=(fp8,)))

@@ -300,8 +300,12 @@ def _linear_bytes(r: PolicyResult) -> float | None:
     return r.size["linear_weight_bytes"] if r.size else None
 
 
-def _conversion_text(r: PolicyResult) -> str:
-    """How much of the model a float8 / int4 policy converted, and what it left out (shapes, grouped by why)."""
+FLOAT8_BASELINE = "amp-bf16+compile"  # float8 training's fair baseline: compiled, bfloat16 autocast elsewhere
+
+
+def _conversion_text(r: PolicyResult, report: Report | None = None) -> str:
+    """How much of the model a float8 / int4 policy converted, what it left out (shapes), and for float8 training its
+    speed against ``FLOAT8_BASELINE`` when that ran too (each run's own median step)."""
     c = r.conversion
     if not c:
         return ""
@@ -312,6 +316,11 @@ def _conversion_text(r: PolicyResult) -> str:
     if out:
         shown = "; ".join(f"{e['layer']} {e['why']}" for e in out[:4])
         text += f"; left out: {shown}" + (f"; and {len(out) - 4} more" if len(out) > 4 else "")
+    base = report.result(FLOAT8_BASELINE) if report is not None and c.get("format", "").startswith("float8") else None
+    if base is not None and base.ran and base.timing and r.timing and r.timing.median > 0:
+        ratio = base.timing.median / r.timing.median
+        text += (f"; {ratio:.2f}x the speed of {FLOAT8_BASELINE}, its fair baseline (compiled, bfloat16 elsewhere; "
+                 "each run's own median step)")
     return text + "."
 
 
@@ -331,7 +340,7 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
         if info and info.compute_dtype == "int8" and hw and hw.native("int8") is False:
             notes.append(f"{r.policy}: this {hw.device_name or 'device'} has no int8 dot-product instructions "
                          "(VNNI/AMX), so its int8 matmuls are not native here.")
-        conversion = _conversion_text(r)
+        conversion = _conversion_text(r, report)
         if conversion:
             notes.append(conversion)
         fair = _compiled_text(r, report)
