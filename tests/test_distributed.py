@@ -178,3 +178,15 @@ def test_the_root_cause_is_the_rank_torchrun_names_not_its_consequences(tmp_path
     assert reason.startswith("rank 0 killed by SIGABRT: [enforce fail")
     mine = ("failed", "rank 0: ValueError: mine (at model.py:3)", 0)
     assert root_cause([consequence, mine], str(log)) == mine[:2]
+
+
+def test_one_rank_has_no_link_to_divide_by():
+    """bench --nproc 1: nothing crosses a link and its bandwidth measures 0; the estimate still models N ranks."""
+    cfg = RunConfig("t", "train", ("fp32", "fp32+ddp-fp16"), 10, 8, 1, 0, "1%", "cpu", False, 60, "acc", True,
+                    nproc=1)
+    runs = tuple(PolicyResult(name, "ok", step_times_s=(0.02,) * 5, metrics={"acc": 1.0}, distributed=DistStats(
+        1, 1, "gloo", "ddp", name, {"all_reduce": payload}, 0, 1, 0.0, 0.019, (1,), (0.02,), 1e-5, 0.0, 8 << 20))
+        for name, payload in (("fp32", 4 << 20), ("fp32+ddp-fp16", 2 << 20)))
+    est = estimate(Report(cfg, {}, runs), parse_links("25gbe"), {})
+    assert est.validation["fp32"] == pytest.approx((0.019 + 1e-5) / 0.02 - 1)
+    assert predict(runs[0], 8, 25.0) > predict(runs[1], 8, 25.0)  # the halved payload pays at 8 ranks

@@ -80,7 +80,8 @@ def predict(r: PolicyResult, n: int, gbps: float, base: PolicyResult | None = No
     ``alpha`` (None: the one measured in ``r``'s own run)."""
     d = r.distributed
     alpha = d.link_latency_s if alpha is None else alpha
-    return compute_of(r, base) + d.collectives * alpha + _wire(r, n) * 8 / (gbps * 1e9)
+    wire = _wire(r, n)  # nothing crosses a link on one rank, which also has no link bandwidth to measure (0)
+    return compute_of(r, base) + d.collectives * alpha + (wire * 8 / (gbps * 1e9) if wire else 0.0)
 
 
 def _verdict(r: PolicyResult, base: PolicyResult, points: list[ScalingPoint], accepted: bool) -> str:
