@@ -133,7 +133,8 @@ def wide_task():
 
 def test_float8_training_runs_compiled_and_records_its_layers():
     _needs((8, 9))
-    report = bench(wide_task(), "fp8-tensorwise,fp8-rowwise", device="cuda", steps=20, rounds=0)
+    # a Task object (not a file a child process can load) runs in this process
+    report = bench(wide_task(), "fp8-tensorwise,fp8-rowwise", device="cuda", steps=20, rounds=0, isolate=False)
     tw = report.result("fp8-tensorwise")
     assert tw.status == "ok", tw.reason
     assert set(tw.conversion["converted"]) == {"up", "down"}  # head: 16 outputs, too small / not a multiple of 16
@@ -146,14 +147,13 @@ def test_float8_training_runs_compiled_and_records_its_layers():
 @pytest.mark.parametrize("name", ["fp8-dyn-row", "fp8-dyn-tensor", "int4-wo"])
 def test_gpu_quantized_inference(name):
     _needs((8, 9) if name.startswith("fp8") else (8, 0))
-    report = bench(wide_task(), name, mode="infer", device="cuda", steps=5)
+    report = bench(wide_task(), name, mode="infer", device="cuda", steps=5, isolate=False)
     r = report.result(name)
     assert r.status == "ok", r.reason
-    # expected SQNR: e4m3 (3 mantissa bits) on weights and activations ~ 25-30 dB; int4 in groups of 128 ~ 18-24 dB
-    low = 15 if name == "int4-wo" else 20
-    assert low < r.fidelity["sqnr_db"] < 60, r.fidelity  # < 60: it really was quantized
-    if name == "int4-wo":
-        assert r.conversion["converted"] == ["up", "down", "head"]
+    # per layer, e4m3 on weights and activations gives ~25-30 dB and int4 in groups of 128 ~20 dB; three layers in
+    # a row lose some: the floor says the outputs are still the model's, the ceiling that it really was quantized
+    assert 10 < r.fidelity["sqnr_db"] < 60, r.fidelity
+    assert r.conversion["converted"] == ["up", "down", "head"] and not r.conversion["left_out"]
 
 
 @pytest.mark.parametrize("name", ["fp8-tensorwise", "fp8-rowwise", "fp8-dyn-row", "fp8-dyn-tensor", "int4-wo"])

@@ -109,7 +109,7 @@ def test_float8_training_converts_the_layers_that_pay_and_trains_here_emulated()
     eager = compiled._orig_mod  # the compiled wrapper's module: run eagerly, compiling a step costs minutes here
     assert isinstance(eager[0], float8.Float8Linear) and type(eager[2]) is nn.Linear and type(eager[3]) is nn.Linear
     conversion = precision.conversion()
-    assert conversion["converted"] == ["0"] and conversion["format"] == "float8 tensorwise"
+    assert conversion["converted"] == ["0"] and conversion["format"] == "float8 training (tensorwise)"
     (left,) = conversion["left_out"]
     assert left["layer"] == "2" and "too small to pay" in left["why"]
     opt = torch.optim.SGD(eager.parameters(), lr=0.1)
@@ -128,10 +128,11 @@ def test_float8_training_converts_the_layers_that_pay_and_trains_here_emulated()
 def test_the_record_says_what_a_float8_policy_converted_and_what_it_left_out():
     from dtypelab.core.judging.recommend import _conversion_text
 
-    r = PolicyResult("fp8-rowwise", "ok", conversion={"format": "float8 rowwise", "converted": [], "left_out": [
-        {"layer": f"blocks.{i}.qkv", "why": "2304×768: too small to pay"} for i in range(6)]})
+    left = [{"layer": f"blocks.{i}.qkv", "why": "2304×768: too small to pay"} for i in range(6)]
+    r = PolicyResult("fp8-rowwise", "ok",
+                     conversion={"format": "float8 training (rowwise)", "converted": [], "left_out": left})
     text = _conversion_text(r)
-    assert "float8 rowwise in 0 of 6 Linear layers" in text and "float part alone" in text
+    assert "float8 training (rowwise) in 0 of 6 Linear layers" in text and "float part alone" in text
     assert "blocks.0.qkv 2304×768: too small to pay" in text and "and 2 more" in text
     assert _conversion_text(PolicyResult("fp32", "ok")) == ""
 
@@ -254,8 +255,21 @@ def test_float8_training_is_compared_with_its_fair_baseline_when_both_ran():
                        batch_size=16, warmup=1, seed=0, tolerance="1%", device="cuda", force=False, timeout_s=60,
                        metric="val_loss", higher_is_better=False)
     fp8 = PolicyResult("fp8-tensorwise", "ok", warmup=1, step_times_s=(9.0, 0.08, 0.08, 0.08),
-                       conversion={"format": "float8 tensorwise", "converted": ["blocks.0.qkv"], "left_out": []})
+                       conversion={"format": "float8 training (tensorwise)", "converted": ["blocks.0.qkv"],
+                                   "left_out": []})
     base = PolicyResult("amp-bf16+compile", "ok", warmup=1, step_times_s=(9.0, 0.1, 0.1, 0.1))
     text = _conversion_text(fp8, Report(config, {}, results=(fp8, base)))
     assert "1.25x the speed of amp-bf16+compile, its fair baseline" in text
     assert "fair baseline" not in _conversion_text(fp8, Report(config, {}, results=(fp8,)))
+
+
+def test_a_gpu_format_says_which_layers_its_kernel_cannot_take():
+    """torchao leaves such layers as they are without a word; the record says it."""
+    from dtypelab.core.policies.precision import _unfit
+
+    int4, fp8 = Quantize("int4-weight-only"), Quantize("fp8-dynamic")
+    assert _unfit(int4, nn.Linear(1024, 4096)) is None and _unfit(fp8, nn.Linear(1024, 4096)) is None
+    assert "multiple of 128" in _unfit(int4, nn.Linear(384 + 8, 64)) and "outputs of 8" in _unfit(int4,
+                                                                                                   nn.Linear(128, 12))
+    assert _unfit(fp8, nn.Linear(8, 32)) == "32×8: float8 matmuls need dimensions divisible by 16"
+    assert _unfit(Quantize("int8-dynamic"), nn.Linear(8, 3)) is None

@@ -316,7 +316,8 @@ def _conversion_text(r: PolicyResult, report: Report | None = None) -> str:
     if out:
         shown = "; ".join(f"{e['layer']} {e['why']}" for e in out[:4])
         text += f"; left out: {shown}" + (f"; and {len(out) - 4} more" if len(out) > 4 else "")
-    base = report.result(FLOAT8_BASELINE) if report is not None and c.get("format", "").startswith("float8") else None
+    training = c.get("format", "").startswith("float8 training")
+    base = report.result(FLOAT8_BASELINE) if report is not None and training else None
     if base is not None and base.ran and base.timing and r.timing and r.timing.median > 0:
         ratio = base.timing.median / r.timing.median
         text += (f"; {ratio:.2f}x the speed of {FLOAT8_BASELINE}, its fair baseline (compiled, bfloat16 elsewhere; "

@@ -233,25 +233,32 @@ def _float8(model: nn.Module, assigned: dict[str, Config]) -> tuple[nn.Module, d
                     model, config=float8.Float8LinearConfig.from_recipe_name(config.recipe),
                     module_filter_fn=lambda m, fqn, chosen=chosen: fqn in chosen)
         converted += sorted(chosen)
-    formats = ", ".join(f"float8 {c.recipe}" for c in groups)
+    formats = ", ".join(f"float8 training ({c.recipe})" for c in groups)
     return model, {"format": formats, "converted": converted, "left_out": left_out}
 
 
+def _unfit(config: Quantize, layer: nn.Linear) -> str | None:
+    """Why a GPU format's kernel cannot take this layer (torchao would leave it as it is, silently), or None."""
+    n, k = layer.out_features, layer.in_features
+    if config.scheme == "int4-weight-only" and (k % INT4_GROUP or n % 8):  # tinygemm: whole groups, tiles of 8
+        return f"{n}×{k}: int4 needs the input width a multiple of {INT4_GROUP} (its group size) and the outputs of 8"
+    if config.scheme == "fp8-dynamic" and (k % 16 or n % 16):
+        return f"{n}×{k}: float8 matmuls need dimensions divisible by 16"
+    return None
+
+
 def _quantize(model: nn.Module, assigned: dict[str, Config], conversion: dict[str, Any]) -> nn.Module:
-    """Each quantize config applied to exactly the linear layers the plan gives it (int4's layers whose input
-    width its group size does not divide are left out, and ``conversion`` says so)."""
+    """Each quantize config applied to exactly the linear layers the plan gives it; a GPU format's layers its kernel
+    cannot take are left out, and ``conversion`` says so."""
     groups = _linear_names(model, assigned, Quantize)
     modules = dict(model.named_modules())
     for config, names in groups.items():
-        if config.scheme == "int4-weight-only":
-            # tinygemm's tiles: input width in whole groups, outputs in whole tiles of 8
-            odd = [n for n in names if modules[n].in_features % INT4_GROUP or modules[n].out_features % 8]
-            groups[config] = [n for n in names if n not in odd]
-            conversion.setdefault("format", "int4 weight-only")
+        if config.gpu_only:
+            unfit = {n: why for n in names if (why := _unfit(config, modules[n]))}
+            groups[config] = [n for n in names if n not in unfit]
+            conversion.setdefault("format", config.label)
             conversion.setdefault("converted", []).extend(groups[config])
-            conversion.setdefault("left_out", []).extend(
-                {"layer": n, "why": f"{modules[n].out_features}×{modules[n].in_features}: int4 needs the input width "
-                                    f"a multiple of {INT4_GROUP} (its group size) and the outputs of 8"} for n in odd)
+            conversion.setdefault("left_out", []).extend({"layer": n, "why": why} for n, why in unfit.items())
     torchao = {c: names for c, names in groups.items() if c.library == "torchao"}
     legacy = {c: names for c, names in groups.items() if c.library == "torch.ao"}
     if torchao:
