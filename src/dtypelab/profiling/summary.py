@@ -142,7 +142,14 @@ def _wrapper(name: str) -> bool:
 
 
 def _peak(dtype: str, peaks: dict[str, float], tf32: bool) -> float | None:
-    return peaks.get("tf32" if dtype == "float32" and tf32 else dtype)
+    return peaks.get(_probe_key(dtype, tf32))
+
+
+def _probe_key(dtype: str, tf32: bool) -> str:
+    """The hardware probe's (and the datasheet's) key for matmuls whose inputs are ``dtype``."""
+    if dtype.startswith("float8"):
+        return "fp8"  # torch._scaled_mm, whichever float8 flavour
+    return "tf32" if dtype == "float32" and tf32 else dtype
 
 
 def mfu(dtype_flops: dict[str, float], step_s: float, rated: dict[str, float], tf32: bool
@@ -152,7 +159,7 @@ def mfu(dtype_flops: dict[str, float], step_s: float, rated: dict[str, float], t
     if not dtype_flops or not rated or step_s <= 0:
         return None, "", None
     dtype = max(dtype_flops, key=lambda d: dtype_flops[d])
-    key = {"float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}.get(dtype, "tf32" if dtype == "float32" and tf32 else dtype)
+    key = _probe_key(dtype, tf32)
     peak = rated.get(key)
     if not peak:
         return None, key, None
@@ -198,7 +205,7 @@ def summarise(events: list[Any], *, mode: str, steps: int, walls: list[float], p
         dtype_time={k: v * per for k, v in sorted(t.dtype_time.items(), key=lambda kv: -kv[1])},
         dtype_flops=dtype_flops, mfu=used, mfu_key=key, rated_tflops=peak,
         matmul_flops=matmul_flops, utilisation=ideal * per / matmul_s if ideal and matmul_s > 0 else None,
-        peak_gflops={k: v for k, v in peaks.items() if k in (*_FLOATING, "tf32", "int8")},
+        peak_gflops={k: v for k, v in peaks.items() if k in (*_FLOATING, "tf32", "int8", "fp8")},
         bound=bound, fp32_under_autocast=_why_fp32(fp32, steps), fp64_ops=_listed(fp64, steps, "ran in float64"),
         warnings=warned)
 
