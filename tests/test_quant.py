@@ -14,7 +14,7 @@ from conftest import fake_hardware
 from torch import nn
 
 from dtypelab import DtypelabError, bench, export, load_exported, recommend
-from dtypelab.core.policies import REGISTRY, Precision, configs, get_policy, policies_for
+from dtypelab.core.policies import REGISTRY, Precision, get_policy, policies_for, quantize
 from dtypelab.inference.fidelity import compare
 from dtypelab.inference.sizes import linear_weight_bytes, serialize, tensor_bytes
 from dtypelab.render.bench import render
@@ -143,7 +143,7 @@ def test_unsupported_here_is_skipped_with_the_reason(tiny, monkeypatch):
     cuda = fake_hardware(device="cuda")
     why = get_policy("int8-dyn-legacy").availability(cuda)
     assert not why.ok and "CPU only" in why.reason
-    monkeypatch.setattr(configs, "torchao_missing", lambda: "torchao cannot be imported (planted)")
+    monkeypatch.setattr(quantize, "torchao_missing", lambda: "torchao cannot be imported (planted)")
     bench_module = sys.modules["dtypelab.sweep.sweep"]  # the package's `bench` attribute is the function
     monkeypatch.setattr(bench_module, "default_policies",
                         lambda mode, device="cpu": ["fp32", "int8-dyn", "int8-dyn-legacy"])

@@ -16,10 +16,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config, Float8Train, Quantize
+from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config
 from dtypelab.core.policies.distributed import Distributed, split_modifier
+from dtypelab.core.policies.float8 import Float8Train
 from dtypelab.core.policies.plan import PLAN_SCHEMA, Availability, Plan, single
 from dtypelab.core.policies.precision import Precision
+from dtypelab.core.policies.quantize import Quantize
 from dtypelab.core.results import PolicyInfo
 from dtypelab.core.results.store import read_json
 from dtypelab.core.tolerance import BASELINE, COMPILED_BASELINE

@@ -23,8 +23,9 @@ from torch import nn
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config, Quantize
+from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config
 from dtypelab.core.policies.distributed import Distributed
+from dtypelab.core.policies.quantize import Quantize
 
 PLAN_SCHEMA = "dtypelab.plan"
 PLAN_VERSION = 1

@@ -25,8 +25,10 @@ from torch import nn
 
 from dtypelab.core.backends import quiet, torchao_module
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.policies.configs import INT4_GROUP, TF32, Autocast, Cast, Config, Float8Train, Quantize
+from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config
+from dtypelab.core.policies.float8 import Float8Train
 from dtypelab.core.policies.plan import Plan
+from dtypelab.core.policies.quantize import INT4_GROUP, Quantize
 from dtypelab.core.scaler import ScalerLog
 from dtypelab.core.task import map_tensors
 

@@ -1,0 +1,77 @@
+"""``Float8Train``: training on float8 tensor cores (torchao's ``convert_to_float8_training``), GPU only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from dtypelab.core.backends import torchao_missing
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.policies.configs import Config, cuda_missing
+
+FLOAT8_RECIPES = ("tensorwise", "rowwise")
+FLOAT8_FLOOR = (8, 9)  # Ada and Hopper: float8 tensor cores
+
+
+@dataclass(frozen=True)
+class Float8Train(Config):
+    """Training on float8 tensor cores (torchao's ``convert_to_float8_training``): each ``nn.Linear`` large enough
+    to pay runs its three matmuls (forward, input and weight gradients) in float8 with scales per tensor
+    (``tensorwise``) or per row (``rowwise``); every other op runs under bfloat16 autocast; the model is compiled,
+    which torchao needs to fuse the casts. ``min_size``: "auto" leaves out layers whose shapes torchao measured
+    slower in float8 on an H100 (casting costs more than the matmul saves), "none" converts every layer whose
+    dimensions are multiples of 16 (the hardware's requirement)."""
+
+    kind: ClassVar[str] = "float8-train"
+    modes: ClassVar[tuple[str, ...]] = ("train",)
+    compute_dtype: ClassVar[str] = "float8_e4m3fn"
+    backend: ClassVar[str] = "torchao"
+    compiles: ClassVar[bool] = True
+    autocast_dtype: ClassVar[str] = "bfloat16"
+    gpu_only: ClassVar[bool] = True
+    recipe: str = "tensorwise"
+    min_size: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.recipe not in FLOAT8_RECIPES:
+            raise DtypelabError(f"float8-train: unknown recipe {self.recipe!r}; use one of {', '.join(FLOAT8_RECIPES)}")
+        if self.min_size not in ("auto", "none"):
+            raise DtypelabError(f"float8-train: min_size must be auto or none, not {self.min_size!r}")
+
+    @property
+    def probe_key(self) -> str:
+        return "fp8"
+
+    @property
+    def label(self) -> str:
+        return f"fp8-{self.recipe}" + ("-all" if self.min_size == "none" else "")
+
+    @property
+    def arithmetic(self) -> str:
+        scales = "one scale per tensor" if self.recipe == "tensorwise" else "scales per row"
+        return (f"float8 tensor-core matmuls (e4m3, {scales}) in the converted Linear layers, bfloat16 autocast "
+                "elsewhere")
+
+    def describe(self) -> str:
+        which = "large enough to pay" if self.min_size == "auto" else "with dimensions divisible by 16"
+        return (f"float8 training ({self.recipe} scales, torchao) in the Linear layers {which}, bfloat16 autocast "
+                "elsewhere, under torch.compile")
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        return torchao_missing() or cuda_missing(hw, "float8 training runs float8 tensor-core matmuls: it",
+                                                 FLOAT8_FLOOR)
+
+    def left_out(self, out_features: int, in_features: int) -> str | None:
+        """Why a Linear layer of this shape stays out of float8, or None to convert it. The size thresholds are
+        torchao's own (``_auto_filter_for_recipe``), from its float8 microbenchmarks on an H100."""
+        n, k = out_features, in_features
+        if n % 16 or k % 16:
+            return f"{n}×{k}: float8 matmuls need dimensions divisible by 16"
+        if self.min_size == "none":
+            return None
+        if self.recipe == "tensorwise" and k <= 4096 and n <= 1024:
+            return f"{n}×{k}: too small to pay (tensorwise gains need out > 1024 or in > 4096)"
+        if self.recipe == "rowwise" and (n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048)):
+            return f"{n}×{k}: too small to pay (rowwise gains need out > 2048 and in > 1024, and more than 4096×2048)"
+        return None

@@ -1,0 +1,167 @@
+"""``Quantize``: inference only, every ``nn.Linear`` it covers becomes an int8, fp8 or int4 layer (torchao's configs,
+or the deprecated ``torch.ao.quantization``)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from dtypelab.core.backends import torchao_missing, torchao_module
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.policies.configs import Config, cuda_missing
+
+# scheme -> (what it stores and computes, compute dtype for the probe, emulated)
+SCHEMES = {
+    "int8-dynamic": ("int8 × int8 matmul, activations quantized per token at run time", "int8", False),
+    "int8-weight-only": ("float matmul on int8 weights scaled per channel (weight-only: activations stay "
+                         "float)", "float32", False),
+    "fp8-weight-only": ("emulated: fp8 e4m3 weights dequantized to float32 for every matmul", "float32", True),
+    "fp8-dynamic": ("float8 e4m3 × e4m3 tensor-core matmul (torch._scaled_mm), activations quantized at run time, "
+                    "bfloat16 out", "float8_e4m3fn", False),
+    "int4-weight-only": ("bfloat16 activations × int4 weights in groups of 128 (tinygemm's "
+                         "torch._weight_int4pack_mm)", "bfloat16", False),
+}
+# GPU-only schemes: bfloat16 models (their kernels take bfloat16 activations), a CUDA compute capability floor.
+GPU_SCHEMES = {"fp8-dynamic": ((8, 9), "float8 tensor-core matmuls (torch._scaled_mm)"),
+               "int4-weight-only": ((8, 0), "tinygemm's int4 CUDA kernel (torch._weight_int4pack_mm)")}
+INT4_GROUP = 128  # torchao's default group size; a layer whose input width it does not divide stays unquantized
+BACKENDS = ("torchao", "torch.ao")
+GRANULARITIES = ("per-channel", "per-tensor")
+
+
+@dataclass(frozen=True)
+class Quantize(Config):
+    """Inference only: every ``nn.Linear`` it covers becomes an int8 / fp8 layer.
+
+    ``backend`` torchao (``quantize_`` with its frozen configs; weights per output channel, activations
+    per token) or torch.ao (the deprecated ``quantize_dynamic``: int8-dynamic only, CPU only, activations
+    per tensor, weights ``granularity``). ``compile``: run the model under ``torch.compile`` (inductor
+    fuses the quantize and rescale steps; the first call compiles).
+    """
+
+    kind: ClassVar[str] = "quantize"
+    modes: ClassVar[tuple[str, ...]] = ("infer",)
+    scheme: str = "int8-dynamic"
+    library: str = "torchao"
+    granularity: str = "per-channel"
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise DtypelabError(f"quantize: unknown scheme {self.scheme!r}; use one of {', '.join(SCHEMES)}")
+        if self.library not in BACKENDS:
+            raise DtypelabError(f"quantize: unknown backend {self.library!r}; use torchao or torch.ao")
+        if self.granularity not in GRANULARITIES:
+            raise DtypelabError(f"quantize: granularity must be per-channel or per-tensor, not {self.granularity!r}")
+        if self.library == "torch.ao" and (self.scheme != "int8-dynamic" or self.compile):
+            raise DtypelabError("quantize: the torch.ao backend offers int8-dynamic only, without compile")
+        if self.library == "torchao" and self.granularity != "per-channel" and self.scheme != "fp8-dynamic":
+            raise DtypelabError("quantize: torchao's configs here are per-channel (weights) / per-token; "
+                                "per-tensor is for fp8-dynamic and the torch.ao backend")
+
+    @property
+    def compute_dtype(self) -> str:
+        return SCHEMES[self.scheme][1]
+
+    @property
+    def storage_dtype(self) -> str:
+        return "bfloat16" if self.scheme in GPU_SCHEMES else "float32"
+
+    @property
+    def gpu_only(self) -> bool:
+        return self.scheme in GPU_SCHEMES
+
+    @property
+    def probe_key(self) -> str:
+        if self.scheme == "fp8-dynamic":
+            return "fp8"  # the probe's torch._scaled_mm
+        if self.library == "torch.ao":
+            return "int8-fbgemm"
+        if self.scheme == "int8-dynamic":
+            # compiled too: inductor fuses the quantize/dequantize around it but keeps an int8 x int8 matmul,
+            # which is slow where torch._int_mm is (on an AVX2-only EPYC without VNNI: 19x slower than fp32 on
+            # minilm, 0.45x on digits), so the probe's int8 verdict holds for both
+            return "int8"
+        return self.scheme
+
+    @property
+    def backend(self) -> str:
+        return "torchao" if self.library == "torchao" else "torch.ao.quantization (deprecated)"
+
+    @property
+    def arithmetic(self) -> str:
+        if self.library == "torch.ao":
+            if self.granularity == "per-channel":
+                return "int8 × int8 matmul (fbgemm/x86), per-channel weights, per-tensor activations"
+            return "int8 × int8 matmul (fbgemm/x86), activations quantized per tensor at run time"
+        return SCHEMES[self.scheme][0]
+
+    @property
+    def emulated(self) -> bool:
+        return SCHEMES[self.scheme][2]
+
+    @property
+    def compiles(self) -> bool:
+        return self.compile
+
+    @property
+    def label(self) -> str:
+        short = {"int8-dynamic": "int8-dyn", "int8-weight-only": "int8-wo", "fp8-weight-only": "fp8-wo",
+                 "fp8-dynamic": "fp8-dyn", "int4-weight-only": "int4-wo"}[self.scheme]
+        if self.scheme == "fp8-dynamic":
+            short += "-row" if self.granularity == "per-channel" else "-tensor"
+        if self.library == "torch.ao":
+            return short + "-legacy" + ("-pc" if self.granularity == "per-channel" else "")
+        return short + ("-compile" if self.compile else "")
+
+    def describe(self) -> str:
+        what = {"int8-dynamic": "int8 weights (per channel) + int8 activations (per token)",
+                "int8-weight-only": "int8 weights (per channel), float activations",
+                "fp8-weight-only": "fp8 e4m3 weights (per channel), float activations",
+                "fp8-dynamic": "fp8 e4m3 weights + fp8 activations (" + (
+                    "per row: weights per output channel, activations per token" if self.granularity == "per-channel"
+                    else "one scale per tensor") + "), bfloat16 elsewhere",
+                "int4-weight-only": f"int4 weights (groups of {INT4_GROUP}), bfloat16 activations"}[self.scheme]
+        if self.library == "torch.ao":
+            scales = "one weight scale per output channel" if self.granularity == "per-channel" else (
+                "one scale per tensor")
+            return f"int8 weights + activations, {scales}, torch.ao.quantization (deprecated), CPU"
+        tail = " under torch.compile (inductor fuses the quantize/scale steps); first call compiles" if self.compile \
+            else (", torchao (emulated: fp8 storage only)" if self.emulated else ", torchao")
+        return what + tail
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        if self.library == "torch.ao":
+            if hw.is_cuda:
+                return "torch.ao dynamic quantization runs on the CPU only (fbgemm/x86 kernels)"
+            engines = [e for e in torch.backends.quantized.supported_engines if e in ("x86", "fbgemm", "qnnpack")]
+            return None if engines else "this torch build has no quantized CPU engine (x86, fbgemm or qnnpack)"
+        missing = torchao_missing()
+        if missing:
+            return missing
+        if self.scheme in GPU_SCHEMES:
+            floor, what = GPU_SCHEMES[self.scheme]
+            return cuda_missing(hw, f"{self.label} runs {what}: it", floor)
+        if self.compile and not hw.is_cuda and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+            return "torch.compile on the CPU needs a C++ compiler (g++ or clang++), none found"
+        return None
+
+    def torchao_config(self) -> Any:
+        """The torchao config object (``set_inductor_config=False``: dtypelab patches inductor per run, never
+        process-wide)."""
+        q = torchao_module("quantization")
+        if self.scheme == "int8-dynamic":
+            return q.Int8DynamicActivationInt8WeightConfig(set_inductor_config=False)
+        if self.scheme == "int8-weight-only":
+            return q.Int8WeightOnlyConfig(set_inductor_config=False)
+        if self.scheme == "fp8-dynamic":
+            granularity = q.PerRow() if self.granularity == "per-channel" else q.PerTensor()
+            return q.Float8DynamicActivationFloat8WeightConfig(granularity=granularity, set_inductor_config=False)
+        if self.scheme == "int4-weight-only":  # tinygemm's layout: the int4 kernel torch itself ships for CUDA
+            return q.Int4WeightOnlyConfig(group_size=INT4_GROUP, int4_packing_format="tile_packed_to_4d",
+                                          set_inductor_config=False)
+        return q.Float8WeightOnlyConfig(weight_dtype=torch.float8_e4m3fn, set_inductor_config=False)
