@@ -10,6 +10,14 @@ from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies.configs import Config, cuda_missing
 
+
+def float8_unfit(out_features: int, in_features: int) -> str | None:
+    """Why float8 tensor cores cannot multiply by a weight of this shape (training or inference), or None."""
+    if out_features % 16 or in_features % 16:
+        return f"{out_features}×{in_features}: float8 matmuls need dimensions divisible by 16"
+    return None
+
+
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
 FLOAT8_FLOOR = (8, 9)  # Ada and Hopper: float8 tensor cores
 
@@ -66,10 +74,8 @@ class Float8Train(Config):
         """Why a Linear layer of this shape stays out of float8, or None to convert it. The size thresholds are
         torchao's own (``_auto_filter_for_recipe``), from its float8 microbenchmarks on an H100."""
         n, k = out_features, in_features
-        if n % 16 or k % 16:
-            return f"{n}×{k}: float8 matmuls need dimensions divisible by 16"
-        if self.min_size == "none":
-            return None
+        if float8_unfit(n, k) or self.min_size == "none":
+            return float8_unfit(n, k)
         if self.recipe == "tensorwise" and k <= 4096 and n <= 1024:
             return f"{n}×{k}: too small to pay (tensorwise gains need out > 1024 or in > 4096)"
         if self.recipe == "rowwise" and (n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048)):

@@ -26,7 +26,7 @@ from torch import nn
 from dtypelab.core.backends import quiet, torchao_module
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config
-from dtypelab.core.policies.float8 import Float8Train
+from dtypelab.core.policies.float8 import Float8Train, float8_unfit
 from dtypelab.core.policies.plan import Plan
 from dtypelab.core.policies.quantize import INT4_GROUP, Quantize
 from dtypelab.core.scaler import ScalerLog
@@ -244,9 +244,7 @@ def _unfit(config: Quantize, layer: nn.Linear) -> str | None:
     n, k = layer.out_features, layer.in_features
     if config.scheme == "int4-weight-only" and (k % INT4_GROUP or n % 8):  # tinygemm: whole groups, tiles of 8
         return f"{n}×{k}: int4 needs the input width a multiple of {INT4_GROUP} (its group size) and the outputs of 8"
-    if config.scheme == "fp8-dynamic" and (k % 16 or n % 16):
-        return f"{n}×{k}: float8 matmuls need dimensions divisible by 16"
-    return None
+    return float8_unfit(n, k) if config.scheme == "fp8-dynamic" else None
 
 
 def _quantize(model: nn.Module, assigned: dict[str, Config], conversion: dict[str, Any]) -> nn.Module:
