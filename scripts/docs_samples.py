@@ -111,9 +111,9 @@ def main() -> None:
     if "gpu" in wanted:  # the committed GPU records (benchmarks/gpu_records.py), re-rendered: no GPU needed here
         results = os.path.join(ROOT, "benchmarks", "results")
         for gpu in sorted(os.listdir(results)) if os.path.isdir(results) else []:
-            for run_name in ("hardware", "train", "infer", "profile", "tune-infer", "tune-train", "nproc1"):
+            for run_name in ("train", "infer", "profile", "tune-infer", "tune-train", "nproc1"):  # records to show
                 record = os.path.join("benchmarks", "results", gpu, f"{run_name}.json")
-                if run_name != "hardware" and os.path.exists(os.path.join(ROOT, record)):
+                if os.path.exists(os.path.join(ROOT, record)):
                     with open(os.path.join(SAMPLES, f"gpu-{gpu}-{run_name}.txt"), "w") as f:
                         f.write(run(f"dtypelab show {record}"))
     if "cli" in wanted:

@@ -126,7 +126,7 @@ def test_float8_training_converts_the_layers_that_pay_and_trains_here_emulated()
 
 
 def test_the_record_says_what_a_float8_policy_converted_and_what_it_left_out():
-    from dtypelab.core.judging.recommend import _conversion_text
+    from dtypelab.core.judging.notes import _conversion_text
 
     left = [{"layer": f"blocks.{i}.qkv", "why": "2304×768: too small to pay"} for i in range(6)]
     r = PolicyResult("fp8-rowwise", "ok",
@@ -248,7 +248,7 @@ def test_published_gpu_records_re_render_here():
 
 
 def test_float8_training_is_compared_with_its_fair_baseline_when_both_ran():
-    from dtypelab.core.judging.recommend import _conversion_text
+    from dtypelab.core.judging.notes import _conversion_text
     from dtypelab.core.results import Report, RunConfig
 
     config = RunConfig(task="gpt2", mode="train", policies=("fp8-tensorwise", "amp-bf16+compile"), steps=4,

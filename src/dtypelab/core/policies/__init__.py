@@ -74,7 +74,7 @@ register("int4-wo", Quantize("int4-weight-only"))
 # GPU it takes seconds, and the compiled float policies are float8 training's fair baselines.
 NOT_IN_DEFAULT_SWEEP = {"train": frozenset({"fp32+compile", "bf16+compile", "amp-bf16+compile"}),
                         "infer": frozenset({"fp64", "amp-bf16+compile"})}
-NOT_IN_DEFAULT_GPU_SWEEP = {"infer": frozenset({"fp64", "amp-bf16+compile"})}
+NOT_IN_DEFAULT_GPU_SWEEP = {"infer": NOT_IN_DEFAULT_SWEEP["infer"]}
 
 
 def policies_for(mode: str) -> list[str]:

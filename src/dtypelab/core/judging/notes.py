@@ -1,0 +1,132 @@
+"""The footnotes under a bench table, carried in its ``Recommendation``: how each policy computes, compiled policies
+against their fair baselines, what a float8 / int4 policy converted, emulated formats, what the columns mean, and
+the policies the interleaved rounds left out."""
+
+from __future__ import annotations
+
+from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.results import COMPILED_BASELINE, PolicyResult, PolicyVerdict, Report
+from dtypelab.core.stats import CLEARLY_SLOWER, MIN_GAIN
+
+
+def _compiled_text(r: PolicyResult, report: Report) -> str:
+    """A compiled policy against compiled fp32, its fair baseline (compilation alone speeds fp32 up too)."""
+    base = report.result(COMPILED_BASELINE)
+    if r.policy == COMPILED_BASELINE or not (r.info and r.info.compiles) or not r.ran or not base or not base.ran:
+        return ""
+    ci = r.compiled_ci
+    if ci:
+        how = f"{ci.point:.2f}x ({ci.low:.2f}–{ci.high:.2f}, paired rounds)"
+    elif r.timing and base.timing:
+        how = f"{base.timing.median / r.timing.median:.2f}x (medians)"
+    else:
+        return ""
+    return (f"{r.policy} vs {COMPILED_BASELINE}, its fair baseline (compiling speeds fp32 up too): {how}; "
+            "the speedup column is vs eager fp32.")
+
+
+COLD_CACHE_NOTE_S = 10.0  # compilation a warm cache saves, below which a re-run is not worth a note
+
+
+def _compile_s(r: PolicyResult) -> tuple[float | None, float | None]:
+    """A compiled policy's first forward call in its own run and in the rounds: (cold, warm). Inference only: a
+    training run compiles while it primes, so no step of its own shows the cost."""
+    if not (r.info and r.info.compiles) or r.first_call_s is None:
+        return None, None
+    return r.first_call_s, r.rounds_first_call_s
+
+
+def _linear_bytes(r: PolicyResult) -> float | None:
+    return r.size["linear_weight_bytes"] if r.size else None
+
+
+FLOAT8_BASELINE = "amp-bf16+compile"  # float8 training's fair baseline: compiled, bfloat16 autocast elsewhere
+
+
+def _conversion_text(r: PolicyResult, report: Report | None = None) -> str:
+    """How much of the model a float8 / int4 policy converted, what it left out (shapes), and for float8 training its
+    speed against ``FLOAT8_BASELINE`` when that ran too (each run's own median step)."""
+    c = r.conversion
+    if not c:
+        return ""
+    done, out = c.get("converted", []), c.get("left_out", [])
+    text = f"{r.policy}: {c.get('format', 'converted')} in {len(done)} of {len(done) + len(out)} Linear layers"
+    if not done:
+        text += " (none, so its speed is that of its float part alone)"
+    if out:
+        shown = "; ".join(f"{e['layer']} {e['why']}" for e in out[:4])
+        text += f"; left out: {shown}" + (f"; and {len(out) - 4} more" if len(out) > 4 else "")
+    # only a training sweep has it (the fp8 and int4 inference formats are judged against fp32 alone)
+    base = report.result(FLOAT8_BASELINE) if report is not None and report.config.mode == "train" else None
+    if base is not None and base.ran and base.timing and r.timing and r.timing.median > 0:
+        ratio = base.timing.median / r.timing.median
+        text += (f"; {ratio:.2f}x the speed of {FLOAT8_BASELINE}, its fair baseline (compiled, bfloat16 elsewhere; "
+                 "each run's own median step)")
+    return text + "."
+
+
+def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None) -> list[str]:
+    """The footnotes under the table: how each policy computes, compiled baselines, emulated formats, what the
+    columns mean, policies left out of the rounds (by their ``verdicts``), noisy timings."""
+    notes: list[str] = []
+    ran = [r for r in report.results if r.ran]
+    try:
+        hw = HardwareInfo.from_dict(report.environment["hardware"])
+    except (KeyError, TypeError):  # a record without (a whole) hardware description
+        hw = None
+    for r in ran:
+        info = r.info
+        if info and info.arithmetic:
+            notes.append(f"{r.policy} ({info.backend}): {info.arithmetic}.")
+        if info and info.compute_dtype == "int8" and hw and hw.native("int8") is False:
+            notes.append(f"{r.policy}: this {hw.device_name or 'device'} has no int8 dot-product instructions "
+                         "(VNNI/AMX), so its int8 matmuls are not native here.")
+        conversion = _conversion_text(r, report)
+        if conversion:
+            notes.append(conversion)
+        fair = _compiled_text(r, report)
+        if fair:
+            notes.append(fair)
+        cold, warm = _compile_s(r)
+        if cold:
+            again = f"; {warm:.1f} s when the rounds compiled it again from that cache" if warm else ""
+            notes.append(f"{r.policy}: the first call took {cold:.1f} s (compilation, which inductor caches on disk "
+                         f"for later runs{again}), outside the latency.")
+    times = [_compile_s(r) for r in ran]
+    cold_all, warm_all = sum(c for c, w in times if c and w), sum(w for c, w in times if c and w)
+    if cold_all - warm_all >= COLD_CACHE_NOTE_S:
+        notes.append(f"Compiling took {cold_all:.0f} s of this sweep; from inductor's on-disk cache, now warm, the "
+                     f"same graphs took {warm_all:.0f} s, so a re-run is about {cold_all - warm_all:.0f} s shorter.")
+    if any(r.info and r.info.emulated for r in ran):
+        notes.append("† emulated format: stored in it but computed in a wider type; its speed is not the "
+                     "format's native speed.")
+    if any(_linear_bytes(r) for r in ran):
+        notes.append("size MB: the converted model's file (safetensors, or torch.save for torch.ao's packed "
+                     "modules); linear W: bytes of linear-layer weights incl. scales, vs fp32.")
+    cfg = report.config
+    if any(r.speedup_ci for r in report.results):
+        most = max((len(r.rounds) for r in report.results), default=0)
+        more = (f" (up to {most} for a policy whose interval still reached below the {1 + MIN_GAIN:.2f}x band "
+                "while its point lay above it)") if most > cfg.rounds else ""
+        steps = f"{cfg.rounds_block} step{'s' if cfg.rounds_block != 1 else ''}"
+        notes.append(f"speedup: geometric mean of fp32's block median over the policy's, over {cfg.rounds} "
+                     f"interleaved rounds{more} of {steps} in one process (paired: the same round, "
+                     "the same batches), with a 95% Student-t interval; step ms is from each policy's own run.")
+    settled = [r.policy for r in ran if r.timing and not r.speedup_ci and verdicts and r.policy in verdicts
+               and verdicts[r.policy].verdict.settled]
+    if settled and any(r.speedup_ci for r in report.results):
+        notes.append(f"{', '.join(settled)}: not timed in the rounds (a policy outside the constraints is rejected "
+                     "whatever its speed); its speedup is the ratio of each run's own median, without an interval.")
+    placed = [r for r in report.results if r.ran_on]
+    if placed or report.rounds_on:
+        runs = "; ".join(f"{r.policy} on {r.ran_on}" for r in placed)
+        rounds = f"; the speed rounds, every policy on one device: {report.rounds_on}" if report.rounds_on else ""
+        notes.append(f"Where each learning run went: {runs or 'this machine'}{rounds}.")
+    slower = [r.policy for r in ran if r.rounds_skip == "slower" and not r.speedup_ci]
+    if slower:
+        notes.append(f"{', '.join(slower)}: not timed in the rounds (its own run and fp32's, both undisturbed, put it "
+                     f"at or below {CLEARLY_SLOWER:.2f}x fp32's speed: more rounds could not make it the answer); its "
+                     "speedup is the ratio of each run's own median, without an interval.")
+    if any(r.timing and r.timing.noisy for r in report.results):
+        notes.append("* noisy timing: IQR above 10% of the median; compare such policies with care.")
+    return notes
