@@ -65,6 +65,34 @@ def make_calm_task() -> Task:
                 batch_size=32)
 
 
+def leveling_scale(step: int) -> float:
+    """Fast growth over the first 30 steps (x10 every 10 steps, to about 4% of fp16's limit at fc1's outputs), then
+    slow growth (x3.5 over the last 40): they end near 15% of the limit. A straight line through the early readings'
+    log says fp16 overflows around step 40; it never does."""
+    return 10.0 ** (0.1 * step if step < 29 else 2.9 + 0.55 * (step - 29) / (STEPS - 30))
+
+
+def linear_scale(step: int) -> float:
+    """Growth in a straight line: fc1's outputs end near 15% of fp16's limit."""
+    return 1.0 + 3000.0 * step / (STEPS - 1)
+
+
+def make_leveling_task() -> Task:
+    """Control: a layer's range grows fast early, then slowly, and never comes near fp16's limit: nothing moves."""
+    return Task(name="leveling", make_model=Drifting, train_batch=_batch(leveling_scale),
+                loss_fn=nn.functional.cross_entropy, evaluate=_accuracy(leveling_scale(STEPS - 1)), metric="accuracy",
+                higher_is_better=True, make_optimizer=lambda p: torch.optim.Adam(p, lr=1e-2), steps=STEPS,
+                batch_size=32)
+
+
+def make_linear_task() -> Task:
+    """Control: a layer's range grows linearly to about 15% of fp16's limit: nothing moves."""
+    return Task(name="linear", make_model=Drifting, train_batch=_batch(linear_scale),
+                loss_fn=nn.functional.cross_entropy, evaluate=_accuracy(linear_scale(STEPS - 1)), metric="accuracy",
+                higher_is_better=True, make_optimizer=lambda p: torch.optim.Adam(p, lr=1e-2), steps=STEPS,
+                batch_size=32)
+
+
 def make_tiny_loss_task() -> Task:
     """Underflow: a loss weighted by 1e-6 makes every gradient smaller than fp16's smallest subnormal; without a
     GradScaler, each layer computed in fp16 flushes its gradients to zero and stops learning."""

@@ -16,11 +16,12 @@ from test_policies import global_state
 
 import dtypelab
 from dtypelab import Autocast, Cast, DtypelabError, Plan, Precision, load_plan, load_record
-from dtypelab.piloting.controller import Controller
+from dtypelab.piloting.controller import Controller, Rules, crossing_step
 from dtypelab.piloting.monitor import Reading
 
 TASKS = os.path.join(os.path.dirname(HERE), "examples", "autopilot_tasks.py")
 DRIFT, CALM = f"{TASKS}:make_drift_task", f"{TASKS}:make_calm_task"
+LEVELING, LINEAR = f"{TASKS}:make_leveling_task", f"{TASKS}:make_linear_task"
 
 
 def run(task: str, **settings):
@@ -44,7 +45,8 @@ def test_a_layer_drifting_toward_the_limit_is_moved_alone_before_it_overflows(fp
     assert report.status == "ok" and not report.rollbacks
     assert [(m.layer, m.from_, m.to) for m in report.moves] == [("fc1", "amp-fp16", "fp32")]
     move = report.moves[0]
-    assert move.cause in ("trend", "headroom") and move.amax < move.limit
+    # by its trend, at under half the limit, before the headroom rule (50% on two readings) could see it
+    assert move.cause == "trend" and move.amax < 0.5 * move.limit and "crosses the limit at about step" in move.evidence
     assert len(report.losses) == 70 and all(math.isfinite(v) for v in report.losses)
     assert report.metrics["accuracy"] >= fp32_accuracy - 0.01
     assert report.final_plan["rules"] == [{"pattern": "fc1", "config": {"kind": "cast", "dtype": "float32"}}]
@@ -91,25 +93,63 @@ def test_a_nan_no_wider_format_fixes_stops_with_the_diagnosis():
 
 
 def test_one_spike_moves_nothing_and_a_sustained_one_does():
-    c = Controller(headroom=0.5, horizon=10)
+    c = Controller(Rules(headroom=0.5, horizon=10))
     limit = torch.finfo(torch.float16).max
     assert c.decide(0, {"a": Reading(torch.float16, 0.6 * limit)}) == {}
     assert c.decide(5, {"a": Reading(torch.float16, 1.0)}) == {}  # the spike passed: the count starts again
     assert c.decide(10, {"a": Reading(torch.float16, 0.6 * limit)}) == {}
     assert set(c.decide(15, {"a": Reading(torch.float16, 0.6 * limit)})) == {"a"}
-    assert set(Controller(0.5, 10).decide(0, {"b": Reading(torch.float16, 0.95 * limit)})) == {"b"}  # at once
+    assert set(Controller(Rules(0.5, 10)).decide(0, {"b": Reading(torch.float16, 0.95 * limit)})) == {"b"}  # at once
 
 
 def test_a_rising_trend_moves_a_layer_while_it_is_still_far_from_the_limit():
-    c = Controller(headroom=0.5, horizon=20)  # doubling every 5 steps: 20 steps is 4 doublings
+    c = Controller(Rules(headroom=0.5, horizon=20))  # doubling every 5 steps: 20 steps is 4 doublings
     limit = torch.finfo(torch.float16).max
     moved = {}
     for step, amax in ((0, limit / 64), (5, limit / 32), (10, limit / 16), (15, limit / 8)):
         moved = c.decide(step, {"a": Reading(torch.float16, amax)})
     assert moved["a"].cause == "trend" and moved["a"].amax == limit / 8
-    flat = Controller(headroom=0.5, horizon=10)
+    flat = Controller(Rules(headroom=0.5, horizon=10))
     for step in range(0, 100, 5):
         assert flat.decide(step, {"a": Reading(torch.float16, 1000.0 + step)}) == {}  # slow growth: far off
+
+
+def test_the_trend_rule_needs_the_layer_past_its_floor_and_growth_that_keeps_up():
+    limit = torch.finfo(torch.float16).max
+    doubling = [(s, limit / 2 ** (12 - s / 5)) for s in range(0, 60, 5)]  # x2 every 5 steps
+    assert crossing_step(doubling[-4:], limit) == 60
+    # fast early growth that levels off: a line through all four readings would cross at step 43; the last
+    # reading's growth is a tenth of the line's slope
+    leveling = [(0, limit / 4096), (10, limit / 256), (20, limit / 24), (30, limit / 20)]
+    assert crossing_step(leveling, limit, keep=1e-9) == 43 and crossing_step(leveling, limit) is None
+    linear = [(s, 600.0 * s) for s in (20, 30, 40, 50)]  # grows by the same amount each reading
+    assert crossing_step(linear, limit, keep=0.8) is None
+    # a rising line that would cross within the horizon, still under the floor: counted, never moved on
+    c = Controller(Rules(headroom=0.5, horizon=30, trend_from=0.1))
+    for step, amax in doubling[:9]:  # up to step 40: 6.25% of the limit
+        assert c.decide(step, {"a": Reading(torch.float16, amax)}) == {}, step
+    assert c.layers["a"].counts["trend"] >= 2
+    moved = c.decide(45, {"a": Reading(torch.float16, doubling[9][1])})  # 12.5% of the limit: past the floor
+    assert moved["a"].cause == "trend"
+
+
+@pytest.mark.parametrize(("task", "every"), [(LEVELING, 10), (LINEAR, 5), (LINEAR, 10)])
+def test_a_layer_that_levels_off_or_grows_linearly_is_never_moved(task, every):
+    """Controls: growth that a straight line through log(amax) of the readings extrapolates to an overflow (the old
+    rule, no floor and no check that the growth keeps up, moved each of these by trend at under 10% of fp16's
+    limit), and that never gets past 16% of it."""
+    old = run(task, start="amp-fp16", sample_every=every, trend_from=0.0, trend_keep=1e-9)
+    assert [m.cause for m in old.moves] == ["trend"] and old.moves[0].amax < 0.1 * old.moves[0].limit
+    report = run(task, start="amp-fp16", sample_every=every)
+    assert report.status == "ok" and report.moves == () and report.rollbacks == ()
+    assert report.config.trend_from == 0.1 and report.config.trend_keep == 0.5  # the rules are in the record
+
+
+def test_autopilot_options_are_checked_when_the_session_is_made():
+    for bad, name in (({"promote_to": "fp8"}, "promote_to"), ({"headroom": 2}, "headroom"),
+                      ({"trend_keep": 0}, "trend_keep"), ({"bogus": 1}, "bogus")):
+        with pytest.raises(DtypelabError, match=f"^{name}:"):
+            dtypelab.session(autopilot=bad)
 
 
 def test_a_layer_moved_out_of_a_pure_cast_keeps_training_with_its_optimizer_state():

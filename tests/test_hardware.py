@@ -56,10 +56,18 @@ def test_int8_kernel_probe_follows_torch_int_mm_when_onednn_is_off():
     from dtypelab.core.hardware import _cpu_info, _kernel, _timed_gflops
 
     fn = _kernel("int8", torch.device("cpu"), 128, ())
-    fast = _timed_gflops(fn, 128, lambda: None, 0.05)
+    # the operands the probe draws (its seeded generator, in its order): what torch._int_mm must give for them
+    g = torch.Generator().manual_seed(0)
+    torch.randn(128, 128, generator=g)
+    w8 = torch.randint(-127, 128, (128, 128), generator=g, dtype=torch.int8)
+    rows = (torch.rand(128, generator=g) / 64).unsqueeze(1)
+    a = torch.randint(-127, 128, (128, 128), generator=g, dtype=torch.int8)
+    exact = (a.to(torch.int64) @ w8.to(torch.int64).t()).to(torch.float32) * rows
+    assert torch.equal(fn(), exact)  # the probe times the int8 x int8 matmul itself, exactly
+    fast = max(_timed_gflops(fn, 128, lambda: None, 0.05) for _ in range(2))  # the first pays for warming up
     with torch.backends.mkldnn.flags(enabled=False):
-        slow = _timed_gflops(fn, 128, lambda: None, 0.05)
+        assert torch.equal(fn(), exact)  # the same numbers from the plain loop
+        slow = max(_timed_gflops(fn, 128, lambda: None, 0.05) for _ in range(2))
     assert torch.backends.mkldnn.enabled  # the flag is restored
-    assert fast > 0 and slow > 0
     if set(_cpu_info()[1]) & {"avx512_vnni", "avx_vnni", "amx_int8"}:
         assert slow < fast / 3, (slow, fast)  # measured here: 3 vs 500 GFLOP/s

@@ -108,3 +108,41 @@ def test_disturbed_timings_are_named_and_a_disturbed_decision_is_flagged():
     assert "bf16 (0.96 of a core, tasks waited for a CPU 40% of the time)" in text and "fp64 (" not in text
     calm = recommend(report(result("fp32", 10, 0.965), quiet))
     assert not any("Other processes" in s for s in calm.sentences)
+
+
+def _paired(name, point, low, high, metric):
+    """A result whose speed comes from paired rounds (its interval), with the policy's own description."""
+    from dtypelab.core.policies import get_policy, policy_info
+    from dtypelab.core.results import RoundBlock, SpeedupInterval
+
+    blocks = tuple(RoundBlock(i, 0.01 / point, 10) for i in range(5))
+    ci = None if name == "fp32" else SpeedupInterval(point, low, high, 5)
+    return PolicyResult(name, "ok", batch_size=10, step_times_s=(0.01 / point,) * 5, losses=(1.0,),
+                        metrics={"acc": metric}, peak_memory_bytes=100, rounds=blocks, speedup_ci=ci,
+                        info=policy_info(get_policy(name)))
+
+
+def test_among_speeds_that_cannot_be_told_apart_the_safer_numerics_win():
+    """bench digits once chose pure bf16 (1.54x, 1.08–2.18) over amp-bf16 (1.44x, 1.06–1.95) at the same accuracy:
+    overlapping intervals decide nothing, so the metric decides, then float32 weights."""
+    fp32 = _paired("fp32", 1.0, 1.0, 1.0, 0.9833)
+    same = recommend(report(fp32, _paired("bf16", 1.54, 1.08, 2.18, 0.9833), _paired("amp-bf16", 1.44, 1.06, 1.95,
+                                                                                        0.9833)))
+    assert same.best == "amp-bf16" and same.decision == "use"
+    assert "keeps float32 weights" in " ".join(same.sentences)
+    better = recommend(report(fp32, _paired("amp-bf16", 1.54, 1.08, 2.18, 0.9833), _paired("bf16", 1.44, 1.06,
+                                                                                           1.95, 0.9861)))
+    assert better.best == "bf16" and "its acc is better (0.9861 vs 0.9833)" in " ".join(better.sentences)
+    apart = recommend(report(fp32, _paired("bf16", 3.0, 2.6, 3.4, 0.9833), _paired("amp-bf16", 1.44, 1.06, 1.95,
+                                                                                      0.9861)))
+    assert apart.best == "bf16" and "cannot be told apart" not in " ".join(apart.sentences)  # clearly faster
+
+
+def test_a_policy_that_ran_untimed_gets_no_speed_verdict_and_no_decision():
+    """A script whose steps were never timed once got 'Keep fp32: no other policy was faster' from nothing."""
+    rec = recommend(report(result("fp32", 10, 0.9), result("bf16", None, 0.9)))
+    assert rec.decision == "no-evidence" and rec.best is None and rec.no_evidence
+    assert rec.reason.startswith("No recommendation: bf16 ran but timed no step")
+    assert rec.verdicts["bf16"] == "not timed" and not any(s.startswith("Keep") for s in rec.sentences)
+    base = recommend(report(result("fp32", None, 0.9), result("bf16", 5, 0.9)))
+    assert base.decision == "no-evidence" and base.reason.startswith("No recommendation: fp32 ran but timed")

@@ -304,6 +304,38 @@ def test_a_sweep_whose_fp32_baseline_failed_exits_non_zero(tmp_path):
     assert dtypelab.load_report(str(tmp_path / "r.json")).result("fp32").status == "failed"
 
 
+def test_a_failed_fp32_stops_the_sweep_and_its_reason_is_the_exceptions_first_line(tmp_path):
+    """A multi-line message's tail ('Check the documentation…') was once the reason; and every other policy ran to
+    the end after fp32 had failed."""
+    report = dtypelab.bench(PROBE, "fp32,bf16,amp-bf16", script_args=["--multiline-under", "fp32"],
+                            json_path=str(tmp_path / "r.json"), hardware=fake_hardware())
+    fp32 = report.result("fp32")
+    assert fp32.status == "failed" and fp32.reason.startswith(
+        "the script exited with code 1: ValueError: the first line says what (at probe_script.py:")
+    assert "Check the documentation" not in fp32.reason
+    for name in ("bf16", "amp-bf16"):
+        r = report.result(name)
+        assert r.status == "skipped" and r.skip == "baseline" and not r.step_times_s, (name, r)
+    assert report.recommendation.no_baseline and "--keep-going runs them anyway" in " ".join(
+        report.recommendation.sentences)
+    going = dtypelab.bench(PROBE, "fp32,bf16", script_args=["--multiline-under", "fp32"], keep_going=True,
+                           hardware=fake_hardware())
+    assert going.result("bf16").status == "ok" and going.result("fp32").status == "failed"
+
+
+def test_a_script_that_times_no_step_gets_no_decision_and_exits_non_zero(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "dtypelab", "bench", PROBE, "-p", "fp32,bf16", "--force", "--json",
+                          str(tmp_path / "r.json"), "--", "--keep-own-model"], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    error = run.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: the fp32 baseline did not complete (failed: no training step was timed: the "
+                            "model lab.setup returned was never called"), error
+    assert "Keep fp32" not in run.stdout
+    fp32 = dtypelab.load_report(str(tmp_path / "r.json")).result("fp32")
+    assert fp32.status == "failed" and not fp32.step_times_s
+
+
 def test_a_disturbed_probe_skips_nothing_in_script_mode_and_says_so():
     """A busy machine once made the probe read bf16 as 1.7x slower (not 57x) and nothing said so; and another time
     read fp64 as 11x slower and skipped it. A probe still disturbed after re-probing decides no skip."""

@@ -1,4 +1,5 @@
-"""A training script for the script-mode tests. --crash-under NAME raises under that policy; --no-finish and
+"""A training script for the script-mode tests. --crash-under NAME raises under that policy (--multiline-under NAME:
+with a message of several lines); --keep-own-model ignores what lab.setup returns; --no-finish and
 --no-session leave out the calls dtypelab needs; the first batch's sample indices are reported as a metric so
 a test can check that every policy saw the same shuffle."""
 
@@ -15,6 +16,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--crash-under", default="")
 parser.add_argument("--no-finish", action="store_true")
 parser.add_argument("--no-session", action="store_true")
+parser.add_argument("--multiline-under", default="")  # raises an error whose message runs over several lines
+parser.add_argument("--keep-own-model", action="store_true")  # ignores what lab.setup returns: nothing is timed
 args = parser.parse_args()
 
 if args.no_session:
@@ -25,12 +28,18 @@ y = (x.sum(1) > 0).long()
 loader = DataLoader(TensorDataset(torch.arange(256), x, y), batch_size=32, shuffle=True)
 model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-model, optimizer = lab.setup(model, optimizer)
+if args.keep_own_model:
+    lab.setup(model, optimizer)
+else:
+    model, optimizer = lab.setup(model, optimizer)
 first = None
 for idx, xb, yb in loader:
     first = float(idx.sum()) if first is None else first
     if lab.plan.name == args.crash_under:
         raise RuntimeError(f"planted failure under {args.crash_under}")
+    if lab.plan.name == args.multiline_under:
+        raise ValueError("the first line says what\nthe second line adds detail\n\nCheck the documentation to "
+                         "learn more")
     loss = F.cross_entropy(model(xb), yb)
     lab.backward(loss)
     optimizer.step()

@@ -32,8 +32,13 @@ def _bench(opts: BenchOptions, cli: dict[str, Any]) -> None:
     write_html(report, cli["html"])
     rec = report.recommendation
     if rec.no_baseline:
-        err.print("[bold red]error:[/] the fp32 baseline did not complete: nothing to compare the policies with",
-                  highlight=False)
+        base = report.result("fp32")
+        why = f" ({base.status}: {base.reason})" if base is not None and base.reason else ""
+        err.print(f"[bold red]error:[/] the fp32 baseline did not complete{escape(why)}: nothing to compare the "
+                  "policies with", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+    if rec.no_evidence:
+        err.print(f"[bold red]error:[/] {escape(rec.reason)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     if cli["strict"] and rec.undecided:
         err.print("[bold red]--strict:[/] the machine was too disturbed to decide", highlight=False)
@@ -45,8 +50,8 @@ command(app, "bench", BenchOptions, _bench, arguments=[TASK], takes_rest=True, e
     help="Train TASK under each precision policy (or, with --mode infer, run inference under each, quantized "
          "int8/fp8 policies included); print speed, memory, size, fidelity, metric and a recommendation. TASK may "
          "be your own training script (train.py, using dtypelab.session()); its arguments go after --. Exit 1 when "
-         "the fp32 baseline did not complete (nothing to compare with), 3 with --strict when the machine was too "
-         "busy to decide.")
+         "the fp32 baseline did not complete (nothing to compare with) or a policy that ran timed no step, 3 with "
+         "--strict when the machine was too busy to decide.")
 
 
 def _report(opts: ReportOptions, cli: dict[str, Any]) -> None:

@@ -82,3 +82,16 @@ def ratio_interval(pairs: Sequence[tuple[float, float]], confidence: float = CON
 def measurably_faster(low: float) -> bool:
     """The whole interval lies above the no-gain band."""
     return low > 1 + MIN_GAIN
+
+
+def unpaired_faster(base: Sequence[float], other: Sequence[float], confidence: float = CONFIDENCE) -> bool:
+    """Steps timed in separate runs (a script's policies, a sweep without rounds): ``other`` counts as faster only
+    when its median beats ``base``'s by more than the no-gain band *and* a one-sided Mann-Whitney U test says its
+    steps are faster at ``confidence`` (a handful of steps, or two overlapping spreads, decide nothing)."""
+    if len(base) < 2 or len(other) < 2:
+        return False
+    if statistics.median(base) / statistics.median(other) <= 1 + MIN_GAIN:
+        return False
+    from scipy.stats import mannwhitneyu
+
+    return float(mannwhitneyu(other, base, alternative="less").pvalue) < 1 - confidence

@@ -23,12 +23,11 @@ from dtypelab.core.policies import get_policy
 from dtypelab.core.results import AutopilotConfig, AutopilotReport, Move, Rollback, check_writable
 from dtypelab.core.source import Sites
 from dtypelab.core.task import Task
-from dtypelab.piloting.controller import Controller
+from dtypelab.piloting.controller import Controller, rules_of
 from dtypelab.piloting.handle import settings_of
 from dtypelab.piloting.monitor import Monitor
 from dtypelab.piloting.moves import (
     FIRST_EVERY,
-    TARGETS,
     final_plan,
     interval,
     label,
@@ -73,7 +72,7 @@ def _script(target: Target, opts: AutopilotOptions, progress: Progress | None,
     config = AutopilotConfig(task=target.spec, start=start.name, steps=0, batch_size=0, seed=opts.seed,
                              device=str(dev), sample_every=opts.sample_every or 0, promote_to=opts.promote_to,
                              headroom=opts.headroom, horizon=opts.horizon or 0, max_rollbacks=opts.max_rollbacks,
-                             task_name=target.path)
+                             task_name=target.path, trend_from=opts.trend_from, trend_keep=opts.trend_keep)
     try:
         text, out = diagnose_script(target, start, PilotDiagnosis(settings_of(opts, start)),
                                     args=tuple(opts.script_args), device=opts.device, seed=opts.seed,
@@ -108,8 +107,6 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
     opts = AutopilotOptions.build(options, **settings)
     check_writable(opts.json_path)
     check_writable(opts.plan_out)
-    if opts.promote_to != "auto" and opts.promote_to not in TARGETS:
-        raise DtypelabError(f"--promote-to must be one of auto, {', '.join(TARGETS)}; got {opts.promote_to!r}")
     target = Target.of(task)
     if target.is_script:
         return _script(target, opts, progress, on_move, environment)
@@ -123,7 +120,7 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
     config = AutopilotConfig(task=spec, start=precision.plan.name, steps=n, batch_size=bs, seed=opts.seed,
                              device=str(dev), sample_every=opts.sample_every or 0, promote_to=to.label,
                              headroom=opts.headroom, horizon=opts.horizon or 0, max_rollbacks=opts.max_rollbacks,
-                             task_name=task_obj.name)
+                             task_name=task_obj.name, trend_from=opts.trend_from, trend_keep=opts.trend_keep)
     progress = progress or (lambda done, total: None)
     status, reason, finding, metrics = "ok", "", None, {}
     moves: list[Move] = []
@@ -138,7 +135,7 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
         guard = Guard(model, optimizer, scaler=scaler, checkpoint_every=opts.checkpoint_every,
                       check_weights=scaler is None,
                       sites=Sites.of(task_obj.make_model, task_obj.loss_fn or task_obj.compute_loss, task_obj.origin))
-        monitor, controller = Monitor(model), Controller(opts.headroom, opts.horizon or 2 * every)
+        monitor, controller = Monitor(model), Controller(rules_of(opts.model_dump(), every))
 
         def one_step(inputs: Any, target: Any, after_backward: Callable[[], None] | None = None) -> torch.Tensor:
             return train_step(task_obj, model, precision, optimizer, inputs, target, after_backward=after_backward)

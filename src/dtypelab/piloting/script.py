@@ -21,7 +21,7 @@ from torch import nn
 
 from dtypelab.core.policies import Precision
 from dtypelab.core.results import AutopilotConfig, AutopilotReport, Move, Rollback
-from dtypelab.piloting.controller import Controller
+from dtypelab.piloting.controller import Controller, rules_of
 from dtypelab.piloting.monitor import Monitor
 from dtypelab.piloting.moves import (
     FIRST_EVERY,
@@ -82,7 +82,7 @@ class PilotDiagnosis(Diagnosis):
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.to = target_config(s.get("promote_to") or "auto", precision, self.device)
         self.every = int(s.get("sample_every") or FIRST_EVERY)
-        self.controller = Controller(float(s.get("headroom", 0.5)), int(s.get("horizon") or 2 * self.every))
+        self.controller = Controller(rules_of(s, self.every))
         self.monitor = Monitor(model)
         self.snapshot = Snapshot(model, self.optimizer, self.scaler)
         self.fixed_checkpoints = s.get("checkpoint_every")
@@ -180,6 +180,7 @@ class PilotDiagnosis(Diagnosis):
             seed=int(job.get("seed", s.get("seed", 0))), device=job.get("device") or str(self.device),
             sample_every=int(s.get("sample_every") or 0), promote_to=self.to.label if self.model is not None else "",
             headroom=float(s.get("headroom", 0.5)), horizon=int(s.get("horizon") or 0),
+            trend_from=float(s.get("trend_from", 0.1)), trend_keep=float(s.get("trend_keep", 0.5)),
             max_rollbacks=int(s.get("max_rollbacks", 3)), task_name=job.get("task_name", ""))
         plan = final_plan(self.precision.plan, start, self.moves).to_dict() if self.model is not None else {}
         median = statistics.median(self.plain_s) if self.plain_s else 0.0

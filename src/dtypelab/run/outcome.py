@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,9 +63,48 @@ def last_line(path: str) -> str:
         return ""
 
 
+def exception_line(path: str) -> str:
+    """What a crashed Python process raised, from its log: "TypeError: its message's first line (at train.py:12
+    in step)", from the last traceback the log holds (a multi-line message's tail is not its cause), naming the
+    innermost frame outside the standard library and site-packages; a ``DtypelabError`` is its message alone.
+    Falls back to the log's last line where no traceback is found."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ""
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last):")]
+    if not starts:
+        return last_line(path)
+    frame = ""
+    for ln in lines[starts[-1] + 1:]:
+        if ln.startswith("  File "):
+            parts = ln.strip().split('"')
+            if len(parts) >= 3 and not _library(parts[1]):
+                where = parts[2].strip(", ").replace("line ", "")
+                lineno, _, func = where.partition(", in ")
+                frame = f"{os.path.basename(parts[1])}:{lineno} in {func}"
+            continue
+        if ln.startswith((" ", "\t")) or not ln.strip():
+            continue
+        kind, sep, message = _ANSI.sub("", ln).partition(":")
+        kind = kind.rsplit(".", 1)[-1]  # dtypelab.core.errors.DtypelabError -> DtypelabError
+        text = message.strip() if kind == "DtypelabError" else f"{kind}{sep}{message}".strip()
+        return (text + (f" (at {frame})" if frame and kind != "DtypelabError" else ""))[:300]
+    return last_line(path)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # terminal colours some messages carry (torch.load's bold)
+
+
+def _library(filename: str) -> bool:
+    return (f"{os.sep}site-packages{os.sep}" in filename or f"{os.sep}lib{os.sep}python" in filename
+            or filename.startswith("<") or f"{os.sep}dtypelab{os.sep}" in filename)
+
+
 def death_reason(returncode: int, log: str) -> tuple[str, str]:
     """(status, reason) for a process that ended without reporting: killed by a signal, or an exit code."""
-    tail = last_line(log)
+    tail = exception_line(log)
     tail = f" (last output: {tail})" if tail else ""
     if returncode < 0:
         sig = signal.Signals(-returncode).name

@@ -21,7 +21,7 @@ from typing import Any
 
 from dtypelab.run.channel import Channel
 from dtypelab.run.launchers import OnStep, ProcessLauncher, Watch, keep_warm, launch, log_path
-from dtypelab.run.outcome import Outcome, death_reason, last_line
+from dtypelab.run.outcome import Outcome, death_reason, exception_line
 from dtypelab.run.warm import ENV_SEED, WARM
 from dtypelab.run.zygote import Zygote
 
@@ -110,8 +110,8 @@ class ScriptLauncher:
         if out.status == "timeout":
             return out
         rc = proc.returncode
-        if rc > 0:  # the script's own failure, even after its session reported: its last line says what
-            tail = last_line(log)
+        if rc > 0:  # the script's own failure, even after its session reported: what it raised says what
+            tail = exception_line(log)
             return replace(out, status="failed", reason=f"the script exited with code {rc}" + (f": {tail}" if tail
                                                                                               else ""))
         if rc < 0:

@@ -64,7 +64,7 @@ def _child(req: dict[str, Any]) -> None:
         if script:
             from dtypelab.run import boot
 
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # a script gets Python's usual Ctrl-C
+            signal.signal(signal.SIGINT, _SCRIPT_SIGINT)  # what a fresh interpreter started here would have
             sys.argv = ["-m", *req["argv"]]
             boot.main()
             code = 0
@@ -119,7 +119,16 @@ def _requests():
         yield json.loads(line)
 
 
+# Python installs its KeyboardInterrupt handler at start-up unless SIGINT came in ignored (a job started in the
+# background, nohup): a fresh interpreter the launcher starts inherits that, and so does a script forked from here
+_SCRIPT_SIGINT = signal.default_int_handler
+
+
 def main() -> int:
+    global _SCRIPT_SIGINT
+    _SCRIPT_SIGINT = signal.getsignal(signal.SIGINT)
+    if _SCRIPT_SIGINT is not signal.SIG_IGN:
+        _SCRIPT_SIGINT = signal.default_int_handler
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and closes our stdin
     import torch  # noqa: F401  -- the point of this process
 

@@ -1,25 +1,27 @@
 """The handle a user's own training script calls: ``lab = dtypelab.session()``.
 
-Run normally (``python train.py``) it trains in fp32 and does nothing else visible. Run by ``dtypelab bench
-train.py``, the session is the worker of ``dtypelab.run``'s script launcher: it connects to the launcher's channel
-(named in its environment), is sent its job (the policy, and what else to do: a trace, an audit), reports its steps,
-and sends what it measured when the script calls ``lab.finish(...)``.
+Run on its own (``python train.py``) it hands the script's objects back untouched: the script trains exactly as
+before. Run by ``dtypelab bench train.py``, the session is the worker of ``dtypelab.run``'s script launcher: it
+connects to the launcher's channel (named in its environment), is sent its job (the policy, and what else to do: a
+trace, an audit), reports its steps, and sends what it measured when the script calls ``lab.finish(...)``.
 
-The shape is Lightning Fabric's: ``setup`` returns the same model and optimizers with their ``forward`` and
-``step`` wrapped (inputs converted, the forward under the policy's autocast, GradScaler's step and update,
-skipped steps logged), ``backward`` scales the loss, ``clip_gradients`` unscales before clipping. A step is
-timed from its first forward to the optimizer step that ends it, so data loading between steps is outside the
-timer; with gradient accumulation one step spans its micro-batches.
+The shape is Lightning Fabric's: ``setup`` returns the model, optimizers and GradScaler *wrapped*
+(``script.wrap``; the script's own objects are never changed): the model's calls run under the policy (inputs
+converted, its forward context, the script's own autocast off inside it), ``optimizer.step`` steps through the
+policy's GradScaler, ``backward`` scales the loss, ``clip_gradients`` unscales before clipping. A step is timed from
+its first forward (or from ``step(closure)``) to the optimizer step that ends it, so data loading between steps is
+outside the timer; with gradient accumulation one step spans its micro-batches. A script that updates its weights
+by hand (no optimizer) has each step end where the model is next called, or at ``lab.step_end()``.
 """
 
 from __future__ import annotations
 
 import atexit
-import functools
+import contextlib
 import math
 import statistics
+import sys
 import time
-import types
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -37,6 +39,7 @@ from dtypelab.core.task import map_tensors, tensors
 from dtypelab.inference import serialize
 from dtypelab.run import connect, heavy_modules
 from dtypelab.script.diagnose import Diagnosis
+from dtypelab.script.wrap import LabModule, LabOptimizer, LabScaler, unwrap
 
 PROGRESS_EVERY_S = 0.25
 # a metric whose name says it is an error is better lower; anything else is taken as better higher
@@ -89,7 +92,13 @@ class Session:
         self._stepped: set[int] = set()
         self._unscaled: set[int] = set()
         self._in_step = False
-        self._inner = False
+        self._in_closure = False  # inside optimizer.step(closure): the closure's forwards belong to this step
+        self._forwards = 0  # training forwards through the wrapped model
+        self._backwards = 0  # losses the session saw (lab.backward, the GradScaler given to setup)
+        self._own_scaler: torch.amp.GradScaler | None = None
+        self._script_autocast: set[str] = set()  # the script's own autocast, found on around the model's forward
+        self._eager: tuple[Any, Any] | None = None  # _enter and _leave as a compiled model calls them
+        self._built_in: list[str] = []  # the floating dtypes of the script's model as it built it
         self._log = ScalerLog() if self.precision.grad_scaler() is not None else None
         self._model: nn.Module | None = None
         self._init = ""
@@ -107,38 +116,58 @@ class Session:
             atexit.register(self._at_exit)
 
     # --- what the script calls -----------------------------------------------------------------
-    def setup(self, model: nn.Module, *optimizers: torch.optim.Optimizer) -> Any:
-        """The model on the device under the policy, and the optimizers, wrapped for timing and scaling.
-        Returns ``model`` alone, or ``(model, *optimizers)``. The objects are the same ones (parameters are
-        converted in place), so references the script already holds stay valid."""
-        self._init = fingerprint(model)
+    def setup(self, model: nn.Module, *objects: Any) -> Any:
+        """The model, optimizers and (optionally) the script's own GradScaler, each wrapped for the policy: the
+        model's calls run under it and are timed, ``optimizer.step`` (with or without a closure) steps through it,
+        the GradScaler's calls become the policy's loss scaling. Returns ``model`` alone, or ``(model, *objects)``
+        in the order given. The script's own objects are wrapped, never changed (``torch.save(model)``,
+        ``copy.deepcopy``, ``state_dict`` keys and LR schedulers behave as without dtypelab). Run on its own
+        (``python train.py``) the script gets its objects back untouched and trains exactly as before."""
+        optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
+        scalers = [o for o in objects if isinstance(o, torch.amp.GradScaler)]
+        wrong = [type(o).__name__ for o in objects if o not in optimizers and o not in scalers]
+        if wrong:
+            raise DtypelabError(f"lab.setup takes the model, its optimizers and optionally its GradScaler; got "
+                                f"{', '.join(wrong)}")
+        if not self.wraps:  # on its own, with nothing to do: the script's objects, as they are
+            return (model, *objects) if objects else model
+        model = unwrap(model)
+        first = self._model is None
+        if first:
+            self._init = fingerprint(model)
+            self._built_in = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
+                                     if p.is_floating_point()})
         model = self.precision.convert_module(model.to(self.device))
-        self._model = model
-        self._wrap_forward(model)
-        for opt in optimizers:
-            self._wrap_step(opt)
-            self._optimizers.append(opt)
-        self.diag.setup(model, list(optimizers), self.precision, self._emit if self.driven else None)
-        self.meter.open_window()  # building and converting the model is not the run's peak
-        return (model, *optimizers) if optimizers else model
+        if first:
+            self._model = model
+        wrapped: list[Any] = []
+        for obj in objects:
+            obj = unwrap(obj)
+            if isinstance(obj, torch.optim.Optimizer):
+                if all(o is not obj for o in self._optimizers):
+                    self._optimizers.append(obj)
+                wrapped.append(LabOptimizer.wrap(obj, self))
+            else:
+                self._own_scaler = obj
+                wrapped.append(LabScaler(obj, self))
+        front = LabModule.wrap(model, self)
+        if first:  # the diagnosis replays forwards as the script makes them: through the wrapper, under the policy
+            self.diag.setup(front, list(self._optimizers), self.precision, self._emit if self.driven else None)
+            self.meter.open_window()  # building and converting the model is not the run's peak
+        return (front, *wrapped) if wrapped else front
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()``, scaled under a GradScaler policy; the loss is recorded for the loss curve (a step's
         loss is the sum of its micro-batches' values, as their gradients add up)."""
-        self._begin()
-        self._pending.append(float(loss.detach()))
+        self._note_loss(loss)
         self.precision.backward(loss)
         self.diag.backward(loss)
 
     def clip_gradients(self, parameters: nn.Module | Iterable[torch.Tensor], max_norm: float,
                        norm_type: float = 2.0) -> torch.Tensor:
         """``clip_grad_norm_`` on true gradients: under a GradScaler they are unscaled first (once per step)."""
-        scaler = self.precision.grad_scaler()
-        if scaler is not None:
-            for opt in self._optimizers:
-                if id(opt) not in self._unscaled:
-                    scaler.unscale_(opt)
-                    self._unscaled.add(id(opt))
+        for opt in self._optimizers:
+            self.unscale(opt)
         params = parameters.parameters() if isinstance(parameters, nn.Module) else parameters
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
 
@@ -150,6 +179,8 @@ class Session:
         if not given:
             raise DtypelabError("lab.finish() needs the metric, e.g. lab.finish(accuracy=0.93)")
         self.record_metrics(given, higher_is_better)
+        if self._in_step and not self._optimizers:  # weights updated by hand: the last step ends here
+            self._end()
         self._close()
 
     # --- what the framework integrations call ----------------------------------------------------
@@ -208,60 +239,44 @@ class Session:
         self._begin()
 
     def step_end(self, loss: float | None = None) -> None:
+        """The step ends here: a script that updates its weights by hand (no optimizer given to ``lab.setup``) may
+        call it after the update; without it such a step ends where the model is next called."""
         if loss is not None:
             self._pending.append(loss)
         self._end()
 
-    # --- internals ---------------------------------------------------------------------------------
-    def _wrap_forward(self, model: nn.Module) -> None:
-        original = model.forward
-        precision = self.precision
-        autocast = isinstance(self.plan.default, Autocast)
-        device = self.device
+    # --- what the wrappers call (script.wrap) ------------------------------------------------------
+    @property
+    def wraps(self) -> bool:
+        """Whether ``setup`` wraps anything: driven by dtypelab, or with a diagnosis on the script's own run."""
+        return self.driven or type(self.diag) is not Diagnosis
 
-        @functools.wraps(original)
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if model.training and torch.is_grad_enabled():
-                self._begin()
-                self._samples += _leading((args, kwargs))
-            source = _device_of(args, kwargs)
-            if source is not None and source != device:  # a script written for the CPU runs on the GPU unchanged
-                args, kwargs = to_device(args, device), to_device(kwargs, device)
-            args, kwargs = precision.convert_input(args), precision.convert_input(kwargs)
-            with precision.forward_context():
-                out = original(*args, **kwargs)
-            # the script's loss runs after forward, outside autocast: in float32, as autocast would run it
-            # (Fabric does the same); a float16 loss times GradScaler's 65536 overflows
-            out = map_tensors(_to_float32, out) if autocast else out
-            # outputs go back where the inputs came from, so the script's own targets and metrics still match
-            return to_device(out, source) if source is not None and source != device else out
+    def forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One call of the wrapped model: timed as part of a training step, inputs on the device and in the
+        policy's dtype, under the policy's forward context (the script's own autocast turned off inside it),
+        floating outputs back in float32 under autocast and back on the inputs' device."""
+        enter, leave = self._bookkeeping()
+        args, kwargs, source, context = enter(module, args, kwargs)
+        with context:
+            out = module(*args, **kwargs)
+        return leave(out, source)
 
-        model.forward = forward
-
-    def _wrap_step(self, opt: torch.optim.Optimizer) -> None:
-        original = opt.step  # the class's bound method, or what a scheduler built before setup put there
-        session = self
-
-        @functools.wraps(original)  # keeps an LR scheduler's mark on the method (it warns without it)
-        def step(optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
-            if session._inner:  # GradScaler.step calls optimizer.step: the real one
-                return original(closure) if closure is not None else original()
-            session._step(optimizer)
-            return None
-
-        # A bound method, as torch's LR schedulers (``step.__func__``), Lightning, HF and timm expect of it
-        opt.step = types.MethodType(step, opt)  # type: ignore[method-assign]
-
-    def _step(self, opt: torch.optim.Optimizer) -> None:
+    def optimizer_step(self, opt: torch.optim.Optimizer, closure: Any = None) -> Any:
+        """``optimizer.step()`` under the policy: GradScaler's step (and, once every optimizer stepped, its update)
+        under a scaling policy. With a closure (LBFGS) the step is timed around all the closure's calls and its
+        loss is the first value the closure returned (the loss at the step's starting weights)."""
+        self._foreign_scaler()
         scaler = self.precision.grad_scaler()
-        self._inner = True
-        try:
-            if scaler is None:
-                opt.step()
-            else:
-                scaler.step(opt)
-        finally:
-            self._inner = False
+        if closure is not None:
+            if scaler is not None:
+                self.unsupported(f"{self.plan.name}: torch's GradScaler cannot step an optimizer with a closure "
+                                 f"({type(opt).__name__}.step(closure))")
+            result = self._closure_step(opt, closure)
+        elif scaler is None:
+            result = opt.step()
+        else:
+            scaler.step(opt)
+            result = None
         self._stepped.add(id(opt))
         if len(self._stepped) >= len(self._optimizers):  # every optimizer of the step has stepped
             if scaler is not None:
@@ -269,6 +284,113 @@ class Session:
                 scaler.update()
                 self._log.record(len(self.losses), scale, scaler.get_scale())
             self._end()
+        return result
+
+    def scale_loss(self, outputs: Any) -> Any:
+        """The script's ``scaler.scale(loss)`` (its GradScaler given to ``setup``): the loss recorded, and scaled
+        only under a policy with a GradScaler."""
+        if isinstance(outputs, torch.Tensor):
+            self._note_loss(outputs)
+            self.diag.backward(outputs)
+        scaler = self.precision.grad_scaler()
+        return scaler.scale(outputs) if scaler is not None else outputs
+
+    def unscale(self, opt: torch.optim.Optimizer) -> None:
+        """Gradients back to their true values before the script reads them (clipping): once per step."""
+        scaler = self.precision.grad_scaler()
+        opt = unwrap(opt)
+        if scaler is not None and id(opt) not in self._unscaled:
+            scaler.unscale_(opt)
+            self._unscaled.add(id(opt))
+
+    # --- internals ---------------------------------------------------------------------------------
+    def _bookkeeping(self) -> tuple[Any, Any]:
+        """``_enter`` and ``_leave``; once torch.compile is in use (``torch._dynamo`` imported), the versions
+        dynamo leaves to Python rather than tracing. Not decorated up front: importing torch._dynamo costs about a
+        second, which a script run on its own must not pay."""
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is None:
+            return self._enter, self._leave
+        if self._eager is None:
+            self._eager = (dynamo.disable(self._enter), dynamo.disable(self._leave))
+        return self._eager
+
+    def _enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._in_step and not self._optimizers and not self._in_closure:
+            self._end()  # weights updated by hand: the step ran until the model is called again
+        if module.training and torch.is_grad_enabled():
+            self._begin()
+            self._forwards += 1
+            self._samples += _leading((args, kwargs))
+        source = _device_of(args, kwargs)
+        if source is not None and source != self.device:  # a script written for the CPU runs on the GPU unchanged
+            args, kwargs = to_device(args, self.device), to_device(kwargs, self.device)
+        args, kwargs = self.precision.convert_input(args), self.precision.convert_input(kwargs)
+        context = contextlib.ExitStack()
+        if self.driven:  # the policy decides the precision: the script's own autocast is off inside the model
+            for kind in dict.fromkeys(("cpu", self.device.type)):
+                if torch.is_autocast_enabled(kind):
+                    dtype = str(torch.get_autocast_dtype(kind)).removeprefix("torch.")
+                    self._script_autocast.add(f"{dtype} on {kind}")
+                    context.enter_context(torch.autocast(kind, enabled=False))
+        context.enter_context(self.precision.forward_context())
+        return args, kwargs, source, context
+
+    def _leave(self, out: Any, source: torch.device | None) -> Any:
+        # the script's loss runs after forward, outside autocast: in float32, as autocast would run it
+        # (Fabric does the same); a float16 loss times GradScaler's 65536 overflows
+        if isinstance(self.plan.default, Autocast):
+            out = map_tensors(_to_float32, out)
+        # outputs go back where the inputs came from, so the script's own targets and metrics still match
+        return to_device(out, source) if source is not None and source != self.device else out
+
+    def _closure_step(self, opt: torch.optim.Optimizer, closure: Any) -> Any:
+        self._begin()
+        self._in_closure = True
+        returned: list[float] = []
+
+        def counted() -> Any:
+            value = closure()
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                returned.append(float(value.detach()))
+            elif isinstance(value, (int, float)):
+                returned.append(float(value))
+            return value
+
+        try:
+            result = opt.step(counted)
+        finally:
+            self._in_closure = False
+        self._pending[:] = self._pending[:1] or returned[:1]
+        return result
+
+    def _note_loss(self, loss: torch.Tensor) -> None:
+        if self.precision.grad_scaler() is not None and not self._optimizers:
+            self.unsupported(f"{self.plan.name} scales the loss (GradScaler), and only an optimizer given to "
+                             "lab.setup steps on unscaled gradients; this script updates its weights by hand")
+        self._begin()
+        self._backwards += 1
+        self._pending.append(float(loss.detach()))
+
+    def _foreign_scaler(self) -> None:
+        """Refuse the script's own GradScaler stepping the optimizer where it would change what is measured: when
+        it scales (its ``enabled``) or the policy scales too. Given to ``lab.setup`` it is the policy's instead."""
+        frame = sys._getframe(2)
+        for _ in range(3):
+            if frame is None:
+                return
+            # GradScaler.step calls optimizer.step itself when disabled, through _maybe_opt_step when enabled
+            owner = frame.f_locals.get("self") if frame.f_code.co_name in ("step", "_maybe_opt_step") else None
+            if isinstance(owner, torch.amp.GradScaler):
+                if owner.is_enabled() or self.precision.grad_scaler() is not None:
+                    message = ("the script steps its optimizer through its own GradScaler: pass it to lab.setup "
+                               "(model, optimizer, scaler = lab.setup(model, optimizer, scaler)) so that each "
+                               "policy decides the loss scaling")
+                    if owner.is_enabled():
+                        raise DtypelabError(message)
+                    self.unsupported(f"{self.plan.name}: {message}")
+                return
+            frame = frame.f_back
 
     def _begin(self) -> None:
         if not self._in_step:
@@ -353,7 +475,9 @@ class Session:
             "init_fingerprint": self._init, "scaler": self._log.stats() if self._log is not None else {},
             "setup_called": self._model is not None,
             "batch_size": int(statistics.median_low(self.step_samples)) if self.step_samples else 0,
-            "disturbance": self._disturbance(), "stopped": self._stopped,
+            "disturbance": self._disturbance(), "stopped": self._stopped, "forwards": self._forwards,
+            "backwards": self._backwards, "optimizers": len(self._optimizers),
+            "script_autocast": sorted(self._script_autocast), "built_in": self._built_in,
         })
 
     def _at_exit(self) -> None:

@@ -72,6 +72,9 @@ def script_result(out: Outcome, plan: Plan) -> tuple[PolicyResult, Primary]:
         return PolicyResult(plan.name, "failed", "the script never called lab.setup(model, optimizer): the policy "
                                                  "was not applied to its model", wall_s=out.wall_s), None
     times = tuple(d["step_times_s"])
+    if not times:
+        return PolicyResult(plan.name, "failed", untimed(d), wall_s=out.wall_s, metrics=d.get("metrics") or {},
+                            info=policy_info(plan)), None
     losses = tuple(float(x) for x in d["losses"])
     first_bad = d.get("first_nonfinite_step")
     diverged = first_bad is not None and losses and not math.isfinite(losses[-1])
@@ -85,8 +88,35 @@ def script_result(out: Outcome, plan: Plan) -> tuple[PolicyResult, Primary]:
         peak_memory_bytes=d["peak_memory_bytes"], load_peak_memory_bytes=d.get("load_peak_memory_bytes"),
         memory_method=d["memory_method"], model_bytes=d.get("model_bytes"),
         init_fingerprint=d.get("init_fingerprint", ""), scaler=d.get("scaler") or {}, info=policy_info(plan),
-        wall_s=out.wall_s, disturbance=d.get("disturbance") or {})
+        wall_s=out.wall_s, disturbance=d.get("disturbance") or {}, notes=tuple(run_notes(d)))
     return result, (d.get("metric") or "", bool(d.get("higher_is_better", True)))
+
+
+def untimed(d: dict[str, Any]) -> str:
+    """Why a run that finished timed no step: what the session saw, and the line that makes it time them."""
+    if not d.get("forwards"):
+        return ("no training step was timed: the model lab.setup returned was never called in training mode with "
+                "gradients on; call the model it returns (model, optimizer = lab.setup(model, optimizer))")
+    return ("no training step was timed: the model ran forward but no step ended (give the optimizer to lab.setup, "
+            "or call lab.step_end() after updating the weights by hand)")
+
+
+def run_notes(d: dict[str, Any]) -> list[str]:
+    """What a script's run did that the table should say: its own autocast turned off inside the model, its
+    steps timed from one call of the model to the next (weights updated by hand)."""
+    notes = []
+    if d.get("script_autocast"):
+        notes.append(f"the script's own autocast ({', '.join(d['script_autocast'])}) was on around the model; "
+                     "dtypelab turned it off inside the model's forward so that each policy runs as named")
+    built = [t for t in d.get("built_in") or () if t != "float32"]
+    if built:
+        notes.append(f"the script builds its model in {', '.join(built)}; each policy converts it as named (fp32: to "
+                     "float32 weights)")
+    if d.get("optimizers") == 0 and d.get("step_times_s"):
+        notes.append("no optimizer was given to lab.setup (weights updated by hand): each step is timed from one "
+                     "training call of the model to the next, the update and the script's own work between steps "
+                     "included")
+    return notes
 
 
 def pace(fp32: PolicyResult, force: bool) -> dict[str, Any]:
@@ -161,12 +191,26 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
                 on_event(Event("done", name, result=result))
                 if name == BASELINE:
                     extra = pace(result, opts.force)
+                    if result.status != "ok" and not opts.keep_going:
+                        report = save_judged(baseline_failed(report, plans, result), opts.json_path)
+                        break
         except KeyboardInterrupt:
             for name in plans:
                 if report.result(name) is None:
                     report = _with(report, PolicyResult(name, "interrupted", "interrupted before it finished",
                                                         info=policy_info(plans[name])), opts.json_path, None)
             raise
+    return report
+
+
+def baseline_failed(report: Report, plans: dict[str, Plan], base: PolicyResult) -> Report:
+    """fp32 failed: nothing to compare the others with, so those not run yet are not run (``--keep-going`` runs
+    them): each recorded as skipped, saying why."""
+    reason = f"not run: the {BASELINE} baseline {base.status}, so there is nothing to compare with"
+    for name, plan in plans.items():
+        if report.result(name) is None:
+            report = report.with_result(PolicyResult(name, "skipped", reason, info=policy_info(plan),
+                                                     skip="baseline"))
     return report
 
 

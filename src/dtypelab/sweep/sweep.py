@@ -42,7 +42,7 @@ from dtypelab.run import (
     Target,
     TorchrunLauncher,
 )
-from dtypelab.script import bench_script
+from dtypelab.script import baseline_failed, bench_script
 from dtypelab.sweep.budget import budget_plan, over_budget, parse_budget
 from dtypelab.sweep.job import Job
 from dtypelab.sweep.options import BenchOptions
@@ -315,6 +315,11 @@ class _Sweep:
                 # on disk before anyone hears of it: Ctrl-C in a handler loses nothing
                 report = save_judged(report.with_result(result), opts.json_path)
                 on_event(Event("skip" if over else "done", name, result=result))
+                if name == BASELINE and result.status != "ok" and not opts.keep_going:
+                    report = save_judged(baseline_failed(report, {n: plans[n] for n in pending}, result),
+                                         opts.json_path)
+                    pending.clear()
+                    break
                 if name == BASELINE and self.fans_out and pending:
                     report = self._fanned(report, pending, steps, workdir, hardware, base_step)
                 elif name == BASELINE and self.budget_s is not None and pending:

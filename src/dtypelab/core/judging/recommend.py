@@ -20,7 +20,7 @@ from dtypelab.core.results import (
     Verdict,
 )
 from dtypelab.core.scaler import scaler_notes
-from dtypelab.core.stats import MIN_GAIN, MIN_QUIET
+from dtypelab.core.stats import CONFIDENCE, MIN_GAIN, MIN_QUIET, unpaired_faster
 from dtypelab.core.tolerance import BASELINE, Tolerance, delta_text, judge, tolerance_sentence
 
 MEMORY_GAP = 0.95  # a lower peak is worth a sentence below this ratio (smaller gaps are measurement noise)
@@ -58,7 +58,8 @@ def disturbed_text(name: str, blocks: tuple[RoundBlock, ...]) -> str:
 
 
 _NOT_RUN = {"skipped": {"slow": (Verdict.SKIPPED_SLOW, "too slow here"),
-                        "budget": (Verdict.SKIPPED_BUDGET, "over budget")},
+                        "budget": (Verdict.SKIPPED_BUDGET, "over budget"),
+                        "baseline": (Verdict.SKIPPED_BASELINE, "not run: fp32 failed")},
             "failed": Verdict.FAILED, "timeout": Verdict.TIMEOUT, "oom": Verdict.OOM,
             "interrupted": Verdict.INTERRUPTED}
 
@@ -180,21 +181,39 @@ def recommend(report: Report) -> Recommendation:
     if base is None or base_metric is None or not math.isfinite(base_metric):
         why_not = f"{base.status}: {base.reason}" if base and base.status != "ok" else "it has no finite metric"
         reason = f"No recommendation: the {BASELINE} baseline did not complete ({why_not})."
-        sentences = [reason] + [f"{', '.join(names)}: {text}." for (text, _), names in skipped.items()]
+        sentences = [reason, *_skip_sentences(skipped)]
         ran = {r.policy: PolicyVerdict(r.policy, Verdict.UNJUDGED, "") for r in report.results if r.ran}
         return Recommendation(Decision.NO_BASELINE, None, reason, _ordered(report, {**not_run, **ran}),
                               sentences=tuple(sentences), notes=tuple(table_notes(report)))
 
     verdicts, accepted, notes = _judged_runs(report, base, base_metric, tol)
+    untimed = [r for r in report.results if r.ran and r.timing is None and r.speedup_ci is None]
+    if untimed:  # no decision without evidence: a policy that ran untimed might be the fastest
+        names = ", ".join(r.policy for r in untimed)
+        reason = (f"No recommendation: {names} ran but timed no step, so nothing can be said of speed; "
+                  "re-run once every policy's steps are timed.")
+        for r in untimed:
+            verdicts[r.policy] = replace(verdicts[r.policy], verdict=Verdict.UNTIMED, text="not timed",
+                                         speedup=None)
+        return Recommendation(Decision.NO_EVIDENCE, None, reason, _ordered(report, {**not_run, **verdicts}),
+                              sentences=(reason, *_skip_sentences(skipped)),
+                              notes=tuple(table_notes(report, verdicts)))
     timed = [r for r in accepted if r.timing]
     paired = bool(base.rounds) and any(r.speedup_ci for r in accepted)
     unclear: list[PolicyResult] = []
+    unsure: list[PolicyResult] = []
+    preferred = ""
     if paired:  # decide from the intervals of paired rounds, not from medians
         faster = [r for r in accepted if r.speedup_ci and r.speedup_ci.low > 1 + MIN_GAIN]
         unclear = [r for r in accepted if r.speedup_ci and r.speedup_ci.low <= 1 + MIN_GAIN <= r.speedup_ci.high]
-        best: str | None = max(faster, key=lambda r: r.speedup_ci.point).policy if faster else BASELINE
-    else:
-        best = min(timed, key=lambda r: r.timing.median).policy if timed else None
+        best: str | None = BASELINE
+        if faster:
+            chosen, preferred = safest(faster, metric, higher)
+            best = chosen.policy
+    else:  # separate runs: the medians decide only where the steps' spreads say they differ
+        faster = [r for r in timed if r.policy != BASELINE and unpaired_faster(_timed(base), _timed(r))]
+        unsure = [r for r in timed if r.policy != BASELINE and r not in faster and speedup(r, base) > 1 + MIN_GAIN]
+        best = min(faster, key=lambda r: r.timing.median).policy if faster else BASELINE if base.timing else None
     with_mem = [r for r in accepted if r.peak_memory_bytes is not None]
     lowest = min(with_mem, key=lambda r: r.peak_memory_bytes).policy if with_mem else None
     busy = paired and sum(b.disturbed for b in base.rounds) > len(base.rounds) / 2
@@ -217,7 +236,8 @@ def recommend(report: Report) -> Recommendation:
                          f"{_fmt(base_metric)}).")
     elif best == BASELINE or best is None:
         decision, best = Decision.KEEP_BASELINE, BASELINE
-        measurably = "measurably faster (95% interval above 1)" if paired else "faster"
+        measurably = ("measurably faster (95% interval above 1)" if paired else
+                      "measurably faster (its steps faster than fp32's, one-sided Mann-Whitney test at 5%)")
         sentences.append(f"Keep {BASELINE}: no other policy was both {measurably} and within {tol} on {metric} "
                          f"({BASELINE}: {_fmt(base_metric)}).")
     else:
@@ -232,9 +252,19 @@ def recommend(report: Report) -> Recommendation:
             f"{judge(b.metric(metric), base_metric, tol, higher)[1]})."
         )
         verdicts[best] = replace(verdicts[best], verdict=Verdict.RECOMMENDED, text="recommended")
+        if preferred:
+            sentences.append(preferred)
         noisy = [r.policy for r in (b, base) if r.timing.noisy] if not paired else []
         if noisy:
             sentences.append(f"Timings of {' and '.join(noisy)} were noisy: re-run before trusting a small gap.")
+    if unsure:
+        sentences.append(f"Not measurably faster than {BASELINE} (their steps' spread overlaps fp32's: one-sided "
+                         f"Mann-Whitney test, {1 - CONFIDENCE:.0%} level): " + ", ".join(
+                             f"{r.policy} {speedup(r, base):.2f}x by medians over {len(_timed(r))} steps"
+                             for r in unsure) + "; the safer " + BASELINE + " numerics are kept.")
+        for r in unsure:
+            if verdicts[r.policy].verdict in (Verdict.BETTER, Verdict.EQUAL, Verdict.WITHIN):
+                verdicts[r.policy] = replace(verdicts[r.policy], verdict=Verdict.NO_GAIN, text="no measurable gain")
     if unclear:
         sentences.append("No measurable speed difference from " + BASELINE + ": " + ", ".join(
             f"{r.policy} {r.speedup_ci.point:.2f}x ({r.speedup_ci.low:.2f}–{r.speedup_ci.high:.2f})" for r in unclear)
@@ -249,6 +279,7 @@ def recommend(report: Report) -> Recommendation:
     if notes:
         sentences.append(tolerance_sentence(metric, tol, higher))
     sentences += _details(report, {name: v.speedup for name, v in verdicts.items()})
+    sentences += run_notes(report)
     if lowest and lowest != best:
         low, b = report.result(lowest), report.result(best or BASELINE)
         if low.peak_memory_bytes < MEMORY_GAP * (b.peak_memory_bytes or 0):
@@ -257,11 +288,61 @@ def recommend(report: Report) -> Recommendation:
                              f"for {b.policy}).")
             v = verdicts[lowest]
             verdicts[lowest] = replace(v, text=v.text + ", lowest memory", lowest_memory=True)
-    for (text, skip), names in skipped.items():
-        hint = {"slow": "; use --force to run anyway", "budget": "; a larger --budget (0: none) runs it"}.get(skip, "")
-        sentences.append(f"{', '.join(names)}: {text}{hint}.")
+    sentences += _skip_sentences(skipped)
     return Recommendation(decision, best, sentences[0], _ordered(report, {**not_run, **verdicts}), lowest,
                           tuple(sentences), tuple(table_notes(report, verdicts)))
+
+
+def _timed(r: PolicyResult) -> tuple[float, ...]:
+    """A run's timed steps (its warm-up left out)."""
+    return r.step_times_s[r.warmup:]
+
+
+def run_notes(report: Report) -> list[str]:
+    """What runs found worth a sentence (``PolicyResult.notes``), each said once for the policies it is true of."""
+    said: dict[str, list[str]] = {}
+    for r in report.results:
+        for note in r.notes:
+            said.setdefault(note.rstrip("."), []).append(r.policy)
+    return [f"{', '.join(names)}: {note}." for note, names in said.items()]
+
+
+def keeps_fp32_weights(r: PolicyResult) -> bool:
+    """Whether the policy trains float32 (or wider) weights: autocast and tf32 do, a pure low-precision cast does
+    not (every update is rounded into its weights)."""
+    default = (r.info.plan.get("default") if r.info else None) or {}
+    return default.get("kind") in ("autocast", "tf32") or default.get("dtype") in ("float32", "float64")
+
+
+def safest(faster: list[PolicyResult], metric: str, higher: bool) -> tuple[PolicyResult, str]:
+    """Among the measurably faster policies, the one to recommend and, when it is not simply the fastest, the
+    sentence that says why: speeds whose 95% intervals overlap the fastest's cannot be told apart, so among those
+    the better metric wins, then float32 weights (autocast over a pure low-precision cast), then speed."""
+    fastest = max(faster, key=lambda r: r.speedup_ci.point)
+    peers = [r for r in faster if r.speedup_ci.high >= fastest.speedup_ci.low]
+    sign = 1 if higher else -1
+
+    def rank(r: PolicyResult) -> tuple[float, bool, float]:
+        value = r.metric(metric)
+        return (sign * value if value is not None else -math.inf, keeps_fp32_weights(r), r.speedup_ci.point)
+
+    chosen = max(peers, key=rank)
+    if chosen is fastest:
+        return chosen, ""
+    a, b = chosen.speedup_ci, fastest.speedup_ci
+    cm, fm = chosen.metric(metric), fastest.metric(metric)
+    why = (f"its {metric} is better ({_fmt(cm)} vs {_fmt(fm)})" if cm != fm else
+           f"its {metric} is the same and it keeps float32 weights ({fastest.policy} rounds every update into "
+           "low-precision weights)")
+    return chosen, (f"{chosen.policy} ({a.point:.2f}x, {a.low:.2f}–{a.high:.2f}) and {fastest.policy} "
+                    f"({b.point:.2f}x, {b.low:.2f}–{b.high:.2f}) cannot be told apart in speed (their 95% intervals "
+                    f"overlap): {chosen.policy} is preferred because {why}.")
+
+
+def _skip_sentences(skipped: dict[tuple[str, str], list[str]]) -> list[str]:
+    hints = {"slow": "; use --force to run anyway", "budget": "; a larger --budget (0: none) runs it",
+             "baseline": "; --keep-going runs them anyway"}
+    return [f"{', '.join(names)}: {text}{hints.get(skip, '')}." for (text, skip), names in skipped.items()]
 
 
 def _ordered(report: Report, verdicts: dict[str, PolicyVerdict]) -> tuple[PolicyVerdict, ...]:

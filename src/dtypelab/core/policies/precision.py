@@ -102,6 +102,8 @@ class Precision:
         assigned = self.plan.assign(model)
         if self._cast is not None:
             model = model.to(self._cast)
+        elif any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters()):
+            model = model.to(torch.float32)  # float32 weights as the plan says, whatever a script built its model in
         outer = self._cast or torch.float32
         modules = dict(model.named_modules(remove_duplicate=False))
         for name, config in assigned.items():
@@ -158,8 +160,9 @@ class Precision:
         return self.plan
 
     def convert_input(self, batch: Any) -> Any:
-        """Floating inputs (and targets) in the model's dtype under a pure cast; integer ones never change."""
-        return _floats_to(self._cast, batch)
+        """Floating inputs (and targets) in the model's storage dtype (float32 unless a pure cast says otherwise: a
+        script's float64 data meets its model converted to float32); integer ones never change."""
+        return _floats_to(self._cast or torch.float32, batch)
 
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         if self._autocast is not None:

@@ -52,6 +52,8 @@ class AutopilotConfig:
     horizon: int  # ... or its trend says it will pass the limit within this many steps (0: two readings)
     max_rollbacks: int
     task_name: str = ""
+    trend_from: float = 0.1  # ... and only once its amax has passed this share of the limit ...
+    trend_keep: float = 0.5  # ... and while its latest log-growth keeps this share of the earlier readings'
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,7 @@ class PolicyResult:
     profile: ProfileSummary | None = None  # --profile: where the step's time goes
     distributed: DistStats | None = None  # --nproc: bytes, communication, per-rank memory, the link
     conversion: Conversion = field(default_factory=dict)  # float8 training, int4: the layers converted, left out
+    notes: tuple[str, ...] = ()  # what the run found worth a sentence, without its name (said once for all)
     wall_s: float = 0.0
 
     @property

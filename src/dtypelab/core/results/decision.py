@@ -15,6 +15,7 @@ class Decision(str, Enum):
     KEEP_BASELINE_BUSY = "keep-baseline-busy"  # busy machine, but no alternative could have won: keep fp32
     TOO_BUSY = "too-busy"  # other processes disturbed fp32's timing in a way that could change the decision
     NO_BASELINE = "no-baseline"  # fp32 did not complete: nothing to compare with
+    NO_EVIDENCE = "no-evidence"  # a policy that ran was not timed: no speed verdict can be given
     NOTHING_TO_SEARCH = "nothing-to-search"  # tune: every candidate measured pathologically slow here
 
 
@@ -32,9 +33,11 @@ class Verdict(str, Enum):
     DIVERGED = "diverged"  # the loss stayed non-finite
     NONFINITE = "nonfinite"  # the loss went non-finite at some step (unstable)
     NO_METRIC = "no-metric"  # it finished without a finite metric
+    UNTIMED = "untimed"  # it ran, but no step was timed: no speed verdict
     SKIPPED_UNSUPPORTED = "skipped-unsupported"
     SKIPPED_SLOW = "skipped-slow"
     SKIPPED_BUDGET = "skipped-budget"
+    SKIPPED_BASELINE = "skipped-baseline"  # not run: the fp32 baseline failed (bench --keep-going runs it)
     FAILED = "failed"
     TIMEOUT = "timeout"
     OOM = "oom"
@@ -90,6 +93,11 @@ class Recommendation:
     def undecided(self) -> bool:
         """Too disturbed to decide (``bench --strict`` exits 3)."""
         return self.decision == Decision.TOO_BUSY
+
+    @property
+    def no_evidence(self) -> bool:
+        """A policy that ran was not timed, so nothing can be said of speed (``bench`` exits 1)."""
+        return self.decision == Decision.NO_EVIDENCE
 
     @property
     def no_baseline(self) -> bool:
