@@ -99,6 +99,7 @@ class Session:
         self._script_autocast: set[str] = set()  # the script's own autocast, found on around the model's forward
         self._eager: tuple[Any, Any] | None = None  # _enter and _leave as a compiled model calls them
         self._built_in: list[str] = []  # the floating dtypes of the script's model as it built it
+        self._autocast_kinds = tuple(dict.fromkeys(("cpu", self.device.type)))  # where a script's autocast can be
         self._log = ScalerLog() if self.precision.grad_scaler() is not None else None
         self._model: nn.Module | None = None
         self._init = ""
@@ -305,34 +306,40 @@ class Session:
 
     # --- internals ---------------------------------------------------------------------------------
     def _bookkeeping(self) -> tuple[Any, Any]:
-        """``_enter`` and ``_leave``; once torch.compile is in use (``torch._dynamo`` imported), the versions
+        """``_enter`` and ``_leave``; while torch.compile traces the model (torch.compile after setup), the versions
         dynamo leaves to Python rather than tracing. Not decorated up front: importing torch._dynamo costs about a
-        second, which a script run on its own must not pay."""
-        dynamo = sys.modules.get("torch._dynamo")
-        if dynamo is None:
+        second, which a script run on its own must not pay, and the wrappers cost every eager call."""
+        if not torch.compiler.is_compiling():
             return self._enter, self._leave
         if self._eager is None:
-            self._eager = (dynamo.disable(self._enter), dynamo.disable(self._leave))
+            from torch._dynamo import disable
+
+            self._eager = (disable(self._enter), disable(self._leave))
         return self._eager
 
     def _enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._in_step and not self._optimizers and not self._in_closure:
             self._end()  # weights updated by hand: the step ran until the model is called again
+        # one walk through the arguments (the batch size, device and dtypes); none for the usual model(x, y)
+        flat = not kwargs and all(isinstance(a, torch.Tensor) for a in args)
+        found = list(args) if flat else tensors((args, kwargs))
         if module.training and torch.is_grad_enabled():
             self._begin()
             self._forwards += 1
-            self._samples += _leading((args, kwargs))
-        source = _device_of(args, kwargs)
+            self._samples += next((int(t.shape[0]) for t in found if t.dim() > 0), 0)
+        source = found[0].device if found else None
         if source is not None and source != self.device:  # a script written for the CPU runs on the GPU unchanged
             args, kwargs = to_device(args, self.device), to_device(kwargs, self.device)
-        args, kwargs = self.precision.convert_input(args), self.precision.convert_input(kwargs)
-        context = contextlib.ExitStack()
-        if self.driven:  # the policy decides the precision: the script's own autocast is off inside the model
-            for kind in dict.fromkeys(("cpu", self.device.type)):
-                if torch.is_autocast_enabled(kind):
-                    dtype = str(torch.get_autocast_dtype(kind)).removeprefix("torch.")
-                    self._script_autocast.add(f"{dtype} on {kind}")
-                    context.enter_context(torch.autocast(kind, enabled=False))
+        target = self.precision.input_dtype
+        if any(t.dtype != target and t.is_floating_point() for t in found):
+            args, kwargs = self.precision.convert_input(args), self.precision.convert_input(kwargs)
+        own = [k for k in self._autocast_kinds if torch.is_autocast_enabled(k)] if self.driven else []
+        if not own:
+            return args, kwargs, source, self.precision.forward_context()
+        context = contextlib.ExitStack()  # the policy decides the precision: the script's own autocast is off inside
+        for kind in own:
+            self._script_autocast.add(f"{str(torch.get_autocast_dtype(kind)).removeprefix('torch.')} on {kind}")
+            context.enter_context(torch.autocast(kind, enabled=False))
         context.enter_context(self.precision.forward_context())
         return args, kwargs, source, context
 
@@ -375,12 +382,14 @@ class Session:
     def _foreign_scaler(self) -> None:
         """Refuse the script's own GradScaler stepping the optimizer where it would change what is measured: when
         it scales (its ``enabled``) or the policy scales too. Given to ``lab.setup`` it is the policy's instead."""
-        frame = sys._getframe(2)
+        frame = sys._getframe(3)  # above LabOptimizer.step
         for _ in range(3):
             if frame is None:
                 return
-            # GradScaler.step calls optimizer.step itself when disabled, through _maybe_opt_step when enabled
-            owner = frame.f_locals.get("self") if frame.f_code.co_name in ("step", "_maybe_opt_step") else None
+            # GradScaler.step calls optimizer.step itself when disabled, through _maybe_opt_step when enabled; only
+            # there are its locals read (reading f_locals copies them)
+            scaler_frame = frame.f_globals.get("__name__") == "torch.amp.grad_scaler"
+            owner = frame.f_locals.get("self") if scaler_frame else None
             if isinstance(owner, torch.amp.GradScaler):
                 if owner.is_enabled() or self.precision.grad_scaler() is not None:
                     message = ("the script steps its optimizer through its own GradScaler: pass it to lab.setup "
@@ -494,13 +503,6 @@ class Session:
         libraries the script imported, which the launcher's zygote then keeps for the next run)."""
         self._conn.send(("modules", heavy_modules()))
         self._conn.send(("done", data, 0))
-
-
-def _device_of(args: Any, kwargs: Any) -> torch.device | None:
-    for v in (*args, *kwargs.values()):
-        if isinstance(v, torch.Tensor):
-            return v.device
-    return None
 
 
 def _to_float32(t: torch.Tensor) -> torch.Tensor:

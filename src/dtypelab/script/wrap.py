@@ -89,11 +89,6 @@ class LabModule(_Transparent, nn.Module):
     def wrap(module: nn.Module, lab: Session) -> LabModule:
         return _combined(LabModule, type(module))(module, lab)
 
-    @property
-    def module(self) -> nn.Module:
-        """The script's own model (what ``torch.save`` writes)."""
-        return self.__dict__["_lab_module"]
-
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.__dict__["_lab"].forward(self.__dict__["_lab_module"], args, kwargs)
 
@@ -151,6 +146,15 @@ class LabModule(_Transparent, nn.Module):
     def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self.__dict__["_lab_module"].load_state_dict(*args, **kwargs)
 
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, local_metadata: Any, strict: bool,
+                              missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
+        # a module that holds this model as a child (an EMA container, a compiled model) loads it through here:
+        # the keys under ``prefix`` are the wrapped model's own
+        own = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        result = self.__dict__["_lab_module"].load_state_dict(own, strict=False)
+        missing_keys.extend(prefix + k for k in result.missing_keys)
+        unexpected_keys.extend(prefix + k for k in result.unexpected_keys)
+
     def register_buffer(self, *args: Any, **kwargs: Any) -> None:
         self.__dict__["_lab_module"].register_buffer(*args, **kwargs)
 
@@ -191,10 +195,6 @@ class LabOptimizer(_Transparent):
         obj = object.__new__(cls)
         LabOptimizer.__init__(obj, optimizer, lab)
         return obj
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self.__dict__["_lab_optimizer"]
 
     def step(self, closure: Any = None) -> Any:
         return self.__dict__["_lab"].optimizer_step(self.__dict__["_lab_optimizer"], closure)
@@ -242,10 +242,6 @@ class LabScaler(_Transparent):
     def __init__(self, scaler: torch.amp.GradScaler, lab: Session) -> None:
         self.__dict__["_lab_scaler"] = scaler
         self.__dict__["_lab"] = lab
-
-    @property
-    def scaler(self) -> torch.amp.GradScaler:
-        return self.__dict__["_lab_scaler"]
 
     def scale(self, outputs: Any) -> Any:
         return self.__dict__["_lab"].scale_loss(outputs)

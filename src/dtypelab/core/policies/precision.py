@@ -159,6 +159,11 @@ class Precision:
         self.plan = dataclasses.replace(self.plan, rules=rules, name="")
         return self.plan
 
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The dtype floating inputs are given to the model in (``convert_input``)."""
+        return self._cast or torch.float32
+
     def convert_input(self, batch: Any) -> Any:
         """Floating inputs (and targets) in the model's storage dtype (float32 unless a pure cast says otherwise: a
         script's float64 data meets its model converted to float32); integer ones never change."""
