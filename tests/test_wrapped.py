@@ -263,3 +263,37 @@ def test_a_wrapped_model_inside_another_module_saves_and_loads_with_its_own_keys
     assert torch.equal(model.head.weight, plain.head.weight)
     lab.finish(accuracy=1.0)
     _sent(lab)
+
+
+def test_a_disabled_gradscaler_of_the_scripts_own_skips_only_the_policy_that_scales(tmp_path, monkeypatch):
+    """nanoGPT with --dtype=bfloat16 keeps GradScaler(enabled=False) and steps through it: harmless under every
+    policy but amp-fp16, whose own scaler it would bypass; that one is skipped, saying what to change."""
+    lab, wrapped, opt, x, y = _driven(tmp_path, monkeypatch, "fp32")
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    scaler.scale(nn.functional.cross_entropy(wrapped(x), y)).backward()
+    scaler.step(opt)  # fp32: stepped as the script asked
+    assert lab.losses == [] and len(lab.timer.samples) == 1
+    lab.finish(accuracy=1.0)
+    _sent(lab)
+    lab, wrapped, opt, x, y = _driven(tmp_path, monkeypatch, "amp-fp16")
+    scaler.scale(nn.functional.cross_entropy(wrapped(x), y)).backward()
+    with pytest.raises(SystemExit):
+        scaler.step(opt)
+    sent = _sent(lab)
+    assert sent["kind"] == "skip" and "pass it to lab.setup (model, optimizer, scaler = lab.setup(" in sent["reason"]
+
+
+def test_lab_step_end_ends_a_hand_updated_step_at_once(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    model, (x, y) = Net(), _data()
+    lab = _session(tmp_path, monkeypatch, "fp32")
+    wrapped = lab.setup(model)
+    lab.backward(nn.functional.cross_entropy(wrapped(x), y))
+    assert lab.timer.samples == []
+    lab.step_end()
+    assert len(lab.timer.samples) == 1 and len(lab.losses) == 1
+    with pytest.raises(DtypelabError) as bad:
+        lab.setup(model, "adam")
+    assert str(bad.value) == "lab.setup takes the model, its optimizers and optionally its GradScaler; got str"
+    lab.finish(accuracy=1.0)
+    _sent(lab)
