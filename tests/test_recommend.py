@@ -146,3 +146,31 @@ def test_a_policy_that_ran_untimed_gets_no_speed_verdict_and_no_decision():
     assert rec.verdicts["bf16"] == "not timed" and not any(s.startswith("Keep") for s in rec.sentences)
     base = recommend(report(result("fp32", None, 0.9), result("bf16", 5, 0.9)))
     assert base.decision == "no-evidence" and base.reason.startswith("No recommendation: fp32 ran but timed")
+
+
+def test_separate_runs_decide_only_with_evidence_and_not_on_a_disturbed_baseline():
+    """A training script's policies run in processes of their own: a median that beats fp32's by a few steps or by
+    overlapping spreads decides nothing, and a win over a disturbed fp32 may be the disturbance's."""
+    steady = [0.010, 0.011, 0.0105, 0.0102, 0.0108, 0.0101, 0.0107, 0.0103]
+
+    def run(name, times, disturbed=False):
+        return PolicyResult(name, "ok", batch_size=10, step_times_s=tuple(times), losses=(1.0,),
+                            metrics={"acc": 0.9}, peak_memory_bytes=100,
+                            disturbance={"disturbed": disturbed, "other_cores": 0.95 if disturbed else 0.0,
+                                         "wall_s": 1.0})
+
+    clear = recommend(report(run("fp32", steady), run("bf16", [t * 0.7 for t in steady])))
+    assert clear.decision == "use" and clear.best == "bf16"
+    few = recommend(report(run("fp32", steady[:2]), run("bf16", [t * 0.7 for t in steady[:2]])))
+    assert few.decision == "keep-baseline" and few.verdicts["bf16"] == "no measurable gain"
+    assert "Not measurably faster than fp32" in " ".join(few.sentences)
+    # its median 4.5% below fp32's, its spread wide across fp32's (Mann-Whitney p = 0.23)
+    spread = [0.008, 0.012, 0.0095, 0.0115, 0.0096, 0.0112, 0.0099, 0.0100]
+    overlapping = recommend(report(run("fp32", steady), run("bf16", spread)))
+    assert overlapping.decision == "keep-baseline" and overlapping.verdicts["bf16"] == "no measurable gain"
+    busy = recommend(report(run("fp32", steady, disturbed=True), run("bf16", [t * 0.7 for t in steady])))
+    assert busy.decision == "too-busy" and busy.best is None
+    slowed_winner = recommend(report(run("fp32", steady), run("bf16", [t * 0.7 for t in steady], disturbed=True)))
+    assert slowed_winner.best == "bf16"  # disturbance only slowed the winner: quiet, it wins by more
+    assert busy.reason.startswith("No recommendation: the machine was too busy to decide (other processes used the "
+                                  "CPU while fp32's steps were timed: 0.95 of a core")

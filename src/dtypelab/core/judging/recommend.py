@@ -100,7 +100,7 @@ def disturbed_sentence(report: Report, best: str | None) -> str:
         return ""
     parts = [f"{r.policy} ({describe(r.disturbance, subject=False)})" for r in hit]
     names = {r.policy for r in hit}
-    lead = "Caution: the decision rests on disturbed timings. " if names & {best, BASELINE} else ""
+    lead = "Caution: the decision rests on disturbed timings. " if best and names & {best, BASELINE} else ""
     return (f"{lead}Other processes used the CPU while these policies' steps were timed: {', '.join(parts)}; their "
             "speeds are not reliable: re-run on a quiet machine before acting on them.")
 
@@ -222,7 +222,14 @@ def recommend(report: Report) -> Recommendation:
     # below it cannot win either way, and then "keep fp32" stands.
     contenders = [r for r in accepted if r.policy != BASELINE and r.speedup_ci and r.speedup_ci.high > 1 + MIN_GAIN]
     sentences: list[str] = []
-    if busy and contenders:
+    # separate runs, no rounds: a win over a disturbed fp32 (slowed by other work) may be the disturbance's; a
+    # disturbed winner, or keeping fp32, stands (disturbance only slows what it hits)
+    if not paired and best not in (None, BASELINE) and was_disturbed(base.disturbance):
+        decision, best = Decision.TOO_BUSY, None
+        sentences.append(f"No recommendation: the machine was too busy to decide (other processes used the CPU while "
+                         f"{BASELINE}'s steps were timed: {describe(base.disturbance, subject=False)}), and every "
+                         f"policy faster than {BASELINE} may be so only because of it; re-run it on a quiet machine.")
+    elif busy and contenders:
         decision, best = Decision.TOO_BUSY, None
         sentences.append(f"No recommendation: the machine was too busy to decide "
                          f"({disturbed_text(BASELINE, base.rounds)}) and "
