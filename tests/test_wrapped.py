@@ -191,7 +191,12 @@ def test_the_scripts_own_gradscaler_given_to_setup_becomes_the_policys(tmp_path,
     assert 0 < float(norm) < 100  # true gradients, not gradients times 65536
     scaler.step(opt)
     scaler.update()
-    assert lab.losses == [pytest.approx(float(loss))] and len(lab.timer.samples) == 1
+    assert lab.losses == [pytest.approx(loss.item())] and len(lab.timer.samples) == 1
+    from dtypelab.script.wrap import unwrap
+
+    scaler.scale(nn.functional.cross_entropy(wrapped(x), y)).backward()
+    scaler.step(unwrap(opt))  # the script's own optimizer object, kept under its old name: stepped all the same
+    assert len(lab.timer.samples) == 2 and lab._log.stats()["grad_scale"][-1] > 0
     lab.finish(accuracy=1.0)
     _sent(lab)
 

@@ -250,7 +250,10 @@ class LabScaler(_Transparent):
         self.__dict__["_lab"].unscale(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        return optimizer.step(*args, **kwargs)  # the wrapped optimizer steps through the policy's scaler
+        if isinstance(optimizer, LabOptimizer):  # what setup returned: it steps through the policy's scaler
+            return optimizer.step(*args, **kwargs)
+        # the script's own optimizer object (it kept its old name): stepped through the policy all the same
+        return self.__dict__["_lab"].optimizer_step(optimizer, *args, **kwargs)
 
     def update(self, new_scale: Any = None) -> None:
         """Nothing: the session updates the policy's scale once every optimizer of the step has stepped."""
