@@ -93,8 +93,6 @@ class Session(Routes):
         self._in_step = False
         self._in_closure = False  # inside optimizer.step(closure): the closure's forwards belong to this step
         self._forwards = 0  # training forwards through the wrapped model
-        self._backwards = 0  # losses the session saw (lab.backward, the GradScaler given to setup)
-        self._own_scaler: torch.amp.GradScaler | None = None
         self._script_autocast: set[str] = set()  # the script's own autocast, found on around the model's forward
         self._eager: tuple[Any, Any] | None = None  # _enter and _leave as a compiled model calls them
         self._built_in: list[str] = []  # the floating dtypes of the script's model as it built it
@@ -153,7 +151,6 @@ class Session(Routes):
                     self._optimizers.append(obj)
                 wrapped.append(LabOptimizer.wrap(obj, self))
             else:
-                self._own_scaler = obj
                 wrapped.append(LabScaler(obj, self))
         front = LabModule.wrap(model, self)
         if first:  # the diagnosis replays forwards as the script makes them: through the wrapper, under the policy
@@ -334,7 +331,7 @@ class Session(Routes):
             "setup_called": self._model is not None,
             "batch_size": int(statistics.median_low(self.step_samples)) if self.step_samples else 0,
             "disturbance": self._disturbance(), "stopped": self._stopped, "forwards": self._forwards,
-            "backwards": self._backwards, "optimizers": len(self._optimizers),
+            "optimizers": len(self._optimizers),
             "script_autocast": sorted(self._script_autocast), "built_in": self._built_in,
         })
 

@@ -146,7 +146,6 @@ class Routes:
             self.unsupported(f"{self.plan.name} scales the loss (GradScaler), and only an optimizer given to "
                              "lab.setup steps on unscaled gradients; this script updates its weights by hand")
         self._begin()
-        self._backwards += 1
         self._pending.append(float(loss.detach()))
 
     def _foreign_scaler(self) -> None:
