@@ -50,19 +50,20 @@ def _accuracy(scale: float):
     return evaluate
 
 
+def _growing(name: str, scale) -> Task:
+    return Task(name=name, make_model=Drifting, train_batch=_batch(scale), loss_fn=nn.functional.cross_entropy,
+                evaluate=_accuracy(scale(STEPS - 1)), metric="accuracy", higher_is_better=True,
+                make_optimizer=lambda p: torch.optim.Adam(p, lr=1e-2), steps=STEPS, batch_size=32)
+
+
 def make_drift_task() -> Task:
     """Case 1: safe in fp16 for a while, then one layer's activations drift past fp16's range."""
-    return Task(name="drift", make_model=Drifting, train_batch=_batch(drift_scale), loss_fn=nn.functional.cross_entropy,
-                evaluate=_accuracy(drift_scale(STEPS - 1)), metric="accuracy", higher_is_better=True,
-                make_optimizer=lambda p: torch.optim.Adam(p, lr=1e-2), steps=STEPS, batch_size=32)
+    return _growing("drift", drift_scale)
 
 
 def make_calm_task() -> Task:
     """Case 2: nothing comes near any format's limits."""
-    return Task(name="calm", make_model=Drifting, train_batch=_batch(lambda step: 1.0),
-                loss_fn=nn.functional.cross_entropy, evaluate=_accuracy(1.0), metric="accuracy",
-                higher_is_better=True, make_optimizer=lambda p: torch.optim.Adam(p, lr=1e-2), steps=STEPS,
-                batch_size=32)
+    return _growing("calm", lambda step: 1.0)
 
 
 def leveling_scale(step: int) -> float:
@@ -79,18 +80,12 @@ def linear_scale(step: int) -> float:
 
 def make_leveling_task() -> Task:
     """Control: a layer's range grows fast early, then slowly, and never comes near fp16's limit: nothing moves."""
-    return Task(name="leveling", make_model=Drifting, train_batch=_batch(leveling_scale),
-                loss_fn=nn.functional.cross_entropy, evaluate=_accuracy(leveling_scale(STEPS - 1)), metric="accuracy",
-                higher_is_better=True, make_optimizer=lambda p: torch.optim.Adam(p, lr=1e-2), steps=STEPS,
-                batch_size=32)
+    return _growing("leveling", leveling_scale)
 
 
 def make_linear_task() -> Task:
     """Control: a layer's range grows linearly to about 15% of fp16's limit: nothing moves."""
-    return Task(name="linear", make_model=Drifting, train_batch=_batch(linear_scale),
-                loss_fn=nn.functional.cross_entropy, evaluate=_accuracy(linear_scale(STEPS - 1)), metric="accuracy",
-                higher_is_better=True, make_optimizer=lambda p: torch.optim.Adam(p, lr=1e-2), steps=STEPS,
-                batch_size=32)
+    return _growing("linear", linear_scale)
 
 
 def make_tiny_loss_task() -> Task:

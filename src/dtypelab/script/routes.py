@@ -102,7 +102,8 @@ class Routes:
             args, kwargs = to_device(args, self.device), to_device(kwargs, self.device)
         target = self.precision.input_dtype
         if any(t.dtype != target and t.is_floating_point() for t in found):
-            args, kwargs = self.precision.convert_input(args), self.precision.convert_input(kwargs)
+            convert = self.precision.convert_input
+            args, kwargs = convert(args, every=True), convert(kwargs, every=True)
         own = [k for k in self._autocast_kinds if torch.is_autocast_enabled(k)] if self.driven else []
         if not own:
             return args, kwargs, source, self.precision.forward_context()

@@ -10,6 +10,7 @@ from dataclasses import replace
 from dtypelab.core.disturbance import describe, was_disturbed
 from dtypelab.core.judging.explain import why
 from dtypelab.core.judging.notes import table_notes
+from dtypelab.core.judging.prefer import safest
 from dtypelab.core.results import (
     Decision,
     PolicyResult,
@@ -312,38 +313,6 @@ def run_notes(report: Report) -> list[str]:
         for note in r.notes:
             said.setdefault(note.rstrip("."), []).append(r.policy)
     return [f"{', '.join(names)}: {note}." for note, names in said.items()]
-
-
-def keeps_fp32_weights(r: PolicyResult) -> bool:
-    """Whether the policy trains float32 (or wider) weights: autocast and tf32 do, a pure low-precision cast does
-    not (every update is rounded into its weights)."""
-    default = (r.info.plan.get("default") if r.info else None) or {}
-    return default.get("kind") in ("autocast", "tf32") or default.get("dtype") in ("float32", "float64")
-
-
-def safest(faster: list[PolicyResult], metric: str, higher: bool) -> tuple[PolicyResult, str]:
-    """Among the measurably faster policies, the one to recommend and, when it is not simply the fastest, the
-    sentence that says why: speeds whose 95% intervals overlap the fastest's cannot be told apart, so among those
-    the better metric wins, then float32 weights (autocast over a pure low-precision cast), then speed."""
-    fastest = max(faster, key=lambda r: r.speedup_ci.point)
-    peers = [r for r in faster if r.speedup_ci.high >= fastest.speedup_ci.low]
-    sign = 1 if higher else -1
-
-    def rank(r: PolicyResult) -> tuple[float, bool, float]:
-        value = r.metric(metric)
-        return (sign * value if value is not None else -math.inf, keeps_fp32_weights(r), r.speedup_ci.point)
-
-    chosen = max(peers, key=rank)
-    if chosen is fastest:
-        return chosen, ""
-    a, b = chosen.speedup_ci, fastest.speedup_ci
-    cm, fm = chosen.metric(metric), fastest.metric(metric)
-    why = (f"its {metric} is better ({_fmt(cm)} vs {_fmt(fm)})" if cm != fm else
-           f"its {metric} is the same and it keeps float32 weights ({fastest.policy} rounds every update into "
-           "low-precision weights)")
-    return chosen, (f"{chosen.policy} ({a.point:.2f}x, {a.low:.2f}–{a.high:.2f}) and {fastest.policy} "
-                    f"({b.point:.2f}x, {b.low:.2f}–{b.high:.2f}) cannot be told apart in speed (their 95% intervals "
-                    f"overlap): {chosen.policy} is preferred because {why}.")
 
 
 def _skip_sentences(skipped: dict[tuple[str, str], list[str]]) -> list[str]:

@@ -164,10 +164,11 @@ class Precision:
         """The dtype floating inputs are given to the model in (``convert_input``)."""
         return self._cast or torch.float32
 
-    def convert_input(self, batch: Any) -> Any:
-        """Floating inputs (and targets) in the model's storage dtype (float32 unless a pure cast says otherwise: a
-        script's float64 data meets its model converted to float32); integer ones never change."""
-        return _floats_to(self._cast or torch.float32, batch)
+    def convert_input(self, batch: Any, every: bool = False) -> Any:
+        """Floating inputs (and targets) in the model's dtype under a pure cast; integer ones never change. With
+        ``every``, floating inputs of any other dtype go to float32 under a float32 plan too (a script's float64
+        data meets its model converted to float32); tasks, whose data is float32, skip that walk every step."""
+        return _floats_to(self.input_dtype if every else self._cast, batch)
 
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         if self._autocast is not None:
