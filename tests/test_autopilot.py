@@ -16,7 +16,8 @@ from test_policies import global_state
 
 import dtypelab
 from dtypelab import Autocast, Cast, DtypelabError, Plan, Precision, load_plan, load_record
-from dtypelab.piloting.controller import Controller, Rules, crossing_step
+from dtypelab.core.results import Rules
+from dtypelab.piloting.controller import Controller, crossing_step
 from dtypelab.piloting.monitor import Reading
 
 TASKS = os.path.join(os.path.dirname(HERE), "examples", "autopilot_tasks.py")
@@ -142,7 +143,8 @@ def test_a_layer_that_levels_off_or_grows_linearly_is_never_moved(task, every):
     assert [m.cause for m in old.moves] == ["trend"] and old.moves[0].amax < 0.1 * old.moves[0].limit
     report = run(task, start="amp-fp16", sample_every=every)
     assert report.status == "ok" and report.moves == () and report.rollbacks == ()
-    assert report.config.trend_from == 0.1 and report.config.trend_keep == 0.5  # the rules are in the record
+    rules = report.config.rules  # the rules are in the record
+    assert rules.trend_from == 0.1 and rules.trend_keep == 0.5
 
 
 def test_autopilot_options_are_checked_when_the_session_is_made():
@@ -286,3 +288,16 @@ def test_the_command_prints_each_move_and_the_timeline_and_exits_1_when_it_had_t
     assert "no layer came near" in calm.stdout and "metrics: accuracy" in calm.stdout
     bad = cli("autopilot", CALM, "--promote-to", "fp8")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_version_1_record_reads_its_flat_thresholds_into_the_rules(tmp_path):
+    """Version 1 kept headroom, horizon, trend_from and trend_keep as the config's own fields."""
+    from dtypelab.core.results import AutopilotReport
+
+    report = run(CALM, start="amp-bf16", steps=12, headroom=0.6, horizon=7, trend_from=0.2, trend_keep=0.4)
+    d = report.to_dict()
+    rules = d["config"].pop("rules")
+    assert rules["headroom"] == 0.6 and rules["horizon"] == 7
+    d["config"].update({k: rules[k] for k in ("headroom", "horizon", "trend_from", "trend_keep")})
+    d["schema_version"] = 1
+    assert AutopilotReport.from_dict(d) == report

@@ -249,11 +249,9 @@ def test_float8_training_is_compared_with_its_fair_baseline_when_both_ran():
 
 def test_a_gpu_format_says_which_layers_its_kernel_cannot_take():
     """torchao leaves such layers as they are without a word; the record says it."""
-    from dtypelab.core.policies.precision import _unfit
-
     int4, fp8 = Quantize("int4-weight-only"), Quantize("fp8-dynamic")
-    assert _unfit(int4, nn.Linear(1024, 4096)) is None and _unfit(fp8, nn.Linear(1024, 4096)) is None
-    assert "multiple of 128" in _unfit(int4, nn.Linear(384 + 8, 64)) and "outputs of 8" in _unfit(int4,
-                                                                                                   nn.Linear(128, 12))
-    assert _unfit(fp8, nn.Linear(8, 32)) == "32×8: float8 matmuls need dimensions divisible by 16"
-    assert _unfit(Quantize("int8-dynamic"), nn.Linear(8, 3)) is None
+    assert int4.unfit(nn.Linear(1024, 4096)) is None and fp8.unfit(nn.Linear(1024, 4096)) is None
+    assert "multiple of 128" in int4.unfit(nn.Linear(384 + 8, 64))
+    assert "outputs of 8" in int4.unfit(nn.Linear(128, 12))
+    assert fp8.unfit(nn.Linear(8, 32)) == "32×8: float8 matmuls need dimensions divisible by 16"
+    assert Quantize("int8-dynamic").unfit(nn.Linear(8, 3)) is None

@@ -14,7 +14,8 @@ from conftest import fake_hardware
 from torch import nn
 
 from dtypelab import DtypelabError, bench, export, load_exported, recommend
-from dtypelab.core.policies import REGISTRY, Precision, get_policy, policies_for, quantize
+from dtypelab.core.policies import REGISTRY, Precision, get_policy, policies_for
+from dtypelab.core.policies.kinds import quantize
 from dtypelab.inference.fidelity import compare
 from dtypelab.inference.sizes import linear_weight_bytes, serialize, tensor_bytes
 from dtypelab.render.bench import render

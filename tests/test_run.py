@@ -131,7 +131,8 @@ def test_a_script_runs_as_itself_with_its_session_as_the_worker(tmp_path):
            "device": "cpu"}
     out = ScriptLauncher(str(tmp_path)).run(ScriptRun(str(script), ("--x", "1"), 3, job, name="fp32"), 60,
                                             lambda d, t: None)
-    assert out.ok and out.started and out.value["kind"] == "result" and out.value["metrics"] == {"accuracy": 0.5}
+    assert out.ok and out.started and type(out.value).__name__ == "ScriptResult"
+    assert out.value.metrics == {"accuracy": 0.5}
     with open(tmp_path / "fp32.log") as f:
         assert "argv ['--x', '1']" in f.read()
     silent = tmp_path / "silent.py"
@@ -163,7 +164,7 @@ def test_a_script_forked_from_the_zygote_ends_as_a_fresh_interpreter_would(tmp_p
     launcher = ScriptLauncher(str(tmp_path))
     assert launcher.forks(ScriptRun(str(script), (), 0, job)) == (fork == "1")
     out = launcher.run(ScriptRun(str(script), (), 0, job, name="ok"), 60, lambda d, t: None)
-    assert out.ok and out.value["metrics"] == {"accuracy": 0.5}
+    assert out.ok and out.value.metrics == {"accuracy": 0.5}
     # Ctrl-C as Python itself sets it up in a fresh interpreter started from here (ignored when this test runs in a
     # background job, e.g. nohup pytest &, where SIGINT comes in ignored)
     fresh = subprocess.run([sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is "

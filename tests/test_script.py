@@ -59,7 +59,7 @@ def _session(tmp_path, monkeypatch, policy: str) -> dtypelab.Session:
     return lab
 
 
-def _sent(lab) -> dict:
+def _sent(lab):
     """The session's last word: what it measured."""
     done = [m for m in lab.channel.drain(timeout=0.5) if m[0] == "done"]
     lab.channel.close()
@@ -90,7 +90,7 @@ def test_clipping_under_amp_fp16_unscales_first(tmp_path, monkeypatch):
     assert len(lab.timer.samples) == 1 and len(lab.losses) == 1
     lab.finish(accuracy=0.5)
     result = _sent(lab)
-    assert result["scaler"]["grad_scale"] and result["batch_size"] == 32 and result["metric"] == "accuracy"
+    assert result.scaler["grad_scale"] and result.batch_size == 32 and result.metric == "accuracy"
     assert not torch.is_autocast_enabled("cpu")
 
 
@@ -101,7 +101,7 @@ def test_finish_needs_a_metric_and_guesses_its_direction(tmp_path, monkeypatch):
         lab.finish()
     lab.finish(val_loss=0.3)
     result = _sent(lab)
-    assert result["higher_is_better"] is False and result["higher_guessed"] is True
+    assert result.higher_is_better is False and result.higher_guessed is True
 
 
 @pytest.mark.slow
@@ -254,7 +254,7 @@ def test_a_step_loss_is_its_micro_batches_added_up(tmp_path, monkeypatch):
     assert isinstance(optimizer.step, __import__("types").MethodType) and optimizer.step.__self__ is optimizer
     lab.finish(accuracy=1.0)
     result = _sent(lab)
-    assert result["disturbance"]["wall_s"] > 0 and "disturbed" in result["disturbance"]
+    assert result.disturbance["wall_s"] > 0 and "disturbed" in result.disturbance
 
 
 @pytest.mark.slow

@@ -128,7 +128,7 @@ def test_a_closure_step_is_timed_around_every_closure_call(tmp_path, monkeypatch
     assert len(seen) > 1 and first.item() == seen[0]
     assert len(lab.timer.samples) == 1 and lab.losses == [pytest.approx(seen[0])]
     lab.finish(accuracy=1.0)
-    assert _sent(lab)["forwards"] == len(seen)
+    assert _sent(lab).forwards == len(seen)
 
 
 def test_a_closure_under_a_gradscaler_policy_is_skipped_with_the_reason(tmp_path, monkeypatch):
@@ -136,7 +136,7 @@ def test_a_closure_under_a_gradscaler_policy_is_skipped_with_the_reason(tmp_path
     with pytest.raises(SystemExit):
         opt.step(lambda: nn.functional.cross_entropy(wrapped(x), y))
     sent = _sent(lab)
-    assert sent["kind"] == "skip" and "GradScaler cannot step an optimizer with a closure" in sent["reason"]
+    assert type(sent).__name__ == "ScriptSkip" and "GradScaler cannot step an optimizer with a closure" in sent.reason
 
 
 def test_weights_updated_by_hand_are_timed_from_one_call_to_the_next(tmp_path, monkeypatch):
@@ -160,7 +160,7 @@ def test_weights_updated_by_hand_are_timed_from_one_call_to_the_next(tmp_path, m
     assert len(lab.losses) == 8 and lab.losses[-1] < lab.losses[0]
     lab.finish(accuracy=1.0)
     sent = _sent(lab)
-    assert len(sent["step_times_s"]) == 8 and sent["optimizers"] == 0
+    assert len(sent.step_times_s) == 8 and sent.optimizers == 0
 
 
 def test_the_scripts_own_autocast_is_turned_off_inside_the_model_and_said(tmp_path, monkeypatch):
@@ -174,7 +174,7 @@ def test_the_scripts_own_autocast_is_turned_off_inside_the_model_and_said(tmp_pa
     opt.step()
     assert dtypes == [torch.float32]  # the fp32 baseline really is fp32
     lab.finish(accuracy=1.0)
-    assert _sent(lab)["script_autocast"] == ["bfloat16 on cpu"]
+    assert _sent(lab).script_autocast == ("bfloat16 on cpu",)
 
 
 def test_the_scripts_own_gradscaler_given_to_setup_becomes_the_policys(tmp_path, monkeypatch):
@@ -196,7 +196,7 @@ def test_the_scripts_own_gradscaler_given_to_setup_becomes_the_policys(tmp_path,
 
     scaler.scale(nn.functional.cross_entropy(wrapped(x), y)).backward()
     scaler.step(unwrap(opt))  # the script's own optimizer object, kept under its old name: stepped all the same
-    assert len(lab.timer.samples) == 2 and lab._log.stats()["grad_scale"][-1] > 0
+    assert len(lab.timer.samples) == 2 and lab.precision.stats()["grad_scale"][-1] > 0
     lab.finish(accuracy=1.0)
     _sent(lab)
 
@@ -286,7 +286,8 @@ def test_a_disabled_gradscaler_of_the_scripts_own_skips_only_the_policy_that_sca
     with pytest.raises(SystemExit):
         scaler.step(opt)
     sent = _sent(lab)
-    assert sent["kind"] == "skip" and "pass it to lab.setup (model, optimizer, scaler = lab.setup(" in sent["reason"]
+    assert type(sent).__name__ == "ScriptSkip"
+    assert "pass it to lab.setup (model, optimizer, scaler = lab.setup(" in sent.reason
 
 
 def test_lab_step_end_ends_a_hand_updated_step_at_once(tmp_path, monkeypatch):

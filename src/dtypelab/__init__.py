@@ -42,84 +42,34 @@ _PUBLIC = {
     "PolicyResult": "dtypelab.core.results", "ProfileSummary": "dtypelab.core.results",
     "Report": "dtypelab.core.results", "RunConfig": "dtypelab.core.results", "TraceReport": "dtypelab.core.results",
     "TuneReport": "dtypelab.core.results", "load_record": "dtypelab.core.records",
-    "load_report": "dtypelab.core.records",
+    "load_report": "dtypelab.core.records", "Float8Train": "dtypelab.core.policies",
 }
 _INTEGRATIONS = ("lightning", "hf")
 
-__all__ = [
-    "TF32",
-    "AuditReport",
-    "AutopilotReport",
-    "Autocast",
-    "Cast",
-    "Config",
-    "DtypelabError",
-    "ExportInfo",
-    "Finding",
-    "Format",
-    "Guard",
-    "HardwareInfo",
-    "InferenceTask",
-    "LintFinding",
-    "LintReport",
-    "NonFiniteError",
-    "Plan",
-    "PolicyResult",
-    "Precision",
-    "ProfileSummary",
-    "Quantize",
-    "RangeStats",
-    "Recommendation",
-    "Report",
-    "ReportInfo",
-    "RunConfig",
-    "Session",
-    "Task",
-    "TaskError",
-    "Tolerance",
-    "TraceReport",
-    "TuneReport",
-    "__version__",
-    "analyze_values",
-    "apply_plan",
-    "audit",
-    "autopilot",
-    "bench",
-    "cast_file",
-    "cast_report",
-    "compare_outputs",
-    "export",
-    "formats",
-    "get_format",
-    "get_policy",
-    "lint_paths",
-    "lint_source",
-    "load_exported",
-    "load_plan",
-    "load_record",
-    "load_report",
-    "load_task",
-    "probe",
-    "profile",
-    "range_stats",
-    "recommend",
-    "register",
-    "report",
-    "session",
-    "trace",
-    "tune",
-    "watch",
-]
+# the one list: __all__, dir() and the loader below are made from it (a test checks the TYPE_CHECKING imports agree)
+__all__ = ["__version__", *_PUBLIC]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
     from dtypelab.core.errors import DtypelabError, TaskError
     from dtypelab.core.hardware import HardwareInfo, probe
     from dtypelab.core.judging import Recommendation, Tolerance, recommend
-    from dtypelab.core.policies import TF32, Autocast, Cast, Config, Plan, Precision, Quantize, get_policy, load_plan
+    from dtypelab.core.policies import (
+        TF32,
+        Autocast,
+        Cast,
+        Config,
+        Float8Train,
+        Plan,
+        Precision,
+        Quantize,
+        get_policy,
+        load_plan,
+    )
     from dtypelab.core.policies import register as register
     from dtypelab.core.records import load_record, load_report
     from dtypelab.core.results import (
         AuditReport,
+        AutopilotReport,
         Finding,
         LintFinding,
         LintReport,
@@ -144,7 +94,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on 
         get_format,
         range_stats,
     )
-    from dtypelab.piloting import session
+    from dtypelab.piloting import autopilot, session
     from dtypelab.profiling import profile
     from dtypelab.render import ReportInfo, report
     from dtypelab.script import Session

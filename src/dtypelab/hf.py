@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.policies import TF32, Autocast, Cast, Plan
+from dtypelab.core.policies import Plan
 from dtypelab.script import Session
 
 try:
@@ -25,20 +25,12 @@ except ImportError as exc:  # pragma: no cover - the [hf] extra
 def training_arguments(plan: Plan, args: Any) -> tuple[Any, str | None]:
     """(TrainingArguments for the policy, the dtype to cast the model to or None); an error for a policy the
     Trainer cannot express."""
-    c = plan.default
-    flags = {"bf16": False, "fp16": False}
-    cast = None
-    if plan.rules:
-        raise DtypelabError(f"policy {plan.name}: per-module plans have no TrainingArguments equivalent")
-    if isinstance(c, Autocast):
-        flags["bf16" if c.dtype == "bfloat16" else "fp16"] = True
-    elif isinstance(c, TF32):
-        flags["tf32"] = True
-    elif isinstance(c, Cast):
-        cast = None if c.dtype == "float32" else c.dtype
-    else:
-        raise DtypelabError(f"policy {plan.name} has no TrainingArguments equivalent")
-    return dataclasses.replace(args, logging_steps=1, **flags), cast
+    mapped = None if plan.rules else plan.default.hf_arguments()
+    if mapped is None:
+        why = "per-module plans have" if plan.rules else "it has"
+        raise DtypelabError(f"policy {plan.name}: {why} no TrainingArguments equivalent")
+    flags, cast = mapped
+    return dataclasses.replace(args, logging_steps=1, **{"bf16": False, "fp16": False, **flags}), cast
 
 
 def _on_device(args: Any, device: torch.device) -> Any:
@@ -86,9 +78,9 @@ def Trainer(*args: Any, metric: str | None = None, higher_is_better: bool | None
             kwargs["model"] = kwargs["model"].to(getattr(torch, cast))
     kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), DtypelabCallback(lab, metric, higher_is_better)]
     trainer = transformers.Trainer(*args, **kwargs)
-    if lab.driven and isinstance(lab.plan.default, Autocast) and not trainer.accelerator.native_amp:
+    if lab.driven and lab.plan.default.autocast_dtype and not trainer.accelerator.native_amp:
         # accelerate accepts fp16=True on a CPU but runs plain float32: measuring that as amp-fp16 would lie
-        lab.unsupported(f"the Hugging Face Trainer does not autocast to {lab.plan.default.dtype} on "
+        lab.unsupported(f"the Hugging Face Trainer does not autocast to {lab.plan.default.autocast_dtype} on "
                         f"{lab.device.type} (accelerate's native_amp is off): {lab.plan.name} cannot run through it "
                         "here")
     return trainer

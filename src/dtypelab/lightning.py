@@ -1,14 +1,18 @@
 """dtypelab for Lightning: ``trainer = dtypelab.lightning.Trainer(..., metric="val_acc")`` in place of
 ``L.Trainer(...)`` — the one changed line. Run normally it is Lightning's Trainer as given; run by ``dtypelab
-bench train.py``, its ``precision=`` is the policy's own Lightning value and a callback times each training batch
+bench train.py``, its ``precision=`` is the policy's own Lightning value (or, for a policy Lightning has none for, the
+kinds' own hooks as a precision plugin) and a callback times each training batch
 (after it is loaded, to the end of its optimizer step), records the loss and the validation metrics."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Iterator
 from typing import Any
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.policies import TF32, Autocast, Cast, Plan
+from dtypelab.core.policies import Plan
 from dtypelab.script import Session
 
 try:
@@ -16,23 +20,46 @@ try:
 except ImportError as exc:  # pragma: no cover - the [lightning] extra
     raise DtypelabError("dtypelab.lightning needs Lightning: pip install 'dtypelab[lightning]'") from exc
 
-# dtypelab's configs as Lightning's precision= values
-_CAST = {"float64": "64-true", "float32": "32-true", "bfloat16": "bf16-true", "float16": "16-true"}
-_MIXED = {"bfloat16": "bf16-mixed", "float16": "16-mixed"}
+def lightning_precision(plan: Plan) -> str | None:
+    """The ``precision=`` value Lightning runs this policy with (its kind's ``lightning``), or None when Lightning
+    has none (a per-module plan, a kind of your own): ``DtypelabPrecision`` runs it then."""
+    return None if plan.rules else plan.default.lightning
 
 
-def lightning_precision(plan: Plan) -> str:
-    """The ``precision=`` value Lightning runs this policy with; an error for what Lightning cannot express."""
-    c = plan.default
-    if not plan.rules:
-        if isinstance(c, Cast) and c.dtype in _CAST:
-            return _CAST[c.dtype]
-        if isinstance(c, Autocast) and c.dtype in _MIXED:
-            return _MIXED[c.dtype]
-        if isinstance(c, TF32):
-            return "32-true"  # with the TF32 matmul flags, set by the session for the whole run
-    raise DtypelabError(f"policy {plan.name} has no Lightning precision (Lightning runs 64/32/bf16/16 true and "
-                        "bf16/16 mixed)")
+class DtypelabPrecision(pl.plugins.Precision):
+    """A policy Lightning has no ``precision=`` value for, run through dtypelab's own hooks (its kinds'): the
+    module converted, the forward under its context, its loss scaling, the optimizers converted and stepped."""
+
+    def __init__(self, lab: Session) -> None:
+        self.lab, self.hooks = lab, lab.precision
+
+    def convert_module(self, module: Any) -> Any:
+        return self.hooks.convert_module(module)
+
+    def convert_input(self, data: Any) -> Any:
+        return self.hooks.convert_input(data)
+
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
+        with self.hooks.forward_context():
+            yield
+
+    def connect(self, model: Any, optimizers: list[Any], lr_schedulers: list[Any]) -> tuple[Any, list[Any], list[Any]]:
+        return model, [self.hooks.convert_optimizer(o, model) for o in optimizers], lr_schedulers
+
+    def pre_backward(self, tensor: Any, module: Any) -> Any:
+        scaler = self.hooks.grad_scaler()
+        return super().pre_backward(scaler.scale(tensor) if scaler is not None else tensor, module)
+
+    def optimizer_step(self, optimizer: Any, model: Any, closure: Any, **kwargs: Any) -> Any:
+        closure = functools.partial(self._wrap_closure, model, optimizer, closure)
+        if self.hooks.grad_scaler() is None:  # a kind's own step runs the closure first (Precision.step)
+            result = self.hooks.step(optimizer, closure)
+        else:  # as Lightning's own MixedPrecision: the closure first, GradScaler's step on its gradients
+            result = closure()
+            self.hooks.step(optimizer)
+        self.hooks.update()
+        return result
 
 
 class DtypelabCallback(pl.Callback):
@@ -75,7 +102,12 @@ def Trainer(*args: Any, metric: str | None = None, higher_is_better: bool | None
     holds."""
     lab = Session(seed=seed)
     if lab.driven:
-        kwargs["precision"] = lightning_precision(lab.plan)
+        value = lightning_precision(lab.plan)
+        if value is not None:
+            kwargs["precision"] = value
+        else:
+            kwargs.pop("precision", None)
+            kwargs["plugins"] = [*(kwargs.get("plugins") or []), DtypelabPrecision(lab)]
         kwargs.setdefault("accelerator", "gpu" if lab.device.type == "cuda" else "cpu")
     callbacks = list(kwargs.get("callbacks") or [])
     kwargs["callbacks"] = [*callbacks, DtypelabCallback(lab, metric, higher_is_better)]

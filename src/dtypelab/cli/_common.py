@@ -166,26 +166,17 @@ def events() -> Iterator[Callable[[Any], None]]:
 
 def emit(record: Any, fmt: str, top: int = 0) -> None:
     """Any record on stdout: a bench report, an audit (``top`` riskiest rows), a trace or a tune record."""
-    from dtypelab.core.results import AuditReport, AutopilotReport, TraceReport, TuneReport
-    from dtypelab.render.autopilot import autopilot_doc
     from dtypelab.render.bench import render, render_table
-    from dtypelab.render.numeric import audit_doc, to_json
     from dtypelab.render.numeric import emit as emit_doc
-    from dtypelab.render.trace import trace_doc
-    from dtypelab.render.tune import tune_doc
+    from dtypelab.render.numeric import to_json
+    from dtypelab.render.views import document_of
 
-    if isinstance(record, AuditReport | TraceReport | TuneReport | AutopilotReport):
+    draw = document_of(record)
+    if draw is not None:  # every kind but a bench report, whose table is its own
         if fmt == "json":
             sys.stdout.write(to_json(record))
             return
-        if isinstance(record, AuditReport):
-            doc, styles, wrap = audit_doc(record, top)
-        elif isinstance(record, TraceReport):
-            doc, styles, wrap = trace_doc(record), None, {1}
-        elif isinstance(record, AutopilotReport):
-            doc, styles, wrap = autopilot_doc(record), None, {5}
-        else:
-            doc, styles, wrap = tune_doc(record), None, {5}
+        doc, styles, wrap = draw(record, top)
         text = emit_doc(doc, fmt, out, styles, wrap)
         if text is not None:
             sys.stdout.write(text)

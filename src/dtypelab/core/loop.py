@@ -84,14 +84,24 @@ def prepare(task: str | Task, policy: str | Plan, device: str | None, hardware: 
     return spec, task_obj, dev, Precision(plan, dev), hardware
 
 
-def build_trainable(task: Task, precision: Precision, device: torch.device, seed: int) -> tuple[nn.Module, Any]:
-    """The task's model under the precision, in train mode, and its optimizer. A failure in the user's
-    factories is a TaskError naming their line."""
-    torch.manual_seed(seed)
+def build_trainable(task: Task, precision: Precision, device: torch.device, seed: int = 0, *,
+                    model: nn.Module | None = None, train: bool = True,
+                    wrap: Callable[[nn.Module], nn.Module] | None = None) -> tuple[nn.Module, Any]:
+    """The task's model (``model``, or a new one seeded ``seed``) under the precision, in train mode (``train``),
+    and its optimizer as the precision's kinds convert it (None when not ``train``): the one place a task's
+    optimizer is made. ``wrap`` wraps the converted model first (DDP, FSDP). A failure in the user's factories is a
+    TaskError naming their line."""
     try:
-        model = precision.convert_module(task.make_model().to(device))
-        model.train()
-        return model, task.make_optimizer(model.parameters())
+        if model is None:
+            torch.manual_seed(seed)
+            model = task.make_model()
+        model = precision.convert_module(model.to(device))
+        if wrap is not None:
+            model = wrap(model)
+        model.train(train)
+        if not train:
+            return model, None
+        return model, precision.convert_optimizer(task.make_optimizer(model.parameters()), model)
     except DtypelabError:
         raise
     except Exception as exc:
@@ -187,8 +197,7 @@ def prime(task: Task, plan: Plan, device: torch.device, batch_size: int, train: 
     """Two throwaway steps on a separate model under a separate precision, so PyTorch creates its lazy
     runtime state (thread pools, kernel and optimizer caches) before a memory baseline is taken."""
     precision = Precision(plan, device)
-    model = precision.convert_module(task.make_model().to(device))
-    optimizer = task.make_optimizer(model.parameters()) if train else None
+    model, optimizer = build_trainable(task, precision, device, model=task.make_model(), train=train)
     if train:
         inputs, target = to_device(task.batch(0, batch_size), device)
     else:

@@ -4,7 +4,7 @@ before records carried their decision, judged once here, so that every reader fi
 from __future__ import annotations
 
 from dtypelab.core.judging import judged
-from dtypelab.core.results import KINDS, AuditReport, LintReport, Record, Report, TraceReport, TuneReport, read_json
+from dtypelab.core.results import KINDS, Record, Report, read_json
 
 
 def finished(record: Record) -> Record:
@@ -14,8 +14,8 @@ def finished(record: Record) -> Record:
     return record
 
 
-def load_record(path: str) -> Report | AuditReport | TraceReport | LintReport | TuneReport:
-    """A bench, audit, trace, lint or tune record, whichever the file holds."""
+def load_record(path: str) -> Record:
+    """A record of any kind (bench, audit, trace, lint, tune, autopilot...), whichever the file holds."""
     d = read_json(path)
     return finished(KINDS.get(d.get("schema"), Report).from_dict(d))
 

@@ -124,10 +124,15 @@ BUILTIN = {
 }
 
 
-def _import_file(path: str) -> Any:
+def user_module_name(path: str) -> str:
+    """The name a user's file is imported under (``sys.modules``: dataclasses and pickling look it up there)."""
+    return "dtypelab_user_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+
+
+def _import_file(path: str, what: str = "task file") -> Any:
     if not os.path.isfile(path):
-        raise TaskError(f"task file not found: {path}")
-    name = "dtypelab_user_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+        raise TaskError(f"{what} not found: {path}")
+    name = user_module_name(path)
     spec = importlib.util.spec_from_file_location(name, os.path.abspath(path))
     if spec is None or spec.loader is None:
         raise TaskError(f"cannot import {path}: not a Python file")
@@ -138,6 +143,11 @@ def _import_file(path: str) -> Any:
     except Exception as exc:
         raise TaskError(f"importing {path} failed: {describe_exception(exc)}") from exc
     return module
+
+
+def import_source(where: str, what: str = "task file") -> Any:
+    """A user's file (``path/file.py``) or module (``pkg.module``), imported; a one-line TaskError otherwise."""
+    return _import_file(where, what) if where.endswith(".py") or os.sep in where else _import_module(where)
 
 
 def _import_module(name: str) -> Any:
@@ -197,7 +207,7 @@ def load_task(spec: str) -> Task:
                 "path/file.py:make_task or pkg.module:make_task"
             )
     where, _, attr = target.rpartition(":")
-    module = _import_file(where) if where.endswith(".py") or os.sep in where else _import_module(where)
+    module = import_source(where)
     factory = getattr(module, attr, None)
     if factory is None:
         names = [n for n in dir(module) if not n.startswith("_")]

@@ -28,7 +28,16 @@ import torch
 import torch.distributed as dist
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.loop import build_model, evaluate, fingerprint, prime, threads, to_device, train_step
+from dtypelab.core.loop import (
+    build_model,
+    build_trainable,
+    evaluate,
+    fingerprint,
+    prime,
+    threads,
+    to_device,
+    train_step,
+)
 from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync
 from dtypelab.core.policies import Distributed, Plan, Precision, get_policy, policy_info
 from dtypelab.core.results import DistStats, PolicyResult
@@ -126,10 +135,8 @@ def _fresh(task: Task, job: Job, precision: Precision, spec: Distributed, device
     model = build_model(task, job.seed).to(device)  # on the device first: NCCL broadcasts device tensors
     if group is None:
         _broadcast_weights(model)
-    model = precision.convert_module(model)
-    model.train()
-    wrapped = wrap(model, spec, device, group)
-    return wrapped, task.make_optimizer(wrapped.parameters())
+    return build_trainable(task, precision, device, model=model,
+                           wrap=lambda converted: wrap(converted, spec, device, group))
 
 
 def train_distributed(task: Task, job: Job, device: torch.device, progress: Callable[[int, int], None],

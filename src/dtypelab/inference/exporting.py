@@ -20,7 +20,7 @@ from torch import nn
 from dtypelab.core.backends import torchao_module
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import probe
-from dtypelab.core.loop import build_model, fit, forward
+from dtypelab.core.loop import build_model, build_trainable, fit, forward
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy
 from dtypelab.core.results.store import save_bytes
 from dtypelab.core.task import Task, load_task
@@ -62,11 +62,9 @@ def _fp32_model(task: Task, spec: str, weights: str | None, seed: int) -> tuple[
     if task.pretrained:
         return model, "pretrained"
     # The same training as bench's fp32 reference for inference: same seed, same batches, same weights.
-    model = build_model(task, seed)
     precision = Precision(get_policy(BASELINE), "cpu")
-    model.train()
-    run = fit(task, model, precision, task.make_optimizer(model.parameters()), torch.device("cpu"), task.steps,
-              task.batch_size, seed)
+    model, optimizer = build_trainable(task, precision, torch.device("cpu"), model=build_model(task, seed))
+    run = fit(task, model, precision, optimizer, torch.device("cpu"), task.steps, task.batch_size, seed)
     if run.first_nonfinite is not None:
         raise DtypelabError(f"training the fp32 model to export failed: loss non-finite from step "
                             f"{run.first_nonfinite}")

@@ -7,84 +7,28 @@ import ast
 
 from dtypelab.lint.catalog import RULES
 from dtypelab.lint.names import Imports
-
-FUNCS = {
-    "exp": {"torch.exp", "numpy.exp", "math.exp", "torch.special.exp"},
-    "log": {"torch.log", "numpy.log", "math.log"},
-    "sum": {"torch.sum", "numpy.sum", "builtins.sum", "math.fsum"},
-    "softmax": {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"},
-    "sigmoid": {"torch.sigmoid", "torch.nn.functional.sigmoid", "torch.special.expit"},
-}
-METHODS = {"exp", "log", "sum", "softmax", "sigmoid"}
-MODULE_CALLS = {"torch.nn.Softmax": "softmax", "torch.nn.Sigmoid": "sigmoid"}
-AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"}
-SCALERS = {"torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.GradScaler", "torch.cpu.amp.GradScaler"}
-BCE = {"torch.nn.BCELoss", "torch.nn.functional.binary_cross_entropy"}
-FP16 = {"torch.float16", "torch.half"}
-NAN = {"math.nan", "numpy.nan", "numpy.NaN", "numpy.NAN", "torch.nan"}
-DEPRECATED = {"torch.cuda.amp.autocast": "torch.amp.autocast('cuda', ...)",
-              "torch.cuda.amp.GradScaler": "torch.amp.GradScaler('cuda')",
-              "torch.cpu.amp.autocast": "torch.amp.autocast('cpu', ...)",
-              "torch.cpu.amp.GradScaler": "torch.amp.GradScaler('cpu')",
-              "torch.cuda.amp.custom_fwd": "torch.amp.custom_fwd(device_type='cuda')",
-              "torch.cuda.amp.custom_bwd": "torch.amp.custom_bwd(device_type='cuda')"}
-
-
-def _is_one(node: ast.AST) -> bool:
-    return isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value == 1
-
-
-def _constant(node: ast.AST) -> bool:
-    """Arithmetic on literals only (``1 + 3``): Python computes it exactly once, nothing is lost at run time."""
-    return all(isinstance(n, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop)) for n in ast.walk(node))
-
-
-# NumPy constructors whose default dtype is float64 (np.array only when it holds a float literal)
-NP_FLOAT64 = {f"numpy.{n}" for n in ("zeros", "ones", "empty", "full", "linspace", "eye", "identity", "loadtxt",
-                                     "genfromtxt", "random.rand", "random.randn", "random.normal", "random.uniform",
-                                     "random.random", "random.standard_normal", "zeros_like", "ones_like")}
-NP_ARRAY = {"numpy.array", "numpy.asarray"}
-TORCH_FROM_ARRAY = {"torch.from_numpy", "torch.tensor", "torch.as_tensor", "torch.Tensor"}
-CONVERTS = {"float", "half", "bfloat16", "to", "type", "long", "int", "bool", "short", "byte", "char"}
-LOSSES = {f"torch.nn.functional.{n}" for n in ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")}
-
-
-def _has_float_literal(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Constant) and isinstance(n.value, float) for n in ast.walk(node))
-
-
-def _literal_floats(node: ast.AST) -> bool:
-    """A Python float literal, or a (nested) list / tuple of number literals with a float among them."""
-    allowed = (ast.List, ast.Tuple, ast.Constant, ast.UnaryOp, ast.USub, ast.UAdd, ast.Load)
-    return all(isinstance(n, allowed) for n in ast.walk(node)) and _has_float_literal(node)
-
-
-def _column(node: ast.AST) -> bool:
-    """Visibly a (N, 1) column: x.unsqueeze(1) / (-1), x.view(-1, 1), x.reshape(-1, 1), x[:, None]."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-        args = [ast.unparse(a) for a in node.args]
-        if node.func.attr == "unsqueeze" and args in (["1"], ["-1"]):
-            return True
-        if node.func.attr in ("view", "reshape") and args == ["-1", "1"]:
-            return True
-    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Tuple):
-        elts = [ast.unparse(e) for e in node.slice.elts]
-        return elts in ([":", "None"], ["...", "None"])
-    return False
-
-
-def _vector(node: ast.AST) -> bool:
-    """Visibly one-dimensional: x.squeeze(), x.view(-1), x.reshape(-1), x.flatten(), x[:, 0]."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-        args = [ast.unparse(a) for a in node.args]
-        if node.func.attr in ("squeeze", "flatten", "ravel") and not node.args:
-            return True
-        if node.func.attr in ("view", "reshape") and args == ["-1"]:
-            return True
-    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Tuple):
-        elts = [ast.unparse(e) for e in node.slice.elts]
-        return len(elts) == 2 and elts[0] == ":" and isinstance(node.slice.elts[1], ast.Constant)
-    return False
+from dtypelab.lint.patterns import (
+    AUTOCAST,
+    BCE,
+    CONVERTS,
+    DEPRECATED,
+    FP16,
+    FUNCS,
+    LOSSES,
+    METHODS,
+    MODULE_CALLS,
+    NAN,
+    NP_ARRAY,
+    NP_FLOAT64,
+    SCALERS,
+    TORCH_FROM_ARRAY,
+    column,
+    constant,
+    has_float_literal,
+    is_one,
+    literal_floats,
+    vector,
+)
 
 
 class Checker(ast.NodeVisitor):
@@ -197,11 +141,11 @@ class Checker(ast.NodeVisitor):
         if (isinstance(node.op, ast.Div) and self.kind(node.left) == "exp"
                 and self.sum_of_exp(node.right) is not None and not self.shifted(node.left)):
             self.add(node, "DTL001")
-        if isinstance(node.op, ast.Sub) and _is_one(node.right) and self.kind(node.left) == "exp":
+        if isinstance(node.op, ast.Sub) and is_one(node.right) and self.kind(node.left) == "exp":
             self.add(node, "DTL005")
         if isinstance(node.op, ast.Sub):
             a, b = self.deref(node.left), self.deref(node.right)
-            if (_column(a) and _vector(b)) or (_vector(a) and _column(b)):
+            if (column(a) and vector(b)) or (vector(a) and column(b)):
                 self.add(node, "DTL109")
         self.generic_visit(node)
 
@@ -238,7 +182,7 @@ class Checker(ast.NodeVisitor):
         if not isinstance(node, ast.Call) or any(k.arg == "dtype" for k in node.keywords):
             return False
         q = self.im.qualname(node.func)
-        return q in NP_FLOAT64 or (q in NP_ARRAY and bool(node.args) and _has_float_literal(node.args[0]))
+        return q in NP_FLOAT64 or (q in NP_ARRAY and bool(node.args) and has_float_literal(node.args[0]))
 
     def _float64(self, node: ast.Call, q: str | None) -> None:
         f = node.func
@@ -253,13 +197,13 @@ class Checker(ast.NodeVisitor):
                 "torch.float64", "torch.double"):
             self.default_f64.append(node.lineno)
         if (q == "torch.tensor" and node.args and not any(k.arg == "dtype" for k in node.keywords)
-                and _literal_floats(node.args[0])):
+                and literal_floats(node.args[0])):
             self.early_tensors.append(node)
 
     def _broadcast(self, node: ast.Call, q: str | None) -> None:
         if q in LOSSES and len(node.args) >= 2:
             a, b = self.deref(node.args[0]), self.deref(node.args[1])
-            if (_column(a) and _vector(b)) or (_vector(a) and _column(b)):
+            if (column(a) and vector(b)) or (vector(a) and column(b)):
                 self.add(node, "DTL109")
 
     def _log(self, node: ast.Call, arg: ast.AST, ns: str) -> None:
@@ -271,10 +215,10 @@ class Checker(ast.NodeVisitor):
             self.add(node, "DTL007")
         elif self.sum_of_exp(inner) is not None and not self.shifted(self.sum_of_exp(inner)):
             self.add(node, "DTL003")
-        elif isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Add) and (_is_one(inner.left) or
-                                                                                 _is_one(inner.right)):
-            other = inner.right if _is_one(inner.left) else inner.left
-            if _constant(other):
+        elif isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Add) and (is_one(inner.left) or
+                                                                                 is_one(inner.right)):
+            other = inner.right if is_one(inner.left) else inner.left
+            if constant(other):
                 return
             if self.kind(other) == "exp":
                 self.add(node, "DTL004", "log(1 + exp(x)) overflows for large x (exp is inf above 88.7 in float32)",

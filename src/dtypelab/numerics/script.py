@@ -14,7 +14,7 @@ from torch import nn
 from dtypelab.core.results import AuditConfig
 from dtypelab.numerics.rangestats import RangeCounter
 from dtypelab.numerics.recording import Recorder, build_report, install_hooks
-from dtypelab.script import Diagnosis
+from dtypelab.script import Diagnosis, ScriptJob
 
 
 class AuditDiagnosis(Diagnosis):
@@ -43,9 +43,9 @@ class AuditDiagnosis(Diagnosis):
     def end(self, step: int, loss_values: list[float]) -> None:
         self.stop = step + 1 >= self.steps
 
-    def record(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any], *_: Any) -> str:
-        config = AuditConfig(task=job.get("script", ""), policy=job["plan"]["name"], steps=len(losses),
+    def record(self, job: ScriptJob, losses: list[float], scaler: dict[str, Any], *_: Any) -> str:
+        config = AuditConfig(task=job.script, policy=job.plan.get("name", ""), steps=len(losses),
                              every=self.every, layers=self.layers, formats=self.formats,
-                             batch_size=0, seed=job.get("seed", 0), device=job.get("device", ""),
-                             task_name=job.get("task_name", ""))
+                             batch_size=0, seed=job.seed, device=job.device,
+                             task_name=job.task_name)
         return build_report(config, self.rec, losses, "ok", "", {}, time.perf_counter() - self.start).to_json()

@@ -20,27 +20,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dtypelab.core.results import Rules
 from dtypelab.piloting.monitor import Reading
 
-AT_ONCE = 0.9  # share of the limit past which a layer moves on one reading
-UNDERFLOW_SHARE = 0.5
-TREND_POINTS = 4  # readings the trend is fitted on (at least 3)
-CONFIRM = 2  # readings in a row a warning must hold
 
-
-@dataclass(frozen=True)
-class Rules:
-    """The autopilot's thresholds (``AutopilotOptions``; kept in the record's config)."""
-
-    headroom: float = 0.5
-    horizon: int = 20
-    trend_from: float = 0.1
-    trend_keep: float = 0.5
-
-
-def rules_of(settings: dict, every: int) -> Rules:
-    """The rules from ``AutopilotOptions``' fields; the horizon defaults to two readings."""
-    return Rules(float(settings.get("headroom", 0.5)), int(settings.get("horizon") or 2 * every),
+def rules_of(settings: dict) -> Rules:
+    """The rules from ``AutopilotOptions``' fields (horizon 0: two readings, whatever their interval becomes)."""
+    return Rules(float(settings.get("headroom", 0.5)), int(settings.get("horizon") or 0),
                  float(settings.get("trend_from", 0.1)), float(settings.get("trend_keep", 0.5)))
 
 
@@ -60,16 +46,15 @@ class _Layer:
 
 @dataclass
 class Controller:
+    """The rules applied to every layer's readings; ``horizon``: the trend's look-ahead in steps, the rules' own or
+    (0 there) two readings, which whoever reads keeps up to date as the interval between readings changes."""
+
     rules: Rules
+    horizon: int = 0
     layers: dict[str, _Layer] = field(default_factory=dict)
 
-    @property
-    def horizon(self) -> int:
-        return self.rules.horizon
-
-    @horizon.setter
-    def horizon(self, steps: int) -> None:  # the sampling interval widened: the default horizon follows it
-        self.rules = Rules(self.rules.headroom, steps, self.rules.trend_from, self.rules.trend_keep)
+    def __post_init__(self) -> None:
+        self.horizon = self.horizon or self.rules.horizon or 20
 
     def decide(self, step: int, readings: dict[str, Reading]) -> dict[str, Warning_]:
         """The layers to move now, each with why."""
@@ -80,34 +65,38 @@ class Controller:
             limit = torch.finfo(r.dtype).max
             fmt = str(r.dtype).removeprefix("torch.")
             if math.isfinite(r.amax) and r.amax > 0:
-                state.history = [*state.history[-(TREND_POINTS - 1):], (step, r.amax)]
+                state.history = [*state.history[-(rules.trend_points - 1):], (step, r.amax)]
             seen = set()
             share = r.amax / limit if math.isfinite(r.amax) else math.inf
             if share >= rules.headroom:
                 seen.add("headroom")
             crossing = crossing_step(state.history, limit, rules.trend_keep)
-            if crossing is not None and crossing - step <= rules.horizon:
+            if crossing is not None and crossing - step <= self.horizon:
                 seen.add("trend")
-            if r.underflow is not None and r.underflow > UNDERFLOW_SHARE:
+            if r.underflow is not None and r.underflow > rules.underflow_share:
                 seen.add("underflow")
             for cause in ("headroom", "trend", "underflow"):
                 state.counts[cause] = state.counts.get(cause, 0) + 1 if cause in seen else 0
-            if share >= AT_ONCE or state.counts["headroom"] >= CONFIRM:
+            if share >= rules.at_once or state.counts["headroom"] >= rules.confirm:
+                held = f" on {_row(rules.confirm)}" if share < rules.at_once else ""
                 moves[name] = Warning_("headroom", f"largest |value| {r.amax:.4g} is {share:.0%} of {fmt}'s limit "
-                                                   f"{limit:.5g}" + (" on two readings in a row" if share < AT_ONCE
-                                                                     else ""), r.amax, limit)
-            elif state.counts["trend"] >= CONFIRM and share >= rules.trend_from:
+                                                   f"{limit:.5g}{held}", r.amax, limit)
+            elif state.counts["trend"] >= rules.confirm and share >= rules.trend_from:
                 when = f"at about step {crossing}" if crossing is not None and crossing > step else "already"
                 moves[name] = Warning_("trend", f"largest |value| {r.amax:.4g} ({share:.0%} of {fmt}'s limit "
                                                 f"{limit:.5g}) rising: its trend line crosses the limit {when}",
                                        r.amax, limit)
-            elif state.counts["underflow"] >= CONFIRM:
+            elif state.counts["underflow"] >= rules.confirm:
                 moves[name] = Warning_("underflow", f"{r.underflow:.0%} of its weight gradient at or below {fmt}'s "
                                                     f"smallest normal {torch.finfo(r.dtype).tiny:.3g} (flushed to "
-                                                    "zero) on two readings in a row", r.amax, limit)
+                                                    f"zero) on {_row(rules.confirm)}", r.amax, limit)
         for name in moves:
             self.layers.pop(name, None)  # a moved layer starts its history anew in its new format
         return moves
+
+
+def _row(n: int) -> str:
+    return f"{'two' if n == 2 else n} readings in a row"
 
 
 def crossing_step(history: list[tuple[int, float]], limit: float, keep: float = 0.5) -> int | None:

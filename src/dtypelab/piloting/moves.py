@@ -24,11 +24,8 @@ TARGETS = {"fp32": Cast("float32"), "bf16": Cast("bfloat16"), "amp-bf16": Autoca
 def target_config(promote_to: str, precision: Precision, device: torch.device) -> Config:
     if promote_to != "auto":
         return TARGETS[promote_to]
-    default = precision.plan.default
-    fp16 = isinstance(default, (Cast, Autocast)) and default.dtype == "float16"
-    if fp16 and device.type == "cuda" and torch.cuda.is_bf16_supported():  # bf16's range at fp16's speed class
-        return Autocast("bfloat16") if isinstance(default, Autocast) else Cast("bfloat16")
-    return Cast("float32")
+    bf16_fast = device.type == "cuda" and torch.cuda.is_bf16_supported()  # bf16's range at fp16's speed class
+    return precision.plan.default.promotion(bf16_fast) or TARGETS["fp32"]
 
 
 def label(precision: Precision, name: str, model: torch.nn.Module) -> str:

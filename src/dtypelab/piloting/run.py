@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,24 +22,14 @@ from dtypelab.core.policies import get_policy
 from dtypelab.core.results import AutopilotConfig, AutopilotReport, Move, Rollback, check_writable
 from dtypelab.core.source import Sites
 from dtypelab.core.task import Task
-from dtypelab.piloting.controller import Controller, rules_of
+from dtypelab.piloting.controller import rules_of
 from dtypelab.piloting.handle import settings_of
-from dtypelab.piloting.monitor import Monitor
-from dtypelab.piloting.moves import (
-    FIRST_EVERY,
-    final_plan,
-    interval,
-    label,
-    movable,
-    origin_text,
-    target_config,
-    to_move,
-    write_outputs,
-)
+from dtypelab.piloting.moves import target_config, write_outputs
 from dtypelab.piloting.options import AutopilotOptions
+from dtypelab.piloting.pilot import Pilot
 from dtypelab.piloting.script import PilotDiagnosis
 from dtypelab.run import Target
-from dtypelab.script import diagnose_script, script_record
+from dtypelab.script import ScriptSkip, diagnose_script, script_record
 from dtypelab.tracing import Guard, NonFiniteError
 
 Progress = Callable[[int, int], None]
@@ -71,8 +60,7 @@ def _script(target: Target, opts: AutopilotOptions, progress: Progress | None,
     env = environment if environment is not None else current_environment(hardware)
     config = AutopilotConfig(task=target.spec, start=start.name, steps=0, batch_size=0, seed=opts.seed,
                              device=str(dev), sample_every=opts.sample_every or 0, promote_to=opts.promote_to,
-                             headroom=opts.headroom, horizon=opts.horizon or 0, max_rollbacks=opts.max_rollbacks,
-                             task_name=target.path, trend_from=opts.trend_from, trend_keep=opts.trend_keep)
+                             max_rollbacks=opts.max_rollbacks, task_name=target.path, rules=rules_of(opts.model_dump()))
     try:
         text, out = diagnose_script(target, start, PilotDiagnosis(settings_of(opts, start)),
                                     args=tuple(opts.script_args), device=opts.device, seed=opts.seed,
@@ -86,7 +74,7 @@ def _script(target: Target, opts: AutopilotOptions, progress: Progress | None,
             report.save(opts.json_path)
         raise
     if text is None:
-        skipped = out.value.get("reason") if isinstance(out.value, dict) and out.value.get("kind") == "skip" else ""
+        skipped = out.value.reason if isinstance(out.value, ScriptSkip) else ""
         report = AutopilotReport(config, env, status="failed", reason=skipped or out.reason or out.status,
                                  moves=tuple(moves),
                                  rollbacks=tuple(rollbacks), live=True, wall_s=out.wall_s,
@@ -116,18 +104,10 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
                                                         opts.hardware, opts.force)
     to = target_config(opts.promote_to, precision, dev)
     n, bs = opts.steps or task_obj.steps, opts.batch_size or task_obj.batch_size
-    every = opts.sample_every or FIRST_EVERY
-    config = AutopilotConfig(task=spec, start=precision.plan.name, steps=n, batch_size=bs, seed=opts.seed,
-                             device=str(dev), sample_every=opts.sample_every or 0, promote_to=to.label,
-                             headroom=opts.headroom, horizon=opts.horizon or 0, max_rollbacks=opts.max_rollbacks,
-                             task_name=task_obj.name, trend_from=opts.trend_from, trend_keep=opts.trend_keep)
+    settings = opts.model_dump()
     progress = progress or (lambda done, total: None)
-    status, reason, finding, metrics = "ok", "", None, {}
-    moves: list[Move] = []
-    rollbacks: list[Rollback] = []
-    plain_s: list[float] = []
-    sampled_s: list[float] = []
-    lost = readings = 0
+    metrics: dict[str, float] = {}
+    lost = 0
     start = time.perf_counter()
     with torch_threads(opts.threads):
         model, optimizer = build_trainable(task_obj, precision, dev, opts.seed)
@@ -135,95 +115,60 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
         guard = Guard(model, optimizer, scaler=scaler, checkpoint_every=opts.checkpoint_every,
                       check_weights=scaler is None,
                       sites=Sites.of(task_obj.make_model, task_obj.loss_fn or task_obj.compute_loss, task_obj.origin))
-        monitor, controller = Monitor(model), Controller(rules_of(opts.model_dump(), every))
+        pilot = Pilot(rules_of(settings), opts.sample_every, opts.max_rollbacks, precision, model, optimizer, to,
+                      emit=lambda kind, event: on_move(event) if on_move is not None and kind == "move" else None)
+        config = pilot.config(settings, task=spec, start=precision.plan.name, steps=n, batch_size=bs, seed=opts.seed,
+                              device=str(dev), task_name=task_obj.name)
 
         def one_step(inputs: Any, target: Any, after_backward: Callable[[], None] | None = None) -> torch.Tensor:
             return train_step(task_obj, model, precision, optimizer, inputs, target, after_backward=after_backward)
 
-        def move(step: int, name: str, cause: str, evidence: str, amax: float | None = None,
-                 limit: float | None = None) -> Move:
-            was = label(precision, name, model)
-            precision.promote(model, name, to, optimizer)
-            m = Move(step, name, was, to.label, cause, evidence, amax, limit)
-            moves.append(m)
-            if on_move is not None:
-                on_move(m)
-            return m
-
         torch.manual_seed(opts.seed)  # same dropout masks as bench
-        step, loop_start, next_sample = 0, time.perf_counter(), 0
+        step, loop_start = 0, time.perf_counter()
         try:
             with precision.session(), guard:
                 while step < n:
                     batch = to_device(task_obj.batch(step, bs), dev)
-                    sample = step >= next_sample
+                    sample = pilot.sampled(step)
                     t0 = time.perf_counter()
                     try:
                         if sample:
-                            with monitor.reading():
-                                guard.step(one_step, *batch, after_backward=monitor.after_backward)
+                            with pilot.monitor.reading():
+                                guard.step(one_step, *batch, after_backward=pilot.monitor.after_backward)
                         else:
                             guard.step(one_step, *batch)
                     except NonFiniteError as exc:
-                        f = exc.finding
-                        back = guard.rollback()
+                        back = guard.rollback()  # a task's step replays: the steps since are trained again
                         lost += step + 1 - back
-                        layer = movable(f, precision, model, to)
-                        rollbacks.append(Rollback(step, back, f.trigger, origin_text(f), layer))
-                        if not layer or len(rollbacks) > opts.max_rollbacks:
-                            status, finding = "stopped", f
-                            reason = (f"step {step}: {f.trigger}; " + (
-                                f"{len(rollbacks)} rollbacks did not fix it" if layer else
-                                "the origin is in no layer that a wider format would fix") + f": {origin_text(f)}")
+                        if not pilot.nonfinite(step, back, exc.finding.trigger, exc.finding,
+                                               f"rolled back to step {back}"):
                             break
-                        move(step, layer, "non-finite", f"step {step}: {f.trigger}: {origin_text(f)}; rolled back "
-                                                        f"to step {back}")
                         guard.checkpoint()  # replays from here run in the configuration now in force
                         step = back
                         progress(step, n)
                         continue
-                    if step:  # the first step is everyone's warm-up: it would be charged to the readings
-                        (sampled_s if sample else plain_s).append(time.perf_counter() - t0)
-                    if sample:
-                        readings += 1
-                        if not opts.sample_every and len(plain_s) >= 3 and sampled_s:
-                            every = interval(sampled_s, plain_s)
-                            controller.horizon = opts.horizon or 2 * every
-                        next_sample = step + every
-                        wanted = to_move(controller, step, monitor.take(), precision, model, to,
-                                         guard.scaler is not None)
-                        for name, cause, evidence, amax, limit in wanted:
-                            move(step, name, cause, evidence, amax, limit)
-                        if wanted:  # a rollback must restore weights of the dtypes they have now
-                            guard.checkpoint()
+                    if pilot.stepped(step, time.perf_counter() - t0, sample, guard.scaler is not None):
+                        guard.checkpoint()  # a rollback must restore weights of the dtypes they have now
                     step += 1
                     progress(step, n)
             train_s = time.perf_counter() - loop_start
-            if status == "ok":
+            if pilot.status == "ok":
                 metrics = evaluate(task_obj, model, precision, dev)
         except KeyboardInterrupt:
-            status, reason = "interrupted", f"interrupted after {step} steps"
+            pilot.status, pilot.reason = "interrupted", f"interrupted after {step} steps"
             train_s = time.perf_counter() - loop_start
         except DtypelabError:
             raise
         except Exception as exc:
-            status, reason = "failed", describe_exception(exc)
+            pilot.status, pilot.reason = "failed", describe_exception(exc)
             train_s = time.perf_counter() - loop_start
-    median = statistics.median(plain_s) if plain_s else 0.0
-    final = final_plan(precision.plan, config.start, moves)
-    report = AutopilotReport(
-        config=config, environment=environment if environment is not None else current_environment(hardware),
-        status=status, reason=reason, moves=tuple(moves), rollbacks=tuple(rollbacks),
-        final_plan=final.to_dict(), losses=tuple(guard.losses), metrics=metrics,
-        steps_rolled_back=lost,
-        steps_skipped=guard.log.skipped if guard.log else 0,
-        samples=readings, sample_s=max(0.0, sum(sampled_s) - median * len(sampled_s)),
-        sample_every=every, checkpoint_every=guard.every, checkpoint_s=guard.checkpoint_s, step_s=median,
-        finding=finding,
-        scaler=guard.log.stats() if guard.log else {}, train_s=train_s, wall_s=time.perf_counter() - start,
-        created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    report = pilot.report(
+        config, environment if environment is not None else current_environment(hardware), tuple(guard.losses),
+        metrics=metrics, steps_rolled_back=lost, steps_skipped=guard.log.skipped if guard.log else 0,
+        checkpoint_every=guard.every, checkpoint_s=guard.checkpoint_s,
+        scaler=guard.log.stats() if guard.log else {}, train_s=train_s, wall_s=time.perf_counter() - start)
     write_outputs(report, opts.json_path, opts.plan_out)
-    if status == "interrupted":
+    if report.status == "interrupted":
         raise KeyboardInterrupt
     return report
 

@@ -10,6 +10,7 @@ there and says so (``dtypelab trace train.py`` traces the whole step)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import sys
@@ -21,20 +22,13 @@ from torch import nn
 
 from dtypelab.core.policies import Precision
 from dtypelab.core.results import AutopilotConfig, AutopilotReport, Move, Rollback
-from dtypelab.piloting.controller import Controller, rules_of
-from dtypelab.piloting.monitor import Monitor
+from dtypelab.piloting.controller import rules_of
 from dtypelab.piloting.moves import (
-    FIRST_EVERY,
-    final_plan,
-    interval,
-    label,
-    movable,
-    origin_text,
     target_config,
-    to_move,
     write_outputs,
 )
-from dtypelab.script import Diagnosis
+from dtypelab.piloting.pilot import Pilot
+from dtypelab.script import Diagnosis, ScriptJob
 from dtypelab.tracing import Snapshot, all_finite, trace_forward
 
 # share of the step time the automatic checkpoint interval aims at: the Guard's 2%; under a GradScaler a non-finite
@@ -56,13 +50,8 @@ class PilotDiagnosis(Diagnosis):
     def __init__(self, settings: dict[str, Any], script: str = "") -> None:
         self.settings, self.script = dict(settings), script
         self.model: nn.Module | None = None
-        self.moves: list[Move] = []
-        self.rollbacks: list[Rollback] = []
+        self.pilot: Pilot | None = None  # the decisions, once setup has the model
         self.dropped: set[int] = set()
-        self.status, self.reason, self.finding = "ok", "", None
-        self.plain_s: list[float] = []
-        self.sampled_s: list[float] = []
-        self.readings = 0
         self.checkpoint_s = 0.0
         self.stop_code = 0
         self.calls: list[tuple[tuple, dict]] = []
@@ -74,42 +63,42 @@ class PilotDiagnosis(Diagnosis):
               emit: Any) -> None:
         s = self.settings
         self.model, self.precision = model, precision
-        self.emit = emit or self._say  # run on its own: each move on stderr as it happens
-        self.start_name = precision.plan.name
         self.optimizer = optimizers[0] if optimizers else None
         self.scaler = precision.grad_scaler()
         self.params = list(model.parameters())
         self.device = self.params[0].device if self.params else torch.device("cpu")
-        self.to = target_config(s.get("promote_to") or "auto", precision, self.device)
-        self.every = int(s.get("sample_every") or FIRST_EVERY)
-        self.controller = Controller(rules_of(s, self.every))
-        self.monitor = Monitor(model)
+        to = target_config(s.get("promote_to") or "auto", precision, self.device)
+        self.pilot = Pilot(rules_of(s), s.get("sample_every"), int(s.get("max_rollbacks", 3)), precision, model,
+                           self.optimizer, to, emit=emit or self._say)  # on its own: each move on stderr
         self.snapshot = Snapshot(model, self.optimizer, self.scaler)
         self.fixed_checkpoints = s.get("checkpoint_every")
         self.checkpoint_every = int(self.fixed_checkpoints or 1)
         self.checkpoint_step = -1
-        self.next_sample = 0
         self.sampling: Any = None
         model.register_forward_pre_hook(self._keep_inputs, with_kwargs=True)
         self.start = time.perf_counter()
 
+    @property
+    def stop(self) -> bool:  # the autopilot had to stop: the session ends the script
+        return self.pilot is not None and self.pilot.status == "stopped"
+
     def begin(self, step: int, grad_scale: float) -> None:
-        if self.model is None or self.status != "ok":
+        if self.pilot is None or self.pilot.status != "ok":
             return
         if self.checkpoint_step < 0 or step - self.checkpoint_step >= self.checkpoint_every:
             self._checkpoint(step)
         self.rng = torch.get_rng_state()  # the replay draws the same dropout masks
         self.t0 = time.perf_counter()
-        if step >= self.next_sample:
-            self.sampling = self.monitor.reading()
+        if self.pilot.sampled(step):
+            self.sampling = self.pilot.monitor.reading()
             self.sampling.__enter__()
 
     def backward(self, loss: torch.Tensor) -> None:
-        if self.sampling is not None:
-            self.monitor.after_backward()
+        if self.sampling is not None and self.pilot is not None:
+            self.pilot.monitor.after_backward()
 
     def end(self, step: int, loss_values: list[float]) -> None:
-        if self.model is None or self.status != "ok":
+        if self.pilot is None or self.pilot.status != "ok":
             return
         sampled, self.sampling = self.sampling, None
         if sampled is not None:
@@ -127,24 +116,10 @@ class PilotDiagnosis(Diagnosis):
             trigger = "a parameter is non-finite after the optimizer step"
         if trigger:
             self._recover(step, trigger)
-            return
-        if step > 0:  # the first step is everyone's warm-up
-            (self.sampled_s if sampled else self.plain_s).append(elapsed)
-        if not sampled:
-            return
-        self.readings += 1
-        if not self.settings.get("sample_every") and len(self.plain_s) >= 3 and self.sampled_s:
-            self.every = interval(self.sampled_s, self.plain_s)
-            self.controller.horizon = int(self.settings.get("horizon") or 2 * self.every)
-        self.next_sample = step + self.every
-        wanted = to_move(self.controller, step, self.monitor.take(), self.precision, self.model, self.to,
-                         self.scaler is not None)
-        for name, cause, evidence, amax, limit in wanted:
-            self._move(step, name, cause, evidence, amax, limit)
-        if wanted:  # a rollback must restore weights of the dtypes they have now
-            self._checkpoint(step + 1)
+        elif self.pilot.stepped(step, elapsed, sampled, self.scaler is not None):
+            self._checkpoint(step + 1)  # a rollback must restore weights of the dtypes they have now
 
-    def record(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any],
+    def record(self, job: ScriptJob, losses: list[float], scaler: dict[str, Any],
                metrics: dict[str, float]) -> str:
         return self.report(job, losses, scaler, metrics).to_json()
 
@@ -161,38 +136,35 @@ class PilotDiagnosis(Diagnosis):
         return FRAMEWORK
 
     # --- internals --------------------------------------------------------------------------------------
-    def report(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any],
+    def report(self, job: ScriptJob, losses: list[float], scaler: dict[str, Any],
                metrics: dict[str, float]) -> AutopilotReport:
         s = self.settings
-        start = self.start_name if self.model is not None else str(s.get("start", ""))
         kept = tuple(v for i, v in enumerate(losses) if i not in self.dropped)
-        status, reason = self.status, self.reason
-        if self.model is None:
-            status, reason = "failed", "the script never called lab.setup(model, optimizer): " + FRAMEWORK
-        elif status == "ok" and getattr(sys, "last_value", None) is not None:  # run on its own, it died of this
+        measured = {"metrics": dict(metrics), "steps_rolled_back": len(self.dropped),
+                    "steps_skipped": int(scaler.get("skipped_steps") or 0), "checkpoint_s": self.checkpoint_s,
+                    "scaler": scaler, "train_s": time.perf_counter() - self.start,
+                    "wall_s": time.perf_counter() - self.start, "live": True}
+        common = {"task": job.script or self.script, "steps": len(losses), "batch_size": 0,
+                  "seed": job.seed if job.plan else int(s.get("seed", 0)), "device": job.device or str(self.device),
+                  "task_name": job.task_name}
+        if self.pilot is None:
+            config = AutopilotConfig(start=str(s.get("start", "")), sample_every=int(s.get("sample_every") or 0),
+                                     promote_to="", max_rollbacks=int(s.get("max_rollbacks", 3)), rules=rules_of(s),
+                                     **common)
+            return AutopilotReport(config=config, environment={}, status="failed", reason="the script never called "
+                                   "lab.setup(model, optimizer): " + FRAMEWORK, losses=kept,
+                                   created=time.strftime("%Y-%m-%dT%H:%M:%S"), **measured)
+        pilot = self.pilot
+        status, reason = pilot.status, pilot.reason
+        if status == "ok" and getattr(sys, "last_value", None) is not None:  # run on its own, it died of this
             crash = sys.last_value
             status = "interrupted" if isinstance(crash, KeyboardInterrupt) else "failed"
             reason = f"the script raised {type(crash).__name__}: {crash}"
         elif status == "ok" and not metrics:
             reason = "the script ended without lab.finish(metric=...): no metric to compare"
-        config = AutopilotConfig(
-            task=job.get("script") or self.script, start=start, steps=len(losses), batch_size=0,
-            seed=int(job.get("seed", s.get("seed", 0))), device=job.get("device") or str(self.device),
-            sample_every=int(s.get("sample_every") or 0), promote_to=self.to.label if self.model is not None else "",
-            headroom=float(s.get("headroom", 0.5)), horizon=int(s.get("horizon") or 0),
-            trend_from=float(s.get("trend_from", 0.1)), trend_keep=float(s.get("trend_keep", 0.5)),
-            max_rollbacks=int(s.get("max_rollbacks", 3)), task_name=job.get("task_name", ""))
-        plan = final_plan(self.precision.plan, start, self.moves).to_dict() if self.model is not None else {}
-        median = statistics.median(self.plain_s) if self.plain_s else 0.0
-        return AutopilotReport(
-            config=config, environment={}, status=status, reason=reason, moves=tuple(self.moves),
-            rollbacks=tuple(self.rollbacks), final_plan=plan, losses=kept, metrics=dict(metrics),
-            steps_rolled_back=len(self.dropped), steps_skipped=int(scaler.get("skipped", 0) or 0),
-            samples=self.readings, sample_s=max(0.0, sum(self.sampled_s) - median * len(self.sampled_s)),
-            sample_every=self.every if self.model is not None else 0,
-            checkpoint_every=self.checkpoint_every if self.model is not None else 0, checkpoint_s=self.checkpoint_s,
-            step_s=median, finding=self.finding, scaler=scaler, train_s=time.perf_counter() - self.start,
-            wall_s=time.perf_counter() - self.start, created=time.strftime("%Y-%m-%dT%H:%M:%S"), live=True)
+        report = pilot.report(pilot.config(s, start=pilot.start_name, **common), {}, kept,
+                              checkpoint_every=self.checkpoint_every, **measured)
+        return dataclasses.replace(report, status=status, reason=reason)
 
     @staticmethod
     def _say(kind: str, event: Move | Rollback) -> None:
@@ -212,18 +184,11 @@ class PilotDiagnosis(Diagnosis):
         self.snapshot.take()
         self.checkpoint_s = time.perf_counter() - t
         self.checkpoint_step = step
-        if not self.fixed_checkpoints and len(self.plain_s) >= 2:
-            step_s = statistics.median(self.plain_s[-20:])
+        plain = self.pilot.plain_s if self.pilot is not None else []
+        if not self.fixed_checkpoints and len(plain) >= 2:
+            step_s = statistics.median(plain[-20:])
             budget = SCALED_CHECKPOINT_BUDGET if self.scaler is not None else CHECKPOINT_BUDGET
             self.checkpoint_every = max(1, min(MAX_CHECKPOINT_EVERY, math.ceil(self.checkpoint_s / (budget * step_s))))
-
-    def _move(self, step: int, name: str, cause: str, evidence: str, amax: float | None = None,
-              limit: float | None = None) -> None:
-        was = label(self.precision, name, self.model)
-        self.precision.promote(self.model, name, self.to, self.optimizer)
-        m = Move(step, name, was, self.to.label, cause, evidence, amax, limit)
-        self.moves.append(m)
-        self.emit("move", m)
 
     def _recover(self, step: int, trigger: str) -> None:
         """Back to the checkpoint; the origin from the replayed forward; the layer moved, or the run stopped."""
@@ -241,18 +206,9 @@ class PilotDiagnosis(Diagnosis):
             finding = trace_forward(self.model, self.calls, trigger, step)
             self.snapshot.restore()  # the RNG and anything the replay touched
         self.dropped.update(range(back, step + 1))
-        layer = movable(finding, self.precision, self.model, self.to) if finding.origin is not None else ""
-        origin = origin_text(finding) if finding.origin is not None else NOT_IN_FORWARD
-        self.rollbacks.append(Rollback(step, back, trigger, origin, layer))
-        self.emit("rollback", self.rollbacks[-1])
-        if not layer or len(self.rollbacks) > int(self.settings.get("max_rollbacks", 3)):
-            self.status, self.finding, self.stop, self.stop_code = "stopped", finding, True, 1
-            self.reason = f"step {step}: {trigger}; " + (
-                f"{len(self.rollbacks)} rollbacks did not fix it: {origin}" if layer else
-                (f"the origin is in no layer that a wider format would fix: {origin}" if finding.origin is not None
-                 else origin))
+        recovered = "GradScaler skipped the step" if back == step else \
+            f"rolled back to step {back}, the {step + 1 - back} step(s) since dropped"
+        if not self.pilot.nonfinite(step, back, trigger, finding, recovered, no_origin=NOT_IN_FORWARD):
+            self.stop_code = 1
             return
-        self._move(step, layer, "non-finite", f"step {step}: {trigger}: {origin}; " + (
-            "GradScaler skipped the step" if back == step else
-            f"rolled back to step {back}, the {step + 1 - back} step(s) since dropped"))
         self._checkpoint(step + 1)

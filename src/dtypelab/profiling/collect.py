@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dtypelab.core.errors import describe_exception
 from dtypelab.core.loop import forward, to_device, train_step
-from dtypelab.core.policies import Autocast, Precision
+from dtypelab.core.policies import Precision
 from dtypelab.core.results import ProfileSummary, SourceOp
 from dtypelab.core.source import user_source
 from dtypelab.core.task import Task
@@ -117,7 +117,7 @@ class Profiler:
             summary = summarise(
                 events, dtypes=dtypes, mode=mode, steps=self.steps, walls=walls, phases=dict(marks.seconds), cuda=cuda,
                 peaks=self.peaks, tf32=any(c.compute_dtype == "tf32" for c in plan.configs),
-                autocast=any(isinstance(c, Autocast) for c in plan.configs),
+                autocast=any(c.autocast_dtype for c in plan.configs),
                 wants_fp64=plan.compute_dtype == "float64", timed_step_s=self.timed_step_s, warned=warned[:5],
                 rated=self.rated)
             if summary.fp64_ops:  # one more step under a dispatch mode to find where float64 came in

@@ -7,6 +7,7 @@ from dtypelab.core.results import AutopilotReport, default_label
 from dtypelab.core.scaler import scaler_notes
 from dtypelab.core.text import num
 from dtypelab.render.numeric import Doc
+from dtypelab.render.views import document
 
 
 def _config(c: object) -> str:
@@ -21,6 +22,7 @@ def _rules(plan: dict) -> str:
     return ", ".join(f"{r['pattern']} → {_config(r['config'])}" for r in rules)
 
 
+@document(AutopilotReport, wrap={5})
 def autopilot_doc(report: AutopilotReport) -> Doc:
     cfg = report.config
     title = (f"dtypelab autopilot: {cfg.task_name or cfg.task} · start {cfg.start} · {len(report.moves)} layer"
@@ -64,13 +66,17 @@ def autopilot_doc(report: AutopilotReport) -> Doc:
         notes.append(f"readings: every {report.sample_every} steps{how} ({report.samples} in all), {per * 1e3:.2f} ms "
                      f"each beyond a {report.step_s * 1e3:.2f} ms step: {share:.1%} of the training time; checkpoints "
                      f"every {report.checkpoint_every} step(s), {report.checkpoint_s * 1e3:.2f} ms each.")
-    horizon = f"{cfg.horizon} steps" if cfg.horizon else "two readings"
+    rules = cfg.rules
+    horizon = f"{rules.horizon} steps" if rules.horizon else "two readings"
+    row = f"{'two' if rules.confirm == 2 else rules.confirm} readings in a row"
     if report.final_plan:
         notes.append(f"rules: a layer moves to {cfg.promote_to} when its largest |value| passes "
-                     f"{cfg.headroom:.0%} of its format's limit on two readings in a row, when its trend crosses the "
-                     f"limit within {horizon} on two readings in a row, when more than half its weight gradient is "
-                     "flushed below the format's smallest normal on two readings in a row, or when a non-finite "
-                     f"step's origin lies in it (after a rollback; at most {cfg.max_rollbacks}).")
+                     f"{rules.headroom:.0%} of its format's limit on {row} (at once past {rules.at_once:.0%}), when "
+                     f"its trend crosses the limit within {horizon} on {row} (past {rules.trend_from:.0%} of the "
+                     f"limit, while its growth keeps {rules.trend_keep:.0%} of the trend's), when more than "
+                     f"{rules.underflow_share:.0%} of its weight gradient is flushed below the format's smallest "
+                     f"normal on {row}, or when a non-finite step's origin lies in it (after a rollback; at most "
+                     f"{cfg.max_rollbacks}).")
     if report.finding is not None and report.finding.origin is not None:
         o = report.finding.origin
         notes.append(f"diagnosis of the last non-finite step ({report.finding.trigger}): {o.op} in "

@@ -12,6 +12,7 @@ from typing import Any
 from dtypelab.core.results import AuditReport, plain_json
 from dtypelab.core.text import num, pct
 from dtypelab.render.tables import drop_order, html_table, markdown_table, rich_table
+from dtypelab.render.views import document
 
 Doc = tuple[str, list[str], list[list[str]], list[str]]
 SEVERITY_STYLE = {0: "", 1: "yellow", 2: "bold yellow", 3: "bold red"}
@@ -19,6 +20,7 @@ SEVERITY_STYLE = {0: "", 1: "yellow", 2: "bold yellow", 3: "bold red"}
 
 
 # --- audit -------------------------------------------------------------------------------------
+@document(AuditReport)
 def audit_doc(report: AuditReport, top: int = 0) -> tuple[Doc, list[str], set[int]]:
     """The per-layer table, riskiest first; ``top`` > 0 keeps only that many rows. Also returns the row
     styles and the columns that wrap in a terminal (the per-format verdicts)."""

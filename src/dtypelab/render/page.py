@@ -38,6 +38,7 @@ from dtypelab.render.profile import Section, profile_sections
 from dtypelab.render.tables import html_fragment
 from dtypelab.render.trace import trace_doc
 from dtypelab.render.tune import tune_doc
+from dtypelab.render.views import section, section_of
 
 HEATMAP_ROWS = 40  # riskiest tensor families drawn in the audit heat map (the table below lists all)
 MAX_HISTOGRAMS = 6
@@ -89,7 +90,8 @@ def _band(base: float, tol: Tolerance, higher: bool) -> tuple[float, float]:
     return (base - allowed, base + abs(base) * 10 + 1) if higher else (base - abs(base) * 10 - 1, base + allowed)
 
 
-def _bench(report: Report, key: str) -> str:
+@section(Report)
+def _bench(report: Report, key: str, layers: str | None = None) -> str:
     cfg, rec = report.config, decision(report)
     base = report.result(BASELINE)
     ran = [r for r in report.results if r.ran]
@@ -181,6 +183,7 @@ def _histogram_layers(report: AuditReport, pattern: str | None) -> list[Any]:
     return list(chosen.values())
 
 
+@section(AuditReport)
 def _audit(report: AuditReport, key: str, layers: str | None = None) -> str:
     doc, _, _ = audit_doc(report, 0)
     title, headers, rows, notes = doc
@@ -211,7 +214,8 @@ def _audit(report: AuditReport, key: str, layers: str | None = None) -> str:
 
 
 # --- trace and lint --------------------------------------------------------------------------------
-def _trace(report: TraceReport, key: str) -> str:
+@section(TraceReport)
+def _trace(report: TraceReport, key: str, layers: str | None = None) -> str:
     title, _, rows, notes = trace_doc(report)
     card = "".join(f"<tr><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>" for k, v in rows)
     body = (f"<table class='card' id='{key}-card'><tbody>{card}</tbody></table>"
@@ -223,7 +227,8 @@ def _trace(report: TraceReport, key: str) -> str:
     return _section(title, body, report.environment, report.created, key)
 
 
-def _autopilot(report: AutopilotReport, key: str) -> str:
+@section(AutopilotReport)
+def _autopilot(report: AutopilotReport, key: str, layers: str | None = None) -> str:
     title, headers, rows, notes = autopilot_doc(report)
     body = html_fragment(headers, rows, notes, classes=True)
     if len(report.losses) > 1:
@@ -232,7 +237,8 @@ def _autopilot(report: AutopilotReport, key: str) -> str:
     return _section(title, body, report.environment, report.created, key)
 
 
-def _lint(report: LintReport, key: str) -> str:
+@section(LintReport)
+def _lint(report: LintReport, key: str, layers: str | None = None) -> str:
     rows = [[f.location, f.code, f.rule, f.message, f.fix] for f in report.findings]
     notes = [f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''} in {report.files} "
              f"file{'s' if report.files != 1 else ''} ({report.lines:,} lines)"
@@ -260,22 +266,14 @@ def _section(title: str, body: str, environment: dict[str, Any], created: str, k
     return f"<section class='record' id='{key}'><h2>{_esc(title)}</h2>{body}{foot}</section>"
 
 
+@section(TuneReport)
+def _tune(report: TuneReport, key: str, layers: str | None = None) -> str:
+    title, headers, rows, notes = tune_doc(report)
+    return _section(title, html_fragment(headers, rows, notes, classes=True), report.environment, report.created, key)
+
+
 def _render(record: Any, key: str, layers: str | None) -> str:
-    if isinstance(record, Report):
-        return _bench(record, key)
-    if isinstance(record, AuditReport):
-        return _audit(record, key, layers)
-    if isinstance(record, TraceReport):
-        return _trace(record, key)
-    if isinstance(record, LintReport):
-        return _lint(record, key)
-    if isinstance(record, AutopilotReport):
-        return _autopilot(record, key)
-    if isinstance(record, TuneReport):
-        title, headers, rows, notes = tune_doc(record)
-        return _section(title, html_fragment(headers, rows, notes, classes=True), record.environment, record.created,
-                        key)
-    raise TypeError(f"not a dtypelab record: {type(record).__name__}")
+    return section_of(record)(record, key, layers)
 
 
 def report_html(records: Sequence[Any], names: Sequence[str] | None = None, title: str = "dtypelab report",

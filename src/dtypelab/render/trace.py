@@ -6,6 +6,7 @@ from dtypelab.core.results import OpEvent, TensorSummary, TraceReport
 from dtypelab.core.scaler import scaler_notes
 from dtypelab.core.text import num
 from dtypelab.render.numeric import Doc
+from dtypelab.render.views import document
 
 
 def tensor_text(t: TensorSummary) -> str:
@@ -38,6 +39,7 @@ def _short(o: OpEvent) -> str:
     return f"{o.op or 'input'} ({o.phase}{where}, {o.source or 'no source line'}): {o.diagnosis}"
 
 
+@document(TraceReport, wrap={1})
 def trace_doc(report: TraceReport) -> Doc:
     cfg, f = report.config, report.finding
     head = f"dtypelab trace: {cfg.task_name or cfg.task} · {cfg.policy}"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dtypelab.core.results import PlanEvaluation, TuneReport
+from dtypelab.render.views import document
 
 
+@document(TuneReport, wrap={5})
 def tune_doc(report: TuneReport) -> tuple[str, list[str], list[list[str]], list[str]]:
     cfg = report.config
     train = cfg.mode == "train"

@@ -12,10 +12,12 @@ from dtypelab.core.lazy import exports
 __getattr__, __dir__, __all__ = exports(__name__, {
     "session": "handle", "Session": "handle", "Diagnosis": "diagnose", "bench_script": "runner",
     "diagnose_script": "runner", "script_record": "runner",
-    "script_environment": "runner", "baseline_failed": "runner",
+    "script_environment": "runner", "baseline_failed": "runner", "ScriptJob": "messages", "ScriptResult": "messages",
+    "ScriptSkip": "messages",
 })
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
     from dtypelab.script.diagnose import Diagnosis
     from dtypelab.script.handle import Session, session
+    from dtypelab.script.messages import ScriptJob, ScriptResult, ScriptSkip
     from dtypelab.script.runner import baseline_failed, bench_script, diagnose_script, script_environment, script_record

@@ -12,6 +12,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from dtypelab.core.policies import Precision
+    from dtypelab.script.messages import ScriptJob
 
 Emit = Callable[..., None]  # a message to the launcher: ``emit(kind, *payload)`` (nothing when run on its own)
 
@@ -31,7 +32,7 @@ class Diagnosis:
 
     def end(self, step: int, loss_values: list[float]) -> None: ...
 
-    def record(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any],
+    def record(self, job: ScriptJob, losses: list[float], scaler: dict[str, Any],
                metrics: dict[str, float]) -> str | None:
         """The record to write (JSON) when the run ends, or None."""
         return None

@@ -29,14 +29,14 @@ from torch import nn
 
 from dtypelab.core.disturbance import CpuMeter
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.loop import DIVERGED_PATIENCE, fingerprint
+from dtypelab.core.loop import fingerprint
 from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync, slow_verdict
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy, plan_from_dict
-from dtypelab.core.scaler import ScalerLog
-from dtypelab.core.task import tensors
 from dtypelab.inference import serialize
 from dtypelab.run import connect, heavy_modules
 from dtypelab.script.diagnose import Diagnosis
+from dtypelab.script.frameworks import Integrations
+from dtypelab.script.messages import ScriptJob, ScriptResult, ScriptSkip
 from dtypelab.script.routes import Routes
 from dtypelab.script.wrap import LabModule, LabOptimizer, LabScaler, unwrap
 
@@ -55,7 +55,7 @@ def warmup_steps(n: int) -> int:
     return max(1, min(10, n // 10)) if n > 1 else 0
 
 
-class Session(Routes):
+class Session(Routes, Integrations):
     """Measures one training run of a user's script under the policy the parent chose (fp32 when none)."""
 
     def __init__(self, seed: int | None = None, device: str | None = None, *, plan: str | Plan | None = None,
@@ -66,17 +66,18 @@ class Session(Routes):
                           "still wins; run on its own, your script trains exactly as without dtypelab",
                           DeprecationWarning, stacklevel=3)
         connected = connect()  # None: the script runs on its own
-        self._conn, self.job = connected if connected is not None else (None, None)
-        self.driven = self.job is not None
+        self._conn, sent = connected if connected is not None else (None, None)
+        self.driven = sent is not None
+        self.job: ScriptJob | None = ScriptJob.of(sent) if self.driven else None
         # run on its own, the caller may choose the policy and a diagnosis (the autopilot's session); driven, the job
         # brings both
-        self.plan: Plan = plan_from_dict(self.job["plan"]) if self.driven else get_policy(plan or BASELINE)
+        self.plan: Plan = plan_from_dict(self.job.plan) if self.job is not None else get_policy(plan or BASELINE)
         wrong = self.plan.mode_error("train")
         if wrong:
             raise DtypelabError(wrong)
-        want = (self.job or {}).get("device") or device
+        want = (self.job.device if self.job is not None else "") or device
         self.device = torch.device(want or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.seed = int((self.job or {}).get("seed", 0))
+        self.seed = self.job.seed if self.job is not None else 0
         self.precision = Precision(self.plan, self.device)
         self._globals = self.precision.session()
         self._globals.__enter__()  # tf32 flags and the like, restored at finish()
@@ -87,7 +88,9 @@ class Session(Routes):
         self._pending: list[float] = []  # losses of the micro-batches since the last optimizer step
         self._samples = 0  # samples the training forwards of this step saw (micro-batches added up)
         self.step_samples: list[int] = []
-        self._optimizers: list[torch.optim.Optimizer] = []
+        self._optimizers: list[torch.optim.Optimizer] = []  # as the kinds' hook made them, in setup's order
+        self._converted: dict[int, torch.optim.Optimizer] = {}  # the script's optimizer -> the one that steps
+        self._framework = False  # a framework's Trainer runs the loop (attach), not the script's own code
         self._stepped: set[int] = set()
         self._unscaled: set[int] = set()
         self._in_step = False
@@ -97,7 +100,6 @@ class Session(Routes):
         self._eager: tuple[Any, Any] | None = None  # _enter and _leave as a compiled model calls them
         self._built_in: list[str] = []  # the floating dtypes of the script's model as it built it
         self._autocast_kinds = tuple(dict.fromkeys(("cpu", self.device.type)))  # where a script's autocast can be
-        self._log = ScalerLog() if self.precision.grad_scaler() is not None else None
         self._model: nn.Module | None = None
         self._init = ""
         self._metrics: dict[str, float] = {}
@@ -109,7 +111,7 @@ class Session(Routes):
         self._nonfinite_run = 0  # consecutive non-finite step losses (bench: the run stops at DIVERGED_PATIENCE)
         self._stopped = ""  # why the session ended the run early
         # trace / audit modes: the guard or the range audit on this loop, as the job says (their capabilities')
-        self.diag: Diagnosis = (self.job or {}).get("diagnosis") or (None if self.driven else diagnosis) or Diagnosis()
+        self.diag: Diagnosis = (self.job.diagnosis if self.job is not None else diagnosis) or Diagnosis()
         if self.driven or diagnosis is not None:  # on its own, a diagnosis still reports a run that never finished
             atexit.register(self._at_exit)
 
@@ -147,9 +149,10 @@ class Session(Routes):
         for obj in objects:
             obj = unwrap(obj)
             if isinstance(obj, torch.optim.Optimizer):
-                if all(o is not obj for o in self._optimizers):
-                    self._optimizers.append(obj)
-                wrapped.append(LabOptimizer.wrap(obj, self))
+                if id(obj) not in self._converted:  # the kinds' optimizer hook, once per optimizer
+                    self._converted[id(obj)] = self.precision.convert_optimizer(obj, model)
+                    self._optimizers.append(self._converted[id(obj)])
+                wrapped.append(LabOptimizer.wrap(self._converted[id(obj)], self))
             else:
                 wrapped.append(LabScaler(obj, self))
         front = LabModule.wrap(model, self)
@@ -185,48 +188,6 @@ class Session(Routes):
             self._end()
         self._close()
 
-    # --- what the framework integrations call ----------------------------------------------------
-    def record_metrics(self, metrics: dict[str, Any], higher_is_better: bool | None = None,
-                       primary: str | None = None) -> None:
-        clean = {k: float(v) for k, v in metrics.items() if _number(v)}
-        if not clean:
-            return
-        self._metrics.update(clean)
-        self._metric = primary if primary in clean else (self._metric or next(iter(clean)))
-        if higher_is_better is not None:
-            self._higher = higher_is_better
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        return dict(self._metrics)
-
-    def attach(self, model: nn.Module) -> None:
-        """A model the framework converted itself (Lightning, Hugging Face): sized and fingerprinted, and the
-        memory window opened, as ``setup`` does."""
-        refused = self.diag.refuses_framework()
-        if refused:
-            self.unsupported(refused)
-        if self._model is None:
-            self._init = fingerprint(model)
-            self._model = model
-            self.meter.open_window()
-
-    def count_samples(self, batch: Any) -> None:
-        """A framework's training batch: its leading dimension is added to this step's samples."""
-        self._samples += _leading(batch)
-
-    def add_samples(self, n: int) -> None:
-        """Samples in this step, when a framework knows them without a batch to look at."""
-        self._samples += int(n)
-
-    def record_loss(self, value: float) -> None:
-        """One step's loss, as a framework logged it."""
-        self.losses.append(float(value))
-
-    def close(self) -> None:
-        """Write the result now (integrations: at the end of fit, with the metrics recorded so far)."""
-        self._close()
-
     def unsupported(self, reason: str) -> None:
         """The policy cannot run in this framework here: the run is recorded as skipped with ``reason`` and the
         script stops (only when dtypelab drives it; run on its own this is an error)."""
@@ -234,7 +195,7 @@ class Session(Routes):
             raise DtypelabError(reason)
         self.finished = True
         self._globals.__exit__(None, None, None)
-        self._done({"kind": "skip", "reason": reason})
+        self._done(ScriptSkip(reason))
         raise SystemExit(0)
 
     def step_begin(self) -> None:
@@ -276,29 +237,27 @@ class Session(Routes):
         if self.diag.stop:  # the trace found its step, the audit has its steps, the autopilot had to stop
             self._close()
             raise SystemExit(0 if self.driven else self.diag.stop_code)
-        if self.driven and (self.job or {}).get("mode", "bench") == "bench":
+        if self.job is not None and self.job.mode == "bench":
             self._guard()
 
     def _guard(self) -> None:
         """bench's protections, as a task run has them: stop a run whose loss stayed non-finite for
         DIVERGED_PATIENCE steps, and one measured 10x slower per step than fp32 (``core.measure.slow_verdict``).
         Either ends the script here, with what was measured so far."""
-        job = self.job or {}
+        job = self.job or ScriptJob()
         if self.losses:
             self._nonfinite_run = 0 if math.isfinite(self.losses[-1]) else self._nonfinite_run + 1
-        if self._nonfinite_run >= int(job.get("patience", DIVERGED_PATIENCE)):
+        if self._nonfinite_run >= job.patience:
             self._stopped = f"stopped after {self._nonfinite_run} non-finite steps"
             self._close()
             raise SystemExit(0)
         samples = self.timer.samples
-        slow = slow_verdict(samples, warmup_steps(int(job.get("baseline_steps") or len(samples))),
-                            job.get("slow_step_s"), int(job.get("baseline_steps") or 0), job.get("baseline_step_s"),
-                            float(job.get("slow_span_s") or 0.0))
+        slow = slow_verdict(samples, warmup_steps(job.baseline_steps or len(samples)), job.slow_step_s,
+                            job.baseline_steps, job.baseline_step_s, job.slow_span_s)
         if slow:
             self.finished = True
             self._globals.__exit__(None, None, None)
-            self._done({"kind": "skip", "skip": "slow", "reason": slow, "step_times_s": samples,
-                        "losses": self.losses, "disturbance": self._disturbance()})
+            self._done(ScriptSkip(slow, "slow", tuple(samples), tuple(self.losses), self._disturbance()))
             raise SystemExit(0)
 
     def _disturbance(self) -> dict[str, Any]:
@@ -310,7 +269,7 @@ class Session(Routes):
             return
         self.finished = True
         self._globals.__exit__(None, None, None)
-        record = self.diag.record(self.job or {}, self.losses, self._log.stats() if self._log is not None else {},
+        record = self.diag.record(self.job or ScriptJob(), self.losses, self.precision.stats(),
                                   self._metrics)
         if not self.driven:
             if record is not None:
@@ -321,19 +280,17 @@ class Session(Routes):
         peak = self.meter.peak_bytes()
         first_bad = next((i for i, v in enumerate(self.losses) if not math.isfinite(v)), None)
         higher = self._higher if self._higher is not None else not lower_is_better(self._metric)
-        self._done({
-            "kind": "result", "policy": self.plan.name, "step_times_s": self.timer.samples, "losses": self.losses,
-            "first_nonfinite_step": first_bad, "metrics": self._metrics, "metric": self._metric,
-            "higher_is_better": higher, "higher_guessed": self._higher is None, "peak_memory_bytes": peak,
-            "load_peak_memory_bytes": self.meter.load_peak, "memory_method": self.meter.method,
-            "model_bytes": len(serialize(self._model)[0]) if self._model is not None else None,
-            "init_fingerprint": self._init, "scaler": self._log.stats() if self._log is not None else {},
-            "setup_called": self._model is not None,
-            "batch_size": int(statistics.median_low(self.step_samples)) if self.step_samples else 0,
-            "disturbance": self._disturbance(), "stopped": self._stopped, "forwards": self._forwards,
-            "optimizers": len(self._optimizers),
-            "script_autocast": sorted(self._script_autocast), "built_in": self._built_in,
-        })
+        self._done(ScriptResult(
+            policy=self.plan.name, step_times_s=tuple(self.timer.samples), losses=tuple(self.losses),
+            first_nonfinite_step=first_bad, metrics=dict(self._metrics), metric=self._metric, higher_is_better=higher,
+            higher_guessed=self._higher is None, peak_memory_bytes=peak, load_peak_memory_bytes=self.meter.load_peak,
+            memory_method=self.meter.method,
+            model_bytes=len(serialize(self._model)[0]) if self._model is not None else None,
+            init_fingerprint=self._init, scaler=self.precision.stats(), setup_called=self._model is not None,
+            batch_size=int(statistics.median_low(self.step_samples)) if self.step_samples else 0,
+            disturbance=self._disturbance(), stopped=self._stopped, forwards=self._forwards,
+            optimizers=len(self._optimizers), framework=self._framework,
+            script_autocast=tuple(sorted(self._script_autocast)), built_in=tuple(self._built_in)))
 
     def _at_exit(self) -> None:
         # driven: an integration recorded metrics, they are the result; on its own: the diagnosis's summary
@@ -344,23 +301,11 @@ class Session(Routes):
         """A diagnosis's own message to the launcher, as it happens (the autopilot's moves)."""
         self._conn.send((kind, *payload))
 
-    def _done(self, data: dict[str, Any]) -> None:
+    def _done(self, data: ScriptResult | ScriptSkip) -> None:
         """The run's last word to the launcher: what it measured, or why it was skipped (after which heavy
         libraries the script imported, which the launcher's zygote then keeps for the next run)."""
         self._conn.send(("modules", heavy_modules()))
         self._conn.send(("done", data, 0))
-
-
-def _leading(batch: Any) -> int:
-    """The batch size of a batch or a forward call's arguments: the leading dimension of the first tensor with
-    one, however nested (a dict batch, a tuple of tensors)."""
-    return next((int(t.shape[0]) for t in tensors(batch) if t.dim() > 0), 0)
-
-
-def _number(v: Any) -> bool:
-    if isinstance(v, torch.Tensor):
-        return v.numel() == 1
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def session(seed: int | None = None, device: str | None = None) -> Session:

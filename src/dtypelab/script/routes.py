@@ -15,8 +15,7 @@ from torch import nn
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.loop import to_device
-from dtypelab.core.policies import Autocast
-from dtypelab.core.task import map_tensors, tensors
+from dtypelab.core.task import tensors
 from dtypelab.script.wrap import unwrap
 
 
@@ -34,27 +33,22 @@ class Routes:
         return leave(out, source)
 
     def optimizer_step(self, opt: torch.optim.Optimizer, closure: Any = None) -> Any:
-        """``optimizer.step()`` under the policy: GradScaler's step (and, once every optimizer stepped, its update)
-        under a scaling policy. With a closure (LBFGS) the step is timed around all the closure's calls and its
-        loss is the first value the closure returned (the loss at the step's starting weights)."""
+        """``optimizer.step()`` through the policy's hooks (``Precision.step``: the kinds' own, GradScaler's step
+        under a scaling policy; once every optimizer stepped, ``Precision.update``). With a closure (LBFGS) the step
+        is timed around all the closure's calls and its loss is the first value the closure returned (the loss at
+        the step's starting weights)."""
         self._foreign_scaler()
-        scaler = self.precision.grad_scaler()
+        opt = self._converted.get(id(opt), opt)  # the script's own object (a GradScaler's step): as the kinds made it
         if closure is not None:
-            if scaler is not None:
+            if self.precision.grad_scaler() is not None:
                 self.unsupported(f"{self.plan.name}: torch's GradScaler cannot step an optimizer with a closure "
                                  f"({type(opt).__name__}.step(closure))")
             result = self._closure_step(opt, closure)
-        elif scaler is None:
-            result = opt.step()
         else:
-            scaler.step(opt)
-            result = None
+            result = self.precision.step(opt)
         self._stepped.add(id(opt))
         if len(self._stepped) >= len(self._optimizers):  # every optimizer of the step has stepped
-            if scaler is not None:
-                scale = scaler.get_scale()
-                scaler.update()
-                self._log.record(len(self.losses), scale, scaler.get_scale())
+            self.precision.update(len(self.losses))
             self._end()
         return result
 
@@ -115,10 +109,7 @@ class Routes:
         return args, kwargs, source, context
 
     def _leave(self, out: Any, source: torch.device | None) -> Any:
-        # the script's loss runs after forward, outside autocast: in float32, as autocast would run it
-        # (Fabric does the same); a float16 loss times GradScaler's 65536 overflows
-        if isinstance(self.plan.default, Autocast):
-            out = map_tensors(_to_float32, out)
+        out = self.precision.convert_output(out)  # the script's loss runs outside the forward context
         # outputs go back where the inputs came from, so the script's own targets and metrics still match
         return to_device(out, source) if source is not None and source != self.device else out
 
@@ -136,7 +127,7 @@ class Routes:
             return value
 
         try:
-            result = opt.step(counted)
+            result = self.precision.step(opt, counted)
         finally:
             self._in_closure = False
         self._pending[:] = self._pending[:1] or returned[:1]
@@ -171,6 +162,3 @@ class Routes:
                 return
             frame = frame.f_back
 
-
-def _to_float32(t: torch.Tensor) -> torch.Tensor:
-    return t.float() if t.is_floating_point() and t.dtype in (torch.float16, torch.bfloat16) else t

@@ -26,6 +26,7 @@ from dtypelab.core.results import PolicyResult, Report, RunConfig
 from dtypelab.run import Event, OnEvent, Outcome, ScriptLauncher, ScriptRun, Target
 from dtypelab.script.diagnose import Diagnosis
 from dtypelab.script.handle import warmup_steps
+from dtypelab.script.messages import ScriptJob, ScriptResult, ScriptSkip
 
 # Options of a Task's own loop: a script runs its own (its arguments go after --)
 LOOP_OPTIONS = {"mode": "--mode infer", "steps": "--steps", "batch_size": "--batch-size", "warmup": "--warmup",
@@ -40,17 +41,17 @@ Primary = tuple[str, bool] | None  # the run's primary metric and whether higher
 
 
 def job_for(path: str, plan: Plan, seed: int, device: str, mode: str = "bench", diagnosis: Diagnosis | None = None,
-            **extra: Any) -> dict[str, Any]:
+            **extra: Any) -> ScriptJob:
     """What a script's session is sent: its policy, what else to do, and bench's pace (``extra``)."""
-    return {"plan": plan.to_dict(), "seed": seed, "device": device, "mode": mode, "script": path,
-            "task_name": os.path.basename(path), "diagnosis": diagnosis, **extra}
+    return ScriptJob(plan=plan.to_dict(), seed=seed, device=device, mode=mode, script=path,
+                     task_name=os.path.basename(path), diagnosis=diagnosis, **extra)
 
 
-def run_script(path: str, args: tuple[str, ...], job: dict[str, Any], seed: int, timeout_s: float, workdir: str,
+def run_script(path: str, args: tuple[str, ...], job: ScriptJob, seed: int, timeout_s: float, workdir: str,
                on_step: Callable[[int, int], None],
                on_message: Callable[[tuple[Any, ...]], None] | None = None) -> Outcome:
     """One run of the script, its session sent ``job``."""
-    run = ScriptRun(path, args, seed, job, name=job["plan"]["name"] or "plan", on_message=on_message)
+    run = ScriptRun(path, args, seed, job, name=job.plan.get("name") or "plan", on_message=on_message)
     return ScriptLauncher(workdir).run(run, timeout_s, on_step)
 
 
@@ -62,57 +63,58 @@ def script_result(out: Outcome, plan: Plan) -> tuple[PolicyResult, Primary]:
     if d is None:
         return PolicyResult(plan.name, "failed", NEVER_FINISHED if out.started else NEVER_STARTED,
                             wall_s=out.wall_s), None
-    if d.get("kind") == "skip":
-        times = tuple(d.get("step_times_s") or ())
-        return PolicyResult(plan.name, "skipped", d["reason"], skip=d.get("skip", "unsupported"), wall_s=out.wall_s,
-                            step_times_s=times, warmup=warmup_steps(len(times)) if times else 0,
-                            losses=tuple(float(x) for x in d.get("losses") or ()),
-                            disturbance=d.get("disturbance") or {}), None
-    if not d.get("setup_called"):
+    if isinstance(d, ScriptSkip):
+        times = d.step_times_s
+        return PolicyResult(plan.name, "skipped", d.reason, skip=d.skip, wall_s=out.wall_s, step_times_s=times,
+                            warmup=warmup_steps(len(times)) if times else 0, losses=tuple(map(float, d.losses)),
+                            disturbance=d.disturbance), None
+    if not isinstance(d, ScriptResult):
+        return PolicyResult(plan.name, "failed", f"the session sent {type(d).__name__}, not its result",
+                            wall_s=out.wall_s), None
+    if not d.setup_called:
         return PolicyResult(plan.name, "failed", "the script never called lab.setup(model, optimizer): the policy "
                                                  "was not applied to its model", wall_s=out.wall_s), None
-    times = tuple(d["step_times_s"])
+    times = d.step_times_s
     if not times:
-        return PolicyResult(plan.name, "failed", untimed(d), wall_s=out.wall_s, metrics=d.get("metrics") or {},
+        return PolicyResult(plan.name, "failed", untimed(d), wall_s=out.wall_s, metrics=d.metrics,
                             info=policy_info(plan)), None
-    losses = tuple(float(x) for x in d["losses"])
-    first_bad = d.get("first_nonfinite_step")
+    losses = tuple(map(float, d.losses))
+    first_bad = d.first_nonfinite_step
     diverged = first_bad is not None and losses and not math.isfinite(losses[-1])
     reason = f"loss non-finite from step {first_bad}" if diverged else ""
-    if diverged and d.get("stopped"):
-        reason += f"; {d['stopped']}"
+    if diverged and d.stopped:
+        reason += f"; {d.stopped}"
     result = PolicyResult(
-        policy=plan.name, status="diverged" if diverged else "ok", batch_size=int(d.get("batch_size") or 0),
-        reason=reason, warmup=warmup_steps(len(times)),
-        step_times_s=times, losses=losses, first_nonfinite_step=first_bad, metrics=d["metrics"],
-        peak_memory_bytes=d["peak_memory_bytes"], load_peak_memory_bytes=d.get("load_peak_memory_bytes"),
-        memory_method=d["memory_method"], model_bytes=d.get("model_bytes"),
-        init_fingerprint=d.get("init_fingerprint", ""), scaler=d.get("scaler") or {}, info=policy_info(plan),
-        wall_s=out.wall_s, disturbance=d.get("disturbance") or {}, notes=tuple(run_notes(d)))
-    return result, (d.get("metric") or "", bool(d.get("higher_is_better", True)))
+        policy=plan.name, status="diverged" if diverged else "ok", batch_size=d.batch_size, reason=reason,
+        warmup=warmup_steps(len(times)), step_times_s=times, losses=losses, first_nonfinite_step=first_bad,
+        metrics=d.metrics, peak_memory_bytes=d.peak_memory_bytes, load_peak_memory_bytes=d.load_peak_memory_bytes,
+        memory_method=d.memory_method, model_bytes=d.model_bytes, init_fingerprint=d.init_fingerprint,
+        scaler=d.scaler, info=policy_info(plan), wall_s=out.wall_s, disturbance=d.disturbance,
+        notes=tuple(run_notes(d)))
+    return result, (d.metric, d.higher_is_better)
 
 
-def untimed(d: dict[str, Any]) -> str:
+def untimed(d: ScriptResult) -> str:
     """Why a run that finished timed no step: what the session saw, and the line that makes it time them."""
-    if not d.get("forwards"):
+    if not d.forwards:
         return ("no training step was timed: the model lab.setup returned was never called in training mode with "
                 "gradients on; call the model it returns (model, optimizer = lab.setup(model, optimizer))")
     return ("no training step was timed: the model ran forward but no step ended (give the optimizer to lab.setup, "
             "or call lab.step_end() after updating the weights by hand)")
 
 
-def run_notes(d: dict[str, Any]) -> list[str]:
+def run_notes(d: ScriptResult) -> list[str]:
     """What a script's run did that the table should say: its own autocast turned off inside the model, its
     steps timed from one call of the model to the next (weights updated by hand)."""
     notes = []
-    if d.get("script_autocast"):
-        notes.append(f"the script's own autocast ({', '.join(d['script_autocast'])}) was on around the model; "
+    if d.script_autocast:
+        notes.append(f"the script's own autocast ({', '.join(d.script_autocast)}) was on around the model; "
                      "dtypelab turned it off inside the model's forward so that each policy runs as named")
-    built = [t for t in d.get("built_in") or () if t != "float32"]
+    built = [t for t in d.built_in if t != "float32"]
     if built:
         notes.append(f"the script builds its model in {', '.join(built)}; each policy converts it as named (fp32: to "
                      "float32 weights)")
-    if d.get("optimizers") == 0 and d.get("step_times_s"):
+    if d.optimizers == 0 and not d.framework and d.step_times_s:
         notes.append("no optimizer was given to lab.setup (weights updated by hand): each step is timed from one "
                      "training call of the model to the next, the update and the script's own work between steps "
                      "included")

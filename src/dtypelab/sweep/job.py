@@ -18,6 +18,7 @@ from dtypelab.core.loop import (
     DIVERGED_PATIENCE,
     atomic_save,
     build_model,
+    build_trainable,
     evaluate,
     fingerprint,
     fit,
@@ -123,9 +124,7 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
     meter.start()  # before the model exists: weights, optimizer state and activations all count
     model = build_model(task, job.seed, job.init_path)
     init = fingerprint(model)
-    model = precision.convert_module(model.to(device))
-    model.train()
-    optimizer = task.make_optimizer(model.parameters())
+    model, optimizer = build_trainable(task, precision, device, model=model)
     meter.open_window()  # loading and converting the weights is not the run's peak
     timer, cpu = StepTimer(sync=device_sync(device)), CpuMeter()
     cpu.start()

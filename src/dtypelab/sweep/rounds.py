@@ -20,7 +20,7 @@ import torch
 
 from dtypelab.core.disturbance import CpuMeter, was_disturbed
 from dtypelab.core.errors import describe_exception
-from dtypelab.core.loop import build_model, forward, threads, to_device, train_step
+from dtypelab.core.loop import build_model, build_trainable, forward, threads, to_device, train_step
 from dtypelab.core.measure import StepTimer, device_sync
 from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.results import BASELINE, COMPILED_BASELINE, Report, RoundBlock, SpeedupInterval
@@ -95,9 +95,8 @@ def _rounds(job: RoundsJob, progress: Callable[[int, int], None]
     runs = []
     for plan in job.plans:
         precision = Precision(plan, job.device)
-        model = precision.convert_module(build_model(task, job.seed, job.weights).to(device))
-        model.train(train)
-        optimizer = task.make_optimizer(model.parameters()) if train else None
+        model, optimizer = build_trainable(task, precision, device, model=build_model(task, job.seed, job.weights),
+                                           train=train)
         runs.append((plan.name, precision, model, optimizer))
     inputs = None if train else to_device(task.inference_inputs(job.batch_size), device)
 

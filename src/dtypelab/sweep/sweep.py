@@ -10,8 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,7 +21,6 @@ from dtypelab.core.hardware import SLOW_RATIO, HardwareInfo, environment, hardwa
 from dtypelab.core.measure import slow_base
 from dtypelab.core.policies import (
     BASELINE,
-    COMPILED_BASELINE,
     Plan,
     default_policies,
     get_policy,
@@ -44,25 +42,23 @@ from dtypelab.run import (
 )
 from dtypelab.script import baseline_failed, bench_script
 from dtypelab.sweep.budget import budget_plan, over_budget, parse_budget
+from dtypelab.sweep.interleave import interleaved
 from dtypelab.sweep.job import Job
 from dtypelab.sweep.options import BenchOptions
 from dtypelab.sweep.places import FAN_OUT, ProbeWork, finished_before, launcher_for, remote_device, slots
-from dtypelab.sweep.rounds import RoundsJob, RoundsResult, clearly_slower, paired_speedup, round_block
-
-INFER_STEPS = 50
-# With the default step count, inference timing stops after this many seconds of timed passes (and at least
-# MIN_TIMED passes after warm-up): on a CPU where one pass of a real model takes 2 s, 50 passes per policy
-# would be most of a sweep's time and add nothing to a median. --steps N always times exactly N.
-INFER_TIME_BOX_S = 8.0
-# When interleaved rounds follow, they decide speed and a run's own latency is a column and the slow check only:
-# this much of timed passes (about 2 s saved per policy on minilm, 11 policies on an AVX-512 CPU).
-INFER_TIME_BOX_ROUNDS_S = 2.0
-MIN_TIMED = 4
-DEFAULT_ROUNDS = {"train": 5, "infer": 3}
-MORE_ROUNDS = 3  # a policy the rounds have not decided yet (rounds._undecided) gets up to this many times the rounds
-# --nproc without --policies: plain DDP (the baseline), each gradient compression, FSDP2 with and without bf16
-DISTRIBUTED_DEFAULTS = ("fp32", "fp32+ddp-fp16", "fp32+ddp-bf16", "fp32+ddp-powersgd", "fp32+fsdp",
-                        "fp32+fsdp-bf16-params-fp32-reduce")
+from dtypelab.sweep.plans import (
+    DEFAULT_ROUNDS,
+    DISTRIBUTED_DEFAULTS,
+    INFER_STEPS,
+    INFER_TIME_BOX_ROUNDS_S,
+    INFER_TIME_BOX_S,
+    MIN_TIMED,
+    MORE_ROUNDS,
+    check_patterns,
+    policy_result,
+    with_baselines,
+)
+from dtypelab.sweep.rounds import RoundsJob
 
 
 def bench(task: str | Task, policies: Any = None, options: BenchOptions | None = None, *,
@@ -89,46 +85,6 @@ def bench(task: str | Task, policies: Any = None, options: BenchOptions | None =
     if opts.script_args:
         raise DtypelabError(f"script_args: arguments after -- are for a training script; {target.spec} is a task")
     return _Sweep(target, opts, on_event).run()
-
-
-def _check_patterns(task: Task, plans: Iterable[Plan]) -> None:
-    """A plan pattern that names no module of the task's model is an error before any child starts. A model
-    whose factory raises is left to the jobs, which report the user's line."""
-    ruled = [p for p in plans if p.rules]
-    if not ruled:
-        return
-    try:
-        model = task.make_model()
-    except Exception:
-        return
-    for plan in ruled:
-        plan.assign(model)
-
-
-def _with_baselines(plans: dict[str, Plan], explicit: bool) -> dict[str, Plan]:
-    """Table order: the registry's for a default sweep, else the user's with the baseline added first; compiled
-    fp32 beside any compiled policy, whose speed means little against eager fp32 alone."""
-    if BASELINE not in plans or explicit:
-        plans = {BASELINE: get_policy(BASELINE), **plans}
-    if any(p.compiles for p in plans.values()) and COMPILED_BASELINE not in plans:
-        plans = {BASELINE: plans[BASELINE], COMPILED_BASELINE: get_policy(COMPILED_BASELINE),
-                 **{k: v for k, v in plans.items() if k != BASELINE}}
-    return plans
-
-
-def policy_result(out: Outcome, plan: Plan) -> PolicyResult:
-    """A launcher's outcome as the policy's result: the job's own result, or why there is none."""
-    if out.ok and out.value is not None:
-        result = out.value
-        if out.reason:  # e.g. a torchrun rank that died in teardown: the measurement stands, the fact is kept
-            result = replace(result, reason="; ".join(filter(None, (result.reason, out.reason))))
-    elif out.ok:  # every rank of this node finished, none of them global rank 0
-        result = PolicyResult(plan.name, "skipped", "this node ran worker ranks; the result is on the node with "
-                              "global rank 0", skip="unsupported")
-    else:
-        result = PolicyResult(plan.name, out.status, out.reason)
-    return replace(result, info=result.info or policy_info(plan), wall_s=result.wall_s or out.wall_s,
-                   ran_on=out.where or result.ran_on)
 
 
 @dataclass
@@ -164,13 +120,13 @@ class _Sweep:
         self.task = self.target.task()  # fail here, once, on a broken task, before any child starts
         if opts.mode == "train" and self.task.inference_only:
             raise DtypelabError(f"task {self.task.name} is inference-only: use --mode infer")
-        _check_patterns(self.task, plans.values())
+        check_patterns(self.task, plans.values())
         if self.fans_out and self.dev.type == "cuda":  # each job sees its own GPU(s) only, as cuda:0
             self.dev = torch.device("cuda")
         if self.torchrun and self.dev.type == "cuda" and self.torchrun.nproc > torch.cuda.device_count():
             raise DtypelabError(f"--nproc {self.torchrun.nproc} on CUDA needs one GPU per rank; this node has "
                                 f"{torch.cuda.device_count()}")
-        self.plans = _with_baselines(plans, self.explicit)
+        self.plans = with_baselines(plans, self.explicit)
 
     def _settings(self) -> tuple[int, int, int, float | None, int, int]:
         """(steps, batch size, warm-up, inference time box, rounds, block) from the options and the task."""
@@ -236,10 +192,9 @@ class _Sweep:
             if rounds:
                 weights = None if opts.mode == "infer" and self.task.pretrained else os.path.join(
                     workdir, "reference.pt" if opts.mode == "infer" else "init.pt")
-                report = self._interleaved(report, RoundsJob(self.target.spec, (), opts.mode, rounds, block,
-                                                             batch_size, opts.seed, str(self.dev), weights,
-                                                             opts.threads, workdir=workdir,
-                                                             max_rounds=MORE_ROUNDS * rounds))
+                job = RoundsJob(self.target.spec, (), opts.mode, rounds, block, batch_size, opts.seed, str(self.dev),
+                                weights, opts.threads, workdir=workdir, max_rounds=MORE_ROUNDS * rounds)
+                report = interleaved(self.launcher, self.plans, opts, self.on_event, report, job)
         return report
 
     def _probe(self) -> HardwareInfo:
@@ -359,49 +314,3 @@ class _Sweep:
 
         launcher.run_many(jobs, opts.timeout_s, on_state, on_outcome)
         return report
-
-    def _interleaved(self, report: Report, job: RoundsJob) -> Report:
-        """The speed phase: the policies that ran to the end are timed again in interleaved rounds, in one process,
-        and each gets its paired speedup and interval. A failure here keeps the learning runs' own timings."""
-        on_event, plans = self.on_event, self.plans
-        ran = [r.policy for r in report.results if r.status == "ok" and r.timing]
-        # a policy already outside the constraints is rejected whatever its speed: timing it again decides nothing
-        rec = report.recommendation
-        slower = clearly_slower(report, ran)
-        for name in slower:
-            report = report.with_result(replace(report.result(name), rounds_skip="slower"))
-        names = [n for n in ran if n not in slower and not (rec and (v := rec.verdict(n)) and v.verdict.settled)]
-        if COMPILED_BASELINE in ran and COMPILED_BASELINE not in names and any(plans[n].compiles for n in names):
-            names.append(COMPILED_BASELINE)  # the fair baseline of the compiled policies still timed
-        if BASELINE not in names or len(names) < 2:
-            return save_judged(report, self.opts.json_path) if slower else report
-        job = replace(job, plans=tuple(plans[n] for n in names))
-        block = round_block(report, job)
-        if block != job.block:
-            job = replace(job, block=block, warmup=1)
-            report = replace(report, config=replace(report.config, rounds_block=block))
-        if rec and rec.reason:  # a first answer now; the rounds confirm or refine it
-            on_event(Event("notice", "", label=f"Provisional, from each run's own timing: {rec.reason}"))
-        label = f"timing in {job.rounds} interleaved rounds of {job.block} step{'s' if job.block > 1 else ''}"
-        on_event(Event("start", "rounds", 0, job.rounds * len(names), label=label))
-        out = self.launcher.run(job, self.opts.timeout_s, lambda d, t: on_event(Event("step", "rounds", d, t)))
-        result = out.value if out.ok and isinstance(out.value, RoundsResult) else RoundsResult(
-            out.status if not out.ok else "failed", out.reason, wall_s=out.wall_s)
-        on_event(Event("end", "rounds", result=result, label=label))
-        if out.where:
-            report = replace(report, rounds_on=out.where)
-        if result.status != "ok" or not result.blocks:
-            on_event(Event("notice", "", label=f"interleaved timing gave no rounds ({result.status}"
-                                                f"{': ' + result.reason if result.reason else ''}); speeds come "
-                                                "from each policy's own run"))
-            return report
-        base, compiled = result.blocks[BASELINE], result.blocks.get(COMPILED_BASELINE)
-        for name in names:
-            r = report.result(name)
-            blocks = result.blocks.get(name, ())
-            fair = paired_speedup(compiled, blocks) if compiled and plans[name].compiles and \
-                name != COMPILED_BASELINE else None
-            report = report.with_result(replace(r, rounds=blocks, compiled_ci=fair,
-                                                speedup_ci=None if name == BASELINE else paired_speedup(base, blocks),
-                                                rounds_first_call_s=(result.first_call_s or {}).get(name)))
-        return save_judged(report, self.opts.json_path)

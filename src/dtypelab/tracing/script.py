@@ -18,7 +18,7 @@ from torch import nn
 
 from dtypelab.core.results import TraceConfig, TraceReport
 from dtypelab.core.source import Sites
-from dtypelab.script import Diagnosis
+from dtypelab.script import Diagnosis, ScriptJob
 from dtypelab.tracing.guard import all_finite, finding_of
 from dtypelab.tracing.nonfinite import OpTracer, storage_key
 
@@ -80,12 +80,12 @@ class TraceDiagnosis(Diagnosis):
                                           time.perf_counter() - self.started, replayed_steps=self.arm_at or 0)
         self.loss = None
 
-    def record(self, job: dict[str, Any], losses: list[float], scaler: dict[str, Any], *_: Any) -> str:
+    def record(self, job: ScriptJob, losses: list[float], scaler: dict[str, Any], *_: Any) -> str:
         if self.bad_step is not None and self.finding is None:  # untraced: what the next run arms the tracer for
             return json.dumps({"bad_step": self.bad_step, "trigger": self.trigger, "losses": losses})
-        config = TraceConfig(task=job.get("script", ""), policy=job["plan"]["name"], steps=len(losses), batch_size=0,
-                             seed=job.get("seed", 0), device=job.get("device", ""), checkpoint_every=0,
-                             stop_on_skip=False, task_name=job.get("task_name", ""))
+        config = TraceConfig(task=job.script, policy=job.plan.get("name", ""), steps=len(losses), batch_size=0,
+                             seed=job.seed, device=job.device, checkpoint_every=0,
+                             stop_on_skip=False, task_name=job.task_name)
         return TraceReport(config=config, environment={}, status="found" if self.finding else "clean",
                            finding=self.finding, losses=tuple(losses), scaler=scaler, live=True,
                            wall_s=time.perf_counter() - self.start).to_json()

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from dtypelab.core.loop import forward, to_device
-from dtypelab.core.policies import Cast, Plan, Precision, Quantize, get_policy
+from dtypelab.core.policies import Cast, Plan, Precision, get_policy
 from dtypelab.core.task import call_model, map_tensors
 from dtypelab.inference import compare, flat
 from dtypelab.tuning.search import Evaluation, LayerScore
@@ -28,14 +28,8 @@ FP32 = Cast("float32")
 
 def targets(model: nn.Module, candidate: Plan) -> list[str]:
     """The layers a candidate can convert: Linear layers for quantization, any leaf with weights for a cast."""
-    quantize = isinstance(candidate.default, Quantize)
-    out = []
-    for name, m in model.named_modules():
-        if not name or list(m.children()):
-            continue
-        if isinstance(m, nn.Linear) or (not quantize and isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d))):
-            out.append(name)
-    return out
+    kinds = candidate.default.layer_types
+    return [name for name, m in model.named_modules() if name and not list(m.children()) and isinstance(m, kinds)]
 
 
 def layer_plan(layers: dict[str, Plan], name: str = "") -> Plan:

@@ -5,7 +5,6 @@ after the same training."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -14,13 +13,11 @@ from typing import Any
 import torch
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import KERNEL_LABELS, HardwareInfo, environment, hardware_for, probe_notice
+from dtypelab.core.hardware import HardwareInfo, environment, hardware_for, probe_notice
 from dtypelab.core.loop import build_model, to_device
 from dtypelab.core.options import parse_duration
 from dtypelab.core.policies import (
-    Autocast,
     Cast,
-    Float8Train,
     Plan,
     Precision,
     get_policy,
@@ -29,18 +26,24 @@ from dtypelab.core.policies import (
 )
 from dtypelab.core.results import (
     LayerChoice,
-    PlanEvaluation,
     TuneConfig,
     TuneReport,
     check_writable,
-    default_label,
     save_text,
-    tune_recommendation,
 )
 from dtypelab.core.task import Task
 from dtypelab.core.tolerance import Tolerance
 from dtypelab.numerics import audit
 from dtypelab.run import Target
+from dtypelab.tuning.explain import (
+    NOTHING_CHOSEN,
+    disturbance_note,
+    evaluation_record,
+    finish,
+    layer_why,
+    none_found,
+    nothing_to_search,
+)
 from dtypelab.tuning.infer import (
     FP32,
     InferenceBench,
@@ -53,11 +56,9 @@ from dtypelab.tuning.infer import (
 )
 from dtypelab.tuning.options import DEFAULT_CANDIDATES, TuneOptions
 from dtypelab.tuning.search import Evaluation, LayerScore, Limit, budget_for, pareto, search
-from dtypelab.tuning.timing import RETRIES
 from dtypelab.tuning.train import TrainBench, island_plan, train_evaluator, train_targets
 
 Progress = Callable[[str], None]
-NOTHING_CHOSEN = "float32 everywhere: no plan measured was faster than fp32 within the constraint"
 
 
 
@@ -110,9 +111,9 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
     cands = parse_policies(candidates or DEFAULT_CANDIDATES[mode])
     for plan in cands:
         # float8 training compiles by its nature (torchao needs it); any other compiled candidate is a plan choice
-        if plan.rules or (plan.compiles and not isinstance(plan.default, Float8Train)):
+        if plan.rules or (plan.compiles and not plan.default.always_compiles):
             raise DtypelabError(f"candidate {plan.name}: a candidate is one whole-model config, not a plan")
-        if mode == "train" and (not isinstance(plan.default, (Cast, Autocast, Float8Train)) or plan.default == FP32):
+        if mode == "train" and ("train" not in plan.default.tunes or plan.default == FP32):
             raise DtypelabError(f"candidate {plan.name}: training plans take a whole-model cast, autocast or float8 "
                                 "training (bf16, fp16, amp-bf16, amp-fp16, fp8-tensorwise), kept in fp32 on chosen "
                                 "layers")
@@ -137,59 +138,17 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
         cands = [p for p in cands if p.name not in slow]
     spec = target.spec
     if not cands:
-        report = _nothing_to_search(spec, task_obj, mode, slow, hw, min_cosine, tol, steps, batch_size)
+        report = nothing_to_search(spec, task_obj, mode, slow, hw, min_cosine, tol, steps, batch_size)
     elif mode == "train":
         report = _tune_train(spec, task_obj, cands, hw, tol, steps, probe_steps, batch_size, seed, progress, limit)
     else:
         report = _tune_infer(spec, task_obj, cands, hw, min_cosine, batch_size, opts.weights, seed, progress, limit)
-    report = _finish(replace(report, notes=tuple(notes) + report.notes), time.perf_counter() - start, bool(cands))
+    report = finish(replace(report, notes=tuple(notes) + report.notes), time.perf_counter() - start, bool(cands))
     if output:
         save_text(output, Plan.from_dict(report.plan).to_json() + "\n")
     if json_path:
         report.save(json_path)
     return report
-
-
-def _finish(report: TuneReport, wall_s: float, searched: bool) -> TuneReport:
-    """The record's time, and its decision: use the plan, or keep fp32 (and why)."""
-    rec = tune_recommendation(report.plan, report.speedup, report.explanation, searched)
-    return replace(report, wall_s=wall_s, created=time.strftime("%Y-%m-%dT%H:%M:%S"), recommendation=rec,
-                   plan_default=default_label(report.plan.get("default", {})))
-
-
-def _nothing_to_search(spec: str, task_obj: Task, mode: str, slow: dict[str, str], hw: HardwareInfo,
-                       min_cosine: float, tol: Tolerance, steps: int | None, batch_size: int | None) -> TuneReport:
-    """Every candidate was measured pathologically slow here: that is the answer (keep fp32), not an error."""
-    plan = Plan(FP32, name=f"{task_obj.name}-tuned", summary=NOTHING_CHOSEN)
-    train = mode == "train"
-    config = TuneConfig(task=spec, mode=mode, candidates=tuple(slow), min_cosine=0.0 if train else min_cosine,
-                        batch_size=batch_size or task_obj.batch_size, device=hw.device, budget=0,
-                        task_name=task_obj.name, metric=task_obj.metric if train else "",
-                        higher_is_better=task_obj.higher_is_better, tolerance=tol if train else None,
-                        steps=(steps or task_obj.steps) if train else 0)
-    why = "; ".join(f"{name}: {reason}" for name, reason in slow.items())
-    return TuneReport(config=config, environment=environment(hw), plan=plan.to_dict(), speedup=1.0,
-                      fidelity=1.0 if not train else math.nan,
-                      explanation=f"Keep fp32: every candidate is measured pathologically slow here ({why}); "
-                                  "nothing was searched. --force searches anyway.")
-
-
-def _record(e: Evaluation, sign: float = 1.0, candidate: str = "") -> PlanEvaluation:
-    fidelity = sign * e.fidelity if math.isfinite(e.fidelity) else math.nan
-    finite = not math.isnan(e.low)
-    return PlanEvaluation(tuple(sorted(e.layers)), e.speedup, fidelity, e.feasible, e.why, candidate,
-                          low=e.low if finite else None, high=e.high if finite else None, disturbed=e.disturbed)
-
-
-def _disturbance_note(evaluations: tuple[PlanEvaluation, ...]) -> tuple[str, ...]:
-    """Which evaluations other processes disturbed even after re-measuring, in words; () when none was."""
-    hit = [e for e in evaluations if e.disturbed]
-    if not hit:
-        return ()
-    return (f"Disturbance: other processes used the CPU during {len(hit)} of {len(evaluations)} evaluations' timings "
-            f"even after {RETRIES} re-measurements each (e.g. {hit[0].disturbed}); their intervals are wide, and a "
-            "plan is chosen only when its whole interval lies above 1.02x, so the choice may keep fp32 where a quiet "
-            "machine would convert: re-run on a quiet machine.",)
 
 
 def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, min_cosine: float,
@@ -229,7 +188,7 @@ def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
         else:
             timing, cos = bench.evaluate(plan)
             e = evaluation(frozenset(n for n, _ in plan.rules), timing, cos, cos >= min_cosine, why)
-        uniform.append(_record(e, candidate=cand.name))
+        uniform.append(evaluation_record(e, candidate=cand.name))
     best = result.best
     configs = chosen_configs(best.layers, choice) if best is not None else {}
     plan = replace(layer_plan(configs), name=f"{task_obj.name}-tuned",  # named even when it is fp32 throughout
@@ -240,28 +199,19 @@ def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
         if taken is not None and taken.name != s.config:  # converted by an alternative the refinement tried
             s = next(LayerScore(s.name, max(sens, 0.0), gain, c) for c, sens, gain in tried if c == taken.name)
         layers.append(LayerChoice(s.name, s.config, s.sensitivity, s.gain, taken is not None,
-                                  _why(s, taken is not None, best is not None, "per call, cosine cost"),
+                                  layer_why(s, taken is not None, best is not None, "per call, cosine cost"),
                                   tuple(tried)))
-    evaluations = tuple(_record(e) for e in result.evaluations)
+    evaluations = tuple(evaluation_record(e) for e in result.evaluations)
     return TuneReport(
         config=TuneConfig(task=spec, mode="infer", candidates=tuple(c.name for c in cands), min_cosine=min_cosine,
                           batch_size=bs, device=str(dev), budget=budget, task_name=task_obj.name),
         environment=environment(hw), plan=plan.to_dict(), speedup=best.speedup if best else 1.0,
         fidelity=best.fidelity if best else 1.0, layers=tuple(layers),
         evaluations=evaluations, uniform=tuple(uniform),
-        front=tuple(_record(e) for e in result.front), base_s=bench.base_s,
-        explanation="" if best else _none_found(tuple(uniform), evaluations, hw,
+        front=tuple(evaluation_record(e) for e in result.front), base_s=bench.base_s,
+        explanation="" if best else none_found(tuple(uniform), evaluations, hw,
                                                 f"a worst output cosine of {min_cosine:g}", "worst cosine"),
-        notes=_disturbance_note(evaluations + tuple(uniform)) + limit.notes(budget))
-
-
-def _why(s: LayerScore, chosen: bool, found: bool, units: str, kept: str = "kept fp32", extra: str = "") -> str:
-    alone = f"alone {s.gain * 1e6:+.1f} µs {units} {s.sensitivity:.2e}{extra}"
-    if chosen:
-        return f"converted ({alone}); the plan was measured end to end"
-    if not found:
-        return f"{kept} ({alone}): no plan measured was both faster than fp32 and within the constraint"
-    return f"{kept} ({alone}): the plans that converted it were slower or broke the constraint"
+        notes=disturbance_note(evaluations + tuple(uniform)) + limit.notes(budget))
 
 
 def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, tol: Tolerance,
@@ -274,7 +224,7 @@ def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
     names = train_targets(bench.base.model)
     if not names:
         raise DtypelabError(f"no layer of {task_obj.name}'s model owns parameters: nothing to choose")
-    for fmt in dict.fromkeys(c.default.dtype for c in cands):
+    for fmt in dict.fromkeys(c.default.range_dtype for c in cands if c.default.range_dtype):
         progress(f"range audit for {fmt}")
         bench.audits[fmt] = audit(task_obj, policy="fp32", steps=min(20, steps), formats=(fmt,), batch_size=bs,
                                   seed=seed, device=str(dev), hardware=hw)
@@ -306,12 +256,12 @@ def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
         chosen = best is not None and n in best.layers
         extra = f"; audit: {verdict}" if verdict else ""
         layers.append(LayerChoice(n, s.config, s.sensitivity, s.gain, chosen,
-                                  _why(s, chosen, best is not None, "per step, loss deviation", "fp32 island",
+                                  layer_why(s, chosen, best is not None, "per step, loss deviation", "fp32 island",
                                        extra), tried))
-    evaluations = tuple(_record(e, sign, c.name) for c, r, _ in found for e in r.evaluations)
-    uniform = tuple(_record(replace(e, why=f"{c.name} on every layer"), sign, c.name)
+    evaluations = tuple(evaluation_record(e, sign, c.name) for c, r, _ in found for e in r.evaluations)
+    uniform = tuple(evaluation_record(replace(e, why=f"{c.name} on every layer"), sign, c.name)
                     for c, r, _ in found for e in r.evaluations[:1])  # the search's first plan: all converted
-    front = tuple(_record(e, sign) for e in pareto([e for _, r, _ in found for e in r.evaluations]))
+    front = tuple(evaluation_record(e, sign) for e in pareto([e for _, r, _ in found for e in r.evaluations]))
     return TuneReport(
         config=TuneConfig(task=spec, mode="train", candidates=tuple(c.name for c in cands), min_cosine=0.0,
                           batch_size=bs, device=str(dev), budget=budget, task_name=task_obj.name,
@@ -320,33 +270,9 @@ def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
         environment=environment(hw), plan=plan.to_dict(), speedup=best.speedup if best else 1.0,
         fidelity=sign * best.fidelity if best else bench.base.metric, layers=tuple(layers),
         evaluations=evaluations, uniform=uniform, front=front, base_s=bench.base_s,
-        explanation="" if best else _none_found(uniform, evaluations, hw, f"its {task_obj.metric} within {tol} of "
+        explanation="" if best else none_found(uniform, evaluations, hw, f"its {task_obj.metric} within {tol} of "
                                                 f"fp32's ({bench.base.metric:.4g})", task_obj.metric),
-        notes=_disturbance_note(evaluations) + limit.notes(budget))
-
-
-def _none_found(uniform: tuple[PlanEvaluation, ...], evaluations: tuple[PlanEvaluation, ...], hw: HardwareInfo,
-                constraint: str, measure: str) -> str:
-    """Why no plan was chosen, in measured terms: the uniform candidates, the fastest plan that kept the
-    constraint, and the hardware probe's matmul ratio for each candidate's dtype."""
-    parts = [f"No plan measured was both measurably faster than fp32 (its whole 95% interval above 1.02x) and kept "
-             f"{constraint}."]
-    for u in uniform:
-        value = f"{u.fidelity:.5f}" if measure == "worst cosine" else f"{u.fidelity:.4g}"
-        parts.append(f"{u.why}: {u.speedup:.2f}x fp32's speed, {measure} {value}"
-                     f"{'' if u.feasible else ' (outside the constraint)'}.")
-    kept = [e for e in evaluations if e.feasible]
-    if kept:
-        top = max(kept, key=lambda e: e.speedup)
-        parts.append(f"The fastest plan that kept it ran at {top.speedup:.2f}x ({top.why}).")
-    base = hw.gflops.get("float32")
-    # each candidate's own kernel (fbgemm's int8 linear is not torchao's int8 matmul)
-    for key in dict.fromkeys(c.probe_key for u in uniform if u.candidate for c in get_policy(u.candidate).configs):
-        if base and hw.gflops.get(key) and key != "float32":
-            what = KERNEL_LABELS.get(key, f"{key} matmuls")
-            parts.append(f"The hardware probe measures {what} at {hw.gflops[key] / base:.2f}x "
-                         f"float32's on this {hw.device_name}.")
-    return " ".join(parts)
+        notes=disturbance_note(evaluations) + limit.notes(budget))
 
 
 def apply_plan(model: torch.nn.Module, plan: str | Plan | dict[str, Any], device: str | None = None

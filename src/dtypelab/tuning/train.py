@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from dtypelab.core.loop import build_trainable, evaluate, fit, to_device, train_step
-from dtypelab.core.policies import Autocast, Cast, Plan, Precision, single
+from dtypelab.core.policies import Cast, Plan, Precision, single
 from dtypelab.core.results import AuditReport
 from dtypelab.core.task import Task, call_model
 from dtypelab.core.tolerance import Tolerance, judge
@@ -187,10 +187,7 @@ class TrainBench:
 
 
 def _format(candidate: Plan) -> str | None:
-    config = candidate.default
-    if isinstance(config, (Cast, Autocast)) and config.dtype != "float32":
-        return config.dtype
-    return None
+    return candidate.default.range_dtype
 
 
 def train_evaluator(bench: TrainBench, candidate: Plan, layers: list[str]

@@ -1,23 +1,23 @@
-"""Precision configs: frozen, parameterised descriptions of how a module's numerics run (the torchao /
-Lightning Fabric shape). A config says *what*; ``precision.Precision`` applies it to a model.
+"""The base of every precision kind: a frozen, parameterised config (torchao's shape) whose methods are the hooks that
+say what the kind does to a model (Lightning Fabric's precision-plugin shape). ``precision.Precision`` combines the
+kinds of a plan, region by region, and calls these hooks; nothing else asks which kind a config is.
 
-Five kinds, each a handful of fields (``Quantize`` in ``quantize.py``, ``Float8Train`` in ``float8.py``):
-
-- ``Cast(dtype)``: weights, buffers, activations, gradients and optimizer state in one float dtype
-  (``Cast("float32")`` is the baseline).
-- ``TF32()``: float32 tensors, TF32 tensor-core matmuls and convolutions (a process-wide CUDA flag).
-- ``Autocast(dtype, scaler)``: float32 weights, ``torch.autocast`` to ``dtype`` in the forward pass,
-  optionally with a GradScaler (float16's narrow range needs one).
-- ``Quantize(scheme, backend, granularity, compile)``: inference only; the model's ``nn.Linear``
-  layers become int8 / fp8 / int4 ones (torchao, or the deprecated ``torch.ao.quantization``).
-- ``Float8Train(recipe)``: training only, CUDA only: the ``nn.Linear`` layers large enough to pay run float8
-  matmuls (torchao's ``convert_to_float8_training``), the rest of the model under bfloat16 autocast, compiled.
+A kind is one module: a ``Config`` subclass with a ``kind`` name (it registers itself when defined) and the hooks it
+needs; the defaults below do nothing. The built-in kinds are in ``kinds/`` (cast, tf32, autocast, quantize,
+float8); ``examples/custom_precision.py`` is one of a user's own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, TypeVar
+
+import torch
+from torch import nn
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
@@ -41,6 +41,15 @@ def bf16_missing(hw: HardwareInfo, what: str) -> str | None:
     return None
 
 
+def source_of(module_name: str) -> str | None:
+    """What imports the module a kind was defined in again, in another process: its file for a user's file, its
+    name for an importable module; None for dtypelab's own and for a script's ``__main__`` (not importable)."""
+    if module_name.startswith("dtypelab.") or module_name == "__main__":
+        return None
+    path = getattr(sys.modules.get(module_name), "__file__", None)
+    return os.path.abspath(path) if module_name.startswith("dtypelab_user_") and path else module_name
+
+
 @dataclass(frozen=True)
 class Config:
     """One way to run a module's numerics. Subclasses are frozen dataclasses; ``kind`` names them in JSON."""
@@ -53,17 +62,33 @@ class Config:
     arithmetic: ClassVar[str] = ""  # for formats that need saying: what the hardware really computes in
     emulated: ClassVar[bool] = False  # stored in the format, computed in a wider one: its speed is not its own
     compiles: ClassVar[bool] = False
+    always_compiles: ClassVar[bool] = False  # compiling is part of the kind (torchao's float8), not a plan's choice
     storage_dtype: ClassVar[str] = "float32"  # what the model's floats (and its inputs) are cast to
     autocast_dtype: ClassVar[str | None] = None  # the forward's autocast dtype, when the config runs one
     # a GPU format with no CPU path at all: a CPU run's default sweep leaves it out (tf32 stays in: it is the
     # first question on a GPU, and its one skipped row says where it runs)
     gpu_only: ClassVar[bool] = False
+    # What the capabilities ask of a kind:
+    tunes: ClassVar[tuple[str, ...]] = ()  # the modes in which `tune` may give single layers this config
+    promotable: ClassVar[bool] = False  # the autopilot may move a layer into it while training goes on
+    process_wide: ClassVar[bool] = False  # a process-wide setting (tf32): only a plan's default, alone
+    # the layers `tune` may give it: any leaf with weights for a cast, Linear layers for quantization
+    layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
     KINDS: ClassVar[dict[str, type[Config]]] = {}  # every kind by its JSON name, filled as subclasses are defined
+    SOURCES: ClassVar[dict[str, str]] = {}  # a user's kind: the file or module that defines it (see plugins.py)
+    load_source: ClassVar[Callable[[str], Any] | None] = None  # plugins.load_source, set when it is imported
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "kind" in cls.__dict__:
-            Config.KINDS[cls.kind] = cls
+            known = Config.KINDS.get(cls.kind)
+            if known is not None and known.__qualname__ != cls.__qualname__:
+                raise DtypelabError(f"precision kind {cls.kind!r} is defined twice ({known.__module__}."
+                                    f"{known.__qualname__} and {cls.__module__}.{cls.__qualname__})")
+            Config.KINDS[cls.kind] = cls  # a module loaded again (a file named twice) redefines its own kind
+            source = source_of(cls.__module__)
+            if source:
+                Config.SOURCES[cls.kind] = source
 
     @property
     def label(self) -> str:
@@ -76,6 +101,32 @@ class Config:
         its compute dtype, or the kernel a quantized config runs."""
         return self.compute_dtype
 
+    @property
+    def scales_loss(self) -> bool:
+        """Whether the backward pass runs through a GradScaler."""
+        return False
+
+    @property
+    def range_dtype(self) -> str | None:
+        """The float dtype other than float32 that a layer's values take in this config, whose range the tuner
+        checks against the layer's (its range audit), or None."""
+        return None
+
+    @property
+    def lightning(self) -> str | None:
+        """Lightning's ``precision=`` value for this config, or None when Lightning cannot express it."""
+        return None
+
+    def hf_arguments(self) -> tuple[dict[str, Any], str | None] | None:
+        """(``TrainingArguments`` flags, the dtype the model is loaded in or None) that make the Hugging Face
+        Trainer run this config; None when it cannot."""
+        return None
+
+    def promotion(self, bf16_fast: bool) -> Config | None:
+        """Where the autopilot moves a layer whose ranges are at risk in this config (``bf16_fast``: bfloat16 runs
+        natively here); None for float32."""
+        return None
+
     def describe(self) -> str:
         raise NotImplementedError
 
@@ -83,17 +134,83 @@ class Config:
         """Why this config cannot run on this hardware at all, or None when it can."""
         return None
 
+    def plan_error(self, plan: Any) -> str | None:
+        """Why ``plan`` (a ``Plan``), which holds this config, has no meaning (before any model is built), or None."""
+        return None
+
+    # --- the hooks Precision calls -------------------------------------------------------------------
+    def session(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+        """Process-wide state for the whole run (tf32's flags), restored afterwards."""
+        return contextlib.nullcontext()
+
+    def region(self, parent: Config, outer: torch.dtype) -> Config | None:
+        """How a module given this config, inside one running ``parent`` (the model computing in ``outer``), runs:
+        the config whose ``storage_dtype`` and ``autocast_dtype`` its region takes, or None for no region (it runs
+        as its neighbours do)."""
+        return self
+
+    def region_context(self, device_type: str) -> contextlib.AbstractContextManager[Any]:
+        """The autocast state inside a region of this config."""
+        if self.autocast_dtype is not None:
+            return torch.autocast(device_type, dtype=getattr(torch, self.autocast_dtype))
+        return torch.autocast(device_type, enabled=False)
+
+    def convert_module(self, model: nn.Module, names: list[str]) -> tuple[nn.Module, dict[str, Any]]:
+        """The model with the modules called ``names`` (those this config covers) converted, and what the record
+        should say of it (``format``, ``converted``, ``left_out``), after the casts and regions."""
+        return model, {}
+
+    def forward_context(self, device_type: str) -> contextlib.AbstractContextManager[Any]:
+        """The context of the forward pass and the loss, when this config is the plan's default."""
+        if self.autocast_dtype is not None:
+            return torch.autocast(device_type, dtype=getattr(torch, self.autocast_dtype))
+        return contextlib.nullcontext()
+
+    def convert_output(self, output: Any) -> Any:
+        """A script model's outputs, before the script's own loss (outside the forward context)."""
+        return output
+
+    def convert_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        """The optimizer the model trains with: the task's or script's own, converted or replaced (once, before the
+        first step)."""
+        return optimizer
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, step: Callable[[], Any]) -> Any:
+        """One optimizer step: ``step()`` runs it (through the GradScaler under a scaling policy); a kind that keeps
+        its own state around the step (a master copy) wraps it."""
+        return step()
+
+    def promoted_state(self, value: torch.Tensor, param: nn.Parameter) -> torch.Tensor:
+        """An optimizer state tensor of a parameter the autopilot just moved to another dtype (Adam's moments
+        follow the weights)."""
+        return value.to(param.dtype) if value.is_floating_point() else value
+
+    # --- JSON --------------------------------------------------------------------------------------
+    def __reduce__(self) -> Any:
+        if Config.SOURCES.get(self.kind):  # a user's kind pickles as its JSON: unpickling imports its file first
+            return (config_from_dict, (self.to_dict(),))
+        return super().__reduce__()
+
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, **asdict(self)}
+        source = Config.SOURCES.get(self.kind)
+        return {"kind": self.kind, **asdict(self), **({"source": source} if source else {})}
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Config:
-        kinds = Config.KINDS  # the package imports every kind's module (quantize, float8) before any lookup
+        kinds = Config.KINDS  # the package imports every built-in kind before any lookup
         d = dict(d)
-        kind = kinds.get(d.pop("kind", None))
+        name, source = d.pop("kind", None), d.pop("source", None)
+        if name not in kinds and source and Config.load_source is not None:
+            Config.load_source(source)  # a user's kind, in a process that has not loaded its file yet
+        kind = kinds.get(name)
         if kind is None:
-            raise DtypelabError(f"unknown config kind in {d!r}: use one of {', '.join(kinds)}")
+            raise DtypelabError(f"unknown config kind {name!r} in {d!r}: use one of {', '.join(kinds)}, or load "
+                                "the file that defines it (--policies FILE.py:NAME)")
         return from_fields(kind, d, f"{kind.kind} config")
+
+
+def config_from_dict(d: dict[str, Any]) -> Config:
+    return Config.from_dict(d)
 
 
 def from_fields(cls: type[T], d: dict[str, Any], what: str) -> T:
@@ -104,92 +221,6 @@ def from_fields(cls: type[T], d: dict[str, Any], what: str) -> T:
         raise DtypelabError(f"{what}: unknown field(s) {', '.join(sorted(unknown))}; known: "
                             f"{', '.join(sorted(known)) or 'none'}")
     return cls(**d)
-
-
-@dataclass(frozen=True)
-class Cast(Config):
-    """Pure precision: the module's parameters, buffers and floating inputs all in ``dtype``."""
-
-    kind: ClassVar[str] = "cast"
-    dtype: str = "float32"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", _float_dtype(self.dtype, "cast"))
-
-    @property
-    def compute_dtype(self) -> str:
-        return self.dtype
-
-    @property
-    def storage_dtype(self) -> str:
-        return self.dtype
-
-    @property
-    def label(self) -> str:
-        return SHORT[self.dtype]
-
-    def describe(self) -> str:
-        if self.dtype == "float32":
-            return "float32 everywhere (baseline)"
-        scaling = ", no loss scaling" if self.dtype == "float16" else ""
-        return f"{self.dtype} weights, activations, gradients and optimizer state{scaling}"
-
-    def supported(self, hw: HardwareInfo) -> str | None:
-        return bf16_missing(hw, "bfloat16") if self.dtype == "bfloat16" else None
-
-
-@dataclass(frozen=True)
-class TF32(Config):
-    """float32 storage, matmuls and convolutions on tensor cores with a 10-bit mantissa (CUDA only)."""
-
-    kind: ClassVar[str] = "tf32"
-    compute_dtype: ClassVar[str] = "tf32"
-    label: ClassVar[str] = "tf32"
-
-    def describe(self) -> str:
-        return "float32 tensors, TF32 tensor-core matmuls and convolutions"
-
-    def supported(self, hw: HardwareInfo) -> str | None:
-        if not hw.is_cuda:
-            return "tf32 is a CUDA tensor-core mode (Ampere or newer); this run is on the CPU"
-        if hw.native("tf32") is False:
-            return f"tf32 needs compute capability >= 8.0 (this GPU is {hw.cuda_capability})"
-        return None
-
-
-@dataclass(frozen=True)
-class Autocast(Config):
-    """float32 weights; eligible forward ops run in ``dtype`` under ``torch.autocast``; ``scaler`` adds a
-    GradScaler (scale per step, skipped steps and their non-finite parameters are recorded)."""
-
-    kind: ClassVar[str] = "autocast"
-    dtype: str = "bfloat16"
-    scaler: bool = False
-
-    def __post_init__(self) -> None:
-        dtype = _float_dtype(self.dtype, "autocast")
-        if dtype not in ("bfloat16", "float16"):
-            raise DtypelabError(f"autocast: dtype must be bfloat16 or float16, not {dtype}")
-        object.__setattr__(self, "dtype", dtype)
-
-    @property
-    def compute_dtype(self) -> str:
-        return self.dtype
-
-    @property
-    def autocast_dtype(self) -> str:
-        return self.dtype
-
-    @property
-    def label(self) -> str:
-        return f"amp-{SHORT[self.dtype]}" + ("" if self.scaler == (self.dtype == "float16") else
-                                             ("+scaler" if self.scaler else "-noscaler"))
-
-    def describe(self) -> str:
-        return f"torch.autocast({self.dtype}){' + GradScaler' if self.scaler else ''}, float32 weights"
-
-    def supported(self, hw: HardwareInfo) -> str | None:
-        return bf16_missing(hw, "bfloat16 autocast") if self.dtype == "bfloat16" else None
 
 
 def cuda_missing(hw: HardwareInfo, what: str, floor: tuple[int, int]) -> str | None:

@@ -16,16 +16,15 @@ import fnmatch
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from torch import nn
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config
+from dtypelab.core.policies.configs import Config
 from dtypelab.core.policies.distributed import Distributed
-from dtypelab.core.policies.quantize import Quantize
 
 PLAN_SCHEMA = "dtypelab.plan"
 PLAN_VERSION = 1
@@ -85,18 +84,15 @@ class Plan:
                     re.compile(pattern[3:])
                 except re.error as exc:
                     raise DtypelabError(f"plan pattern {pattern!r} is not a valid regular expression: {exc}") from None
-            if isinstance(config, TF32) or (isinstance(self.default, TF32) and config != self.default):
-                raise DtypelabError(f"plan {self.name}: tf32 is a process-wide setting; it can only be the plan's "
-                                    f"default, alone (rule {pattern!r})")
-            if isinstance(config, Quantize) and config.library == "torch.ao" and self.default != Cast("float32"):
-                raise DtypelabError(f"plan {self.name}: torch.ao quantization needs float32 layers; the default "
-                                    f"is {self.default.label} (rule {pattern!r})")
-            if isinstance(config, Quantize) and config.compile != self.compiles:
-                raise DtypelabError(f"plan {self.name}: compile applies to the whole model; give every quantize "
-                                    "config the same compile setting")
-        if isinstance(self.default, Quantize) and any(isinstance(c, Autocast) for c in self.configs):
-            raise DtypelabError(f"plan {self.name}: autocast rules need an unquantized default")
-        if self.distributed is not None and any(isinstance(c, Quantize) for c in self.configs):
+            if config.process_wide or (self.default.process_wide and config != self.default):
+                raise DtypelabError(f"plan {self.name}: {config.label if config.process_wide else self.default.label}"
+                                    " is a process-wide setting; it can only be the plan's default, alone (rule "
+                                    f"{pattern!r})")
+        for config in self.configs:
+            why = config.plan_error(self)
+            if why:
+                raise DtypelabError(f"plan {self.name}: {why}")
+        if self.distributed is not None and "train" not in self.modes:
             raise DtypelabError(f"plan {self.name}: distributed modifiers are for training; quantized plans are "
                                 "inference-only")
 
@@ -119,7 +115,7 @@ class Plan:
 
     @property
     def uses_scaler(self) -> bool:
-        return any(isinstance(c, Autocast) and c.scaler for c in self.configs)
+        return any(c.scales_loss for c in self.configs)
 
     @property
     def compiles(self) -> bool:
@@ -149,7 +145,8 @@ class Plan:
         """This plan under torch.compile, named NAME+compile (a quantize config compiles itself)."""
         if self.compiles:
             return self
-        swap = {c: replace(c, compile=True) for c in self.configs if isinstance(c, Quantize)}
+        # a kind with a compile field of its own (quantize) compiles itself
+        swap = {c: replace(c, compile=True) for c in self.configs if "compile" in {f.name for f in fields(c)}}
         if swap:
             return Plan(swap.get(self.default, self.default), tuple((p, swap.get(c, c)) for p, c in self.rules),
                         name=f"{self.name}+compile", distributed=self.distributed)
@@ -269,4 +266,4 @@ def single(config: Config, name: str = "", summary: str = "") -> Plan:
     return Plan(config, (), name=name, summary=summary)
 
 
-__all__ = ["PLAN_SCHEMA", "TF32", "Autocast", "Availability", "Cast", "Config", "Plan", "Quantize", "single"]
+__all__ = ["PLAN_SCHEMA", "Availability", "Plan", "single"]

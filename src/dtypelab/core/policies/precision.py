@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import types
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,12 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from dtypelab.core.backends import quiet, torchao_module
+from dtypelab.core.backends import quiet
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.policies.configs import TF32, Autocast, Cast, Config
-from dtypelab.core.policies.float8 import Float8Train, float8_unfit
+from dtypelab.core.policies.configs import Config
 from dtypelab.core.policies.plan import Plan
-from dtypelab.core.policies.quantize import INT4_GROUP, Quantize
 from dtypelab.core.scaler import ScalerLog
 from dtypelab.core.task import map_tensors
 
@@ -49,9 +47,7 @@ class Region:
     output_dtype: torch.dtype | None
 
     def context(self) -> contextlib.AbstractContextManager[Any]:
-        if self.config.autocast_dtype is not None:
-            return torch.autocast(self.device_type, dtype=getattr(torch, self.config.autocast_dtype))
-        return torch.autocast(self.device_type, enabled=False)
+        return self.config.region_context(self.device_type)
 
 
 def _region_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -62,8 +58,16 @@ def _region_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return _floats_to(region.output_dtype, out)
 
 
+def _merge(conversion: dict[str, Any], report: dict[str, Any]) -> None:
+    if "format" in report:
+        conversion["format"] = ", ".join(dict.fromkeys(filter(None, [conversion.get("format"), report["format"]])))
+    for key in ("converted", "left_out"):
+        if key in report:
+            conversion.setdefault(key, []).extend(report[key])
+
+
 class Precision:
-    """A plan's hooks for one model on ``device``."""
+    """A plan's hooks for one model on ``device``: each kind's hooks, combined region by region."""
 
     def __init__(self, plan: Plan, device: torch.device | str = "cpu") -> None:
         self.plan = plan
@@ -71,7 +75,6 @@ class Precision:
         default = plan.default
         # a pure cast, or a quantized model whose kernels take bfloat16 activations (fp8 dynamic, int4)
         self._cast = getattr(torch, default.storage_dtype) if default.storage_dtype != "float32" else None
-        self._autocast = getattr(torch, default.autocast_dtype) if default.autocast_dtype else None
         self._conversion: dict[str, Any] = {}
         self._scaler = torch.amp.GradScaler(self.device.type) if plan.uses_scaler else None
         self._log = ScalerLog() if self._scaler is not None else None
@@ -84,21 +87,15 @@ class Precision:
     # --- hooks ----------------------------------------------------------------------------------
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
-        """Set process-wide state for the run and restore it afterwards."""
+        """Set process-wide state for the run (each kind's) and restore it afterwards."""
         with contextlib.ExitStack() as stack:
-            if isinstance(self.plan.default, TF32):
-                stack.enter_context(_tf32())
-            if any(isinstance(c, Quantize) and c.compile for c in self.plan.configs):
-                # torchao's recommended inductor settings, patched for the run only (its configs would set
-                # them process-wide; every config here passes set_inductor_config=False).
-                from torch._inductor import config
-
-                stack.enter_context(config.patch(coordinate_descent_tuning=True, force_fuse_int_mm_with_mul=True))
-                stack.enter_context(quiet())
+            for config in self.plan.configs:
+                stack.enter_context(config.session(self.device))
             yield
 
     def convert_module(self, model: nn.Module) -> nn.Module:
-        """The model under the plan: cast, regions wrapped, linear layers quantized, compiled if asked."""
+        """The model under the plan: cast, regions wrapped, each kind's own conversion of the modules it covers
+        (linear layers quantized, float8), compiled if asked."""
         assigned = self.plan.assign(model)
         if self._cast is not None:
             model = model.to(self._cast)
@@ -108,20 +105,12 @@ class Precision:
         modules = dict(model.named_modules(remove_duplicate=False))
         for name, config in assigned.items():
             parent = assigned.get(name.rpartition(".")[0]) if name else self.plan.default
-            if not name or config == parent or isinstance(config, Float8Train):
-                continue  # a float8 layer takes whatever its neighbours compute in
-            if isinstance(config, Quantize):
-                if config.storage_dtype != "float32" and getattr(torch, config.storage_dtype) != outer:
-                    # its kernel takes bfloat16 activations: the layer in bfloat16, its outputs cast back
-                    self._region(modules[name], Cast(config.storage_dtype), getattr(torch, config.storage_dtype),
-                                 outer)
-                continue
-            dtype = getattr(torch, config.storage_dtype)
-            if isinstance(config, Cast) and dtype == outer and parent.autocast_dtype is None:
-                continue  # runs as its parent does already (e.g. a layer excluded from quantization)
-            self._region(modules[name], config, dtype, outer)
-        model, self._conversion = _float8(model, assigned)
-        model = _quantize(model, assigned, self._conversion)
+            region = config.region(parent, outer) if name and config != parent else None
+            if region is not None:
+                self._region(modules[name], region, getattr(torch, region.storage_dtype), outer)
+        for config in self.plan.configs:
+            model, report = config.convert_module(model, [n for n, c in assigned.items() if c == config])
+            _merge(self._conversion, report)
         if self._log is not None:
             self._log.params = list(model.named_parameters())  # to name the parameters on skipped steps
         if self.plan.compiles:
@@ -133,28 +122,28 @@ class Precision:
     def _region(self, module: nn.Module, config: Config, dtype: torch.dtype, outer: torch.dtype) -> None:
         module.to(dtype)
         # Under an autocast default, autocast itself mixes dtypes; elsewhere the next layer expects `outer`.
-        out_dtype = None if self._autocast is not None else outer
+        out_dtype = None if self.plan.default.autocast_dtype is not None else outer
         module._dtypelab_region = Region(self.device.type, config, dtype, out_dtype)
         module.forward = types.MethodType(_region_forward, module)
 
     def promote(self, model: nn.Module, name: str, config: Config,
                 optimizer: torch.optim.Optimizer | None = None) -> Plan:
-        """Run module ``name`` of a model this precision converted in ``config`` (a Cast or an Autocast) from now on,
-        while training goes on: its weights (and their optimizer state) take the config's dtype, its inputs are
-        cast to it and its outputs back to what the next layer expects. Returns the plan now in force (the
-        old one with a rule for ``name``), which this precision also adopts."""
-        if not isinstance(config, (Cast, Autocast)):
+        """Run module ``name`` of a model this precision converted in ``config`` (a promotable kind: a cast or an
+        autocast) from now on, while training goes on: its weights take the config's dtype and their optimizer
+        state follows as the plan's default kind says, its inputs are cast to it and its outputs back to what the
+        next layer expects. Returns the plan now in force (the old one with a rule for ``name``), which this
+        precision also adopts."""
+        if not config.promotable:
             raise DtypelabError(f"a layer can be moved to a cast or an autocast config, not {config.label}")
         module = dict(model.named_modules())[name]
-        dtype = getattr(torch, config.dtype) if isinstance(config, Cast) else torch.float32
-        self._region(module, config, dtype, self._cast or torch.float32)
+        self._region(module, config, getattr(torch, config.storage_dtype), self._cast or torch.float32)
         if optimizer is not None:  # Adam's moments in the old dtype would not match the weights any more
             owned = {id(p) for p in module.parameters()}
             for p, state in optimizer.state.items():
                 if id(p) in owned:
                     for k, v in state.items():
-                        if isinstance(v, torch.Tensor) and v.is_floating_point() and k != "step":
-                            state[k] = v.to(p.dtype)
+                        if isinstance(v, torch.Tensor) and k != "step":
+                            state[k] = self.plan.default.promoted_state(v, p)
         rules = (*((p, c) for p, c in self.plan.rules if p != name), (name, config))
         self.plan = dataclasses.replace(self.plan, rules=rules, name="")
         return self.plan
@@ -171,24 +160,65 @@ class Precision:
         return _floats_to(self.input_dtype if every else self._cast, batch)
 
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
-        if self._autocast is not None:
-            return torch.autocast(self.device.type, dtype=self._autocast)
-        return contextlib.nullcontext()
+        return self.plan.default.forward_context(self.device.type)
+
+    def convert_output(self, output: Any) -> Any:
+        """A script model's outputs before its own loss, as the plan's default kind says (autocast: float32)."""
+        return self.plan.default.convert_output(output)
 
     def backward(self, loss: torch.Tensor) -> None:
         (self._scaler.scale(loss) if self._scaler is not None else loss).backward()
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Step the optimizer; False when the step was skipped (GradScaler found inf/NaN gradients)."""
+    def convert_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        """The optimizer ``model`` trains with, through every kind's hook (once, after ``convert_module``)."""
+        for config in self.plan.configs:
+            optimizer = config.convert_optimizer(optimizer, model)
+        return optimizer
+
+    def step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
+        """One optimizer's step through the kinds' hooks: GradScaler's step under a scaling policy (its update is
+        ``update``'s, once every optimizer of the training step has stepped)."""
+        scaler = self._scaler
+        if closure is not None and scaler is not None:
+            raise DtypelabError(f"{self.name}: torch's GradScaler cannot step an optimizer with a closure "
+                                f"({type(optimizer).__name__}.step(closure))")
+        wrapping = [c for c in self.plan.configs if type(c).optimizer_step is not Config.optimizer_step]
+        if closure is not None and wrapping:
+            # a kind's own step (a master copy) runs around the update alone: the closure's forward and backward
+            # first, as Lightning's mixed precision does; an optimizer that re-evaluates it (LBFGS) cannot
+            if isinstance(optimizer, torch.optim.LBFGS):
+                raise DtypelabError(f"{self.name}: {wrapping[0].label} runs its own optimizer step, and "
+                                    f"{type(optimizer).__name__} evaluates its closure inside the step")
+            with torch.enable_grad():
+                loss = closure()
+            self.step(optimizer)
+            return loss
+
+        def run() -> Any:
+            if scaler is None:
+                return optimizer.step() if closure is None else optimizer.step(closure)
+            scaler.step(optimizer)
+            return None
+
+        for config in reversed(self.plan.configs):  # the default's hook outermost
+            run = functools.partial(config.optimizer_step, optimizer, run)
+        return run()
+
+    def update(self, step: int | None = None) -> bool:
+        """The end of a training step's updates: GradScaler's update. False when the step was skipped (it found
+        inf/NaN gradients); ``step`` numbers it in the record (default: the updates so far)."""
         if self._scaler is None:
-            optimizer.step()
             return True
         scale = self._scaler.get_scale()
-        self._scaler.step(optimizer)
         self._scaler.update()
-        skipped = self._log.record(self._step, scale, self._scaler.get_scale())
+        skipped = self._log.record(self._step if step is None else step, scale, self._scaler.get_scale())
         self._step += 1
         return not skipped
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step the (one) optimizer; False when the step was skipped (GradScaler found inf/NaN gradients)."""
+        self.step(optimizer)
+        return self.update()
 
     # --- what audit, trace and the record read ----------------------------------------------------
     def grad_scale(self) -> float:
@@ -207,93 +237,3 @@ class Precision:
         """Which layers a float8 / int4 conversion took and which it left out, each with why (its shape): what the
         record says when such a policy gains less than its format promises. Empty for every other plan."""
         return dict(self._conversion)
-
-
-@contextlib.contextmanager
-def _tf32() -> Iterator[None]:
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
-    saved = (matmul.fp32_precision, conv.fp32_precision)
-    matmul.fp32_precision, conv.fp32_precision = "tf32", "tf32"
-    try:
-        yield
-    finally:
-        matmul.fp32_precision, conv.fp32_precision = saved
-
-
-def _float8(model: nn.Module, assigned: dict[str, Config]) -> tuple[nn.Module, dict[str, Any]]:
-    """The linear layers the plan gives a ``Float8Train`` config, converted to torchao's ``Float8Linear`` where
-    their shape pays (``Float8Train.left_out``); the rest stay as they are. Returns the model and what was done."""
-    groups = _linear_names(model, assigned, Float8Train)
-    if not groups:
-        return model, {}
-    float8 = torchao_module("float8")
-    modules = dict(model.named_modules())
-    converted: list[str] = []
-    left_out: list[dict[str, str]] = []
-    for config, names in groups.items():
-        chosen = set()
-        for name in names:
-            why = config.left_out(modules[name].out_features, modules[name].in_features)
-            if why:
-                left_out.append({"layer": name, "why": why})
-            else:
-                chosen.add(name)
-        if chosen:
-            with quiet():
-                model = float8.convert_to_float8_training(
-                    model, config=float8.Float8LinearConfig.from_recipe_name(config.recipe),
-                    module_filter_fn=lambda m, fqn, chosen=chosen: fqn in chosen)
-        converted += sorted(chosen)
-    formats = ", ".join(f"float8 training ({c.recipe})" for c in groups)
-    return model, {"format": formats, "converted": converted, "left_out": left_out}
-
-
-def _unfit(config: Quantize, layer: nn.Linear) -> str | None:
-    """Why a GPU format's kernel cannot take this layer (torchao would leave it as it is, silently), or None."""
-    n, k = layer.out_features, layer.in_features
-    if config.scheme == "int4-weight-only" and (k % INT4_GROUP or n % 8):  # tinygemm: whole groups, tiles of 8
-        return f"{n}×{k}: int4 needs the input width a multiple of {INT4_GROUP} (its group size) and the outputs of 8"
-    return float8_unfit(n, k) if config.scheme == "fp8-dynamic" else None
-
-
-def _quantize(model: nn.Module, assigned: dict[str, Config], conversion: dict[str, Any]) -> nn.Module:
-    """Each quantize config applied to exactly the linear layers the plan gives it; a GPU format's layers its kernel
-    cannot take are left out, and ``conversion`` says so."""
-    groups = _linear_names(model, assigned, Quantize)
-    modules = dict(model.named_modules())
-    for config, names in groups.items():
-        if config.gpu_only:
-            unfit = {n: why for n in names if (why := _unfit(config, modules[n]))}
-            groups[config] = [n for n in names if n not in unfit]
-            conversion.setdefault("format", config.label)
-            conversion.setdefault("converted", []).extend(groups[config])
-            conversion.setdefault("left_out", []).extend({"layer": n, "why": why} for n, why in unfit.items())
-    torchao = {c: names for c, names in groups.items() if c.library == "torchao"}
-    legacy = {c: names for c, names in groups.items() if c.library == "torch.ao"}
-    if torchao:
-        quantization = torchao_module("quantization")
-        with quiet():
-            for config, names in torchao.items():
-                chosen = set(names)
-                quantization.quantize_(model, config.torchao_config(),
-                                       filter_fn=lambda m, fqn, chosen=chosen: fqn in chosen)
-    if legacy:
-        with warnings.catch_warnings():
-            # its deprecation notices (and torch.jit's, from its packed modules): the policy's summary says so
-            warnings.simplefilter("ignore")
-            from torch.ao import quantization as tq
-
-            spec = {name: tq.per_channel_dynamic_qconfig if c.granularity == "per-channel" else
-                    tq.default_dynamic_qconfig for c, names in legacy.items() for name in names}
-            model = tq.quantize_dynamic(model, spec, dtype=torch.qint8)
-    return model
-
-
-def _linear_names(model: nn.Module, assigned: dict[str, Config], kind: type[Config]) -> dict[Config, list[str]]:
-    """The ``nn.Linear`` modules assigned a config of ``kind``, grouped by config."""
-    out: dict[Config, list[str]] = {}
-    for name, module in model.named_modules():
-        config = assigned.get(name)
-        if isinstance(module, nn.Linear) and isinstance(config, kind):
-            out.setdefault(config, []).append(name)
-    return out

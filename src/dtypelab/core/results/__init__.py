@@ -11,7 +11,7 @@ from dtypelab.core.results.audit import (
     LayerAudit,
     Risk,
 )
-from dtypelab.core.results.autopilot import AUTOPILOT_SCHEMA, AutopilotConfig, AutopilotReport, Move, Rollback
+from dtypelab.core.results.autopilot import AUTOPILOT_SCHEMA, AutopilotConfig, AutopilotReport, Move, Rollback, Rules
 from dtypelab.core.results.bench import (
     PER_LAYER_SAMPLES,
     SCHEMA,
@@ -54,9 +54,7 @@ from dtypelab.core.results.tune import (
 )
 from dtypelab.core.tolerance import BASELINE, COMPILED_BASELINE, Tolerance
 
-KINDS = {AUDIT_SCHEMA: AuditReport, AUTOPILOT_SCHEMA: AutopilotReport, TRACE_SCHEMA: TraceReport,
-         LINT_SCHEMA: LintReport, TUNE_SCHEMA: TuneReport,
-         SCHEMA: Report}  # every record kind by its "schema" field
+KINDS = Record.KINDS  # every record kind by its "schema" field: each registers itself when its module is imported
 
 __all__ = [
     "AUTOPILOT_SCHEMA",
@@ -64,6 +62,7 @@ __all__ = [
     "AutopilotReport",
     "Move",
     "Rollback",
+    "Rules",
     "AUDIT_SCHEMA",
     "BASELINE",
     "CATEGORIES",

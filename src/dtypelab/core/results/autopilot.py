@@ -10,7 +10,25 @@ from dtypelab.core.results.store import Record
 from dtypelab.core.results.trace import Finding
 
 AUTOPILOT_SCHEMA = "dtypelab.autopilot"
-AUTOPILOT_VERSION = 1
+AUTOPILOT_VERSION = 2  # 2: the rules' thresholds in one Rules object (1: flat fields of the config)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """When the autopilot moves a layer (``piloting.controller`` applies them; the record keeps them as they ran):
+    its largest |value| past ``headroom`` of its format's limit on ``confirm`` readings in a row (at once past
+    ``at_once``); its trend line crossing the limit within ``horizon`` steps (0: two readings), fitted on the last
+    ``trend_points`` readings, only past ``trend_from`` of the limit and while its latest log-growth keeps
+    ``trend_keep`` of the line's slope; more than ``underflow_share`` of its weight gradient flushed to zero."""
+
+    headroom: float = 0.5
+    horizon: int = 0
+    trend_from: float = 0.1
+    trend_keep: float = 0.5
+    at_once: float = 0.9
+    underflow_share: float = 0.5
+    confirm: int = 2
+    trend_points: int = 4
 
 
 @dataclass(frozen=True)
@@ -48,12 +66,9 @@ class AutopilotConfig:
     device: str
     sample_every: int  # steps between two readings of every layer's ranges; 0: automatic (see the report's)
     promote_to: str  # the config a moved layer gets ("fp32", "bf16", "amp-bf16")
-    headroom: float  # a layer is moved when its amax passes this share of the format's limit ...
-    horizon: int  # ... or its trend says it will pass the limit within this many steps (0: two readings)
     max_rollbacks: int
     task_name: str = ""
-    trend_from: float = 0.1  # ... and only once its amax has passed this share of the limit ...
-    trend_keep: float = 0.5  # ... and while its latest log-growth keeps this share of the earlier readings'
+    rules: Rules = field(default_factory=Rules)  # when a layer moves
 
 
 @dataclass(frozen=True)
@@ -85,3 +100,13 @@ class AutopilotReport(Record):
 
     schema = AUTOPILOT_SCHEMA
     version = AUTOPILOT_VERSION
+
+
+def _rules_in_one(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 kept the thresholds as the config's own fields."""
+    config = dict(d.get("config") or {})
+    config["rules"] = {k: config.pop(k) for k in ("headroom", "horizon", "trend_from", "trend_keep") if k in config}
+    return {**d, "config": config}
+
+
+AutopilotReport.migrations = {1: _rules_in_one}

@@ -41,8 +41,14 @@ class Record:
 
     __pydantic_config__ = RECORD_CONFIG
     schema: ClassVar[str]
+    KINDS: ClassVar[dict[str, type[Record]]] = {}  # every record kind by its "schema", filled as each is defined
     version: ClassVar[int] = 2  # the kinds that have not changed since the shared version 2
     migrations: ClassVar[dict[int, Callable[[dict[str, Any]], dict[str, Any]]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "schema" in cls.__dict__:  # a kind registers itself: load_record finds it by its file's "schema"
+            Record.KINDS[cls.schema] = cls
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types, non-finite floats as strings."""

@@ -3,16 +3,21 @@ or the deprecated ``torch.ao.quantization``)."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+from torch import nn
 
-from dtypelab.core.backends import torchao_missing, torchao_module
+from dtypelab.core.backends import quiet, torchao_missing, torchao_module
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies.configs import Config, cuda_missing
+from dtypelab.core.policies.kinds.cast import Cast
+from dtypelab.core.policies.kinds.float8 import float8_unfit
 
 # scheme -> (what it stores and computes, compute dtype for the probe, emulated)
 SCHEMES = {
@@ -45,6 +50,8 @@ class Quantize(Config):
 
     kind: ClassVar[str] = "quantize"
     modes: ClassVar[tuple[str, ...]] = ("infer",)
+    tunes: ClassVar[tuple[str, ...]] = ("infer",)
+    layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear,)
     scheme: str = "int8-dynamic"
     library: str = "torchao"
     granularity: str = "per-channel"
@@ -150,6 +157,16 @@ class Quantize(Config):
             return "torch.compile on the CPU needs a C++ compiler (g++ or clang++), none found"
         return None
 
+    def plan_error(self, plan: Any) -> str | None:
+        rule = next((p for p, c in plan.rules if c == self), None)
+        if self.library == "torch.ao" and rule is not None and plan.default != Cast("float32"):
+            return f"torch.ao quantization needs float32 layers; the default is {plan.default.label} (rule {rule!r})"
+        if rule is not None and self.compile != plan.compiles:
+            return "compile applies to the whole model; give every quantize config the same compile setting"
+        if plan.default == self and any(c.autocast_dtype for c in plan.configs):
+            return "autocast rules need an unquantized default"
+        return None
+
     def torchao_config(self) -> Any:
         """The torchao config object (``set_inductor_config=False``: dtypelab patches inductor per run, never
         process-wide)."""
@@ -165,3 +182,57 @@ class Quantize(Config):
             return q.Int4WeightOnlyConfig(group_size=INT4_GROUP, int4_packing_format="tile_packed_to_4d",
                                           set_inductor_config=False)
         return q.Float8WeightOnlyConfig(weight_dtype=torch.float8_e4m3fn, set_inductor_config=False)
+
+    # --- hooks ---------------------------------------------------------------------------------------
+    def session(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+        if not self.compile:
+            return contextlib.nullcontext()
+        # torchao's recommended inductor settings, patched for the run only (its configs would set them
+        # process-wide; every config here passes set_inductor_config=False).
+        from torch._inductor import config
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(config.patch(coordinate_descent_tuning=True, force_fuse_int_mm_with_mul=True))
+        stack.enter_context(quiet())
+        return stack
+
+    def region(self, parent: Config, outer: torch.dtype) -> Config | None:
+        if self.storage_dtype != "float32" and getattr(torch, self.storage_dtype) != outer:
+            return Cast(self.storage_dtype)  # its kernel takes bfloat16 activations: the layer in bfloat16
+        return None
+
+    def convert_module(self, model: nn.Module, names: list[str]) -> tuple[nn.Module, dict[str, Any]]:
+        """Exactly the linear layers called ``names`` quantized; a GPU format's layers its kernel cannot take are
+        left out, and the report says so."""
+        modules = dict(model.named_modules())
+        names = [n for n in names if isinstance(modules[n], nn.Linear)]
+        report: dict[str, Any] = {}
+        if self.gpu_only:
+            unfit = {n: why for n in names if (why := self.unfit(modules[n]))}
+            names = [n for n in names if n not in unfit]
+            report = {"format": self.label, "converted": list(names),
+                      "left_out": [{"layer": n, "why": why} for n, why in unfit.items()]}
+        if not names:
+            return model, report
+        if self.library == "torchao":
+            chosen = set(names)
+            with quiet():
+                torchao_module("quantization").quantize_(model, self.torchao_config(),
+                                                         filter_fn=lambda m, fqn: fqn in chosen)
+            return model, report
+        with warnings.catch_warnings():
+            # its deprecation notices (and torch.jit's, from its packed modules): the policy's summary says so
+            warnings.simplefilter("ignore")
+            from torch.ao import quantization as tq
+
+            qconfig = tq.per_channel_dynamic_qconfig if self.granularity == "per-channel" else \
+                tq.default_dynamic_qconfig
+            return tq.quantize_dynamic(model, dict.fromkeys(names, qconfig), dtype=torch.qint8), report
+
+    def unfit(self, layer: nn.Linear) -> str | None:
+        """Why a GPU format's kernel cannot take this layer (torchao would leave it as it is, silently), or None."""
+        n, k = layer.out_features, layer.in_features
+        if self.scheme == "int4-weight-only" and (k % INT4_GROUP or n % 8):  # tinygemm: whole groups, tiles of 8
+            return f"{n}×{k}: int4 needs the input width a multiple of {INT4_GROUP} (its group size) and the outputs " \
+                "of 8"
+        return float8_unfit(n, k) if self.scheme == "fp8-dynamic" else None

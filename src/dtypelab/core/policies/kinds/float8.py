@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from dtypelab.core.backends import torchao_missing
+from torch import nn
+
+from dtypelab.core.backends import quiet, torchao_missing, torchao_module
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies.configs import Config, cuda_missing
@@ -36,6 +38,9 @@ class Float8Train(Config):
     compute_dtype: ClassVar[str] = "float8_e4m3fn"
     backend: ClassVar[str] = "torchao"
     compiles: ClassVar[bool] = True
+    always_compiles: ClassVar[bool] = True
+    tunes: ClassVar[tuple[str, ...]] = ("train",)
+    layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear,)
     autocast_dtype: ClassVar[str] = "bfloat16"
     gpu_only: ClassVar[bool] = True
     recipe: str = "tensorwise"
@@ -81,3 +86,29 @@ class Float8Train(Config):
         if self.recipe == "rowwise" and (n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048)):
             return f"{n}×{k}: too small to pay (rowwise gains need out > 2048 and in > 1024, and more than 4096×2048)"
         return None
+
+    def region(self, parent: Config, outer: Any) -> Config | None:
+        return None  # a float8 layer takes whatever its neighbours compute in
+
+    def convert_module(self, model: nn.Module, names: list[str]) -> tuple[nn.Module, dict[str, Any]]:
+        """The linear layers called ``names`` converted to torchao's ``Float8Linear`` where their shape pays
+        (``left_out``); the rest stay as they are."""
+        modules = dict(model.named_modules())
+        names = [n for n in names if isinstance(modules[n], nn.Linear)]
+        if not names:
+            return model, {}
+        chosen, left_out = set(), []
+        for name in names:
+            why = self.left_out(modules[name].out_features, modules[name].in_features)
+            if why:
+                left_out.append({"layer": name, "why": why})
+            else:
+                chosen.add(name)
+        if chosen:
+            float8 = torchao_module("float8")
+            with quiet():
+                model = float8.convert_to_float8_training(
+                    model, config=float8.Float8LinearConfig.from_recipe_name(self.recipe),
+                    module_filter_fn=lambda m, fqn: fqn in chosen)
+        return model, {"format": f"float8 training ({self.recipe})", "converted": sorted(chosen),
+                       "left_out": left_out}

@@ -1,0 +1,80 @@
+"""``Autocast(dtype, scaler)``: float32 weights, eligible forward ops in ``dtype`` under ``torch.autocast``,
+optionally a GradScaler (float16's narrow range needs one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.policies.configs import SHORT, Config, _float_dtype, bf16_missing
+from dtypelab.core.task import map_tensors
+
+LIGHTNING = {"bfloat16": "bf16-mixed", "float16": "16-mixed"}
+
+
+def _to_float32(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.is_floating_point() and t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+@dataclass(frozen=True)
+class Autocast(Config):
+    """float32 weights; eligible forward ops run in ``dtype`` under ``torch.autocast``; ``scaler`` adds a
+    GradScaler (scale per step, skipped steps and their non-finite parameters are recorded)."""
+
+    kind: ClassVar[str] = "autocast"
+    tunes: ClassVar[tuple[str, ...]] = ("train", "infer")
+    promotable: ClassVar[bool] = True
+    dtype: str = "bfloat16"
+    scaler: bool = False
+
+    def __post_init__(self) -> None:
+        dtype = _float_dtype(self.dtype, "autocast")
+        if dtype not in ("bfloat16", "float16"):
+            raise DtypelabError(f"autocast: dtype must be bfloat16 or float16, not {dtype}")
+        object.__setattr__(self, "dtype", dtype)
+
+    @property
+    def compute_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def autocast_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def scales_loss(self) -> bool:
+        return self.scaler
+
+    @property
+    def range_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def label(self) -> str:
+        return f"amp-{SHORT[self.dtype]}" + ("" if self.scaler == (self.dtype == "float16") else
+                                             ("+scaler" if self.scaler else "-noscaler"))
+
+    @property
+    def lightning(self) -> str:
+        return LIGHTNING[self.dtype]
+
+    def hf_arguments(self) -> tuple[dict[str, Any], str | None]:
+        return {"bf16" if self.dtype == "bfloat16" else "fp16": True}, None
+
+    def promotion(self, bf16_fast: bool) -> Config | None:
+        return Autocast("bfloat16") if self.dtype == "float16" and bf16_fast else None
+
+    def describe(self) -> str:
+        return f"torch.autocast({self.dtype}){' + GradScaler' if self.scaler else ''}, float32 weights"
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        return bf16_missing(hw, "bfloat16 autocast") if self.dtype == "bfloat16" else None
+
+    def convert_output(self, output: Any) -> Any:
+        # the script's loss runs after forward, outside autocast: in float32, as autocast would run it (Fabric
+        # does the same); a float16 loss times GradScaler's 65536 overflows
+        return map_tensors(_to_float32, output)

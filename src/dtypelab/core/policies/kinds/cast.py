@@ -1,0 +1,67 @@
+"""``Cast(dtype)``: pure precision. The module's parameters, buffers, floating inputs, activations, gradients and
+optimizer state all in one float dtype; ``Cast("float32")`` is the baseline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.policies.configs import SHORT, Config, _float_dtype, bf16_missing
+
+LIGHTNING = {"float64": "64-true", "float32": "32-true", "bfloat16": "bf16-true", "float16": "16-true"}
+
+
+@dataclass(frozen=True)
+class Cast(Config):
+    """Pure precision: the module's parameters, buffers and floating inputs all in ``dtype``."""
+
+    kind: ClassVar[str] = "cast"
+    tunes: ClassVar[tuple[str, ...]] = ("train", "infer")
+    promotable: ClassVar[bool] = True
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", _float_dtype(self.dtype, "cast"))
+
+    @property
+    def compute_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def storage_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def range_dtype(self) -> str | None:
+        return None if self.dtype == "float32" else self.dtype
+
+    @property
+    def label(self) -> str:
+        return SHORT[self.dtype]
+
+    @property
+    def lightning(self) -> str | None:
+        return LIGHTNING[self.dtype]
+
+    def hf_arguments(self) -> tuple[dict[str, Any], str | None]:
+        return {}, None if self.dtype == "float32" else self.dtype  # as loading with that torch_dtype would
+
+    def promotion(self, bf16_fast: bool) -> Config | None:
+        return Cast("bfloat16") if self.dtype == "float16" and bf16_fast else None
+
+    def describe(self) -> str:
+        if self.dtype == "float32":
+            return "float32 everywhere (baseline)"
+        scaling = ", no loss scaling" if self.dtype == "float16" else ""
+        return f"{self.dtype} weights, activations, gradients and optimizer state{scaling}"
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        return bf16_missing(hw, "bfloat16") if self.dtype == "bfloat16" else None
+
+    def region(self, parent: Config, outer: torch.dtype) -> Config | None:
+        if getattr(torch, self.dtype) == outer and parent.autocast_dtype is None:
+            return None  # runs as its parent does already (e.g. a layer excluded from quantization)
+        return self

@@ -1,0 +1,163 @@
+"""The registry: every policy by name (a registered policy is a named plan), the built-ins registered below, and
+the lookup of a name, a plan file or a user's ``FILE.py:NAME``. Adding a parameterised variant is one line::
+
+    register("amp-fp16-noscaler", Autocast("float16", scaler=False))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.policies.configs import Config
+from dtypelab.core.policies.distributed import split_modifier
+from dtypelab.core.policies.kinds import TF32, Autocast, Cast, Float8Train, Quantize
+from dtypelab.core.policies.plan import Plan, single
+from dtypelab.core.policies.plugins import lookup
+from dtypelab.core.results.store import read_json
+from dtypelab.core.tolerance import BASELINE, COMPILED_BASELINE
+
+REGISTRY: dict[str, Plan] = {}
+# policies a user's file registered as it was loaded for FILE.py:NAME: they run when named, never in a default sweep
+NAMED_ONLY: set[str] = set()
+
+
+def register(name: str, policy: Config | Plan, summary: str = "", *, replace: bool = False) -> Plan:
+    """Register ``policy`` under ``name`` (its summary defaults to the config's own description)."""
+    if name in REGISTRY and not replace:
+        raise DtypelabError(f"policy {name!r} is registered already (replace=True overrides it)")
+    plan = policy if isinstance(policy, Plan) else single(policy)
+    plan = Plan(plan.default, plan.rules, name=name, summary=summary or plan.summary, compile=plan.compile)
+    REGISTRY[name] = plan
+    return plan
+
+
+register("fp64", Cast("float64"))
+register(BASELINE, Cast("float32"))
+register("tf32", TF32())
+register("bf16", Cast("bfloat16"))
+register("fp16", Cast("float16"))
+register("amp-bf16", Autocast("bfloat16"), "torch.autocast(bfloat16) with float32 weights")
+register("amp-fp16", Autocast("float16", scaler=True), "torch.autocast(float16) + GradScaler, float32 weights")
+register("int8-dyn", Quantize("int8-dynamic"), "int8 weights (per channel) + int8 activations (per token), torchao, "
+         "eager")
+# Compiled float baselines: a compiled quantized policy is only fairly compared with compiled float ones.
+register(COMPILED_BASELINE, REGISTRY["fp32"].compiled(), "float32 under torch.compile: the speed baseline of "
+         "compiled policies")
+register("bf16+compile", REGISTRY["bf16"].compiled())
+register("amp-bf16+compile", REGISTRY["amp-bf16"].compiled(), "torch.autocast(bfloat16) with float32 weights, under "
+         "torch.compile: the fair baseline of float8 training, which compiles")
+register("int8-dyn-compile", Quantize("int8-dynamic", compile=True))
+register("int8-wo", Quantize("int8-weight-only"))
+register("fp8-wo", Quantize("fp8-weight-only"))
+register("int8-dyn-legacy", Quantize("int8-dynamic", library="torch.ao", granularity="per-tensor"))
+register("int8-dyn-legacy-pc", Quantize("int8-dynamic", library="torch.ao", granularity="per-channel"))
+# GPU-native formats (CUDA only; a CPU sweep leaves them out unless named): float8 training on compute capability
+# >= 8.9, real float8 inference matmuls there, int4 weight-only inference.
+register("fp8-tensorwise", Float8Train("tensorwise"))
+register("fp8-rowwise", Float8Train("rowwise"))
+register("fp8-dyn-row", Quantize("fp8-dynamic"))
+register("fp8-dyn-tensor", Quantize("fp8-dynamic", granularity="per-tensor"))
+register("int4-wo", Quantize("int4-weight-only"))
+
+
+# Registered policies a default sweep leaves out: nobody deploys float64 inference, and it doubles the time
+# of a sweep whose question is "which cheaper format keeps my outputs". Still runnable by name.
+# Compiling a training step (forward and backward graphs) takes minutes on a small CPU: by name only there; on a
+# GPU it takes seconds, and the compiled float policies are float8 training's fair baselines.
+NOT_IN_DEFAULT_SWEEP = {"train": frozenset({"fp32+compile", "bf16+compile", "amp-bf16+compile"}),
+                        "infer": frozenset({"fp64", "amp-bf16+compile"})}
+NOT_IN_DEFAULT_GPU_SWEEP = {"infer": NOT_IN_DEFAULT_SWEEP["infer"]}
+
+
+def policies_for(mode: str) -> list[str]:
+    """Every registered policy that can run in ``mode`` (train or infer), in registry order."""
+    return [name for name, plan in REGISTRY.items() if mode in plan.modes]
+
+
+def default_policies(mode: str, device: str = "cuda") -> list[str]:
+    """What ``bench`` runs when no policy is named: ``policies_for(mode)`` less ``NOT_IN_DEFAULT_SWEEP``, less what a
+    user's file registered (``NAMED_ONLY``), and on a CPU (``device``) less the GPU-only ones."""
+    cpu = device.startswith("cpu")
+    left_out = (NOT_IN_DEFAULT_SWEEP if cpu else NOT_IN_DEFAULT_GPU_SWEEP).get(mode, frozenset())
+    return [name for name in policies_for(mode) if name not in left_out and name not in NAMED_ONLY
+            and not (cpu and REGISTRY[name].gpu_only)]
+
+
+def gpu_only_policies(mode: str) -> list[str]:
+    """The registered policies for ``mode`` that have no CPU path: what a CPU run's default sweep leaves out."""
+    return [name for name in policies_for(mode) if REGISTRY[name].gpu_only]
+
+
+def _lookup(name: str) -> Plan:
+    """A registered name, or NAME+compile: that policy under torch.compile."""
+    if name not in REGISTRY and name.endswith("+compile") and name.removesuffix("+compile") in REGISTRY:
+        return REGISTRY[name.removesuffix("+compile")].compiled()
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, REGISTRY, n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise DtypelabError(f"unknown policy {name!r}{hint}; known: {', '.join(REGISTRY)}, a plan file "
+                            "(.json) or your own precision file (FILE.py:NAME)") from None
+
+
+def _config_named(name: str) -> Config:
+    plan = _lookup(name)
+    if plan.rules:
+        raise DtypelabError(f"policy {name!r} is a per-module plan; a plan's configs must be single policies")
+    return plan.default
+
+
+def load_plan(path: str) -> Plan:
+    """A plan from a JSON file (see ``Plan.from_dict``); its name defaults to the file's stem."""
+    data = read_json(path, "plan file")
+    plan = Plan.from_dict(data, lookup=_config_named)
+    return plan if data.get("name") else dataclasses.replace(plan, name=os.path.splitext(os.path.basename(path))[0])
+
+
+def plan_from_dict(d: dict[str, Any]) -> Plan:
+    """A plan from ``Plan.to_dict()`` (a job handed to another process, a record), names resolved here."""
+    return Plan.from_dict(d, lookup=_config_named)
+
+
+def get_policy(spec: str | Config | Plan) -> Plan:
+    """A registered name, a plan file (``*.json``), a user's ``FILE.py:NAME``, a config or a plan, as a plan."""
+    if isinstance(spec, Plan):
+        return spec
+    if isinstance(spec, Config):
+        return single(spec)
+    base, modifier = split_modifier(str(spec))
+    if modifier is not None:  # POLICY+ddp-fp16, plan.json+fsdp: the policy with a distributed modifier
+        return get_policy(base).with_distributed(modifier)
+    if isinstance(spec, str) and spec.endswith(".json"):
+        return load_plan(spec)
+    if ":" in str(spec):  # a user's file: my_precision.py:NAME, or pkg.module:NAME
+        before = set(REGISTRY)
+        plan = lookup(str(spec), REGISTRY)
+        NAMED_ONLY.update(set(REGISTRY) - before)
+        return plan
+    return _lookup(str(spec))
+
+
+def parse_policies(policies: str | Sequence[str | Config | Plan] | None) -> list[Plan]:
+    """'fp32,bf16,plan.json' or a list of names / configs / plans -> plans, validated and without repeats;
+    None -> every registered policy."""
+    if policies is None:
+        return list(REGISTRY.values())
+    items = [n.strip() for n in policies.split(",") if n.strip()] if isinstance(policies, str) else list(policies)
+    if not items:
+        raise DtypelabError("--policies is empty: give names such as fp32,amp-bf16")
+    plans = {}
+    for item in items:
+        plan = get_policy(item)
+        if plan.name in plans and plans[plan.name] != plan:
+            raise DtypelabError(f"two different policies are called {plan.name!r}: give the plan a 'name'")
+        plans[plan.name] = plan
+    return list(plans.values())
+
+

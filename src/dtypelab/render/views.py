@@ -1,0 +1,51 @@
+"""How each record kind is drawn, registered by the function that draws it: ``@section(Kind)`` for its part of the
+report page, ``@document(Kind)`` for its terminal document. A new record kind is drawn by adding those two functions
+next to its renderer; nothing else lists the kinds."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+# record type -> fn(record, key, layers) -> the HTML section
+SECTIONS: dict[type, Callable[[Any, str, str | None], str]] = {}
+# record type -> fn(record, top) -> (doc, styles, wrapped columns): what `show` prints (bench draws its own table)
+DOCUMENTS: dict[type, Callable[[Any, int], tuple[Any, Any, set[int]]]] = {}
+
+
+def section(kind: type) -> Callable[[F], F]:
+    def register(fn: F) -> F:
+        SECTIONS[kind] = fn
+        return fn
+
+    return register
+
+
+def document(kind: type, wrap: set[int] | None = None) -> Callable[[F], F]:
+    """``wrap``: the columns the terminal wraps, for a ``fn(record) -> doc``; without it, ``fn(record, top)`` returns
+    (doc, styles, wrap) itself."""
+    def register(fn: F) -> F:
+        DOCUMENTS[kind] = fn if wrap is None else (lambda record, top: (fn(record), None, wrap))
+        return fn
+
+    return register
+
+
+def _loaded() -> None:
+    importlib.import_module("dtypelab.render.page")  # the page imports every renderer, and so their registrations
+
+
+def section_of(record: Any) -> Callable[[Any, str, str | None], str]:
+    _loaded()
+    for cls in type(record).__mro__:
+        if cls in SECTIONS:
+            return SECTIONS[cls]
+    raise TypeError(f"not a dtypelab record: {type(record).__name__}")
+
+
+def document_of(record: Any) -> Callable[[Any, int], tuple[Any, Any, set[int]]] | None:
+    """The record's terminal document, or None for a bench report (its own table)."""
+    _loaded()
+    return next((DOCUMENTS[c] for c in type(record).__mro__ if c in DOCUMENTS), None)

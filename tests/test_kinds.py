@@ -1,0 +1,236 @@
+"""Precision kinds as plugins: a user's own kind in its own file, registered with one call, runs through bench (a task
+in child processes, and a script), tune and the autopilot; its hooks are called where the loop says; the built-in kinds
+answer what the capabilities ask of them without anyone checking which kind they are."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+from conftest import HERE, fake_hardware
+from torch import nn
+
+import dtypelab
+from dtypelab import Cast, Config, DtypelabError, Precision, get_policy
+from dtypelab.core.loop import build_trainable, train_step
+from dtypelab.core.policies import REGISTRY, Plan
+
+ROOT = os.path.dirname(HERE)
+EXAMPLE = os.path.join(ROOT, "examples", "custom_precision.py")
+MASTER = f"{EXAMPLE}:bf16-master"
+TINY = os.path.join(HERE, "tiny_task.py")
+PROBE = os.path.join(HERE, "scripts", "probe_script.py")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _forget_the_example():
+    """Other test files count the registered policies: what this file loaded goes with it."""
+    yield
+    from dtypelab.core.policies.registry import NAMED_ONLY
+
+    for name in NAMED_ONLY:
+        REGISTRY.pop(name, None)
+    NAMED_ONLY.clear()
+    for kind in [k for k, source in Config.SOURCES.items() if source == os.path.abspath(EXAMPLE)]:
+        Config.KINDS.pop(kind, None)
+        Config.SOURCES.pop(kind, None)
+    sys.modules.pop("dtypelab_user_custom_precision", None)
+
+
+def test_the_example_kind_is_one_file_and_one_registration():
+    plan = get_policy(MASTER)
+    kind = type(plan.default)
+    assert plan.name == "bf16-master" and kind.kind == "bf16-master" and Config.KINDS["bf16-master"] is kind
+    assert plan.modes == ("train",) and plan.compute_dtype == "bfloat16"
+    assert Config.SOURCES["bf16-master"] == os.path.abspath(EXAMPLE)
+    assert get_policy(MASTER) is plan  # the file is imported once per process
+    # its JSON says where it comes from, so that another process can read it
+    assert plan.to_dict()["default"] == {"kind": "bf16-master", "source": os.path.abspath(EXAMPLE)}
+    assert pickle.loads(pickle.dumps(plan)) == plan
+
+
+def test_a_fresh_process_reads_a_plan_of_a_users_kind_from_its_json_and_its_pickle():
+    plan = get_policy(MASTER)
+    code = ("import pickle, sys, json; from dtypelab.core.policies import plan_from_dict; "
+            "p = pickle.loads(sys.stdin.buffer.read()); q = plan_from_dict(json.loads(p.to_json())); "
+            "print(type(p.default).__module__, p == q, p.describe())")
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(plan), capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout.decode().split()[:2] == ["dtypelab_user_custom_precision", "True"]
+
+
+def _steps(policy: str, lr: float, n: int) -> torch.Tensor:
+    """``n`` SGD steps of a weight of 1.0 whose every update is ``lr`` (the gradient of w·1 is 1)."""
+    precision = Precision(get_policy(policy))
+    model = precision.convert_module(nn.Linear(1, 1, bias=False))
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    optimizer = precision.convert_optimizer(torch.optim.SGD(model.parameters(), lr=lr), model)
+    for _ in range(n):
+        optimizer.zero_grad()
+        precision.backward(model(torch.ones(1, 1, dtype=model.weight.dtype)).sum())
+        precision.optimizer_step(optimizer)
+    return model.weight.detach()
+
+
+def test_the_optimizer_hook_keeps_updates_a_bfloat16_weight_would_lose():
+    """bfloat16's spacing at 1.0 is 2**-7: an update of 2**-10 rounds away every time in bf16, while the master copy
+    adds 64 of them up exactly (64 * 2**-10 = 2**-4, a bfloat16 number)."""
+    lr = 2.0 ** -10
+    assert _steps("bf16", lr, 64).item() == 1.0
+    kept = _steps(MASTER, lr, 64)
+    assert kept.dtype == torch.bfloat16 and kept.item() == 1.0 - 2.0 ** -4
+    assert _steps("fp32", lr, 64).item() == pytest.approx(1.0 - 2.0 ** -4, abs=1e-6)
+
+
+def test_each_hook_is_called_where_the_loop_says(tmp_path):
+    calls = []
+
+    class Counted(Cast):
+        def session(self, device):
+            calls.append("session")
+            return super().session(device)
+
+        def convert_module(self, model, names):
+            calls.append(("convert_module", len(names)))
+            return model, {}
+
+        def forward_context(self, device_type):
+            calls.append("forward_context")
+            return super().forward_context(device_type)
+
+        def convert_optimizer(self, optimizer, model):
+            calls.append("convert_optimizer")
+            return optimizer
+
+        def optimizer_step(self, optimizer, step):
+            calls.append("optimizer_step")
+            return step()
+
+    from tiny_task import make_task
+
+    task = make_task()
+    precision = Precision(Plan(Counted("float32")))
+    with precision.session():
+        model, optimizer = build_trainable(task, precision, torch.device("cpu"), seed=0)
+        for i in range(2):
+            train_step(task, model, precision, optimizer, *task.batch(i, 8))
+    modules = len(list(model.named_modules()))
+    assert calls == ["session", ("convert_module", modules), "convert_optimizer",
+                     "forward_context", "optimizer_step", "forward_context", "optimizer_step"]
+
+
+@pytest.mark.slow
+def test_a_users_kind_runs_in_bench_on_a_task_in_child_processes(tmp_path):
+    report = dtypelab.bench(f"{TINY}:make_task", f"fp32,bf16,{MASTER}", steps=20, hardware=fake_hardware(),
+                            json_path=str(tmp_path / "r.json"))
+    master = report.result("bf16-master")
+    assert master.status == "ok", master.reason
+    assert len(master.losses) == 20 and master.info.plan["default"]["kind"] == "bf16-master"
+    assert master.model_bytes == report.result("bf16").model_bytes  # its weights are bfloat16
+    assert dtypelab.load_record(str(tmp_path / "r.json")) == report  # the record stands without the file
+
+
+@pytest.mark.slow
+def test_a_users_kind_runs_on_a_script_and_its_step_goes_through_the_hook():
+    report = dtypelab.bench(PROBE, f"fp32,{MASTER}", hardware=fake_hardware())
+    fp32, master = report.result("fp32"), report.result("bf16-master")
+    assert master.status == "ok", master.reason
+    assert len(master.losses) == len(fp32.losses) > 0
+    assert master.losses != fp32.losses  # it trained in bfloat16
+
+
+def test_a_users_kind_is_a_tune_candidate_and_an_autopilot_start():
+    report = dtypelab.tune(f"{TINY}:make_recenter_task", mode="train", candidates=MASTER, tolerance="5%",
+                           hardware=fake_hardware(), steps=10)
+    assert report.uniform and report.uniform[0].candidate == "bf16-master"
+    pilot = dtypelab.autopilot(f"{TINY}:make_task", start=MASTER, hardware=fake_hardware(), steps=20)
+    assert pilot.config.start == "bf16-master" and len(pilot.losses) == 20
+
+
+def test_the_users_kind_restores_globals_and_joins_no_default_sweep(tiny):
+    from test_policies import global_state
+
+    from dtypelab.core.policies import default_policies
+    from dtypelab.sweep.job import Job, run_job
+
+    get_policy(MASTER)
+    assert "bf16-master" in REGISTRY and "bf16-master" not in default_policies("train", "cpu")
+    before = global_state()
+    with tempfile.TemporaryDirectory() as wd:
+        result = run_job(Job(tiny, "bf16-master", "train", 3, 8, 1, 0, "cpu", wd, threads=1))
+    assert result.ran, result.reason
+    assert global_state() == before
+
+
+def test_bad_plugins_are_one_line_errors(tmp_path):
+    with pytest.raises(DtypelabError, match=r"precision file not found: nowhere\.py"):
+        get_policy("nowhere.py:thing")
+    with pytest.raises(DtypelabError, match=r"defines no policy 'bf16-mastr'.*registers bf16-master"):
+        get_policy(f"{EXAMPLE}:bf16-mastr")
+    with pytest.raises(DtypelabError, match="unknown config kind 'nope'"):
+        Config.from_dict({"kind": "nope"})
+    twice = tmp_path / "twice.py"
+    twice.write_text("from dataclasses import dataclass\nfrom typing import ClassVar\nfrom dtypelab import Config\n"
+                     "@dataclass(frozen=True)\nclass Other(Config):\n    kind: ClassVar[str] = 'cast'\n")
+    with pytest.raises(DtypelabError, match="precision kind 'cast' is defined twice"):
+        get_policy(f"{twice}:Other")
+    assert "bf16-master" not in REGISTRY or REGISTRY["bf16-master"].default.kind == "bf16-master"
+
+
+def test_what_the_capabilities_ask_of_the_built_in_kinds():
+    assert [get_policy(n).default.lightning for n in ("fp32", "bf16", "amp-bf16", "amp-fp16", "tf32", "int8-dyn")] \
+        == ["32-true", "bf16-true", "bf16-mixed", "16-mixed", "32-true", None]
+    assert get_policy("amp-fp16").default.hf_arguments() == ({"fp16": True}, None)
+    assert get_policy("bf16").default.hf_arguments() == ({}, "bfloat16")
+    assert get_policy("int8-dyn").default.hf_arguments() is None
+    assert get_policy("fp16").default.promotion(bf16_fast=True) == Cast("bfloat16")
+    assert get_policy("amp-fp16").default.promotion(bf16_fast=False) is None
+    assert [n for n in ("bf16", "amp-bf16", "fp8-tensorwise", "int8-dyn", "tf32") if
+            "train" in get_policy(n).default.tunes] == ["bf16", "amp-bf16", "fp8-tensorwise"]
+
+
+def test_a_kind_that_wraps_the_step_runs_a_closure_first_and_refuses_lbfgs():
+    precision = Precision(get_policy(MASTER))
+    model = precision.convert_module(nn.Linear(3, 1))
+    x = torch.ones(2, 3, dtype=torch.bfloat16)
+    calls = []
+
+    def closure():
+        calls.append(model.weight.dtype)  # the forward sees the bfloat16 weights, not the master copy
+        optimizer.zero_grad()
+        loss = model(x).float().pow(2).sum()
+        loss.backward()
+        return loss
+
+    optimizer = precision.convert_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    before = model.weight.detach().clone()
+    loss = precision.step(optimizer, closure)
+    assert calls == [torch.bfloat16] and loss.item() > 0 and not torch.equal(model.weight, before)
+    lbfgs = torch.optim.LBFGS(model.parameters())
+    with pytest.raises(DtypelabError, match="bf16-master runs its own optimizer step, and LBFGS evaluates its closure"):
+        precision.step(lbfgs, closure)
+
+
+def test_the_hugging_face_trainer_refuses_a_kind_it_cannot_express():
+    pytest.importorskip("transformers")
+    from dtypelab.hf import training_arguments
+
+    with pytest.raises(DtypelabError, match="policy bf16-master: it has no TrainingArguments equivalent"):
+        training_arguments(get_policy(MASTER), None)
+
+
+@pytest.mark.slow
+def test_a_users_kind_runs_under_lightning_through_its_hooks():
+    pytest.importorskip("lightning")
+    report = dtypelab.bench(os.path.join(ROOT, "examples", "train_lightning.py"), f"fp32,{MASTER}",
+                            script_args=["--epochs", "1"], hardware=fake_hardware())
+    fp32, master = report.result("fp32"), report.result("bf16-master")
+    assert master.status == "ok", master.reason
+    assert master.model_bytes < fp32.model_bytes and len(master.losses) == len(fp32.losses) > 10
+    assert not any("by hand" in n for r in report.results for n in r.notes)  # Lightning steps its optimizers

@@ -1,0 +1,41 @@
+"""What registers itself: record kinds (by their schema), their renderers (page section, terminal document), the CLI's
+commands (one module each), and the public names (one list)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import pkgutil
+
+import dtypelab
+from dtypelab.core.results import KINDS, Record, Report
+
+
+def test_every_record_kind_is_registered_by_its_schema_and_drawn():
+    from dtypelab.render.views import document_of, section_of
+
+    assert {cls.__name__ for cls in KINDS.values()} == {
+        "Report", "AuditReport", "TraceReport", "LintReport", "TuneReport", "AutopilotReport"}
+    for schema, cls in KINDS.items():
+        assert cls.schema == schema and issubclass(cls, Record)
+        section_of(object.__new__(cls))  # a page section for every kind
+        if cls not in (Report, KINDS["dtypelab.lint"]):  # bench and lint print their own tables
+            assert document_of(object.__new__(cls)) is not None, cls
+
+
+def test_every_cli_module_registers_its_commands():
+    import dtypelab.cli as cli
+
+    names = {c.name or c.callback.__name__ for c in cli.app.registered_commands}
+    modules = [m.name for m in pkgutil.iter_modules(cli.__path__) if not m.name.startswith("_")]
+    assert {"bench", "tune", "autopilot", "show", "report", "audit", "trace", "export", "lint"} <= names
+    assert set(modules) == {"autopilot", "bench", "diagnose", "export", "numeric", "tune"}
+
+
+def test_the_public_names_are_one_list_and_the_type_checking_imports_agree():
+    with open(os.path.join(os.path.dirname(dtypelab.__file__), "__init__.py")) as f:
+        tree = ast.parse(f.read())
+    checking = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    imported = {a.asname or a.name for n in checking.body for a in n.names}
+    assert imported == set(dtypelab.__all__) - {"__version__"}
+    assert set(dir(dtypelab)) >= set(dtypelab.__all__)
