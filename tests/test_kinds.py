@@ -234,3 +234,26 @@ def test_a_users_kind_runs_under_lightning_through_its_hooks():
     assert master.status == "ok", master.reason
     assert master.model_bytes < fp32.model_bytes and len(master.losses) == len(fp32.losses) > 10
     assert not any("by hand" in n for r in report.results for n in r.notes)  # Lightning steps its optimizers
+
+
+@pytest.mark.parametrize(("policy", "backward"), [(MASTER, "lab"), (MASTER, "own"), ("amp-fp16", "lab")])
+def test_a_policy_acting_through_the_optimizer_is_skipped_for_hand_updated_weights(tmp_path, monkeypatch, policy,
+                                                                                 backward):
+    """word_language_model's default loop has no optimizer: a kind whose hooks act through it (a master copy, a
+    GradScaler) would run as something it is not, so it is recorded as skipped with why."""
+    from test_script import _sent, _session
+
+    torch.manual_seed(0)
+    model, x, y = nn.Linear(4, 3), torch.randn(8, 4), torch.randint(0, 3, (8,))
+    lab = _session(tmp_path, monkeypatch, policy)
+    wrapped = lab.setup(model)
+    with pytest.raises(SystemExit):
+        for _ in range(3):
+            loss = nn.functional.cross_entropy(wrapped(x), y)
+            lab.backward(loss) if backward == "lab" else loss.backward()
+            for p in wrapped.parameters():
+                p.data.add_(p.grad, alpha=-0.1)
+    sent = _sent(lab)
+    assert type(sent).__name__ == "ScriptSkip"
+    assert ("acts through the optimizer" if policy == MASTER else "scales the loss (GradScaler)") in sent.reason
+    assert Precision(get_policy("bf16")).hand_update_error() is None

@@ -40,9 +40,9 @@ class Routes:
         self._foreign_scaler()
         opt = self._converted.get(id(opt), opt)  # the script's own object (a GradScaler's step): as the kinds made it
         if closure is not None:
-            if self.precision.grad_scaler() is not None:
-                self.unsupported(f"{self.plan.name}: torch's GradScaler cannot step an optimizer with a closure "
-                                 f"({type(opt).__name__}.step(closure))")
+            refused = self.precision.closure_error(opt)
+            if refused:
+                self.unsupported(refused)
             result = self._closure_step(opt, closure)
         else:
             result = self.precision.step(opt)
@@ -83,6 +83,7 @@ class Routes:
 
     def _enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._in_step and not self._optimizers and not self._in_closure:
+            self._by_hand()
             self._end()  # weights updated by hand: the step ran until the model is called again
         # one walk through the arguments (the batch size, device and dtypes); none for the usual model(x, y)
         flat = not kwargs and all(isinstance(a, torch.Tensor) for a in args)
@@ -134,11 +135,16 @@ class Routes:
         return result
 
     def _note_loss(self, loss: torch.Tensor) -> None:
-        if self.precision.grad_scaler() is not None and not self._optimizers:
-            self.unsupported(f"{self.plan.name} scales the loss (GradScaler), and only an optimizer given to "
-                             "lab.setup steps on unscaled gradients; this script updates its weights by hand")
+        if not self._optimizers:
+            self._by_hand()
         self._begin()
         self._pending.append(float(loss.detach()))
+
+    def _by_hand(self) -> None:
+        """A script that updates its weights by hand: refused where the policy acts through the optimizer."""
+        refused = self.precision.hand_update_error()
+        if refused:
+            self.unsupported(refused)
 
     def _foreign_scaler(self) -> None:
         """Refuse the script's own GradScaler stepping the optimizer where it would change what is measured: when

@@ -179,20 +179,17 @@ class Precision:
         """One optimizer's step through the kinds' hooks: GradScaler's step under a scaling policy (its update is
         ``update``'s, once every optimizer of the training step has stepped)."""
         scaler = self._scaler
-        if closure is not None and scaler is not None:
-            raise DtypelabError(f"{self.name}: torch's GradScaler cannot step an optimizer with a closure "
-                                f"({type(optimizer).__name__}.step(closure))")
-        wrapping = [c for c in self.plan.configs if type(c).optimizer_step is not Config.optimizer_step]
-        if closure is not None and wrapping:
-            # a kind's own step (a master copy) runs around the update alone: the closure's forward and backward
-            # first, as Lightning's mixed precision does; an optimizer that re-evaluates it (LBFGS) cannot
-            if isinstance(optimizer, torch.optim.LBFGS):
-                raise DtypelabError(f"{self.name}: {wrapping[0].label} runs its own optimizer step, and "
-                                    f"{type(optimizer).__name__} evaluates its closure inside the step")
-            with torch.enable_grad():
-                loss = closure()
-            self.step(optimizer)
-            return loss
+        if closure is not None:
+            refused = self.closure_error(optimizer)
+            if refused:
+                raise DtypelabError(refused)
+            if self._wrapping():
+                # a kind's own step (a master copy) runs around the update alone: the closure's forward and
+                # backward first, as Lightning's mixed precision does
+                with torch.enable_grad():
+                    loss = closure()
+                self.step(optimizer)
+                return loss
 
         def run() -> Any:
             if scaler is None:
@@ -203,6 +200,34 @@ class Precision:
         for config in reversed(self.plan.configs):  # the default's hook outermost
             run = functools.partial(config.optimizer_step, optimizer, run)
         return run()
+
+    def closure_error(self, optimizer: torch.optim.Optimizer) -> str | None:
+        """Why this plan cannot step ``optimizer`` with a closure, or None: GradScaler cannot; a kind with its own
+        step runs the closure once before it, which an optimizer that evaluates it again (LBFGS) cannot take."""
+        if self._scaler is not None:
+            return (f"{self.name}: torch's GradScaler cannot step an optimizer with a closure "
+                    f"({type(optimizer).__name__}.step(closure))")
+        wrapping = self._wrapping()
+        if wrapping and isinstance(optimizer, torch.optim.LBFGS):
+            return (f"{self.name}: {wrapping[0].label} runs its own optimizer step, and {type(optimizer).__name__} "
+                    "evaluates its closure inside the step")
+        return None
+
+    def hand_update_error(self) -> str | None:
+        """Why this plan means nothing for a script that updates its weights by hand (no optimizer), or None: its
+        GradScaler, or a kind whose hooks act through the optimizer (its conversion or its step)."""
+        if self._scaler is not None:
+            return (f"{self.name} scales the loss (GradScaler), and only an optimizer given to lab.setup steps on "
+                    "unscaled gradients; this script updates its weights by hand")
+        acting = [c for c in self.plan.configs if type(c).convert_optimizer is not Config.convert_optimizer]
+        acting = self._wrapping() or acting
+        if acting:
+            return (f"{self.name}: {acting[0].label} acts through the optimizer (its step), and this script updates "
+                    "its weights by hand (no optimizer given to lab.setup)")
+        return None
+
+    def _wrapping(self) -> list[Config]:
+        return [c for c in self.plan.configs if type(c).optimizer_step is not Config.optimizer_step]
 
     def update(self, step: int | None = None) -> bool:
         """The end of a training step's updates: GradScaler's update. False when the step was skipped (it found
