@@ -61,9 +61,9 @@ def _session(tmp_path, monkeypatch, policy: str) -> dtypelab.Session:
 
 def _sent(lab):
     """The session's last word: what it measured."""
-    done = [m for m in lab.channel.drain(timeout=0.5) if m[0] == "done"]
+    done = [m for m in lab.channel.drain(timeout=0.5) if type(m).__name__ == "Done"]
     lab.channel.close()
-    return done[-1][1]
+    return done[-1].value
 
 
 def _model_and_batch() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:

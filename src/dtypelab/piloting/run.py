@@ -28,7 +28,7 @@ from dtypelab.piloting.moves import target_config, write_outputs
 from dtypelab.piloting.options import AutopilotOptions
 from dtypelab.piloting.pilot import Pilot
 from dtypelab.piloting.script import PilotDiagnosis
-from dtypelab.run import Target
+from dtypelab.run import Note, Target
 from dtypelab.script import ScriptSkip, diagnose_script, script_record
 from dtypelab.tracing import Guard, NonFiniteError
 
@@ -48,13 +48,13 @@ def _script(target: Target, opts: AutopilotOptions, progress: Progress | None,
     moves: list[Move] = []
     rollbacks: list[Rollback] = []
 
-    def heard(msg: tuple[Any, ...]) -> None:
-        if msg[0] == "move":
-            moves.append(msg[1])
+    def heard(msg: Note) -> None:
+        if msg.kind == "move":
+            moves.append(msg.payload[0])
             if on_move is not None:
-                on_move(msg[1])
-        elif msg[0] == "rollback":
-            rollbacks.append(msg[1])
+                on_move(msg.payload[0])
+        elif msg.kind == "rollback":
+            rollbacks.append(msg.payload[0])
 
     began = time.perf_counter()
     env = environment if environment is not None else current_environment(hardware)

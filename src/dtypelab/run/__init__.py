@@ -7,13 +7,15 @@ from dtypelab.run.channel import Reporter, connect, launched, watch_parent
 from dtypelab.run.events import Event, OnEvent
 from dtypelab.run.fanout import FanOutLauncher, parse_gpus, parse_minutes, parse_slurm_args
 from dtypelab.run.launchers import LAUNCHERS, InlineLauncher, Launcher, OnStep, ProcessLauncher, Work
+from dtypelab.run.messages import Done, Failed, Message, Note, Started, Step
 from dtypelab.run.outcome import Outcome, failure
 from dtypelab.run.script import ScriptLauncher, ScriptRun
 from dtypelab.run.target import Target
 from dtypelab.run.torchrun import Torchrun, TorchrunLauncher
 from dtypelab.run.warm import heavy_modules
 
-__all__ = ["LAUNCHERS", "Event", "FanOutLauncher", "InlineLauncher", "Launcher", "OnEvent", "OnStep", "Outcome",
+__all__ = ["LAUNCHERS", "Done", "Event", "Failed", "FanOutLauncher", "InlineLauncher", "Launcher", "Message", "Note",
+           "OnEvent", "OnStep", "Outcome", "Started", "Step",
            "ProcessLauncher", "Reporter", "ScriptLauncher", "ScriptRun", "Target", "Torchrun", "TorchrunLauncher",
            "Work", "connect", "failure", "heavy_modules", "launched", "parse_gpus", "parse_minutes",
            "parse_slurm_args", "watch_parent"]

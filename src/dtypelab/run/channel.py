@@ -1,8 +1,8 @@
 """The one channel between a launcher and its workers, whatever they are: a child process, the ranks torchrun
 starts, a user's script. The launcher listens on a Unix socket (``Channel``) and names it in the worker's environment
 (``DTYPELAB_CHANNEL``, with a key); every worker process connects (``connect``), is sent its work, and sends back
-messages: ``("started", pid, rank)`` first, then ``("step", done, total)``, a capability's own kinds (a script session's
-``"result"``), and at the end ``("done", value)`` or ``("error", status, reason)``.
+messages (``run.messages``): ``Started`` first, then ``Step``, a capability's own ``Note`` (a script session's record),
+and at the end ``Done`` with the value or ``Failed`` with why.
 
 A socket rather than a pipe inherited by file descriptor: torchrun closes inherited descriptors when it starts its
 ranks, and a user's script is its own program; an environment variable reaches both. Messages are pickled
@@ -21,6 +21,8 @@ import time
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
+from dtypelab.run.messages import Failed, Message, Note, Started, Step
+
 ENV_CHANNEL = "DTYPELAB_CHANNEL"
 ENV_KEY = "DTYPELAB_CHANNEL_KEY"
 PROGRESS_EVERY_S = 0.1  # a worker's step messages are throttled to this
@@ -37,7 +39,7 @@ class Channel:
         self.address = os.path.join(self._dir, "c")
         self._key = os.urandom(16)
         self._listener = Listener(self.address, "AF_UNIX", authkey=self._key)
-        self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.inbox: queue.Queue[Message] = queue.Queue()
         self._open = 0  # connections whose reader has not seen the end
         self._lock = threading.Lock()
         self._closed = False
@@ -67,19 +69,19 @@ class Channel:
         except (EOFError, OSError):
             pass
         except Exception as exc:  # a message that does not unpickle here: say so rather than hang
-            self.inbox.put(("error", "failed", f"a worker's message could not be read: {exc}"))
+            self.inbox.put(Failed("failed", f"a worker's message could not be read: {exc}"))
         finally:
             conn.close()
             with self._lock:
                 self._open -= 1
 
-    def get(self, timeout: float) -> tuple[Any, ...] | None:
+    def get(self, timeout: float) -> Message | None:
         try:
             return self.inbox.get(timeout=timeout)
         except queue.Empty:
             return None
 
-    def drain(self, timeout: float = 2.0) -> list[tuple[Any, ...]]:
+    def drain(self, timeout: float = 2.0) -> list[Message]:
         """Every message still on its way once the workers have exited (their readers reach the end)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -119,11 +121,11 @@ def connect(rank: int = 0) -> tuple[Connection, Any] | None:
     if not address or not key:
         return None
     conn = Client(address, "AF_UNIX", authkey=bytes.fromhex(key))
-    conn.send(("started", os.getpid(), rank))
+    conn.send(Started(os.getpid(), rank))
     try:
         return conn, conn.recv()
     except Exception as exc:  # its class does not import here (another environment, a missing path)
-        conn.send(("error", "failed", f"the worker could not load its work: {type(exc).__name__}: {exc}", rank))
+        conn.send(Failed("failed", f"the worker could not load its work: {type(exc).__name__}: {exc}", rank))
         raise
 
 
@@ -155,11 +157,12 @@ class Reporter:
         if self._on_step is not None:
             self._on_step(done, total)
         elif self.conn is not None and self.rank == 0:
-            self.send("step", done, total)
+            self.conn.send(Step(done, total))
 
     def send(self, kind: str, *payload: Any) -> None:
+        """A capability's own message (``Note``)."""
         if self.conn is not None:
-            self.conn.send((kind, *payload))
+            self.conn.send(Note(kind, payload))
 
     def __call__(self, done: int, total: int) -> None:  # a Reporter is also a progress callback
         self.step(done, total)

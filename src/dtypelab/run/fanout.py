@@ -28,6 +28,7 @@ from typing import Any
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.run.channel import Reporter
+from dtypelab.run.messages import Done, Failed
 from dtypelab.run.outcome import Outcome, failure, last_line
 
 POLL_S = 0.5
@@ -71,7 +72,7 @@ class _Progress:
             os.replace(tmp, self.path)
 
 
-def execute(work: Any, progress_path: str) -> tuple[Any, ...]:
+def execute(work: Any, progress_path: str) -> Done | Failed:
     """What a job runs: the work, its exception caught into the one error model (so a job that raised and one that
     returned come back alike), and where it ran."""
     here = where()
@@ -79,8 +80,8 @@ def execute(work: Any, progress_path: str) -> tuple[Any, ...]:
         value = work(Reporter(on_step=_Progress(progress_path)))
     except BaseException as exc:
         status, reason = failure(exc)
-        return ("error", status, reason, here)
-    return ("done", value, here)
+        return Failed(status, reason, where=here)
+    return Done(value, where=here)
 
 
 def parse_gpus(text: str | None) -> tuple[int, ...] | None:
@@ -270,9 +271,9 @@ class FanOutLauncher:
             return Outcome(status, f"job {run.job.job_id} ended without a result ({state.lower()})"
                                    f"{': ' + tail if tail else ''}; its log: {_log(run.job)}",
                            started=run.started is not None, wall_s=wall)
-        if result[0] == "done":
-            return Outcome("ok", value=result[1], started=True, wall_s=wall, ranks=(0,), where=result[2])
-        return Outcome(result[1], result[2], started=True, wall_s=wall, where=result[3])
+        if isinstance(result, Done):
+            return Outcome("ok", value=result.value, started=True, wall_s=wall, ranks=(0,), where=result.where)
+        return Outcome(result.status, result.reason, started=True, wall_s=wall, where=result.where)
 
 
 @contextlib.contextmanager

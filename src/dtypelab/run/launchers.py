@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dtypelab.run.channel import Channel, Reporter
+from dtypelab.run.messages import Done, Failed, Message, Note, Started, Step
 from dtypelab.run.outcome import Outcome, death_reason, failure
 from dtypelab.run.zygote import Zygote
 
@@ -94,24 +95,23 @@ class Watch:
     log: str
     timeout_s: float
     on_step: OnStep
-    on_message: Callable[[tuple[Any, ...]], None] | None = None  # a capability's own kinds, as they arrive
+    on_message: Callable[[Note], None] | None = None  # a capability's own messages, as they arrive
     pids: list[int] = field(default_factory=list)
     messages: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     errors: list[tuple[str, str, int]] = field(default_factory=list)  # (status, reason, rank) as they came
     done: dict[int, Any] = field(default_factory=dict)  # rank -> the value its work returned
 
-    def _take(self, msg: tuple[Any, ...]) -> None:
-        kind = msg[0]
-        if kind == "started":
-            self.pids.append(int(msg[1]))
-        elif kind == "step":
-            self.on_step(msg[1], msg[2])
-        elif kind == "done":
-            self.done[int(msg[2]) if len(msg) > 2 else 0] = msg[1]
-        elif kind == "error":
-            self.errors.append((msg[1], msg[2], int(msg[3]) if len(msg) > 3 else 0))
-        else:
-            self.messages[kind] = msg[1:]
+    def _take(self, msg: Message) -> None:
+        if isinstance(msg, Started):
+            self.pids.append(msg.pid)
+        elif isinstance(msg, Step):
+            self.on_step(msg.done, msg.total)
+        elif isinstance(msg, Done):
+            self.done[msg.rank] = msg.value
+        elif isinstance(msg, Failed):
+            self.errors.append((msg.status, msg.reason, msg.rank))
+        elif isinstance(msg, Note):
+            self.messages[msg.kind] = msg.payload
             if self.on_message is not None:
                 self.on_message(msg)
 

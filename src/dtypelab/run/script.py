@@ -21,6 +21,7 @@ from typing import Any
 
 from dtypelab.run.channel import Channel
 from dtypelab.run.launchers import OnStep, ProcessLauncher, Watch, keep_warm, launch, log_path
+from dtypelab.run.messages import Note
 from dtypelab.run.outcome import Outcome, death_reason, exception_line
 from dtypelab.run.warm import ENV_SEED, WARM
 from dtypelab.run.zygote import Zygote
@@ -37,7 +38,7 @@ class ScriptRun:
     payload: Any = None
     name: str = "script"
     env: dict[str, str] = field(default_factory=dict)
-    on_message: Callable[[tuple[Any, ...]], None] | None = None  # the session's own kinds, as they arrive
+    on_message: Callable[[Note], None] | None = None  # the session's own messages, as they arrive
 
 
 @functools.cache

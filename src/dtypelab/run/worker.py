@@ -1,7 +1,7 @@
 """``python -m dtypelab.run.worker``: the process a child-process or torchrun launcher starts. It connects to the
-channel named in its environment, is sent its work, runs it, and sends back ``("done", value, rank)`` or
-``("error", status, reason)`` (a torchrun rank's reason names its rank). A worker forked from the zygote
-(``dtypelab.run.zygote``) runs the same ``main``."""
+channel named in its environment, is sent its work, runs it, and sends back ``Done(value, rank)`` or
+``Failed(status, reason, rank)`` (a torchrun rank's reason names its rank; ``run.messages``). A worker forked from
+the zygote (``dtypelab.run.zygote``) runs the same ``main``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import signal
 import sys
 
 from dtypelab.run.channel import Reporter, connect, watch_parent
+from dtypelab.run.messages import Done, Failed, Note
 from dtypelab.run.outcome import failure
 from dtypelab.run.warm import heavy_modules
 
@@ -28,11 +29,11 @@ def main() -> int:
         value = work(Reporter(conn, rank))
     except BaseException as exc:  # every failure (SystemExit included) becomes this worker's one line
         status, reason = failure(exc)
-        conn.send(("error", status, f"rank {rank}: {reason}" if "WORLD_SIZE" in os.environ else reason, rank))
+        conn.send(Failed(status, f"rank {rank}: {reason}" if "WORLD_SIZE" in os.environ else reason, rank))
         return 1
     # heavy libraries the work imported: a zygote loads them before it forks the next worker
-    conn.send(("modules", heavy_modules()))
-    conn.send(("done", value, rank))
+    conn.send(Note("modules", (heavy_modules(),)))
+    conn.send(Done(value, rank))
     conn.close()
     return 0
 

@@ -33,7 +33,7 @@ from dtypelab.core.loop import fingerprint
 from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync, slow_verdict
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy, plan_from_dict
 from dtypelab.inference import serialize
-from dtypelab.run import connect, heavy_modules
+from dtypelab.run import Done, Note, Step, connect, heavy_modules
 from dtypelab.script.diagnose import Diagnosis
 from dtypelab.script.frameworks import Integrations
 from dtypelab.script.messages import ScriptJob, ScriptResult, ScriptSkip
@@ -233,7 +233,7 @@ class Session(Routes, Integrations):
         now = time.monotonic()
         if self.driven and now - self._last_progress >= PROGRESS_EVERY_S:
             self._last_progress = now
-            self._conn.send(("step", len(self.timer.samples), 0))
+            self._conn.send(Step(len(self.timer.samples), 0))
         if self.diag.stop:  # the trace found its step, the audit has its steps, the autopilot had to stop
             self._close()
             raise SystemExit(0 if self.driven else self.diag.stop_code)
@@ -276,7 +276,7 @@ class Session(Routes, Integrations):
                 self.diag.keep(record)
             return
         if record is not None:
-            self._conn.send(("record", record))
+            self._conn.send(Note("record", (record,)))
         peak = self.meter.peak_bytes()
         first_bad = next((i for i, v in enumerate(self.losses) if not math.isfinite(v)), None)
         higher = self._higher if self._higher is not None else not lower_is_better(self._metric)
@@ -299,13 +299,13 @@ class Session(Routes, Integrations):
 
     def _emit(self, kind: str, *payload: Any) -> None:
         """A diagnosis's own message to the launcher, as it happens (the autopilot's moves)."""
-        self._conn.send((kind, *payload))
+        self._conn.send(Note(kind, payload))
 
     def _done(self, data: ScriptResult | ScriptSkip) -> None:
         """The run's last word to the launcher: what it measured, or why it was skipped (after which heavy
         libraries the script imported, which the launcher's zygote then keeps for the next run)."""
-        self._conn.send(("modules", heavy_modules()))
-        self._conn.send(("done", data, 0))
+        self._conn.send(Note("modules", (heavy_modules(),)))
+        self._conn.send(Done(data))
 
 
 def session(seed: int | None = None, device: str | None = None) -> Session:

@@ -23,7 +23,7 @@ from dtypelab.core.options import Options
 from dtypelab.core.policies import BASELINE, Plan, default_policies, get_policy, parse_policies, policy_info
 from dtypelab.core.records import save_judged
 from dtypelab.core.results import PolicyResult, Report, RunConfig
-from dtypelab.run import Event, OnEvent, Outcome, ScriptLauncher, ScriptRun, Target
+from dtypelab.run import Event, Note, OnEvent, Outcome, ScriptLauncher, ScriptRun, Target
 from dtypelab.script.diagnose import Diagnosis
 from dtypelab.script.handle import warmup_steps
 from dtypelab.script.messages import ScriptJob, ScriptResult, ScriptSkip
@@ -49,7 +49,7 @@ def job_for(path: str, plan: Plan, seed: int, device: str, mode: str = "bench", 
 
 def run_script(path: str, args: tuple[str, ...], job: ScriptJob, seed: int, timeout_s: float, workdir: str,
                on_step: Callable[[int, int], None],
-               on_message: Callable[[tuple[Any, ...]], None] | None = None) -> Outcome:
+               on_message: Callable[[Note], None] | None = None) -> Outcome:
     """One run of the script, its session sent ``job``."""
     run = ScriptRun(path, args, seed, job, name=job.plan.get("name") or "plan", on_message=on_message)
     return ScriptLauncher(workdir).run(run, timeout_s, on_step)
@@ -230,7 +230,7 @@ def _with(report: Report, result: PolicyResult, json_path: str | None, primary: 
 def diagnose_script(target: Target | str, policy: str | Plan, diagnosis: Diagnosis, *, args: tuple[str, ...] = (),
                     device: str | None = None, seed: int = 0, timeout_s: float = 600.0,
                     on_step: Callable[[int, int], None] | None = None,
-                    on_message: Callable[[tuple[Any, ...]], None] | None = None) -> tuple[str | None, Outcome]:
+                    on_message: Callable[[Note], None] | None = None) -> tuple[str | None, Outcome]:
     """Run the script once with ``diagnosis`` on its loop (``trace``, ``audit``): (the record's JSON its session
     sent, or None; the run's outcome, which says why there is none)."""
     target = Target.of(target)

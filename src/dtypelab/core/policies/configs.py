@@ -82,7 +82,7 @@ class Config:
         super().__init_subclass__(**kwargs)
         if "kind" in cls.__dict__:
             known = Config.KINDS.get(cls.kind)
-            if known is not None and known.__qualname__ != cls.__qualname__:
+            if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
                 raise DtypelabError(f"precision kind {cls.kind!r} is defined twice ({known.__module__}."
                                     f"{known.__qualname__} and {cls.__module__}.{cls.__qualname__})")
             Config.KINDS[cls.kind] = cls  # a module loaded again (a file named twice) redefines its own kind
@@ -128,7 +128,8 @@ class Config:
         return None
 
     def describe(self) -> str:
-        raise NotImplementedError
+        """One line for the table and the record: what this config does to the model."""
+        return f"{self.label} ({type(self).__name__})"
 
     def supported(self, hw: HardwareInfo) -> str | None:
         """Why this config cannot run on this hardware at all, or None when it can."""

@@ -79,6 +79,8 @@ class Precision:
         self._scaler = torch.amp.GradScaler(self.device.type) if plan.uses_scaler else None
         self._log = ScalerLog() if self._scaler is not None else None
         self._step = 0
+        # the kinds with a step of their own (a master copy); none for the built-in ones: their step is the plain one
+        self._stepping = [c for c in plan.configs if type(c).optimizer_step is not Config.optimizer_step]
 
     @property
     def name(self) -> str:
@@ -179,25 +181,31 @@ class Precision:
         """One optimizer's step through the kinds' hooks: GradScaler's step under a scaling policy (its update is
         ``update``'s, once every optimizer of the training step has stepped)."""
         scaler = self._scaler
+        if not self._stepping:  # every call of a training step comes here: the plain path stays plain
+            if scaler is None:
+                return optimizer.step() if closure is None else optimizer.step(closure)
+            if closure is not None:
+                raise DtypelabError(self.closure_error(optimizer))
+            scaler.step(optimizer)
+            return None
         if closure is not None:
             refused = self.closure_error(optimizer)
             if refused:
                 raise DtypelabError(refused)
-            if self._wrapping():
-                # a kind's own step (a master copy) runs around the update alone: the closure's forward and
-                # backward first, as Lightning's mixed precision does
-                with torch.enable_grad():
-                    loss = closure()
-                self.step(optimizer)
-                return loss
+            # a kind's own step (a master copy) runs around the update alone: the closure's forward and backward
+            # first, as Lightning's mixed precision does
+            with torch.enable_grad():
+                loss = closure()
+            self.step(optimizer)
+            return loss
 
         def run() -> Any:
             if scaler is None:
-                return optimizer.step() if closure is None else optimizer.step(closure)
+                return optimizer.step()
             scaler.step(optimizer)
             return None
 
-        for config in reversed(self.plan.configs):  # the default's hook outermost
+        for config in reversed(self._stepping):  # the default's hook outermost
             run = functools.partial(config.optimizer_step, optimizer, run)
         return run()
 
@@ -207,10 +215,9 @@ class Precision:
         if self._scaler is not None:
             return (f"{self.name}: torch's GradScaler cannot step an optimizer with a closure "
                     f"({type(optimizer).__name__}.step(closure))")
-        wrapping = self._wrapping()
-        if wrapping and isinstance(optimizer, torch.optim.LBFGS):
-            return (f"{self.name}: {wrapping[0].label} runs its own optimizer step, and {type(optimizer).__name__} "
-                    "evaluates its closure inside the step")
+        if self._stepping and isinstance(optimizer, torch.optim.LBFGS):
+            return (f"{self.name}: {self._stepping[0].label} runs its own optimizer step, and "
+                    f"{type(optimizer).__name__} evaluates its closure inside the step")
         return None
 
     def hand_update_error(self) -> str | None:
@@ -219,15 +226,12 @@ class Precision:
         if self._scaler is not None:
             return (f"{self.name} scales the loss (GradScaler), and only an optimizer given to lab.setup steps on "
                     "unscaled gradients; this script updates its weights by hand")
-        acting = [c for c in self.plan.configs if type(c).convert_optimizer is not Config.convert_optimizer]
-        acting = self._wrapping() or acting
+        acting = self._stepping or [c for c in self.plan.configs
+                                    if type(c).convert_optimizer is not Config.convert_optimizer]
         if acting:
             return (f"{self.name}: {acting[0].label} acts through the optimizer (its step), and this script updates "
                     "its weights by hand (no optimizer given to lab.setup)")
         return None
-
-    def _wrapping(self) -> list[Config]:
-        return [c for c in self.plan.configs if type(c).optimizer_step is not Config.optimizer_step]
 
     def update(self, step: int | None = None) -> bool:
         """The end of a training step's updates: GradScaler's update. False when the step was skipped (it found
