@@ -10,8 +10,9 @@ from dtypelab.core.options import TrainingOptions, script_args_field
 
 
 class AutopilotOptions(TrainingOptions):
-    start: Any = Field("amp-fp16", description="the precision training starts in: amp-fp16, amp-bf16, fp16, bf16 or a "
-                                               "plan file (.json); from Python also a Plan",
+    start: Any = Field("amp-fp16", description="the precision training starts in: amp-fp16, amp-bf16, fp16, bf16, a "
+                                               "plan file (.json) or your own kind's FILE.py:NAME; from Python also a "
+                                               "Plan",
                        json_schema_extra={"short": "-s", "cli_type": "str"})
     steps: int | None = Field(None, ge=1, description="training steps [default: the task's]")
     sample_every: int | None = Field(None, ge=1, description="steps between two readings of every layer's ranges "

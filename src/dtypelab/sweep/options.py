@@ -29,7 +29,8 @@ FAN = {"panel": "Fan-out (--launcher local-gpus or slurm)"}
 
 class BenchOptions(Options):
     policies: str | tuple[Any, ...] | None = Field(
-        None, description="comma-separated policy names or plan files [default: every policy that applies]",
+        None, description="comma-separated policy names, plan files or your own kinds' FILE.py:NAME [default: every "
+                          "policy that applies]",
         json_schema_extra={"short": "-p", "cli_type": "str"})
     plan: str | tuple[Any, ...] | None = Field(
         None, description="plan file(s) (dtypelab tune -o), measured beside --policies or, without it, beside the "

@@ -23,8 +23,9 @@ DEFAULT_CANDIDATES = {"infer": "int8-dyn", "train": "bf16,amp-bf16"}
 class TuneOptions(Options):
     mode: Literal["infer", "train"] = Field("infer", description="infer (per-layer fp32 or a candidate) or train (a "
                                                                  "candidate with fp32 islands)")
-    candidates: str | None = Field(None, description="configs to choose from, comma-separated [default: int8-dyn for "
-                                                     "infer, bf16,amp-bf16 for train]")
+    candidates: str | None = Field(None, description="configs to choose from, comma-separated (names or your own "
+                                                     "kinds' FILE.py:NAME) [default: int8-dyn for infer, "
+                                                     "bf16,amp-bf16 for train]")
     min_cosine: float = Field(0.999, gt=0, le=1, description="infer: lowest worst-sample output cosine vs fp32 to "
                                                              "accept")
     tolerance: str = Field("1%", description="train: allowed metric change vs fp32: 1% or an absolute 0.005")
