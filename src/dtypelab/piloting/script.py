@@ -1,12 +1,12 @@
 """The autopilot on a training script's own loop (``dtypelab autopilot train.py``, ``session(autopilot=True)``).
 
-The readings and moves are the task's: forward hooks armed for a sampled step, the weight gradients read after
-``lab.backward``, the same controller. Recovery differs because a script's step cannot be replayed (its data loader
-and loss are its own code): at a non-finite step the model and optimizer go back to the last in-memory checkpoint
-and the model's *forward* on that step's inputs is replayed under the op tracer to name the origin; training then
-goes on with the script's next batch. The steps since the checkpoint are dropped, not trained again, and a value
-that goes non-finite only in the loss or the backward has no origin a replayed forward can find: the run stops
-there and says so (``dtypelab trace train.py`` traces the whole step)."""
+The readings, moves and record are the task's (``pilot.Pilot``): forward hooks armed for a sampled step, the weight
+gradients read after ``lab.backward``, the same controller. Recovery differs because a script's step cannot be
+replayed (its data loader and loss are its own code): at a non-finite step the model and optimizer go back to the
+last in-memory checkpoint and the model's *forward* on that step's inputs is replayed under the op tracer to name the
+origin; training then goes on with the script's next batch. The steps since the checkpoint are dropped, not trained
+again, and a value that goes non-finite only in the loss or the backward has no origin a replayed forward can find:
+the run stops there and says so (``dtypelab trace train.py`` traces the whole step)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,7 @@ from torch import nn
 from dtypelab.core.policies import Precision
 from dtypelab.core.results import AutopilotConfig, AutopilotReport, Move, Rollback
 from dtypelab.piloting.controller import rules_of
-from dtypelab.piloting.moves import (
-    target_config,
-    write_outputs,
-)
+from dtypelab.piloting.moves import target_config, write_outputs
 from dtypelab.piloting.pilot import Pilot
 from dtypelab.script import Diagnosis, ScriptJob
 from dtypelab.tracing import Snapshot, all_finite, trace_forward

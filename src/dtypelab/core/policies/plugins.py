@@ -42,7 +42,8 @@ def lookup(spec: str, registry: dict[str, Plan]) -> Plan:
     if isinstance(value, Config):
         return single(value, name=name)
     defined = sorted(n for n, v in vars(module).items() if isinstance(v, (Config, Plan)))
-    registered = [n for n, p in registry.items() if any(Config.SOURCES.get(c.kind) for c in p.configs)]
+    here = {os.path.abspath(getattr(module, "__file__", "") or ""), where}
+    registered = [n for n, p in registry.items() if any(Config.SOURCES.get(c.kind) in here for c in p.configs)]
     raise DtypelabError(f"{where} defines no policy {name!r}; it registers {', '.join(registered) or 'none'} and "
                         f"defines {', '.join(defined) or 'no config or plan'}")
 

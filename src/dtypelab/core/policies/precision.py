@@ -1,8 +1,9 @@
 """Precision: a plan applied to one model on one device, as hooks the loop calls (Lightning Fabric's
-precision-plugin shape). Order of use in a training step: ``session()`` around the whole run
-(process-wide flags), ``convert_module`` once, then per step ``convert_input`` -> ``forward_context``
-(forward + loss) -> ``backward`` -> ``optimizer_step``. Audit and trace read the GradScaler through
-``grad_scale()`` / ``grad_scaler()``, never by attribute.
+precision-plugin shape), each made of the plan's kinds' own hooks (``configs.Config``). Order of use in a training
+run: ``session()`` around the whole run (process-wide flags), ``convert_module`` once, ``convert_optimizer`` once,
+then per step ``convert_input`` -> ``forward_context`` (forward + loss) -> ``backward`` -> ``optimizer_step`` (or, with
+several optimizers, ``step`` each and ``update`` once). Audit and trace read the GradScaler through ``grad_scale()``
+/ ``grad_scaler()``, never by attribute.
 
 Modules a plan's rules give a config other than their parent's run through a *region*: their parameters
 converted to the region's dtype, their floating inputs cast on entry, their forward run under the region's
