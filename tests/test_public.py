@@ -39,3 +39,19 @@ def test_the_public_names_are_one_list_and_the_type_checking_imports_agree():
     imported = {a.asname or a.name for n in checking.body for a in n.names}
     assert imported == set(dtypelab.__all__) - {"__version__"}
     assert set(dir(dtypelab)) >= set(dtypelab.__all__)
+
+
+def test_a_required_option_is_required_on_the_command_line():
+    """export's --policy and --output once showed [default: PydanticUndefined] and failed later, confusingly."""
+    import inspect
+
+    from dtypelab.cli._options import option_params
+    from dtypelab.inference.options import ExportOptions
+
+    params = {p.name: p for p in option_params(ExportOptions)}
+    assert params["output"].default is inspect.Parameter.empty and params["policy"].default is inspect.Parameter.empty
+    assert params["seed"].default is not inspect.Parameter.empty
+    samples = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "samples")
+    for name in os.listdir(samples):
+        with open(os.path.join(samples, name)) as f:
+            assert "PydanticUndefined" not in f.read(), name

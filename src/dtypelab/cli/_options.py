@@ -45,11 +45,13 @@ def option_params(model: type[Options]) -> list[inspect.Parameter]:
             continue
         kind = _cli_type(field.annotation, extra.get("cli_type"))
         flags = [model.flag(name), *extra.get("aliases", ()), *([extra["short"]] if extra.get("short") else [])]
-        default = field.default
+        required = field.is_required()  # export's --policy and --output: no default to show, click says it is missing
+        default = inspect.Parameter.empty if required else field.default
         if kind is not bool:
             kind = kind | None if default is None else kind  # type: ignore[assignment]
         info = typer.Option(*flags, help=field.description, envvar=extra.get("envvar"),
-                            rich_help_panel=extra.get("panel"), show_default=default not in (None, (), False))
+                            rich_help_panel=extra.get("panel"),
+                            show_default=not required and default not in (None, (), False))
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                         annotation=Annotated[kind, info]))
     return params
