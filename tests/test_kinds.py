@@ -257,3 +257,39 @@ def test_a_policy_acting_through_the_optimizer_is_skipped_for_hand_updated_weigh
     assert type(sent).__name__ == "ScriptSkip"
     assert ("acts through the optimizer" if policy == MASTER else "scales the loss (GradScaler)") in sent.reason
     assert Precision(get_policy("bf16")).hand_update_error() is None
+
+
+SCRIPT_KIND = """
+import sys
+from dataclasses import dataclass
+from typing import ClassVar
+import dtypelab
+from dtypelab import Config
+
+@dataclass(frozen=True)
+class Half(Config):
+    kind: ClassVar[str] = "my-half"
+    storage_dtype: ClassVar[str] = "bfloat16"
+    compute_dtype: ClassVar[str] = "bfloat16"
+
+{guard}
+    report = dtypelab.bench(sys.argv[1], ["fp32", Half()], steps=6, rounds=0)
+    print("|".join(f"{{r.policy}}:{{r.status}}:{{r.reason}}" for r in report.results))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("guard", ['if __name__ == "__main__":', "if True:"])
+def test_a_kind_defined_in_the_script_that_calls_bench(tmp_path, guard):
+    """As with multiprocessing, a worker imports the running script to find the kind: it can when the script's own
+    work is under the main guard, and says how to fix it when it is not."""
+    script = tmp_path / "mine.py"
+    script.write_text(SCRIPT_KIND.format(guard=guard))
+    out = subprocess.run([sys.executable, str(script), f"{TINY}:make_task"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = dict(line.split(":", 1) for line in out.stdout.strip().splitlines()[-1].split("|"))
+    if guard.startswith("if __name__"):
+        assert results["my-half"] == "ok:"
+    else:
+        assert results["my-half"].startswith("failed:") and "under if __name__ == '__main__'" in results["my-half"]

@@ -125,7 +125,10 @@ def connect(rank: int = 0) -> tuple[Connection, Any] | None:
     try:
         return conn, conn.recv()
     except Exception as exc:  # its class does not import here (another environment, a missing path)
-        conn.send(Failed("failed", f"the worker could not load its work: {type(exc).__name__}: {exc}", rank))
+        hint = (" (a kind or task the running script defines: keep the script's own work under if __name__ == "
+                "'__main__': so that a worker can import it, or define it in a module of its own)"
+                if isinstance(exc, AttributeError) and "Can't get attribute" in str(exc) else "")
+        conn.send(Failed("failed", f"the worker could not load its work: {type(exc).__name__}: {exc}{hint}", rank))
         raise
 
 

@@ -9,6 +9,7 @@ float8); ``examples/custom_precision.py`` is one of a user's own.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import sys
@@ -42,12 +43,26 @@ def bf16_missing(hw: HardwareInfo, what: str) -> str | None:
 
 
 def source_of(module_name: str) -> str | None:
-    """What imports the module a kind was defined in again, in another process: its file for a user's file, its
-    name for an importable module; None for dtypelab's own and for a script's ``__main__`` (not importable)."""
-    if module_name.startswith("dtypelab.") or module_name == "__main__":
+    """What imports the module a kind was defined in again, in another process: its file for a user's file or for
+    the script being run (when its own work is under ``if __name__ == "__main__":``, as multiprocessing also needs),
+    its name for an importable module; None for dtypelab's own."""
+    if module_name.startswith("dtypelab."):
         return None
     path = getattr(sys.modules.get(module_name), "__file__", None)
+    if module_name == "__main__":
+        return os.path.abspath(path) if path and _guarded(path) else None
     return os.path.abspath(path) if module_name.startswith("dtypelab_user_") and path else module_name
+
+
+def _guarded(path: str) -> bool:
+    """Whether a script keeps its work under ``if __name__ == "__main__":`` (importing it then only defines)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    return any(isinstance(n, ast.If) and "__name__" in ast.unparse(n.test) and "__main__" in ast.unparse(n.test)
+               for n in tree.body)
 
 
 @dataclass(frozen=True)
