@@ -82,6 +82,9 @@ class Precision:
         self._step = 0
         # the kinds with a step of their own (a master copy); none for the built-in ones: their step is the plain one
         self._stepping = [c for c in plan.configs if type(c).optimizer_step is not Config.optimizer_step]
+        # ... and those that act through the optimizer at all (its conversion too): nothing for hand-updated weights
+        self._through_optimizer = self._stepping or [
+            c for c in plan.configs if type(c).convert_optimizer is not Config.convert_optimizer]
 
     @property
     def name(self) -> str:
@@ -181,24 +184,21 @@ class Precision:
     def step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
         """One optimizer's step through the kinds' hooks: GradScaler's step under a scaling policy (its update is
         ``update``'s, once every optimizer of the training step has stepped)."""
-        scaler = self._scaler
-        if not self._stepping:  # every call of a training step comes here: the plain path stays plain
-            if scaler is None:
-                return optimizer.step() if closure is None else optimizer.step(closure)
-            if closure is not None:
-                raise DtypelabError(self.closure_error(optimizer))
-            scaler.step(optimizer)
-            return None
         if closure is not None:
             refused = self.closure_error(optimizer)
             if refused:
                 raise DtypelabError(refused)
+            if not self._stepping:
+                return optimizer.step(closure)
             # a kind's own step (a master copy) runs around the update alone: the closure's forward and backward
             # first, as Lightning's mixed precision does
             with torch.enable_grad():
                 loss = closure()
             self.step(optimizer)
             return loss
+        scaler = self._scaler
+        if scaler is None and not self._stepping:  # every training step comes here: the plain step stays plain
+            return optimizer.step()
 
         def run() -> Any:
             if scaler is None:
@@ -227,11 +227,9 @@ class Precision:
         if self._scaler is not None:
             return (f"{self.name} scales the loss (GradScaler), and only an optimizer given to lab.setup steps on "
                     "unscaled gradients; this script updates its weights by hand")
-        acting = self._stepping or [c for c in self.plan.configs
-                                    if type(c).convert_optimizer is not Config.convert_optimizer]
-        if acting:
-            return (f"{self.name}: {acting[0].label} acts through the optimizer (its step), and this script updates "
-                    "its weights by hand (no optimizer given to lab.setup)")
+        if self._through_optimizer:
+            return (f"{self.name}: {self._through_optimizer[0].label} acts through the optimizer (its conversion or "
+                    "its step), and this script updates its weights by hand (no optimizer given to lab.setup)")
         return None
 
     def update(self, step: int | None = None) -> bool:
