@@ -36,6 +36,7 @@ class BF16Master(Config):
     compute_dtype: ClassVar[str] = "bfloat16"  # the hardware probe's speed verdict for bfloat16 applies
     tunes: ClassVar[tuple[str, ...]] = ("train",)  # `tune --mode train` may give single layers this config
     range_dtype: ClassVar[str] = "bfloat16"  # whose range tune's audit checks each layer's values against
+    keeps_updates: ClassVar[bool] = True  # small updates add up in the master copy: none is lost
 
     def describe(self) -> str:
         return "bfloat16 weights and activations, updates applied to a float32 master copy (float32 optimizer state)"
@@ -62,6 +63,11 @@ class BF16Master(Config):
                 grad, p.grad = p.grad, None
                 p.data = p.data.to(torch.bfloat16)
                 p.grad = grad.to(torch.bfloat16)
+
+
+    def master_tensors(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        """The master copies, which bench's memory breakdown counts as ``master_weights``."""
+        return [_MASTERS[p] for group in optimizer.param_groups for p in group["params"] if p in _MASTERS]
 
 
 register("bf16-master", BF16Master())

@@ -225,3 +225,19 @@ def test_gpt2_full_size_on_the_gpu():
     with torch.autocast("cuda", dtype=torch.bfloat16):
         logits = model(x)
     assert logits.shape == (2, gpt2.FULL.seq, gpt2.FULL.vocab)
+
+
+def test_training_state_policies_on_cuda():
+    """bf16-sr, bf16-kahan and the low-bit Adam states train on a GPU; float8 state where the GPU has float8 (8.9+).
+    The lost-updates task: pure bfloat16 stays put, the state policies do not; 8-bit state is at most 0.3x fp32's."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    task = os.path.join(os.path.dirname(here), "examples", "lost_updates.py") + ":make_task"
+    fp8 = torch.cuda.get_device_capability() >= (8, 9)
+    policies = "fp32,bf16,bf16-sr,bf16-kahan,fp32+adam8bit" + (",fp32+adamfp8" if fp8 else "")
+    report = bench(task, policies, device="cuda", rounds=0)
+    fit = {r.policy: r.metric("fit") for r in report.results}
+    assert all(r.status == "ok" for r in report.results), [(r.policy, r.reason) for r in report.results]
+    assert abs(fit["bf16"]) < 0.02 and fit["bf16-sr"] > 0.9 and fit["bf16-kahan"] > 0.98 and fit["fp32"] > 0.99
+    assert report.result("bf16").updates[0]["lost"]["bfloat16"] == 1.0

@@ -133,6 +133,11 @@ def test_a_users_kind_runs_in_bench_on_a_task_in_child_processes(tmp_path):
     assert master.status == "ok", master.reason
     assert len(master.losses) == 20 and master.info.plan["default"]["kind"] == "bf16-master"
     assert master.model_bytes == report.result("bf16").model_bytes  # its weights are bfloat16
+    # its byte-counting hook: the master copy is float32, twice the bfloat16 weights, and no optimizer state
+    fp32 = report.result("fp32").memory
+    assert master.memory["master_weights"] == 2 * master.memory["parameters"] == fp32["parameters"]
+    assert master.memory["optimizer_state"] == fp32["optimizer_state"] and master.info.keeps_updates
+    assert not master.updates and report.result("bf16").info.keeps_updates is False
     assert dtypelab.load_record(str(tmp_path / "r.json")) == report  # the record stands without the file
 
 

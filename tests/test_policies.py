@@ -70,6 +70,8 @@ EXPECTED = {  # policy -> (parameter dtype, dtype of a Linear's output in forwar
     "fp32+compile": (torch.float32, torch.float32),
     "bf16+compile": (torch.bfloat16, torch.bfloat16),
     "amp-bf16+compile": (torch.float32, torch.bfloat16),
+    "bf16-sr": (torch.bfloat16, torch.bfloat16),
+    "bf16-kahan": (torch.bfloat16, torch.bfloat16),
 }
 # float8 training: float32 weights; the tiny task's first Linear is too small to pay, so it runs under autocast
 GPU_EXPECTED = {"fp8-tensorwise": (torch.float32, torch.bfloat16), "fp8-rowwise": (torch.float32, torch.bfloat16)}

@@ -169,7 +169,7 @@ def emit(record: Any, fmt: str, top: int = 0) -> None:
     from dtypelab.render.bench import render, render_table
     from dtypelab.render.numeric import emit as emit_doc
     from dtypelab.render.numeric import to_json
-    from dtypelab.render.views import document_of
+    from dtypelab.render.views import document_of, more_of
 
     draw = document_of(record)
     if draw is not None:  # every kind but a bench report, whose table is its own
@@ -177,9 +177,10 @@ def emit(record: Any, fmt: str, top: int = 0) -> None:
             sys.stdout.write(to_json(record))
             return
         doc, styles, wrap = draw(record, top)
-        text = emit_doc(doc, fmt, out, styles, wrap)
-        if text is not None:
-            sys.stdout.write(text)
+        for i, part in enumerate([doc, *more_of(record, top)]):
+            text = emit_doc(part, fmt, out, styles if i == 0 else None, wrap if i == 0 else None)
+            if text is not None:
+                sys.stdout.write(("\n" if i else "") + text)
     elif fmt == "table":
         render_table(record, out)
     else:

@@ -10,6 +10,11 @@ class DtypelabError(Exception):
     """A mistake the user can fix (bad name, bad path, bad value). The CLI prints it as one line."""
 
 
+class Unsupported(DtypelabError):
+    """This policy has no meaning for this model or optimizer (an optimizer with no low-bit variant): the policy is
+    reported skipped with the reason, not failed."""
+
+
 class TaskError(DtypelabError):
     """The user's task could not be loaded, or its code raised."""
 

@@ -15,9 +15,11 @@ import torch
 from torch import nn
 
 from dtypelab.core.errors import DtypelabError, TaskError, describe_exception
+from dtypelab.core.footprint import saved_activations, state_memory
 from dtypelab.core.hardware import HardwareInfo, hardware_for, resolve_device
 from dtypelab.core.policies import Plan, Precision, get_policy
 from dtypelab.core.task import Task, call_model, load_task, map_tensors, plain
+from dtypelab.core.updates import UpdateCounter
 
 # a context entered around one evaluation forward pass, given its batch (already on the device)
 Around = Callable[[Any], contextlib.AbstractContextManager[Any]]
@@ -126,13 +128,8 @@ def train_step(task: Task, model: nn.Module, precision: Precision, optimizer: to
     ``after_backward`` sees the gradients before the optimizer consumes them (the audit's hook); ``mark``
     brackets the phases (forward with the loss, backward, optimizer) for the profiler."""
     with mark("forward"):
-        inputs, target = precision.convert_input(inputs), precision.convert_input(target)
         optimizer.zero_grad(set_to_none=True)
-        with precision.forward_context():
-            if task.compute_loss is not None:
-                loss = task.compute_loss(model, inputs)
-            else:
-                loss = task.loss_fn(call_model(model, inputs), target)
+        loss = forward_loss(task, model, precision, inputs, target)
     with mark("backward"):
         precision.backward(loss)
     if after_backward is not None:
@@ -140,6 +137,52 @@ def train_step(task: Task, model: nn.Module, precision: Precision, optimizer: to
     with mark("optimizer"):
         precision.optimizer_step(optimizer)
     return loss
+
+
+def forward_loss(task: Task, model: nn.Module, precision: Precision, inputs: Any, target: Any) -> torch.Tensor:
+    """The training forward pass and its loss under the precision (no backward)."""
+    inputs, target = precision.convert_input(inputs), precision.convert_input(target)
+    with precision.forward_context():
+        if task.compute_loss is not None:
+            return task.compute_loss(model, inputs)
+        return task.loss_fn(call_model(model, inputs), target)
+
+
+LOW_FLOATS = (torch.bfloat16, torch.float16)
+PROBE_STEPS = 4  # steps after the metric in which a low-precision run's lost updates are counted
+
+
+def state_after(task: Task, model: nn.Module, precision: Precision, optimizer: torch.optim.Optimizer,
+                device: torch.device, batch_size: int, step: int) -> dict[str, Any]:
+    """Where the training memory goes now (``footprint.state_memory``), the activations counted on one forward pass
+    of training batch ``step`` (no step is taken; None under torch.compile, whose graphs save tensors out of the
+    hooks' sight)."""
+    activations = None
+    if not precision.plan.compiles:
+        inputs, target = to_device(task.batch(step, batch_size), device)
+        with precision.session(), saved_activations(model) as saved:
+            loss = forward_loss(task, model, precision, inputs, target)
+        del loss
+        activations = saved["bytes"]
+    return state_memory(model, [optimizer], precision.master_tensors(optimizer), activations)
+
+
+def lost_updates(task: Task, model: nn.Module, precision: Precision, optimizer: torch.optim.Optimizer,
+                 device: torch.device, batch_size: int, start: int, steps: int = PROBE_STEPS) -> list[dict[str, Any]]:
+    """For a run whose weights are bfloat16 / float16 with nothing to keep their small updates: ``steps`` more
+    training steps (batches from ``start``), counting per parameter the share of elements whose weight stayed the
+    same though its gradient was not zero (``updates.UpdateCounter``), worst first. Empty for any other run."""
+    if any(c.keeps_updates for c in precision.plan.configs) or not any(
+            p.dtype in LOW_FLOATS for p in model.parameters()):
+        return []
+    counter = UpdateCounter([(n, p) for n, p in model.named_parameters() if p.dtype in LOW_FLOATS], formats=None)
+    with precision.session():
+        for step in range(start, start + steps):
+            inputs, target = to_device(task.batch(step, batch_size), device)
+            scale = precision.grad_scale()
+            train_step(task, model, precision, optimizer, inputs, target, after_backward=counter.before)
+            counter.after(skipped=precision.grad_scale() < scale)  # GradScaler skipped the step: nothing to count
+    return sorted(counter.rows(), key=lambda r: -next(iter(r["lost"].values()), 0.0))
 
 
 def forward(model: nn.Module, precision: Precision, inputs: Any) -> Any:

@@ -98,6 +98,36 @@ def parse_duration(text: str | float | None, what: str = "duration") -> float | 
     return value or None
 
 
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str | float | None, what: str = "size") -> int | None:
+    """'24GiB', '512MB', '1.5 GB', '1000000' (bytes) -> bytes; None, '0', 'none' -> None (no limit). GB is 10^9,
+    GiB 2^30, as datasheets and torch.cuda write them."""
+    if text is None:
+        return None
+    raw = str(text).strip().lower().replace(" ", "")
+    if raw in ("0", "none", "off"):
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)([a-z]*)", raw)
+    if not m or m.group(2) not in _UNITS:
+        raise DtypelabError(f"bad {what} {text!r}: use bytes with a unit, such as 24GiB, 512MB or 1.5GB")
+    value = float(m.group(1)) * _UNITS[m.group(2)]
+    if not math.isfinite(value) or value < 1:
+        raise DtypelabError(f"bad {what} {text!r}: must be at least one byte")
+    return int(value)
+
+
+def _check_size(value: str | float | None) -> str | float | None:
+    parse_size(value, "memory size")
+    return value
+
+
+# ``--memory-budget``: a size as typed ('24GiB'), checked when the options are built
+MemorySize = Annotated[str | float | None, AfterValidator(_check_size)]
+
+
 # Fields many commands share, spelled once so their flags and help read the same everywhere.
 def _check_budget(value: str | float | None) -> str | float | None:
     parse_duration(value, "budget")  # a DtypelabError is a ValueError: its words become the option's error

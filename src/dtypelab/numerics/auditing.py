@@ -14,6 +14,7 @@ from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
 from dtypelab.core.results import AuditConfig, AuditReport, check_writable
 from dtypelab.core.task import Task
+from dtypelab.core.updates import UpdateCounter
 from dtypelab.numerics.options import AuditOptions
 from dtypelab.numerics.rangestats import RangeCounter
 from dtypelab.numerics.recording import Recorder, build_report, install_hooks
@@ -39,7 +40,7 @@ def audit(task: str | Task, options: AuditOptions | None = None, *, progress: Pr
     check_writable(opts.json_path)
     target = Target.of(task)
     if target.is_script:
-        diagnosis = AuditDiagnosis(opts.steps, opts.every, opts.layers, fmts)
+        diagnosis = AuditDiagnosis(opts.steps, opts.every, opts.layers, fmts, opts.updates)
         text, out = diagnose_script(target, opts.policy, diagnosis, args=tuple(opts.script_args), device=opts.device,
                                     seed=opts.seed, on_step=progress)
         env = script_environment(environment, opts.device, opts.hardware)
@@ -63,18 +64,25 @@ def audit(task: str | Task, options: AuditOptions | None = None, *, progress: Pr
         handles = install_hooks(model, rec, pattern)
         params = [(n, p) for n, p in model.named_parameters() if not pattern or pattern.search(n)]
 
+        counter = UpdateCounter(params) if opts.updates else None
+
         def after_backward() -> None:
             for name, p in params:
                 if p.grad is not None:
                     rec.record(name, "parameter", "param_grad", p.grad)
+            if counter is not None:
+                counter.before()
 
         try:
             with pol.session():
                 for step in range(opts.steps):
                     rec.new_step(step % opts.every == 0, pol.grad_scale())
                     inputs, target_ = to_device(task_obj.batch(step, bs), dev)
+                    scale = pol.grad_scale()
                     loss = train_step(task_obj, model, pol, optimizer, inputs, target_,
                                       after_backward=after_backward if rec.active else None)
+                    if counter is not None and rec.active:  # a step GradScaler skipped updated nothing
+                        counter.after(skipped=pol.grad_scale() < scale)
                     losses.append(float(loss.detach()))
                     progress(step + 1, opts.steps)
         except KeyboardInterrupt:
@@ -85,7 +93,8 @@ def audit(task: str | Task, options: AuditOptions | None = None, *, progress: Pr
             for h in handles:
                 h.remove()
     environment = environment if environment is not None else current_environment(hardware)
-    report = build_report(config, rec, losses, status, reason, environment, time.perf_counter() - start)
+    report = build_report(config, rec, losses, status, reason, environment, time.perf_counter() - start,
+                          updates=counter.rows() if counter is not None else ())
     if opts.json_path:
         report.save(opts.json_path)
     if status == "interrupted":

@@ -24,6 +24,8 @@ class AuditOptions(TrainingOptions):
     formats: str | tuple[str, ...] = Field(",".join(AUDIT_FORMATS), description="candidate formats, comma-separated",
                                            json_schema_extra={"short": "-f", "cli_type": "str"})
     force: bool = Field(False, description="run a policy measured to be pathologically slow here")
+    updates: bool = Field(False, description="also count, per parameter, the share of each measured step's updates "
+                                             "that round away with the weight stored in float32, bfloat16 and float16")
     script_args: tuple[str, ...] = script_args_field()
 
     @field_validator("layers")

@@ -170,7 +170,7 @@ def loss_scale_advice(entries: list[LayerAudit]) -> dict[str, Any]:
 
 
 def build_report(config: AuditConfig, rec: Recorder, losses: list[float], status: str, reason: str,
-            environment: dict[str, Any], wall_s: float) -> AuditReport:
+            environment: dict[str, Any], wall_s: float, updates: Any = ()) -> AuditReport:
     rows = []
     for (name, kind), e in rec.entries.items():
         verdicts = {f: _verdict(e.stats, f, kind) for f in config.formats}
@@ -183,5 +183,5 @@ def build_report(config: AuditConfig, rec: Recorder, losses: list[float], status
     layers = tuple(r[3] for r in rows)
     config = replace(config, limits=config.limits or format_limits(config.formats))
     return AuditReport(config=config, environment=environment, layers=layers, loss_scale=loss_scale_advice(layers),
-                       losses=tuple(losses), status=status, reason=reason, wall_s=wall_s,
+                       losses=tuple(losses), status=status, reason=reason, wall_s=wall_s, updates=tuple(updates),
                        created=time.strftime("%Y-%m-%dT%H:%M:%S"))

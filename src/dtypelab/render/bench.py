@@ -14,8 +14,8 @@ FORMATS = ("table", "markdown", "html", "json")
 MB = 2**20
 # Columns a narrow terminal leaves out first to last (the notes still say what they held); the policy, its speedup,
 # metric, worst cosine and verdict stay.
-DROP_FIRST = ("samples/s", "size MB", "linear W", "max abs err", "peak MB", "step ms", "latency ms", "final loss",
-              "SQNR dB", "status", "Δ ")
+DROP_FIRST = ("samples/s", "size MB", "linear W", "max abs err", "train MB", "peak MB", "step ms", "latency ms",
+              "final loss", "SQNR dB", "status", "Δ ")
 
 
 def _timing(r: PolicyResult) -> str:
@@ -74,6 +74,8 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
     paired = any(v.speedup_low is not None for v in rec.policies)
     headers = ["policy", "status", "latency ms (median ± IQR)" if infer else "step ms (median ± IQR)",
                "speedup (95% interval)" if paired else "speedup", "samples/s", "peak MB", "size MB"]
+    counted = not infer and any(r.memory for r in report.results)
+    headers[6:6] = ["train MB"] if counted else []
     headers += (["linear W"] if linear else []) + (["SQNR dB", "max abs err"] if infer else ["final loss"])
     headers += (["worst cos"] if cosine else []) + [metric, f"Δ {cfg.metric}", "verdict"]
     rows = []
@@ -81,6 +83,9 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
         v = rec.verdict(r.policy)
         row = [r.policy, r.status, _timing(r), _speed(v, r) if r.ran else "—", num(r.throughput, ",.0f"),
                num(r.peak_memory_bytes / MB if r.peak_memory_bytes is not None else None, ".1f"), _size(r, base)]
+        if counted:
+            total = r.memory["total"] if r.memory else None
+            row[6:6] = [num(total / MB, ".1f" if total >= MB else ".2g") if total is not None else "—"]
         if linear:
             row.append(_ratio(_linear_bytes(r), _linear_bytes(base) if base else None) if r.ran else "—")
         if infer:
@@ -138,10 +143,56 @@ def layer_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
     return headers, rows
 
 
+MEMORY_TITLE = "where the training memory goes ({unit}, counted from the tensors after the run)"
+MEMORY_NOTE = ("weights, gradients, optimizer state and master copy (a float32 copy, Kahan's compensation) as their "
+               "tensors hold them (a quantized state by its inner tensors); activations: what one forward pass of a "
+               "training batch keeps for the backward; the train column adds them up; process peak: the run's "
+               "measured peak above the memory in use before the model was built.")
+MEMORY_COLUMNS = (("weights", "parameters"), ("gradients", "gradients"), ("optimizer state", "optimizer_state"),
+                  ("master copy", "master_weights"), ("activations", "activations"), ("train MB", "total"))
+
+
+def memory_unit(report: Report) -> tuple[str, int]:
+    """KB for a model whose whole training state is under a megabyte (a toy), else MB."""
+    totals = [r.memory.get("total") or 0 for r in report.results if r.memory]
+    return ("KB", 2**10) if totals and max(totals) < MB else ("MB", MB)
+
+
+def memory_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
+    """The memory breakdown table: one row per trained policy, its state beside fp32's; None when not counted."""
+    counted = [r for r in report.results if r.memory]
+    if not counted:
+        return None
+    base = report.result(BASELINE)
+    base_mem = base.memory if base is not None else None
+    unit, scale = memory_unit(report)
+    headers = ["policy", *(c if c != "train MB" else f"train {unit}" for c, _ in MEMORY_COLUMNS),
+               "process peak MB"]
+    rows = []
+    for r in counted:
+        cells = []
+        for _, key in MEMORY_COLUMNS:
+            value = r.memory.get(key)
+            cell = num(value / scale if value is not None else None, ".2f")
+            ref = base_mem.get(key) if base_mem and r is not base else None
+            cells.append(f"{cell} ({value / ref:.2f}x)" if value is not None and ref else cell)
+        peak = r.peak_memory_bytes
+        rows.append([r.policy, *cells, num(peak / MB if peak is not None else None, ".1f")])
+    return headers, rows
+
+
+def memory_sections(report: Report) -> list[Section]:
+    """The training memory's table, when it was counted."""
+    memory = memory_rows(report)
+    title = MEMORY_TITLE.format(unit=memory_unit(report)[0])
+    return [Section(title, *memory, [MEMORY_NOTE], left={0}, wrap={0})] if memory else []
+
+
 def sections(report: Report) -> list[Section]:
-    """The tables under the main one: --per-layer, then --profile's."""
+    """The tables under the main one: the training memory, --per-layer, then --profile's."""
+    first = memory_sections(report)
     layers = layer_rows(report)
-    first = [Section(LAYER_TITLE, *layers, [LAYER_NOTE], left={0, 1}, wrap={0})] if layers else []
+    first += [Section(LAYER_TITLE, *layers, [LAYER_NOTE], left={0, 1}, wrap={0})] if layers else []
     return first + distributed_sections(report) + profile_sections(report)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from dtypelab.core.results import AuditReport, plain_json
 from dtypelab.core.text import num, pct
 from dtypelab.render.tables import drop_order, html_table, markdown_table, rich_table
-from dtypelab.render.views import document
+from dtypelab.render.views import document, more
 
 Doc = tuple[str, list[str], list[list[str]], list[str]]
 SEVERITY_STYLE = {0: "", 1: "yellow", 2: "bold yellow", 3: "bold red"}
@@ -84,6 +84,35 @@ def audit_notes(report: AuditReport) -> list[str]:
         notes.append("fp8 verdicts assume no per-tensor scaling. With scaling, what must fit is the range in "
                      f"binades, log2(max/min non-zero): the formats span {', '.join(spans)} (with subnormals)")
     return notes
+
+
+@more(AuditReport)
+def updates_docs(report: AuditReport, top: int = 0) -> list[Doc]:
+    """``audit --updates``: which updates round away, per parameter (most lost first) and storage format; ``top`` > 0
+    keeps that many rows."""
+    if not report.updates:
+        return []
+    fmts = list(dict.fromkeys(f for u in report.updates for f in u["lost"]))
+    rows = sorted(report.updates, key=lambda u: (-max(u["lost"].values(), default=0.0), u["parameter"]))
+    headers = ["parameter", "elements", "stored as", "steps", *(f"lost in {f}" for f in fmts),
+               "median |update|/|weight|"]
+    body = [[u["parameter"], f"{u['numel']:,}", u["dtype"], str(u["steps"]),
+             *(pct(u["lost"][f]) if f in u["lost"] else "—" for f in fmts), num(u["ratio"], ".3g")] for u in rows]
+    steps = max((u["steps"] for u in rows), default=0)
+    shown = f"; showing the {top} that lose most of {len(rows)}, the JSON has all" if 0 < top < len(rows) else ""
+    body = body[:top] if top > 0 else body
+    notes = [f"lost: the share of the elements each sampled step meant to move (gradient not zero, or moved) whose "
+             f"update is too small to change the weight stored in that format (under half its spacing there), "
+             f"over {steps} sampled steps; the update is what the optimizer did in this run ({report.config.policy})"
+             f"{shown}"]
+    for f in fmts:
+        worst = [u for u in rows if u["lost"].get(f, 0.0) >= 0.5]
+        if worst and f != "float32":
+            names = ", ".join(u["parameter"] for u in worst[:3]) + (", …" if len(worst) > 3 else "")
+            notes.append(f"{f} weights would lose most updates of {len(worst)} tensor(s) ({names}): keep them in "
+                         "float32 (autocast) or use bf16-sr / bf16-kahan")
+    title = f"which updates round away: {report.config.task_name or report.config.task} · {report.config.policy}"
+    return [(title, headers, body, notes)]
 
 
 # --- output ------------------------------------------------------------------------------------

@@ -31,9 +31,9 @@ from dtypelab.core.results import (
 from dtypelab.core.results.store import save_text
 from dtypelab.render import plots
 from dtypelab.render.autopilot import autopilot_doc
-from dtypelab.render.bench import bench_notes, bench_title, decision, layer_rows, table_rows
+from dtypelab.render.bench import bench_notes, bench_title, decision, layer_rows, memory_sections, table_rows
 from dtypelab.render.distributed import distributed_sections
-from dtypelab.render.numeric import audit_doc
+from dtypelab.render.numeric import audit_doc, updates_docs
 from dtypelab.render.profile import Section, profile_sections
 from dtypelab.render.tables import html_fragment
 from dtypelab.render.trace import trace_doc
@@ -98,6 +98,7 @@ def _bench(report: Report, key: str, layers: str | None = None) -> str:
     names = [r.policy for r in ran]
     headers, rows = table_rows(report, rec)
     parts = [html_fragment(headers, rows, bench_notes(report, rec), classes=True)]
+    parts += map(_table_section, memory_sections(report))  # where the training memory goes, from the tensors
     layers = layer_rows(report)
     if layers:
         parts.append(_details(f"per-layer SQNR, {len(layers[1])} layers", html_fragment(*layers, [], classes=True)))
@@ -210,6 +211,9 @@ def _audit(report: AuditReport, key: str, layers: str | None = None) -> str:
                              f"{key}-binades{i + 1}" if i else f"{key}-binades"))
     parts.append(_details(f"all {len(rows)} tensor families", html_fragment(headers, rows, notes, classes=True),
                           opened=len(rows) <= 25))
+    for more_title, more_headers, more_rows, more_notes in updates_docs(report):  # audit --updates
+        parts.append(_details(more_title, html_fragment(more_headers, more_rows, more_notes, classes=True),
+                              opened=True))
     return _section(title, "".join(parts), report.environment, report.created, key)
 
 

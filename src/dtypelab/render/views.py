@@ -13,6 +13,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 SECTIONS: dict[type, Callable[[Any, str, str | None], str]] = {}
 # record type -> fn(record, top) -> (doc, styles, wrapped columns): what `show` prints (bench draws its own table)
 DOCUMENTS: dict[type, Callable[[Any, int], tuple[Any, Any, set[int]]]] = {}
+# record type -> fn(record, top) -> more tables printed under the document (title, headers, rows, notes) each
+MORE: dict[type, Callable[[Any, int], list[Any]]] = {}
 
 
 def section(kind: type) -> Callable[[F], F]:
@@ -31,6 +33,22 @@ def document(kind: type, wrap: set[int] | None = None) -> Callable[[F], F]:
         return fn
 
     return register
+
+
+def more(kind: type) -> Callable[[F], F]:
+    """``fn(record, top) -> [doc, ...]``: tables printed under the record's document (none when the list is empty;
+    ``top`` > 0: that many rows of each)."""
+    def register(fn: F) -> F:
+        MORE[kind] = fn
+        return fn
+
+    return register
+
+
+def more_of(record: Any, top: int = 0) -> list[Any]:
+    _loaded()
+    fn = next((MORE[c] for c in type(record).__mro__ if c in MORE), None)
+    return fn(record, top) if fn is not None else []
 
 
 def _loaded() -> None:

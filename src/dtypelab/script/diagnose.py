@@ -30,6 +30,9 @@ class Diagnosis:
 
     def backward(self, loss: torch.Tensor) -> None: ...
 
+    def before_step(self) -> None:
+        """An optimizer is about to step (the first of the training step's): its gradients are there."""
+
     def end(self, step: int, loss_values: list[float]) -> None: ...
 
     def record(self, job: ScriptJob, losses: list[float], scaler: dict[str, Any],

@@ -28,13 +28,14 @@ import torch
 from torch import nn
 
 from dtypelab.core.disturbance import CpuMeter
-from dtypelab.core.errors import DtypelabError
+from dtypelab.core.errors import DtypelabError, Unsupported
 from dtypelab.core.loop import fingerprint
 from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync, slow_verdict
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy, plan_from_dict
 from dtypelab.inference import serialize
 from dtypelab.run import Done, Note, Step, connect, heavy_modules
 from dtypelab.script.diagnose import Diagnosis
+from dtypelab.script.footprint import Footprint
 from dtypelab.script.frameworks import Integrations
 from dtypelab.script.messages import ScriptJob, ScriptResult, ScriptSkip
 from dtypelab.script.routes import Routes
@@ -55,7 +56,7 @@ def warmup_steps(n: int) -> int:
     return max(1, min(10, n // 10)) if n > 1 else 0
 
 
-class Session(Routes, Integrations):
+class Session(Routes, Integrations, Footprint):
     """Measures one training run of a user's script under the policy the parent chose (fp32 when none)."""
 
     def __init__(self, seed: int | None = None, device: str | None = None, *, plan: str | Plan | None = None,
@@ -110,6 +111,8 @@ class Session(Routes, Integrations):
         self._cpu: CpuMeter | None = None  # what other processes did from the first step to the end
         self._nonfinite_run = 0  # consecutive non-finite step losses (bench: the run stops at DIVERGED_PATIENCE)
         self._stopped = ""  # why the session ended the run early
+        self._acts: Any = None  # counting one step's saved activations (core.footprint.saved_activations)
+        self._acts_count: dict[str, int] | None = None
         # trace / audit modes: the guard or the range audit on this loop, as the job says (their capabilities')
         self.diag: Diagnosis = (self.job.diagnosis if self.job is not None else diagnosis) or Diagnosis()
         if self.driven or diagnosis is not None:  # on its own, a diagnosis still reports a run that never finished
@@ -150,7 +153,10 @@ class Session(Routes, Integrations):
             obj = unwrap(obj)
             if isinstance(obj, torch.optim.Optimizer):
                 if id(obj) not in self._converted:  # the kinds' optimizer hook, once per optimizer
-                    self._converted[id(obj)] = self.precision.convert_optimizer(obj, model)
+                    try:
+                        self._converted[id(obj)] = self.precision.convert_optimizer(obj, model)
+                    except Unsupported as exc:  # no low-bit variant of this optimizer: a skip that says so
+                        self.unsupported(str(exc))
                     self._optimizers.append(self._converted[id(obj)])
                 wrapped.append(LabOptimizer.wrap(self._converted[id(obj)], self))
             else:
@@ -195,7 +201,7 @@ class Session(Routes, Integrations):
             raise DtypelabError(reason)
         self.finished = True
         self._globals.__exit__(None, None, None)
-        self._done(ScriptSkip(reason))
+        self._done(ScriptSkip(reason, "inapplicable"))
         raise SystemExit(0)
 
     def step_begin(self) -> None:
@@ -215,12 +221,14 @@ class Session(Routes, Integrations):
                 self._cpu.start()
             self._in_step = True
             self.diag.begin(len(self.losses), self.precision.grad_scale())
+            self._count_activations(start=True)
             self.timer.start()
 
     def _end(self) -> None:
         if self._in_step:
             self.timer.stop()
             self._in_step = False
+        self._count_activations(start=False)
         self.diag.end(len(self.losses), list(self._pending))
         if self._pending:
             self.losses.append(sum(self._pending))
@@ -290,7 +298,8 @@ class Session(Routes, Integrations):
             batch_size=int(statistics.median_low(self.step_samples)) if self.step_samples else 0,
             disturbance=self._disturbance(), stopped=self._stopped, forwards=self._forwards,
             optimizers=len(self._optimizers), framework=self._framework,
-            script_autocast=tuple(sorted(self._script_autocast)), built_in=tuple(self._built_in)))
+            script_autocast=tuple(sorted(self._script_autocast)), built_in=tuple(self._built_in),
+            memory=self._memory()))
 
     def _at_exit(self) -> None:
         # driven: an integration recorded metrics, they are the result; on its own: the diagnosis's summary

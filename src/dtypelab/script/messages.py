@@ -76,3 +76,4 @@ class ScriptResult:
     framework: bool  # Lightning's or Hugging Face's Trainer ran the loop (attach): it steps its own optimizers
     script_autocast: tuple[str, ...]  # the script's own autocast found on around the model
     built_in: tuple[str, ...]  # the floating dtypes the script built its model in
+    memory: dict[str, Any] | None = None  # where the training memory went (core.footprint), counted at the end

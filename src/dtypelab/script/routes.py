@@ -39,6 +39,9 @@ class Routes:
         the step's starting weights)."""
         self._foreign_scaler()
         opt = self._converted.get(id(opt), opt)  # the script's own object (a GradScaler's step): as the kinds made it
+        if not self._stepped:
+            self.diag.before_step()
+            self._count_activations(start=False)  # the forward passes are done: what they saved is counted
         if closure is not None:
             refused = self.precision.closure_error(opt)
             if refused:

@@ -90,7 +90,7 @@ def script_result(out: Outcome, plan: Plan) -> tuple[PolicyResult, Primary]:
         metrics=d.metrics, peak_memory_bytes=d.peak_memory_bytes, load_peak_memory_bytes=d.load_peak_memory_bytes,
         memory_method=d.memory_method, model_bytes=d.model_bytes, init_fingerprint=d.init_fingerprint,
         scaler=d.scaler, info=policy_info(plan), wall_s=out.wall_s, disturbance=d.disturbance,
-        notes=tuple(run_notes(d)))
+        notes=tuple(run_notes(d)), memory=d.memory)
     return result, (d.metric, d.higher_is_better)
 
 

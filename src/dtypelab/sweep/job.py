@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from dtypelab.core.disturbance import CpuMeter
-from dtypelab.core.errors import describe_exception
+from dtypelab.core.errors import Unsupported, describe_exception
 from dtypelab.core.loop import (
     DIVERGED_PATIENCE,
     atomic_save,
@@ -23,8 +23,10 @@ from dtypelab.core.loop import (
     fingerprint,
     fit,
     forward,
+    lost_updates,
     make_predict,
     prime,
+    state_after,
     threads,
     to_device,
 )
@@ -37,6 +39,7 @@ from dtypelab.inference import compare, layer_fidelity, linear_weight_bytes, ser
 from dtypelab.profiling import Profiler, profile_inference, profile_training, trace_path
 
 Progress = Callable[[int, int], None]  # (steps done, total)
+MAX_UPDATE_ROWS = 64  # parameters whose lost updates a record keeps, worst first
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,10 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         metrics = evaluate(task, model, precision, device)
     if job.mode == "reference":
         atomic_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, job.reference_weights)
+    # after the metric and the reference weights: the counting forward pass may move BatchNorm's statistics, and
+    # the lost-update probe trains a few steps more
+    memory = state_after(task, model, precision, optimizer, device, job.batch_size, job.steps)
+    updates = lost_updates(task, model, precision, optimizer, device, job.batch_size, job.steps)[:MAX_UPDATE_ROWS]
     profiler = _profiler(job, device, precision, timer.samples)  # after the metric: it trains a few steps more
     profile = profile_training(task, model, precision, optimizer, profiler, job.batch_size, job.steps) \
         if profiler and job.mode != "reference" else None
@@ -150,7 +157,8 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         first_nonfinite_step=run.first_nonfinite, metrics=metrics, peak_memory_bytes=peak,
         load_peak_memory_bytes=meter.load_peak, memory_method=meter.method, model_bytes=len(serialize(model)[0]),
         init_fingerprint=init, scaler=precision.stats(), conversion=precision.conversion(),
-        disturbance=disturbance.to_dict() if disturbance else {}, profile=profile,
+        disturbance=disturbance.to_dict() if disturbance else {}, profile=profile, memory=memory,
+        updates=tuple(updates),
     )
 
 
@@ -267,6 +275,8 @@ def run_job(job: Job, progress: Progress | None = None, task: Task | None = None
         precision = Precision(job.plan, job.device)
         with threads(job.threads):
             result = (infer if job.mode == "infer" else train)(task, job, precision, progress)
+    except Unsupported as exc:  # the policy means nothing for this task (no low-bit variant of its optimizer)
+        result = PolicyResult(job.policy, "skipped", str(exc), skip="inapplicable")
     except torch.cuda.OutOfMemoryError as exc:
         result = PolicyResult(job.policy, "oom", f"CUDA out of memory: {str(exc).splitlines()[0]}")
     except MemoryError:

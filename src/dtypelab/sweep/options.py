@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dtypelab.core.options import (
     Budget,
+    MemorySize,
     Options,
     batch_size_field,
     budget_field,
@@ -53,6 +54,10 @@ class BenchOptions(Options):
     per_layer: bool = Field(False, description="infer: SQNR of every layer's output vs fp32")
     min_cosine: float = Field(0.99, ge=0, le=1, description="infer: lowest worst-sample output cosine vs fp32 to "
                                                             "accept")
+    memory_budget: MemorySize = Field(None, description="the most memory a policy may need (24GiB, 512MB): the "
+                                      "fastest policy within tolerance that fits is chosen (training: its weights, "
+                                      "gradients, optimizer state, master copy and activations; inference: its peak)",
+                                      json_schema_extra={"cli_type": "str"})
     budget: Budget = budget_field("15m", "time for the whole sweep: policies estimated (from the fp32 run and the "
                                          "probe) not to fit are skipped")
     rounds: int | None = Field(None, ge=0, description="interleaved timing rounds after the runs, for paired "

@@ -19,6 +19,7 @@ from dtypelab.core.disturbance import was_disturbed
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import SLOW_RATIO, HardwareInfo, environment, hardware_for, probe_notice, resolve_device
 from dtypelab.core.measure import slow_base
+from dtypelab.core.options import parse_size
 from dtypelab.core.policies import (
     BASELINE,
     Plan,
@@ -158,7 +159,7 @@ class _Sweep:
             threads=opts.threads, per_layer=opts.per_layer, min_cosine=opts.min_cosine, task_name=self.task.name,
             time_box_s=time_box, rounds=rounds, rounds_block=block, profile_steps=opts.profile_steps,
             nproc=self.torchrun.nproc if self.torchrun else 0, nnodes=opts.nnodes,
-            link_gbps=tuple(g for _, g in self.links))
+            link_gbps=tuple(g for _, g in self.links), memory_budget_bytes=parse_size(opts.memory_budget))
         report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         runnable = self._runnable(hardware)
         for name in order:

@@ -7,8 +7,9 @@ import math
 import time
 from dataclasses import replace
 
+from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import KERNEL_LABELS, HardwareInfo, environment
-from dtypelab.core.policies import Plan, get_policy
+from dtypelab.core.policies import Config, Plan, get_policy
 from dtypelab.core.results import PlanEvaluation, TuneConfig, TuneReport, default_label, tune_recommendation
 from dtypelab.core.task import Task
 from dtypelab.core.tolerance import Tolerance
@@ -22,7 +23,16 @@ def finish(report: TuneReport, wall_s: float, searched: bool) -> TuneReport:
     """The record's time, and its decision: use the plan, or keep fp32 (and why)."""
     rec = tune_recommendation(report.plan, report.speedup, report.explanation, searched)
     return replace(report, wall_s=wall_s, created=time.strftime("%Y-%m-%dT%H:%M:%S"), recommendation=rec,
-                   plan_default=default_label(report.plan.get("default", {})))
+                   plan_default=_label(report.plan.get("default", {})))
+
+
+def _label(config: dict) -> str:
+    """The plan's default config by its own label (bf16-kahan, not its kind's name); a record's reader, which may not
+    know every kind, guesses it from the JSON instead (``default_label``)."""
+    try:
+        return Config.from_dict(config).label
+    except DtypelabError:
+        return default_label(config)
 
 
 def nothing_to_search(spec: str, task_obj: Task, mode: str, slow: dict[str, str], hw: HardwareInfo,

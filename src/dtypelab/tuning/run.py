@@ -113,10 +113,13 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
         # float8 training compiles by its nature (torchao needs it); any other compiled candidate is a plan choice
         if plan.rules or (plan.compiles and not plan.default.always_compiles):
             raise DtypelabError(f"candidate {plan.name}: a candidate is one whole-model config, not a plan")
+        if plan.state is not None:
+            raise DtypelabError(f"candidate {plan.name}: a candidate is a config for layers; the optimizer's state "
+                                f"(+{plan.state.label}) is the whole optimizer's (bench it as a policy)")
         if mode == "train" and ("train" not in plan.default.tunes or plan.default == FP32):
             raise DtypelabError(f"candidate {plan.name}: training plans take a whole-model cast, autocast or float8 "
-                                "training (bf16, fp16, amp-bf16, amp-fp16, fp8-tensorwise), kept in fp32 on chosen "
-                                "layers")
+                                "training (bf16, fp16, amp-bf16, amp-fp16, bf16-sr, bf16-kahan, fp8-tensorwise), "
+                                "kept in fp32 on chosen layers")
     notes: list[str] = []
     same = [p.name for p in cands if p.default == FP32]
     if same:  # fp32 is every plan's default: "converting" a layer to it changes nothing

@@ -5,8 +5,12 @@ the policies the interleaved rounds left out."""
 from __future__ import annotations
 
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.results import COMPILED_BASELINE, PolicyResult, PolicyVerdict, Report
+from dtypelab.core.judging.prefer import keeps_updates
+from dtypelab.core.results import BASELINE, COMPILED_BASELINE, PolicyResult, PolicyVerdict, Report, Verdict
 from dtypelab.core.stats import CLEARLY_SLOWER, MIN_GAIN
+
+KEPT = (Verdict.BETTER, Verdict.EQUAL, Verdict.WITHIN, Verdict.NO_GAIN, Verdict.RECOMMENDED, Verdict.OVER_MEMORY)
+REJECTED = (Verdict.OUTSIDE, Verdict.NONFINITE, Verdict.DIVERGED)
 
 
 def _compiled_text(r: PolicyResult, report: Report) -> str:
@@ -65,6 +69,33 @@ def _conversion_text(r: PolicyResult, report: Report | None = None) -> str:
     return text + "."
 
 
+LOST_SHOWN = 3  # parameters named in a lost-updates note
+LOST_FLOOR = 0.10  # a parameter that lost less than this share of its updates is not named
+
+
+def _lost_text(r: PolicyResult, report: Report, verdicts: dict[str, PolicyVerdict]) -> str:
+    """Why a pure low-precision policy fell outside the tolerance, when its weights lost their updates: the
+    parameters that lost most, and the policies of this sweep that keep them (within the tolerance), or the ones
+    that would."""
+    worst = [u for u in r.updates if max(u["lost"].values(), default=0.0) >= LOST_FLOOR][:LOST_SHOWN]
+    if not worst:
+        return ""
+    steps = max(u["steps"] for u in r.updates)
+    shown = ", ".join(f"{u['parameter']} {max(u['lost'].values()):.0%}" for u in worst)
+    more = len([u for u in r.updates if max(u["lost"].values(), default=0.0) >= LOST_FLOOR]) - len(worst)
+    dtype = worst[0]["dtype"]
+    keepers = [q.policy for q in report.results if q.ran and q.policy != BASELINE and keeps_updates(q)
+               and verdicts.get(q.policy) and verdicts[q.policy].verdict in KEPT]
+    named = ", ".join(keepers[:LOST_SHOWN + 1]) + (", …" if len(keepers) > LOST_SHOWN + 1 else "")
+    keep = (f"policies here that keep them, within the tolerance: {named}" if keepers else
+            "bf16-sr or bf16-kahan keep them in bfloat16 weights, amp-bf16 in float32 weights (--policies "
+            "bf16-sr,bf16-kahan,amp-bf16)")
+    return (f"{r.policy}: its {dtype} weights rounded their small updates away (the share of elements whose weight "
+            f"stayed the same though its gradient was not zero, over {steps} steps after training): {shown}"
+            f"{f' and {more} more' if more > 0 else ''}; {keep}; `dtypelab audit TASK --updates` counts them per "
+            "format.")
+
+
 def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None) -> list[str]:
     """The footnotes under the table: how each policy computes, compiled baselines, emulated formats, what the
     columns mean, policies left out of the rounds (by their ``verdicts``), noisy timings."""
@@ -75,6 +106,10 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
     except (KeyError, TypeError):  # a record without (a whole) hardware description
         hw = None
     for r in ran:
+        v = verdicts.get(r.policy) if verdicts else None
+        lost = _lost_text(r, report, verdicts) if r.updates and v and v.verdict in REJECTED else ""
+        if lost:
+            notes.append(lost)
         info = r.info
         if info and info.arithmetic:
             notes.append(f"{r.policy} ({info.backend}): {info.arithmetic}.")

@@ -15,6 +15,13 @@ def keeps_fp32_weights(r: PolicyResult) -> bool:
     return default.get("kind") in ("autocast", "tf32") or default.get("dtype") in ("float32", "float64")
 
 
+def keeps_updates(r: PolicyResult) -> bool:
+    """Whether every weight keeps its small updates: float32 weights, or low-precision ones with a master copy,
+    compensation or stochastic rounding (as the record says; older records: float32 weights)."""
+    kept = r.info.keeps_updates if r.info else None
+    return keeps_fp32_weights(r) if kept is None else kept
+
+
 def safest(faster: list[PolicyResult], metric: str, higher: bool) -> tuple[PolicyResult, str]:
     """Among the measurably faster policies, the one to recommend and, when it is not simply the fastest, the
     sentence that says why: speeds whose 95% intervals overlap the fastest's cannot be told apart, so among those

@@ -9,8 +9,10 @@ from dataclasses import replace
 
 from dtypelab.core.disturbance import describe, was_disturbed
 from dtypelab.core.judging.explain import why
+from dtypelab.core.judging.memory import over, within_budget
 from dtypelab.core.judging.notes import table_notes
 from dtypelab.core.judging.prefer import safest
+from dtypelab.core.judging.speed import speed_text, speedup
 from dtypelab.core.results import (
     Decision,
     PolicyResult,
@@ -31,24 +33,6 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
-def speedup(result: PolicyResult, base: PolicyResult) -> float | None:
-    """From paired rounds when they ran (their geometric mean), else the ratio of the runs' medians."""
-    if result.speedup_ci is not None:
-        return result.speedup_ci.point
-    if result is base or result.policy == base.policy:
-        return 1.0 if base.timing else None
-    t, b = result.timing, base.timing
-    return b.median / t.median if t and b and t.median > 0 else None
-
-
-def speed_text(sp: float) -> str:
-    """'2.52x faster than fp32', or '2.17x slower than fp32 (0.46x its speed)': a ratio below 1 never
-    reads as 'x slower'."""
-    if sp >= 1:
-        return f"{sp:.2f}x faster than {BASELINE}"
-    return f"{1 / sp:.2f}x slower than {BASELINE} ({sp:.2f}x its speed)"
-
-
 def disturbed_text(name: str, blocks: tuple[RoundBlock, ...]) -> str:
     """'other processes used 96% of a core during 7 of 12 fp32 blocks', or "" when none was disturbed."""
     hit = [b for b in blocks if b.disturbed]
@@ -60,6 +44,7 @@ def disturbed_text(name: str, blocks: tuple[RoundBlock, ...]) -> str:
 
 _NOT_RUN = {"skipped": {"slow": (Verdict.SKIPPED_SLOW, "too slow here"),
                         "budget": (Verdict.SKIPPED_BUDGET, "over budget"),
+                        "inapplicable": (Verdict.SKIPPED_INAPPLICABLE, "does not apply"),
                         "baseline": (Verdict.SKIPPED_BASELINE, "not run: fp32 failed")},
             "failed": Verdict.FAILED, "timeout": Verdict.TIMEOUT, "oom": Verdict.OOM,
             "interrupted": Verdict.INTERRUPTED}
@@ -162,6 +147,11 @@ def _judged_runs(report: Report, base: PolicyResult, base_metric: float, tol: To
                                                    **common)
                 notes[r.policy] = (f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}) but its worst output "
                                    f"cosine vs {BASELINE} is {cos:.4f}, below {cfg.min_cosine:g}.")
+            too_big = over(r, cfg.memory_budget_bytes) if ok else ""
+            if too_big:  # the fastest policy within tolerance that fits is the answer, not the fastest
+                ok = False
+                verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.OVER_MEMORY, too_big, **common)
+                notes[r.policy] = f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}, {where}), but it {too_big}."
             if ok:
                 accepted.append(r)
     return verdicts, accepted, notes
@@ -265,6 +255,8 @@ def recommend(report: Report) -> Recommendation:
         noisy = [r.policy for r in (b, base) if r.timing.noisy] if not paired else []
         if noisy:
             sentences.append(f"Timings of {' and '.join(noisy)} were noisy: re-run before trusting a small gap.")
+    if best == BASELINE and over(base, cfg.memory_budget_bytes):
+        decision, best = within_budget(report, accepted, verdicts, sentences)
     if unsure:
         sentences.append(f"Not measurably faster than {BASELINE} (their steps' spread overlaps fp32's: one-sided "
                          f"Mann-Whitney test, {1 - CONFIDENCE:.0%} level): " + ", ".join(

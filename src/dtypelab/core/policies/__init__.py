@@ -30,7 +30,9 @@ def policy_info(plan: Plan) -> PolicyInfo:
     return PolicyInfo(name=plan.name, summary=plan.describe(), plan=plan.to_dict(), compute_dtype=plan.compute_dtype,
                       backend=" + ".join(dict.fromkeys(c.backend for c in plan.configs)),
                       arithmetic="; ".join(c.arithmetic for c in plan.configs if c.arithmetic),
-                      emulated=plan.emulated, compiles=plan.compiles, modes=plan.modes)
+                      emulated=plan.emulated, compiles=plan.compiles, modes=plan.modes,
+                      keeps_updates=all(c.keeps_updates or c.storage_dtype in ("float32", "float64")
+                                        for c in plan.configs))
 
 
 __all__ = ["BASELINE", "COMPILED_BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "TF32", "Autocast",

@@ -86,6 +86,9 @@ class Config:
     # What the capabilities ask of a kind:
     tunes: ClassVar[tuple[str, ...]] = ()  # the modes in which `tune` may give single layers this config
     promotable: ClassVar[bool] = False  # the autopilot may move a layer into it while training goes on
+    # low-precision weights whose small updates the kind keeps anyway (a master copy, compensation, stochastic
+    # rounding): a bench run does not count the updates its weights lose
+    keeps_updates: ClassVar[bool] = False
     process_wide: ClassVar[bool] = False  # a process-wide setting (tf32): only a plan's default, alone
     # the layers `tune` may give it: any leaf with weights for a cast, Linear layers for quantization
     layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -195,6 +198,11 @@ class Config:
         """One optimizer step: ``step()`` runs it (through the GradScaler under a scaling policy); a kind that keeps
         its own state around the step (a master copy) wraps it."""
         return step()
+
+    def master_tensors(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        """The tensors this kind keeps beside the weights to hold their exact values (a float32 master copy, Kahan's
+        compensation): what the memory breakdown counts as ``master_weights`` rather than optimizer state."""
+        return []
 
     def promoted_state(self, value: torch.Tensor, param: nn.Parameter) -> torch.Tensor:
         """An optimizer state tensor of a parameter the autopilot just moved to another dtype (Adam's moments

@@ -59,6 +59,7 @@ class Plan:
     summary: str = ""
     compile: bool = False  # run the whole model under torch.compile (a quantize config may also ask for it)
     distributed: Distributed | None = None  # with --nproc: DDP hook / FSDP mixed precision (``+ddp-fp16``)
+    state: Config | None = None  # the optimizer state's own format (``+adam8bit``): a kind that converts the optimizer
 
     def __post_init__(self) -> None:
         rules = tuple((str(p), c) for p, c in (self.rules.items() if isinstance(self.rules, Mapping) else self.rules))
@@ -68,6 +69,7 @@ class Plan:
 
     def _derived_name(self) -> str:
         tail = "+compile" if self.compile and not any(c.compiles for c in self.configs) else ""
+        tail += f"+{self.state.label}" if self.state is not None else ""
         tail += f"+{self.distributed.label}" if self.distributed is not None else ""
         if not self.rules:
             return self.default.label + tail
@@ -99,8 +101,10 @@ class Plan:
     # --- what the plan holds ----------------------------------------------------------------------
     @property
     def configs(self) -> tuple[Config, ...]:
-        """Every distinct config, the default first."""
-        return tuple(dict.fromkeys([self.default, *(c for _, c in self.rules)]))
+        """Every distinct config, the default first (the optimizer-state modifier last: its hook sees the optimizer
+        the module configs made)."""
+        state = [self.state] if self.state is not None else []
+        return tuple(dict.fromkeys([self.default, *(c for _, c in self.rules), *state]))
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -137,6 +141,8 @@ class Plan:
             text += "; " + "; ".join(f"{p}: {c.label}" for p, c in self.rules)
         if self.compile and not any(c.compiles for c in self.configs):
             text += ", under torch.compile (the first call compiles)"
+        if self.state is not None:
+            text += f"; {self.state.describe()}"
         if self.distributed is not None:
             text += f"; {self.distributed.describe()}"
         return text
@@ -149,8 +155,9 @@ class Plan:
         swap = {c: replace(c, compile=True) for c in self.configs if "compile" in {f.name for f in fields(c)}}
         if swap:
             return Plan(swap.get(self.default, self.default), tuple((p, swap.get(c, c)) for p, c in self.rules),
-                        name=f"{self.name}+compile", distributed=self.distributed)
-        return Plan(self.default, self.rules, name=f"{self.name}+compile", compile=True, distributed=self.distributed)
+                        name=f"{self.name}+compile", distributed=self.distributed, state=self.state)
+        return Plan(self.default, self.rules, name=f"{self.name}+compile", compile=True, distributed=self.distributed,
+                    state=self.state)
 
     def with_distributed(self, spec: Distributed | None) -> Plan:
         """This plan with a distributed modifier, named NAME+MODIFIER."""
@@ -158,6 +165,16 @@ class Plan:
             return self
         base = self.name.removesuffix(f"+{self.distributed.label}") if self.distributed else self.name
         return replace(self, distributed=spec, name=f"{base}+{spec.label}")
+
+    def with_state(self, state: Config) -> Plan:
+        """This plan with the optimizer state in ``state``'s format, named NAME+LABEL (before any distributed
+        modifier)."""
+        if state == self.state:
+            return self
+        if self.state is not None:
+            raise DtypelabError(f"plan {self.name} has an optimizer-state modifier already ({self.state.label})")
+        tail = f"+{self.distributed.label}" if self.distributed else ""
+        return replace(self, state=state, name=f"{self.name.removesuffix(tail)}+{state.label}{tail}")
 
     def config_for(self, name: str, parent: Config | None = None) -> Config:
         """The config of the module called ``name`` whose parent runs in ``parent`` (None: the root)."""
@@ -219,7 +236,8 @@ class Plan:
                 "default": self.default.to_dict(),
                 "rules": [{"pattern": p, "config": c.to_dict()} for p, c in self.rules],
                 **({"compile": True} if self.compile else {}),
-                **({"distributed": self.distributed.to_dict()} if self.distributed is not None else {})}
+                **({"distributed": self.distributed.to_dict()} if self.distributed is not None else {}),
+                **({"state": self.state.to_dict()} if self.state is not None else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], lookup: Callable[[str], Config] | None = None) -> Plan:
@@ -255,7 +273,8 @@ class Plan:
                                 "\"hook\": \"fp16\"}")
         return cls(config(d["default"]), pairs, name=d.get("name", ""), summary=d.get("summary", ""),
                    compile=bool(d.get("compile", False)),
-                   distributed=Distributed.from_dict(dist) if dist is not None else None)
+                   distributed=Distributed.from_dict(dist) if dist is not None else None,
+                   state=config(d["state"]) if d.get("state") is not None else None)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)

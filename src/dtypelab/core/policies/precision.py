@@ -210,6 +210,10 @@ class Precision:
             run = functools.partial(config.optimizer_step, optimizer, run)
         return run()
 
+    def master_tensors(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        """What the kinds keep beside the weights to hold their exact values (``Config.master_tensors``)."""
+        return [t for config in self.plan.configs for t in config.master_tensors(optimizer)]
+
     def closure_error(self, optimizer: torch.optim.Optimizer) -> str | None:
         """Why this plan cannot step ``optimizer`` with a closure, or None: GradScaler cannot; a kind with its own
         step runs the closure once before it, which an optimizer that evaluates it again (LBFGS) cannot take."""

@@ -15,7 +15,7 @@ from typing import Any
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies.configs import Config
 from dtypelab.core.policies.distributed import split_modifier
-from dtypelab.core.policies.kinds import TF32, Autocast, Cast, Float8Train, Quantize
+from dtypelab.core.policies.kinds import TF32, Autocast, BF16Update, Cast, Float8Train, LowBitState, Quantize
 from dtypelab.core.policies.plan import Plan, single
 from dtypelab.core.policies.plugins import lookup
 from dtypelab.core.results.store import read_json
@@ -63,15 +63,23 @@ register("fp8-rowwise", Float8Train("rowwise"))
 register("fp8-dyn-row", Quantize("fp8-dynamic"))
 register("fp8-dyn-tensor", Quantize("fp8-dynamic", granularity="per-tensor"))
 register("int4-wo", Quantize("int4-weight-only"))
+# The training state: bfloat16 weights whose small updates survive, and (POLICY+adam8bit, a modifier of any policy
+# that trains with Adam or AdamW) the optimizer's moments in fewer bits.
+register("bf16-sr", BF16Update("stochastic-round"))
+register("bf16-kahan", BF16Update("kahan"))
+STATE_MODIFIERS = {c.label: c for c in (LowBitState("8bit"), LowBitState("4bit"), LowBitState("fp8"))}
 
 
 # Registered policies a default sweep leaves out: nobody deploys float64 inference, and it doubles the time
 # of a sweep whose question is "which cheaper format keeps my outputs". Still runnable by name.
 # Compiling a training step (forward and backward graphs) takes minutes on a small CPU: by name only there; on a
 # GPU it takes seconds, and the compiled float policies are float8 training's fair baselines.
-NOT_IN_DEFAULT_SWEEP = {"train": frozenset({"fp32+compile", "bf16+compile", "amp-bf16+compile"}),
+# The state policies answer a question of their own (bf16 weights that keep their updates; see the bench note when
+# pure bf16 loses them): named, not in every sweep.
+NOT_IN_DEFAULT_SWEEP = {"train": frozenset({"fp32+compile", "bf16+compile", "amp-bf16+compile", "bf16-sr",
+                                            "bf16-kahan"}),
                         "infer": frozenset({"fp64", "amp-bf16+compile"})}
-NOT_IN_DEFAULT_GPU_SWEEP = {"infer": NOT_IN_DEFAULT_SWEEP["infer"]}
+NOT_IN_DEFAULT_GPU_SWEEP = {"train": frozenset({"bf16-sr", "bf16-kahan"}), "infer": NOT_IN_DEFAULT_SWEEP["infer"]}
 
 
 def policies_for(mode: str) -> list[str]:
@@ -102,11 +110,14 @@ def _lookup(name: str) -> Plan:
     except KeyError:
         close = difflib.get_close_matches(name, REGISTRY, n=1, cutoff=0.5)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise DtypelabError(f"unknown policy {name!r}{hint}; known: {', '.join(REGISTRY)}, a plan file "
+        raise DtypelabError(f"unknown policy {name!r}{hint}; known: {', '.join(REGISTRY)}; POLICY+"
+                            f"{'/'.join(STATE_MODIFIERS)} (Adam's state in fewer bits), a plan file "
                             "(.json) or your own precision file (FILE.py:NAME)") from None
 
 
 def _config_named(name: str) -> Config:
+    if name in STATE_MODIFIERS:  # a plan file's "state": "adam8bit"
+        return STATE_MODIFIERS[name]
     plan = _lookup(name)
     if plan.rules:
         raise DtypelabError(f"policy {name!r} is a per-module plan; a plan's configs must be single policies")
@@ -134,6 +145,9 @@ def get_policy(spec: str | Config | Plan) -> Plan:
     base, modifier = split_modifier(str(spec))
     if modifier is not None:  # POLICY+ddp-fp16, plan.json+fsdp: the policy with a distributed modifier
         return get_policy(base).with_distributed(modifier)
+    head, _, tail = str(spec).rpartition("+")
+    if head and tail in STATE_MODIFIERS:  # POLICY+adam8bit: that policy with its Adam state in 8 bits
+        return get_policy(head).with_state(STATE_MODIFIERS[tail])
     if isinstance(spec, str) and spec.endswith(".json"):
         return load_plan(spec)
     if ":" in str(spec):  # a user's file: my_precision.py:NAME, or pkg.module:NAME

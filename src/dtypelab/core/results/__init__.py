@@ -31,6 +31,7 @@ from dtypelab.core.results.decision import Decision, PolicyVerdict, Recommendati
 from dtypelab.core.results.distributed import DistStats, ScalingEstimate, ScalingPoint
 from dtypelab.core.results.lint import LINT_SCHEMA, LintFinding, LintReport
 from dtypelab.core.results.profile import CATEGORIES, CATEGORY_LABELS, PHASES, OpStat, ProfileSummary, SourceOp
+from dtypelab.core.results.state import MemoryBreakdown, UpdateLoss
 from dtypelab.core.results.store import (
     Record,
     check_writable,
@@ -57,6 +58,8 @@ from dtypelab.core.tolerance import BASELINE, COMPILED_BASELINE, Tolerance
 KINDS = Record.KINDS  # every record kind by its "schema" field: each registers itself when its module is imported
 
 __all__ = [
+    "MemoryBreakdown",
+    "UpdateLoss",
     "AUTOPILOT_SCHEMA",
     "AutopilotConfig",
     "AutopilotReport",

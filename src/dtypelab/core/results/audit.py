@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from typing_extensions import TypedDict
 
+from dtypelab.core.results.state import UpdateLoss
 from dtypelab.core.results.store import Record
 
 AUDIT_SCHEMA = "dtypelab.audit"
@@ -109,6 +110,7 @@ class AuditReport(Record):
     environment: dict[str, Any]
     layers: tuple[LayerAudit, ...] = ()  # sorted by risk, worst first
     loss_scale: LossScale = field(default_factory=dict)
+    updates: tuple[UpdateLoss, ...] = ()  # --updates: which updates round away, per parameter and format
     losses: tuple[float, ...] = ()
     status: str = "ok"
     reason: str = ""

@@ -15,6 +15,7 @@ from typing_extensions import TypedDict
 from dtypelab.core.results.decision import Recommendation
 from dtypelab.core.results.distributed import DistStats, ScalingEstimate
 from dtypelab.core.results.profile import ProfileSummary
+from dtypelab.core.results.state import MemoryBreakdown, UpdateLoss
 from dtypelab.core.results.store import Record
 from dtypelab.core.stats import Summary, summarize
 from dtypelab.core.tolerance import Tolerance
@@ -29,7 +30,7 @@ PER_LAYER_SAMPLES = 8  # --per-layer compares the first samples of the batch (ev
 STATUSES = ("ok", "diverged", "failed", "timeout", "oom", "skipped", "interrupted")
 # Why a policy was skipped: it cannot run on this hardware, it was measured pathologically slow here, or its
 # estimated time did not fit in what was left of the sweep's --budget.
-SKIP_KINDS = ("", "unsupported", "slow", "budget")
+SKIP_KINDS = ("", "unsupported", "slow", "budget", "inapplicable")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class PolicyInfo:
     emulated: bool = False  # stored in the format, computed in a wider one: its speed is not the format's
     compiles: bool = False  # the first call compiles (its time is reported apart)
     modes: tuple[str, ...] = ("train", "infer")
+    # training: every weight keeps its small updates (float32 weights, a master copy, compensation, stochastic
+    # rounding); None in records written before it was kept
+    keeps_updates: bool | None = None
 
 
 class ScalerSkip(TypedDict):
@@ -163,6 +167,7 @@ class RunConfig:
     nproc: int = 0  # --nproc: ranks per node under torchrun (0: one process, no torch.distributed)
     nnodes: int = 1
     link_gbps: tuple[float, ...] = ()  # --link-gbps: bandwidths the scaling estimate is given for
+    memory_budget_bytes: int | None = None  # --memory-budget: a policy needing more is not chosen
 
     def __post_init__(self) -> None:
         if not isinstance(self.tolerance, Tolerance):  # "1%" from Python callers: parsed once, here
@@ -187,7 +192,9 @@ class PolicyResult:
     model_bytes: int | None = None
     init_fingerprint: str = ""  # hash of the initial weights: identical across policies
     info: PolicyInfo | None = None
-    skip: str = ""  # skipped: "unsupported" here, measured "slow" here (--force runs it), or over "budget"
+    # skipped: "unsupported" here, measured "slow" here (--force runs it), over "budget", or "inapplicable" to this
+    # model or script (no low-bit variant of its optimizer, weights updated by hand)
+    skip: str = ""
     scaler: ScalerStats = field(default_factory=dict)  # GradScaler history (amp-fp16)
     size: SizeInfo | None = None  # infer: the converted model's file and linear-weight bytes
     first_call_s: float | None = None  # infer: the first call (compilation, for compiled policies)
@@ -207,6 +214,10 @@ class PolicyResult:
     distributed: DistStats | None = None  # --nproc: bytes, communication, per-rank memory, the link
     conversion: Conversion = field(default_factory=dict)  # float8 training, int4: the layers converted, left out
     notes: tuple[str, ...] = ()  # what the run found worth a sentence, without its name (said once for all)
+    memory: MemoryBreakdown | None = None  # train: where the memory goes, counted from the tensors
+    # train, weights in a low-precision float with nothing to keep small updates: the share each parameter's steps
+    # lost, over a few steps after the metric was taken (worst first)
+    updates: tuple[UpdateLoss, ...] = ()
     wall_s: float = 0.0
 
     @property

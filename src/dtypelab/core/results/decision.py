@@ -17,6 +17,7 @@ class Decision(str, Enum):
     NO_BASELINE = "no-baseline"  # fp32 did not complete: nothing to compare with
     NO_EVIDENCE = "no-evidence"  # a policy that ran was not timed: no speed verdict can be given
     NOTHING_TO_SEARCH = "nothing-to-search"  # tune: every candidate measured pathologically slow here
+    NOTHING_FITS = "nothing-fits"  # --memory-budget: no policy within the constraints fits in it
 
 
 class Verdict(str, Enum):
@@ -29,6 +30,7 @@ class Verdict(str, Enum):
     WITHIN = "within"  # its metric moved the bad way, within the tolerance (accepted)
     NO_GAIN = "no-gain"  # accepted, but its speedup's interval includes no gain
     OUTSIDE = "outside"  # its metric moved past the tolerance (rejected)
+    OVER_MEMORY = "over-memory"  # within the tolerance, but it needs more memory than --memory-budget (rejected)
     COSINE = "cosine"  # inference: its worst output cosine is below the bound (rejected)
     DIVERGED = "diverged"  # the loss stayed non-finite
     NONFINITE = "nonfinite"  # the loss went non-finite at some step (unstable)
@@ -37,6 +39,7 @@ class Verdict(str, Enum):
     SKIPPED_UNSUPPORTED = "skipped-unsupported"
     SKIPPED_SLOW = "skipped-slow"
     SKIPPED_BUDGET = "skipped-budget"
+    SKIPPED_INAPPLICABLE = "skipped-inapplicable"  # the policy means nothing for this model, optimizer or script
     SKIPPED_BASELINE = "skipped-baseline"  # not run: the fp32 baseline failed (bench --keep-going runs it)
     FAILED = "failed"
     TIMEOUT = "timeout"
@@ -48,7 +51,7 @@ class Verdict(str, Enum):
     def settled(self) -> bool:
         """Rejected whatever its speed (the learning run's metric, cosine or loss decided): timing it again in
         paired rounds cannot change the decision."""
-        return self in (Verdict.OUTSIDE, Verdict.COSINE, Verdict.NONFINITE, Verdict.NO_METRIC)
+        return self in (Verdict.OUTSIDE, Verdict.COSINE, Verdict.NONFINITE, Verdict.NO_METRIC, Verdict.OVER_MEMORY)
 
     @property
     def accepted(self) -> bool:

@@ -1,0 +1,118 @@
+"""Where a training run's memory goes, counted from the tensors themselves: the weights, their gradients, the
+optimizer's state, a kind's master copy, and the activations a forward pass keeps for the backward.
+
+Bytes are exact: a tensor subclass (torchao's 8-bit optimizer state reports dtype float32) is counted by the inner
+tensors that hold its data, and storage that two tensors share (a quantization table every state points at, tied
+weights) is counted once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "master_weights", "activations")
+
+
+def _leaves(t: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The plain tensors that hold ``t``'s data: itself, or a wrapper subclass's inner tensors, recursively."""
+    if hasattr(t, "to_local") and type(t).__name__ == "DTensor":
+        t = t.to_local()
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        for name in names:
+            yield from _leaves(getattr(t, name))
+    else:
+        yield t
+
+
+class ByteCounter:
+    """Adds up tensors' bytes, each storage once: per storage, the span of it that the counted tensors view (a
+    batch sliced from a dataset tensor is not the dataset). ``add`` returns how much a call added; the spans are
+    shared across calls, so a tensor that two categories hold goes to the first that counts it."""
+
+    def __init__(self) -> None:
+        self.spans: dict[int, tuple[int, int]] = {}
+
+    def add(self, tensors: Iterable[torch.Tensor]) -> int:
+        added = 0
+        for t in tensors:
+            for leaf in _leaves(t):
+                size = leaf.numel() * leaf.element_size()
+                if leaf.device.type == "meta" or size == 0:
+                    added += size
+                    continue
+                ptr = leaf.untyped_storage().data_ptr()
+                lo = leaf.storage_offset() * leaf.element_size()
+                hi = lo + size
+                old = self.spans.get(ptr)
+                if old is None:
+                    self.spans[ptr] = (lo, hi)
+                    added += size
+                else:
+                    new = (min(lo, old[0]), max(hi, old[1]))
+                    self.spans[ptr] = new
+                    added += (new[1] - new[0]) - (old[1] - old[0])
+        return added
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """The bytes ``tensors`` occupy, inner tensors of subclasses counted, shared storage once."""
+    return ByteCounter().add(tensors)
+
+
+def _state_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _state_tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _state_tensors(v)
+
+
+def state_memory(model: nn.Module, optimizers: Iterable[torch.optim.Optimizer],
+                 masters: Iterable[torch.Tensor] = (), activations: int | None = None,
+                 gradients: int | None = None) -> dict[str, int | None]:
+    """The breakdown (bytes) of a model and its optimizers now: parameters, their gradients, the optimizers' state
+    less ``masters`` (which a kind keeps as the weights' exact values: ``master_weights``), and ``activations`` as
+    measured (``saved_activations``); ``total`` adds them up. ``gradients``: as counted during a step, for a loop
+    that sets them to None after its optimizer step."""
+    counter = ByteCounter()
+    params = list(model.parameters())
+    masters = list(masters)
+    master_ids = {id(t) for t in masters}
+    out: dict[str, int | None] = {
+        "parameters": counter.add(params),
+        "gradients": counter.add(p.grad for p in params if p.grad is not None) if gradients is None else gradients,
+        "master_weights": counter.add(masters),
+        "optimizer_state": counter.add(t for opt in optimizers for t in _state_tensors(list(opt.state.values()))
+                                       if id(t) not in master_ids),
+        "activations": activations,
+    }
+    out["total"] = sum(v for v in out.values() if v is not None)
+    return {k: out[k] for k in (*CATEGORIES, "total")}
+
+
+@contextlib.contextmanager
+def saved_activations(model: nn.Module) -> Iterator[dict[str, int]]:
+    """Inside the block, count the bytes autograd saves for the backward pass (each storage once; the weights
+    themselves excluded: they are counted as parameters). ``out["bytes"]`` holds the sum when the block ends, which
+    at the end of a forward pass and its loss is the activations' peak."""
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters() if p.device.type != "meta"}
+    counter = ByteCounter()
+    out = {"bytes": 0}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.device.type == "meta" or t.untyped_storage().data_ptr() not in weights:
+            out["bytes"] += counter.add([t])
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield out
