@@ -18,6 +18,8 @@ import argparse
 import os
 from pathlib import Path
 
+import torch
+
 import dtypelab
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +42,8 @@ def table(report: dtypelab.Report) -> str:
         v = rec.verdict(r.policy)
         mem, bmem = r.memory or {}, (base.memory if base else None) or {}
         peak = f"{r.peak_memory_bytes / 2**20:.1f}" if r.peak_memory_bytes is not None else "—"
-        rows.append(f"| {r.policy} | {r.metric(cfg.metric) if r.ran else r.status} | {v.delta if v else ''} | "
+        value = f"{r.metric(cfg.metric):.4g}" if r.ran and r.metric(cfg.metric) is not None else r.status
+        rows.append(f"| {r.policy} | {value} | {v.delta if v else ''} | "
                     f"{v.text if v else r.reason} | {f'{v.speedup:.2f}x' if v and v.speedup else '—'} | "
                     f"{_ratio(mem.get('parameters'), bmem.get('parameters'))} | "
                     f"{_ratio(mem.get('optimizer_state'), bmem.get('optimizer_state'))} | "
@@ -59,7 +62,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     hw = dtypelab.probe(budget_s=0.05)
-    print(f"machine: {hw.device_name}, torch {dtypelab.__version__ and __import__('torch').__version__}\n")
+    print(f"machine: {hw.device_name} ({' '.join(hw.cpu_flags or [])}), torch {torch.__version__}\n")
     for task in [t for t in args.tasks.split(",") if t]:
         report = dtypelab.bench(task, POLICIES, json_path=str(out / f"{task}.json"))
         print(table(report), "\n", flush=True)

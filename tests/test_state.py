@@ -70,6 +70,8 @@ def test_optimizers_without_a_variant_are_skipped_with_the_reason():
         _convert("bf16-sr", torch.optim.LBFGS(model.parameters()), model)
     with pytest.raises(Unsupported, match="no Kahan-summation variant of Adagrad"):
         _convert("bf16-kahan", torch.optim.Adagrad(model.parameters()), model)
+    with pytest.raises(Unsupported, match="torch-optimi's Adam has no amsgrad"):
+        _convert("bf16-kahan", torch.optim.Adam(model.parameters(), amsgrad=True), model)
     with pytest.raises(Unsupported, match="couples it"):  # Adam's L2 weight decay is not torchao's AdamW
         _convert("bf16-sr", torch.optim.Adam(model.parameters(), weight_decay=0.1), model)
 
@@ -270,3 +272,31 @@ def test_the_fastest_policy_within_tolerance_that_fits_is_chosen():
     assert rec.best is None and rec.decision.value == "nothing-fits"
     assert rec.sentences[0] == ("No recommendation: nothing within 1% on acc fits the 40.0 MB memory budget (fp32 "
                                 "needs 100.0 MB > 40.0 MB budget; the least within tolerance: bf16-kahan at 60.0 MB).")
+
+
+def test_a_count_that_fails_loses_neither_the_measurement_nor_the_run(tiny, monkeypatch, tmp_path):
+    from dtypelab.sweep import job as job_module
+
+    def broken(*_):
+        raise RuntimeError("no storage")
+
+    monkeypatch.setattr(job_module, "state_after", broken)
+    result = job_module.run_job(job_module.Job(tiny, "bf16", "train", 3, 8, 1, 0, "cpu", str(tmp_path)))
+    assert result.status == "ok" and result.metrics and result.memory is None
+    assert len(result.notes) == 1
+    assert result.notes[0].startswith("the memory breakdown could not be counted (RuntimeError: no storage")
+
+
+def test_activations_are_the_peak_of_one_forward_not_the_sum_over_accumulated_micro_batches():
+    from dtypelab.core.footprint import saved_activations
+
+    model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 1))
+    x = torch.randn(64, 32)
+    with saved_activations(model) as one:
+        loss = model(x).sum()
+    del loss
+    with saved_activations(model) as four:
+        for _ in range(4):  # gradient accumulation: each micro-batch's graph is freed by its backward
+            model(x).sum().backward()
+    # Linear saves its input; ReLU its output; the second Linear its input, the same storage as ReLU's output: once
+    assert one["bytes"] == 64 * 32 * 4 + 64 * 256 * 4 == four["bytes"]

@@ -97,7 +97,9 @@ def _policies(opts: PoliciesOptions, cli: dict[str, Any]) -> None:
     out.print(table)
     out.print("Any policy or plan file also runs as NAME+compile (under torch.compile) and, for training with bench "
               "--nproc N, takes a distributed modifier: +ddp (implied), +ddp-fp16, +ddp-bf16, +ddp-powersgd[-rN], "
-              "+fsdp, +fsdp-bf16-params-fp32-reduce.", highlight=False, markup=False)
+              "+fsdp, +fsdp-bf16-params-fp32-reduce. A training policy whose optimizer is Adam or AdamW also "
+              "runs with its state in fewer bits: NAME+adam8bit, +adam4bit (torchao), +adamfp8 (CUDA >= 8.9).",
+              highlight=False, markup=False)
 
 
 command(app, "policies", PoliciesOptions, _policies,

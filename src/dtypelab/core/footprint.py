@@ -103,16 +103,27 @@ def state_memory(model: nn.Module, optimizers: Iterable[torch.optim.Optimizer],
 @contextlib.contextmanager
 def saved_activations(model: nn.Module) -> Iterator[dict[str, int]]:
     """Inside the block, count the bytes autograd saves for the backward pass (each storage once; the weights
-    themselves excluded: they are counted as parameters). ``out["bytes"]`` holds the sum when the block ends, which
-    at the end of a forward pass and its loss is the activations' peak."""
+    themselves excluded: they are counted as parameters). ``out["bytes"]`` holds the largest amount saved between two
+    backward passes (gradient accumulation: one micro-batch's forward, freed by its backward before the next), which
+    is the activations' peak; ``out["uncounted"]``, tensors it could not read (no storage)."""
     weights = {p.untyped_storage().data_ptr() for p in model.parameters() if p.device.type != "meta"}
-    counter = ByteCounter()
+    live = {"counter": ByteCounter(), "bytes": 0, "backward": False}
     out = {"bytes": 0}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.device.type == "meta" or t.untyped_storage().data_ptr() not in weights:
-            out["bytes"] += counter.add([t])
+        if live["backward"]:  # a backward pass ran since the last save: this is the next forward, from nothing
+            live.update(counter=ByteCounter(), bytes=0, backward=False)
+        try:  # whatever the count meets, the training code it runs inside must go on
+            if t.device.type == "meta" or t.untyped_storage().data_ptr() not in weights:
+                live["bytes"] += live["counter"].add([t])
+                out["bytes"] = max(out["bytes"], live["bytes"])
+        except Exception:
+            out["uncounted"] = out.get("uncounted", 0) + 1
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        live["backward"] = True
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield out

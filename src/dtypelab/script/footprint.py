@@ -35,6 +35,9 @@ class Footprint:
             return None
         self._count_activations(start=False)  # a run that ended inside the counted step: what it saved so far
         counted = self._acts_count if self._acts_count and "done" in self._acts_count else None
-        masters = [t for opt in self._optimizers for t in self.precision.master_tensors(opt)]
-        return state_memory(self._model, self._optimizers, masters, counted["bytes"] if counted else None,
-                            counted.get("gradients") if counted else None)
+        try:  # a count that fails (a tensor without storage) must not lose the run's measurement
+            masters = [t for opt in self._optimizers for t in self.precision.master_tensors(opt)]
+            return state_memory(self._model, self._optimizers, masters, counted["bytes"] if counted else None,
+                                counted.get("gradients") if counted else None)
+        except Exception:
+            return None

@@ -143,8 +143,7 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         atomic_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, job.reference_weights)
     # after the metric and the reference weights: the counting forward pass may move BatchNorm's statistics, and
     # the lost-update probe trains a few steps more
-    memory = state_after(task, model, precision, optimizer, device, job.batch_size, job.steps)
-    updates = lost_updates(task, model, precision, optimizer, device, job.batch_size, job.steps)[:MAX_UPDATE_ROWS]
+    memory, updates, counted = _counted(task, model, precision, optimizer, device, job)
     profiler = _profiler(job, device, precision, timer.samples)  # after the metric: it trains a few steps more
     profile = profile_training(task, model, precision, optimizer, profiler, job.batch_size, job.steps) \
         if profiler and job.mode != "reference" else None
@@ -158,8 +157,23 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         load_peak_memory_bytes=meter.load_peak, memory_method=meter.method, model_bytes=len(serialize(model)[0]),
         init_fingerprint=init, scaler=precision.stats(), conversion=precision.conversion(),
         disturbance=disturbance.to_dict() if disturbance else {}, profile=profile, memory=memory,
-        updates=tuple(updates),
+        updates=tuple(updates), notes=counted,
     )
+
+
+def _counted(task: Task, model: Any, precision: Precision, optimizer: Any, device: torch.device,
+             job: Job) -> tuple[dict[str, Any] | None, list[dict[str, Any]], tuple[str, ...]]:
+    """The memory breakdown and the lost updates; a count that fails loses neither the measurement nor the run
+    (a note says what went wrong)."""
+    try:
+        memory = state_after(task, model, precision, optimizer, device, job.batch_size, job.steps)
+    except Exception as exc:
+        return None, [], (f"the memory breakdown could not be counted ({describe_exception(exc)})",)
+    try:
+        return memory, lost_updates(task, model, precision, optimizer, device, job.batch_size,
+                                    job.steps)[:MAX_UPDATE_ROWS], ()
+    except Exception as exc:
+        return memory, [], (f"its lost updates could not be counted ({describe_exception(exc)})",)
 
 
 class _Slow(Exception):

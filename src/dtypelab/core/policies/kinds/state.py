@@ -101,8 +101,9 @@ def _optimi(optimizer: torch.optim.Optimizer, what: str) -> torch.optim.Optimize
         raise DtypelabError(f"{what} needs torch-optimi ({exc}); pip install torch-optimi") from None
     name = type(optimizer).__name__
     groups = optimizer.param_groups
-    if any(g.get("maximize") or g.get("nesterov") for g in groups):
-        raise Unsupported(f"{what}: torch-optimi's {name} has no maximize / nesterov")
+    missing = [k for k in ("maximize", "nesterov", "amsgrad") if any(g.get(k) for g in groups)]
+    if missing:  # dropping one would measure another algorithm
+        raise Unsupported(f"{what}: torch-optimi's {name} has no {missing[0]}")
     family = _adam_family(optimizer)
     if family == "adamw":
         cls, keys = optimi.AdamW, ("lr", "betas", "eps", "weight_decay")
