@@ -300,3 +300,13 @@ def test_activations_are_the_peak_of_one_forward_not_the_sum_over_accumulated_mi
             model(x).sum().backward()
     # Linear saves its input; ReLU its output; the second Linear its input, the same storage as ReLU's output: once
     assert one["bytes"] == 64 * 32 * 4 + 64 * 256 * 4 == four["bytes"]
+
+
+def test_frameworks_run_an_optimizer_state_modifier_through_the_hooks_or_refuse_it():
+    lightning = pytest.importorskip("dtypelab.lightning")
+    assert lightning.lightning_precision(get_policy("amp-bf16")) == "bf16-mixed"
+    # Lightning's own bf16-mixed would drop the 8-bit state: dtypelab's precision plugin converts the optimizer
+    assert lightning.lightning_precision(get_policy("amp-bf16+adam8bit")) is None
+    hf = pytest.importorskip("dtypelab.hf")
+    with pytest.raises(DtypelabError, match="an optimizer-state modifier has no TrainingArguments equivalent"):
+        hf.training_arguments(get_policy("amp-bf16+adam8bit"), None)

@@ -25,9 +25,9 @@ except ImportError as exc:  # pragma: no cover - the [hf] extra
 def training_arguments(plan: Plan, args: Any) -> tuple[Any, str | None]:
     """(TrainingArguments for the policy, the dtype to cast the model to or None); an error for a policy the
     Trainer cannot express."""
-    mapped = None if plan.rules else plan.default.hf_arguments()
+    mapped = None if plan.rules or plan.state is not None else plan.default.hf_arguments()
     if mapped is None:
-        why = "per-module plans have" if plan.rules else "it has"
+        why = "per-module plans have" if plan.rules else "an optimizer-state modifier has" if plan.state else "it has"
         raise DtypelabError(f"policy {plan.name}: {why} no TrainingArguments equivalent")
     flags, cast = mapped
     return dataclasses.replace(args, logging_steps=1, **{"bf16": False, "fp16": False, **flags}), cast

@@ -22,8 +22,9 @@ except ImportError as exc:  # pragma: no cover - the [lightning] extra
 
 def lightning_precision(plan: Plan) -> str | None:
     """The ``precision=`` value Lightning runs this policy with (its kind's ``lightning``), or None when Lightning
-    has none (a per-module plan, a kind of your own): ``DtypelabPrecision`` runs it then."""
-    return None if plan.rules else plan.default.lightning
+    has none (a per-module plan, an optimizer-state modifier, a kind of your own): ``DtypelabPrecision`` runs it
+    then."""
+    return None if plan.rules or plan.state is not None else plan.default.lightning
 
 
 class DtypelabPrecision(pl.plugins.Precision):
