@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from conftest import HERE, fake_hardware
+from conftest import HERE, avx2_hardware, fake_hardware
 from torch import nn
 
 import dtypelab
@@ -310,3 +310,15 @@ def test_frameworks_run_an_optimizer_state_modifier_through_the_hooks_or_refuse_
     hf = pytest.importorskip("dtypelab.hf")
     with pytest.raises(DtypelabError, match="an optimizer-state modifier has no TrainingArguments equivalent"):
         hf.training_arguments(get_policy("amp-bf16+adam8bit"), None)
+
+
+def test_on_an_avx2_cpu_the_bf16_state_policies_are_slow_and_the_audit_counts_all_the_same():
+    hw = avx2_hardware()
+    for name in ("bf16-sr", "bf16-kahan", "bf16-sr+adam8bit"):
+        avail = get_policy(name).availability(hw)
+        assert avail.ok and avail.slow and "bfloat16" in avail.reason, name  # skipped unless --force
+    assert not get_policy("fp32+adam8bit").availability(hw).slow  # float32 arithmetic: runs anywhere
+    # the audit's count does not depend on the machine's speed: the same numbers as on the fast CPU
+    fast = dtypelab.audit(LOST, steps=4, every=2, updates=True, hardware=fake_hardware())
+    slow = dtypelab.audit(LOST, steps=4, every=2, updates=True, hardware=hw)
+    assert fast.updates == slow.updates and fast.updates[0]["lost"]["bfloat16"] == 1.0
