@@ -185,7 +185,9 @@ def memory_sections(report: Report) -> list[Section]:
     """The training memory's table, when it was counted."""
     memory = memory_rows(report)
     title = MEMORY_TITLE.format(unit=memory_unit(report)[0])
-    return [Section(title, *memory, [MEMORY_NOTE], left={0}, wrap={0})] if memory else []
+    # a narrow terminal keeps the policy, its optimizer state and its total longest
+    drop = ("process peak", "gradients", "master copy", "activations", "weights")
+    return [Section(title, *memory, [MEMORY_NOTE], left={0}, wrap={0}, drop=drop)] if memory else []
 
 
 def sections(report: Report) -> list[Section]:
