@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.results import BASELINE, PER_LAYER_SAMPLES, PolicyResult, PolicyVerdict, Recommendation, Report
-from dtypelab.core.text import num
+from dtypelab.core.text import num, pct
 from dtypelab.render.distributed import distributed_sections
 from dtypelab.render.profile import Section, profile_sections
 from dtypelab.render.tables import drop_order, html_table, markdown_table, rich_table
@@ -18,7 +18,13 @@ DROP_FIRST = ("samples/s", "size MB", "linear W", "max abs err", "train MB", "pe
               "final loss", "SQNR dB", "status", "Δ ")
 
 
+def _numerics_only(r: PolicyResult) -> bool:
+    return bool(r.info and r.info.numerics_only)
+
+
 def _timing(r: PolicyResult) -> str:
+    if _numerics_only(r):
+        return "emulated"  # its steps' time is the emulation's, not the format's
     t = r.timing
     if t is None:
         return "—"
@@ -81,7 +87,8 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
     rows = []
     for r in report.results:
         v = rec.verdict(r.policy)
-        row = [r.policy, r.status, _timing(r), _speed(v, r) if r.ran else "—", num(r.throughput, ",.0f"),
+        row = [r.policy, r.status, _timing(r), _speed(v, r) if r.ran else "—",
+               num(None if _numerics_only(r) else r.throughput, ",.0f"),
                num(r.peak_memory_bytes / MB if r.peak_memory_bytes is not None else None, ".1f"), _size(r, base)]
         if counted:
             total = r.memory["total"] if r.memory else None
@@ -190,9 +197,32 @@ def memory_sections(report: Report) -> list[Section]:
     return [Section(title, *memory, [MEMORY_NOTE], left={0}, wrap={0}, drop=drop)] if memory else []
 
 
+EMULATED_TITLE = "emulated layers: each converted layer on one training batch (numerics only)"
+EMULATED_NOTE = ("SQNR dB: the layer's emulated output against the bfloat16 matmul of the same input and weight, the "
+                 "median over rows (tokens) of each row's; "
+                 "flushed: the share of the input's and the weight's non-zero values that are zero in float8 with the "
+                 "recipe's scales (one per tensor, or per row). The layers are those the recipe's filter converts on a "
+                 "GPU.")
+
+
+def emulated_sections(report: Report) -> list[Section]:
+    """Per emulated policy, what its format did to each layer it converted; none when no policy was emulated."""
+    rows = [[r.policy, e["layer"], e["shape"], num(e["sqnr_db"], ".1f"), pct(e["input_underflow"]),
+             pct(e["weight_underflow"])] for r in report.results for e in r.emulated_layers]
+    if not rows:
+        return []
+    headers = ["policy", "layer", "shape", "SQNR dB vs bf16", "input flushed", "weight flushed"]
+    return [Section(EMULATED_TITLE, headers, rows, [EMULATED_NOTE], left={0, 1, 2}, wrap={1})]
+
+
+def training_sections(report: Report) -> list[Section]:
+    """Where the training memory goes, and what an emulated format did to each layer it converted."""
+    return memory_sections(report) + emulated_sections(report)
+
+
 def sections(report: Report) -> list[Section]:
-    """The tables under the main one: the training memory, --per-layer, then --profile's."""
-    first = memory_sections(report)
+    """The tables under the main one: the training memory, emulated layers, --per-layer, then --profile's."""
+    first = training_sections(report)
     layers = layer_rows(report)
     first += [Section(LAYER_TITLE, *layers, [LAYER_NOTE], left={0, 1}, wrap={0})] if layers else []
     return first + distributed_sections(report) + profile_sections(report)

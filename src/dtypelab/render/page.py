@@ -31,7 +31,7 @@ from dtypelab.core.results import (
 from dtypelab.core.results.store import save_text
 from dtypelab.render import plots
 from dtypelab.render.autopilot import autopilot_doc
-from dtypelab.render.bench import bench_notes, bench_title, decision, layer_rows, memory_sections, table_rows
+from dtypelab.render.bench import bench_notes, bench_title, decision, layer_rows, table_rows, training_sections
 from dtypelab.render.distributed import distributed_sections
 from dtypelab.render.numeric import audit_doc, updates_docs
 from dtypelab.render.profile import Section, profile_sections
@@ -98,7 +98,7 @@ def _bench(report: Report, key: str, layers: str | None = None) -> str:
     names = [r.policy for r in ran]
     headers, rows = table_rows(report, rec)
     parts = [html_fragment(headers, rows, bench_notes(report, rec), classes=True)]
-    parts += map(_table_section, memory_sections(report))  # where the training memory goes, from the tensors
+    parts += map(_table_section, training_sections(report))  # the memory; what an emulated format did per layer
     layers = layer_rows(report)
     if layers:
         parts.append(_details(f"per-layer SQNR, {len(layers[1])} layers", html_fragment(*layers, [], classes=True)))

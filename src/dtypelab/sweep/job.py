@@ -23,6 +23,7 @@ from dtypelab.core.loop import (
     fingerprint,
     fit,
     forward,
+    forward_loss,
     lost_updates,
     make_predict,
     prime,
@@ -144,6 +145,7 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
     # after the metric and the reference weights: the counting forward pass may move BatchNorm's statistics, and
     # the lost-update probe trains a few steps more
     memory, updates, counted = _counted(task, model, precision, optimizer, device, job)
+    emulated = _emulated_layers(task, model, precision, device, job)
     profiler = _profiler(job, device, precision, timer.samples)  # after the metric: it trains a few steps more
     profile = profile_training(task, model, precision, optimizer, profiler, job.batch_size, job.steps) \
         if profiler and job.mode != "reference" else None
@@ -157,8 +159,17 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         load_peak_memory_bytes=meter.load_peak, memory_method=meter.method, model_bytes=len(serialize(model)[0]),
         init_fingerprint=init, scaler=precision.stats(), conversion=precision.conversion(),
         disturbance=disturbance.to_dict() if disturbance else {}, profile=profile, memory=memory,
-        updates=tuple(updates), notes=counted,
+        updates=tuple(updates), notes=counted, emulated_layers=tuple(emulated),
     )
+
+
+def _emulated_layers(task: Task, model: Any, precision: Precision, device: torch.device, job: Job) -> list[Any]:
+    """An emulated format's per-layer fidelity on one training batch (no step); none for any other plan."""
+    if not job.plan.numerics_only:
+        return []
+    inputs, target = to_device(task.batch(job.steps, job.batch_size), device)
+    with precision.session():
+        return precision.layer_fidelity(model, lambda: forward_loss(task, model, precision, inputs, target))
 
 
 def _counted(task: Task, model: Any, precision: Precision, optimizer: Any, device: torch.device,

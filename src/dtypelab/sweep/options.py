@@ -54,6 +54,9 @@ class BenchOptions(Options):
     per_layer: bool = Field(False, description="infer: SQNR of every layer's output vs fp32")
     min_cosine: float = Field(0.99, ge=0, le=1, description="infer: lowest worst-sample output cosine vs fp32 to "
                                                             "accept")
+    emulate: bool = Field(False, description="run the formats this hardware cannot (float8 training) with emulated "
+                                             "numerics: their metric and per-layer fidelity, no speed (slow: "
+                                             "float32 matmuls)")
     memory_budget: MemorySize = Field(None, description="the most memory a policy may need (24GiB, 512MB): the "
                                       "fastest policy within tolerance that fits is chosen (training: its weights, "
                                       "gradients, optimizer state, master copy and activations; inference: its peak)",

@@ -6,7 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
+import torch
+
 from dtypelab.core.policies import BASELINE, COMPILED_BASELINE, Plan, get_policy, policy_info
+from dtypelab.core.policies.kinds.float8 import FLOAT8_FLOOR
+from dtypelab.core.policies.registry import emulated_version, gpu_only_policies
 from dtypelab.core.results import PolicyResult
 from dtypelab.core.task import Task
 from dtypelab.run import Outcome
@@ -26,6 +30,25 @@ MORE_ROUNDS = 3  # a policy the rounds have not decided yet (rounds._undecided) 
 DISTRIBUTED_DEFAULTS = ("fp32", "fp32+ddp-fp16", "fp32+ddp-bf16", "fp32+ddp-powersgd", "fp32+fsdp",
                         "fp32+fsdp-bf16-params-fp32-reduce")
 
+
+
+def emulate_here(plans: dict[str, Plan], explicit: bool, mode: str, device: torch.device) -> dict[str, Plan]:
+    """--emulate: each plan this device cannot run (float8 training needs CUDA compute capability 8.9+) that has an
+    emulated counterpart runs as that instead; a default sweep also gets the emulated version of every GPU-only
+    policy it left out."""
+    runs = device.type == "cuda" and torch.cuda.get_device_capability(device) >= FLOAT8_FLOOR
+
+    def swap(plan: Plan) -> Plan:
+        emulated = None if runs else emulated_version(plan)
+        return emulated if emulated is not None else plan
+
+    out = {p.name: p for p in map(swap, plans.values())}
+    if not explicit and not runs:
+        for name in gpu_only_policies(mode):
+            emulated = emulated_version(get_policy(name))
+            if emulated is not None:
+                out.setdefault(emulated.name, emulated)
+    return out
 
 
 def check_patterns(task: Task, plans: Iterable[Plan]) -> None:

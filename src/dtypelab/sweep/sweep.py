@@ -56,6 +56,7 @@ from dtypelab.sweep.plans import (
     MIN_TIMED,
     MORE_ROUNDS,
     check_patterns,
+    emulate_here,
     policy_result,
     with_baselines,
 )
@@ -109,6 +110,8 @@ class _Sweep:
         self.dev = remote_device(opts.device) if self.remote else resolve_device(opts.device)
         defaults = DISTRIBUTED_DEFAULTS if self.torchrun else default_policies(opts.mode, self.dev.type)
         plans = {p.name: p for p in (parse_policies(opts.policies) if self.explicit else map(get_policy, defaults))}
+        if opts.emulate:  # what cannot run here runs emulated: named ones in place, or all of them besides a default
+            plans = emulate_here(plans, self.explicit, opts.mode, self.dev)
         self.added = {p.name: p for p in parse_policies(opts.plan)} if opts.plan else {}
         plans.update(self.added)
         if self.torchrun is None and any(p.distributed for p in plans.values()):

@@ -132,7 +132,12 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
     if cold_all - warm_all >= COLD_CACHE_NOTE_S:
         notes.append(f"Compiling took {cold_all:.0f} s of this sweep; from inductor's on-disk cache, now warm, the "
                      f"same graphs took {warm_all:.0f} s, so a re-run is about {cold_all - warm_all:.0f} s shorter.")
-    if any(r.info and r.info.emulated for r in ran):
+    numerics = [r.policy for r in ran if r.info and r.info.numerics_only]
+    if numerics:
+        notes.append(f"{', '.join(numerics)}: emulated, numerics only: the format's rounding on this hardware, its "
+                     "matmuls in float32; its step time says nothing of the format's speed, so it has no speedup and "
+                     "is never chosen for speed.")
+    if any(r.info and r.info.emulated and not r.info.numerics_only for r in ran):
         notes.append("† emulated format: stored in it but computed in a wider type; its speed is not the "
                      "format's native speed.")
     if any(_linear_bytes(r) for r in ran):
@@ -148,7 +153,7 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
                      f"interleaved rounds{more} of {steps} in one process (paired: the same round, "
                      "the same batches), with a 95% Student-t interval; step ms is from each policy's own run.")
     settled = [r.policy for r in ran if r.timing and not r.speedup_ci and verdicts and r.policy in verdicts
-               and verdicts[r.policy].verdict.settled]
+               and verdicts[r.policy].verdict.settled and not (r.info and r.info.numerics_only)]
     if settled and any(r.speedup_ci for r in report.results):
         notes.append(f"{', '.join(settled)}: not timed in the rounds (a policy outside the constraints is rejected "
                      "whatever its speed); its speedup is the ratio of each run's own median, without an interval.")

@@ -112,12 +112,13 @@ def _judged_runs(report: Report, base: PolicyResult, base_metric: float, tol: To
         if not r.ran:
             continue
         value = r.metric(metric)
-        sp = speedup(r, base)
-        ci = r.speedup_ci
+        numerics = r.info is not None and r.info.numerics_only  # emulated: its steps' time is not its format's
+        sp = None if numerics else speedup(r, base)
+        ci = None if numerics else r.speedup_ci
         finite = value is not None and math.isfinite(value) and r.policy != BASELINE
         common = {"speedup": sp, "speedup_low": ci.low if ci else None, "speedup_high": ci.high if ci else None,
                   "metric": value, "delta": delta_text(value, base_metric, tol) if finite else ""}
-        speed = speed_text(sp) if sp else "no timing"
+        speed = "emulated (numerics only)" if numerics else speed_text(sp) if sp else "no timing"
         if r.status == "diverged":
             verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.DIVERGED, f"diverged at step {r.first_nonfinite_step}",
                                                **common)
@@ -147,6 +148,13 @@ def _judged_runs(report: Report, base: PolicyResult, base_metric: float, tol: To
                                                    **common)
                 notes[r.policy] = (f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}) but its worst output "
                                    f"cosine vs {BASELINE} is {cos:.4f}, below {cfg.min_cosine:g}.")
+            if ok and numerics:  # its metric, never its speed
+                ok = False
+                needs = r.info.speed_needs or "hardware that runs its format"
+                verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.NUMERICS_ONLY, f"numerics only: {where}",
+                                                   **common)
+                notes[r.policy] = (f"{r.policy}: numerically {where} on {metric} ({_fmt(value)}, {delta}) on this "
+                                   f"model, emulated; its speed needs {needs}.")
             too_big = over(r, cfg.memory_budget_bytes) if ok else ""
             if too_big:  # the fastest policy within tolerance that fits is the answer, not the fastest
                 ok = False

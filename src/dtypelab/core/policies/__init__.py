@@ -32,7 +32,8 @@ def policy_info(plan: Plan) -> PolicyInfo:
                       arithmetic="; ".join(c.arithmetic for c in plan.configs if c.arithmetic),
                       emulated=plan.emulated, compiles=plan.compiles, modes=plan.modes,
                       keeps_updates=all(c.keeps_updates or c.storage_dtype in ("float32", "float64")
-                                        for c in plan.configs))
+                                        for c in plan.configs), numerics_only=plan.numerics_only,
+                      speed_needs="; ".join(dict.fromkeys(c.speed_needs for c in plan.configs if c.speed_needs)))
 
 
 __all__ = ["BASELINE", "COMPILED_BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "TF32", "Autocast",

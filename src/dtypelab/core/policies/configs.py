@@ -76,6 +76,10 @@ class Config:
     backend: ClassVar[str] = "torch"
     arithmetic: ClassVar[str] = ""  # for formats that need saying: what the hardware really computes in
     emulated: ClassVar[bool] = False  # stored in the format, computed in a wider one: its speed is not its own
+    # the numerics of a format this hardware cannot run (float8 training emulated): no speed verdict, never chosen
+    # for speed, only said to keep the metric or not
+    numerics_only: ClassVar[bool] = False
+    speed_needs: ClassVar[str] = ""  # numerics_only: the hardware its speed needs, in words
     compiles: ClassVar[bool] = False
     always_compiles: ClassVar[bool] = False  # compiling is part of the kind (torchao's float8), not a plan's choice
     storage_dtype: ClassVar[str] = "float32"  # what the model's floats (and its inputs) are cast to
@@ -202,6 +206,11 @@ class Config:
     def master_tensors(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         """The tensors this kind keeps beside the weights to hold their exact values (a float32 master copy, Kahan's
         compensation): what the memory breakdown counts as ``master_weights`` rather than optimizer state."""
+        return []
+
+    def layer_fidelity(self, model: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
+        """Per layer this kind converted, what its numerics did on the inputs one forward pass (``run()``) gives it
+        (emulated float8: SQNR against bfloat16, values flushed to zero); none by default."""
         return []
 
     def promoted_state(self, value: torch.Tensor, param: nn.Parameter) -> torch.Tensor:

@@ -130,6 +130,11 @@ class Plan:
         return any(c.emulated for c in self.configs)
 
     @property
+    def numerics_only(self) -> bool:
+        """Some config only emulates its format's numerics here: the run says nothing of speed."""
+        return any(c.numerics_only for c in self.configs)
+
+    @property
     def compute_dtype(self) -> str:
         return self.default.compute_dtype
 

@@ -210,6 +210,10 @@ class Precision:
             run = functools.partial(config.optimizer_step, optimizer, run)
         return run()
 
+    def layer_fidelity(self, model: nn.Module, run: Any) -> list[dict[str, Any]]:
+        """What the kinds' conversions did to each layer they converted (``Config.layer_fidelity``)."""
+        return [row for config in self.plan.configs for row in config.layer_fidelity(model, run)]
+
     def master_tensors(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         """What the kinds keep beside the weights to hold their exact values (``Config.master_tensors``)."""
         return [t for config in self.plan.configs for t in config.master_tensors(optimizer)]

@@ -60,6 +60,7 @@ register("int8-dyn-legacy-pc", Quantize("int8-dynamic", library="torch.ao", gran
 # >= 8.9, real float8 inference matmuls there, int4 weight-only inference.
 register("fp8-tensorwise", Float8Train("tensorwise"))
 register("fp8-rowwise", Float8Train("rowwise"))
+register("fp8-rowwise-gw-hp", Float8Train("rowwise_with_gw_hp"))
 register("fp8-dyn-row", Quantize("fp8-dynamic"))
 register("fp8-dyn-tensor", Quantize("fp8-dynamic", granularity="per-tensor"))
 register("int4-wo", Quantize("int4-weight-only"))
@@ -68,6 +69,14 @@ register("int4-wo", Quantize("int4-weight-only"))
 register("bf16-sr", BF16Update("stochastic-round"))
 register("bf16-kahan", BF16Update("kahan"))
 STATE_MODIFIERS = {c.label: c for c in (LowBitState("8bit"), LowBitState("4bit"), LowBitState("fp8"))}
+# The numerics of the GPU-only float8 training recipes where they cannot run (bench --emulate picks them): torchao's
+# emulation, numerics only. Same layer filter as on the GPU; the -all variants convert every eligible layer.
+EMULATED = {}
+for _recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
+    for _size in ("auto", "none"):
+        _real = Float8Train(_recipe, _size)
+        EMULATED[_real.label] = register(dataclasses.replace(_real, emulate=True).label,
+                                         dataclasses.replace(_real, emulate=True)).name
 
 
 # Registered policies a default sweep leaves out: nobody deploys float64 inference, and it doubles the time
@@ -76,10 +85,12 @@ STATE_MODIFIERS = {c.label: c for c in (LowBitState("8bit"), LowBitState("4bit")
 # GPU it takes seconds, and the compiled float policies are float8 training's fair baselines.
 # The state policies answer a question of their own (bf16 weights that keep their updates; see the bench note when
 # pure bf16 loses them): named, not in every sweep.
+# Emulated numerics run with --emulate (or by name), never in a plain sweep.
 NOT_IN_DEFAULT_SWEEP = {"train": frozenset({"fp32+compile", "bf16+compile", "amp-bf16+compile", "bf16-sr",
-                                            "bf16-kahan"}),
+                                            "bf16-kahan", *EMULATED.values()}),
                         "infer": frozenset({"fp64", "amp-bf16+compile"})}
-NOT_IN_DEFAULT_GPU_SWEEP = {"train": frozenset({"bf16-sr", "bf16-kahan"}), "infer": NOT_IN_DEFAULT_SWEEP["infer"]}
+NOT_IN_DEFAULT_GPU_SWEEP = {"train": frozenset({"bf16-sr", "bf16-kahan", *EMULATED.values()}),
+                            "infer": NOT_IN_DEFAULT_SWEEP["infer"]}
 
 
 def policies_for(mode: str) -> list[str]:
@@ -94,6 +105,17 @@ def default_policies(mode: str, device: str = "cuda") -> list[str]:
     left_out = (NOT_IN_DEFAULT_SWEEP if cpu else NOT_IN_DEFAULT_GPU_SWEEP).get(mode, frozenset())
     return [name for name in policies_for(mode) if name not in left_out and name not in NAMED_ONLY
             and not (cpu and REGISTRY[name].gpu_only)]
+
+
+def emulated_version(plan: Plan) -> Plan | None:
+    """The emulated counterpart of a GPU-only training plan (float8 training: the same recipe and layer filter,
+    numerics only), or None when it has none."""
+    config = plan.default
+    if plan.rules or plan.distributed or not isinstance(config, Float8Train) or config.emulate:
+        return None
+    emulated = dataclasses.replace(config, emulate=True)
+    base = REGISTRY.get(emulated.label) or single(emulated)
+    return base.with_state(plan.state) if plan.state is not None else base
 
 
 def gpu_only_policies(mode: str) -> list[str]:

@@ -49,6 +49,8 @@ class PolicyInfo:
     # training: every weight keeps its small updates (float32 weights, a master copy, compensation, stochastic
     # rounding); None in records written before it was kept
     keeps_updates: bool | None = None
+    numerics_only: bool = False  # emulated numerics of a format this hardware cannot run: no speed verdict
+    speed_needs: str = ""  # numerics_only: the hardware its speed needs ("a GPU with float8 tensor cores (sm_89+)")
 
 
 class ScalerSkip(TypedDict):
@@ -94,6 +96,16 @@ class LayerFidelity(TypedDict):
     type: str
     sqnr_db: float | None  # the layer's output, every earlier layer converted too
     own_sqnr_db: float | None  # the converted layer alone, fed fp32's input
+
+
+class EmulatedLayer(TypedDict):
+    """A layer an emulated format converted (float8 training without float8 tensor cores), on one training batch."""
+
+    layer: str
+    shape: str  # out × in
+    sqnr_db: float | None  # its output against the bfloat16 matmul of the same input (median over rows, in dB)
+    input_underflow: float  # share of the input's non-zero values that flush to zero in the format
+    weight_underflow: float
 
 
 class DisturbanceInfo(TypedDict, total=False):
@@ -218,6 +230,7 @@ class PolicyResult:
     # train, weights in a low-precision float with nothing to keep small updates: the share each parameter's steps
     # lost, over a few steps after the metric was taken (worst first)
     updates: tuple[UpdateLoss, ...] = ()
+    emulated_layers: tuple[EmulatedLayer, ...] = ()  # numerics-only (emulated) training: each converted layer
     wall_s: float = 0.0
 
     @property

@@ -30,6 +30,7 @@ class Verdict(str, Enum):
     WITHIN = "within"  # its metric moved the bad way, within the tolerance (accepted)
     NO_GAIN = "no-gain"  # accepted, but its speedup's interval includes no gain
     OUTSIDE = "outside"  # its metric moved past the tolerance (rejected)
+    NUMERICS_ONLY = "numerics-only"  # emulated (float8 training without float8 tensor cores): its metric, no speed
     OVER_MEMORY = "over-memory"  # within the tolerance, but it needs more memory than --memory-budget (rejected)
     COSINE = "cosine"  # inference: its worst output cosine is below the bound (rejected)
     DIVERGED = "diverged"  # the loss stayed non-finite
@@ -51,7 +52,8 @@ class Verdict(str, Enum):
     def settled(self) -> bool:
         """Rejected whatever its speed (the learning run's metric, cosine or loss decided): timing it again in
         paired rounds cannot change the decision."""
-        return self in (Verdict.OUTSIDE, Verdict.COSINE, Verdict.NONFINITE, Verdict.NO_METRIC, Verdict.OVER_MEMORY)
+        return self in (Verdict.OUTSIDE, Verdict.COSINE, Verdict.NONFINITE, Verdict.NO_METRIC, Verdict.OVER_MEMORY,
+                        Verdict.NUMERICS_ONLY)
 
     @property
     def accepted(self) -> bool:

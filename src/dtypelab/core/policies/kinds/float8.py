@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -20,7 +21,7 @@ def float8_unfit(out_features: int, in_features: int) -> str | None:
     return None
 
 
-FLOAT8_RECIPES = ("tensorwise", "rowwise")
+FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 FLOAT8_FLOOR = (8, 9)  # Ada and Hopper: float8 tensor cores
 
 
@@ -37,14 +38,14 @@ class Float8Train(Config):
     modes: ClassVar[tuple[str, ...]] = ("train",)
     compute_dtype: ClassVar[str] = "float8_e4m3fn"
     backend: ClassVar[str] = "torchao"
-    compiles: ClassVar[bool] = True
-    always_compiles: ClassVar[bool] = True
     tunes: ClassVar[tuple[str, ...]] = ("train",)
     layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear,)
     autocast_dtype: ClassVar[str] = "bfloat16"
-    gpu_only: ClassVar[bool] = True
     recipe: str = "tensorwise"
     min_size: str = "auto"
+    # the numerics without float8 tensor cores: torchao quantizes and dequantizes each matmul's operands as the
+    # recipe says and multiplies in float32 (Float8LinearConfig(emulate=True)); eager, any device, numerics only
+    emulate: bool = False
 
     def __post_init__(self) -> None:
         if self.recipe not in FLOAT8_RECIPES:
@@ -54,24 +55,58 @@ class Float8Train(Config):
 
     @property
     def probe_key(self) -> str:
-        return "fp8"
+        return "float32" if self.emulate else "fp8"
 
     @property
     def label(self) -> str:
-        return f"fp8-{self.recipe}" + ("-all" if self.min_size == "none" else "")
+        recipe = self.recipe.replace("_with_", "-").replace("_", "-")  # rowwise_with_gw_hp: rowwise-gw-hp
+        return f"fp8-{recipe}" + ("-all" if self.min_size == "none" else "") + ("-emu" if self.emulate else "")
+
+    @property
+    def compiles(self) -> bool:  # type: ignore[override]
+        return not self.emulate  # torchao fuses the casts under compile; emulation is about numbers, not speed
+
+    @property
+    def always_compiles(self) -> bool:  # type: ignore[override]
+        return not self.emulate
+
+    @property
+    def gpu_only(self) -> bool:  # type: ignore[override]
+        return not self.emulate
+
+    @property
+    def emulated(self) -> bool:  # type: ignore[override]
+        return self.emulate
+
+    @property
+    def numerics_only(self) -> bool:  # type: ignore[override]
+        return self.emulate
+
+    @property
+    def speed_needs(self) -> str:  # type: ignore[override]
+        return "a GPU with float8 tensor cores (compute capability 8.9+: Ada, Hopper)" if self.emulate else ""
 
     @property
     def arithmetic(self) -> str:
-        scales = "one scale per tensor" if self.recipe == "tensorwise" else "scales per row"
+        scales = {"tensorwise": "one scale per tensor", "rowwise": "scales per row",
+                  "rowwise_with_gw_hp": "scales per row, the weight gradient in high precision"}[self.recipe]
+        if self.emulate:
+            return (f"emulated float8 (e4m3, {scales}): each matmul's operands quantized and dequantized as on float8 "
+                    "tensor cores, multiplied in float32; bfloat16 autocast elsewhere; numerics only")
         return (f"float8 tensor-core matmuls (e4m3, {scales}) in the converted Linear layers, bfloat16 autocast "
                 "elsewhere")
 
     def describe(self) -> str:
-        which = "large enough to pay" if self.min_size == "auto" else "with dimensions divisible by 16"
+        which = "large enough to pay (on an H100)" if self.min_size == "auto" else "with dimensions divisible by 16"
+        if self.emulate:
+            return (f"float8 training ({self.recipe} scales, torchao) emulated: its numerics in the Linear layers "
+                    f"{which}, bfloat16 autocast elsewhere; numerics only, no speed")
         return (f"float8 training ({self.recipe} scales, torchao) in the Linear layers {which}, bfloat16 autocast "
                 "elsewhere, under torch.compile")
 
     def supported(self, hw: HardwareInfo) -> str | None:
+        if self.emulate:
+            return torchao_missing()
         return torchao_missing() or cuda_missing(hw, "float8 training runs float8 tensor-core matmuls: it",
                                                  FLOAT8_FLOOR)
 
@@ -83,9 +118,16 @@ class Float8Train(Config):
             return float8_unfit(n, k)
         if self.recipe == "tensorwise" and k <= 4096 and n <= 1024:
             return f"{n}×{k}: too small to pay (tensorwise gains need out > 1024 or in > 4096)"
-        if self.recipe == "rowwise" and (n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048)):
+        if self.recipe != "tensorwise" and (n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048)):
             return f"{n}×{k}: too small to pay (rowwise gains need out > 2048 and in > 1024, and more than 4096×2048)"
         return None
+
+    def layer_fidelity(self, model: nn.Module, run: Any) -> list[dict[str, Any]]:
+        if not self.emulate:
+            return []
+        from dtypelab.core.emulation import emulated_layers
+
+        return emulated_layers(model, run, self.recipe)
 
     def region(self, parent: Config, outer: Any) -> Config | None:
         return None  # a float8 layer takes whatever its neighbours compute in
@@ -106,9 +148,11 @@ class Float8Train(Config):
                 chosen.add(name)
         if chosen:
             float8 = torchao_module("float8")
+            config = float8.Float8LinearConfig.from_recipe_name(self.recipe)
+            if self.emulate:
+                config = dataclasses.replace(config, emulate=True)
             with quiet():
-                model = float8.convert_to_float8_training(
-                    model, config=float8.Float8LinearConfig.from_recipe_name(self.recipe),
-                    module_filter_fn=lambda m, fqn: fqn in chosen)
-        return model, {"format": f"float8 training ({self.recipe})", "converted": sorted(chosen),
-                       "left_out": left_out}
+                model = float8.convert_to_float8_training(model, config=config,
+                                                          module_filter_fn=lambda m, fqn: fqn in chosen)
+        what = f"float8 training ({self.recipe}{', emulated' if self.emulate else ''})"
+        return model, {"format": what, "converted": sorted(chosen), "left_out": left_out}
