@@ -10,7 +10,7 @@ rounded down to a power of two.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,11 +40,18 @@ def float8_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     return out + bias.float() if bias is not None else out
 
 
-def _underflow(x: torch.Tensor, rowwise: bool) -> float:
+def _underflow(x: torch.Tensor, roundtrip: Callable[[torch.Tensor], torch.Tensor]) -> float:
     x = x.float().reshape(-1, x.shape[-1])
     nonzero = x != 0
-    flushed = (float8_roundtrip(x, rowwise) == 0) & nonzero
+    flushed = (roundtrip(x) == 0) & nonzero
     return float(flushed.sum()) / max(1, int(nonzero.sum()))
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A weight as a plain tensor (torchao wraps an MX-trained one in a subclass that holds it)."""
+    while type(t) not in (torch.Tensor, nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        t = getattr(t, t.__tensor_flatten__()[0][0])
+    return t
 
 
 def _sqnr(ref: torch.Tensor, out: torch.Tensor) -> float | None:
@@ -58,12 +65,15 @@ def _sqnr(ref: torch.Tensor, out: torch.Tensor) -> float | None:
     return float(per_row.median())
 
 
-def emulated_layers(model: nn.Module, run: Any, recipe: str) -> list[dict[str, Any]]:
-    """Per converted (torchao ``Float8Linear``) layer of ``model``, on the inputs ``run()`` (one forward pass)
+def emulated_layers(model: nn.Module, run: Any, recipe: str, names: list[str] | None = None,
+                    roundtrip: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[dict[str, Any]]:
+    """Per converted layer of ``model`` (``names``; by default torchao's ``Float8Linear`` modules, whose values go
+    through ``roundtrip``, by default the float8 recipe's), on the inputs ``run()`` (one forward pass)
     gives it: ``sqnr_db`` of its emulated output against the bfloat16 matmul of the same input and weight (the
     median over rows of each row's SQNR), and the
     shares of its input's and weight's non-zero values that flush to zero in float8 with the recipe's scales."""
     rowwise = recipe != "tensorwise"
+    roundtrip = roundtrip or (lambda x: float8_roundtrip(x, rowwise))
     seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def keep(name: str) -> Any:
@@ -72,20 +82,20 @@ def emulated_layers(model: nn.Module, run: Any, recipe: str) -> list[dict[str, A
         return hook
 
     hooks = [module.register_forward_hook(keep(name)) for name, module in model.named_modules()
-             if type(module).__name__ == "Float8Linear"]
+             if (name in names if names is not None else type(module).__name__ == "Float8Linear")]
     try:
-        with torch.no_grad():
-            run()
+        run()  # as training runs it (torchao's MX layers take another path without autograd); the graph is dropped
     finally:
         for h in hooks:
             h.remove()
     modules = dict(model.named_modules())
     rows = []
     for name, (x, out) in seen.items():
-        w, b = modules[name].weight.detach(), modules[name].bias
+        w, b = _plain(modules[name].weight.detach()), modules[name].bias
+        b = _plain(b.detach()) if b is not None else None
         with torch.no_grad():
             ref = F.linear(x.to(torch.bfloat16), w.to(torch.bfloat16),
-                           b.detach().to(torch.bfloat16) if b is not None else None)
+                           b.to(torch.bfloat16) if b is not None else None)
         rows.append({"layer": name, "shape": f"{w.shape[0]}×{w.shape[1]}", "sqnr_db": _sqnr(ref, out),
-                     "input_underflow": _underflow(x, rowwise), "weight_underflow": _underflow(w, rowwise)})
+                     "input_underflow": _underflow(x, roundtrip), "weight_underflow": _underflow(w, roundtrip)})
     return rows

@@ -23,7 +23,8 @@ def _leaves(t: torch.Tensor) -> Iterator[torch.Tensor]:
     """The plain tensors that hold ``t``'s data: itself, or a wrapper subclass's inner tensors, recursively."""
     if hasattr(t, "to_local") and type(t).__name__ == "DTensor":
         t = t.to_local()
-    if is_traceable_wrapper_subclass(t):
+    if is_traceable_wrapper_subclass(t) or (type(t) not in (torch.Tensor, nn.Parameter)
+                                            and hasattr(t, "__tensor_flatten__")):  # a wrapper (MX training's)
         names, _ = t.__tensor_flatten__()
         for name in names:
             yield from _leaves(getattr(t, name))
@@ -106,7 +107,8 @@ def saved_activations(model: nn.Module) -> Iterator[dict[str, int]]:
     themselves excluded: they are counted as parameters). ``out["bytes"]`` holds the largest amount saved between two
     backward passes (gradient accumulation: one micro-batch's forward, freed by its backward before the next), which
     is the activations' peak; ``out["uncounted"]``, tensors it could not read (no storage)."""
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters() if p.device.type != "meta"}
+    weights = {leaf.untyped_storage().data_ptr() for p in model.parameters() if p.device.type != "meta"
+               for leaf in _leaves(p)}
     live = {"counter": ByteCounter(), "bytes": 0, "backward": False}
     out = {"bytes": 0}
 

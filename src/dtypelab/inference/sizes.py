@@ -52,8 +52,20 @@ def flatten_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, 
     if all(_is_plain(t) for t in state.values()):
         return state, {}
     support = torchao_module("prototype.safetensors.safetensors_support")
-    tensors, metadata = support.flatten_tensor_state_dict({k: v.detach().to("cpu") for k, v in state.items()})
+    try:
+        tensors, metadata = support.flatten_tensor_state_dict({k: v.detach().to("cpu") for k, v in state.items()})
+    except ValueError:  # a subclass torchao cannot save (MX training's weight wrapper): the tensors that hold it
+        tensors, metadata = dict(_inner(state)), {}
     return {k: v.contiguous() for k, v in tensors.items()}, metadata
+
+
+def _inner(state: dict[str, torch.Tensor]) -> Any:
+    for key, t in state.items():
+        if _is_plain(t) or not hasattr(t, "__tensor_flatten__"):
+            yield key, t.detach().to("cpu")
+        else:
+            names, _ = t.__tensor_flatten__()
+            yield from _inner({f"{key}.{n}": getattr(t, n) for n in names})
 
 
 def serialize(model: nn.Module, metadata: dict[str, Any] | None = None) -> tuple[bytes, str]:

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import torch
 
+from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies import BASELINE, COMPILED_BASELINE, Plan, get_policy, policy_info
-from dtypelab.core.policies.kinds.float8 import FLOAT8_FLOOR
 from dtypelab.core.policies.registry import emulated_version, gpu_only_policies
 from dtypelab.core.results import PolicyResult
 from dtypelab.core.task import Task
@@ -33,20 +33,22 @@ DISTRIBUTED_DEFAULTS = ("fp32", "fp32+ddp-fp16", "fp32+ddp-bf16", "fp32+ddp-powe
 
 
 def emulate_here(plans: dict[str, Plan], explicit: bool, mode: str, device: torch.device) -> dict[str, Plan]:
-    """--emulate: each plan this device cannot run (float8 training needs CUDA compute capability 8.9+) that has an
-    emulated counterpart runs as that instead; a default sweep also gets the emulated version of every GPU-only
-    policy it left out."""
-    runs = device.type == "cuda" and torch.cuda.get_device_capability(device) >= FLOAT8_FLOOR
+    """--emulate: each plan this device cannot run (float8 training needs CUDA compute capability 8.9+, MX 10.0+) that
+    has an emulated counterpart runs as that instead; a default sweep also gets the emulated version of every
+    GPU-only policy it left out that this device cannot run."""
+    capability = tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+    here = HardwareInfo(device=str(device), device_name="", cpu_name="", cpu_flags=(), cpu_capability="",
+                        cuda_capability=capability, threads=1, gflops={})
 
     def swap(plan: Plan) -> Plan:
-        emulated = None if runs else emulated_version(plan)
+        emulated = emulated_version(plan) if plan.gpu_only and not plan.availability(here).ok else None
         return emulated if emulated is not None else plan
 
     out = {p.name: p for p in map(swap, plans.values())}
-    if not explicit and not runs:
+    if not explicit:
         for name in gpu_only_policies(mode):
-            emulated = emulated_version(get_policy(name))
-            if emulated is not None:
+            emulated = swap(get_policy(name))
+            if emulated.numerics_only:
                 out.setdefault(emulated.name, emulated)
     return out
 

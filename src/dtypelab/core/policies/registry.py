@@ -15,7 +15,17 @@ from typing import Any
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies.configs import Config
 from dtypelab.core.policies.distributed import split_modifier
-from dtypelab.core.policies.kinds import TF32, Autocast, BF16Update, Cast, Float8Train, LowBitState, Quantize
+from dtypelab.core.policies.kinds import (
+    TF32,
+    Autocast,
+    BF16Update,
+    Cast,
+    Float8Train,
+    LowBitState,
+    MXInfer,
+    MXTrain,
+    Quantize,
+)
 from dtypelab.core.policies.plan import Plan, single
 from dtypelab.core.policies.plugins import lookup
 from dtypelab.core.results.store import read_json
@@ -71,12 +81,14 @@ register("bf16-kahan", BF16Update("kahan"))
 STATE_MODIFIERS = {c.label: c for c in (LowBitState("8bit"), LowBitState("4bit"), LowBitState("fp8"))}
 # The numerics of the GPU-only float8 training recipes where they cannot run (bench --emulate picks them): torchao's
 # emulation, numerics only. Same layer filter as on the GPU; the -all variants convert every eligible layer.
-EMULATED = {}
-for _recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
-    for _size in ("auto", "none"):
-        _real = Float8Train(_recipe, _size)
-        EMULATED[_real.label] = register(dataclasses.replace(_real, emulate=True).label,
-                                         dataclasses.replace(_real, emulate=True)).name
+# MX (Blackwell): mxfp8 training, mxfp8 / mxfp4 inference, and their emulated numerics.
+register("mxfp8", MXTrain())
+register("mxfp8-dyn", MXInfer("mxfp8"))
+register("mxfp4-dyn", MXInfer("mxfp4"))
+_GPU_FORMATS = [*(Float8Train(r, s) for r in ("tensorwise", "rowwise", "rowwise_with_gw_hp") for s in ("auto", "none")),
+                MXTrain(), MXInfer("mxfp8"), MXInfer("mxfp4")]
+EMULATED = {real.label: register(dataclasses.replace(real, emulate=True).label,
+                                 dataclasses.replace(real, emulate=True)).name for real in _GPU_FORMATS}
 
 
 # Registered policies a default sweep leaves out: nobody deploys float64 inference, and it doubles the time
@@ -88,9 +100,9 @@ for _recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
 # Emulated numerics run with --emulate (or by name), never in a plain sweep.
 NOT_IN_DEFAULT_SWEEP = {"train": frozenset({"fp32+compile", "bf16+compile", "amp-bf16+compile", "bf16-sr",
                                             "bf16-kahan", *EMULATED.values()}),
-                        "infer": frozenset({"fp64", "amp-bf16+compile"})}
+                        "infer": frozenset({"fp64", "amp-bf16+compile", *EMULATED.values()})}
 NOT_IN_DEFAULT_GPU_SWEEP = {"train": frozenset({"bf16-sr", "bf16-kahan", *EMULATED.values()}),
-                            "infer": NOT_IN_DEFAULT_SWEEP["infer"]}
+                            "infer": frozenset({*NOT_IN_DEFAULT_SWEEP["infer"]})}
 
 
 def policies_for(mode: str) -> list[str]:
@@ -108,10 +120,10 @@ def default_policies(mode: str, device: str = "cuda") -> list[str]:
 
 
 def emulated_version(plan: Plan) -> Plan | None:
-    """The emulated counterpart of a GPU-only training plan (float8 training: the same recipe and layer filter,
-    numerics only), or None when it has none."""
+    """The emulated counterpart of a plan in a GPU format (float8 training, MX: the same recipe and layer filter,
+    numerics only), or None when it has none: its kind has an ``emulate`` field, and it is off."""
     config = plan.default
-    if plan.rules or plan.distributed or not isinstance(config, Float8Train) or config.emulate:
+    if plan.rules or plan.distributed or getattr(config, "emulate", None) is not False:
         return None
     emulated = dataclasses.replace(config, emulate=True)
     base = REGISTRY.get(emulated.label) or single(emulated)

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import torch
 from torch import nn
 
 from dtypelab.core.backends import quiet, torchao_missing, torchao_module
@@ -18,6 +19,15 @@ def float8_unfit(out_features: int, in_features: int) -> str | None:
     """Why float8 tensor cores cannot multiply by a weight of this shape (training or inference), or None."""
     if out_features % 16 or in_features % 16:
         return f"{out_features}×{in_features}: float8 matmuls need dimensions divisible by 16"
+    return None
+
+
+def _autocast_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Float8Linear casts its input to the autocast dtype before quantizing it, under CUDA's autocast only; the same
+    under the CPU's, so that emulated numerics are the GPU's (and the high-precision weight gradient of
+    rowwise_with_gw_hp meets operands of one dtype)."""
+    if args and isinstance(args[0], torch.Tensor) and torch.is_autocast_enabled("cpu"):
+        return (args[0].to(torch.get_autocast_dtype("cpu")), *args[1:])
     return None
 
 
@@ -154,5 +164,9 @@ class Float8Train(Config):
             with quiet():
                 model = float8.convert_to_float8_training(model, config=config,
                                                           module_filter_fn=lambda m, fqn: fqn in chosen)
+            if self.emulate:  # off CUDA, torchao's Float8Linear does not see the autocast: cast as it does there
+                for name, module in model.named_modules():
+                    if name in chosen:
+                        module.register_forward_pre_hook(_autocast_input)
         what = f"float8 training ({self.recipe}{', emulated' if self.emulate else ''})"
         return model, {"format": what, "converted": sorted(chosen), "left_out": left_out}

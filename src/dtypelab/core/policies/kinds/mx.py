@@ -1,0 +1,198 @@
+"""MX formats (OCP microscaling: a shared power-of-two scale per block of 32 values), torchao's prototypes: ``MXTrain``
+(mxfp8 training of the Linear layers, ``MXFP8TrainingOpConfig``) and ``MXInfer`` (mxfp8 / mxfp4 dynamic inference,
+``MXDynamicActivationMXWeightConfig``). Their kernels need a Blackwell GPU (compute capability 10.0+); with
+``emulate`` they run anywhere through torchao's emulated kernels (``KernelPreference.EMULATED``: dequantized operands,
+float32 matmuls), for their numerics only. NVFP4 is not here: torchao 0.18's NVFP4 configs assert an sm_100 GPU even
+to emulate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from dtypelab.core.backends import quiet, torchao_missing, torchao_module
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.policies.configs import Config, cuda_missing
+
+MX_BLOCK = 32  # values sharing one scale; a Linear's dimensions must be multiples of it
+MX_FLOOR = (10, 0)  # Blackwell: MX tensor cores
+ELEMENTS = {"mxfp8": "float8_e4m3fn", "mxfp4": "float4_e2m1fn_x2"}
+NEEDS = "a GPU with MX tensor cores (compute capability 10.0+: Blackwell)"
+
+
+def _mx_unfit(module: nn.Linear) -> str | None:
+    if module.in_features % MX_BLOCK or module.out_features % MX_BLOCK:
+        return f"{module.out_features}×{module.in_features}: MX needs dimensions divisible by {MX_BLOCK}"
+    return None
+
+
+def _convert(model: nn.Module, names: list[str], config: Any, what: str) -> tuple[nn.Module, dict[str, Any]]:
+    """``quantize_`` with ``config`` on the Linear layers called ``names`` whose shapes MX takes."""
+    modules = dict(model.named_modules())
+    chosen, left_out = set(), []
+    for name in (n for n in names if isinstance(modules[n], nn.Linear)):
+        why = _mx_unfit(modules[name])
+        if why:
+            left_out.append({"layer": name, "why": why})
+        else:
+            chosen.add(name)
+    if chosen:
+        with quiet():
+            torchao_module("quantization").quantize_(model, config, filter_fn=lambda m, fqn: fqn in chosen)
+    return model, {"format": what, "converted": sorted(chosen), "left_out": left_out}
+
+
+def mx_roundtrip(x: torch.Tensor, elements: str = "mxfp8") -> torch.Tensor:
+    """``x`` quantized to an MX format (blocks of 32 along its last dimension) and back, in float32 (torchao's)."""
+    mx = torchao_module("prototype.mx_formats.mx_tensor")
+    flat = x.float().reshape(-1, x.shape[-1])
+    return mx.MXTensor.to_mx(flat, getattr(torch, ELEMENTS[elements]), MX_BLOCK).dequantize(torch.float32
+                                                                                          ).reshape(x.shape)
+
+
+@dataclass(frozen=True)
+class MXTrain(Config):
+    """mxfp8 training: each converted Linear's matmuls take e4m3 operands with a power-of-two scale per 32 values
+    (forward and both gradients), bfloat16 out; the model in bfloat16 (torchao's MX training takes bfloat16
+    operands), as its examples train it."""
+
+    kind: ClassVar[str] = "mx-train"
+    modes: ClassVar[tuple[str, ...]] = ("train",)
+    backend: ClassVar[str] = "torchao"
+    storage_dtype: ClassVar[str] = "bfloat16"
+    layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear,)
+    recipe: str = "mxfp8"
+    emulate: bool = False
+
+    def __post_init__(self) -> None:
+        if self.recipe != "mxfp8":
+            raise DtypelabError(f"mx-train: unknown recipe {self.recipe!r}; torchao trains in mxfp8")
+
+    @property
+    def label(self) -> str:
+        return "mxfp8" + ("-emu" if self.emulate else "")
+
+    @property
+    def compute_dtype(self) -> str:  # type: ignore[override]
+        return "float32" if self.emulate else "float8_e4m3fn"
+
+    @property
+    def gpu_only(self) -> bool:  # type: ignore[override]
+        return not self.emulate
+
+    @property
+    def emulated(self) -> bool:  # type: ignore[override]
+        return self.emulate
+
+    @property
+    def numerics_only(self) -> bool:  # type: ignore[override]
+        return self.emulate
+
+    @property
+    def speed_needs(self) -> str:  # type: ignore[override]
+        return NEEDS if self.emulate else ""
+
+    @property
+    def arithmetic(self) -> str:  # type: ignore[override]
+        how = ("emulated: operands quantized and dequantized as MX tensor cores would, multiplied in float32; "
+               "numerics only" if self.emulate else "MX tensor-core matmuls")
+        return f"mxfp8 (e4m3, a power-of-two scale per {MX_BLOCK} values) in the converted Linear layers, {how}"
+
+    def describe(self) -> str:
+        tail = " emulated: numerics only, no speed" if self.emulate else ""
+        return f"mxfp8 training (torchao) in the Linear layers, bfloat16 elsewhere{tail}"
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        if self.emulate:
+            return torchao_missing()
+        return torchao_missing() or cuda_missing(hw, "mxfp8 training runs MX tensor-core matmuls: it", MX_FLOOR)
+
+    def region(self, parent: Config, outer: Any) -> Config | None:
+        return None  # an MX layer takes whatever its neighbours compute in
+
+    def convert_module(self, model: nn.Module, names: list[str]) -> tuple[nn.Module, dict[str, Any]]:
+        moe = torchao_module("prototype.moe_training.config")
+        recipe = moe.MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL if self.emulate else moe.MXFP8TrainingRecipe.MXFP8_RCEIL
+        config = moe.MXFP8TrainingOpConfig.from_recipe(recipe)
+        return _convert(model, names, config, "mxfp8 training" + (" (emulated)" if self.emulate else ""))
+
+    def layer_fidelity(self, model: nn.Module, run: Any) -> list[dict[str, Any]]:
+        if not self.emulate:
+            return []
+        from dtypelab.core.emulation import emulated_layers
+
+        converted = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)
+                     and type(m.weight).__name__ == "MXFP8TrainingWeightWrapperTensor"]
+        return emulated_layers(model, run, "mxfp8", names=converted, roundtrip=mx_roundtrip)
+
+
+@dataclass(frozen=True)
+class MXInfer(Config):
+    """MX inference: weights and activations (quantized at run time) in mxfp8 or mxfp4, a power-of-two scale per 32
+    values, bfloat16 elsewhere."""
+
+    kind: ClassVar[str] = "mx-infer"
+    modes: ClassVar[tuple[str, ...]] = ("infer",)
+    tunes: ClassVar[tuple[str, ...]] = ("infer",)
+    backend: ClassVar[str] = "torchao"
+    storage_dtype: ClassVar[str] = "bfloat16"  # torchao's MX linear takes bfloat16 activations
+    layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear,)
+    elements: str = "mxfp8"
+    emulate: bool = False
+
+    def __post_init__(self) -> None:
+        if self.elements not in ELEMENTS:
+            raise DtypelabError(f"mx-infer: unknown elements {self.elements!r}; use one of {', '.join(ELEMENTS)}")
+
+    @property
+    def label(self) -> str:
+        return f"{self.elements}-dyn" + ("-emu" if self.emulate else "")
+
+    @property
+    def compute_dtype(self) -> str:  # type: ignore[override]
+        return "float32" if self.emulate else "float8_e4m3fn"
+
+    @property
+    def gpu_only(self) -> bool:  # type: ignore[override]
+        return not self.emulate
+
+    @property
+    def emulated(self) -> bool:  # type: ignore[override]
+        return self.emulate
+
+    @property
+    def numerics_only(self) -> bool:  # type: ignore[override]
+        return self.emulate
+
+    @property
+    def speed_needs(self) -> str:  # type: ignore[override]
+        return NEEDS if self.emulate else ""
+
+    @property
+    def arithmetic(self) -> str:  # type: ignore[override]
+        bits = "e4m3" if self.elements == "mxfp8" else "e2m1"
+        how = "emulated: dequantized, multiplied in float32; numerics only" if self.emulate else "MX tensor cores"
+        return f"{self.elements} ({bits}, a power-of-two scale per {MX_BLOCK} values) weights and activations, {how}"
+
+    def describe(self) -> str:
+        tail = ", emulated: numerics only, no speed" if self.emulate else ""
+        return f"{self.elements} weights + {self.elements} activations (torchao, dynamic), bfloat16 elsewhere{tail}"
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        if self.emulate:
+            return torchao_missing()
+        return torchao_missing() or cuda_missing(hw, f"{self.elements} inference runs MX tensor-core matmuls: it",
+                                                 MX_FLOOR)
+
+    def convert_module(self, model: nn.Module, names: list[str]) -> tuple[nn.Module, dict[str, Any]]:
+        mx = torchao_module("prototype.mx_formats")
+        kernel = torchao_module("quantization.quantize_.common.kernel_preference").KernelPreference
+        dtype = getattr(torch, ELEMENTS[self.elements])
+        config = mx.MXDynamicActivationMXWeightConfig(activation_dtype=dtype, weight_dtype=dtype,
+                                                      kernel_preference=kernel.EMULATED if self.emulate
+                                                      else kernel.AUTO)
+        return _convert(model, names, config, self.elements + (" (emulated)" if self.emulate else ""))
