@@ -72,9 +72,15 @@ EXPECTED = {  # policy -> (parameter dtype, dtype of a Linear's output in forwar
     "amp-bf16+compile": (torch.float32, torch.bfloat16),
     "bf16-sr": (torch.bfloat16, torch.bfloat16),
     "bf16-kahan": (torch.bfloat16, torch.bfloat16),
+    # emulated float8 training: float32 weights; the tiny task's first Linear (8 inputs) is not a float8 shape, so it
+    # runs under autocast; mxfp8: the model in bfloat16, its 8 inputs not a multiple of MX's 32-value blocks
+    **{name: (torch.float32, torch.bfloat16) for name in (
+        f"fp8-{r}{s}-emu" for r in ("tensorwise", "rowwise", "rowwise-gw-hp") for s in ("", "-all"))},
+    "mxfp8-emu": (torch.bfloat16, torch.bfloat16),
 }
 # float8 training: float32 weights; the tiny task's first Linear is too small to pay, so it runs under autocast
-GPU_EXPECTED = {"fp8-tensorwise": (torch.float32, torch.bfloat16), "fp8-rowwise": (torch.float32, torch.bfloat16)}
+GPU_EXPECTED = {"fp8-tensorwise": (torch.float32, torch.bfloat16), "fp8-rowwise": (torch.float32, torch.bfloat16),
+                "fp8-rowwise-gw-hp": (torch.float32, torch.bfloat16), "mxfp8": (torch.bfloat16, torch.bfloat16)}
 
 
 @pytest.mark.parametrize("name", [n for n in policies_for("train") if n in CPU_POLICIES])

@@ -55,7 +55,7 @@ def flatten_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, 
     try:
         tensors, metadata = support.flatten_tensor_state_dict({k: v.detach().to("cpu") for k, v in state.items()})
     except ValueError:  # a subclass torchao cannot save (MX training's weight wrapper): the tensors that hold it
-        tensors, metadata = dict(_inner(state)), {}
+        tensors, metadata = dedupe_state(dict(_inner(state))), {}  # tied weights: once
     return {k: v.contiguous() for k, v in tensors.items()}, metadata
 
 

@@ -156,11 +156,20 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         policy=job.policy, status="diverged" if run.diverged else "ok", reason=reason, batch_size=job.batch_size,
         warmup=_warmup(job, timer.samples), step_times_s=tuple(timer.samples), losses=tuple(run.losses),
         first_nonfinite_step=run.first_nonfinite, metrics=metrics, peak_memory_bytes=peak,
-        load_peak_memory_bytes=meter.load_peak, memory_method=meter.method, model_bytes=len(serialize(model)[0]),
+        load_peak_memory_bytes=meter.load_peak, memory_method=meter.method, model_bytes=_model_bytes(model),
         init_fingerprint=init, scaler=precision.stats(), conversion=precision.conversion(),
         disturbance=disturbance.to_dict() if disturbance else {}, profile=profile, memory=memory,
         updates=tuple(updates), notes=counted, emulated_layers=tuple(emulated),
     )
+
+
+def _model_bytes(model: Any) -> int | None:
+    """The trained model's file size; None when its state cannot be written (a subclass no format takes), which
+    must not lose the run's measurement."""
+    try:
+        return len(serialize(model)[0])
+    except Exception:
+        return None
 
 
 def _emulated_layers(task: Task, model: Any, precision: Precision, device: torch.device, job: Job) -> list[Any]:

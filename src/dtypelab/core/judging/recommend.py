@@ -155,6 +155,11 @@ def _judged_runs(report: Report, base: PolicyResult, base_metric: float, tol: To
                                                    **common)
                 notes[r.policy] = (f"{r.policy}: numerically {where} on {metric} ({_fmt(value)}, {delta}) on this "
                                    f"model, emulated; its speed needs {needs}.")
+                if r.conversion and not r.conversion.get("converted"):  # the filter took nothing: say so
+                    verdicts[r.policy] = replace(verdicts[r.policy], text="numerics only: no layer converted")
+                    notes[r.policy] = (f"{r.policy}: converts no layer of this model (its filter, as on a GPU, left "
+                                       "every Linear out), so it ran as its float part alone; the -all variant "
+                                       "emulates every layer whose shape the format takes.")
             too_big = over(r, cfg.memory_budget_bytes) if ok else ""
             if too_big:  # the fastest policy within tolerance that fits is the answer, not the fastest
                 ok = False
