@@ -57,7 +57,7 @@ def test_torchaos_emulated_float8_linear_matches_the_hand_written_reference(reci
 
 
 @pytest.mark.slow
-def test_massive_tokens_break_tensorwise_scaling_but_not_rowwise():
+def test_massive_tokens_break_tensorwise_scaling_but_not_rowwise(tmp_path):
     report = dtypelab.bench(MASSIVE, "amp-bf16,fp8-tensorwise-all-emu,fp8-rowwise-all-emu", rounds=0,
                             tolerance="3%", hardware=fake_hardware())
     acc = {r.policy: r.metric("accuracy") for r in report.results}
@@ -70,6 +70,13 @@ def test_massive_tokens_break_tensorwise_scaling_but_not_rowwise():
     assert [e["layer"] for e in rowwise] == ["0"] and rowwise[0]["shape"] == "64×64"  # 4 outputs: not divisible by 16
     assert tensorwise[0]["input_underflow"] > 0.5 and rowwise[0]["input_underflow"] < 0.01
     assert rowwise[0]["sqnr_db"] > tensorwise[0]["sqnr_db"] + 20
+    # the wording survives the record: saved, loaded and drawn again
+    from dtypelab.render.bench import render_markdown
+
+    path = os.path.join(str(tmp_path), "r.json")
+    report.save(path)
+    text = render_markdown(dtypelab.load_record(path))
+    assert "| emulated |" in text and ("numerics only: within" in text or "numerics only: better" in text)
     # numerics only: no speedup, never chosen, and the sentence says what its speed needs
     assert rec.best != "fp8-rowwise-all-emu" and rec.verdict("fp8-rowwise-all-emu").speedup is None
     assert any(s.startswith("fp8-rowwise-all-emu: numerically ") and "float8 tensor cores" in s

@@ -28,7 +28,8 @@ from dtypelab.core.policies import (
 )
 from dtypelab.core.results import PolicyResult
 
-GPU_ONLY = ["fp8-tensorwise", "fp8-rowwise", "fp8-dyn-row", "fp8-dyn-tensor", "int4-wo"]
+GPU_ONLY = ["fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp", "mxfp8", "fp8-dyn-row", "fp8-dyn-tensor", "int4-wo",
+            "mxfp8-dyn", "mxfp4-dyn"]
 
 
 def _hw(device: str = "cpu", cc: tuple[int, int] | None = None, name: str = "AMD EPYC") -> HardwareInfo:
@@ -47,7 +48,10 @@ def test_gpu_only_policies_are_registered_and_refuse_here_with_the_reason():
         assert ">= 8.9" in why and "A100" in why and "is 8.0" in why
     assert get_policy("int4-wo").availability(ampere).ok  # tinygemm runs on Ampere
     hopper = _hw("cuda:0", (9, 0), "NVIDIA H100 80GB HBM3")
-    assert all(get_policy(n).availability(hopper).ok for n in GPU_ONLY)
+    assert all(get_policy(n).availability(hopper).ok for n in GPU_ONLY if not n.startswith("mx"))
+    assert ">= 10.0" in get_policy("mxfp8").availability(hopper).reason  # MX tensor cores: Blackwell
+    blackwell = _hw("cuda:0", (10, 0), "NVIDIA B200")
+    assert all(get_policy(n).availability(blackwell).ok for n in GPU_ONLY)
 
 
 def test_a_cpu_sweep_leaves_the_gpu_formats_out_and_a_gpu_sweep_adds_the_compiled_baselines():

@@ -96,6 +96,7 @@ def _bench(report: Report, key: str, layers: str | None = None) -> str:
     base = report.result(BASELINE)
     ran = [r for r in report.results if r.ran]
     names = [r.policy for r in ran]
+    timed = [r for r in ran if not (r.info and r.info.numerics_only)]  # an emulated format's time is not its own
     headers, rows = table_rows(report, rec)
     parts = [html_fragment(headers, rows, bench_notes(report, rec), classes=True)]
     parts += map(_table_section, training_sections(report))  # the memory; what an emulated format did per layer
@@ -117,12 +118,13 @@ def _bench(report: Report, key: str, layers: str | None = None) -> str:
                              "Loss per step, every policy on the same batches from the same initial weights: a line "
                              "that tracks fp32's learns the same; one that lifts off or stops early diverged.",
                              f"{key}-loss"))
-        parts.append(_figure(plots.step_times(names, [r.step_times_s[r.warmup:] for r in ran]),
+        parts.append(_figure(plots.step_times([r.policy for r in timed], [r.step_times_s[r.warmup:] for r in timed]),
                              "Step-time distribution per policy (box: middle half of the samples, line: median, dots: "
                              "outliers): narrow boxes far apart are a real difference; wide or overlapping ones are "
                              "noise.", f"{key}-times"))
     else:
-        parts.append(_figure(plots.step_times(names, [r.step_times_s[r.warmup:] for r in ran], unit="batch"),
+        parts.append(_figure(plots.step_times([r.policy for r in timed], [r.step_times_s[r.warmup:] for r in timed],
+                                              unit="batch"),
                              "Latency distribution per policy (box: middle half, line: median): compare medians, "
                              "and distrust boxes that overlap.", f"{key}-times"))
     base_metric = base.metric(cfg.metric) if base and base.ran else None
