@@ -105,6 +105,11 @@ def test_mx_training_and_inference_emulated_on_a_cpu():
     assert all(infer.result(n).info.numerics_only for n in sqnr)
 
 
+def test_tune_refuses_an_emulated_candidate_in_one_line():
+    with pytest.raises(dtypelab.DtypelabError, match="emulated numerics only, no speed to tune for"):
+        dtypelab.tune("digits", mode="train", candidates="fp8-rowwise-all-emu", hardware=fake_hardware())
+
+
 def test_emulate_runs_what_cannot_run_here_as_its_emulation(monkeypatch):
     from dtypelab.sweep.plans import emulate_here
 

@@ -113,6 +113,9 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
         # float8 training compiles by its nature (torchao needs it); any other compiled candidate is a plan choice
         if plan.rules or (plan.compiles and not plan.default.always_compiles):
             raise DtypelabError(f"candidate {plan.name}: a candidate is one whole-model config, not a plan")
+        if plan.numerics_only:  # tune chooses for speed; an emulation has none of its format's
+            raise DtypelabError(f"candidate {plan.name}: emulated numerics only, no speed to tune for; bench it "
+                                "(bench --emulate) to see whether the model keeps its metric in that format")
         if plan.state is not None:
             raise DtypelabError(f"candidate {plan.name}: a candidate is a config for layers; the optimizer's state "
                                 f"(+{plan.state.label}) is the whole optimizer's (bench it as a policy)")
