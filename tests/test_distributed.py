@@ -190,3 +190,16 @@ def test_one_rank_has_no_link_to_divide_by():
     est = estimate(Report(cfg, {}, runs), parse_links("25gbe"), {})
     assert est.validation["fp32"] == pytest.approx((0.019 + 1e-5) / 0.02 - 1)
     assert predict(runs[0], 8, 25.0) > predict(runs[1], 8, 25.0)  # the halved payload pays at 8 ranks
+
+
+def test_a_rank_that_only_lost_its_peer_is_not_the_root_cause_even_when_torchrun_names_it(tmp_path):
+    """Rank 1 raised; rank 0's collective then lost it and exited first, so torchrun's summary names rank 0: the cause
+    is rank 1's own error (seen on CI: 'Connection closed by peer' reported instead of the planted failure)."""
+    from dtypelab.run.torchrun import root_cause
+
+    log = tmp_path / "torchrun.log"
+    log.write_text("Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : 1\n")
+    lost = ("failed", "rank 0: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:5353", 0)
+    cause = ("failed", "rank 1: ValueError: planted failure on rank 1 (at tiny_task.py:9)", 1)
+    assert root_cause([lost, cause], str(log)) == cause[:2]
+    assert root_cause([lost], str(log)) == lost[:2]  # nothing better to say: what rank 0 saw

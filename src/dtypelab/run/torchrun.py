@@ -62,15 +62,22 @@ def _read(path: str) -> str:
         return ""
 
 
+# A rank's error that is the consequence of another rank's death: its collective lost the peer.
+CONSEQUENCE = re.compile(r"connection (closed|reset)|broken pipe|closed by peer|socket timeout", re.I)
+
+
 def root_cause(errors: list[tuple[str, str, int]], log: str) -> tuple[str, str]:
-    """(status, reason) of the failure: the error of the rank torchrun's "Root Cause" names; for a rank killed by a
-    signal (it sent no error), that signal and what the log says of it; else the first error that arrived."""
+    """(status, reason) of the failure: the error of the rank torchrun's "Root Cause" names, unless that rank only lost
+    its peer (it can exit first) and another rank sent an error of its own; for a rank killed by a signal (it sent no
+    error), that signal and what the log says of it; else the first error that arrived."""
     text = _read(log)
     by_rank = {rank: (status, reason) for status, reason, rank in reversed(errors)}  # each rank's first error
     root = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)[^\n]*?(\((SIG\w+)\))?\s*$", text,
                      re.S | re.M)
     if root and int(root.group(1)) in by_rank:
-        return by_rank[int(root.group(1))]
+        named = by_rank[int(root.group(1))]
+        own = [v for _, v in sorted(by_rank.items()) if not CONSEQUENCE.search(v[1])]
+        return own[0] if CONSEQUENCE.search(named[1]) and own else named
     if root and root.group(4):
         what = re.findall(r"what\(\):\s*(.+)", text)
         return "failed", f"rank {root.group(1)} killed by {root.group(4)}" + (
