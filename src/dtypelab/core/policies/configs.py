@@ -242,6 +242,31 @@ class Config:
         return from_fields(kind, d, f"{kind.kind} config")
 
 
+class Emulable:
+    """A kind whose format needs a GPU, with an ``emulate`` field (a dataclass field of the kind itself): off, the
+    real kernels, on the GPU alone; on, torchao's emulated numerics, anywhere, for the numerics only (no speed).
+    ``needs`` says which GPU its speed needs."""
+
+    emulate: bool
+    needs: ClassVar[str] = "a GPU"
+
+    @property
+    def gpu_only(self) -> bool:
+        return not self.emulate
+
+    @property
+    def emulated(self) -> bool:
+        return self.emulate
+
+    @property
+    def numerics_only(self) -> bool:
+        return self.emulate
+
+    @property
+    def speed_needs(self) -> str:
+        return self.needs if self.emulate else ""
+
+
 def config_from_dict(d: dict[str, Any]) -> Config:
     return Config.from_dict(d)
 

@@ -12,7 +12,7 @@ from torch import nn
 from dtypelab.core.backends import quiet, torchao_missing, torchao_module
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies.configs import Config, cuda_missing
+from dtypelab.core.policies.configs import Config, Emulable, cuda_missing
 
 
 def float8_unfit(out_features: int, in_features: int) -> str | None:
@@ -36,7 +36,7 @@ FLOAT8_FLOOR = (8, 9)  # Ada and Hopper: float8 tensor cores
 
 
 @dataclass(frozen=True)
-class Float8Train(Config):
+class Float8Train(Emulable, Config):
     """Training on float8 tensor cores (torchao's ``convert_to_float8_training``): each ``nn.Linear`` large enough
     to pay runs its three matmuls (forward, input and weight gradients) in float8 with scales per tensor
     (``tensorwise``) or per row (``rowwise``); every other op runs under bfloat16 autocast; the model is compiled,
@@ -51,6 +51,7 @@ class Float8Train(Config):
     tunes: ClassVar[tuple[str, ...]] = ("train",)
     layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear,)
     autocast_dtype: ClassVar[str] = "bfloat16"
+    needs: ClassVar[str] = "a GPU with float8 tensor cores (compute capability 8.9+: Ada, Hopper)"
     recipe: str = "tensorwise"
     min_size: str = "auto"
     # the numerics without float8 tensor cores: torchao quantizes and dequantizes each matmul's operands as the
@@ -79,22 +80,6 @@ class Float8Train(Config):
     @property
     def always_compiles(self) -> bool:  # type: ignore[override]
         return not self.emulate
-
-    @property
-    def gpu_only(self) -> bool:  # type: ignore[override]
-        return not self.emulate
-
-    @property
-    def emulated(self) -> bool:  # type: ignore[override]
-        return self.emulate
-
-    @property
-    def numerics_only(self) -> bool:  # type: ignore[override]
-        return self.emulate
-
-    @property
-    def speed_needs(self) -> str:  # type: ignore[override]
-        return "a GPU with float8 tensor cores (compute capability 8.9+: Ada, Hopper)" if self.emulate else ""
 
     @property
     def arithmetic(self) -> str:

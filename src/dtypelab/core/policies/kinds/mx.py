@@ -16,7 +16,7 @@ from torch import nn
 from dtypelab.core.backends import quiet, torchao_missing, torchao_module
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies.configs import Config, cuda_missing
+from dtypelab.core.policies.configs import Config, Emulable, cuda_missing
 
 MX_BLOCK = 32  # values sharing one scale; a Linear's dimensions must be multiples of it
 MX_FLOOR = (10, 0)  # Blackwell: MX tensor cores
@@ -55,7 +55,7 @@ def mx_roundtrip(x: torch.Tensor, elements: str = "mxfp8") -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class MXTrain(Config):
+class MXTrain(Emulable, Config):
     """mxfp8 training: each converted Linear's matmuls take e4m3 operands with a power-of-two scale per 32 values
     (forward and both gradients), bfloat16 out; the model in bfloat16 (torchao's MX training takes bfloat16
     operands), as its examples train it."""
@@ -65,6 +65,7 @@ class MXTrain(Config):
     backend: ClassVar[str] = "torchao"
     storage_dtype: ClassVar[str] = "bfloat16"
     layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear,)
+    needs: ClassVar[str] = NEEDS
     recipe: str = "mxfp8"
     emulate: bool = False
 
@@ -79,22 +80,6 @@ class MXTrain(Config):
     @property
     def compute_dtype(self) -> str:  # type: ignore[override]
         return "float32" if self.emulate else "float8_e4m3fn"
-
-    @property
-    def gpu_only(self) -> bool:  # type: ignore[override]
-        return not self.emulate
-
-    @property
-    def emulated(self) -> bool:  # type: ignore[override]
-        return self.emulate
-
-    @property
-    def numerics_only(self) -> bool:  # type: ignore[override]
-        return self.emulate
-
-    @property
-    def speed_needs(self) -> str:  # type: ignore[override]
-        return NEEDS if self.emulate else ""
 
     @property
     def arithmetic(self) -> str:  # type: ignore[override]
@@ -131,7 +116,7 @@ class MXTrain(Config):
 
 
 @dataclass(frozen=True)
-class MXInfer(Config):
+class MXInfer(Emulable, Config):
     """MX inference: weights and activations (quantized at run time) in mxfp8 or mxfp4, a power-of-two scale per 32
     values, bfloat16 elsewhere."""
 
@@ -141,6 +126,7 @@ class MXInfer(Config):
     backend: ClassVar[str] = "torchao"
     storage_dtype: ClassVar[str] = "bfloat16"  # torchao's MX linear takes bfloat16 activations
     layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear,)
+    needs: ClassVar[str] = NEEDS
     elements: str = "mxfp8"
     emulate: bool = False
 
@@ -155,22 +141,6 @@ class MXInfer(Config):
     @property
     def compute_dtype(self) -> str:  # type: ignore[override]
         return "float32" if self.emulate else "float8_e4m3fn"
-
-    @property
-    def gpu_only(self) -> bool:  # type: ignore[override]
-        return not self.emulate
-
-    @property
-    def emulated(self) -> bool:  # type: ignore[override]
-        return self.emulate
-
-    @property
-    def numerics_only(self) -> bool:  # type: ignore[override]
-        return self.emulate
-
-    @property
-    def speed_needs(self) -> str:  # type: ignore[override]
-        return NEEDS if self.emulate else ""
 
     @property
     def arithmetic(self) -> str:  # type: ignore[override]
