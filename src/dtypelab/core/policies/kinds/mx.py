@@ -54,18 +54,34 @@ def mx_roundtrip(x: torch.Tensor, elements: str = "mxfp8") -> torch.Tensor:
                                                                                           ).reshape(x.shape)
 
 
+class _MX(Emulable, Config):
+    """What the MX kinds share: torchao's kernels on Blackwell, or their emulation anywhere (``emulate``)."""
+
+    backend: ClassVar[str] = "torchao"
+    layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear,)
+    needs: ClassVar[str] = NEEDS
+    runs: ClassVar[str] = "MX"  # what it runs, for the line that says why it cannot run here
+
+    @property
+    def compute_dtype(self) -> str:  # type: ignore[override]
+        return "float32" if self.emulate else "float8_e4m3fn"
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        if self.emulate:
+            return torchao_missing()
+        return torchao_missing() or cuda_missing(hw, f"{self.runs} runs MX tensor-core matmuls: it", MX_FLOOR)
+
+
 @dataclass(frozen=True)
-class MXTrain(Emulable, Config):
+class MXTrain(_MX):
     """mxfp8 training: each converted Linear's matmuls take e4m3 operands with a power-of-two scale per 32 values
     (forward and both gradients), bfloat16 out; the model in bfloat16 (torchao's MX training takes bfloat16
     operands), as its examples train it."""
 
     kind: ClassVar[str] = "mx-train"
     modes: ClassVar[tuple[str, ...]] = ("train",)
-    backend: ClassVar[str] = "torchao"
     storage_dtype: ClassVar[str] = "bfloat16"
-    layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear,)
-    needs: ClassVar[str] = NEEDS
+    runs: ClassVar[str] = "mxfp8 training"
     recipe: str = "mxfp8"
     emulate: bool = False
 
@@ -78,10 +94,6 @@ class MXTrain(Emulable, Config):
         return "mxfp8" + ("-emu" if self.emulate else "")
 
     @property
-    def compute_dtype(self) -> str:  # type: ignore[override]
-        return "float32" if self.emulate else "float8_e4m3fn"
-
-    @property
     def arithmetic(self) -> str:  # type: ignore[override]
         how = ("emulated: operands quantized and dequantized as MX tensor cores would, multiplied in float32; "
                "numerics only" if self.emulate else "MX tensor-core matmuls")
@@ -90,11 +102,6 @@ class MXTrain(Emulable, Config):
     def describe(self) -> str:
         tail = " emulated: numerics only, no speed" if self.emulate else ""
         return f"mxfp8 training (torchao) in the Linear layers, bfloat16 elsewhere{tail}"
-
-    def supported(self, hw: HardwareInfo) -> str | None:
-        if self.emulate:
-            return torchao_missing()
-        return torchao_missing() or cuda_missing(hw, "mxfp8 training runs MX tensor-core matmuls: it", MX_FLOOR)
 
     def region(self, parent: Config, outer: Any) -> Config | None:
         return None  # an MX layer takes whatever its neighbours compute in
@@ -116,17 +123,14 @@ class MXTrain(Emulable, Config):
 
 
 @dataclass(frozen=True)
-class MXInfer(Emulable, Config):
+class MXInfer(_MX):
     """MX inference: weights and activations (quantized at run time) in mxfp8 or mxfp4, a power-of-two scale per 32
     values, bfloat16 elsewhere."""
 
     kind: ClassVar[str] = "mx-infer"
     modes: ClassVar[tuple[str, ...]] = ("infer",)
     tunes: ClassVar[tuple[str, ...]] = ("infer",)
-    backend: ClassVar[str] = "torchao"
     storage_dtype: ClassVar[str] = "bfloat16"  # torchao's MX linear takes bfloat16 activations
-    layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear,)
-    needs: ClassVar[str] = NEEDS
     elements: str = "mxfp8"
     emulate: bool = False
 
@@ -139,24 +143,18 @@ class MXInfer(Emulable, Config):
         return f"{self.elements}-dyn" + ("-emu" if self.emulate else "")
 
     @property
-    def compute_dtype(self) -> str:  # type: ignore[override]
-        return "float32" if self.emulate else "float8_e4m3fn"
-
-    @property
     def arithmetic(self) -> str:  # type: ignore[override]
         bits = "e4m3" if self.elements == "mxfp8" else "e2m1"
         how = "emulated: dequantized, multiplied in float32; numerics only" if self.emulate else "MX tensor cores"
         return f"{self.elements} ({bits}, a power-of-two scale per {MX_BLOCK} values) weights and activations, {how}"
 
+    @property
+    def runs(self) -> str:  # type: ignore[override]
+        return f"{self.elements} inference"
+
     def describe(self) -> str:
         tail = ", emulated: numerics only, no speed" if self.emulate else ""
         return f"{self.elements} weights + {self.elements} activations (torchao, dynamic), bfloat16 elsewhere{tail}"
-
-    def supported(self, hw: HardwareInfo) -> str | None:
-        if self.emulate:
-            return torchao_missing()
-        return torchao_missing() or cuda_missing(hw, f"{self.elements} inference runs MX tensor-core matmuls: it",
-                                                 MX_FLOOR)
 
     def convert_module(self, model: nn.Module, names: list[str]) -> tuple[nn.Module, dict[str, Any]]:
         mx = torchao_module("prototype.mx_formats")
