@@ -17,6 +17,7 @@ _PUBLIC = {
     # measuring (capabilities)
     "bench": "dtypelab.sweep", "autopilot": "dtypelab.piloting", "tune": "dtypelab.tuning",
     "apply_plan": "dtypelab.tuning",
+    "forecast": "dtypelab.forecasting", "ForecastOptions": "dtypelab.forecasting",
     "trace": "dtypelab.tracing", "watch": "dtypelab.tracing", "Guard": "dtypelab.tracing",
     "NonFiniteError": "dtypelab.tracing", "profile": "dtypelab.profiling", "audit": "dtypelab.numerics",
     "analyze_values": "dtypelab.numerics", "cast_file": "dtypelab.numerics", "cast_report": "dtypelab.numerics",
@@ -41,7 +42,8 @@ _PUBLIC = {
     "LintFinding": "dtypelab.core.results", "LintReport": "dtypelab.core.results",
     "PolicyResult": "dtypelab.core.results", "ProfileSummary": "dtypelab.core.results",
     "Report": "dtypelab.core.results", "RunConfig": "dtypelab.core.results", "TraceReport": "dtypelab.core.results",
-    "TuneReport": "dtypelab.core.results", "load_record": "dtypelab.core.records",
+    "TuneReport": "dtypelab.core.results", "ForecastReport": "dtypelab.core.results",
+    "load_record": "dtypelab.core.records",
     "load_report": "dtypelab.core.records", "Float8Train": "dtypelab.core.policies",
 }
 _INTEGRATIONS = ("lightning", "hf")
@@ -71,6 +73,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on 
         AuditReport,
         AutopilotReport,
         Finding,
+        ForecastReport,
         LintFinding,
         LintReport,
         PolicyResult,
@@ -81,6 +84,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on 
         TuneReport,
     )
     from dtypelab.core.task import InferenceTask, Task, load_task
+    from dtypelab.forecasting import ForecastOptions, forecast
     from dtypelab.inference import ExportInfo, compare_outputs, export, load_exported
     from dtypelab.lint import lint_paths, lint_source
     from dtypelab.numerics import (

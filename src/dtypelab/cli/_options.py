@@ -45,6 +45,8 @@ def option_params(model: type[Options]) -> list[inspect.Parameter]:
             continue
         kind = _cli_type(field.annotation, extra.get("cli_type"))
         flags = [model.flag(name), *extra.get("aliases", ()), *([extra["short"]] if extra.get("short") else [])]
+        if kind is bool and field.default is True:  # on by default: the flag that turns it off
+            flags[0] = f"{flags[0]}/--no-{flags[0].removeprefix('--')}"
         required = field.is_required()  # export's --policy and --output: no default to show, click says it is missing
         default = inspect.Parameter.empty if required else field.default
         if kind is not bool:

@@ -120,6 +120,9 @@ BUILTIN = {
     "checkerboard": "dtypelab.core.tasks.checkerboard:make_task",
     "charlm": "dtypelab.core.tasks.charlm:make_task",
     "gpt2": "dtypelab.core.tasks.gpt2:make_task",  # GPT-2-small shape on a GPU, reduced elsewhere
+    "gpt2-full": "dtypelab.core.tasks.gpt2:make_full_task",  # GPT-2-small shape everywhere (forecasts, GPUs)
+    "decoder": "dtypelab.core.tasks.decoder:make_task",  # a small Llama-style decoder
+    "llama2-7b": "dtypelab.core.tasks.decoder:make_llama2_7b",  # Llama-2-7B's shape, no weights: for forecasts
     "minilm": "dtypelab.core.tasks.minilm:make_task",  # optional extra: dtypelab[minilm]
 }
 

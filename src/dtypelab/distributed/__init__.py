@@ -5,5 +5,6 @@ ring-model scaling estimate (scaling)."""
 from dtypelab.distributed.options import torchrun_settings
 from dtypelab.distributed.scaling import estimate, parse_links, predict, with_scaling
 from dtypelab.distributed.train import DistributedJob
+from dtypelab.distributed.wrap import wrap_fsdp
 
-__all__ = ["DistributedJob", "estimate", "parse_links", "predict", "torchrun_settings", "with_scaling"]
+__all__ = ["DistributedJob", "estimate", "parse_links", "predict", "torchrun_settings", "with_scaling", "wrap_fsdp"]

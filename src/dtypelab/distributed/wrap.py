@@ -10,6 +10,7 @@ tensors, so the same three steps (cast, all-reduce, cast back) are registered un
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
@@ -74,19 +75,24 @@ def wrap_ddp(model: nn.Module, spec: Distributed, device: torch.device, group: A
     return ddp
 
 
-def wrap_fsdp(model: nn.Module, spec: Distributed, device: torch.device, group: Any = None) -> nn.Module:
+def wrap_fsdp(model: nn.Module, spec: Distributed, device: torch.device, group: Any = None,
+              mesh: Any = None) -> nn.Module:
+    """FSDP2 units: one per top-level child that holds parameters, then the root. A child that shares a parameter
+    with another (tied embeddings: the output layer's weight is the input embedding's) stays in the root's unit,
+    since FSDP2 refuses a parameter that two units hold. ``mesh``: a device mesh made beforehand (the forecast makes
+    it outside its fake tensors); else one over ``group`` or the whole world."""
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if group is None:
-        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    else:
-        mesh = DeviceMesh.from_group(group, device.type)
+    if mesh is None:
+        mesh = (init_device_mesh(device.type, (dist.get_world_size(),)) if group is None
+                else DeviceMesh.from_group(group, device.type))
     mp = MixedPrecisionPolicy(param_dtype=getattr(torch, spec.param_dtype) if spec.param_dtype else None,
                               reduce_dtype=getattr(torch, spec.reduce_dtype) if spec.reduce_dtype else None)
-    # one FSDP unit per top-level child that holds parameters, then the root: the usual per-block sharding
-    for child in model.children():
-        if any(True for _ in child.parameters()):
+    children = [c for c in model.children() if any(True for _ in c.parameters())]
+    holders = Counter(id(p) for c in children for p in c.parameters())
+    for child in children:
+        if all(holders[id(p)] == 1 for p in child.parameters()):
             fully_shard(child, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model

@@ -129,7 +129,10 @@ def to_json(obj: Any) -> str:
 DROP_FIRST = {"layer": ("module", "zero", "range", "min |x|", "non-finite", "max |x|", "kind",  # audit, tune
                         "candidate", "gain", "1 − cosine", "loss deviation"),
               "tensor": ("dtype", "shape", "bytes", "max rel err", "subnormal", "elements"),  # cast
-              "format": ("smallest subnormal", "bits", "eps", "digits", "inf/nan", "smallest normal")}
+              "format": ("smallest subnormal", "bits", "eps", "digits", "inf/nan", "smallest normal"),
+              # forecast: the breakdown's smaller parts first, then where the peak is, then the rest of it
+              "policy": ("buffers", "master", "peak in", "temporaries", "gradients", "activations", "optimizer",
+                         "weights", "forecast inference", "measured", "forecast/measured")}
 
 
 def emit(doc: Doc, fmt: str, console: Any, styles: list[str] | None = None, wrap: set[int] | None = None) -> str | None:

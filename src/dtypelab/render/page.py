@@ -20,8 +20,10 @@ from dtypelab.core.results import (
     BASELINE,
     CATEGORIES,
     CATEGORY_LABELS,
+    PEAK_CATEGORIES,
     AuditReport,
     AutopilotReport,
+    ForecastReport,
     LintReport,
     Report,
     Tolerance,
@@ -33,6 +35,7 @@ from dtypelab.render import plots
 from dtypelab.render.autopilot import autopilot_doc
 from dtypelab.render.bench import bench_notes, bench_title, decision, layer_rows, table_rows, training_sections
 from dtypelab.render.distributed import distributed_sections
+from dtypelab.render.forecast import check_docs, forecast_doc, unit_of
 from dtypelab.render.numeric import audit_doc, updates_docs
 from dtypelab.render.profile import Section, profile_sections
 from dtypelab.render.tables import html_fragment
@@ -276,6 +279,25 @@ def _section(title: str, body: str, environment: dict[str, Any], created: str, k
 def _tune(report: TuneReport, key: str, layers: str | None = None) -> str:
     title, headers, rows, notes = tune_doc(report)
     return _section(title, html_fragment(headers, rows, notes, classes=True), report.environment, report.created, key)
+
+
+@section(ForecastReport)
+def _forecast(report: ForecastReport, key: str, layers: str | None = None) -> str:
+    title, headers, rows, notes = forecast_doc(report)
+    body = html_fragment(headers, rows, notes, classes=True)
+    scale, unit = unit_of(report)
+    drawn = [p for p in report.policies if p.peak is not None]
+    parts = [c for c in PEAK_CATEGORIES if any(p.peak.breakdown.get(c) for p in drawn)]
+    usable = report.config.device.usable_bytes
+    chart = plots.stacked_breakdown([p.policy for p in drawn], parts,
+                                    [[p.peak.breakdown.get(c, 0) / scale for c in parts] for p in drawn],
+                                    xlabel=f"{unit} at the peak (training; inference for the inference formats)",
+                                    limit=(usable / scale, f"{report.config.device.label}: usable") if usable else None)
+    body += _figure(chart, "What each policy's peak holds, category by category"
+                    + (", against the device's usable memory" if usable else "") + ".", f"{key}-forecast")
+    for more_title, more_headers, more_rows, more_notes in check_docs(report):
+        body += _details(more_title, html_fragment(more_headers, more_rows, more_notes, classes=True), opened=True)
+    return _section(title, body, report.environment, report.created, key)
 
 
 def _render(record: Any, key: str, layers: str | None) -> str:

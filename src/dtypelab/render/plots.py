@@ -281,8 +281,10 @@ def binade_histogram(name: str, binades: dict[str, int], bands: Sequence[tuple[s
         return _svg(fig)
 
 
-def stacked_breakdown(names: Sequence[str], parts: Sequence[str], ms: Sequence[Sequence[float]]) -> str | None:
-    """One horizontal bar per policy, its step (ms) split into ``parts``: where each policy's time goes."""
+def stacked_breakdown(names: Sequence[str], parts: Sequence[str], ms: Sequence[Sequence[float]],
+                      xlabel: str = "ms per profiled step", limit: tuple[float, str] | None = None) -> str | None:
+    """One horizontal bar per policy, its step (ms, or what ``xlabel`` says) split into ``parts``: where each
+    policy's time (or memory) goes; ``limit``: a vertical line at (value, its label)."""
     if not names:
         return None
     with _rc():
@@ -295,7 +297,11 @@ def stacked_breakdown(names: Sequence[str], parts: Sequence[str], ms: Sequence[S
             left = [a + b for a, b in zip(left, widths, strict=True)]
         ax.set_yticks(ys, list(names))
         ax.invert_yaxis()
-        ax.set_xlabel("ms per profiled step")
+        ax.set_xlabel(xlabel)
+        if limit is not None:
+            ax.axvline(limit[0], color="#D55E00", linestyle="--", linewidth=1.2)
+            ax.annotate(limit[1], (limit[0], 1.0), xycoords=("data", "axes fraction"), ha="right", va="bottom",
+                        fontsize=8, color="#D55E00")
         ax.legend(fontsize=8, ncols=len(parts), loc="lower left", bbox_to_anchor=(0, 1.0), frameon=False)
         ax.grid(axis="y", visible=False)
         return _svg(fig)

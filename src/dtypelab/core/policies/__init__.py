@@ -12,7 +12,9 @@ from dtypelab.core.policies.precision import Precision
 from dtypelab.core.policies.registry import (
     NOT_IN_DEFAULT_SWEEP,
     REGISTRY,
+    STATE_MODIFIERS,
     default_policies,
+    emulated_version,
     get_policy,
     gpu_only_policies,
     load_plan,
@@ -36,8 +38,7 @@ def policy_info(plan: Plan) -> PolicyInfo:
                       speed_needs="; ".join(dict.fromkeys(c.speed_needs for c in plan.configs if c.speed_needs)))
 
 
-__all__ = ["BASELINE", "COMPILED_BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "TF32", "Autocast",
-           "Availability", "Cast", "Config", "Distributed", "Float8Train", "Plan", "Precision", "Quantize",
-           "default_policies", "get_policy", "gpu_only_policies", "load_plan", "parse_policies", "plan_from_dict",
-           "policies_for", "policy_info", "register",
-           "single"]
+__all__ = ["BASELINE", "COMPILED_BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "STATE_MODIFIERS",
+           "TF32", "Autocast", "Availability", "Cast", "Config", "Distributed", "Float8Train", "Plan", "Precision",
+           "Quantize", "default_policies", "emulated_version", "get_policy", "gpu_only_policies", "load_plan",
+           "parse_policies", "plan_from_dict", "policies_for", "policy_info", "register", "single"]

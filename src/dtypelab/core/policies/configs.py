@@ -213,6 +213,14 @@ class Config:
         (emulated float8: SQNR against bfloat16, values flushed to zero); none by default."""
         return []
 
+    def stored_weight_bytes(self, module: nn.Module) -> int | None:
+        """The bytes ``module``'s weight takes once this kind converted it, from the format's layout (scales
+        included); None when the kind leaves the module as it is. ``dtypelab forecast`` asks this of a conversion it
+        cannot make on the machine forecasting (a GPU format whose conversion needs CUDA): the weights' bytes come
+        from here, the rest of the step from a trace with ``storage_dtype`` in their place. A kind whose conversion
+        runs anywhere needs none (its converted tensors are traced)."""
+        return None
+
     def promoted_state(self, value: torch.Tensor, param: nn.Parameter) -> torch.Tensor:
         """An optimizer state tensor of a parameter the autopilot just moved to another dtype (Adam's moments
         follow the weights)."""

@@ -70,14 +70,17 @@ def _merge(conversion: dict[str, Any], report: dict[str, Any]) -> None:
 class Precision:
     """A plan's hooks for one model on ``device``: each kind's hooks, combined region by region."""
 
-    def __init__(self, plan: Plan, device: torch.device | str = "cpu") -> None:
+    def __init__(self, plan: Plan, device: torch.device | str = "cpu", *, traced: bool = False) -> None:
+        """``traced``: for a fake-tensor trace of the step's memory (``dtypelab forecast``): no GradScaler, whose
+        step reads a value (``found_inf.item()``) that fake tensors do not have, and whose state is two scalars; the
+        backward's tensors are the same with or without it."""
         self.plan = plan
         self.device = torch.device(device)
         default = plan.default
         # a pure cast, or a quantized model whose kernels take bfloat16 activations (fp8 dynamic, int4)
         self._cast = getattr(torch, default.storage_dtype) if default.storage_dtype != "float32" else None
         self._conversion: dict[str, Any] = {}
-        self._scaler = torch.amp.GradScaler(self.device.type) if plan.uses_scaler else None
+        self._scaler = torch.amp.GradScaler(self.device.type) if plan.uses_scaler and not traced else None
         self._log = ScalerLog() if self._scaler is not None else None
         self._step = 0
         # the kinds with a step of their own (a master copy); none for the built-in ones: their step is the plain one

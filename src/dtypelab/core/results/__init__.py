@@ -29,6 +29,18 @@ from dtypelab.core.results.bench import (
 )
 from dtypelab.core.results.decision import Decision, PolicyVerdict, Recommendation, Verdict
 from dtypelab.core.results.distributed import DistStats, ScalingEstimate, ScalingPoint
+from dtypelab.core.results.forecast import (
+    FORECAST_SCHEMA,
+    METHODS,
+    PEAK_CATEGORIES,
+    CheckResult,
+    FitForecast,
+    ForecastConfig,
+    ForecastReport,
+    PeakForecast,
+    PolicyForecast,
+    TargetDevice,
+)
 from dtypelab.core.results.lint import LINT_SCHEMA, LintFinding, LintReport
 from dtypelab.core.results.profile import CATEGORIES, CATEGORY_LABELS, PHASES, OpStat, ProfileSummary, SourceOp
 from dtypelab.core.results.state import MemoryBreakdown, UpdateLoss
@@ -67,6 +79,16 @@ __all__ = [
     "Rollback",
     "Rules",
     "AUDIT_SCHEMA",
+    "FORECAST_SCHEMA",
+    "METHODS",
+    "PEAK_CATEGORIES",
+    "CheckResult",
+    "FitForecast",
+    "ForecastConfig",
+    "ForecastReport",
+    "PeakForecast",
+    "PolicyForecast",
+    "TargetDevice",
     "BASELINE",
     "CATEGORIES",
     "CATEGORY_LABELS",

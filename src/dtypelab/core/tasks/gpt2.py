@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -84,12 +85,12 @@ class GPT(nn.Module):
 
 
 class Chain:
-    """The corpus's generator: sequences of ``seq + 1`` tokens, deterministic in their seed."""
+    """The corpus's generator: sequences of ``seq + 1`` tokens over ``vocab`` tokens, deterministic in their seed."""
 
-    def __init__(self, s: Size, seed: int = 0) -> None:
+    def __init__(self, vocab: int, seq: int, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
-        self.s = s
-        self.successors = torch.randint(0, s.vocab, (s.vocab, SUCCESSORS), generator=g)
+        self.vocab, self.seq = vocab, seq
+        self.successors = torch.randint(0, vocab, (vocab, SUCCESSORS), generator=g)
         w = 1.0 / torch.arange(1, SUCCESSORS + 1, dtype=torch.float64)
         self.weights = (w / w.sum()).float()
         # the chain's entropy per token (nats), outside the repeated span: the loss no model can beat there
@@ -97,10 +98,10 @@ class Chain:
 
     def sample(self, n: int, seed: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed)
-        length = self.s.seq + 1
+        length = self.seq + 1
         choice = torch.multinomial(self.weights, n * length, replacement=True, generator=g).view(n, length)
         out = torch.empty(n, length, dtype=torch.long)
-        out[:, 0] = torch.randint(0, self.s.vocab, (n,), generator=g)
+        out[:, 0] = torch.randint(0, self.vocab, (n,), generator=g)
         for t in range(1, length):
             out[:, t] = self.successors[out[:, t - 1], choice[:, t]]
         # one span of each sequence repeats an earlier one: predictable only by looking back at it
@@ -116,9 +117,12 @@ def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
 
 
-def make_task() -> Task:
-    s = size_here()
-    chain = Chain(s)
+def chain_task(name: str, vocab: int, seq: int, make_model: Callable[[], nn.Module],
+               make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer], steps: int, batch: int,
+               shape: str, eval_chunk: int = 64) -> Task:
+    """A language-model task on the generated corpus (``vocab`` tokens, ``seq``-token windows): fresh sequences
+    every step, held-out loss and perplexity. ``shape`` says what the model is, for the description."""
+    chain = Chain(vocab, seq)
     held = chain.sample(EVAL_SEQUENCES, seed=HELD_OUT_SEED)
     eval_x, eval_y = held[:, :-1], held[:, 1:]
 
@@ -127,22 +131,34 @@ def make_task() -> Task:
         return seqs[:, :-1], seqs[:, 1:]
 
     def evaluate(predict) -> dict[str, float]:
-        chunk = 8 if s is FULL else 64
-        nats = sum(_loss(predict(eval_x[i:i + chunk]), eval_y[i:i + chunk]).item() * len(eval_x[i:i + chunk])
-                   for i in range(0, len(eval_x), chunk)) / len(eval_x)
+        nats = sum(_loss(predict(eval_x[i:i + eval_chunk]), eval_y[i:i + eval_chunk]).item()
+                   * len(eval_x[i:i + eval_chunk]) for i in range(0, len(eval_x), eval_chunk)) / len(eval_x)
         return {"val_loss": nats, "perplexity": math.exp(min(nats, 50.0))}
 
-    shape = (f"{s.layers}-layer decoder, d={s.dim}, {s.heads} heads, {s.seq} tokens, {s.vocab:,}-token vocabulary, "
-             f"tied embeddings ({s.parameters / 1e6:.3g}M parameters)")
-    where = ("GPT-2-small shape" if s is FULL else
-             "reduced for a machine without CUDA (the full GPT-2-small shape runs where CUDA is; "
-             "DTYPELAB_GPT2_SIZE=full forces it)")
     return Task(
-        name="gpt2", make_model=lambda: GPT(s), train_batch=train_batch, loss_fn=_loss, evaluate=evaluate,
-        metric="val_loss", higher_is_better=False,
-        make_optimizer=lambda p: torch.optim.AdamW(p, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1),
-        steps=s.steps, batch_size=s.batch, infer_batch=lambda n: eval_x[:n],
-        description=f"{shape}; {where}; generated corpus (a {SUCCESSORS}-successor Zipf Markov chain with one repeated "
-                    f"span per sequence, entropy {chain.entropy:.2f} nats/token outside it); held-out loss and "
-                    "perplexity",
+        name=name, make_model=make_model, train_batch=train_batch, loss_fn=_loss, evaluate=evaluate,
+        metric="val_loss", higher_is_better=False, make_optimizer=make_optimizer, steps=steps, batch_size=batch,
+        infer_batch=lambda n: eval_x[:n],
+        description=f"{shape}; generated corpus (a {SUCCESSORS}-successor Zipf Markov chain with one repeated span per "
+                    f"sequence, entropy {chain.entropy:.2f} nats/token outside it); held-out loss and perplexity",
     )
+
+
+def _gpt2(s: Size, name: str, where: str) -> Task:
+    shape = (f"{s.layers}-layer decoder, d={s.dim}, {s.heads} heads, {s.seq} tokens, {s.vocab:,}-token vocabulary, "
+             f"tied embeddings ({s.parameters / 1e6:.3g}M parameters); {where}")
+    return chain_task(name, s.vocab, s.seq, lambda: GPT(s),
+                      lambda p: torch.optim.AdamW(p, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1),
+                      s.steps, s.batch, shape, eval_chunk=8 if s is FULL else 64)
+
+
+def make_task() -> Task:
+    s = size_here()
+    return _gpt2(s, "gpt2", "GPT-2-small shape" if s is FULL else
+                 "reduced for a machine without CUDA (the full GPT-2-small shape runs where CUDA is; "
+                 "DTYPELAB_GPT2_SIZE=full forces it, and the task gpt2-full is always full)")
+
+
+def make_full_task() -> Task:
+    """The GPT-2-small shape wherever it runs (``gpt2-full``): for forecasts, and for a GPU."""
+    return _gpt2(FULL, "gpt2-full", "GPT-2-small shape")

@@ -1,0 +1,132 @@
+"""Forecast records: each policy's peak memory, traced without running, for a device (``dtypelab forecast``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dtypelab.core.results.store import Record
+
+FORECAST_SCHEMA = "dtypelab.forecast"
+FORECAST_VERSION = 1
+# the peak's categories, in the order they are shown: what the model holds, then what the step adds
+PEAK_CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "master_weights", "activations",
+                   "temporaries")
+METHODS = {
+    "traced": "traced on fake tensors",
+    "stand-in": "traced with a stand-in storing the same layout, for a conversion or kernel this machine lacks (a cast "
+                "with the converted weights' bytes from their format's layout, or the format's emulation)",
+    "measured": "measured here on small batches and extrapolated (the step could not be traced)",
+    "state-only": "the state traced alone (the step could not be traced, nor run here): activations not counted",
+}
+
+
+@dataclass(frozen=True)
+class TargetDevice:
+    """What the forecast is for: a GPU from the table, this machine's device, or a memory size."""
+
+    name: str  # "H100", "cpu", "24GiB", "" (none: peaks only)
+    label: str  # "NVIDIA H100 80GB"
+    kind: str  # "cuda" or "cpu": whose allocator and optimizer defaults the trace follows
+    memory_bytes: int | None = None  # what a program can use (None: no limit asked)
+    reserve_bytes: int = 0  # kept aside, not traced: the CUDA context and libraries' workspaces
+    source: str = ""  # where the memory figure comes from
+    capability: tuple[int, int] | None = None  # CUDA compute capability, where known
+
+    @property
+    def usable_bytes(self) -> int | None:
+        return None if self.memory_bytes is None else self.memory_bytes - self.reserve_bytes
+
+
+@dataclass(frozen=True)
+class PeakForecast:
+    """One forward-and-backward-and-update step's (or one inference pass's) peak, per rank."""
+
+    batch_size: int  # per rank
+    peak_bytes: int
+    breakdown: dict[str, int]  # PEAK_CATEGORIES at the peak; they add up to peak_bytes
+    phase: str  # batch, forward, backward or optimizer
+    module: str = ""  # the innermost module running at the peak ("" outside any, or not known)
+    activations_bytes: int | None = None  # the most the forward kept for the backward at once (training)
+    parameter_bytes: int = 0  # the parameters' exact bytes (their storages, each once)
+
+
+@dataclass(frozen=True)
+class FitForecast:
+    """Whether the peak fits the target's usable memory, with what is left, and the largest batch that fits."""
+
+    fits: bool
+    headroom_bytes: int  # usable − peak (negative: short by that much)
+    largest_batch: int | None = None  # global (all ranks); None: not even the smallest fits
+    capped: bool = False  # ``largest_batch`` is the search's cap: more may fit
+    traces: int = 0  # the traces the search took
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """``--check``: the same step run here on real tensors."""
+
+    steps: int
+    train_peak_bytes: int | None = None  # the ledger on real tensors, over ``steps`` steps
+    infer_peak_bytes: int | None = None
+    process_peak_bytes: int | None = None  # as bench measures it (peak RSS on a CPU, max_memory_allocated on CUDA)
+    process_method: str = ""
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class PolicyForecast:
+    policy: str
+    summary: str
+    status: str  # ok, skipped, failed
+    method: str = ""  # a METHODS key
+    reason: str = ""  # why skipped or failed
+    notes: tuple[str, ...] = ()
+    train: PeakForecast | None = None
+    infer: PeakForecast | None = None
+    train_fit: FitForecast | None = None
+    infer_fit: FitForecast | None = None
+    runs_there: str = ""  # why the target device cannot run this policy ("": it can, or no device)
+    smallest_device: str | None = None  # no device named: the smallest GPU of the table the training peak fits
+    check: CheckResult | None = None
+    seconds: float = 0.0
+
+    @property
+    def peak(self) -> PeakForecast | None:
+        """The peak that decides: training's, else inference's."""
+        return self.train or self.infer
+
+
+@dataclass(frozen=True)
+class ForecastConfig:
+    task: str
+    task_name: str
+    batch_size: int  # global, as the task's loop takes it
+    nproc: int
+    seed: int
+    device: TargetDevice
+    parameters: int = 0  # the model's parameter count (each once)
+    infer_batch_size: int = 0
+    mode: str = "train"  # train (and the inference peak), or infer (an inference-only task)
+
+
+@dataclass(frozen=True)
+class ForecastReport(Record):
+    config: ForecastConfig
+    policies: tuple[PolicyForecast, ...]
+    environment: dict[str, Any] = field(default_factory=dict)
+    answer: str = ""  # the forecast in a sentence: what fits, or the smallest peak when nothing does
+    notes: tuple[str, ...] = ()
+    seconds: float = 0.0
+    created: str = ""
+
+    schema_version: int = FORECAST_VERSION
+
+    schema = FORECAST_SCHEMA
+    version = FORECAST_VERSION
+
+    def result(self, policy: str) -> PolicyForecast:
+        for p in self.policies:
+            if p.policy == policy:
+                return p
+        raise KeyError(policy)

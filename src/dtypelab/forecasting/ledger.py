@@ -1,0 +1,210 @@
+"""The ledger: every tensor storage alive while a step runs, by what it holds, and the peak with its breakdown.
+
+A ``TorchDispatchMode`` (torch's ``MemTracker`` is the model: ``torch.distributed._tools.mem_tracker``) that sees
+every op's outputs, under ``FakeTensorMode`` (the forecast: nothing is allocated) or on real tensors (``--check``:
+the same count on this machine). Each storage is counted once, from its creation to its release, in one category:
+``parameters`` and ``buffers`` (the model's), ``gradients`` (as each parameter's gradient is accumulated),
+``optimizer_state`` and ``master_weights`` (as the optimizer step leaves them), ``activations`` (what autograd saves
+for the backward) and ``temporaries`` (everything else: the batch, outputs, the backward's and the optimizer's
+intermediates). ``round_to``: the allocator's granularity (CUDA's caching allocator rounds every block up to 512
+bytes, which ``torch.cuda.max_memory_allocated`` counts; 1 on the CPU).
+
+Unlike MemTracker it keeps counting across iterations (the peak is in the second step, once the optimizer's state
+exists), names master weights (a kind's ``master_tensors``), and says where the peak came: the phase of the step and
+the innermost module running (``torch.utils.module_tracker``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.module_tracker import ModuleTracker
+
+from dtypelab.core.footprint import _leaves
+
+CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "master_weights", "activations", "temporaries")
+_DEVICE = torch.ops.prim.device.default
+CUDA_BLOCK = 512  # c10's CUDACachingAllocator rounds each allocation up to a multiple of this (kMinBlockSize)
+
+
+@dataclass
+class Peak:
+    """The most bytes alive at once, what they held, and when."""
+
+    total: int = 0
+    breakdown: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    phase: str = ""  # "forward", "backward", "optimizer", ...
+    module: str = ""  # the innermost module running (or whose backward was), "" outside any
+
+
+def _named(tracked: str) -> str:
+    """A module as ``named_modules`` names it: ModuleTracker prefixes the root's class (``GPT.blocks.0``), and a
+    compiled model's modules sit under ``_orig_mod``."""
+    name = tracked.partition(".")[2]
+    return name.removeprefix("_orig_mod.").removeprefix("_orig_mod") or "the whole model"
+
+
+def _storages(t: torch.Tensor) -> Iterator[torch.UntypedStorage]:
+    for leaf in _leaves(t):
+        if isinstance(leaf, torch.Tensor):
+            yield leaf.untyped_storage()
+
+
+class Ledger(TorchDispatchMode):
+    """Counts live storages by category while active (enter it inside the ``FakeTensorMode``, if any)."""
+
+    def __init__(self, round_to: int = 1) -> None:
+        super().__init__()
+        self.round_to = max(1, round_to)
+        self._live: dict[int, list[Any]] = {}  # id(storage) -> [weakref, bytes, category]
+        self.current = dict.fromkeys(CATEGORIES, 0)
+        self.total = 0
+        self.peak = Peak()
+        self.phases: dict[str, Peak] = {}  # each phase's own peak
+        self.most = dict.fromkeys(CATEGORIES, 0)  # the most each category held at any one time
+        self.phase = ""
+        self.default = "temporaries"  # the category of a storage an op creates
+        self._modules = ModuleTracker()
+
+    # --- counting ---------------------------------------------------------------------------------
+    def _bytes(self, st: torch.UntypedStorage) -> int:
+        n = st.nbytes()
+        return -(-n // self.round_to) * self.round_to if n else 0
+
+    def _forget(self, key: int) -> None:
+        entry = self._live.pop(key, None)
+        if entry is not None:
+            self.current[entry[2]] -= entry[1]
+            self.total -= entry[1]
+
+    def _add(self, st: torch.UntypedStorage, category: str) -> None:
+        key = id(st)
+        if key in self._live:
+            return
+        size = self._bytes(st)
+        try:
+            ref = weakref.ref(st, lambda _, key=key: self._forget(key))
+        except TypeError:  # a storage that takes no weak reference cannot be followed to its release
+            return
+        self._live[key] = [ref, size, category]
+        self.current[category] += size
+        self.total += size
+
+    def claim(self, tensors: Iterable[Any], category: str, only_from: tuple[str, ...] | None = None) -> int:
+        """Count the storages of ``tensors`` in ``category`` from now on (adding those not yet counted); with
+        ``only_from``, move only storages now in those categories (an activation that is also a parameter stays a
+        parameter). Returns the bytes moved or added."""
+        moved = 0
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                continue
+            for st in _storages(t):
+                entry = self._live.get(id(st))
+                if entry is None:
+                    self._add(st, category)
+                    moved += self._live[id(st)][1] if id(st) in self._live else 0
+                elif entry[2] != category and (only_from is None or entry[2] in only_from):
+                    self.current[entry[2]] -= entry[1]
+                    self.current[category] += entry[1]
+                    entry[2] = category
+                    moved += entry[1]
+        self._update_peak()
+        return moved
+
+    def _update_peak(self) -> None:
+        for category, held in self.current.items():
+            if held > self.most[category]:
+                self.most[category] = held
+        phase = self.phases.get(self.phase)
+        if self.total > self.peak.total or (self.phase and (phase is None or self.total > phase.total)):
+            # the deepest module running: names nest (blocks, blocks.0, blocks.0.mlp), so the longest
+            parents = [p for p in self._modules.parents if p != "Global"]
+            module = _named(max(parents, key=len)) if parents and self.phase in ("forward", "backward") else ""
+            now = Peak(self.total, dict(self.current), self.phase, module)
+            if self.phase and (phase is None or self.total > phase.total):  # "": bookkeeping between phases
+                self.phases[self.phase] = now
+            if self.total > self.peak.total:
+                self.peak = now
+
+    def _resized(self, st: torch.UntypedStorage) -> None:
+        entry = self._live.get(id(st))
+        if entry is not None:
+            size = self._bytes(st)
+            self.current[entry[2]] += size - entry[1]
+            self.total += size - entry[1]
+            entry[1] = size
+            self._update_peak()
+
+    # --- the mode -------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is _DEVICE:  # a query, not an op (autograd asks a fake tensor's device thousands of times a step)
+            device = getattr(args[0], "fake_device", None)
+            return device if device is not None else func(*args, **(kwargs or {}))
+        if any(t.__name__ == "DTensor" for t in types):
+            return NotImplemented  # DTensor runs its local ops first; those are what allocate
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                for st in _storages(t):
+                    self._add(st, self.default)
+        self._update_peak()
+        return out
+
+    def __enter__(self) -> Ledger:
+        # FSDP2 frees and re-allocates its unsharded parameters with UntypedStorage.resize_, which no dispatch mode
+        # sees: followed while the ledger is open (as torch's MemTracker does), restored on exit
+        original = self._original_resize = torch.UntypedStorage.resize_
+
+        def resize_(st: torch.UntypedStorage, size: int) -> Any:
+            out = original(st, size)
+            self._resized(st)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        self._modules.__enter__()
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+            self._modules.__exit__(*exc)
+        finally:
+            torch.UntypedStorage.resize_ = self._original_resize  # type: ignore[method-assign]
+
+    # --- what the step tells it -----------------------------------------------------------------------
+    @contextmanager
+    def phase_of(self, name: str, default: str = "temporaries") -> Iterator[None]:
+        """Inside the block, the step is in phase ``name`` and new storages go to ``default``."""
+        saved = self.phase, self.default
+        self.phase, self.default = name, default
+        try:
+            yield
+        finally:
+            self.phase, self.default = saved
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """A ``saved_tensors_hooks`` pack hook: what autograd saves for the backward is an activation (unless it is
+        a parameter or buffer, saved by reference)."""
+        self.claim([t], "activations", only_from=("temporaries",))
+        return t
+
+    def bytes_of(self, tensors: Iterable[Any]) -> int:
+        """The bytes of the counted storages among ``tensors`` (each once)."""
+        seen: set[int] = set()
+        total = 0
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                for st in _storages(t):
+                    entry = self._live.get(id(st))
+                    if entry is not None and id(st) not in seen:
+                        seen.add(id(st))
+                        total += entry[1]
+        return total

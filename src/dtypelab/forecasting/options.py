@@ -1,0 +1,34 @@
+"""What ``forecast`` is asked to do, validated once (the CLI's flags are made from these fields)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from dtypelab.core.options import MemorySize, Options, batch_size_field, json_field
+
+
+class ForecastOptions(Options):
+    policies: str | None = Field(None, description="comma-separated policies, POLICY+adam8bit, plan files or "
+                                                   "FILE.py:NAME [default: one of each memory layout; all: every "
+                                                   "registered policy]", json_schema_extra={"short": "-p"})
+    device: str | None = Field(None, description="the GPU to fit (a name from --devices: H100, A100-40GB, L4, …), "
+                                                 "or cpu / cuda for this machine's")
+    memory: MemorySize = Field(None, description="the memory to fit instead of the device's (24GiB, 80GB)",
+                               json_schema_extra={"cli_type": "str"})
+    reserve: MemorySize = Field(None, description="memory kept aside, not traced: the CUDA context and libraries' "
+                                                  "workspaces [default: 0.5GiB on a GPU, none on a CPU]",
+                                json_schema_extra={"cli_type": "str"})
+    batch_size: int | None = batch_size_field("samples per step, all ranks together")
+    nproc: int = Field(1, ge=1, le=65536, description="data-parallel ranks: FSDP2 shards parameters, gradients and "
+                                                      "optimizer state over them (the +fsdp policies); DDP does not")
+    seed: int = Field(0, description="seed of the model's initial weights")
+    batch_search: bool = Field(True, description="with a memory limit, also find the largest batch size that fits")
+    check: bool = Field(False, description="also run the steps here on real tensors and show the measured peaks "
+                                           "beside the forecast (where the model fits this machine)")
+    workers: int | None = Field(None, ge=1, le=64, description="processes tracing at once [default: the CPU cores, "
+                                                                "at most 2]")
+    json_path: str | None = json_field()
+    launcher: Any = Field(None, description="process (default) or inline (this process: tests, debugging)",
+                          json_schema_extra={"cli": False})

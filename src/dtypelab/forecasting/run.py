@@ -1,0 +1,289 @@
+"""``forecast()``: each policy's peak memory for a task, traced without running it, against a device's memory.
+
+task → options → the target device (a GPU of the table, this machine's, or a size) → the policies → workers that
+trace them (two at once on a machine with two cores) → the record, with the answer in a sentence.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from dtypelab.core.devices import DEVICES, GIB, device_spec
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.hardware import HardwareInfo, environment, hardware_for
+from dtypelab.core.options import parse_size
+from dtypelab.core.policies import REGISTRY, STATE_MODIFIERS, Plan, get_policy, parse_policies, policies_for
+from dtypelab.core.results import ForecastConfig, ForecastReport, PolicyForecast, TargetDevice, check_writable
+from dtypelab.core.task import Task, load_task
+from dtypelab.forecasting.job import ForecastJob
+from dtypelab.forecasting.options import ForecastOptions
+from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher, Target
+
+Progress = Callable[[int, int], None]
+GPU_RESERVE = "0.5GiB"  # the CUDA context and the libraries' workspaces: outside torch's allocator, not traced
+# One policy of each memory layout worth comparing (all: every registered policy): float32, bfloat16 weights with
+# or without what keeps their updates, bfloat16 autocast over float32 weights, 8-bit Adam state, float8 training;
+# and the inference formats (int8, float8, int4 weights).
+DEFAULT_TRAIN = ("fp32", "bf16", "amp-bf16", "bf16-sr", "bf16-kahan", "amp-bf16+adam8bit", "bf16-sr+adam8bit",
+                 "fp8-tensorwise", "int8-wo", "fp8-dyn-row", "int4-wo")
+DEFAULT_INFER = ("fp32", "bf16", "int8-dyn", "int8-wo", "fp8-wo", "fp8-dyn-row", "int4-wo", "mxfp4-dyn")
+DEFAULT_DISTRIBUTED = ("fp32+ddp", "amp-bf16+ddp", "fp32+fsdp", "amp-bf16+fsdp", "fp32+fsdp-bf16-params-fp32-reduce",
+                       "bf16-sr+fsdp")
+STATE_VARIANTS = ("amp-bf16", "bf16-sr")  # -p all: these with each optimizer-state modifier
+
+
+def target_device(device: str | None, memory: Any, reserve: Any) -> TargetDevice:
+    """The device a forecast is for; a one-line error for a name the table does not know."""
+    size, kept = parse_size(memory, "memory size"), parse_size(reserve, "reserve") if reserve not in (None, "") \
+        else None
+    if device is None or device.strip() == "":
+        kind, name, label, total, source, cc = "cuda", "", "a GPU", None, "", None
+    elif device.strip().lower() == "cpu":
+        kind, name, label, cc = "cpu", "cpu", "this machine's CPU", None
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        source = "this machine's memory"
+    elif device.strip().lower().startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DtypelabError(f"--device {device}: no CUDA device here; name a GPU of the table (dtypelab forecast "
+                                "--devices) or give --memory SIZE")
+        dev = torch.device(device.strip().lower())
+        props = torch.cuda.get_device_properties(dev)
+        kind, name, label, cc = "cuda", str(dev), props.name, (props.major, props.minor)
+        total, source = props.total_memory, "the total capacity torch reports for it"
+    else:
+        spec = device_spec(device)
+        kind, name, label, total, source, cc = "cuda", spec.name, spec.label, spec.memory_bytes, spec.source, \
+            spec.capability
+    if size is not None:
+        total, source = size, "given (--memory)"
+        name = name or f"{size / GIB:.4g}GiB"
+        label = label if device else f"{size / GIB:.4g} GiB"
+    if kept is None:
+        kept = parse_size(GPU_RESERVE) if kind == "cuda" and total is not None else 0
+    if total is not None and kept >= total:
+        raise DtypelabError(f"--reserve {reserve}: keeps all of the {total / GIB:.4g} GiB there is")
+    return TargetDevice(name, label, kind, total, kept or 0, source, cc)
+
+
+def choose_policies(spec: str | None, task: Task, nproc: int) -> list[Plan]:
+    """The plans to forecast: those named ('all': every registered policy and the optimizer-state variants), or one
+    of each memory layout for the task's mode. With several ranks a plan without a distributed modifier is DDP's."""
+    infer_only = task.inference_only
+    if spec is None:
+        names = DEFAULT_DISTRIBUTED if nproc > 1 and not infer_only else (DEFAULT_INFER if infer_only else
+                                                                            DEFAULT_TRAIN)
+        plans = [get_policy(n) for n in names]
+    elif spec.strip().lower() == "all":
+        modes = ("infer",) if infer_only else ("train", "infer")
+        names = list(dict.fromkeys(n for m in modes for n in policies_for(m)))
+        if not infer_only:
+            names += [f"{base}+{mod}" for base in STATE_VARIANTS for mod in STATE_MODIFIERS]
+        plans = [get_policy(n) for n in names]
+    else:
+        plans = parse_policies(spec)
+    if infer_only:
+        trained = [p.name for p in plans if "infer" not in p.modes]
+        if trained:
+            raise DtypelabError(f"task {task.name} is inference-only: {', '.join(trained)} train (use inference "
+                                "policies such as fp32, bf16, int8-wo, fp8-dyn-row, int4-wo)")
+    if nproc > 1:
+        plans = [p if p.distributed is not None or "train" not in p.modes else
+                 get_policy(f"{p.name}+ddp") if p.name in REGISTRY or "+" in p.name else p for p in plans]
+    else:
+        spread = [p.name for p in plans if p.distributed is not None]
+        if spread:
+            raise DtypelabError(f"{spread[0]} runs across processes: give --nproc N (its ranks)")
+    return plans
+
+
+def _hardware(target: TargetDevice) -> HardwareInfo | None:
+    """What the target computes natively, to say which policies can run there (a GPU by its capability)."""
+    if target.kind == "cpu":
+        return hardware_for(torch.device("cpu"), None, budget_s=0.02)
+    if target.capability is None:
+        return None
+    return HardwareInfo(device="cuda", device_name=target.label, cpu_name="", cpu_flags=(), cpu_capability="",
+                        cuda_capability=target.capability, threads=0)
+
+
+def _smallest_device(result: PolicyForecast, plan: Plan, reserve: int) -> str | None:
+    """The smallest GPU of the table whose memory holds the decisive peak and that runs the policy; "" for none."""
+    peak = result.peak
+    if peak is None:
+        return None
+    for spec in sorted(DEVICES, key=lambda d: d.memory_bytes):
+        hw = HardwareInfo(device="cuda", device_name=spec.label, cpu_name="", cpu_flags=(), cpu_capability="",
+                          cuda_capability=spec.capability, threads=0)
+        if peak.peak_bytes <= spec.memory_bytes - reserve and plan.availability(hw).ok:
+            return spec.name
+    return ""
+
+
+def _split(plans: list[Plan], parts: int) -> list[list[Plan]]:
+    """Policies likely to convert the model alike (the same stored dtype, autocast, rules and distribution) stay
+    together, so that their worker traces the shared forward and backward once; families go longest first onto the
+    least loaded part (an update through torchao or torch-optimi, one parameter at a time, traces slowest)."""
+    def family(p: Plan) -> tuple[Any, ...]:
+        d = p.default
+        return d.storage_dtype, d.autocast_dtype, p.rules, p.distributed
+
+    def update(p: Plan) -> int:
+        if "train" not in p.modes:
+            return 2  # its conversion and its forward
+        return 8 if p.state is not None or d_kind(p) == "bf16-update" else 1
+
+    def d_kind(p: Plan) -> str:
+        return p.default.kind
+
+    families: dict[tuple[Any, ...], list[Plan]] = {}
+    for plan in plans:
+        families.setdefault(family(plan), []).append(plan)
+    loads: list[list[Any]] = [[0, []] for _ in range(parts)]
+    for group in sorted(families.values(), key=lambda g: -(5 + sum(map(update, g)))):
+        part = min(loads, key=lambda x: x[0])
+        part[0] += 5 + sum(map(update, group))
+        part[1].extend(group)
+    order = {p.name: i for i, p in enumerate(plans)}
+    return [sorted(group, key=lambda p: order[p.name]) for _, group in loads if group]
+
+
+def forecast(task: str | Task, options: ForecastOptions | None = None, *, progress: Progress | None = None,
+             **settings: Any) -> ForecastReport:
+    """Each policy's peak training memory (by category) and inference peak for ``task``, traced on fake tensors
+    (nothing the size of the model is allocated), against ``device``'s memory: whether it fits, the headroom and the
+    largest batch that fits. ``options`` (``ForecastOptions``) or its fields as keywords."""
+    opts = ForecastOptions.build(options, **settings)
+    start = time.monotonic()
+    target = Target.of(task)
+    if target.is_script:
+        raise DtypelabError(f"{target.spec} is a training script: forecast traces a task's step on fake tensors "
+                            "(a built-in or FILE.py:make_task); a script runs as its own program (bench measures it)")
+    device = target_device(opts.device, opts.memory, opts.reserve)
+    task_obj = load_task(target.given or target.spec) if isinstance(task, str) else task
+    spec = task if isinstance(task, str) else task.name
+    if opts.check and device.kind != ("cuda" if torch.cuda.is_available() else "cpu"):
+        here = "cuda" if torch.cuda.is_available() else "cpu"
+        raise DtypelabError(f"--check runs the steps here ({here}): forecast for --device {here}, or leave out --check")
+    plans = choose_policies(opts.policies, task_obj, opts.nproc)
+    batch = opts.batch_size or task_obj.batch_size
+    if batch % opts.nproc:
+        raise DtypelabError(f"the batch size {batch} does not split over {opts.nproc} ranks: give --batch-size a "
+                            f"multiple of {opts.nproc}")
+    check_writable(opts.json_path)
+    if not isinstance(task, str):
+        raise DtypelabError("forecast takes a task by name or FILE.py:make_task (its workers load it themselves)")
+    launcher: Launcher = LAUNCHERS[opts.launcher or "process"] if isinstance(opts.launcher, str | None) \
+        else opts.launcher
+    parts = 1 if getattr(launcher, "name", "") == "inline" else min(len(plans), opts.workers or min(2, os.cpu_count()
+                                                                                                     or 1))
+    jobs = [ForecastJob(spec, tuple(group), batch // opts.nproc, batch // opts.nproc, device.kind, opts.nproc,
+                        opts.seed, device.usable_bytes, opts.batch_search, opts.check,
+                        "cuda" if device.kind == "cuda" else "cpu", part=i)
+            for i, group in enumerate(_split(plans, parts))]
+    done = [0] * len(jobs)
+    # a zygote forks one worker at a time: parts after the first get a process launcher (and a zygote) of their own
+    launchers = [launcher if i == 0 or not isinstance(launcher, ProcessLauncher) else ProcessLauncher()
+                 for i in range(len(jobs))]
+
+    def run(i: int) -> Outcome:
+        def step(n: int, total: int) -> None:
+            done[i] = n
+            if progress is not None:
+                progress(sum(done), len(plans))
+
+        return launchers[i].run(jobs[i], timeout_s=24 * 3600, on_step=step)
+
+    if progress is not None:
+        progress(0, len(plans))
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outcomes = list(pool.map(run, range(len(jobs))))
+    found: dict[str, PolicyForecast] = {}
+    for job, out in zip(jobs, outcomes, strict=True):
+        for result in out.value or [m[0] for k, m in out.messages.items() if k.startswith("policy:")]:
+            found[result.policy] = result
+        for plan in job.plans:  # a worker that died: its policies not reported fail with its reason
+            found.setdefault(plan.name, PolicyForecast(plan.name, plan.describe(), "failed",
+                                                       reason=out.reason or out.status))
+    hw = _hardware(device)
+    here = hw if device.kind == "cpu" and hw is not None else hardware_for(torch.device("cpu"), None, budget_s=0.02)
+    results = []
+    for plan in plans:
+        r = found[plan.name]
+        avail = plan.availability(hw) if hw is not None and r.status == "ok" else None
+        runs_there = "" if avail is None or avail.ok else avail.reason
+        smallest = _smallest_device(r, plan, parse_size(GPU_RESERVE)) if device.memory_bytes is None else None
+        results.append(PolicyForecast(**{**r.__dict__, "runs_there": runs_there, "smallest_device": smallest}))
+    counted = [out.messages["parameters"][0] for out in outcomes if "parameters" in out.messages]
+    config = ForecastConfig(spec, task_obj.name, batch, opts.nproc, opts.seed, device,
+                            parameters=counted[0] if counted else 0, infer_batch_size=batch // opts.nproc,
+                            mode="infer" if task_obj.inference_only else "train")
+    report = ForecastReport(config, tuple(results), environment(here), answer(results, device),
+                            notes=_notes(device, opts.nproc), seconds=time.monotonic() - start,
+                            created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    if opts.json_path:
+        report.save(opts.json_path)
+    return report
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.3g} GB" if abs(n) >= 1e8 else f"{n / 1e6:.3g} MB"
+
+
+def answer(results: list[PolicyForecast], device: TargetDevice) -> str:
+    """The forecast in a sentence: for training (an inference-only task: inference), what fits the device, or the
+    smallest GPU each needs, or, when nothing fits, the smallest peak and by how much it misses; then the same of
+    the inference-only formats, in a clause of their own."""
+    ok = [r for r in results if r.status == "ok" and r.peak is not None]
+    if not ok:
+        return "Nothing was forecast: every policy was skipped or failed (see each one's reason)."
+    trained = [r for r in ok if r.train is not None]
+    first = _sentence(trained or ok, device, "training" if trained else "inference")
+    served = [r for r in ok if r.train is None]
+    return first if not (trained and served) else f"{first} {_sentence(served, device, 'inference')}"
+
+
+def _sentence(ok: list[PolicyForecast], device: TargetDevice, what: str) -> str:
+    smallest = min(ok, key=lambda r: r.peak.peak_bytes)
+    usable = device.usable_bytes
+    head = what[0].upper() + what[1:]
+    if usable is not None:
+        fits = [r for r in ok if r.peak.peak_bytes <= usable and not r.runs_there]
+        where = f"{device.label} ({_gb(usable)} usable)"
+        if not fits:
+            return (f"{head} fits nowhere on {where}: smallest peak: {smallest.policy} at "
+                    f"{_gb(smallest.peak.peak_bytes)}, {_gb(smallest.peak.peak_bytes - usable)} more than there is.")
+        best = min(fits, key=lambda r: r.peak.peak_bytes)
+        cannot = [r.policy for r in ok if r.runs_there]
+        return (f"{head} on {where}: {len(fits)} of {len(ok)} fit ({', '.join(r.policy for r in fits)}); smallest "
+                f"peak: {best.policy} at {_gb(best.peak.peak_bytes)}"
+                + (f"; {', '.join(cannot)} cannot run there" if cannot else "") + ".")
+    if not any(r.smallest_device for r in ok):
+        largest = max(DEVICES, key=lambda d: d.memory_bytes)
+        return (f"{head} fits nowhere in the table (the largest, {largest.label}, has {_gb(largest.memory_bytes)}): "
+                f"smallest peak: {smallest.policy} at {_gb(smallest.peak.peak_bytes)}.")
+    return (f"{head}: smallest peak: {smallest.policy} at {_gb(smallest.peak.peak_bytes)}"
+            + (f" (fits {device_spec(smallest.smallest_device).label} and larger)" if smallest.smallest_device
+               else " (no GPU of the table runs it)") + ".")
+
+
+def _notes(device: TargetDevice, nproc: int) -> tuple[str, ...]:
+    notes = ["peaks are tensors' bytes as the allocator holds them (CUDA's in blocks of 512 bytes), per rank; what "
+             "is outside the allocator (the CUDA context, cuBLAS's workspace) is the reserve"
+             if device.kind == "cuda" else "peaks are tensors' bytes, per rank"]
+    if device.memory_bytes is not None:
+        notes.append(f"{device.label}: {_gb(device.memory_bytes)} ({device.memory_bytes / GIB:.4g} GiB, "
+                     f"{device.source}), less {_gb(device.reserve_bytes)} reserved")
+    if device.kind == "cuda":
+        notes.append("traced as on a CUDA GPU: torch's optimizers update every parameter at once there (foreach), "
+                     "which holds one more copy of what they update while they do")
+    if nproc > 1:
+        notes.append(f"{nproc} ranks: FSDP2 shards weights, gradients and optimizer state and gathers each unit's "
+                     "weights for its forward and backward; DDP keeps everything whole and one more copy of the "
+                     "gradients in its buckets; the batch is split over the ranks")
+    return tuple(notes)

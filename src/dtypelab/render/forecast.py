@@ -1,0 +1,152 @@
+"""The forecast record as tables: each policy's peak memory by category and against the device's memory; with
+``--check``, the forecast beside what the same steps measured here. Reads the record only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dtypelab.core.results import METHODS, PEAK_CATEGORIES, ForecastReport, PolicyForecast
+from dtypelab.render.views import document, more
+
+SHORT = {"parameters": "weights", "buffers": "buffers", "gradients": "gradients", "optimizer_state": "optimizer",
+         "master_weights": "master", "activations": "activations", "temporaries": "temporaries"}
+
+
+def unit_of(report: ForecastReport) -> tuple[float, str]:
+    """GB for the table when any peak reaches one, MB below (decimal: as datasheets and the record's notes say)."""
+    peaks = [p.peak.peak_bytes for p in report.policies if p.peak is not None]
+    return (1e9, "GB") if peaks and max(peaks) >= 1e9 else (1e6, "MB")
+
+
+def _size(n: int | None, scale: float, sign: str = "") -> str:
+    if n is None:
+        return "—"
+    if abs(n) >= 1000 * scale:  # thousands of the table's unit: whole numbers, grouped
+        return f"{n / scale:{sign},.0f}"
+    return f"{n / scale:{sign}.3g}" if abs(n) >= scale / 100 else ("0" if n == 0 else f"{n / scale:{sign}.2g}")
+
+
+def size_text(n: int) -> str:
+    """A size in a sentence: GB (decimal, as datasheets) down to MB."""
+    return f"{n / 1e9:.3g} GB" if abs(n) >= 1e8 else f"{n / 1e6:.3g} MB"
+
+
+def _where(p: PolicyForecast) -> str:
+    peak = p.train or p.infer
+    if peak is None:
+        return ""
+    return peak.phase + (f" ({peak.module})" if peak.module else "")
+
+
+def _fit(p: PolicyForecast, scale: float) -> list[str]:
+    fit = p.train_fit or p.infer_fit
+    if p.runs_there:
+        return ["cannot run", "—", "—"]
+    if fit is None:
+        return ["—", "—", "—"]
+    largest = "—" if not (p.train_fit or p.infer_fit) else (
+        "none" if fit.largest_batch is None and fit.traces else
+        "—" if fit.largest_batch is None else f"{fit.largest_batch}{'+' if fit.capped else ''}")
+    return ["yes" if fit.fits else "no", _size(fit.headroom_bytes, scale, "+"), largest]
+
+
+@document(ForecastReport, wrap=set())
+def forecast_doc(report: ForecastReport) -> tuple[str, list[str], list[list[str]], list[str]]:
+    cfg = report.config
+    scale, unit = unit_of(report)
+    dev = cfg.device
+    ranks = f" over {cfg.nproc} ranks ({cfg.batch_size // cfg.nproc} each)" if cfg.nproc > 1 else ""
+    where = dev.label if dev.name else "no device named (peaks only)"
+    title = (f"dtypelab forecast: {cfg.task_name} · {cfg.parameters:,} parameters · batch {cfg.batch_size}{ranks} · "
+             f"{where} · traced on fake tensors, nothing run")
+    train = cfg.mode == "train"
+    # an inference pass holds weights and temporaries only (no gradient, no state, nothing kept for a backward)
+    cats = [c for c in PEAK_CATEGORIES if c != "buffers" and (train or c in ("parameters", "temporaries"))]
+    headers = ["policy", *(f"{SHORT[c]} {unit}" for c in cats), f"{'train' if train else 'inference'} peak {unit}",
+               "peak in"]
+    if train:
+        headers.append(f"inference peak {unit}")
+    headers += ["fits", f"headroom {unit}", "largest batch"] if dev.memory_bytes is not None else ["smallest GPU"]
+    rows = []
+    for p in report.policies:
+        if p.status != "ok":
+            rows.append([p.policy, *(["—"] * (len(headers) - 2)), f"{p.status}: {p.reason}"])
+            continue
+        peak = p.train if train and p.train is not None else p.infer
+        cells = [p.policy]
+        if peak is not None and (p.train is not None or not train):
+            b = peak.breakdown
+            cells += [_size(b.get(c, 0) + (b.get("buffers", 0) if c == "parameters" else 0), scale) for c in cats]
+            cells += [_size(peak.peak_bytes, scale), _where(p)]
+        else:  # an inference format in a training task: its pass has no training columns
+            cells += ["—"] * len(cats) + ["—", "inference only"]
+        if train:
+            cells.append(_size(p.infer.peak_bytes if p.infer else None, scale))
+        if dev.memory_bytes is not None:
+            cells += _fit(p, scale)
+        else:
+            cells.append("cannot run anywhere in the table" if p.smallest_device == "" and p.peak else
+                         (p.smallest_device or "none in the table"))
+        rows.append(cells)
+    return title, headers, rows, _notes(report, scale, unit)
+
+
+def _notes(report: ForecastReport, scale: float, unit: str) -> list[str]:
+    cfg = report.config
+    notes = [report.answer] if report.answer else []
+    methods = sorted({p.method for p in report.policies if p.status == "ok" and p.method})
+    for m in methods:
+        who = [p.policy for p in report.policies if p.method == m]
+        notes.append(f"{METHODS.get(m, m)}: {', '.join(who)}")
+    notes.append("weights, gradients, optimizer (state), master (a float32 copy, Kahan's compensation), activations "
+                 "(what the forward keeps for the backward) and temporaries (the batch, outputs, the backward's and "
+                 f"the optimizer's intermediates) at the moment of the peak, in {unit}; weights include buffers; the "
+                 "peak is every step's after the first (the optimizer's state exists by then)")
+    dev = cfg.device
+    if dev.memory_bytes is not None:
+        notes.append(f"fits: the peak within the {size_text(dev.memory_bytes - dev.reserve_bytes)} usable "
+                     f"on {dev.label}; headroom: what is left (negative: short by); largest batch: the largest "
+                     "traced to fit, all ranks together (traced, not extrapolated: the next size was traced not to "
+                     "fit)")
+    else:
+        notes.append("smallest GPU: the one with the least memory in the table (dtypelab forecast --devices) that "
+                     "holds the peak and runs the policy")
+    for p in report.policies:
+        if p.runs_there:
+            notes.append(f"{p.policy} cannot run on {dev.label}: {p.runs_there}")
+        for n in p.notes:
+            notes.append(f"{p.policy}: {n}")
+    notes += list(report.notes)
+    notes.append(f"forecast in {report.seconds:.1f} s")
+    return notes
+
+
+@more(ForecastReport)
+def check_docs(report: ForecastReport, top: int = 0) -> list[Any]:
+    """``--check``: each forecast beside the same steps run here on real tensors."""
+    checked = [p for p in report.policies if p.check is not None]
+    if not checked:
+        return []
+    scale, unit = unit_of(report)
+
+    def ratio(forecast: int | None, measured: int | None) -> str:
+        return f"{forecast / measured:.3f}" if forecast and measured else "—"
+
+    headers = ["policy", f"forecast train {unit}", f"measured {unit}", "forecast/measured",
+               f"forecast inference {unit}", f"measured {unit}", "forecast/measured", f"process peak {unit}",
+               "forecast/process"]
+    rows = []
+    for p in checked:
+        c = p.check
+        ft, fi = (p.train.peak_bytes if p.train else None), (p.infer.peak_bytes if p.infer else None)
+        rows.append([p.policy, _size(ft, scale), _size(c.train_peak_bytes, scale), ratio(ft, c.train_peak_bytes),
+                     _size(fi, scale), _size(c.infer_peak_bytes, scale), ratio(fi, c.infer_peak_bytes),
+                     _size(c.process_peak_bytes, scale), ratio(ft or fi, c.process_peak_bytes)])
+    method = next((p.check.process_method for p in checked if p.check.process_method), "")
+    steps = checked[0].check.steps
+    what = f"{steps} training steps" if report.config.mode == "train" else "one inference pass"
+    notes = [f"measured: the same steps on real tensors here ({what}), every storage counted from its creation to "
+             "its release by the same ledger",
+             f"process peak: as bench measures it ({method}): it adds what is outside the tensors (the allocator's "
+             "slack, the runtime's workspaces, pages the kernels touch)"]
+    return [("dtypelab forecast --check: the forecast beside the same steps run here", headers, rows, notes)]
