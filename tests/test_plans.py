@@ -27,12 +27,15 @@ V1 = os.path.join(HERE, "data", "v1")
 
 
 # --- records ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["bench_train", "bench_infer", "audit", "trace", "trace_clean"])
+@pytest.mark.parametrize("name", ["bench_train", "bench_infer", "audit", "trace", "trace_clean", "forecast",
+                                  "forecast_check", "forecast_gpus"])
 def test_files_written_by_version_1_render_as_before(name):
     """Rendered by the code before configs and plans. What reads differently now: 2.63x slower than fp32 (0.38x
     its speed), not 0.38x slower; a metric that moved the good way is 'better than fp32' / 'equal to fp32', not
     'within 1%', and a sentence says the tolerance is one-sided; the verdict column is short ('within 1%', 'cosine
     0.9771 < 0.99': the metric is the column beside it) and the HTML's tables scroll inside the page."""
+    from dtypelab.core.results import ForecastReport
+    from dtypelab.render.forecast import check_docs, forecast_doc
     from dtypelab.render.numeric import audit_doc, emit
     from dtypelab.render.trace import trace_doc
 
@@ -40,7 +43,9 @@ def test_files_written_by_version_1_render_as_before(name):
     for fmt in ("markdown", "html"):
         with open(os.path.join(V1, f"{name}.{fmt}")) as f:
             expected = f.read()
-        if isinstance(record, Report):
+        if isinstance(record, ForecastReport):  # its table, then --check's beside the measured steps
+            got = "".join(emit(part, fmt, None) for part in [forecast_doc(record), *check_docs(record)])
+        elif isinstance(record, Report):
             got = render_markdown(record) if fmt == "markdown" else render_html(record)
         elif name == "audit":
             doc, styles, wrap = audit_doc(record, 0)
@@ -214,7 +219,7 @@ RENDER_WITHOUT_REGISTRY = r"""
 import importlib.abc, sys
 BLOCKED = ("dtypelab.core.policies", "dtypelab.core.loop", "dtypelab.run", "dtypelab.sweep", "dtypelab.tuning",
            "dtypelab.tracing", "dtypelab.profiling", "dtypelab.numerics", "dtypelab.inference", "dtypelab.lint",
-           "dtypelab.distributed", "dtypelab.script", "dtypelab.lightning", "dtypelab.hf")
+           "dtypelab.distributed", "dtypelab.script", "dtypelab.forecasting", "dtypelab.lightning", "dtypelab.hf")
 
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
@@ -223,16 +228,19 @@ class Block(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, Block())
 from dtypelab.core.records import load_record
-from dtypelab.core.results import AuditReport, Report, TraceReport, TuneReport
+from dtypelab.core.results import AuditReport, ForecastReport, Report, TraceReport, TuneReport
 from dtypelab.render import report
 from dtypelab.render.bench import render_html, render_markdown
+from dtypelab.render.forecast import forecast_doc
 from dtypelab.render.numeric import audit_doc, emit
 from dtypelab.render.trace import trace_doc
 from dtypelab.render.tune import tune_doc
 
 records = [load_record(p) for p in sys.argv[1:]]
 for r in records:
-    if isinstance(r, Report):
+    if isinstance(r, ForecastReport):
+        emit(forecast_doc(r), "markdown", None)
+    elif isinstance(r, Report):
         render_markdown(r), render_html(r)
     elif isinstance(r, AuditReport):
         emit(audit_doc(r, 0)[0], "markdown", None)
@@ -256,7 +264,8 @@ def test_every_golden_record_renders_with_the_registry_and_every_capability_unim
 
     dtypelab.tune(f"{TINY}:make_task", candidates="int8-dyn", min_cosine=0.9, json_path=str(tune),
                   hardware=fake_hardware(int8=250.0))
-    files = [os.path.join(V1, f"{n}.json") for n in ("bench_train", "bench_infer", "audit", "trace", "trace_clean")]
+    files = [os.path.join(V1, f"{n}.json") for n in ("bench_train", "bench_infer", "audit", "trace", "trace_clean",
+                                                     "forecast", "forecast_check", "forecast_gpus")]
     # and every record published from a GPU (benchmarks/gpu_records.py writes them under benchmarks/results/<gpu>/)
     results = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results")
     files += [f for f in sorted(glob.glob(os.path.join(results, "*", "*.json"))) if not f.endswith("hardware.json")]

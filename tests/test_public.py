@@ -15,7 +15,7 @@ def test_every_record_kind_is_registered_by_its_schema_and_drawn():
     from dtypelab.render.views import document_of, section_of
 
     assert {cls.__name__ for cls in KINDS.values()} == {
-        "Report", "AuditReport", "TraceReport", "LintReport", "TuneReport", "AutopilotReport"}
+        "Report", "AuditReport", "TraceReport", "LintReport", "TuneReport", "AutopilotReport", "ForecastReport"}
     for schema, cls in KINDS.items():
         assert cls.schema == schema and issubclass(cls, Record)
         section_of(object.__new__(cls))  # a page section for every kind
@@ -28,8 +28,8 @@ def test_every_cli_module_registers_its_commands():
 
     names = {c.name or c.callback.__name__ for c in cli.app.registered_commands}
     modules = [m.name for m in pkgutil.iter_modules(cli.__path__) if not m.name.startswith("_")]
-    assert {"bench", "tune", "autopilot", "show", "report", "audit", "trace", "export", "lint"} <= names
-    assert set(modules) == {"autopilot", "bench", "diagnose", "export", "numeric", "tune"}
+    assert {"bench", "tune", "autopilot", "show", "report", "audit", "trace", "export", "lint", "forecast"} <= names
+    assert set(modules) == {"autopilot", "bench", "diagnose", "export", "forecast", "numeric", "tune"}
 
 
 def test_the_public_names_are_one_list_and_the_type_checking_imports_agree():

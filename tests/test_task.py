@@ -8,9 +8,10 @@ from conftest import TINY, fake_hardware
 
 import dtypelab
 from dtypelab import Task, TaskError, load_task
-from dtypelab.core.task import BUILTIN, call_model, map_tensors
+from dtypelab.core.task import BUILTIN, FULL_SIZE, call_model, map_tensors
 
-TRAINABLE = [n for n in BUILTIN if n != "minilm"]  # minilm: inference-only, optional extra (test_minilm.py)
+# minilm: inference-only, optional extra (test_minilm.py); the full-size shapes: test_full_size_shapes_on_meta
+TRAINABLE = [n for n in BUILTIN if n != "minilm" and n not in FULL_SIZE]
 
 
 @pytest.mark.parametrize("name", TRAINABLE)
@@ -43,6 +44,18 @@ def test_builtin_tasks_learn_in_a_few_steps(name):
     with torch.no_grad():
         metrics = task.evaluate(lambda inputs: call_model(model, inputs).float())
     assert task.metric in metrics
+
+
+@pytest.mark.parametrize("name,parameters", [("gpt2-full", 124_475_904), ("llama2-7b", 6_738_415_616)])
+def test_full_size_shapes_on_meta(name, parameters):
+    """GPT-2 small (its 50,304-token vocabulary padded as nanoGPT pads it, embeddings tied) and Llama-2-7B, built
+    on the meta device as a forecast builds them: their parameter counts, and batches deterministic at any size."""
+    task = load_task(name)
+    with torch.device("meta"):
+        model = task.make_model()
+    assert sum(p.numel() for p in model.parameters()) == parameters  # each parameter once: tied ones too
+    x1, y1 = task.train_batch(3, 2)
+    assert torch.equal(x1, task.train_batch(3, 2)[0]) and x1.shape[0] == 2 and y1.shape == x1.shape
 
 
 def test_load_from_file_and_module(monkeypatch):

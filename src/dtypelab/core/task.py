@@ -127,6 +127,11 @@ BUILTIN = {
 }
 
 
+# Built-ins at a real model's full size: what a forecast is asked about, and what runs where it fits (a GPU); on
+# two CPU cores a step takes seconds (gpt2-full) or more memory than there is (llama2-7b: 108 GB in float32).
+FULL_SIZE = frozenset({"gpt2-full", "llama2-7b"})
+
+
 def user_module_name(path: str) -> str:
     """The name a user's file is imported under (``sys.modules``: dataclasses and pickling look it up there)."""
     return "dtypelab_user_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")

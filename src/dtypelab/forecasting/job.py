@@ -73,10 +73,11 @@ class ForecastJob:
     def name(self) -> str:
         return f"forecast-{self.part}"
 
-    def __call__(self, report: Any) -> list[PolicyForecast]:
+    def __call__(self, report: Any) -> tuple[int, list[PolicyForecast]]:
+        """(the model's parameter count, each policy's forecast)."""
         forecaster = Forecaster(self, load_task(self.task_spec))
-        report.send("parameters", sum(p.numel() for p in {id(p): p for p in forecaster.meta.parameters()}.values()))
-        out = []
+        count = sum(p.numel() for p in {id(p): p for p in forecaster.meta.parameters()}.values())
+        out: list[PolicyForecast] = []
         try:
             for i, plan in enumerate(self.plans):
                 result = forecaster.policy(plan)
@@ -85,7 +86,7 @@ class ForecastJob:
                 out.append(result)
         finally:
             forecaster.close()
-        return out
+        return count, out
 
 
 def _peak(traced: Traced, batch_size: int, activations: bool) -> PeakForecast:
@@ -320,13 +321,15 @@ class Forecaster:
                          f"batch size {' and '.join(map(str, sizes))}" + (
                              " and extrapolated along the line through them" if len(sizes) > 1 else ""))
             return (runs[0] if len(runs) == 1 else _extrapolate(runs, sizes, batch_size)), "measured"
+        model, stand, extra = self.converted(plan)
+        run = Run(self.task, stand, model, self.target, wrap=self._wrap(plan), converted=True)
         if not train:
-            raise Untraceable(why)
+            notes.append(f"the inference pass could not be traced on fake tensors ({why}), and the model is too large "
+                         "to run here: its weights alone are counted, so its peak is at least this")
+            return _shifted(run.weights(), extra, "parameters"), "state-only"
         notes.append(f"the step could not be traced on fake tensors ({why}), and the model is too large to run "
                      "here: its weights, gradients and optimizer state are traced alone; activations are not "
                      "counted, so the peak is at least this")
-        model, stand, extra = self.converted(plan)
-        run = Run(self.task, stand, model, self.target, wrap=self._wrap(plan), converted=True)
         return _shifted(run.state(), extra, "parameters"), "state-only"
 
     def _real(self, plan: Plan, batch_size: int, train: bool, steps: int, device: str = "cpu") -> Traced:

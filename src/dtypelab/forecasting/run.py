@@ -40,8 +40,8 @@ STATE_VARIANTS = ("amp-bf16", "bf16-sr")  # -p all: these with each optimizer-st
 
 def target_device(device: str | None, memory: Any, reserve: Any) -> TargetDevice:
     """The device a forecast is for; a one-line error for a name the table does not know."""
-    size, kept = parse_size(memory, "memory size"), parse_size(reserve, "reserve") if reserve not in (None, "") \
-        else None
+    size = parse_size(memory, "memory size")
+    kept = None if reserve in (None, "") else (parse_size(reserve, "reserve") or 0)  # --reserve 0: nothing aside
     if device is None or device.strip() == "":
         kind, name, label, total, source, cc = "cuda", "", "a GPU", None, "", None
     elif device.strip().lower() == "cpu":
@@ -204,8 +204,13 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     with ThreadPoolExecutor(len(jobs)) as pool:
         outcomes = list(pool.map(run, range(len(jobs))))
     found: dict[str, PolicyForecast] = {}
+    counted = 0
     for job, out in zip(jobs, outcomes, strict=True):
-        for result in out.value or [m[0] for k, m in out.messages.items() if k.startswith("policy:")]:
+        if out.value is not None:
+            counted, results = out.value
+        else:  # the worker died: what it had reported before stays
+            results = [m[0] for k, m in out.messages.items() if k.startswith("policy:")]
+        for result in results:
             found[result.policy] = result
         for plan in job.plans:  # a worker that died: its policies not reported fail with its reason
             found.setdefault(plan.name, PolicyForecast(plan.name, plan.describe(), "failed",
@@ -219,9 +224,8 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
         runs_there = "" if avail is None or avail.ok else avail.reason
         smallest = _smallest_device(r, plan, parse_size(GPU_RESERVE)) if device.memory_bytes is None else None
         results.append(PolicyForecast(**{**r.__dict__, "runs_there": runs_there, "smallest_device": smallest}))
-    counted = [out.messages["parameters"][0] for out in outcomes if "parameters" in out.messages]
     config = ForecastConfig(spec, task_obj.name, batch, opts.nproc, opts.seed, device,
-                            parameters=counted[0] if counted else 0, infer_batch_size=batch // opts.nproc,
+                            parameters=counted, infer_batch_size=batch // opts.nproc,
                             mode="infer" if task_obj.inference_only else "train")
     report = ForecastReport(config, tuple(results), environment(here), answer(results, device),
                             notes=_notes(device, opts.nproc), seconds=time.monotonic() - start,

@@ -325,6 +325,11 @@ class Run:
             return Traced(later(ledger.phases, state, gradients), dict(ledger.most), params, dict(ledger.phases),
                           state, gradients)
 
+    def weights(self) -> Traced:
+        """The converted weights and buffers alone: an inference pass that cannot be traced, less what it computes."""
+        with self._counting() as ledger:
+            return Traced(ledger.peak, dict(ledger.most), ledger.current["parameters"], dict(ledger.phases))
+
     def infer(self, batch: BatchShape | Callable[[int], Any], batch_size: int) -> Traced:
         """One forward pass without gradients (the model as the policy serves it)."""
         fetched = _fetched(batch, 1)

@@ -38,7 +38,8 @@ def _float_dtype(name: str, what: str) -> str:
 def bf16_missing(hw: HardwareInfo, what: str) -> str | None:
     """Why bfloat16 cannot run here (pre-Ampere GPU), or None. CPUs emulate it; the probe judges speed."""
     if hw.is_cuda and hw.native("bfloat16") is False:
-        return f"{what} needs compute capability >= 8.0 (this GPU is {hw.cuda_capability})"
+        cc = ".".join(map(str, hw.cuda_capability)) if hw.cuda_capability else "older"
+        return f"{what} needs compute capability >= 8.0 (this GPU is {cc})"
     return None
 
 
