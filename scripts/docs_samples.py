@@ -42,9 +42,13 @@ COMMANDS: dict[str, tuple[str, int]] = {
     "script": ("dtypelab bench examples/train_loop.py -p fp32,amp-bf16 -- --epochs 1", 0),
     "profile": ("dtypelab bench digits -p fp32,amp-bf16 --force --profile --steps 60 --rounds 0", 0),
     "distributed": ("dtypelab bench digits --nproc 2 -p fp32,fp32+ddp-fp16,fp32+fsdp --steps 60", 0),
+    "forecast": ("dtypelab forecast llama2-7b --device H100", 0),
+    "forecast-devices": ("dtypelab forecast --devices", 0),
+    "forecast-check": ("dtypelab forecast gpt2 --device cpu --check -p fp32,amp-bf16,bf16-kahan,bf16-sr+adam8bit "
+                       "--no-batch-search", 0),
 }
-CLI = ("bench", "tune", "trace", "autopilot", "audit", "export", "show", "report", "policies", "hardware", "formats",
-       "cast", "lint")
+CLI = ("bench", "tune", "forecast", "trace", "autopilot", "audit", "export", "show", "report", "policies", "hardware",
+       "formats", "cast", "lint")
 
 
 def run(command: str, keep: int = 0) -> str:

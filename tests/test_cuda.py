@@ -241,3 +241,21 @@ def test_training_state_policies_on_cuda():
     assert all(r.status == "ok" for r in report.results), [(r.policy, r.reason) for r in report.results]
     assert abs(fit["bf16"]) < 0.02 and fit["bf16-sr"] > 0.9 and fit["bf16-kahan"] > 0.98 and fit["fp32"] > 0.99
     assert report.result("bf16").updates[0]["lost"]["bfloat16"] == 1.0
+
+
+@pytest.mark.parametrize("task,policies", [("gpt2", "fp32,amp-bf16,bf16,bf16-sr+adam8bit"),
+                                           ("decoder", "fp32,amp-bf16,bf16-kahan")])
+def test_forecast_on_cuda_against_max_memory_allocated(task, policies):
+    """The forecast for this GPU (traced on fake CPU tensors, CUDA's 512-byte blocks and foreach updates modelled)
+    against the same steps run here: the ledger on real CUDA tensors, and torch.cuda.max_memory_allocated above the
+    pre-build baseline (what bench reports), both within 10%."""
+    import dtypelab
+
+    report = dtypelab.forecast(task, policies=policies, device="cuda", check=True, batch_search=False,
+                               launcher="inline")
+    for p in report.policies:
+        assert p.status == "ok" and p.check is not None, (p.policy, p.reason, p.notes)
+        forecast, measured = p.train.peak_bytes, p.check.train_peak_bytes
+        assert abs(forecast / measured - 1) < 0.10, (p.policy, forecast, measured)
+        allocated = p.check.process_peak_bytes  # max_memory_allocated: tensors plus cuBLAS's workspace blocks
+        assert abs(forecast / allocated - 1) < 0.10, (p.policy, forecast, allocated)

@@ -135,7 +135,7 @@ def test_gpu_only_formats_are_forecast_with_stand_ins_of_their_layout():
     assert by["int4-wo"].infer.parameter_bytes - by["bf16"].infer.parameter_bytes == int4 - bf16 + blocks
 
 
-def test_a_step_that_cannot_be_traced_is_measured_here_and_extrapolated_or_else_state_only(monkeypatch):
+def test_an_untraceable_step_is_measured_here_and_extrapolated_or_else_state_only(monkeypatch):
     gated = f"{TASKS}:gated"
     p = forecast(gated, policies="fp32", device="cpu", batch_size=16, batch_search=False).result("fp32")
     assert p.status == "ok" and p.method == "measured" and p.train.activations_bytes > 0
@@ -157,7 +157,7 @@ def test_the_search_finds_what_brute_force_finds():
         kink, steeper, block = rng.randint(1, 3000), rng.randint(0, 10**4), rng.choice((1, 512))
         step, start, limit = rng.choice((1, 2, 8)), rng.randint(1, 64), rng.randint(0, 5 * 10**7)
 
-        def peak(b: int) -> int:
+        def peak(b: int, fixed=fixed, slope=slope, kink=kink, steeper=steeper, floor=floor, block=block) -> int:
             v = max(fixed + slope * b + max(0, b - kink) * steeper, fixed + floor)
             return -(-v // block) * block
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from typer.core import TyperCommand
 
 from dtypelab.cli._common import guarded
@@ -51,7 +52,8 @@ def option_params(model: type[Options]) -> list[inspect.Parameter]:
         default = inspect.Parameter.empty if required else field.default
         if kind is not bool:
             kind = kind | None if default is None else kind  # type: ignore[assignment]
-        info = typer.Option(*flags, help=field.description, envvar=extra.get("envvar"),
+        # escaped: rich would read "[default: the task's]" as a markup tag and drop it from the help
+        info = typer.Option(*flags, help=escape(field.description or ""), envvar=extra.get("envvar"),
                             rich_help_panel=extra.get("panel"),
                             show_default=not required and default not in (None, (), False))
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,

@@ -53,7 +53,7 @@ class ForecastJob:
     """Some policies' forecasts, run where a launcher puts it (picklable: the task travels as its spec)."""
 
     task_spec: str
-    plans: tuple[Plan, ...]
+    plans: tuple[Plan, ...]  # grouped into families (``groups``), the largest first
     batch_size: int  # per rank
     infer_batch_size: int
     target: str  # cuda or cpu
@@ -65,6 +65,8 @@ class ForecastJob:
     check_device: str = "cpu"  # --check runs here, on this device
     part: int = 0
     device: str = "cpu"  # where the work runs (the launcher forks CPU work from its zygote)
+    groups: tuple[int, ...] = ()  # how many plans each family has, in order (none: one family each)
+    claims: str | None = None  # a folder shared with the other workers: each family is taken by whoever is free
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "plans", tuple(get_policy(p) for p in self.plans))
@@ -79,14 +81,37 @@ class ForecastJob:
         count = sum(p.numel() for p in {id(p): p for p in forecaster.meta.parameters()}.values())
         out: list[PolicyForecast] = []
         try:
-            for i, plan in enumerate(self.plans):
-                result = forecaster.policy(plan)
-                report.send(f"policy:{plan.name}", result)  # kept by the launcher even if a later policy crashes
-                report.step(i + 1, len(self.plans))
-                out.append(result)
+            for family in self._families():
+                if not self._claim(family[0].name):
+                    continue  # another worker took it
+                for plan in family:
+                    result = forecaster.policy(plan)
+                    report.send(f"policy:{plan.name}", result)  # kept by the launcher even if a later one crashes
+                    out.append(result)
+                    report.step(len(out), len(self.plans))
         finally:
             forecaster.close()
         return count, out
+
+    def _families(self) -> list[list[Plan]]:
+        sizes = self.groups or (1,) * len(self.plans)
+        out, i = [], 0
+        for n in sizes:
+            out.append(list(self.plans[i:i + n]))
+            i += n
+        return out
+
+    def _claim(self, name: str) -> bool:
+        """Take a family for this worker (whoever creates its file first); always, without a claims folder."""
+        if self.claims is None:
+            return True
+        try:
+            fd = os.open(os.path.join(self.claims, name.replace("/", "_")), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        os.write(fd, str(self.part).encode())
+        os.close(fd)
+        return True
 
 
 def _peak(traced: Traced, batch_size: int, activations: bool) -> PeakForecast:
@@ -166,7 +191,12 @@ class Forecaster:
                 # the largest batch for serving: asked of the inference formats; a training policy's is its training's
                 infer_fit = self.fit(plan, False, infer, infer_method, search=train is None)
             notes += self._conversion_notes(plan)
-            check = self.check(plan, notes) if self.job.check else None
+            check = None
+            if self.job.check:
+                try:  # a check that fails keeps the forecast it was checking
+                    check = self.check(plan, notes)
+                except Exception as exc:
+                    notes.append(f"--check: running the steps here failed ({describe_exception(exc)})")
         except Unsupported as exc:  # no variant of the task's optimizer: the policy means nothing here
             return PolicyForecast(plan.name, plan.describe(), "skipped", reason=str(exc),
                                   seconds=time.perf_counter() - start)
@@ -191,7 +221,11 @@ class Forecaster:
         def peak_at(b: int) -> int:
             return self.peak(plan, b, train, [])[0].peak_bytes
 
-        found = largest_batch(peak_at, limit, peak.batch_size, known={peak.batch_size: peak.peak_bytes})
+        grows = None  # what each sample adds, by the traced peak: its activations and temporaries, when it is in a pass
+        if peak.phase in ("batch", "forward", "backward"):
+            grows = (peak.breakdown["activations"] + peak.breakdown["temporaries"]) / peak.batch_size
+        found = largest_batch(peak_at, limit, peak.batch_size, known={peak.batch_size: peak.peak_bytes},
+                              per_sample=grows)
         largest = None if found.largest is None else found.largest * self.job.nproc
         return FitForecast(fits, headroom, largest, found.capped, len(found.traced) - 1)
 

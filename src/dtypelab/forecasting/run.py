@@ -7,6 +7,8 @@ trace them (two at once on a machine with two cores) → the record, with the an
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +20,7 @@ from dtypelab.core.devices import DEVICES, GIB, device_spec
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, environment, hardware_for
 from dtypelab.core.options import parse_size
-from dtypelab.core.policies import REGISTRY, STATE_MODIFIERS, Plan, get_policy, parse_policies, policies_for
+from dtypelab.core.policies import REGISTRY, STATE_MODIFIERS, Config, Plan, get_policy, parse_policies, policies_for
 from dtypelab.core.results import ForecastConfig, ForecastReport, PolicyForecast, TargetDevice, check_writable
 from dtypelab.core.task import Task, load_task
 from dtypelab.forecasting.job import ForecastJob
@@ -27,11 +29,12 @@ from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher, Target
 
 Progress = Callable[[int, int], None]
 GPU_RESERVE = "0.5GiB"  # the CUDA context and the libraries' workspaces: outside torch's allocator, not traced
-# One policy of each memory layout worth comparing (all: every registered policy): float32, bfloat16 weights with
-# or without what keeps their updates, bfloat16 autocast over float32 weights, 8-bit Adam state, float8 training;
-# and the inference formats (int8, float8, int4 weights).
-DEFAULT_TRAIN = ("fp32", "bf16", "amp-bf16", "bf16-sr", "bf16-kahan", "amp-bf16+adam8bit", "bf16-sr+adam8bit",
-                 "fp8-tensorwise", "int8-wo", "fp8-dyn-row", "int4-wo")
+# One policy of each memory layout (all: every registered policy): float32; bfloat16 autocast over float32 weights;
+# bfloat16 weights, then with Kahan's compensation, then with stochastic rounding and 8-bit Adam state, the
+# smallest; float8 training; and the inference formats (int8, float8, int4 weights). bf16-sr alone stores what bf16
+# stores, and the 8-bit state's saving shows on its bf16-sr row: both are named when asked for.
+DEFAULT_TRAIN = ("fp32", "bf16", "amp-bf16", "bf16-kahan", "bf16-sr+adam8bit", "fp8-tensorwise", "int8-wo",
+                 "fp8-dyn-row", "int4-wo")
 DEFAULT_INFER = ("fp32", "bf16", "int8-dyn", "int8-wo", "fp8-wo", "fp8-dyn-row", "int4-wo", "mxfp4-dyn")
 DEFAULT_DISTRIBUTED = ("fp32+ddp", "amp-bf16+ddp", "fp32+fsdp", "amp-bf16+fsdp", "fp32+fsdp-bf16-params-fp32-reduce",
                        "bf16-sr+fsdp")
@@ -125,32 +128,25 @@ def _smallest_device(result: PolicyForecast, plan: Plan, reserve: int) -> str | 
     return ""
 
 
-def _split(plans: list[Plan], parts: int) -> list[list[Plan]]:
-    """Policies likely to convert the model alike (the same stored dtype, autocast, rules and distribution) stay
-    together, so that their worker traces the shared forward and backward once; families go longest first onto the
-    least loaded part (an update through torchao or torch-optimi, one parameter at a time, traces slowest)."""
-    def family(p: Plan) -> tuple[Any, ...]:
+def families(plans: list[Plan]) -> list[list[Plan]]:
+    """Policies likely to convert the model alike (the same stored dtype, autocast, rules and distribution, and no
+    module conversion of their own) as families, whose worker traces their forward and backward once; the most
+    costly family first (a family's forward and backward, then each update: through torchao or torch-optimi one
+    parameter at a time, slowest), so that whichever worker is free takes the next."""
+    def key(p: Plan) -> tuple[Any, ...]:
         d = p.default
-        return d.storage_dtype, d.autocast_dtype, p.rules, p.distributed
+        converts = type(d).convert_module is not Config.convert_module
+        return d.storage_dtype, d.autocast_dtype, p.rules, p.distributed, p.name if converts else ""
 
-    def update(p: Plan) -> int:
+    def cost(p: Plan) -> int:
         if "train" not in p.modes:
-            return 2  # its conversion and its forward
-        return 8 if p.state is not None or d_kind(p) == "bf16-update" else 1
+            return 4
+        return 10 if p.state is not None else 5 if p.default.kind == "bf16-update" else 1
 
-    def d_kind(p: Plan) -> str:
-        return p.default.kind
-
-    families: dict[tuple[Any, ...], list[Plan]] = {}
+    grouped: dict[tuple[Any, ...], list[Plan]] = {}
     for plan in plans:
-        families.setdefault(family(plan), []).append(plan)
-    loads: list[list[Any]] = [[0, []] for _ in range(parts)]
-    for group in sorted(families.values(), key=lambda g: -(5 + sum(map(update, g)))):
-        part = min(loads, key=lambda x: x[0])
-        part[0] += 5 + sum(map(update, group))
-        part[1].extend(group)
-    order = {p.name: i for i, p in enumerate(plans)}
-    return [sorted(group, key=lambda p: order[p.name]) for _, group in loads if group]
+        grouped.setdefault(key(plan), []).append(plan)
+    return sorted(grouped.values(), key=lambda g: -(6 * any("train" in p.modes for p in g) + sum(map(cost, g))))
 
 
 def forecast(task: str | Task, options: ForecastOptions | None = None, *, progress: Progress | None = None,
@@ -180,12 +176,15 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
         raise DtypelabError("forecast takes a task by name or FILE.py:make_task (its workers load it themselves)")
     launcher: Launcher = LAUNCHERS[opts.launcher or "process"] if isinstance(opts.launcher, str | None) \
         else opts.launcher
-    parts = 1 if getattr(launcher, "name", "") == "inline" else min(len(plans), opts.workers or min(2, os.cpu_count()
-                                                                                                     or 1))
-    jobs = [ForecastJob(spec, tuple(group), batch // opts.nproc, batch // opts.nproc, device.kind, opts.nproc,
-                        opts.seed, device.usable_bytes, opts.batch_search, opts.check,
-                        "cuda" if device.kind == "cuda" else "cpu", part=i)
-            for i, group in enumerate(_split(plans, parts))]
+    grouped = families(plans)
+    parts = 1 if getattr(launcher, "name", "") == "inline" else min(len(grouped), opts.workers or min(
+        2, os.cpu_count() or 1))
+    claims = tempfile.mkdtemp(prefix="dtypelab-forecast-") if parts > 1 else None
+    ordered = tuple(p for group in grouped for p in group)
+    jobs = [ForecastJob(spec, ordered, batch // opts.nproc, batch // opts.nproc, device.kind, opts.nproc, opts.seed,
+                        device.usable_bytes, opts.batch_search, opts.check, "cuda" if device.kind == "cuda" else "cpu",
+                        part=i, groups=tuple(map(len, grouped)), claims=claims)
+            for i in range(parts)]
     done = [0] * len(jobs)
     # a zygote forks one worker at a time: parts after the first get a process launcher (and a zygote) of their own
     launchers = [launcher if i == 0 or not isinstance(launcher, ProcessLauncher) else ProcessLauncher()
@@ -201,8 +200,12 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
 
     if progress is not None:
         progress(0, len(plans))
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        outcomes = list(pool.map(run, range(len(jobs))))
+    try:
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            outcomes = list(pool.map(run, range(len(jobs))))
+    finally:
+        if claims is not None:
+            shutil.rmtree(claims, ignore_errors=True)
     found: dict[str, PolicyForecast] = {}
     counted = 0
     for job, out in zip(jobs, outcomes, strict=True):
@@ -212,9 +215,9 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
             results = [m[0] for k, m in out.messages.items() if k.startswith("policy:")]
         for result in results:
             found[result.policy] = result
-        for plan in job.plans:  # a worker that died: its policies not reported fail with its reason
-            found.setdefault(plan.name, PolicyForecast(plan.name, plan.describe(), "failed",
-                                                       reason=out.reason or out.status))
+    died = "; ".join(dict.fromkeys(out.reason or out.status for out in outcomes if out.status != "ok"))
+    for plan in plans:  # a worker that died: the policies it took and did not report fail with its reason
+        found.setdefault(plan.name, PolicyForecast(plan.name, plan.describe(), "failed", reason=died or "not reported"))
     hw = _hardware(device)
     here = hw if device.kind == "cpu" and hw is not None else hardware_for(torch.device("cpu"), None, budget_s=0.02)
     results = []

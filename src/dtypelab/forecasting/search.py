@@ -26,9 +26,12 @@ class Search:
 
 
 def largest_batch(peak_at: Callable[[int], int], limit: int, start: int, step: int = 1, cap: int = CAP,
-                  known: dict[int, int] | None = None) -> Search:
+                  known: dict[int, int] | None = None, per_sample: float | None = None) -> Search:
     """The largest multiple of ``step`` (>= ``step``) whose ``peak_at`` is at most ``limit``; ``start`` is a size
-    already traced or worth tracing first (the task's own), ``known`` sizes traced already."""
+    already traced or worth tracing first (the task's own), ``known`` sizes traced already. ``per_sample``: what
+    the start's trace says each sample adds (the activations and temporaries at a forward or backward peak): the
+    first jump goes where that line meets the limit, so that when it is right two traces (that size and the next)
+    settle it."""
     traced: dict[int, int] = dict(known or {})
     cap = max(step, cap // step * step)
 
@@ -50,6 +53,14 @@ def largest_batch(peak_at: Callable[[int], int], limit: int, start: int, step: i
         lo, hi = 0, start  # lo: nothing traced, fits trivially; hi does not fit
     else:
         lo, hi, before = start, 0, 0
+        if per_sample and per_sample > 0:  # the estimate's answer and the size after it, traced
+            guess = min(cap, max(start, down(start + (limit - peak(start)) / per_sample)))
+            if guess > start and not fits(guess):
+                hi = guess
+            elif guess + step <= cap and not fits(guess + step):
+                return Search(guess, traced=traced)
+            elif guess > start:
+                before, lo = start, guess
         while not hi:  # bracket the answer: double, then jump along the line through the last two that fit
             if lo == cap:
                 return Search(lo, capped=True, traced=traced)
