@@ -14,17 +14,19 @@ from conftest import HERE, TINY
 SCRIPT = os.path.join(HERE, "scripts", "nan_script.py")
 
 
-def dtypelab(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200"}
+def dtypelab(*args: str, cwd: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**(env or os.environ), "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "dtypelab.cli", *args], capture_output=True, text=True,
                           timeout=300, cwd=cwd, env=env)
 
 
 @pytest.mark.slow
-def test_bench_then_show_end_to_end(tmp_path):
+def test_bench_then_show_end_to_end(tmp_path, fast_bf16_env):
+    """With a saved bf16-native probe: on a CPU without bf16 arithmetic the bf16 policies would be skipped as slow,
+    and the tables below would have one row."""
     out = tmp_path / "out.json"
     run = dtypelab("bench", f"{TINY}:make_task", "--policies", "fp32,amp-bf16,bf16", "--steps", "20",
-                   "--json", str(out))
+                   "--json", str(out), env=fast_bf16_env)
     assert run.returncode == 0, run.stderr
     for text in ("fp32", "amp-bf16", "bf16", "step ms", "accuracy", "verdict"):
         assert text in run.stdout

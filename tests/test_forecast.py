@@ -140,7 +140,7 @@ def test_an_untraceable_step_is_measured_here_and_extrapolated_or_else_state_onl
     p = forecast(gated, policies="fp32", device="cpu", batch_size=16, batch_search=False).result("fp32")
     assert p.status == "ok" and p.method == "measured" and p.train.activations_bytes > 0
     assert any("could not be traced on fake tensors" in n and "extrapolated" in n for n in p.notes), p.notes
-    monkeypatch.setattr("dtypelab.forecasting.job._available_bytes", lambda: 0)  # as if far too big for here
+    monkeypatch.setattr("dtypelab.forecasting.here.available_bytes", lambda: 0)  # as if far too big for here
     p = forecast(gated, policies="fp32", device="cpu", batch_search=False).result("fp32")
     assert p.method == "state-only" and p.train.breakdown["activations"] == 0
     assert any("activations are not counted" in n for n in p.notes)
@@ -205,7 +205,7 @@ def test_globals_are_restored_after_a_forecast():
     assert not torch.distributed.is_initialized()
 
 
-# --- the record, the CLI, mistakes -------------------------------------------------------------------------------------
+# --- the record, the CLI, mistakes ----------------------------------------------------------------------------------
 def test_the_record_round_trips_and_renders(tmp_path):
     from dtypelab.render import report as page
     from dtypelab.render.forecast import forecast_doc

@@ -21,27 +21,20 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from dtypelab.core.errors import DtypelabError, Unsupported, describe_exception
 from dtypelab.core.footprint import tensor_bytes
-from dtypelab.core.policies import Cast, Config, Plan, Precision, emulated_version, get_policy
+from dtypelab.core.policies import Plan, Precision, emulated_version, get_policy
 from dtypelab.core.results import CheckResult, FitForecast, PeakForecast, PolicyForecast
 from dtypelab.core.task import Task, load_task
+from dtypelab.forecasting import here
+from dtypelab.forecasting.batch import infer_batch_shape, train_batch_shape
+from dtypelab.forecasting.fake import fresh, meta_model
+from dtypelab.forecasting.layouts import conversion_notes, layout, stand_in
 from dtypelab.forecasting.ledger import Peak
+from dtypelab.forecasting.ranks import FakeRanks
 from dtypelab.forecasting.search import largest_batch
-from dtypelab.forecasting.trace import (
-    Run,
-    Target,
-    Traced,
-    fresh,
-    infer_batch_shape,
-    joined,
-    meta_model,
-    train_batch_shape,
-)
-
-CHECK_STEPS = 3  # --check: real steps, the first making the optimizer's state
+from dtypelab.forecasting.trace import Run, Target, Traced, joined
 
 
 class Untraceable(Exception):
@@ -145,7 +138,7 @@ class Forecaster:
         self.trains = not task.inference_only
         self.train_shape = train_batch_shape(task) if self.trains else None
         self.infer_shape = infer_batch_shape(task)
-        self._mesh: Any = None
+        self._ranks = FakeRanks(job.nproc)
         self._hardware: Any = None
         self._converted: dict[str, tuple[nn.Module, Plan, int]] = {}  # plan -> (converted meta model, traced, extra)
         # what policies share: a forward and backward (training) or a forward (inference) per converted layout and
@@ -162,11 +155,7 @@ class Forecaster:
         return self._hardware
 
     def close(self) -> None:
-        if self._mesh is not None:
-            from torch import distributed as dist
-
-            dist.destroy_process_group()
-            self._mesh = None
+        self._ranks.close()
 
     # --- one policy ---------------------------------------------------------------------------------
     def policy(self, plan: Plan) -> PolicyForecast:
@@ -190,7 +179,8 @@ class Forecaster:
                 method = method if train is not None else infer_method
                 # the largest batch for serving: asked of the inference formats; a training policy's is its training's
                 infer_fit = self.fit(plan, False, infer, infer_method, search=train is None)
-            notes += self._conversion_notes(plan)
+            if plan.name in self._converted and self._converted[plan.name][1] is plan:
+                notes += conversion_notes(plan, self.meta)
             check = None
             if self.job.check:
                 try:  # a check that fails keeps the forecast it was checking
@@ -255,7 +245,7 @@ class Forecaster:
             except (Unsupported, DtypelabError):
                 raise
             except Exception as exc:
-                stand, extra = self._stand_in(plan, exc)
+                stand, extra = stand_in(plan, self.meta, exc, self.target.round_to)
                 model = Precision(stand, "cpu", traced=True).convert_module(fresh(self.meta))
             self._converted[plan.name] = (model, stand, extra)
         model, stand, extra = self._converted[plan.name]
@@ -267,7 +257,7 @@ class Forecaster:
         update (traced once)."""
         model, stand, extra = self.converted(plan)
         method = "traced" if stand is plan else "stand-in"
-        key = (_layout(model, stand), plan.distributed, train, batch_size)
+        key = (layout(model, stand), plan.distributed, train, batch_size)
         try:
             if key not in self._passes:
                 run = Run(self.task, stand, model, self.target, wrap=self._wrap(plan), converted=True)
@@ -286,64 +276,12 @@ class Forecaster:
             raise Untraceable(describe_exception(exc)) from exc
         return _shifted(traced, extra, "parameters"), method
 
-    def _conversion_notes(self, plan: Plan) -> list[str]:
-        """What the kinds' conversions took and left out (float8 leaves small layers in bfloat16)."""
-        if plan.name not in self._converted or self._converted[plan.name][1] is not plan:
-            return []
-        report = Precision(plan, "cpu", traced=True)
-        report.convert_module(fresh(self.meta))
-        conv = report.conversion()
-        if not conv.get("left_out"):
-            return []
-        why = conv["left_out"][0]["why"]
-        return [f"{conv.get('format', plan.name)}: {len(conv.get('converted', []))} layers converted, "
-                f"{len(conv['left_out'])} left as they are ({conv['left_out'][0]['layer']}: {why})"]
-
-    def _stand_in(self, plan: Plan, exc: Exception) -> tuple[Plan, int]:
-        """The plan with each config whose conversion failed here replaced by a cast to its stored dtype, and the
-        bytes its converted weights take beyond that cast's (from ``Config.stored_weight_bytes``)."""
-        layout = [c for c in plan.configs if type(c).stored_weight_bytes is not Config.stored_weight_bytes]
-        if not layout:
-            raise DtypelabError(f"converting the model failed: {describe_exception(exc)}") from exc
-        swap = {c: Cast(c.storage_dtype) for c in layout}
-        stand = Plan(swap.get(plan.default, plan.default), tuple((p, swap.get(c, c)) for p, c in plan.rules),
-                     name=plan.name, distributed=plan.distributed, state=plan.state)
-        model = fresh(self.meta)
-        assigned = plan.assign(model)
-        modules = dict(model.named_modules(remove_duplicate=False))
-        extra = 0
-        for name, config in assigned.items():
-            stored = config.stored_weight_bytes(modules[name]) if config in swap else None
-            if stored is not None:
-                weight = modules[name].weight
-                extra += stored - weight.numel() * getattr(torch, config.storage_dtype).itemsize
-                if self.target.round_to > 1:  # each of the layout's tensors is a block of its own
-                    extra += self.target.round_to
-        return stand, extra
-
     def _wrap(self, plan: Plan) -> Any:
-        """FSDP2 on a fake process group of ``nproc`` ranks (one process plays rank 0); DDP shards nothing."""
-        if plan.distributed is None or plan.distributed.strategy != "fsdp":
-            return None
-        if self._mesh is None:
-            from torch import distributed as dist
-            from torch.distributed._tools import fake_collectives  # noqa: F401  the collectives' fake kernels
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.testing._internal.distributed.fake_pg import FakeStore  # the "fake" backend's store
-
-            if dist.is_initialized():
-                raise DtypelabError("forecast --nproc runs in a process of its own (torch.distributed is already "
-                                    "initialized here)")
-            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=self.job.nproc)
-            self._mesh = init_device_mesh("cpu", (self.job.nproc,))  # outside the fake tensors: it reads its ranks
-        from dtypelab.distributed import wrap_fsdp
-
-        spec, mesh = plan.distributed, self._mesh
-        return lambda model: wrap_fsdp(model, spec, torch.device("cpu"), mesh=mesh)
+        return self._ranks.wrap(plan)
 
     # --- when the step cannot be traced ----------------------------------------------------------
     def fallback(self, plan: Plan, batch_size: int, train: bool, why: str, notes: list[str]) -> tuple[Traced, str]:
-        room = _available_bytes()
+        room = here.available_bytes()
         weights = tensor_bytes(self.meta.parameters())
         if room is not None and 8 * weights < room and plan.distributed is None:
             sizes = (batch_size,) if batch_size <= 4 else (2, 4)
@@ -354,7 +292,7 @@ class Forecaster:
             notes.append(f"the step could not be traced on fake tensors ({why}); it was run here on real tensors at "
                          f"batch size {' and '.join(map(str, sizes))}" + (
                              " and extrapolated along the line through them" if len(sizes) > 1 else ""))
-            return (runs[0] if len(runs) == 1 else _extrapolate(runs, sizes, batch_size)), "measured"
+            return (runs[0] if len(runs) == 1 else here.extrapolate(runs, sizes, batch_size)), "measured"
         model, stand, extra = self.converted(plan)
         run = Run(self.task, stand, model, self.target, wrap=self._wrap(plan), converted=True)
         if not train:
@@ -385,94 +323,20 @@ class Forecaster:
         if not avail.ok:
             notes.append(f"--check: it cannot run here ({avail.reason})")
             return None
-        room, weights = _available_bytes(), tensor_bytes(self.meta.parameters())
+        room, weights = here.available_bytes(), tensor_bytes(self.meta.parameters())
         if room is not None and 8 * weights > room:
             notes.append("--check: the model does not fit this machine's memory")
             return None
         device = self.job.check_device
-        train = self._real(plan, self.job.batch_size, True, CHECK_STEPS, device) if self.trains and \
+        train = self._real(plan, self.job.batch_size, True, here.CHECK_STEPS, device) if self.trains and \
             "train" in plan.modes else None
         infer = self._real(plan, self.job.infer_batch_size, False, 1, device) if "infer" in plan.modes or \
             train is not None else None
-        process, method = _process_peak(self.task, plan, device, self.job.batch_size, train is not None, self.job.seed)
-        return CheckResult(CHECK_STEPS if train is not None else 1,
+        process, method = here.process_peak(self.task, plan, device, self.job.batch_size, train is not None,
+                                            self.job.seed)
+        return CheckResult(here.CHECK_STEPS if train is not None else 1,
                            train.peak.total if train is not None else None,
                            infer.peak.total if infer is not None else None, process, method)
-
-
-def _layout(model: nn.Module, plan: Plan) -> tuple[Any, ...]:
-    """What decides an inference pass's memory, from the converted model: every module's type and region, every
-    parameter's and buffer's type, dtype and shape, and the forward's autocast; two plans with the same layout (bf16,
-    bf16-sr, bf16-kahan: the optimizer aside) run the same inference."""
-    def region(m: nn.Module) -> str:
-        r = getattr(m, "_dtypelab_region", None)
-        return r.config.label if r is not None else ""
-
-    def tensor(t: torch.Tensor) -> tuple[Any, ...]:
-        # a quantized weight's subclass says in its flatten context how it runs (int8-dyn and int8-wo store the same
-        # Int8Tensor; only the first quantizes the activations too)
-        ctx = repr(t.__tensor_flatten__()[1]) if is_traceable_wrapper_subclass(t) else ""
-        return type(t).__name__, str(t.dtype), tuple(t.shape), t.requires_grad, ctx
-
-    modules = tuple((n, type(m).__name__, region(m)) for n, m in model.named_modules())
-    tensors = tuple((n, *tensor(t)) for n, t in [*model.named_parameters(), *model.named_buffers()])
-    kind = type(plan.default)
-    return (modules, tensors, plan.default.autocast_dtype, plan.default.storage_dtype,
-            kind.forward_context.__qualname__, kind.convert_output.__qualname__)
-
-
-def _extrapolate(runs: list[Traced], sizes: tuple[int, ...], batch_size: int) -> Traced:
-    """The peak at ``batch_size`` on the line through two measured ones, category by category."""
-    (a, b), (sa, sb) = runs, sizes
-    t = (batch_size - sa) / (sb - sa)
-    breakdown = {k: max(0, round(a.peak.breakdown[k] + t * (b.peak.breakdown[k] - a.peak.breakdown[k])))
-                 for k in a.peak.breakdown}
-    most = {k: max(0, round(a.most[k] + t * (b.most[k] - a.most[k]))) for k in a.most}
-    return Traced(Peak(sum(breakdown.values()), breakdown, b.peak.phase, b.peak.module), most, b.parameter_bytes)
-
-
-def _available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return None
-
-
-def _process_peak(task: Task, plan: Plan, device: str, batch_size: int, train: bool, seed: int,
-                  ) -> tuple[int | None, str]:
-    """The run's peak as ``bench`` measures it (``MemoryMeter``): CHECK_STEPS training steps (or one inference
-    pass) above the memory in use before the model was built."""
-    from dtypelab.core.loop import build_model, build_trainable, forward, prime, to_device, train_step
-    from dtypelab.core.measure import MemoryMeter
-    from dtypelab.core.policies import Precision
-
-    dev = torch.device(device)
-    if dev.type == "cpu":
-        prime(task, plan, dev, batch_size, train=train)
-    precision = Precision(plan, dev)
-    meter = MemoryMeter(dev)
-    meter.start()
-    model: nn.Module = build_model(task, seed)
-    model, optimizer = build_trainable(task, precision, dev, model=model, train=train)
-    meter.open_window()
-    with precision.session():
-        if train:
-            for step in range(CHECK_STEPS):
-                inputs, target = to_device(task.batch(step, batch_size), dev)
-                train_step(task, model, precision, optimizer, inputs, target)
-        else:
-            with torch.no_grad():
-                forward(model, precision, to_device(task.inference_inputs(batch_size), dev))
-    peak = meter.peak_bytes()
-    del model, optimizer
-    return peak, meter.method
 
 
 __all__ = ["ForecastJob", "Forecaster", "Untraceable"]

@@ -208,7 +208,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
             shutil.rmtree(claims, ignore_errors=True)
     found: dict[str, PolicyForecast] = {}
     counted = 0
-    for job, out in zip(jobs, outcomes, strict=True):
+    for out in outcomes:
         if out.value is not None:
             counted, results = out.value
         else:  # the worker died: what it had reported before stays

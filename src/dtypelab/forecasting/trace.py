@@ -1,5 +1,5 @@
-"""One training step (two, so that the optimizer's state exists) or one inference forward pass of a task under a
-policy, counted by the ledger: on fake tensors for the forecast, on real ones for ``--check``.
+"""One training step or one inference forward pass of a task under a policy, counted by the ledger: on fake tensors
+for the forecast, on real ones for ``--check``; and from one step's phases, the peak of every later step.
 
 The model is built on the meta device (nothing the size of the model is allocated), converted there by the policy's
 own kinds (``Precision.convert_module``: casts, regions, quantized layouts, float8 layers), then each parameter and
@@ -11,8 +11,6 @@ at any batch size, from two small real batches (``BatchShape``).
 
 from __future__ import annotations
 
-import copy
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -20,14 +18,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dtypelab.core.errors import TaskError, describe_exception
 from dtypelab.core.loop import forward, forward_loss, train_step
 from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.task import Task, map_tensors
-from dtypelab.forecasting.ledger import CATEGORIES, CUDA_BLOCK, Ledger, Peak
+from dtypelab.forecasting.batch import BatchShape, fetched, split
+from dtypelab.forecasting.fake import eager, faked, materialize
+from dtypelab.forecasting.ledger import CUDA_BLOCK, Ledger, Peak
 
 
 @dataclass(frozen=True)
@@ -45,151 +42,6 @@ class Target:
     @property
     def foreach(self) -> bool:
         return self.kind == "cuda"
-
-
-# --- the batch, from its shapes -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Leaf:
-    shape: tuple[int, ...]  # at batch size 1 for the dimensions that grow (their per-sample size)
-    grows: tuple[bool, ...]  # which dimensions are proportional to the batch size
-    dtype: torch.dtype
-
-
-@dataclass(frozen=True)
-class BatchShape:
-    """How a batch's tensors grow with the batch size, learnt from two small real batches: a dimension that is k·b at
-    both sizes is k·b at every size; the rest stay as they are. Anything else in the batch (numbers, strings) is kept
-    from the first."""
-
-    spec: Any
-    leaves: tuple[Leaf | Any, ...]
-
-    @classmethod
-    def of(cls, make: Callable[[int], Any], what: str) -> BatchShape:
-        (a, spec), (b, spec_b) = tree_flatten(make(2)), tree_flatten(make(3))
-        if spec != spec_b or len(a) != len(b):
-            raise TaskError(f"{what} returns batches of different structure at batch sizes 2 and 3")
-        leaves: list[Leaf | Any] = []
-        for x, y in zip(a, b, strict=True):
-            if not isinstance(x, torch.Tensor):
-                leaves.append(x)
-                continue
-            if x.dim() != y.dim() or x.dtype != y.dtype:
-                raise TaskError(f"{what}: a tensor of the batch changes rank or dtype with the batch size")
-            shape, grows = [], []
-            for n2, n3 in zip(x.shape, y.shape, strict=True):
-                if n2 == n3:
-                    shape.append(n2)
-                    grows.append(False)
-                elif n2 % 2 == 0 and n3 == n2 // 2 * 3:
-                    shape.append(n2 // 2)
-                    grows.append(True)
-                else:
-                    raise TaskError(f"{what}: a dimension of the batch is {n2} at batch size 2 and {n3} at 3, not in "
-                                    "proportion to the batch size, so its size at another batch size is unknown")
-            leaves.append(Leaf(tuple(shape), tuple(grows), x.dtype))
-        return cls(spec, tuple(leaves))
-
-    def shapes(self, batch_size: int) -> list[tuple[int, ...]]:
-        return [tuple(n * batch_size if g else n for n, g in zip(leaf.shape, leaf.grows, strict=True))
-                for leaf in self.leaves if isinstance(leaf, Leaf)]
-
-    def build(self, batch_size: int) -> Any:
-        """The batch at ``batch_size``, as empty tensors (fake ones under a FakeTensorMode)."""
-        out = []
-        for leaf in self.leaves:
-            if isinstance(leaf, Leaf):
-                shape = tuple(n * batch_size if g else n for n, g in zip(leaf.shape, leaf.grows, strict=True))
-                out.append(torch.empty(shape, dtype=leaf.dtype))
-            else:
-                out.append(leaf)
-        return tree_unflatten(out, self.spec)
-
-
-# --- the model, without its bytes ----------------------------------------------------------------------------------
-def meta_model(task: Task, seed: int) -> tuple[nn.Module, str]:
-    """The task's model on the meta device, and a note when its factory could not build there (it is then built for
-    real and its tensors allocated on this machine)."""
-    torch.manual_seed(seed)
-    try:
-        # a factory that loads pretrained weights copies them into meta parameters: a no-op, which torch warns of
-        with torch.device("meta"), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter.*")
-            return task.make_model(), ""
-    except Exception as exc:
-        note = f"the model's factory failed on the meta device ({describe_exception(exc)}); it was built for real here"
-    torch.manual_seed(seed)
-    try:
-        return task.make_model(), note
-    except Exception as exc:
-        raise TaskError(f"building the model raised {describe_exception(exc)}") from exc
-
-
-def materialize(model: nn.Module, mode: Any, device: torch.device) -> None:
-    """Give every parameter, buffer and tensor attribute of ``model`` a fake twin on ``device`` (in place): shared
-    tensors stay shared, a tensor subclass (torchao's quantized weights) gets fake inner tensors."""
-    memo: dict[int, torch.Tensor] = {}
-    keep: list[Any] = []  # the originals, alive until the end, so that no id is reused for another tensor
-
-    def fake(t: torch.Tensor) -> torch.Tensor:
-        if id(t) in memo:
-            return memo[id(t)]
-        keep.append(t)
-        if is_traceable_wrapper_subclass(t):
-            names, ctx = t.__tensor_flatten__()
-            inner = {n: fake(getattr(t, n)) for n in names}
-            out = type(t).__tensor_unflatten__(inner, ctx, t.size(), t.stride())
-        elif t.device.type == "meta":
-            out = mode.fake_tensor_converter.from_meta_and_device(mode, t, device)
-        else:
-            out = mode.from_tensor(t)
-        memo[id(t)] = out
-        return out
-
-    for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if p is None:
-                continue
-            if id(p) not in memo:
-                keep.append(p)
-                inner = p if is_traceable_wrapper_subclass(p) else p.detach()
-                memo[id(p)] = nn.Parameter(fake(inner), requires_grad=p.requires_grad)
-            module._parameters[name] = memo[id(p)]
-        for name, b in list(module._buffers.items()):
-            if b is not None:
-                module._buffers[name] = fake(b)
-        for name, value in list(vars(module).items()):  # tensors kept as plain attributes (a mask, a table)
-            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
-                setattr(module, name, fake(value))
-
-
-@contextmanager
-def faked() -> Iterator[Any]:
-    """A FakeTensorMode (enter it under ``eager()``)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    _warm_constants()
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        yield mode
-
-
-def eager() -> Any:
-    """torch.compile's functions run eagerly: inductor's kernels cannot run on fake tensors, and torch.compile
-    cannot trace under a dispatch mode (the ledger); a compiled policy is counted as its eager ops."""
-    return torch.compiler.set_stance("force_eager")
-
-
-def _warm_constants() -> None:
-    """torchao's low-bit optimizers build their quantization tables (small real constants, cached) the first time a
-    state is made; made under fake tensors they would have no values to read."""
-    try:
-        from torchao.optim import subclass_4bit, subclass_8bit
-    except Exception:  # no torchao: none of its optimizers can be asked for
-        return
-    for module in (subclass_8bit, subclass_4bit):
-        for name in dir(module):
-            if name.startswith("get_qmap"):
-                getattr(module, name)()
 
 
 # --- what a trace found ---------------------------------------------------------------------------------------------
@@ -265,7 +117,7 @@ class Run:
         """``steps`` training steps through the policy's hooks. From one step, every later one follows (``later``):
         they run the same forward and backward with the optimizer's state alive throughout, and the same update.
         Without ``update``, the forward and backward alone (their phases, to be joined to an update traced apart)."""
-        fetched = _fetched(batch, steps)
+        ready = fetched(batch, steps)
         with self._counting() as ledger:
             params = ledger.current["parameters"]
             self.model.train()
@@ -280,8 +132,8 @@ class Run:
                 with torch.autograd.graph.saved_tensors_hooks(ledger.pack, lambda t: t):
                     for step in range(steps):
                         with ledger.phase_of("batch"):
-                            data = batch.build(batch_size) if fetched is None else fetched[step]
-                            inputs, target = self._on_device(_split(self.task, data))
+                            data = batch.build(batch_size) if ready is None else ready[step]
+                            inputs, target = self._on_device(split(self.task, data))
                         if optimizer is not None:
                             loss = train_step(self.task, self.model, self.precision, optimizer, inputs, target,
                                               mark=ledger.phase_of)
@@ -332,12 +184,12 @@ class Run:
 
     def infer(self, batch: BatchShape | Callable[[int], Any], batch_size: int) -> Traced:
         """One forward pass without gradients (the model as the policy serves it)."""
-        fetched = _fetched(batch, 1)
+        ready = fetched(batch, 1)
         with self._counting() as ledger:
             params = ledger.current["parameters"]
             self.model.eval()
             with ledger.phase_of("batch"):
-                inputs = self._on_device(batch.build(batch_size) if fetched is None else fetched[0])
+                inputs = self._on_device(batch.build(batch_size) if ready is None else ready[0])
             with torch.no_grad(), ledger.phase_of("forward"):
                 out = forward(self.model, self.precision, inputs)
             del out, inputs
@@ -351,12 +203,6 @@ def joined(passes: Traced, update: Traced) -> Traced:
     most = {k: max(v, update.most.get(k, 0)) for k, v in passes.most.items()}
     return Traced(later(phases, update.state, passes.gradients), most, passes.parameter_bytes, phases,
                   dict(update.state), passes.gradients)
-
-
-def _fetched(batch: BatchShape | Callable[[int], Any], steps: int) -> list[Any] | None:
-    """A real run's batches, fetched before the count starts: a batch sliced from the task's data set is a view of
-    it, whose storage (the whole set) the task holds anyway; the step's own batch is the copy made of it."""
-    return None if isinstance(batch, BatchShape) else [batch(step) for step in range(steps)]
 
 
 def later(phases: dict[str, Peak], state: dict[str, int], gradients: int) -> Peak:
@@ -391,27 +237,4 @@ def later(phases: dict[str, Peak], state: dict[str, int], gradients: int) -> Pea
     return best
 
 
-def _split(task: Task, data: Any) -> tuple[Any, Any]:
-    """(inputs, target) from what ``train_batch`` returns, as ``Task.batch`` splits it."""
-    if task.compute_loss is not None:
-        return data, None
-    if not isinstance(data, (tuple, list)) or len(data) != 2:
-        raise TaskError(f"task {task.name!r}: train_batch must return (inputs, target) for loss_fn")
-    return data[0], data[1]
-
-
-def fresh(model: nn.Module) -> nn.Module:
-    """A copy of a meta-device model to convert and trace (a deep copy of meta tensors costs nothing)."""
-    return copy.deepcopy(model)
-
-
-def train_batch_shape(task: Task) -> BatchShape:
-    return BatchShape.of(lambda b: task.train_batch(0, b), f"task {task.name!r}: train_batch")
-
-
-def infer_batch_shape(task: Task) -> BatchShape:
-    return BatchShape.of(task.inference_inputs, f"task {task.name!r}: its inference batch")
-
-
-__all__ = ["CATEGORIES", "BatchShape", "Run", "Target", "Traced", "eager", "faked", "fresh", "infer_batch_shape",
-           "joined", "materialize", "meta_model", "train_batch_shape"]
+__all__ = ["Run", "Target", "Traced", "joined", "later"]

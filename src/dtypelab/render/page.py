@@ -35,7 +35,7 @@ from dtypelab.render import plots
 from dtypelab.render.autopilot import autopilot_doc
 from dtypelab.render.bench import bench_notes, bench_title, decision, layer_rows, table_rows, training_sections
 from dtypelab.render.distributed import distributed_sections
-from dtypelab.render.forecast import check_docs, forecast_doc, unit_of
+from dtypelab.render.forecast import SHORT, check_docs, forecast_doc, unit_of
 from dtypelab.render.numeric import audit_doc, updates_docs
 from dtypelab.render.profile import Section, profile_sections
 from dtypelab.render.tables import html_fragment
@@ -289,12 +289,15 @@ def _forecast(report: ForecastReport, key: str, layers: str | None = None) -> st
     drawn = [p for p in report.policies if p.peak is not None]
     parts = [c for c in PEAK_CATEGORIES if any(p.peak.breakdown.get(c) for p in drawn)]
     usable = report.config.device.usable_bytes
-    chart = plots.stacked_breakdown([p.policy for p in drawn], parts,
+    highest = max((p.peak.peak_bytes for p in drawn), default=0)
+    near = usable is not None and usable <= 3 * highest  # a line far past the bars would squash them
+    chart = plots.stacked_breakdown([p.policy for p in drawn], [SHORT[c] for c in parts],
                                     [[p.peak.breakdown.get(c, 0) / scale for c in parts] for p in drawn],
                                     xlabel=f"{unit} at the peak (training; inference for the inference formats)",
-                                    limit=(usable / scale, f"{report.config.device.label}: usable") if usable else None)
-    body += _figure(chart, "What each policy's peak holds, category by category"
-                    + (", against the device's usable memory" if usable else "") + ".", f"{key}-forecast")
+                                    limit=(usable / scale, f"{report.config.device.label}: usable") if near else None)
+    where = (f", against the {usable / scale:,.4g} {unit} usable on {report.config.device.label}" if near else
+             f" ({report.config.device.label} has {usable / scale:,.4g} {unit} usable)" if usable else "")
+    body += _figure(chart, f"What each policy's peak holds, category by category{where}.", f"{key}-forecast")
     for more_title, more_headers, more_rows, more_notes in check_docs(report):
         body += _details(more_title, html_fragment(more_headers, more_rows, more_notes, classes=True), opened=True)
     return _section(title, body, report.environment, report.created, key)

@@ -1,0 +1,70 @@
+"""What a forecast runs on this machine: a step that cannot be traced, measured on real tensors and extrapolated;
+the memory there is to do it in; and ``--check``'s process peak, measured as ``bench`` measures it."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from dtypelab.core.policies import Plan
+from dtypelab.core.task import Task
+from dtypelab.forecasting.ledger import Peak
+from dtypelab.forecasting.trace import Traced
+
+CHECK_STEPS = 3  # --check: real steps, the first making the optimizer's state
+
+
+def extrapolate(runs: list[Traced], sizes: tuple[int, ...], batch_size: int) -> Traced:
+    """The peak at ``batch_size`` on the line through two measured ones, category by category."""
+    (a, b), (sa, sb) = runs, sizes
+    t = (batch_size - sa) / (sb - sa)
+    breakdown = {k: max(0, round(a.peak.breakdown[k] + t * (b.peak.breakdown[k] - a.peak.breakdown[k])))
+                 for k in a.peak.breakdown}
+    most = {k: max(0, round(a.most[k] + t * (b.most[k] - a.most[k]))) for k in a.most}
+    return Traced(Peak(sum(breakdown.values()), breakdown, b.peak.phase, b.peak.module), most, b.parameter_bytes)
+
+
+def available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def process_peak(task: Task, plan: Plan, device: str, batch_size: int, train: bool, seed: int,
+                  ) -> tuple[int | None, str]:
+    """The run's peak as ``bench`` measures it (``MemoryMeter``): CHECK_STEPS training steps (or one inference
+    pass) above the memory in use before the model was built."""
+    from dtypelab.core.loop import build_model, build_trainable, forward, prime, to_device, train_step
+    from dtypelab.core.measure import MemoryMeter
+    from dtypelab.core.policies import Precision
+
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        prime(task, plan, dev, batch_size, train=train)
+    precision = Precision(plan, dev)
+    meter = MemoryMeter(dev)
+    meter.start()
+    model: nn.Module = build_model(task, seed)
+    model, optimizer = build_trainable(task, precision, dev, model=model, train=train)
+    meter.open_window()
+    with precision.session():
+        if train:
+            for step in range(CHECK_STEPS):
+                inputs, target = to_device(task.batch(step, batch_size), dev)
+                train_step(task, model, precision, optimizer, inputs, target)
+        else:
+            with torch.no_grad():
+                forward(model, precision, to_device(task.inference_inputs(batch_size), dev))
+    peak = meter.peak_bytes()
+    del model, optimizer
+    return peak, meter.method

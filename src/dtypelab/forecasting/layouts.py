@@ -1,0 +1,72 @@
+"""How a policy's converted model is laid out, for a forecast: the key under which two policies share a traced pass
+(the same converted layout and forward), the stand-in traced for a conversion this machine cannot make, and what
+the kinds' conversions took and left out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from dtypelab.core.errors import DtypelabError, describe_exception
+from dtypelab.core.policies import Cast, Config, Plan, Precision
+from dtypelab.forecasting.fake import fresh
+
+
+def layout(model: nn.Module, plan: Plan) -> tuple[Any, ...]:
+    """What decides an inference pass's memory, from the converted model: every module's type and region, every
+    parameter's and buffer's type, dtype and shape, and the forward's autocast; two plans with the same layout (bf16,
+    bf16-sr, bf16-kahan: the optimizer aside) run the same inference."""
+    def region(m: nn.Module) -> str:
+        r = getattr(m, "_dtypelab_region", None)
+        return r.config.label if r is not None else ""
+
+    def tensor(t: torch.Tensor) -> tuple[Any, ...]:
+        # a quantized weight's subclass says in its flatten context how it runs (int8-dyn and int8-wo store the same
+        # Int8Tensor; only the first quantizes the activations too)
+        ctx = repr(t.__tensor_flatten__()[1]) if is_traceable_wrapper_subclass(t) else ""
+        return type(t).__name__, str(t.dtype), tuple(t.shape), t.requires_grad, ctx
+
+    modules = tuple((n, type(m).__name__, region(m)) for n, m in model.named_modules())
+    tensors = tuple((n, *tensor(t)) for n, t in [*model.named_parameters(), *model.named_buffers()])
+    kind = type(plan.default)
+    return (modules, tensors, plan.default.autocast_dtype, plan.default.storage_dtype,
+            kind.forward_context.__qualname__, kind.convert_output.__qualname__)
+
+
+
+def stand_in(plan: Plan, meta: nn.Module, exc: Exception, round_to: int) -> tuple[Plan, int]:
+    """The plan with each config whose conversion failed here replaced by a cast to its stored dtype, and the
+    bytes its converted weights take beyond that cast's (from ``Config.stored_weight_bytes``)."""
+    layout = [c for c in plan.configs if type(c).stored_weight_bytes is not Config.stored_weight_bytes]
+    if not layout:
+        raise DtypelabError(f"converting the model failed: {describe_exception(exc)}") from exc
+    swap = {c: Cast(c.storage_dtype) for c in layout}
+    stand = Plan(swap.get(plan.default, plan.default), tuple((p, swap.get(c, c)) for p, c in plan.rules),
+                 name=plan.name, distributed=plan.distributed, state=plan.state)
+    model = fresh(meta)
+    assigned = plan.assign(model)
+    modules = dict(model.named_modules(remove_duplicate=False))
+    extra = 0
+    for name, config in assigned.items():
+        stored = config.stored_weight_bytes(modules[name]) if config in swap else None
+        if stored is not None:
+            weight = modules[name].weight
+            extra += stored - weight.numel() * getattr(torch, config.storage_dtype).itemsize
+            if round_to > 1:  # each of the layout's tensors is a block of its own
+                extra += round_to
+    return stand, extra
+
+
+def conversion_notes(plan: Plan, meta: nn.Module) -> list[str]:
+    """What the kinds' conversions took and left out (float8 leaves small layers in bfloat16)."""
+    report = Precision(plan, "cpu", traced=True)
+    report.convert_module(fresh(meta))
+    conv = report.conversion()
+    if not conv.get("left_out"):
+        return []
+    why = conv["left_out"][0]["why"]
+    return [f"{conv.get('format', plan.name)}: {len(conv.get('converted', []))} layers converted, "
+            f"{len(conv['left_out'])} left as they are ({conv['left_out'][0]['layer']}: {why})"]
