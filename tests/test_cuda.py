@@ -221,7 +221,7 @@ def test_gpt2_full_size_on_the_gpu():
     assert "GPT-2-small shape" in load_task("gpt2").description or os.environ.get("DTYPELAB_GPT2_SIZE")
     model = gpt2.GPT(gpt2.FULL).cuda()
     assert sum(p.numel() for p in model.parameters()) == gpt2.FULL.parameters
-    x = gpt2.Chain(gpt2.FULL).sample(2, 0)[:, :-1].cuda()
+    x = gpt2.Chain(gpt2.FULL.vocab, gpt2.FULL.seq).sample(2, 0)[:, :-1].cuda()
     with torch.autocast("cuda", dtype=torch.bfloat16):
         logits = model(x)
     assert logits.shape == (2, gpt2.FULL.seq, gpt2.FULL.vocab)

@@ -264,3 +264,13 @@ def test_the_command_prints_the_table_and_saves_the_record(tmp_path):
 def test_a_bad_option_value_in_python_is_one_error():
     with pytest.raises(DtypelabError, match="nproc: must be at least 1"):
         dtypelab.forecast("digits", nproc=0)
+
+
+def test_a_task_object_is_forecast_in_this_process():
+    """Its functions are closures, which cannot travel to a worker; a trace on fake tensors needs no isolation."""
+    from tiny_task import make_task
+
+    report = dtypelab.forecast(make_task(), policies="fp32,bf16", device="L4", batch_search=False)
+    assert report.config.task == "tiny" and all(p.status == "ok" for p in report.policies)
+    with pytest.raises(DtypelabError, match="a Task object is forecast in this process"):
+        dtypelab.forecast(make_task(), launcher="process")

@@ -176,7 +176,7 @@ def test_gpt2_runs_reduced_without_cuda_and_its_corpus_is_deterministic(monkeypa
     x, y = task.train_batch(3, 4)
     assert x.shape == (4, gpt2.REDUCED.seq) and torch.equal(x[:, 1:], y[:, :-1])
     assert torch.equal(task.train_batch(3, 4)[0], x) and not torch.equal(task.train_batch(4, 4)[0], x)
-    chain = gpt2.Chain(gpt2.REDUCED)
+    chain = gpt2.Chain(gpt2.REDUCED.vocab, gpt2.REDUCED.seq)
     seqs = chain.sample(32, 0)
     nxt = chain.successors[seqs[:, :-1]]  # outside the repeated span every token is one of its successors
     follows = (nxt == seqs[:, 1:, None]).any(-1).float().mean()

@@ -278,7 +278,7 @@ class Half(Config):
     compute_dtype: ClassVar[str] = "bfloat16"
 
 {guard}
-    report = dtypelab.bench(sys.argv[1], ["fp32", Half()], steps=6, rounds=0)
+    report = dtypelab.bench(sys.argv[1], ["fp32", Half()], steps=6, rounds=0, force=True)  # also where bf16 is slow
     print("|".join(f"{{r.policy}}:{{r.status}}:{{r.reason}}" for r in report.results))
 """
 

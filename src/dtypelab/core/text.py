@@ -31,3 +31,10 @@ def pow2(x: float | None) -> str:
 def pct(x: float) -> str:
     """A small fraction readably: 0, 1.23%, or 4.6e-05 below 0.01%."""
     return "0" if x == 0 else (f"{x:.2%}" if x >= 1e-4 else f"{x:.1e}")
+
+
+def size_text(n: int) -> str:
+    """A size in a sentence, in decimal units as datasheets give them: 107.8 GB, 56.6 MB, 18.4 kB."""
+    if abs(n) >= 1e9:
+        return f"{n / 1e9:.4g} GB"
+    return f"{n / 1e6:.3g} MB" if abs(n) >= 1e6 else f"{n / 1e3:.3g} kB"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -60,6 +60,7 @@ class ForecastJob:
     device: str = "cpu"  # where the work runs (the launcher forks CPU work from its zygote)
     groups: tuple[int, ...] = ()  # how many plans each family has, in order (none: one family each)
     claims: str | None = None  # a folder shared with the other workers: each family is taken by whoever is free
+    task: Task | None = field(default=None, compare=False)  # a Task object (this process only: it does not pickle)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "plans", tuple(get_policy(p) for p in self.plans))
@@ -70,7 +71,7 @@ class ForecastJob:
 
     def __call__(self, report: Any) -> tuple[int, list[PolicyForecast]]:
         """(the model's parameter count, each policy's forecast)."""
-        forecaster = Forecaster(self, load_task(self.task_spec))
+        forecaster = Forecaster(self, self.task or load_task(self.task_spec))
         count = sum(p.numel() for p in {id(p): p for p in forecaster.meta.parameters()}.values())
         out: list[PolicyForecast] = []
         try:

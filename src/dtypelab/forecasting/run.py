@@ -22,7 +22,8 @@ from dtypelab.core.hardware import HardwareInfo, environment, hardware_for
 from dtypelab.core.options import parse_size
 from dtypelab.core.policies import REGISTRY, STATE_MODIFIERS, Config, Plan, get_policy, parse_policies, policies_for
 from dtypelab.core.results import ForecastConfig, ForecastReport, PolicyForecast, TargetDevice, check_writable
-from dtypelab.core.task import Task, load_task
+from dtypelab.core.task import Task
+from dtypelab.core.text import size_text
 from dtypelab.forecasting.job import ForecastJob
 from dtypelab.forecasting.options import ForecastOptions
 from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher, Target
@@ -128,6 +129,21 @@ def _smallest_device(result: PolicyForecast, plan: Plan, reserve: int) -> str | 
     return ""
 
 
+def _launcher(given: Any, target: Target) -> Launcher:
+    """The process launcher, or this process for ``inline`` and for a Task object (its functions cannot travel to a
+    worker, and a trace on fake tensors needs no isolation to be safe)."""
+    if target.given is not None:
+        if given not in (None, "inline"):
+            raise DtypelabError("a Task object is forecast in this process (launcher='inline'); to use workers, "
+                                "give its spec (FILE.py:make_task)")
+        return LAUNCHERS["inline"]
+    if isinstance(given, str | None):
+        if (given or "process") not in LAUNCHERS:
+            raise DtypelabError(f"launcher: unknown launcher {given!r}: use process or inline")
+        return LAUNCHERS[given or "process"]
+    return given
+
+
 def families(plans: list[Plan]) -> list[list[Plan]]:
     """Policies likely to convert the model alike (the same stored dtype, autocast, rules and distribution, and no
     module conversion of their own) as families, whose worker traces their forward and backward once; the most
@@ -161,8 +177,8 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
         raise DtypelabError(f"{target.spec} is a training script: forecast traces a task's step on fake tensors "
                             "(a built-in or FILE.py:make_task); a script runs as its own program (bench measures it)")
     device = target_device(opts.device, opts.memory, opts.reserve)
-    task_obj = load_task(target.given or target.spec) if isinstance(task, str) else task
-    spec = task if isinstance(task, str) else task.name
+    task_obj = target.task()
+    spec = target.spec
     if opts.check and device.kind != ("cuda" if torch.cuda.is_available() else "cpu"):
         here = "cuda" if torch.cuda.is_available() else "cpu"
         raise DtypelabError(f"--check runs the steps here ({here}): forecast for --device {here}, or leave out --check")
@@ -172,10 +188,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
         raise DtypelabError(f"the batch size {batch} does not split over {opts.nproc} ranks: give --batch-size a "
                             f"multiple of {opts.nproc}")
     check_writable(opts.json_path)
-    if not isinstance(task, str):
-        raise DtypelabError("forecast takes a task by name or FILE.py:make_task (its workers load it themselves)")
-    launcher: Launcher = LAUNCHERS[opts.launcher or "process"] if isinstance(opts.launcher, str | None) \
-        else opts.launcher
+    launcher = _launcher(opts.launcher, target)
     grouped = families(plans)
     parts = 1 if getattr(launcher, "name", "") == "inline" else min(len(grouped), opts.workers or min(
         2, os.cpu_count() or 1))
@@ -183,7 +196,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     ordered = tuple(p for group in grouped for p in group)
     jobs = [ForecastJob(spec, ordered, batch // opts.nproc, batch // opts.nproc, device.kind, opts.nproc, opts.seed,
                         device.usable_bytes, opts.batch_search, opts.check, "cuda" if device.kind == "cuda" else "cpu",
-                        part=i, groups=tuple(map(len, grouped)), claims=claims)
+                        part=i, groups=tuple(map(len, grouped)), claims=claims, task=target.given)
             for i in range(parts)]
     done = [0] * len(jobs)
     # a zygote forks one worker at a time: parts after the first get a process launcher (and a zygote) of their own
@@ -238,10 +251,6 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     return report
 
 
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.3g} GB" if abs(n) >= 1e8 else f"{n / 1e6:.3g} MB"
-
-
 def answer(results: list[PolicyForecast], device: TargetDevice) -> str:
     """The forecast in a sentence: for training (an inference-only task: inference), what fits the device, or the
     smallest GPU each needs, or, when nothing fits, the smallest peak and by how much it misses; then the same of
@@ -261,20 +270,22 @@ def _sentence(ok: list[PolicyForecast], device: TargetDevice, what: str) -> str:
     head = what[0].upper() + what[1:]
     if usable is not None:
         fits = [r for r in ok if r.peak.peak_bytes <= usable and not r.runs_there]
-        where = f"{device.label} ({_gb(usable)} usable)"
+        where = f"{device.label} ({size_text(usable)} usable)"
         if not fits:
+            short = size_text(smallest.peak.peak_bytes - usable)
             return (f"{head} fits nowhere on {where}: smallest peak: {smallest.policy} at "
-                    f"{_gb(smallest.peak.peak_bytes)}, {_gb(smallest.peak.peak_bytes - usable)} more than there is.")
+                    f"{size_text(smallest.peak.peak_bytes)}, {short} more than there is.")
         best = min(fits, key=lambda r: r.peak.peak_bytes)
         cannot = [r.policy for r in ok if r.runs_there]
         return (f"{head} on {where}: {len(fits)} of {len(ok)} fit ({', '.join(r.policy for r in fits)}); smallest "
-                f"peak: {best.policy} at {_gb(best.peak.peak_bytes)}"
+                f"peak: {best.policy} at {size_text(best.peak.peak_bytes)}"
                 + (f"; {', '.join(cannot)} cannot run there" if cannot else "") + ".")
     if not any(r.smallest_device for r in ok):
         largest = max(DEVICES, key=lambda d: d.memory_bytes)
-        return (f"{head} fits nowhere in the table (the largest, {largest.label}, has {_gb(largest.memory_bytes)}): "
-                f"smallest peak: {smallest.policy} at {_gb(smallest.peak.peak_bytes)}.")
-    return (f"{head}: smallest peak: {smallest.policy} at {_gb(smallest.peak.peak_bytes)}"
+        return (f"{head} fits nowhere in the table (the largest, {largest.label}, has "
+                f"{size_text(largest.memory_bytes)}): smallest peak: {smallest.policy} at "
+                f"{size_text(smallest.peak.peak_bytes)}.")
+    return (f"{head}: smallest peak: {smallest.policy} at {size_text(smallest.peak.peak_bytes)}"
             + (f" (fits {device_spec(smallest.smallest_device).label} and larger)" if smallest.smallest_device
                else " (no GPU of the table runs it)") + ".")
 
@@ -284,8 +295,8 @@ def _notes(device: TargetDevice, nproc: int) -> tuple[str, ...]:
              "is outside the allocator (the CUDA context, cuBLAS's workspace) is the reserve"
              if device.kind == "cuda" else "peaks are tensors' bytes, per rank"]
     if device.memory_bytes is not None:
-        notes.append(f"{device.label}: {_gb(device.memory_bytes)} ({device.memory_bytes / GIB:.4g} GiB, "
-                     f"{device.source}), less {_gb(device.reserve_bytes)} reserved")
+        notes.append(f"{device.label}: {size_text(device.memory_bytes)} ({device.memory_bytes / GIB:.4g} GiB, "
+                     f"{device.source}), less {size_text(device.reserve_bytes)} reserved")
     if device.kind == "cuda":
         notes.append("traced as on a CUDA GPU: torch's optimizers update every parameter at once there (foreach), "
                      "which holds one more copy of what they update while they do")

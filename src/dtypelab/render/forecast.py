@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dtypelab.core.results import METHODS, PEAK_CATEGORIES, ForecastReport, PolicyForecast
+from dtypelab.core.text import size_text
 from dtypelab.render.views import document, more
 
 SHORT = {"parameters": "weights", "buffers": "buffers", "gradients": "gradients", "optimizer_state": "optimizer",
@@ -25,10 +26,6 @@ def _size(n: int | None, scale: float, sign: str = "") -> str:
         return f"{n / scale:{sign},.0f}"
     return f"{n / scale:{sign}.3g}" if abs(n) >= scale / 100 else ("0" if n == 0 else f"{n / scale:{sign}.2g}")
 
-
-def size_text(n: int) -> str:
-    """A size in a sentence: GB (decimal, as datasheets) down to MB."""
-    return f"{n / 1e9:.3g} GB" if abs(n) >= 1e8 else f"{n / 1e6:.3g} MB"
 
 
 def _where(p: PolicyForecast) -> str:
