@@ -112,6 +112,9 @@ def main() -> None:
             with open(os.path.join(SAMPLES, f"{name}.txt"), "w") as f:
                 f.write(text)
             readme(name, text)
+    if any(n.startswith("forecast") for n in wanted & set(COMMANDS)):  # made on another day than machine.txt's
+        with open(os.path.join(SAMPLES, "forecast-machine.txt"), "w") as f:
+            f.write(machine())
     if "gpu" in wanted:  # the committed GPU records (benchmarks/gpu_records.py), re-rendered: no GPU needed here
         results = os.path.join(ROOT, "benchmarks", "results")
         for gpu in sorted(os.listdir(results)) if os.path.isdir(results) else []:
