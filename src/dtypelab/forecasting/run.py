@@ -296,7 +296,8 @@ def _notes(device: TargetDevice, nproc: int) -> tuple[str, ...]:
              if device.kind == "cuda" else "peaks are tensors' bytes, per rank"]
     if device.memory_bytes is not None:
         notes.append(f"{device.label}: {size_text(device.memory_bytes)} ({device.memory_bytes / GIB:.4g} GiB, "
-                     f"{device.source}), less {size_text(device.reserve_bytes)} reserved")
+                     f"{device.source})" + (f", less {size_text(device.reserve_bytes)} reserved"
+                                             if device.reserve_bytes else ""))
     if device.kind == "cuda":
         notes.append("traced as on a CUDA GPU: torch's optimizers update every parameter at once there (foreach), "
                      "which holds one more copy of what they update while they do")

@@ -132,7 +132,7 @@ DROP_FIRST = {"layer": ("module", "zero", "range", "min |x|", "non-finite", "max
               "format": ("smallest subnormal", "bits", "eps", "digits", "inf/nan", "smallest normal"),
               # forecast: the breakdown's smaller parts first, then where the peak is, then the rest of it
               "policy": ("buffers", "master", "peak in", "temporaries", "gradients", "activations", "optimizer",
-                         "weights", "forecast inference", "measured", "forecast/measured")}
+                         "weights", "inference measured", "inference forecast", "train measured")}
 
 
 def emit(doc: Doc, fmt: str, console: Any, styles: list[str] | None = None, wrap: set[int] | None = None) -> str | None:
