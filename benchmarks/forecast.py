@@ -117,7 +117,7 @@ from dtypelab.core.task import load_task
 from dtypelab.core.policies import get_policy
 from dtypelab.distributed import wrap_fsdp
 from dtypelab.forecasting.trace import Run, Target
-task_name, policy, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+task_name, policy, batch, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 task, plan = load_task(task_name), get_policy(policy)
@@ -132,7 +132,9 @@ def data(step):
 run = Run(task, plan, model, Target("cpu"), fake=False,
           wrap=lambda m: wrap_fsdp(m, plan.distributed, torch.device("cpu")))
 traced = run.train(data, per, steps=3)
-print(json.dumps({"rank": rank, "peak": traced.peak.total, "parameters": traced.parameter_bytes}))
+# a file per rank: two ranks printing at once can interleave their lines on torchrun's stdout
+with open(f"{out}/rank{rank}.json", "w") as f:
+    json.dump({"rank": rank, "peak": traced.peak.total, "parameters": traced.parameter_bytes}, f)
 dist.destroy_process_group()
 """
 
@@ -148,11 +150,12 @@ def fsdp(out: Path) -> None:
             report = dtypelab.forecast(task, policies=policy, nproc=2, batch_size=batch, device="cpu",
                                        batch_search=False)
             fc = report.result(policy).train.peak_bytes
+            for old in out.glob("rank*.json"):
+                old.unlink()
             run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                                  "2", str(script), task, policy, str(batch)], capture_output=True, text=True,
-                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
-            ranks = sorted((json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")),
-                           key=lambda r: r["rank"])
+                                  "2", str(script), task, policy, str(batch), str(out)], capture_output=True,
+                                 text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            ranks = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: r["rank"])
             if len(ranks) != 2:
                 print(f"| {task} | {policy} | {mb(fc)} | failed: {run.stderr[-300:]} | | |")
                 continue
