@@ -105,9 +105,10 @@ def far(out: Path) -> None:
             b = fp32.breakdown
             state = b["parameters"] + b["gradients"] + b["optimizer_state"]
             print(f"  fp32: weights {fp32.parameter_bytes:,} B ({fp32.parameter_bytes / report.config.parameters:g} "
-                  f"per parameter); weights + gradients + AdamW state {state / 1e9:.1f} GB "
-                  f"({state / report.config.parameters:.3f} B per parameter); peak {fp32.peak_bytes / 1e9:.1f} GB in "
-                  f"the {fp32.phase}; fits: {report.result('fp32').train_fit.fits}")
+                  f"per parameter); at the peak, weights + gradients (so far) + AdamW state "
+                  f"{state / 1e9:.1f} GB ({state / report.config.parameters:.3f} B per parameter); "
+                  f"peak {fp32.peak_bytes / 1e9:.1f} GB in the {fp32.phase}; "
+                  f"fits: {report.result('fp32').train_fit.fits}")
     print()
 
 
