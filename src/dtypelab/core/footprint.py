@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "master_weights", "activations")
 
 
-def _leaves(t: torch.Tensor) -> Iterator[torch.Tensor]:
+def leaves(t: torch.Tensor) -> Iterator[torch.Tensor]:
     """The plain tensors that hold ``t``'s data: itself, or a wrapper subclass's inner tensors, recursively."""
     if hasattr(t, "to_local") and type(t).__name__ == "DTensor":
         t = t.to_local()
@@ -27,7 +27,7 @@ def _leaves(t: torch.Tensor) -> Iterator[torch.Tensor]:
                                             and hasattr(t, "__tensor_flatten__")):  # a wrapper (MX training's)
         names, _ = t.__tensor_flatten__()
         for name in names:
-            yield from _leaves(getattr(t, name))
+            yield from leaves(getattr(t, name))
     else:
         yield t
 
@@ -43,7 +43,7 @@ class ByteCounter:
     def add(self, tensors: Iterable[torch.Tensor]) -> int:
         added = 0
         for t in tensors:
-            for leaf in _leaves(t):
+            for leaf in leaves(t):
                 size = leaf.numel() * leaf.element_size()
                 if leaf.device.type == "meta" or size == 0:
                     added += size
@@ -65,6 +65,11 @@ class ByteCounter:
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """The bytes ``tensors`` occupy, inner tensors of subclasses counted, shared storage once."""
     return ByteCounter().add(tensors)
+
+
+def state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+    """Every tensor of the optimizer's state (its moments, step counters; nested containers searched)."""
+    return _state_tensors(list(optimizer.state.values()))
 
 
 def _state_tensors(obj: Any) -> Iterator[torch.Tensor]:
@@ -93,7 +98,7 @@ def state_memory(model: nn.Module, optimizers: Iterable[torch.optim.Optimizer],
         "parameters": counter.add(params),
         "gradients": counter.add(p.grad for p in params if p.grad is not None) if gradients is None else gradients,
         "master_weights": counter.add(masters),
-        "optimizer_state": counter.add(t for opt in optimizers for t in _state_tensors(list(opt.state.values()))
+        "optimizer_state": counter.add(t for opt in optimizers for t in state_tensors(opt)
                                        if id(t) not in master_ids),
         "activations": activations,
     }
@@ -108,7 +113,7 @@ def saved_activations(model: nn.Module) -> Iterator[dict[str, int]]:
     backward passes (gradient accumulation: one micro-batch's forward, freed by its backward before the next), which
     is the activations' peak; ``out["uncounted"]``, tensors it could not read (no storage)."""
     weights = {leaf.untyped_storage().data_ptr() for p in model.parameters() if p.device.type != "meta"
-               for leaf in _leaves(p)}
+               for leaf in leaves(p)}
     live = {"counter": ByteCounter(), "bytes": 0, "backward": False}
     out = {"bytes": 0}
 

@@ -57,10 +57,6 @@ class BatchShape:
             leaves.append(Leaf(tuple(shape), tuple(grows), x.dtype))
         return cls(spec, tuple(leaves))
 
-    def shapes(self, batch_size: int) -> list[tuple[int, ...]]:
-        return [tuple(n * batch_size if g else n for n, g in zip(leaf.shape, leaf.grows, strict=True))
-                for leaf in self.leaves if isinstance(leaf, Leaf)]
-
     def build(self, batch_size: int) -> Any:
         """The batch at ``batch_size``, as empty tensors (fake ones under a FakeTensorMode)."""
         out = []

@@ -40,6 +40,13 @@ def available_bytes() -> int | None:
         return None
 
 
+def room_for(weights: int) -> bool | None:
+    """Whether a model of ``weights`` bytes can be trained here for real (its weights, gradients, optimizer state
+    and activations: eight times the weights, with the rest of the machine's work); None: the memory is unknown."""
+    room = available_bytes()
+    return None if room is None else 8 * weights < room
+
+
 def process_peak(task: Task, plan: Plan, device: str, batch_size: int, train: bool, seed: int,
                   ) -> tuple[int | None, str]:
     """The run's peak as ``bench`` measures it (``MemoryMeter``): CHECK_STEPS training steps (or one inference

@@ -72,7 +72,7 @@ class ForecastJob:
     def __call__(self, report: Any) -> tuple[int, list[PolicyForecast]]:
         """(the model's parameter count, each policy's forecast)."""
         forecaster = Forecaster(self, self.task or load_task(self.task_spec))
-        count = sum(p.numel() for p in {id(p): p for p in forecaster.meta.parameters()}.values())
+        count = sum(p.numel() for p in forecaster.meta.parameters())  # shared (tied) parameters once
         out: list[PolicyForecast] = []
         try:
             for family in self._families():
@@ -142,6 +142,7 @@ class Forecaster:
         self._ranks = FakeRanks(job.nproc)
         self._hardware: Any = None
         self._converted: dict[str, tuple[nn.Module, Plan, int]] = {}  # plan -> (converted meta model, traced, extra)
+        self._conversion_notes: dict[str, list[str]] = {}  # plan -> what its own conversion took and left out
         # what policies share: a forward and backward (training) or a forward (inference) per converted layout and
         # batch size (bf16, bf16-kahan and bf16-sr+adam8bit convert the model alike); each policy's own update
         self._passes: dict[tuple[Any, ...], Traced] = {}
@@ -180,8 +181,7 @@ class Forecaster:
                 method = method if train is not None else infer_method
                 # the largest batch for serving: asked of the inference formats; a training policy's is its training's
                 infer_fit = self.fit(plan, False, infer, infer_method, search=train is None)
-            if plan.name in self._converted and self._converted[plan.name][1] is plan:
-                notes += conversion_notes(plan, self.meta)
+            notes += self._conversion_notes.get(plan.name, [])
             check = None
             if self.job.check:
                 try:  # a check that fails keeps the forecast it was checking
@@ -242,7 +242,9 @@ class Forecaster:
         its converted weights take beyond the stand-in's (``Config.stored_weight_bytes``)."""
         if plan.name not in self._converted:
             try:
-                model, stand, extra = Precision(plan, "cpu", traced=True).convert_module(fresh(self.meta)), plan, 0
+                precision = Precision(plan, "cpu", traced=True)
+                model, stand, extra = precision.convert_module(fresh(self.meta)), plan, 0
+                self._conversion_notes[plan.name] = conversion_notes(precision, plan)
             except (Unsupported, DtypelabError):
                 raise
             except Exception as exc:
@@ -261,14 +263,14 @@ class Forecaster:
         key = (layout(model, stand), plan.distributed, train, batch_size)
         try:
             if key not in self._passes:
-                run = Run(self.task, stand, model, self.target, wrap=self._wrap(plan), converted=True)
+                run = Run(self.task, stand, model, self.target, wrap=self._ranks.wrap(plan), converted=True)
                 self._passes[key] = run.train(self.train_shape, batch_size, update=False) if train else \
                     run.infer(self.infer_shape, batch_size)
             traced = self._passes[key]
             if train:
                 if plan.name not in self._updates:
                     model, _, _ = self.converted(plan)
-                    run = Run(self.task, stand, model, self.target, wrap=self._wrap(plan), converted=True)
+                    run = Run(self.task, stand, model, self.target, wrap=self._ranks.wrap(plan), converted=True)
                     self._updates[plan.name] = run.state()
                 traced = joined(traced, self._updates[plan.name])
         except (Unsupported, DtypelabError):
@@ -277,14 +279,9 @@ class Forecaster:
             raise Untraceable(describe_exception(exc)) from exc
         return _shifted(traced, extra, "parameters"), method
 
-    def _wrap(self, plan: Plan) -> Any:
-        return self._ranks.wrap(plan)
-
     # --- when the step cannot be traced ----------------------------------------------------------
     def fallback(self, plan: Plan, batch_size: int, train: bool, why: str, notes: list[str]) -> tuple[Traced, str]:
-        room = here.available_bytes()
-        weights = tensor_bytes(self.meta.parameters())
-        if room is not None and 8 * weights < room and plan.distributed is None:
+        if here.room_for(tensor_bytes(self.meta.parameters())) and plan.distributed is None:
             sizes = (batch_size,) if batch_size <= 4 else (2, 4)
             key = (plan.name, train)
             if key not in self._measured or (self._measured[key][1] != sizes and len(sizes) == 1):
@@ -295,7 +292,7 @@ class Forecaster:
                              " and extrapolated along the line through them" if len(sizes) > 1 else ""))
             return (runs[0] if len(runs) == 1 else here.extrapolate(runs, sizes, batch_size)), "measured"
         model, stand, extra = self.converted(plan)
-        run = Run(self.task, stand, model, self.target, wrap=self._wrap(plan), converted=True)
+        run = Run(self.task, stand, model, self.target, wrap=self._ranks.wrap(plan), converted=True)
         if not train:
             notes.append(f"the inference pass could not be traced on fake tensors ({why}), and the model is too large "
                          "to run here: its weights alone are counted, so its peak is at least this")
@@ -324,8 +321,7 @@ class Forecaster:
         if not avail.ok:
             notes.append(f"--check: it cannot run here ({avail.reason})")
             return None
-        room, weights = here.available_bytes(), tensor_bytes(self.meta.parameters())
-        if room is not None and 8 * weights > room:
+        if here.room_for(tensor_bytes(self.meta.parameters())) is False:
             notes.append("--check: the model does not fit this machine's memory")
             return None
         device = self.job.check_device

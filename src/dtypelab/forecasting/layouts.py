@@ -36,7 +36,6 @@ def layout(model: nn.Module, plan: Plan) -> tuple[Any, ...]:
             kind.forward_context.__qualname__, kind.convert_output.__qualname__)
 
 
-
 def stand_in(plan: Plan, meta: nn.Module, exc: Exception, round_to: int) -> tuple[Plan, int]:
     """The plan with each config whose conversion failed here replaced by a cast to its stored dtype, and the
     bytes its converted weights take beyond that cast's (from ``Config.stored_weight_bytes``)."""
@@ -60,11 +59,10 @@ def stand_in(plan: Plan, meta: nn.Module, exc: Exception, round_to: int) -> tupl
     return stand, extra
 
 
-def conversion_notes(plan: Plan, meta: nn.Module) -> list[str]:
-    """What the kinds' conversions took and left out (float8 leaves small layers in bfloat16)."""
-    report = Precision(plan, "cpu", traced=True)
-    report.convert_module(fresh(meta))
-    conv = report.conversion()
+def conversion_notes(precision: Precision, plan: Plan) -> list[str]:
+    """What the kinds' conversions took and left out (float8 leaves small layers in bfloat16), from the precision
+    that converted the model."""
+    conv = precision.conversion()
     if not conv.get("left_out"):
         return []
     why = conv["left_out"][0]["why"]

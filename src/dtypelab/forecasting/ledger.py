@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.module_tracker import ModuleTracker
 
-from dtypelab.core.footprint import _leaves
+from dtypelab.core.footprint import leaves
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "master_weights", "activations", "temporaries")
 _DEVICE = torch.ops.prim.device.default
@@ -52,7 +52,7 @@ def _named(tracked: str) -> str:
 
 
 def _storages(t: torch.Tensor) -> Iterator[torch.UntypedStorage]:
-    for leaf in _leaves(t):
+    for leaf in leaves(t):
         if isinstance(leaf, torch.Tensor):
             yield leaf.untyped_storage()
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dtypelab.core.footprint import state_tensors
 from dtypelab.core.loop import forward, forward_loss, train_step
 from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.task import Task, map_tensors
@@ -57,13 +58,6 @@ class Traced:
     phases: dict[str, Peak] = field(default_factory=dict)
     state: dict[str, int] = field(default_factory=dict)
     gradients: int = 0  # what the backward left in the parameters' gradients
-
-
-def _state(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                yield value
 
 
 class Run:
@@ -146,7 +140,7 @@ class Run:
                         ledger.claim((p.grad for p in self.model.parameters() if p.grad is not None), "gradients",
                                      only_from=("temporaries",))
                         if optimizer is not None:
-                            ledger.claim(_state(optimizer), "optimizer_state")
+                            ledger.claim(state_tensors(optimizer), "optimizer_state")
                             ledger.claim(self.precision.master_tensors(optimizer), "master_weights")
             finally:
                 for hook in hooks:
@@ -171,7 +165,7 @@ class Run:
             gradients = ledger.current["gradients"]
             with ledger.phase_of("optimizer"):
                 self.precision.optimizer_step(optimizer)
-            ledger.claim(_state(optimizer), "optimizer_state")
+            ledger.claim(state_tensors(optimizer), "optimizer_state")
             ledger.claim(self.precision.master_tensors(optimizer), "master_weights")
             state = {k: ledger.current[k] for k in ("optimizer_state", "master_weights")}
             return Traced(later(ledger.phases, state, gradients), dict(ledger.most), params, dict(ledger.phases),
