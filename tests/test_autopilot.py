@@ -268,8 +268,9 @@ def test_a_bad_target_or_option_is_one_line(tmp_path):
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dtypelab.cli", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "COLUMNS": "200"})
+    from test_cli import dtypelab as in_process
+
+    return in_process(*args)
 
 
 def test_the_command_prints_each_move_and_the_timeline_and_exits_1_when_it_had_to_stop(tmp_path):

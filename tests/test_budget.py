@@ -79,7 +79,7 @@ def test_time_already_spent_counts_against_the_budget():
 def test_progress_without_a_terminal_prints_lines_and_heartbeats(tmp_path):
     env = {**os.environ, "DTYPELAB_HEARTBEAT_S": "0.3", "COLUMNS": "200"}
     run = subprocess.run([sys.executable, "-m", "dtypelab", "bench", f"{TINY}:make_task", "-p", "fp32,fp64",
-                          "--steps", "20", "--json", str(tmp_path / "r.json")],
+                          "--steps", "20", "--rounds", "0", "--json", str(tmp_path / "r.json")],
                          capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
     err = run.stderr

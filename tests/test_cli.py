@@ -1,5 +1,6 @@
-"""The command line end to end, in real subprocesses, as a user runs it (the many one-line mistakes through
-click's test runner in this process, a few of them in a real process too)."""
+"""The command line end to end, as a user runs it: through click's test runner in this process (each policy's run
+still in a process of its own), with a few commands in a real subprocess too (``subprocess_cli``): the entry point,
+exit codes and output of a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -7,17 +8,41 @@ import json
 import os
 import subprocess
 import sys
+import traceback
 
 import pytest
-from conftest import HERE, TINY
+import torch
+from conftest import HERE, TINY, fake_hardware, hardware_file
 
 SCRIPT = os.path.join(HERE, "scripts", "nan_script.py")
 
 
 def dtypelab(*args: str, cwd: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``dtypelab ARGS`` in this process (an interpreter and torch import saved per call), answered as a subprocess
+    would be: its exit code, stdout and stderr; an exception that escaped a command is a traceback on stderr, as it
+    would be there."""
+    from typer.testing import CliRunner
+
+    from dtypelab.cli import app
+
+    before = os.getcwd()
+    try:
+        if cwd:
+            os.chdir(cwd)
+        result = CliRunner().invoke(app, list(args), env={**(env or {}), "COLUMNS": "200"}, catch_exceptions=True)
+    finally:
+        os.chdir(before)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["dtypelab", *args], result.exit_code, result.stdout, stderr)
+
+
+def subprocess_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m dtypelab.cli ARGS`` in a fresh interpreter."""
     env = {**(env or os.environ), "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "dtypelab.cli", *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd, env=env)
+                          timeout=300, env=env)
 
 
 @pytest.mark.slow
@@ -30,11 +55,12 @@ def test_bench_then_show_end_to_end(tmp_path, fast_bf16_env):
     assert run.returncode == 0, run.stderr
     for text in ("fp32", "amp-bf16", "bf16", "step ms", "accuracy", "verdict"):
         assert text in run.stdout
-    # the first sentence decides (or, on a machine busy during the fp32 rounds, says it cannot)
-    assert any(line.startswith(("• Use ", "• Keep fp32", "• No recommendation: the machine was too busy"))
-               for line in run.stdout.splitlines())
     assert "results saved to" in run.stderr
     data = json.loads(out.read_text())
+    # the first sentence printed is the record's decision, in its words
+    first = run.stdout[run.stdout.index("• "):].split("• ")[1]
+    assert " ".join(first.split()) == " ".join(data["recommendation"]["reason"].split())
+    assert data["recommendation"]["decision"] in ("use", "keep-baseline", "keep-baseline-busy", "too-busy")
     assert [r["policy"] for r in data["results"]] == ["fp32", "amp-bf16", "bf16"]
     assert data["environment"]["torch"] and data["environment"]["hardware"]["gflops"]["float32"] > 0
 
@@ -171,13 +197,16 @@ def test_export_writes_reloads_and_reports_size(tmp_path):
     assert path.is_file() and "x fp32" in run.stdout and "reloaded from the file: outputs identical" in run.stdout
     from dtypelab import load_exported
 
-    model, meta = load_exported(str(path))
+    model, meta = load_exported(str(path), task=f"{TINY}:make_task")
     assert meta["policy"] == "int8-dyn" and type(model.net[0].weight).__name__ == "Int8Tensor"
 
 
 def test_python_dash_m_dtypelab_runs_the_cli():
-    run = subprocess.run([sys.executable, "-m", "dtypelab", "--help"], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0 and "bench" in run.stdout and "trace" in run.stdout
+    run = subprocess.run([sys.executable, "-m", "dtypelab", "formats", "-v", "0.1", "-f", "bf16", "--format", "json"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    stored = {row["format"]: row["stored"] for row in json.loads(run.stdout)}
+    assert stored["bfloat16"] == float(torch.tensor(0.1, dtype=torch.bfloat16)) == 0.10009765625
 
 
 def test_readme_commands_are_what_ci_runs():
@@ -192,11 +221,19 @@ def test_readme_commands_are_what_ci_runs():
         assert "sed -n 2p" in f.read()  # .ci/run executes the second README command verbatim
 
 
-def test_policies_command_explains_each_policy():
-    run = dtypelab("policies", "--device", "cpu")
-    assert run.returncode == 0
-    assert "tf32" in run.stdout and "CUDA" in run.stdout and "amp-fp16" in run.stdout
-    assert "+ddp-fp16" in run.stdout and "NAME+compile" in run.stdout  # the suffixes every policy takes
+def test_policies_command_says_what_runs_on_the_probed_hardware(tmp_path):
+    """The 'here' column follows the probe: float16 measured at 0.5 GFLOP/s is skipped unless forced, at 200 it
+    runs; tf32 is never a CPU mode."""
+    rows = {}
+    for gflops in (0.5, 200.0):
+        probe_file = hardware_file(tmp_path, fake_hardware(fp16_gflops=gflops))
+        run = dtypelab("policies", "--device", "cpu", "--hardware", probe_file)
+        assert run.returncode == 0, run.stderr
+        rows[gflops] = {cells[1].strip(): cells[3].strip() for line in run.stdout.splitlines()
+                        if len(cells := line.split("│")) == 5 and cells[1].strip()}
+    assert rows[0.5]["fp16"].startswith("skipped unless --force:") and "0.5" in rows[0.5]["fp16"]
+    assert rows[200.0]["fp16"] == rows[200.0]["amp-fp16"] == "runs"
+    assert rows[0.5]["tf32"] == rows[200.0]["tf32"] and rows[0.5]["tf32"].startswith("not here:")
 
 
 def test_nothing_imports_the_cli():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -32,7 +34,12 @@ def test_sweep_on_cuda_including_tf32_and_amp_fp16(tiny):
         assert r.status == "ok", (r.policy, r.reason)
         assert r.memory_method.startswith("cuda")
     scaler = report.result("amp-fp16").scaler
-    assert len(scaler["grad_scale"]) == 20 and scaler["skipped_steps"] >= 0
+    # every skipped step lowered the scale (GradScaler's backoff) and is listed: the log agrees with itself (the
+    # last step's new scale is not logged, so it may add one skip)
+    scales = scaler["grad_scale"]
+    lowered = sum(b < a for a, b in itertools.pairwise(scales))
+    assert len(scales) == 20 and scaler["skipped_steps"] == len(scaler["skips"])
+    assert lowered <= scaler["skipped_steps"] <= lowered + 1
 
 
 def test_range_stats_of_a_cuda_tensor_equal_the_cpu_ones():
@@ -212,13 +219,12 @@ def test_profile_on_cuda_reports_mfu(tiny):
         assert p.mfu is not None and 0 < p.mfu < 1 and p.mfu_key == "bfloat16"
 
 
-def test_gpt2_full_size_on_the_gpu():
-    import os
-
+def test_gpt2_full_size_on_the_gpu(monkeypatch):
     from dtypelab.core.task import load_task
     from dtypelab.core.tasks import gpt2
 
-    assert "GPT-2-small shape" in load_task("gpt2").description or os.environ.get("DTYPELAB_GPT2_SIZE")
+    monkeypatch.delenv("DTYPELAB_GPT2_SIZE", raising=False)  # on a GPU, unless told otherwise: the full size
+    assert "GPT-2-small shape" in load_task("gpt2").description
     model = gpt2.GPT(gpt2.FULL).cuda()
     assert sum(p.numel() for p in model.parameters()) == gpt2.FULL.parameters
     x = gpt2.Chain(gpt2.FULL.vocab, gpt2.FULL.seq).sample(2, 0)[:, :-1].cuda()

@@ -99,7 +99,13 @@ def test_compression_halves_the_bytes_exactly_and_every_default_policy_runs(swee
     assert d.wire_bytes == fp32 and len(d.rank_peak_bytes) == 2 and d.compute_s > 0 and d.link_gbps > 0
     assert sweep.scaling is not None and set(sweep.scaling.validation) == set(by)
     text = render_markdown(sweep)
-    assert "ESTIMATE, not a measurement" in text and "bytes vs fp32" in text and "2 ranks (torchrun)" in text
+    # the tables carry the record's numbers: each policy's wire bytes and its ratio to fp32's, each estimate
+    for policy, d in by.items():
+        row = next(line for line in text.splitlines() if line.startswith(f"| {policy} | {d.modifier} |"))
+        assert f"| {d.wire_bytes / 2**20:.3g} | {d.wire_bytes / fp32:.3g}x |" in row, row
+    for p in sweep.scaling.points:
+        if p.nproc == 8:
+            assert f"| {p.speedup:.2f}x |" in text
 
 
 def test_the_html_report_shows_the_distributed_tables(sweep, tmp_path):
@@ -107,7 +113,10 @@ def test_the_html_report_shows_the_distributed_tables(sweep, tmp_path):
     sweep.save(str(record))
     dtypelab.report([str(record)], str(page))
     html = page.read_text()
-    assert "distributed: bytes, communication and memory per step" in html and "scaling estimate" in html
+    wire = {r.policy: f"{r.distributed.wire_bytes / 2**20:.3g}" for r in sweep.results}
+    assert all(f">{w}</td>" in html for w in wire.values()), wire  # the record's bytes, in the page's table
+    shown = [p for p in sweep.scaling.points if p.nproc in (8, 64)]
+    assert shown and all(f">{p.speedup:.2f}x</td>" in html for p in shown)
 
 
 def test_a_failing_rank_is_reported_a_hanging_one_times_out_and_no_process_is_left():

@@ -103,6 +103,8 @@ def test_ctrl_c_cancels_every_job_not_finished(tmp_path):
 
 
 def test_a_fanned_out_sweep_keeps_what_finished_and_a_rerun_picks_it_up(tmp_path, monkeypatch):
+    # fp64 is timed in the rounds however slow its own run was here (an AVX2 CPU can put it under 0.6x fp32)
+    monkeypatch.setattr("dtypelab.sweep.interleave.clearly_slower", lambda report, ran: set())
     """bf16's job dies without a word (SIGKILL, as the OOM killer or a lost node ends one): the others count, the
     record says where each ran; a re-run with the same --json measures fp32 and bf16 again and keeps fp64."""
     path = str(tmp_path / "r.json")
@@ -113,9 +115,7 @@ def test_a_fanned_out_sweep_keeps_what_finished_and_a_rerun_picks_it_up(tmp_path
     bf16, fp64 = report.result("bf16"), report.result("fp64")
     assert bf16.status == "failed" and "ended without a result" in bf16.reason
     assert fp64.status == "ok" and fp64.ran_on and report.result("fp32").ran_on
-    # the rounds ran on one place, said in the record, unless fp64 measured too slow to be chosen (on an AVX2 CPU
-    # its step here can be under 0.6x fp32's) left nothing to time in them
-    assert report.rounds_on or fp64.rounds_skip == "slower"
+    assert report.rounds_on and fp64.rounds  # the rounds ran on one place, said in the record
     assert fp64.init_fingerprint == report.result("fp32").init_fingerprint  # one set of initial weights
     assert any(n.startswith("Where each learning run went: fp32 on ") for n in report.recommendation.notes)
     saved = load_report(path)

@@ -143,7 +143,7 @@ def test_a_users_kind_runs_in_bench_on_a_task_in_child_processes(tmp_path):
 
 @pytest.mark.slow
 def test_a_users_kind_runs_on_a_script_and_its_step_goes_through_the_hook():
-    report = dtypelab.bench(PROBE, f"fp32,{MASTER}", hardware=fake_hardware())
+    report = dtypelab.bench(PROBE, f"fp32,{MASTER}", hardware=fake_hardware(), runs=1)
     fp32, master = report.result("fp32"), report.result("bf16-master")
     assert master.status == "ok", master.reason
     assert len(master.losses) == len(fp32.losses) > 0
@@ -185,7 +185,7 @@ def test_bad_plugins_are_one_line_errors(tmp_path):
                      "@dataclass(frozen=True)\nclass Other(Config):\n    kind: ClassVar[str] = 'cast'\n")
     with pytest.raises(DtypelabError, match="precision kind 'cast' is defined twice"):
         get_policy(f"{twice}:Other")
-    assert "bf16-master" not in REGISTRY or REGISTRY["bf16-master"].default.kind == "bf16-master"
+    assert REGISTRY["bf16-master"].default.kind == "bf16-master"  # registered by the example, looked up above
 
 
 def test_what_the_capabilities_ask_of_the_built_in_kinds():
@@ -233,7 +233,7 @@ def test_the_hugging_face_trainer_refuses_a_kind_it_cannot_express():
 @pytest.mark.slow
 def test_a_users_kind_runs_under_lightning_through_its_hooks():
     pytest.importorskip("lightning")
-    report = dtypelab.bench(os.path.join(ROOT, "examples", "train_lightning.py"), f"fp32,{MASTER}",
+    report = dtypelab.bench(os.path.join(ROOT, "examples", "train_lightning.py"), f"fp32,{MASTER}", runs=1,
                             script_args=["--epochs", "1"], hardware=fake_hardware())
     fp32, master = report.result("fp32"), report.result("bf16-master")
     assert master.status == "ok", master.reason

@@ -65,6 +65,9 @@ POSITIVE = {
                "s = torch.tensor(-1.0)\ntorch.set_default_dtype(torch.double)"],
     "DTL109": ["loss = F.mse_loss(pred.view(-1, 1), y.squeeze())", "loss = F.l1_loss(p[:, 0], t.unsqueeze(1))",
                "loss = ((pred[:, None] - y.view(-1)) ** 2).mean()", "c = out.unsqueeze(-1)\nd = c - y.flatten()"],
+    "DTL110": ["class S(nn.Module):\n    def forward(self, x):\n        h = torch.zeros(4, dtype=torch.double)",
+               "def forward(self, x):\n    return x + torch.ones(3, dtype=torch.float32)",
+               "class S(nn.Module):\n    def forward(self, x):\n        e = torch.eye(4, dtype=torch.bfloat16)"],
 }
 
 NEGATIVE = {
@@ -108,6 +111,9 @@ NEGATIVE = {
                "w = torch.tensor([0.5], dtype=torch.float32)\ntorch.set_default_dtype(torch.float64)"],
     "DTL109": ["loss = F.mse_loss(pred, y.unsqueeze(1))", "loss = F.mse_loss(pred.squeeze(1), y)",
                "loss = F.mse_loss(p.view(-1, 1), t.view(-1, 1))", "d = x[:, None] - y[None, :]"],
+    "DTL110": ["def forward(self, x):\n    h = torch.zeros(x.size(0), 51, dtype=x.dtype)",
+               "def forward(self, x):\n    i = torch.arange(4, dtype=torch.long)",
+               "def make():\n    return torch.zeros(3, dtype=torch.double)", "h = torch.zeros(3, dtype=torch.double)"],
 }
 
 

@@ -57,7 +57,7 @@ def test_files_written_by_version_1_render_as_before(name):
 
 def test_version_1_bench_is_migrated_to_self_describing_fields():
     report = load_record(os.path.join(V1, "bench_train.json"))
-    assert report.schema_version == 3 and report.recommendation.chosen == "fp32"
+    assert report.schema_version == 4 and report.recommendation.chosen == "fp32"
     amp = report.result("amp-fp16")
     assert amp.info.plan["default"] == {"kind": "autocast", "dtype": "float16", "scaler": True}
     assert amp.scaler["grad_scale"][0] == 65536.0

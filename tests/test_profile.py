@@ -109,8 +109,9 @@ def test_bad_profile_arguments_are_one_line_errors():
 @pytest.mark.slow
 def test_bench_profile_cli_record_tables_and_traces(tmp_path, fast_bf16_env):
     def run_cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "dtypelab", *args], capture_output=True, text=True, timeout=300,
-                              env=fast_bf16_env)
+        from test_cli import dtypelab as in_process
+
+        return in_process(*args, env=fast_bf16_env)
 
     out = tmp_path / "r.json"
     traces = tmp_path / "traces"

@@ -103,7 +103,7 @@ def test_export_load_round_trip(name, tiny, tmp_path):
     assert info.roundtrip_max_abs_diff == 0
     assert stat.S_IMODE(os.stat(info.path).st_mode) == 0o644  # readable like any file the user writes
     assert info.file_bytes == (tmp_path / f"m{ext}").stat().st_size
-    model, meta = load_exported(info.path)
+    model, meta = load_exported(info.path, task=tiny)
     assert meta["policy"] == name and meta["task"] == tiny and "trained here" in meta["weights"]
     if name in QUANT:  # tiny layers: per-row scales weigh a lot; test_linear_weight_bytes checks exact sizes
         assert info.linear_weight_bytes < info.fp32_linear_weight_bytes

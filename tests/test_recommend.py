@@ -60,7 +60,7 @@ def test_lowest_memory_is_reported_when_it_differs():
     rec = recommend(report(result("fp32", 10, 0.9, mem=100 * 2**20), result("amp-bf16", 5, 0.9, mem=90 * 2**20),
                            result("bf16", 6, 0.9, mem=50 * 2**20)))
     assert rec.best == "amp-bf16" and rec.lowest_memory == "bf16"
-    assert any("Lowest peak memory within tolerance: bf16 (50.0 MB vs 90.0 MB" in s for s in rec.sentences)
+    assert any("Lowest peak memory within tolerance: bf16 (50 MiB vs 90 MiB" in s for s in rec.sentences)
 
 
 def test_no_recommendation_without_a_baseline():

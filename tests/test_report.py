@@ -108,7 +108,12 @@ def test_report_cli_and_html_flags(records, tmp_path):
     assert bad.returncode == 2 and "no such result file: nowhere.json" in bad.stderr and "Traceback" not in bad.stderr
     html = tmp_path / "trace.html"
     traced = cli("trace", f"{TINY}:make_task", "--steps", "3", "--json", str(tmp_path / "t.json"), "--html", str(html))
-    assert traced.returncode == 0 and "report written to" in traced.stderr and "dtypelab trace" in html.read_text()
+    assert traced.returncode == 0 and "report written to" in traced.stderr
+    import base64
+
+    blobs = re.findall(r"href='data:application/json;base64,([A-Za-z0-9+/=]+)'", html.read_text())
+    written = load_record(str(tmp_path / "t.json"))
+    assert [json.loads(base64.b64decode(b)) for b in blobs] == [written.to_dict()]  # the page is of this run's record
 
 
 # --- in a real browser -----------------------------------------------------------------------------------------

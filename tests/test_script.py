@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 from conftest import avx2_hardware, fake_hardware
+from test_cli import dtypelab as cli
 from torch import nn
 
 import dtypelab
@@ -106,7 +107,7 @@ def test_finish_needs_a_metric_and_guesses_its_direction(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_script_sweep_same_shuffle_crash_and_missing_calls(tmp_path):
-    report = dtypelab.bench(PROBE, "fp32,bf16,amp-bf16", script_args=["--crash-under", "amp-bf16"],
+    report = dtypelab.bench(PROBE, "fp32,bf16,amp-bf16", script_args=["--crash-under", "amp-bf16"], runs=1,
                             json_path=str(tmp_path / "r.json"), hardware=fake_hardware())
     fp32, bf16, amp = (report.result(n) for n in ("fp32", "bf16", "amp-bf16"))
     assert fp32.status == bf16.status == "ok" and report.config.metric == "accuracy"
@@ -125,7 +126,7 @@ def test_script_sweep_same_shuffle_crash_and_missing_calls(tmp_path):
 def test_bench_cli_runs_the_plain_loop_example(tmp_path, fast_bf16_env):
     out = tmp_path / "loop.json"
     run = subprocess.run([sys.executable, "-m", "dtypelab", "bench", os.path.join(EXAMPLES, "train_loop.py"), "-p",
-                          "fp32,amp-bf16", "--json", str(out), "--", "--epochs", "1"],
+                          "fp32,amp-bf16", "--runs", "1", "--json", str(out), "--", "--epochs", "1"],
                          capture_output=True, text=True, timeout=600, env=fast_bf16_env)
     assert run.returncode == 0, run.stderr
     assert "train_loop.py -- --epochs 1" in run.stdout and "accuracy" in run.stdout
@@ -140,7 +141,7 @@ def test_bench_cli_runs_the_plain_loop_example(tmp_path, fast_bf16_env):
 @pytest.mark.slow
 def test_lightning_example_is_measured_per_policy():
     pytest.importorskip("lightning")
-    report = dtypelab.bench(os.path.join(EXAMPLES, "train_lightning.py"), "fp32,bf16,amp-bf16",
+    report = dtypelab.bench(os.path.join(EXAMPLES, "train_lightning.py"), "fp32,bf16,amp-bf16", runs=1,
                             script_args=["--epochs", "1"],
                           hardware=fake_hardware())
     for r in report.results:
@@ -152,7 +153,7 @@ def test_lightning_example_is_measured_per_policy():
 @pytest.mark.slow
 def test_hf_example_is_measured_per_policy():
     pytest.importorskip("transformers")
-    report = dtypelab.bench(os.path.join(EXAMPLES, "train_hf.py"), "fp32,amp-bf16,amp-fp16",
+    report = dtypelab.bench(os.path.join(EXAMPLES, "train_hf.py"), "fp32,amp-bf16,amp-fp16", runs=1,
                             script_args=["--epochs", "1"],
                           hardware=fake_hardware(fp16_gflops=200.0))
     fp32, amp = report.result("fp32"), report.result("amp-bf16")
@@ -170,9 +171,8 @@ def test_trace_and_audit_arm_on_the_scripts_own_loop(tmp_path):
     origin = report.finding.origin
     assert origin.op == "aten.log" and origin.source.endswith("nan_script.py:18") and "log_softmax" in origin.diagnosis
     out = tmp_path / "audit.json"
-    run = subprocess.run([sys.executable, "-m", "dtypelab", "audit", os.path.join(EXAMPLES, "train_loop.py"),
-                          "--steps", "3", "--json", str(out), "--", "--epochs", "1"],
-                         capture_output=True, text=True, timeout=300)
+    run = cli("audit", os.path.join(EXAMPLES, "train_loop.py"), "--steps", "3", "--json", str(out), "--", "--epochs",
+              "1")
     assert run.returncode == 0, run.stderr
     audit = dtypelab.load_record(str(out))
     assert len(audit.losses) == 3 and any(layer.kind == "param_grad" for layer in audit.layers)
@@ -231,7 +231,7 @@ def test_schedulers_and_ema_in_any_order_run_alone_and_under_bench(order):
     args = ["--order", order, "--accumulate", "2"]
     alone = _plain(SCHED, *args)
     policies = "fp32,amp-bf16" if order == "chain" else "fp32"  # the crash came at setup, whatever the policy
-    report = dtypelab.bench(SCHED, policies, script_args=args, hardware=fake_hardware())
+    report = dtypelab.bench(SCHED, policies, script_args=args, hardware=fake_hardware(), runs=1)
     for r in report.results:
         assert r.status == "ok", (r.policy, r.reason)
     fp32 = report.result("fp32")
@@ -279,7 +279,7 @@ def test_a_script_run_slow_or_diverging_under_a_policy_is_stopped_early(tmp_path
     """bench's protections in script mode: a policy 10x slower per step than fp32 stops after a few steps (here the
     probe lets it through, as a disturbed one would), and one whose loss stays non-finite stops after 10 steps."""
     args = ["--slow-under", "bf16", "--nan-under", "amp-bf16"]
-    report = dtypelab.bench(SCHED, "fp32,bf16,amp-bf16", script_args=args, hardware=fake_hardware())
+    report = dtypelab.bench(SCHED, "fp32,bf16,amp-bf16", script_args=args, hardware=fake_hardware(), runs=1)
     fp32, slow, nan = (report.result(n) for n in ("fp32", "bf16", "amp-bf16"))
     assert fp32.status == "ok" and len(fp32.step_times_s) == 32
     assert slow.status == "skipped" and slow.skip == "slow" and "pathologically slow" in slow.reason
@@ -297,9 +297,7 @@ def test_where_bf16_is_slow_a_script_sweep_skips_it_without_running_it():
 
 @pytest.mark.slow
 def test_a_sweep_whose_fp32_baseline_failed_exits_non_zero(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "dtypelab", "bench", PROBE, "-p", "fp32", "--json",
-                          str(tmp_path / "r.json"), "--", "--crash-under", "fp32"],
-                         capture_output=True, text=True, timeout=300)
+    run = cli("bench", PROBE, "-p", "fp32", "--json", str(tmp_path / "r.json"), "--", "--crash-under", "fp32")
     assert run.returncode == 1 and "fp32 baseline did not complete" in run.stderr and "Traceback" not in run.stderr
     assert dtypelab.load_report(str(tmp_path / "r.json")).result("fp32").status == "failed"
 
@@ -307,7 +305,7 @@ def test_a_sweep_whose_fp32_baseline_failed_exits_non_zero(tmp_path):
 def test_a_failed_fp32_stops_the_sweep_and_its_reason_is_the_exceptions_first_line(tmp_path):
     """A multi-line message's tail ('Check the documentation…') was once the reason; and every other policy ran to
     the end after fp32 had failed."""
-    report = dtypelab.bench(PROBE, "fp32,bf16,amp-bf16", script_args=["--multiline-under", "fp32"],
+    report = dtypelab.bench(PROBE, "fp32,bf16,amp-bf16", script_args=["--multiline-under", "fp32"], runs=1,
                             json_path=str(tmp_path / "r.json"), hardware=fake_hardware())
     fp32 = report.result("fp32")
     assert fp32.status == "failed" and fp32.reason.startswith(
@@ -318,15 +316,14 @@ def test_a_failed_fp32_stops_the_sweep_and_its_reason_is_the_exceptions_first_li
         assert r.status == "skipped" and r.skip == "baseline" and not r.step_times_s, (name, r)
     assert report.recommendation.no_baseline and "--keep-going runs them anyway" in " ".join(
         report.recommendation.sentences)
-    going = dtypelab.bench(PROBE, "fp32,bf16", script_args=["--multiline-under", "fp32"], keep_going=True,
+    going = dtypelab.bench(PROBE, "fp32,bf16", script_args=["--multiline-under", "fp32"], keep_going=True, runs=1,
                            hardware=fake_hardware())
     assert going.result("bf16").status == "ok" and going.result("fp32").status == "failed"
 
 
 def test_a_script_that_times_no_step_gets_no_decision_and_exits_non_zero(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "dtypelab", "bench", PROBE, "-p", "fp32,bf16", "--force", "--json",
-                          str(tmp_path / "r.json"), "--", "--keep-own-model"], capture_output=True, text=True,
-                         timeout=300)
+    run = cli("bench", PROBE, "-p", "fp32,bf16", "--force", "--runs", "1", "--json", str(tmp_path / "r.json"), "--",
+              "--keep-own-model")
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
     error = run.stderr.strip().splitlines()[-1]
     assert error.startswith("error: the fp32 baseline did not complete (failed: no training step was timed: the "
@@ -343,7 +340,7 @@ def test_a_disturbed_probe_skips_nothing_in_script_mode_and_says_so():
 
     notices = []
     busy = replace(avx2_hardware(), disturbed="other processes used 0.96 of a core during 3 probes")
-    report = dtypelab.bench(PROBE, "fp32,bf16", hardware=busy,
+    report = dtypelab.bench(PROBE, "fp32,bf16", hardware=busy, runs=1,
                           on_event=lambda e: notices.append(e.label) if e.kind == "notice" else None)
     assert report.result("bf16").status == "ok"
     assert any(n.startswith("the hardware probe was disturbed (other processes used 0.96") for n in notices)

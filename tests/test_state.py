@@ -223,7 +223,7 @@ def test_a_step_the_gradscaler_skipped_is_not_counted():
 # --- scripts ---------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_script_trains_under_the_state_policies_and_an_sgd_one_is_told_why_not():
-    report = dtypelab.bench(ADAM_SCRIPT, "fp32,bf16-sr,bf16-kahan,amp-bf16+adam8bit", rounds=0,
+    report = dtypelab.bench(ADAM_SCRIPT, "fp32,bf16-sr,bf16-kahan,amp-bf16+adam8bit", runs=1,
                             script_args=("--scheduler",), hardware=fake_hardware())
     assert all(r.status == "ok" for r in report.results), [(r.policy, r.reason) for r in report.results]
     assert all(r.metric("lr") == pytest.approx(0.000375) for r in report.results)  # its scheduler drove them all
@@ -231,7 +231,7 @@ def test_a_script_trains_under_the_state_policies_and_an_sgd_one_is_told_why_not
     assert fp32["gradients"] == fp32["parameters"] > 0 and fp32["activations"] > 0
     assert low["optimizer_state"] < 0.35 * fp32["optimizer_state"]
     assert report.result("bf16-kahan").memory["master_weights"] == fp32["parameters"] // 2
-    sgd = dtypelab.bench(SCHED_SCRIPT, "fp32,bf16-sr", rounds=0, hardware=fake_hardware())
+    sgd = dtypelab.bench(SCHED_SCRIPT, "fp32,bf16-sr", runs=1, hardware=fake_hardware())
     skipped = sgd.result("bf16-sr")
     assert skipped.status == "skipped" and skipped.skip == "inapplicable"
     assert "no stochastic-rounding variant of SGD" in skipped.reason
@@ -258,20 +258,21 @@ def _judged(budget_mb: float, *rows: tuple[str, float, float, float]):
 
 def test_the_fastest_policy_within_tolerance_that_fits_is_chosen():
     rec = _judged(60, ("fp32", 10, 0.9, 100), ("bf16", 3, 0.9, 90), ("amp-bf16", 5, 0.9, 50))
-    assert rec.best == "amp-bf16" and rec.verdicts["bf16"] == "needs 90.0 MB > 60.0 MB budget"
-    assert any(s.startswith("bf16: 3.33x faster than fp32") and s.endswith("but it needs 90.0 MB > 60.0 MB budget.")
+    assert rec.best == "amp-bf16" and rec.verdicts["bf16"] == "needs 90.0 MiB > 60.0 MiB budget"
+    assert any(s.startswith("bf16: 3.33x faster than fp32") and s.endswith("but it needs 90.0 MiB > 60.0 MiB budget.")
                for s in rec.sentences)
     # fp32 itself does not fit: the fastest that does, even though it is slower than fp32
     rec = _judged(80, ("fp32", 10, 0.9, 100), ("bf16-kahan", 12, 0.9, 60), ("bf16", 11, 0.5, 50))
     assert rec.best == "bf16-kahan" and rec.decision.value == "use"
-    assert rec.sentences[0] == ("Use bf16-kahan: fp32 needs 100.0 MB > 80.0 MB budget, and bf16-kahan is the fastest "
-                                "policy within 1% on acc that fits (60.0 MB; 1.20x slower than fp32 (0.83x its "
+    assert rec.sentences[0] == ("Use bf16-kahan: fp32 needs 100.0 MiB > 80.0 MiB budget, and bf16-kahan is the fastest "
+                                "policy within 1% on acc that fits (60.0 MiB; 1.20x slower than fp32 (0.83x its "
                                 "speed)).")
     # nothing within the tolerance fits: an answer, with the least memory that keeps the metric
     rec = _judged(40, ("fp32", 10, 0.9, 100), ("bf16-kahan", 12, 0.9, 60), ("bf16", 11, 0.5, 30))
     assert rec.best is None and rec.decision.value == "nothing-fits"
-    assert rec.sentences[0] == ("No recommendation: nothing within 1% on acc fits the 40.0 MB memory budget (fp32 "
-                                "needs 100.0 MB > 40.0 MB budget; the least within tolerance: bf16-kahan at 60.0 MB).")
+    assert rec.sentences[0] == ("No recommendation: nothing within 1% on acc fits the 40.0 MiB memory budget (fp32 "
+                                "needs 100.0 MiB > 40.0 MiB budget; the least within tolerance: bf16-kahan at "
+                                "60.0 MiB).")
 
 
 def test_a_count_that_fails_loses_neither_the_measurement_nor_the_run(tiny, monkeypatch, tmp_path):

@@ -86,7 +86,7 @@ def test_apply_export_load_give_identical_outputs(tmp_path):
     torch.save(task.make_model().state_dict(), weights)
     out = tmp_path / "m.safetensors"
     dtypelab.export(f"{TINY}:make_task", str(plan_file), str(out), weights=str(weights))
-    loaded, meta = dtypelab.load_exported(str(out))
+    loaded, meta = dtypelab.load_exported(str(out), task=f"{TINY}:make_task")  # a task file: named by the caller
     mine = task.make_model()
     mine.load_state_dict(torch.load(weights, weights_only=True))
     applied = dtypelab.apply_plan(mine.eval(), str(plan_file))
@@ -127,27 +127,22 @@ def test_tune_refuses_what_it_cannot_do_in_one_line():
 
 @pytest.mark.slow
 def test_tune_cli(tmp_path, fast_bf16_env):
-    import subprocess
-    import sys
+    from test_cli import dtypelab as cli
 
     plan, record = tmp_path / "p.json", tmp_path / "t.json"
     env = fast_bf16_env
-    run = subprocess.run([sys.executable, "-m", "dtypelab", "tune", f"{TINY}:make_task", "--candidates", "int8-dyn",
-                          "--min-cosine", "0.99", "-o", str(plan), "--json", str(record)], capture_output=True,
-                         text=True, timeout=300, env=env)
+    run = cli("tune", f"{TINY}:make_task", "--candidates", "int8-dyn", "--min-cosine", "0.99", "-o", str(plan),
+              "--json", str(record), env=env)
     assert run.returncode == 0, run.stderr
     assert "chosen plan:" in run.stdout and "full evaluations (at most" in run.stdout and plan.exists()
     # no terminal: the progress is lines with the seconds since the start, each full evaluation said
     assert re.search(r"\[\s+\d+ s\] full evaluation 1 of at most \d+: \d+ layers? converted", run.stderr), run.stderr
-    shown = subprocess.run([sys.executable, "-m", "dtypelab", "show", str(record), "--format", "markdown"],
-                           capture_output=True, text=True, timeout=120, env=env)
+    shown = cli("show", str(record), "--format", "markdown", env=env)
     assert shown.returncode == 0 and "| net.0 |" in shown.stdout
     page = tmp_path / "t.html"
-    assert subprocess.run([sys.executable, "-m", "dtypelab", "report", str(record), "-o", str(page)],
-                          capture_output=True, timeout=120).returncode == 0
+    assert cli("report", str(record), "-o", str(page)).returncode == 0
     assert "dtypelab tune" in page.read_text()
-    bad = subprocess.run([sys.executable, "-m", "dtypelab", "tune", f"{TINY}:make_task", "--mode", "train",
-                          "--candidates", "int8-dyn"], capture_output=True, text=True, timeout=120)
+    bad = cli("tune", f"{TINY}:make_task", "--mode", "train", "--candidates", "int8-dyn")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     assert "whole-model cast, autocast or float8" in bad.stderr
 

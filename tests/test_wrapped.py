@@ -14,12 +14,15 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import fake_hardware
 from test_script import _plain, _sent, _session
 from torch import nn
 
 import dtypelab
 from dtypelab import DtypelabError
+from dtypelab.core.policies import Cast, Plan, regions
+from dtypelab.run.channel import Channel
 
 HERE = os.path.dirname(__file__)
 REAL = os.path.join(HERE, "scripts", "real_script.py")
@@ -233,7 +236,7 @@ def test_real_patterns_train_the_same_alone_and_under_bench(args, tmp_path):
     plain = _plain(REAL, *args, "--no-lab")
     if "--save" in args:  # with the lines, run alone, setup hands back the very objects (one run shows it suffices)
         assert _plain(REAL, *args) == plain
-    report = dtypelab.bench(REAL, "fp32", script_args=args, hardware=fake_hardware())
+    report = dtypelab.bench(REAL, "fp32", script_args=args, hardware=fake_hardware(), runs=1)
     fp32 = report.result("fp32")
     assert fp32.status == "ok", fp32.reason
     if "--dtype" in args:  # the script's own bf16 autocast is off under every policy: fp32 is the plain fp32 run
@@ -241,10 +244,95 @@ def test_real_patterns_train_the_same_alone_and_under_bench(args, tmp_path):
         assert not plain.startswith(_plain(REAL, *args, "--no-lab")[:17])  # its own bf16 run trains differently
     assert plain.startswith(f"val_loss {fp32.metrics['val_loss']:.6f}")
     assert len(fp32.step_times_s) == 24 and len(fp32.losses) == 24
+    # the gradients, counted where the step ends: weights updated by hand zero them through the model
+    assert fp32.memory["gradients"] == fp32.memory["parameters"] > 0
     if "--dtype" in args:
         assert any(n.startswith("the script's own autocast (bfloat16 on cpu) was on") for n in fp32.notes)
         assert "fp32: the script's own autocast (bfloat16 on cpu) was on around the model" in " ".join(
             report.recommendation.sentences)
+
+
+def _plan_session(tmp_path, monkeypatch, plan):
+    channel = Channel({"plan": plan.to_dict(), "seed": 0, "device": "cpu"})
+    for key, value in channel.env.items():
+        monkeypatch.setenv(key, value)
+    lab = dtypelab.session()
+    lab.channel = channel
+    return lab
+
+
+def _check_user_patterns(wrapped, model, x, region_names, outer):
+    """What #39's patterns need of a model under a per-layer plan: nothing of the user's patched, keys unchanged,
+    the whole model saved and loaded back as the user's classes (runnable as plain PyTorch), a deepcopy EMA that
+    computes with its own weights in the same regions, compile, the user's hooks on a region's layer."""
+    assert "forward" not in vars(model.body) and "forward" not in vars(model.body[0]) and "forward" not in vars(
+        model.head)
+    assert not any(k.startswith("_dtypelab") for m in model.modules() for k in vars(m))
+    assert list(wrapped.state_dict()) == ["body.0.weight", "body.0.bias", "head.weight", "head.bias"]
+    assert set(regions(model)) == region_names
+    buf = io.BytesIO()
+    torch.save(wrapped, buf)
+    buf.seek(0)
+    with torch.serialization.safe_globals([Net, nn.Linear, nn.Sequential, nn.Tanh]):
+        loaded = torch.load(buf)  # weights_only=True: the user's classes only
+    assert type(loaded) is Net and type(loaded.body) is nn.Sequential and type(loaded.head) is nn.Linear
+    assert {p.dtype for p in loaded.parameters()} == {outer}  # each region written in the model's dtype around it
+    assert torch.allclose(loaded(x.to(outer)).float(), wrapped(x).float(), atol=0.05)
+    assert type(pickle.loads(pickle.dumps(wrapped))) is Net
+    ema = copy.deepcopy(wrapped)
+    assert set(regions(ema)) == region_names and ema.body[0].weight is not model.body[0].weight
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.zero_()
+        assert float(ema(x).abs().max()) == 0.0 and float(wrapped(x).abs().max()) > 0.0
+    seen = []
+    handle = wrapped.body[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    compiled = torch.compile(wrapped)
+    assert torch.isfinite(compiled(x)).all()
+    wrapped(x)
+    handle.remove()
+    return seen
+
+
+def test_a_per_layer_plan_leaves_the_users_submodules_unpatched(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    model, x = Net(), _data()[0]
+    plan = Plan(Cast("float32"), (("body", Cast("bfloat16")),), name="body-bf16")
+    lab = _plan_session(tmp_path, monkeypatch, plan)
+    wrapped, _ = lab.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    seen = _check_user_patterns(wrapped, model, x, {"body"}, torch.float32)
+    assert seen and set(seen) == {torch.bfloat16}  # the layer ran in its region
+    lab.finish(accuracy=1.0)
+    _sent(lab)
+
+
+def test_an_autopilot_move_leaves_the_users_submodules_unpatched(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    model, x = Net(), _data()[0]
+    lab = _plan_session(tmp_path, monkeypatch, dtypelab.get_policy("bf16"))
+    wrapped, opt = lab.setup(model, torch.optim.AdamW(model.parameters(), lr=0.01))
+    F.cross_entropy(wrapped(x).float(), _data()[1]).backward()
+    opt.step()
+    lab.precision.promote(wrapped, "head", Cast("float32"), opt)  # what the autopilot does to a layer near overflow
+    assert model.head.weight.dtype == torch.float32 and opt.state[model.head.weight]["exp_avg"].dtype == torch.float32
+    seen = _check_user_patterns(wrapped, model, x, {"head"}, torch.bfloat16)
+    assert set(seen) == {torch.bfloat16}  # body[0] is outside the moved region
+    lab.precision.promote(wrapped, "head", Cast("bfloat16"), opt)  # moved again: one region, not a wrapper in one
+    assert set(regions(model)) == {"head"} and regions(model)["head"].config == Cast("bfloat16")
+    lab.finish(accuracy=1.0)
+    _sent(lab)
+
+
+@pytest.mark.slow
+def test_a_per_layer_plan_over_a_script_that_saves_its_whole_model(tmp_path):
+    """word_language_model's pattern (torch.save(model), torch.load with safe_globals, the loaded model evaluated)
+    with an EMA copy, measured under a plan that gives one nn.Sequential child bfloat16."""
+    plan = tmp_path / "body-bf16.json"
+    plan.write_text(Plan(Cast("float32"), (("body", Cast("bfloat16")),), name="body-bf16").to_json())
+    args = ("--optimizer", "adamw", "--save", f"{tmp_path}/m.pt", "--ema", "--epochs", "1")
+    report = dtypelab.bench(REAL, f"fp32,{plan}", script_args=args, hardware=fake_hardware(), runs=1)
+    assert [r.status for r in report.results] == ["ok", "ok"], [r.reason for r in report.results]
+    assert report.result("body-bf16").metrics["val_loss"] > 0
 
 
 def test_a_wrapped_model_inside_another_module_saves_and_loads_with_its_own_keys(tmp_path, monkeypatch):

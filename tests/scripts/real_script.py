@@ -152,6 +152,8 @@ for _epoch in range(args.epochs):
         with open(args.save, "rb") as f, torch.serialization.safe_globals(allowed):
             loaded = torch.load(f)
         assert type(loaded) is Net, type(loaded)
+        with torch.no_grad():  # the loaded model runs as plain PyTorch (word_language_model tests with it)
+            assert torch.isfinite(loaded(x[200:])).all()
         pickle.loads(pickle.dumps(model))
 
 assert hooked  # the hook registered before setup ran

@@ -212,7 +212,7 @@ def write_html(record: Any, path: str | None) -> None:
 
     with guarded():
         info = report([record], path)
-    err.print(f"[dim]report written to {escape(path)} ({info.bytes / 1024:.0f} KB, {info.plots} plots)[/]")
+    err.print(f"[dim]report written to {escape(path)} ({info.bytes / 1024:.0f} KiB, {info.plots} plots)[/]")
 
 
 def run_recorded(kind: str, task: str, label: str, total: int | None, fmt: str,

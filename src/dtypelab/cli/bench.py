@@ -60,7 +60,7 @@ def _report(opts: ReportOptions, cli: dict[str, Any]) -> None:
     with guarded():
         info = report(cli["paths"], opts.output, opts.title, opts.layer)
     out.print(f"wrote {opts.output}: {info.records} record{'s' if info.records != 1 else ''}, {info.plots} plots, "
-              f"{info.bytes / 1024:.0f} KB", highlight=False, markup=False)
+              f"{info.bytes / 1024:.0f} KiB", highlight=False, markup=False)
 
 
 command(app, "report", ReportOptions, _report,
@@ -87,10 +87,11 @@ def _policies(opts: PoliciesOptions, cli: dict[str, Any]) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from dtypelab.core.hardware import hardware_for
     from dtypelab.sweep import policy_table
 
     with guarded():
-        rows = policy_table(opts.device)
+        rows = policy_table(opts.device, hardware_for(opts.device, opts.hardware) if opts.hardware else None)
     table = Table("policy", "what it does", "here")
     for name, summary, verdict in rows:
         table.add_row(Text(name), Text(summary), Text(verdict))

@@ -12,7 +12,7 @@ from dtypelab.inference import ExportOptions
 
 
 def _bytes(n: int) -> str:
-    return f"{n / 2**20:.2f} MB" if n >= 2**20 else f"{n / 1024:.1f} KB"
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
 
 
 def _export(opts: ExportOptions, cli: dict[str, Any]) -> None:

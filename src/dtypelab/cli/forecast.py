@@ -37,12 +37,12 @@ def _devices(fmt: str) -> None:
     from dtypelab.core.devices import DEVICES, GIB
     from dtypelab.render.numeric import emit as emit_table
 
-    rows = [[d.name, d.label, d.datasheet, f"{d.memory_bytes / GIB:.2f}", f"{d.memory_bytes / 1e9:.1f}",
+    rows = [[d.name, d.label, d.datasheet, f"{d.memory_bytes / GIB:.2f}",
              ".".join(map(str, d.capability)), ", ".join(f for f, cc in (("bf16", (8, 0)), ("fp8", (8, 9)))
                                                         if d.capability >= cc) or "—",
              "torch's report" if d.torch_gib is not None else "NVML less 0.55 GiB"]
             for d in DEVICES]
-    headers = ["--device", "GPU", "datasheet", "usable GiB", "usable GB", "compute capability", "native", "from"]
+    headers = ["--device", "GPU", "datasheet", "usable GiB", "compute capability", "native", "from"]
     notes = ["usable: what torch.cuda.get_device_properties().total_memory reports (the total capacity CUDA's "
              "out-of-memory message quotes), where such a report was found; else NVML's total less the 0.55 GiB "
              "the driver keeps on the cards that have both; sources in dtypelab/core/devices.py",

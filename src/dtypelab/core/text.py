@@ -33,8 +33,17 @@ def pct(x: float) -> str:
     return "0" if x == 0 else (f"{x:.2%}" if x >= 1e-4 else f"{x:.1e}")
 
 
+KIB, MIB, GIB = 2**10, 2**20, 2**30  # bytes: dtypelab's one unit of memory, binary as torch and nvidia-smi report it
+
+
 def size_text(n: int) -> str:
-    """A size in a sentence, in decimal units as datasheets give them: 107.8 GB, 56.6 MB, 18.4 kB."""
-    if abs(n) >= 1e9:
-        return f"{n / 1e9:.4g} GB"
-    return f"{n / 1e6:.3g} MB" if abs(n) >= 1e6 else f"{n / 1e3:.3g} kB"
+    """A size in a sentence, in binary units as torch and nvidia-smi report memory: 100.4 GiB, 54.0 MiB, 18.0 KiB."""
+    if abs(n) >= GIB:
+        return f"{n / GIB:.4g} GiB"
+    return f"{n / MIB:.3g} MiB" if abs(n) >= MIB else f"{n / KIB:.3g} KiB"
+
+
+def size_unit(values: list[int]) -> tuple[int, str]:
+    """The unit a table of sizes is shown in: GiB when any reaches one, KiB when all are below a MiB, else MiB."""
+    top = max((abs(v) for v in values), default=0)
+    return (GIB, "GiB") if top >= GIB else (KIB, "KiB") if values and top < MIB else (MIB, "MiB")

@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from dtypelab.core.errors import DtypelabError, describe_exception
-from dtypelab.core.policies import Cast, Config, Plan, Precision
+from dtypelab.core.policies import Cast, Config, Plan, Precision, regions
 from dtypelab.forecasting.fake import fresh
 
 
@@ -19,9 +19,7 @@ def layout(model: nn.Module, plan: Plan) -> tuple[Any, ...]:
     """What decides an inference pass's memory, from the converted model: every module's type and region, every
     parameter's and buffer's type, dtype and shape, and the forward's autocast; two plans with the same layout (bf16,
     bf16-sr, bf16-kahan: the optimizer aside) run the same inference."""
-    def region(m: nn.Module) -> str:
-        r = getattr(m, "_dtypelab_region", None)
-        return r.config.label if r is not None else ""
+    placed = {name: r.config.label for name, r in regions(model).items()}
 
     def tensor(t: torch.Tensor) -> tuple[Any, ...]:
         # a quantized weight's subclass says in its flatten context how it runs (int8-dyn and int8-wo store the same
@@ -29,7 +27,7 @@ def layout(model: nn.Module, plan: Plan) -> tuple[Any, ...]:
         ctx = repr(t.__tensor_flatten__()[1]) if is_traceable_wrapper_subclass(t) else ""
         return type(t).__name__, str(t.dtype), tuple(t.shape), t.requires_grad, ctx
 
-    modules = tuple((n, type(m).__name__, region(m)) for n, m in model.named_modules())
+    modules = tuple((n, type(m).__name__, placed.get(n, "")) for n, m in model.named_modules())
     tensors = tuple((n, *tensor(t)) for n, t in [*model.named_parameters(), *model.named_buffers()])
     kind = type(plan.default)
     return (modules, tensors, plan.default.autocast_dtype, plan.default.storage_dtype,

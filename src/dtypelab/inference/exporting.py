@@ -23,7 +23,7 @@ from dtypelab.core.hardware import probe
 from dtypelab.core.loop import build_model, build_trainable, fit, forward
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy
 from dtypelab.core.results.store import save_bytes
-from dtypelab.core.task import Task, load_task
+from dtypelab.core.task import BUILTIN, Task, load_task
 from dtypelab.core.version import __version__
 from dtypelab.inference.fidelity import flat
 from dtypelab.inference.sizes import SAFETENSORS, TORCH, dedupe_state, linear_weight_bytes, serialize
@@ -132,13 +132,36 @@ def _read(path: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
         raise DtypelabError(f"{path} is not a file written by dtypelab export ({type(exc).__name__}: {exc})") from None
 
 
+def _named_task(path: str, meta: dict[str, Any]) -> str:
+    """The task a file names, when it is a built-in: a file's metadata is data, and a task file or module it names
+    is imported only when the caller names it (``task=``)."""
+    named = str(meta.get("task", ""))
+    if named in BUILTIN:
+        return named
+    raise DtypelabError(f"{path} was exported from task {named!r}, which dtypelab does not import because a file "
+                        f"names it (reading a file never runs code): pass it yourself, load_exported(path, "
+                        f"task={named!r})")
+
+
+def _named_policy(path: str, meta: dict[str, Any]) -> str:
+    named = str(meta.get("policy", ""))
+    if ":" in named:  # a user's precision file: imported only when the caller names it
+        raise DtypelabError(f"policy {named!r} is defined in a file, which dtypelab does not import because a file "
+                            f"names it (reading a file never runs code): load it yourself first, "
+                            f"dtypelab.get_policy({named!r})")
+    return named
+
+
 def load_exported(path: str, task: str | Task | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """(model, metadata) from a file written by :func:`export`, in eval mode on the CPU. ``task`` overrides
-    the task named in the file (e.g. when its file has moved)."""
+    the task named in the file (when its file has moved); a task the file names that is not a built-in must be given
+    here, since reading a file never imports code it names."""
     tensors, meta, raw = _read(path)
-    task_obj = task if isinstance(task, Task) else load_task(task or meta["task"])
-    # Files from before plans were stored name a registered policy only.
-    plan = Plan.from_dict(meta["plan"]) if "plan" in meta else get_policy(meta["policy"])
+    task_obj = task if isinstance(task, Task) else load_task(task or _named_task(path, meta))
+    try:  # files from before plans were stored name a registered policy only
+        plan = Plan.from_dict(meta["plan"]) if "plan" in meta else get_policy(_named_policy(path, meta))
+    except DtypelabError as exc:
+        raise DtypelabError(f"{path}: {exc}") from None
     pol = Precision(plan, "cpu")
     torch.manual_seed(0)
     target = _eager(pol.convert_module(task_obj.make_model()))

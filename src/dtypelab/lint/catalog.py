@@ -50,6 +50,9 @@ RULES = {r.code: r for r in (
     Rule("DTL109", "broadcast-loss", "a (N, 1) column against a (N,) vector broadcasts to (N, N): the loss or mean "
          "runs over N² pairs and silently trains on the wrong objective",
          "make both the same shape: squeeze the column (x.squeeze(1)) or unsqueeze the vector (y.unsqueeze(1))"),
+    Rule("DTL110", "fixed-dtype-in-forward", "a tensor made inside forward with a fixed floating dtype does not "
+         "follow the model's precision: under weights of another dtype (float32, bfloat16) it meets them and the "
+         "op fails or promotes", "follow the input: dtype=x.dtype, device=x.device (or x.new_zeros(...))"),
     Rule("DTL900", "unparsable", "the file could not be parsed, so it was not checked",
          "fix the syntax error or the encoding"),
 )}

@@ -30,6 +30,13 @@ from dtypelab.lint.patterns import (
     vector,
 )
 
+# tensor factories whose dtype= fixes what they make, and the floating dtypes a policy would change
+TENSOR_FACTORIES = frozenset({"zeros", "ones", "empty", "full", "rand", "randn", "tensor", "as_tensor", "arange",
+                              "linspace", "eye", "zeros_like", "ones_like", "empty_like", "full_like", "randn_like",
+                              "rand_like"})
+FLOAT_DTYPES = frozenset(f"torch.{n}" for n in ("float64", "double", "float32", "float", "float16", "half",
+                                                "bfloat16"))
+
 
 class Checker(ast.NodeVisitor):
     def __init__(self, imports: Imports) -> None:
@@ -170,6 +177,7 @@ class Checker(ast.NodeVisitor):
                                     or q == "torch.autograd.backward"):
             self.add(node, "DTL101")
         self._float64(node, q)
+        self._fixed_dtype(node, q)
         self._broadcast(node, q)
         self._trained(node, q)
         self._half(node, None)  # `m = model.half()` is seen here (receiver) and by visit_Assign (target)
@@ -199,6 +207,17 @@ class Checker(ast.NodeVisitor):
         if (q == "torch.tensor" and node.args and not any(k.arg == "dtype" for k in node.keywords)
                 and literal_floats(node.args[0])):
             self.early_tensors.append(node)
+
+    def _fixed_dtype(self, node: ast.Call, q: str | None) -> None:
+        """``torch.zeros(..., dtype=torch.double)`` in a module's ``forward``: a dtype the policy cannot change."""
+        scope = next((s for s in reversed(self.scope_nodes) if s is not None), None)
+        if not (isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and scope.name == "forward"):
+            return
+        if q is None or not q.startswith("torch.") or q.rpartition(".")[2] not in TENSOR_FACTORIES:
+            return
+        dtype = next((k.value for k in node.keywords if k.arg == "dtype"), None)
+        if dtype is not None and self.im.qualname(dtype) in FLOAT_DTYPES:
+            self.add(node, "DTL110")
 
     def _broadcast(self, node: ast.Call, q: str | None) -> None:
         if q in LOSSES and len(node.args) >= 2:

@@ -4,17 +4,17 @@ verdict and speedup, and the notes are in the record (``report.recommendation``)
 from __future__ import annotations
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.results import BASELINE, PER_LAYER_SAMPLES, PolicyResult, PolicyVerdict, Recommendation, Report
-from dtypelab.core.text import num, pct
+from dtypelab.core.results import PER_LAYER_SAMPLES, PolicyResult, PolicyVerdict, Recommendation, Report
+from dtypelab.core.text import KIB, MIB, num, pct
 from dtypelab.render.distributed import distributed_sections
 from dtypelab.render.profile import Section, profile_sections
 from dtypelab.render.tables import drop_order, html_table, markdown_table, rich_table
 
 FORMATS = ("table", "markdown", "html", "json")
-MB = 2**20
+MB = MIB  # every memory and size column: MiB (2^20 bytes), as torch and nvidia-smi report
 # Columns a narrow terminal leaves out first to last (the notes still say what they held); the policy, its speedup,
 # metric, worst cosine and verdict stay.
-DROP_FIRST = ("samples/s", "size MB", "linear W", "max abs err", "train MB", "peak MB", "step ms", "latency ms",
+DROP_FIRST = ("samples/s", "size MiB", "linear W", "max abs err", "train MiB", "peak MiB", "step ms", "latency ms",
               "final loss", "SQNR dB", "status", "Δ ")
 
 
@@ -41,7 +41,7 @@ def _size(r: PolicyResult, base: PolicyResult | None) -> str:
         return "—"
     mb = num(r.model_bytes / MB, ".1f")
     ratio = _ratio(r.model_bytes, base.model_bytes if base else None)
-    return mb if r.policy == BASELINE or ratio == "—" else f"{mb} ({ratio})"
+    return mb if (base is not None and r.policy == base.policy) or ratio == "—" else f"{mb} ({ratio})"
 
 
 def _linear_bytes(r: PolicyResult) -> float | None:
@@ -73,15 +73,15 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
     """Headers and cell texts shared by every renderer."""
     cfg = report.config
     metric = cfg.metric + (" ↑" if cfg.higher_is_better else " ↓")
-    base = report.result(BASELINE)
+    base = report.base
     infer = cfg.mode == "infer"
     cosine = infer and any("cos_min" in r.fidelity for r in report.results)
     linear = infer and any(_linear_bytes(r) for r in report.results)
     paired = any(v.speedup_low is not None for v in rec.policies)
     headers = ["policy", "status", "latency ms (median ± IQR)" if infer else "step ms (median ± IQR)",
-               "speedup (95% interval)" if paired else "speedup", "samples/s", "peak MB", "size MB"]
+               "speedup (95% interval)" if paired else "speedup", "samples/s", "peak MiB", "size MiB"]
     counted = not infer and any(r.memory for r in report.results)
-    headers[6:6] = ["train MB"] if counted else []
+    headers[6:6] = ["train MiB"] if counted else []
     headers += (["linear W"] if linear else []) + (["SQNR dB", "max abs err"] if infer else ["final loss"])
     headers += (["worst cos"] if cosine else []) + [metric, f"Δ {cfg.metric}", "verdict"]
     rows = []
@@ -132,7 +132,7 @@ LAYER_NOTE = ("accumulated: the layer's output with every earlier layer converte
 def layer_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
     """The --per-layer table: one row per layer, one column per policy; None when it was not measured."""
     per = {r.policy: {row["layer"]: row for row in r.per_layer}
-           for r in report.results if r.policy != BASELINE and r.per_layer}
+           for r in report.results if r.policy != report.baseline and r.per_layer}
     if not per:
         return None
     layers: dict[str, str] = {}
@@ -156,13 +156,13 @@ MEMORY_NOTE = ("weights, gradients, optimizer state and master copy (a float32 c
                "training batch keeps for the backward; the train column adds them up; process peak: the run's "
                "measured peak above the memory in use before the model was built.")
 MEMORY_COLUMNS = (("weights", "parameters"), ("gradients", "gradients"), ("optimizer state", "optimizer_state"),
-                  ("master copy", "master_weights"), ("activations", "activations"), ("train MB", "total"))
+                  ("master copy", "master_weights"), ("activations", "activations"), ("train MiB", "total"))
 
 
 def memory_unit(report: Report) -> tuple[str, int]:
-    """KB for a model whose whole training state is under a megabyte (a toy), else MB."""
+    """KiB for a model whose whole training state is under a MiB (a toy), else MiB."""
     totals = [r.memory.get("total") or 0 for r in report.results if r.memory]
-    return ("KB", 2**10) if totals and max(totals) < MB else ("MB", MB)
+    return ("KiB", KIB) if totals and max(totals) < MB else ("MiB", MB)
 
 
 def memory_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
@@ -170,11 +170,11 @@ def memory_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
     counted = [r for r in report.results if r.memory]
     if not counted:
         return None
-    base = report.result(BASELINE)
+    base = report.base
     base_mem = base.memory if base is not None else None
     unit, scale = memory_unit(report)
-    headers = ["policy", *(c if c != "train MB" else f"train {unit}" for c, _ in MEMORY_COLUMNS),
-               "process peak MB"]
+    headers = ["policy", *(c if c != "train MiB" else f"train {unit}" for c, _ in MEMORY_COLUMNS),
+               "process peak MiB"]
     rows = []
     for r in counted:
         cells = []

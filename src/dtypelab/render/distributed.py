@@ -3,11 +3,11 @@ then the scaling estimate, labelled as the estimate it is."""
 
 from __future__ import annotations
 
-from dtypelab.core.results import BASELINE, Report
-from dtypelab.core.text import num
+from dtypelab.core.results import Report
+from dtypelab.core.text import MIB, num
 from dtypelab.render.profile import Section
 
-MB = 2**20
+MB = MIB
 SHOWN_RANKS = (8, 64)
 
 
@@ -19,12 +19,12 @@ def distributed_sections(report: Report) -> list[Section]:
     ran = [r for r in report.results if r.distributed is not None]
     if not ran:
         return []
-    base = report.result(BASELINE)
+    base = report.base
     base_wire = base.distributed.wire_bytes if base is not None and base.distributed else None
     d0 = ran[0].distributed
     world = d0.nproc * d0.nnodes
-    headers = ["policy", "how", "payload MB/step", "wire MB/step/rank", "bytes vs fp32", "collectives",
-               "comm in flight ms", "compute ms (1 rank)", "step ms (slowest)", "peak MB per rank"]
+    headers = ["policy", "how", "payload MiB/step", "wire MiB/step/rank", "bytes vs fp32", "collectives",
+               "comm in flight ms", "compute ms (1 rank)", "step ms (slowest)", "peak MiB per rank"]
     rows = []
     for r in ran:
         d = r.distributed
@@ -44,7 +44,7 @@ def distributed_sections(report: Report) -> list[Section]:
         "comm in flight: from each collective's issue to its completion, summed (it overlaps the backward pass); "
         "compute: the same step on a one-rank group per rank (hooks and casts, no peer).",
         f"link between these ranks, measured: {d0.link_latency_s * 1e6:.3g} µs per all-reduce, "
-        f"{d0.link_gbps:.3g} Gbit/s for a {d0.link_probe_bytes / MB:.0f} MB all-reduce.",
+        f"{d0.link_gbps:.3g} Gbit/s for a {d0.link_probe_bytes / MB:.0f} MiB all-reduce.",
     ]
     out = [Section("distributed: bytes, communication and memory per step", headers, rows, notes, left={0, 1, 2})]
     est = report.scaling

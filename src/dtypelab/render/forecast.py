@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dtypelab.core.results import METHODS, PEAK_CATEGORIES, ForecastReport, PolicyForecast
-from dtypelab.core.text import size_text
+from dtypelab.core.text import GIB, MIB, size_text
 from dtypelab.render.views import document, more
 
 SHORT = {"parameters": "weights", "buffers": "buffers", "gradients": "gradients", "optimizer_state": "optimizer",
@@ -14,9 +14,9 @@ SHORT = {"parameters": "weights", "buffers": "buffers", "gradients": "gradients"
 
 
 def unit_of(report: ForecastReport) -> tuple[float, str]:
-    """GB for the table when any peak reaches one, MB below (decimal: as datasheets and the record's notes say)."""
+    """GiB for the table when any peak reaches one, MiB below (binary: as torch and nvidia-smi report memory)."""
     peaks = [p.peak.peak_bytes for p in report.policies if p.peak is not None]
-    return (1e9, "GB") if peaks and max(peaks) >= 1e9 else (1e6, "MB")
+    return (GIB, "GiB") if peaks and max(peaks) >= GIB else (MIB, "MiB")
 
 
 def _size(n: int | None, scale: float, sign: str = "") -> str:

@@ -3,9 +3,11 @@ machine (``policies``, ``hardware``): validated like every command's options, im
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, field_validator
 
-from dtypelab.core.options import Options, check_regex, device_field, format_field, json_field
+from dtypelab.core.options import Options, check_regex, device_field, format_field, hardware_field, json_field
 
 
 class ShowOptions(Options):
@@ -27,6 +29,8 @@ class ReportOptions(Options):
 
 class PoliciesOptions(Options):
     device: str | None = device_field()
+    hardware: Any = hardware_field("say what runs on this saved hardware probe (dtypelab hardware --json FILE, or any "
+                                   "record) instead of probing")
 
 
 class HardwareOptions(Options):

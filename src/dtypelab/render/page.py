@@ -17,7 +17,6 @@ from typing import Any
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.records import load_record
 from dtypelab.core.results import (
-    BASELINE,
     CATEGORIES,
     CATEGORY_LABELS,
     PEAK_CATEGORIES,
@@ -31,6 +30,7 @@ from dtypelab.core.results import (
     TuneReport,
 )
 from dtypelab.core.results.store import save_text
+from dtypelab.core.text import MIB
 from dtypelab.render import plots
 from dtypelab.render.autopilot import autopilot_doc
 from dtypelab.render.bench import bench_notes, bench_title, decision, layer_rows, table_rows, training_sections
@@ -96,7 +96,7 @@ def _band(base: float, tol: Tolerance, higher: bool) -> tuple[float, float]:
 @section(Report)
 def _bench(report: Report, key: str, layers: str | None = None) -> str:
     cfg, rec = report.config, decision(report)
-    base = report.result(BASELINE)
+    base = report.base
     ran = [r for r in report.results if r.ran]
     names = [r.policy for r in ran]
     timed = [r for r in ran if not (r.info and r.info.numerics_only)]  # an emulated format's time is not its own
@@ -115,7 +115,7 @@ def _bench(report: Report, key: str, layers: str | None = None) -> str:
             "Where each policy's step goes (--profile): matmul/conv is what a faster dtype speeds up; casts, other "
             "ops and the time outside any op mostly are not.", f"{key}-profile"))
         parts += map(_table_section, profile_sections(report))
-    mb = 2**20
+    mb = MIB
     if cfg.mode == "train":
         parts.append(_figure(plots.loss_curves(names, [r.losses for r in ran]),
                              "Loss per step, every policy on the same batches from the same initial weights: a line "
@@ -147,17 +147,17 @@ def _bench(report: Report, key: str, layers: str | None = None) -> str:
                              f"{key}-pareto"))
     if cfg.mode == "infer":
         points = [(r.policy, (r.timing.median * 1e3) if r.timing else math.nan, r.fidelity.get("cos_min"),
-                   r.fidelity.get("sqnr_db")) for r in ran if r.policy != BASELINE]
+                   r.fidelity.get("sqnr_db")) for r in ran if r.policy != report.baseline]
         parts.append(_figure(plots.latency_vs_fidelity(points, cfg.min_cosine),
                              "Latency against output fidelity vs fp32: left and high is fast and faithful; below the "
                              "dashed line a policy is rejected whatever its metric.", f"{key}-fidelity"))
         sizes = [r.size["file_bytes"] / mb if r.size else (r.model_bytes or 0) / mb or None for r in ran]
         linear = [r.size["linear_weight_bytes"] / mb if r.size else None for r in ran]
-        parts.append(_figure(plots.bars(names, [("file MB", sizes), ("linear-layer weights MB", linear)]),
+        parts.append(_figure(plots.bars(names, [("file MiB", sizes), ("linear-layer weights MiB", linear)]),
                              "Size of the converted model's file, and of its linear-layer weights alone (the part "
                              "quantization shrinks).", f"{key}-size"))
         series = [(r.policy, [x["layer"] for x in r.per_layer], [x["sqnr_db"] for x in r.per_layer],
-                   [x["own_sqnr_db"] for x in r.per_layer]) for r in ran if r.per_layer and r.policy != BASELINE]
+                   [x["own_sqnr_db"] for x in r.per_layer]) for r in ran if r.per_layer and r.policy != report.baseline]
         parts.append(_figure(plots.layer_sqnr(series),
                              "Per-layer SQNR along the network's depth: where the accumulated line drops, error "
                              "builds up; a dashed dip marks a layer that loses precision on its own (a candidate to "
@@ -165,7 +165,7 @@ def _bench(report: Report, key: str, layers: str | None = None) -> str:
     else:
         memory = [r.peak_memory_bytes / mb if r.peak_memory_bytes is not None else None for r in ran]
         size = [r.model_bytes / mb if r.model_bytes is not None else None for r in ran]
-        parts.append(_figure(plots.bars(names, [("peak memory MB", memory), ("model size MB", size)]),
+        parts.append(_figure(plots.bars(names, [("peak memory MiB", memory), ("model size MiB", size)]),
                              "Peak memory of each run (above what was in use before the model was built) and the "
                              "size of its weights.", f"{key}-memory"))
         scaled = [(r.policy, r.scaler.get("grad_scale", []), [s["step"] for s in r.scaler.get("skips", [])])

@@ -16,7 +16,8 @@ def markdown_table(title: str, headers: list[str], rows: list[list[str]], notes:
     return "\n".join(lines) + "\n"
 
 
-NUMERIC = re.compile(r"^[-+−]?(\d[\d,]*\.?\d*(e[-+]?\d+)?|inf|nan|—)( ?(x|%|MB|ms|dB|s))?( [±(].*)?( [*†])?$", re.I)
+NUMERIC = re.compile(r"^[-+−]?(\d[\d,]*\.?\d*(e[-+]?\d+)?|inf|nan|—)( ?(x|%|KiB|MiB|GiB|ms|dB|s))?( [±(].*)?( [*†])?$",
+                     re.I)
 
 
 def html_fragment(headers: list[str], rows: list[list[str]], notes: list[str], classes: bool = False) -> str:

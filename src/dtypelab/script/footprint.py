@@ -27,8 +27,18 @@ class Footprint:
             self._acts.__exit__(None, None, None)
             self._acts_count["done"] = 1
             # the gradients as the optimizer is about to consume them: a script may set them to None afterwards
-            self._acts_count["gradients"] = tensor_bytes(p.grad for p in self._model.parameters()
-                                                         if p.grad is not None)
+            self._count_gradients()
+
+    def _count_gradients(self) -> None:
+        """The step's gradients, the most seen: at its first optimizer step, where it ends, or (weights updated by
+        hand, whose step is seen to end at the next forward) where the script zeroes them through its model."""
+        now = tensor_bytes(p.grad for p in self._model.parameters() if p.grad is not None)
+        self._acts_count["gradients"] = max(self._acts_count.get("gradients", 0), now)
+
+    def before_zero_grad(self) -> None:
+        """``model.zero_grad()`` on the model setup returned: the counted step's gradients before they go."""
+        if self._acts_count is not None and self._model is not None:
+            self._count_gradients()
 
     def _memory(self) -> dict[str, Any] | None:
         if self._model is None:

@@ -32,6 +32,7 @@ from dtypelab.core.errors import DtypelabError, Unsupported
 from dtypelab.core.loop import fingerprint
 from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync, slow_verdict
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy, plan_from_dict
+from dtypelab.core.wrapping import LabModule
 from dtypelab.inference import serialize
 from dtypelab.run import Done, Note, Step, connect, heavy_modules
 from dtypelab.script.diagnose import Diagnosis
@@ -39,7 +40,7 @@ from dtypelab.script.footprint import Footprint
 from dtypelab.script.frameworks import Integrations
 from dtypelab.script.messages import ScriptJob, ScriptResult, ScriptSkip
 from dtypelab.script.routes import Routes
-from dtypelab.script.wrap import LabModule, LabOptimizer, LabScaler, unwrap
+from dtypelab.script.wrap import LabOptimizer, LabScaler, unwrap
 
 PROGRESS_EVERY_S = 0.25
 # a metric whose name says it is an error is better lower; anything else is taken as better higher
@@ -72,7 +73,9 @@ class Session(Routes, Integrations, Footprint):
         self.job: ScriptJob | None = ScriptJob.of(sent) if self.driven else None
         # run on its own, the caller may choose the policy and a diagnosis (the autopilot's session); driven, the job
         # brings both
-        self.plan: Plan = plan_from_dict(self.job.plan) if self.job is not None else get_policy(plan or BASELINE)
+        # (the job's plan was built by this run: a user's kind in it is loaded from the file they named)
+        self.plan: Plan = (plan_from_dict(self.job.plan, load_source=True) if self.job is not None
+                           else get_policy(plan or BASELINE))
         wrong = self.plan.mode_error("train")
         if wrong:
             raise DtypelabError(wrong)
@@ -145,6 +148,8 @@ class Session(Routes, Integrations, Footprint):
             self._init = fingerprint(model)
             self._built_in = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
                                      if p.is_floating_point()})
+            if self.driven:  # said at once: a run that fails later still tells the launcher the script's own dtype
+                self._conn.send(Note("built_in", (tuple(self._built_in),)))
         model = self.precision.convert_module(model.to(self.device))
         if first:
             self._model = model

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -19,10 +20,13 @@ from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import SLOW_RATIO, environment, hardware_for, probe_notice, resolve_device
 from dtypelab.core.loop import DIVERGED_PATIENCE
 from dtypelab.core.measure import slow_base
-from dtypelab.core.options import Options
+from dtypelab.core.options import Options, parse_duration
+from dtypelab.core.pairing import paired_speedup
 from dtypelab.core.policies import BASELINE, Plan, default_policies, get_policy, parse_policies, policy_info
 from dtypelab.core.records import save_judged
-from dtypelab.core.results import PolicyResult, Report, RunConfig
+from dtypelab.core.results import PolicyResult, Report, RoundBlock, RunConfig, Verdict
+from dtypelab.core.stats import MIN_GAIN
+from dtypelab.lint import lint_paths
 from dtypelab.run import Event, Note, OnEvent, Outcome, ScriptLauncher, ScriptRun, Target
 from dtypelab.script.diagnose import Diagnosis
 from dtypelab.script.handle import warmup_steps
@@ -136,7 +140,10 @@ def pace(fp32: PolicyResult, force: bool) -> dict[str, Any]:
 def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None = None) -> Report:
     """Run a training script once per policy and measure each run: the same record as ``bench`` gives a task, with
     the same protections: the hardware probe's skips (never on a disturbed probe), a run 10x slower per step than
-    fp32 stopped after a few steps, a run whose loss stays non-finite stopped. ``opts`` is a ``BenchOptions``."""
+    the baseline stopped after a few steps, a run whose loss stays non-finite stopped. The baseline is fp32, the
+    one named (``--baseline``), or fp64 for a script that builds its model in float64 (its own precision). Then the
+    baseline and the policies that could be the answer run again, in ABBA order, until their run-level speeds
+    separate or ``--runs`` is spent (``repeat_runs``). ``opts`` is a ``BenchOptions``."""
     target = Target.of(target)
     path = target.spec
     refused = list(dict.fromkeys(flag for name, flag in LOOP_OPTIONS.items() if name in opts.model_fields_set
@@ -150,13 +157,15 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
     dev = resolve_device(opts.device)
     plans = {p.name: p for p in (parse_policies(opts.policies) if explicit else
                                  map(get_policy, default_policies("train", dev.type)))}
-    for plan in plans.values():
+    named = get_policy(opts.baseline) if getattr(opts, "baseline", None) else None
+    for plan in [*plans.values(), *([named] if named else [])]:
         wrong = plan.mode_error("train")
-        if wrong and explicit:
+        if wrong and (explicit or plan is named):
             raise DtypelabError(wrong)
-        if plan.compiles and explicit:
+        if plan.compiles and (explicit or plan is named):
             raise DtypelabError(f"policy {plan.name}: compiled policies are not supported for scripts yet")
-    plans = {BASELINE: get_policy(BASELINE), **{k: v for k, v in plans.items() if not v.compiles}}
+    base = named or get_policy(BASELINE)
+    plans = {base.name: base, **{k: v for k, v in plans.items() if not v.compiles and k != base.name}}
     on_event = on_event or (lambda e: None)
     if opts.hardware is None:
         on_event(Event("probe", "", label="probing hardware"))
@@ -164,18 +173,21 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
     config = RunConfig(task=path, mode="train", policies=tuple(plans), steps=0, batch_size=0, warmup=0,
                        seed=opts.seed, tolerance=opts.tolerance, device=str(dev), force=opts.force,
                        timeout_s=opts.timeout_s, metric="", higher_is_better=True, task_name=os.path.basename(path),
-                       script_args=tuple(opts.script_args))
+                       script_args=tuple(opts.script_args), baseline=base.name, runs=getattr(opts, "runs", 1))
     report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     for name, plan in plans.items():  # every refusal before the first run, so that an error stays one line
         avail = plan.availability(hardware)
-        if not avail.ok and explicit and name != BASELINE:
+        if not avail.ok and (explicit or plan is named) and name != BASELINE:
             raise DtypelabError(f"policy {name} cannot run here: {avail.reason}")
     if probe_notice(hardware) and not opts.force:
         on_event(Event("notice", "", label=probe_notice(hardware)))
-    extra: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="dtypelab-script-") as workdir:
+    run = _Runs(target, opts, dev, on_event)
+    pending, started = list(plans), time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="dtypelab-script-") as run.workdir:
         try:
-            for name, plan in plans.items():
+            while pending:
+                name = pending.pop(0)
+                plan = plans[name]
                 avail = plan.availability(hardware)
                 if not avail.ok or (avail.slow and not opts.force):
                     result = PolicyResult(name, "skipped", avail.reason, info=policy_info(plan),
@@ -183,19 +195,20 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
                     report = _with(report, result, opts.json_path, None)
                     on_event(Event("skip", name, result=result))
                     continue
-                on_event(Event("start", name, 0, 0))
-                job = job_for(target.path, plan, opts.seed, str(dev), **extra)
-                out = run_script(target.path, tuple(opts.script_args), job, opts.seed, opts.timeout_s, workdir,
-                                 lambda d, t, n=name: on_event(Event("step", n, d, t)))
-                result, primary = script_result(out, plan)
-                result = result if result.info else replace(result, info=policy_info(plan))
+                result, primary, built = run.once(plan)
+                if named is None and name == BASELINE == report.baseline and "float64" in built:
+                    # the script's own precision is float64: that is what every policy is judged against
+                    plans, pending, report = _float64_baseline(plans, pending, report, on_event)
                 report = _with(report, result, opts.json_path, primary)
-                on_event(Event("done", name, result=result))
-                if name == BASELINE:
-                    extra = pace(result, opts.force)
+                if name == report.baseline:
+                    run.extra = pace(result, opts.force)
                     if result.status != "ok" and not opts.keep_going:
                         report = save_judged(baseline_failed(report, plans, result), opts.json_path)
                         break
+            if report.base is not None and report.base.status == "ok":
+                budget = parse_duration(opts.budget, "budget")  # the whole sweep's: what the first pass left
+                left = None if budget is None else budget - (time.monotonic() - started)
+                report = repeat_runs(report, plans, run, opts.json_path, left)
         except KeyboardInterrupt:
             for name in plans:
                 if report.result(name) is None:
@@ -203,6 +216,151 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
                                                         info=policy_info(plans[name])), opts.json_path, None)
             raise
     return report
+
+
+FLOAT64_NOTE = ("the script builds its model in float64, so fp64 (its own precision) is the baseline every policy is "
+                "judged against (--baseline NAME names another)")
+
+
+def _float64_baseline(plans: dict[str, Plan], pending: list[str], report: Report, on_event: OnEvent
+                      ) -> tuple[dict[str, Plan], list[str], Report]:
+    """fp32 ran first and found a float64 model: fp64 becomes the baseline and runs next; fp32 is a policy like
+    the others."""
+    fp64 = plans.get("fp64") or get_policy("fp64")
+    plans = {BASELINE: plans[BASELINE], "fp64": fp64, **{k: v for k, v in plans.items() if k not in (BASELINE,
+                                                                                                   "fp64")}}
+    pending = ["fp64", *[n for n in pending if n != "fp64"]]
+    config = replace(report.config, baseline="fp64", policies=tuple(plans))
+    on_event(Event("notice", "", label=FLOAT64_NOTE))
+    return plans, pending, replace(report, config=config)
+
+
+class _Runs:
+    """One policy's run of the script after another, each in its own process, with what later runs need (the
+    baseline's pace)."""
+
+    def __init__(self, target: Target, opts: Options, dev: Any, on_event: OnEvent) -> None:
+        self.target, self.opts, self.dev, self.on_event = target, opts, dev, on_event
+        self.extra: dict[str, Any] = {}
+        self.workdir = ""
+
+    def once(self, plan: Plan, label: str = "") -> tuple[PolicyResult, Primary, tuple[str, ...]]:
+        """(the run's result, its primary metric, the dtypes the script built its model in)."""
+        name, opts = plan.name, self.opts
+        self.on_event(Event("start", name, 0, 0, label=label))
+        job = job_for(self.target.path, plan, opts.seed, str(self.dev), **self.extra)
+        out = run_script(self.target.path, tuple(opts.script_args), job, opts.seed, opts.timeout_s, self.workdir,
+                         lambda d, t: self.on_event(Event("step", name, d, t)))
+        result, primary = script_result(out, plan)
+        result = result if result.info else replace(result, info=policy_info(plan))
+        built = tuple(out.messages.get("built_in", ((),))[0])
+        if result.status == "failed" and "dtype" in result.reason:
+            result = replace(result, reason=result.reason + fixed_dtype_lines(self.target.path))
+        if name == "fp64" and "float64" in built:  # this note says more than run_notes' "builds its model in"
+            result = replace(result, notes=(FLOAT64_NOTE, *(n for n in result.notes if "builds its model" not in n)))
+        self.on_event(Event("done", name, result=result, label=label))
+        return result, primary, built
+
+
+def fixed_dtype_lines(path: str) -> str:
+    """Where the script fixes a floating dtype inside a forward (lint's DTL110), as a clause for a failed run's
+    reason; "" where it does not."""
+    found = [f for f in lint_paths([path], select="DTL110").findings]
+    if not found:
+        return ""
+    lines = ", ".join(str(f.line) for f in found)
+    return (f"; the script's own code fixes a floating dtype inside forward at {os.path.basename(path)}:{lines} "
+            "(dtypelab lint: DTL110), so a policy that changes the model's dtype meets it there: make them follow "
+            "the input (dtype=x.dtype)")
+
+
+MIN_RUNS = 3  # runs per policy before their interval may decide (a t interval over two pairs spans nearly anything)
+MAX_CONTENDERS = 3  # policies repeated beside the baseline: the fastest that could be the answer
+ACCEPTED = frozenset({Verdict.RECOMMENDED, Verdict.BETTER, Verdict.EQUAL, Verdict.WITHIN, Verdict.NO_GAIN})
+
+
+def contenders(report: Report) -> list[str]:
+    """The policies that could be the answer, fastest first: within the constraints (metric, memory) and faster
+    than the baseline by their first run's median step beyond the no-gain band."""
+    rec = report.recommendation
+    if rec is None:
+        return []
+    bar = 1 + MIN_GAIN
+    could = [v for v in rec.policies
+             if v.verdict in ACCEPTED and v.policy != report.baseline and (v.speedup or 0) > bar]
+    return [v.policy for v in sorted(could, key=lambda v: -(v.speedup or 0))][:MAX_CONTENDERS]
+
+
+def abba(run: int, baseline: str, names: list[str]) -> list[str]:
+    """The order of the ``run``-th repeat (the first runs are run 0, the baseline first): reversed every other
+    time, so that a drift over the session (a CPU warming, a neighbour starting) weighs on every policy alike."""
+    order = [baseline, *names]
+    return order[::-1] if run % 2 else order
+
+
+def _block(run: int, r: PolicyResult) -> RoundBlock:
+    timed = r.step_times_s[r.warmup:]
+    return RoundBlock(round=run, median_s=statistics.median(timed), n=len(timed),
+                      other_cores=float(r.disturbance.get("other_cores", 0.0) or 0.0),
+                      disturbed=was_disturbed(r.disturbance))
+
+
+def undecided(blocks: dict[str, list[RoundBlock]], baseline: str, names: list[str], runs_done: int) -> list[str]:
+    """The policies whose run-level interval still straddles the no-gain band (neither measurably faster nor
+    surely not): more runs could change the answer. Before ``MIN_RUNS`` every one is."""
+    if runs_done < MIN_RUNS:
+        return list(names)
+    bar = 1 + MIN_GAIN
+    out = []
+    for name in names:
+        ci = paired_speedup(tuple(blocks[baseline]), tuple(blocks[name]))
+        if ci is None or ci.low <= bar < ci.high:
+            out.append(name)
+    return out
+
+
+def repeat_runs(report: Report, plans: dict[str, Plan], run: _Runs, json_path: str | None,
+                budget_s: float | None = None) -> Report:
+    """Each policy ran once, in its own process: what differs between two policies' runs is also what differs
+    between two runs of one (the process, the memory layout, the machine's state), which the steps of one run
+    cannot show. The baseline and the contenders run again, in ABBA order, until each contender's interval over
+    the runs clears the no-gain band or ``runs`` is spent; each run is one replicate (its median step), and the
+    speedup is paired run by run, as a task's rounds are. The decision then follows the same rule as a task's.
+    A round of repeats that would end past ``budget_s`` (what the sweep's --budget left; a run costs its first
+    run's wall time) is not started, and the notes say so."""
+    total, base = report.config.runs, report.baseline
+    names = contenders(report)
+    if total <= 1 or not names:
+        return report
+    blocks = {n: [_block(0, report.result(n))] for n in [base, *names]}
+    left, failed, notes = list(names), {}, {}
+    start = time.monotonic()
+    for i in range(1, total):
+        cost = sum(report.result(n).wall_s for n in [base, *left])
+        if budget_s is not None and time.monotonic() - start + cost > budget_s:
+            said = (f"the --budget ended the repeated runs after {i} run{'s' if i > 1 else ''} each (another round "
+                    f"would take about {cost:.0f} s)")
+            notes = dict.fromkeys([base, *left], said)
+            break
+        for name in abba(i, base, left):
+            result, _, _ = run.once(plans[name], label=f"run {i + 1} of up to {total}")
+            if result.status != "ok" or not result.timing:
+                failed[name] = f"its run {i + 1} {result.status}: {result.reason or 'no step timed'}"
+                if name == base:
+                    left = []
+                    break
+                left.remove(name)
+                continue
+            blocks[name].append(_block(i, result))
+        left = undecided(blocks, base, left, i + 1)
+        if not left:
+            break
+    for name, kept in blocks.items():
+        r = report.result(name)
+        ci = None if name == base else paired_speedup(tuple(blocks[base]), tuple(kept))
+        said = tuple(n for n in (failed.get(name), notes.get(name)) if n)
+        report = report.with_result(replace(r, rounds=tuple(kept), speedup_ci=ci, notes=(*r.notes, *said)))
+    return save_judged(report, json_path)
 
 
 def baseline_failed(report: Report, plans: dict[str, Plan], base: PolicyResult) -> Report:

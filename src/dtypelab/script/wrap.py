@@ -16,12 +16,12 @@ read from, and written to, the wrapped object. What a forward or a step *does* i
 from __future__ import annotations
 
 import copy
-import functools
-from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
 from torch import nn
+
+from dtypelab.core.wrapping import Transparent, combined
 
 
 class Session(Protocol):
@@ -38,147 +38,7 @@ class Session(Protocol):
     def unscale(self, opt: torch.optim.Optimizer) -> None: ...
 
 
-class _Transparent:
-    """``pickle`` / ``torch.save`` of a wrapper write the wrapped object itself: its own class, its own state, no
-    dtypelab in the file (``torch.load(f, weights_only=True)`` with the user's ``safe_globals`` reads it back).
-
-    pickle checks that the class its reduce names is ``obj.__class__``: ``__reduce_ex__`` arms a one-shot answer
-    (the wrapped object's class) for that one look-up; every other ``__class__`` read is the wrapper's own."""
-
-    _lab_key = ""
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        d = object.__getattribute__(self, "__dict__")
-        inner = d[type(self)._lab_key]
-        if isinstance(protocol, int) and protocol >= 2:  # only protocols 2+ check the class (copyreg.__newobj__)
-            d["_lab_pickling"] = True
-        return inner.__reduce_ex__(protocol)
-
-    def _lab_class(self) -> type:
-        d = object.__getattribute__(self, "__dict__")
-        return type(d[type(self)._lab_key]) if d.pop("_lab_pickling", False) else type(self)
-
-    __class__ = property(_lab_class)  # type: ignore[assignment]
-
-
-@functools.cache
-def _combined(wrapper: type, user: type) -> type:
-    """The class of a wrapped object: the wrapper first (its methods win), the user's class for ``isinstance`` and
-    the user's own methods. Made once per pair, so that every wrapped object of one class shares it."""
-    try:
-        return type(f"Lab{user.__name__}", (wrapper, user), {"__module__": wrapper.__module__})
-    except TypeError:  # a class that cannot be derived from (a metaclass conflict, __init_subclass__ rules)
-        return wrapper
-
-
-class LabModule(_Transparent, nn.Module):
-    """The model as ``lab.setup`` returns it: calls go through the session's forward (inputs converted, the
-    policy's forward context, outputs back in float32 under autocast, the step timed); everything else is the
-    wrapped module's."""
-
-    _OWN = frozenset({"_lab", "_lab_module", "_lab_pickling"})
-    _lab_key = "_lab_module"
-
-    def __init__(self, module: nn.Module, lab: Session) -> None:
-        nn.Module.__init__(self)  # not super(): the user's class's __init__ must not run again
-        self.__dict__["_lab_module"] = module
-        self.__dict__["_lab"] = lab
-        self.__dict__["training"] = module.training
-
-    @staticmethod
-    def wrap(module: nn.Module, lab: Session) -> LabModule:
-        return _combined(LabModule, type(module))(module, lab)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.__dict__["_lab"].forward(self.__dict__["_lab_module"], args, kwargs)
-
-    # --- attributes: the wrapped module's ---------------------------------------------------------------------
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_lab_module"], name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in LabModule._OWN:
-            self.__dict__[name] = value
-        elif name == "training":
-            self.__dict__["training"] = value
-            self.__dict__["_lab_module"].training = value
-        else:
-            setattr(self.__dict__["_lab_module"], name, value)
-
-    def __delattr__(self, name: str) -> None:
-        delattr(self.__dict__["_lab_module"], name)
-
-    def __dir__(self) -> list[str]:
-        return sorted(set(dir(self.__dict__["_lab_module"])) | set(object.__dir__(self)))
-
-    def __repr__(self) -> str:
-        return repr(self.__dict__["_lab_module"])
-
-    # --- nn.Module's tree: the wrapped module's, names unchanged -----------------------------------------------
-    def train(self, mode: bool = True) -> LabModule:
-        self.__dict__["_lab_module"].train(mode)
-        self.__dict__["training"] = mode
-        return self
-
-    def _apply(self, fn: Any, recurse: bool = True) -> LabModule:  # .to(), .cuda(), .half(), .double()
-        self.__dict__["_lab_module"]._apply(fn, recurse)
-        return self
-
-    def apply(self, fn: Any) -> LabModule:
-        self.__dict__["_lab_module"].apply(fn)
-        return self
-
-    def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
-        return self.__dict__["_lab_module"].named_parameters(*args, **kwargs)
-
-    def named_buffers(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, torch.Tensor]]:
-        return self.__dict__["_lab_module"].named_buffers(*args, **kwargs)
-
-    def named_children(self) -> Iterator[tuple[str, nn.Module]]:
-        return self.__dict__["_lab_module"].named_children()
-
-    def named_modules(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Module]]:
-        return self.__dict__["_lab_module"].named_modules(*args, **kwargs)
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self.__dict__["_lab_module"].state_dict(*args, **kwargs)
-
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self.__dict__["_lab_module"].load_state_dict(*args, **kwargs)
-
-    def _load_from_state_dict(self, state_dict: Any, prefix: str, local_metadata: Any, strict: bool,
-                              missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
-        # a module that holds this model as a child (an EMA container, a compiled model) loads it through here:
-        # the keys under ``prefix`` are the wrapped model's own
-        own = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        result = self.__dict__["_lab_module"].load_state_dict(own, strict=False)
-        missing_keys.extend(prefix + k for k in result.missing_keys)
-        unexpected_keys.extend(prefix + k for k in result.unexpected_keys)
-
-    def register_buffer(self, *args: Any, **kwargs: Any) -> None:
-        self.__dict__["_lab_module"].register_buffer(*args, **kwargs)
-
-    def register_parameter(self, *args: Any, **kwargs: Any) -> None:
-        self.__dict__["_lab_module"].register_parameter(*args, **kwargs)
-
-    def add_module(self, *args: Any, **kwargs: Any) -> None:
-        self.__dict__["_lab_module"].add_module(*args, **kwargs)
-
-    def get_submodule(self, target: str) -> nn.Module:
-        return self.__dict__["_lab_module"].get_submodule(target)
-
-    # --- copies: a wrapper around a copy (pickling: _Transparent) ----------------------------------------
-    def __deepcopy__(self, memo: dict[int, Any]) -> LabModule:
-        # an EMA copy: a wrapper around a copy of the weights, so that it computes with its own
-        new = LabModule.wrap(copy.deepcopy(self.__dict__["_lab_module"], memo), self.__dict__["_lab"])
-        memo[id(self)] = new
-        return new
-
-    def __copy__(self) -> LabModule:
-        return LabModule.wrap(copy.copy(self.__dict__["_lab_module"]), self.__dict__["_lab"])
-
-
-class LabOptimizer(_Transparent):
+class LabOptimizer(Transparent):
     """An optimizer as ``lab.setup`` returns it: ``step`` (with or without a closure) goes through the session
     (timed, GradScaler's step under a scaling policy); everything else is the wrapped optimizer's, whose
     ``param_groups`` and ``state`` are the very same objects (an LR scheduler may hold either)."""
@@ -191,7 +51,7 @@ class LabOptimizer(_Transparent):
 
     @staticmethod
     def wrap(optimizer: torch.optim.Optimizer, lab: Session) -> LabOptimizer:
-        cls = _combined(LabOptimizer, type(optimizer))
+        cls = combined(LabOptimizer, type(optimizer))
         obj = object.__new__(cls)
         LabOptimizer.__init__(obj, optimizer, lab)
         return obj
@@ -231,7 +91,7 @@ class LabOptimizer(_Transparent):
         return new
 
 
-class LabScaler(_Transparent):
+class LabScaler(Transparent):
     """The script's own GradScaler, handed to ``lab.setup``: the policy decides the loss scaling. Under a policy
     with a GradScaler its calls (``scale``, ``unscale_``, ``step``, ``update``) are the policy's scaler's; under any
     other they pass the loss and the step through unscaled, whatever the script's ``enabled=`` said. Its

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dtypelab.core.policies import BASELINE, COMPILED_BASELINE, Plan
+from dtypelab.core.policies import COMPILED_BASELINE, Plan
 from dtypelab.core.records import save_judged
 from dtypelab.core.results import Report
 from dtypelab.run import Event, Launcher, OnEvent
@@ -26,9 +26,9 @@ def interleaved(launcher: Launcher, plans: dict[str, Plan], opts: BenchOptions, 
     names = [n for n in ran if n not in slower and not (rec and (v := rec.verdict(n)) and v.verdict.settled)]
     if COMPILED_BASELINE in ran and COMPILED_BASELINE not in names and any(plans[n].compiles for n in names):
         names.append(COMPILED_BASELINE)  # the fair baseline of the compiled policies still timed
-    if BASELINE not in names or len(names) < 2:
+    if report.baseline not in names or len(names) < 2:
         return save_judged(report, opts.json_path) if slower else report
-    job = replace(job, plans=tuple(plans[n] for n in names))
+    job = replace(job, plans=tuple(plans[n] for n in names), baseline=report.baseline)
     block = round_block(report, job)
     if block != job.block:
         job = replace(job, block=block, warmup=1)
@@ -48,13 +48,13 @@ def interleaved(launcher: Launcher, plans: dict[str, Plan], opts: BenchOptions, 
                                             f"{': ' + result.reason if result.reason else ''}); speeds come "
                                             "from each policy's own run"))
         return report
-    base, compiled = result.blocks[BASELINE], result.blocks.get(COMPILED_BASELINE)
+    base, compiled = result.blocks[report.baseline], result.blocks.get(COMPILED_BASELINE)
     for name in names:
         r = report.result(name)
         blocks = result.blocks.get(name, ())
         fair = paired_speedup(compiled, blocks) if compiled and plans[name].compiles and \
             name != COMPILED_BASELINE else None
-        report = report.with_result(replace(r, rounds=blocks, compiled_ci=fair,
-                                            speedup_ci=None if name == BASELINE else paired_speedup(base, blocks),
+        ci = None if name == report.baseline else paired_speedup(base, blocks)
+        report = report.with_result(replace(r, rounds=blocks, compiled_ci=fair, speedup_ci=ci,
                                             rounds_first_call_s=(result.first_call_s or {}).get(name)))
     return save_judged(report, opts.json_path)

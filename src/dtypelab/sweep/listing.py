@@ -9,7 +9,7 @@ from dtypelab.core.policies import REGISTRY, default_policies
 def policy_table(device: str | None = None, hardware: HardwareInfo | None = None) -> list[tuple[str, str, str]]:
     """(name, summary, verdict here) for every registered policy; inference-only ones say so."""
     dev = resolve_device(device)
-    hw = hardware or probe(dev)
+    hw = hardware or probe(dev)  # a given probe was checked against the device by hardware_for
     rows = []
     for name, plan in REGISTRY.items():
         avail = plan.availability(hw)

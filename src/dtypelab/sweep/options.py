@@ -41,7 +41,13 @@ class BenchOptions(Options):
     steps: int | None = Field(None, ge=1, description="training steps (infer: timed forward passes)")
     batch_size: int | None = batch_size_field()
     warmup: int | None = Field(None, ge=0, description="steps excluded from timing [default: steps/10, ≤10]")
-    tolerance: str = Field("1%", description="allowed metric change vs fp32: 1% or an absolute 0.005")
+    tolerance: str = Field("1%", description="allowed metric change vs the baseline: 1% or an absolute 0.005")
+    baseline: str | None = Field(None, description="the policy every other is judged against (speed, metric "
+                                                   "tolerance) [default: fp32; fp64 for a script that builds its "
+                                                   "model in float64]")
+    runs: int = Field(5, ge=1, description="a training script: the most runs of the baseline and of each policy "
+                                           "that could be the answer, in ABBA order, until their run-level speeds "
+                                           "separate (1: one run each, no speed verdict between separate runs)")
     device: str | None = device_field()
     seed: int = Field(0, description="seed of the initial weights, batches and dropout (a script: of its process)")
     force: bool = Field(False, description="run policies measured to be pathologically slow here")
@@ -62,7 +68,7 @@ class BenchOptions(Options):
                                       "gradients, optimizer state, master copy and activations; inference: its peak)",
                                       json_schema_extra={"cli_type": "str"})
     budget: Budget = budget_field("15m", "time for the whole sweep: policies estimated (from the fp32 run and the "
-                                         "probe) not to fit are skipped")
+                                         "probe) not to fit are skipped; a script's repeated runs stop within it")
     rounds: int | None = Field(None, ge=0, description="interleaved timing rounds after the runs, for paired "
                                                        "speedups with intervals; 0: off [default: 5 train, 3 infer]")
     profile: bool | int = Field(False, description="after each policy, profile a few steps: step breakdown, top ops, "

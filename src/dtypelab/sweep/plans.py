@@ -67,11 +67,15 @@ def check_patterns(task: Task, plans: Iterable[Plan]) -> None:
         plan.assign(model)
 
 
-def with_baselines(plans: dict[str, Plan], explicit: bool) -> dict[str, Plan]:
-    """Table order: the registry's for a default sweep, else the user's with the baseline added first; compiled
-    fp32 beside any compiled policy, whose speed means little against eager fp32 alone."""
+def with_baselines(plans: dict[str, Plan], explicit: bool, baseline: str = BASELINE) -> dict[str, Plan]:
+    """Table order: the registry's for a default sweep, else the user's with fp32 (the reference run, whose weights
+    and outputs the others start from) added first; a named ``baseline`` (--baseline) next when it is not there;
+    compiled fp32 beside any compiled policy, whose speed means little against eager fp32 alone."""
     if BASELINE not in plans or explicit:
         plans = {BASELINE: get_policy(BASELINE), **plans}
+    if baseline not in plans:
+        plans = {BASELINE: plans[BASELINE], baseline: get_policy(baseline),
+                 **{k: v for k, v in plans.items() if k != BASELINE}}
     if any(p.compiles for p in plans.values()) and COMPILED_BASELINE not in plans:
         plans = {BASELINE: plans[BASELINE], COMPILED_BASELINE: get_policy(COMPILED_BASELINE),
                  **{k: v for k, v in plans.items() if k != BASELINE}}

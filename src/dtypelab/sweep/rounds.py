@@ -22,9 +22,10 @@ from dtypelab.core.disturbance import CpuMeter, was_disturbed
 from dtypelab.core.errors import describe_exception
 from dtypelab.core.loop import build_model, build_trainable, forward, threads, to_device, train_step
 from dtypelab.core.measure import StepTimer, device_sync
+from dtypelab.core.pairing import paired_speedup
 from dtypelab.core.policies import Plan, Precision
-from dtypelab.core.results import BASELINE, COMPILED_BASELINE, Report, RoundBlock, SpeedupInterval
-from dtypelab.core.stats import CLEARLY_SLOWER, MIN_GAIN, MIN_QUIET, ratio_interval
+from dtypelab.core.results import COMPILED_BASELINE, Report, RoundBlock
+from dtypelab.core.stats import CLEARLY_SLOWER, MIN_GAIN
 from dtypelab.core.task import load_task
 
 ROUND_BLOCK_S = 0.25  # an inference round's block: passes enough to take this long (fp32's own median), at least 1
@@ -173,7 +174,7 @@ def round_block(report: Report, job: RoundsJob) -> int:
     """Inference passes of a quarter second or more are timed one per round: a pass that long is its own median
     (its spread on a quiet CPU is a few percent), and minilm's rounds take 28 s instead of 48 s. Shorter passes keep
     the configured block. Training keeps its blocks: optimizer steps vary more."""
-    base = report.result(BASELINE)
+    base = report.base
     if job.mode != "infer" or base is None or not base.timing:
         return job.block
     return max(1, min(job.block, math.ceil(ROUND_BLOCK_S / base.timing.median)))
@@ -182,33 +183,17 @@ def round_block(report: Report, job: RoundsJob) -> int:
 def clearly_slower(report: Report, ran: list[str]) -> set[str]:
     """The policies the rounds need not time: their own undisturbed run at or below CLEARLY_SLOWER of fp32's speed
     (fp32's undisturbed too). The baselines are always timed."""
-    base = report.result(BASELINE)
+    base = report.base
     if base is None or not base.timing or was_disturbed(base.disturbance):
         return set()
     out = set()
     for name in ran:
         r = report.result(name)
-        if name in (BASELINE, COMPILED_BASELINE) or not r.timing or was_disturbed(r.disturbance):
+        if name in (report.baseline, COMPILED_BASELINE) or not r.timing or was_disturbed(r.disturbance):
             continue
         if base.timing.median <= CLEARLY_SLOWER * r.timing.median:
             out.add(name)
     return out
-
-
-# --- statistics ------------------------------------------------------------------------------------------
-def paired_speedup(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...]) -> SpeedupInterval | None:
-    """fp32's block median over this policy's, round by round; their geometric mean and a Student-t interval
-    on the log ratios. Rounds where either block was disturbed are left out while MIN_QUIET quiet ones remain."""
-    by_round = {b.round: b for b in base}  # a policy decided early has fewer rounds than fp32: pair by round
-    pairs = [(by_round[p.round], p) for p in blocks
-             if p.round in by_round and by_round[p.round].median_s > 0 and p.median_s > 0]
-    quiet = [(b, p) for b, p in pairs if not (b.disturbed or p.disturbed)]
-    used = quiet if len(quiet) >= MIN_QUIET else pairs
-    ci = ratio_interval([(b.median_s, p.median_s) for b, p in used])
-    if ci is None:
-        return None
-    return SpeedupInterval(point=ci.point, low=ci.low, high=ci.high, rounds=ci.n, dropped=len(pairs) - len(used),
-                           disturbed=len(pairs) - len(quiet))
 
 
 __all__ = ["RoundsJob", "RoundsResult", "clearly_slower", "paired_speedup", "round_block", "run_rounds"]

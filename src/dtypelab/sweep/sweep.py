@@ -107,6 +107,7 @@ class _Sweep:
         self.remote = getattr(self.launcher, "kind", "") == "slurm"  # the runs' device is on the cluster's nodes
         self.budget_s = parse_budget(opts.budget)
         self.explicit = opts.policies is not None
+        self.baseline = get_policy(opts.baseline).name if opts.baseline else BASELINE
         self.dev = remote_device(opts.device) if self.remote else resolve_device(opts.device)
         defaults = DISTRIBUTED_DEFAULTS if self.torchrun else default_policies(opts.mode, self.dev.type)
         plans = {p.name: p for p in (parse_policies(opts.policies) if self.explicit else map(get_policy, defaults))}
@@ -130,7 +131,7 @@ class _Sweep:
         if self.torchrun and self.dev.type == "cuda" and self.torchrun.nproc > torch.cuda.device_count():
             raise DtypelabError(f"--nproc {self.torchrun.nproc} on CUDA needs one GPU per rank; this node has "
                                 f"{torch.cuda.device_count()}")
-        self.plans = with_baselines(plans, self.explicit)
+        self.plans = with_baselines(plans, self.explicit, self.baseline)
 
     def _settings(self) -> tuple[int, int, int, float | None, int, int]:
         """(steps, batch size, warm-up, inference time box, rounds, block) from the options and the task."""
@@ -162,7 +163,8 @@ class _Sweep:
             threads=opts.threads, per_layer=opts.per_layer, min_cosine=opts.min_cosine, task_name=self.task.name,
             time_box_s=time_box, rounds=rounds, rounds_block=block, profile_steps=opts.profile_steps,
             nproc=self.torchrun.nproc if self.torchrun else 0, nnodes=opts.nnodes,
-            link_gbps=tuple(g for _, g in self.links), memory_budget_bytes=parse_size(opts.memory_budget))
+            link_gbps=tuple(g for _, g in self.links), memory_budget_bytes=parse_size(opts.memory_budget),
+            baseline=self.baseline)
         report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         runnable = self._runnable(hardware)
         for name in order:
@@ -212,8 +214,11 @@ class _Sweep:
         runnable = []
         for name in [BASELINE] + [n for n in self.plans if n != BASELINE]:
             avail = self.plans[name].availability(hardware)
-            if not avail.ok and (self.explicit or name in self.added):
+            if not avail.ok and (self.explicit or name in self.added or name == self.baseline):
                 raise DtypelabError(f"policy {name} cannot run here: {avail.reason}")
+            if name == self.baseline != BASELINE and avail.slow and not self.opts.force:
+                raise DtypelabError(f"the baseline {name} is measured too slow here ({avail.reason}); --force runs "
+                                    "it anyway")
             if avail.ok and not (avail.slow and not self.opts.force):
                 runnable.append(name)
         return runnable

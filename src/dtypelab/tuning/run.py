@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ from dtypelab.core.results import (
 )
 from dtypelab.core.task import Task
 from dtypelab.core.tolerance import Tolerance
+from dtypelab.core.wrapping import LabModule
 from dtypelab.numerics import audit
 from dtypelab.run import Target
 from dtypelab.tuning.explain import (
@@ -283,19 +284,24 @@ def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
 
 def apply_plan(model: torch.nn.Module, plan: str | Plan | dict[str, Any], device: str | None = None
                ) -> torch.nn.Module:
-    """Your own model under a plan (a plan file, a policy name, a Plan): converted, each module in its config,
-    with ``forward`` running under the plan's precision (inputs converted, autocast when the plan asks). A plan
-    that names modules the model lacks is an error naming them."""
+    """Your own model under a plan (a plan file, a policy name, a Plan): converted, each module in its config, and
+    returned wrapped, never patched: calls run under the plan's precision (inputs converted, autocast when the plan
+    asks), while ``isinstance``, ``state_dict`` keys, ``torch.save`` (your own class) and ``deepcopy`` are your
+    model's. A plan that names modules the model lacks is an error naming them."""
     plan = plan_from_dict(plan) if isinstance(plan, dict) else get_policy(plan)
     dev = torch.device(device) if device else next((p.device for p in model.parameters()), torch.device("cpu"))
     precision = Precision(plan, dev)
     model = precision.convert_module(model.to(dev))
-    original = model.forward
+    return LabModule.wrap(model, _Applied(precision))
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        args, kwargs = precision.convert_input(args), precision.convert_input(kwargs)
-        with precision.forward_context():
-            return original(*args, **kwargs)
 
-    model.forward = forward
-    return model
+@dataclass(frozen=True)
+class _Applied:
+    """What ``apply_plan``'s wrapper does with each call: inputs converted, the plan's forward context."""
+
+    precision: Precision
+
+    def forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        args, kwargs = self.precision.convert_input(args), self.precision.convert_input(kwargs)
+        with self.precision.forward_context():
+            return module(*args, **kwargs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.judging.prefer import keeps_updates
-from dtypelab.core.results import BASELINE, COMPILED_BASELINE, PolicyResult, PolicyVerdict, Report, Verdict
+from dtypelab.core.results import COMPILED_BASELINE, PolicyResult, PolicyVerdict, Report, Verdict
 from dtypelab.core.stats import CLEARLY_SLOWER, MIN_GAIN
 
 KEPT = (Verdict.BETTER, Verdict.EQUAL, Verdict.WITHIN, Verdict.NO_GAIN, Verdict.RECOMMENDED, Verdict.OVER_MEMORY)
@@ -84,7 +84,7 @@ def _lost_text(r: PolicyResult, report: Report, verdicts: dict[str, PolicyVerdic
     shown = ", ".join(f"{u['parameter']} {max(u['lost'].values()):.0%}" for u in worst)
     more = len([u for u in r.updates if max(u["lost"].values(), default=0.0) >= LOST_FLOOR]) - len(worst)
     dtype = worst[0]["dtype"]
-    keepers = [q.policy for q in report.results if q.ran and q.policy != BASELINE and keeps_updates(q)
+    keepers = [q.policy for q in report.results if q.ran and q.policy != report.baseline and keeps_updates(q)
                and verdicts.get(q.policy) and verdicts[q.policy].verdict in KEPT]
     named = ", ".join(keepers[:LOST_SHOWN + 1]) + (", …" if len(keepers) > LOST_SHOWN + 1 else "")
     keep = (f"policies here that keep them, within the tolerance: {named}" if keepers else
@@ -141,7 +141,7 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
         notes.append("† emulated format: stored in it but computed in a wider type; its speed is not the "
                      "format's native speed.")
     if any(_linear_bytes(r) for r in ran):
-        notes.append("size MB: the converted model's file (safetensors, or torch.save for torch.ao's packed "
+        notes.append("size MiB: the converted model's file (safetensors, or torch.save for torch.ao's packed "
                      "modules); linear W: bytes of linear-layer weights incl. scales, vs fp32.")
     cfg = report.config
     if any(r.speedup_ci for r in report.results):
@@ -149,9 +149,16 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
         more = (f" (up to {most} for a policy whose interval still reached below the {1 + MIN_GAIN:.2f}x band "
                 "while its point lay above it)") if most > cfg.rounds else ""
         steps = f"{cfg.rounds_block} step{'s' if cfg.rounds_block != 1 else ''}"
-        notes.append(f"speedup: geometric mean of fp32's block median over the policy's, over {cfg.rounds} "
-                     f"interleaved rounds{more} of {steps} in one process (paired: the same round, "
-                     "the same batches), with a 95% Student-t interval; step ms is from each policy's own run.")
+        runs = {r.policy: len(r.rounds) for r in report.results if r.speedup_ci or r.policy == report.baseline}
+        if cfg.runs > 1:  # a script's policies: whole runs, each in its own process, are the replicates
+            counts = ", ".join(f"{name} {n}" for name, n in runs.items())
+            notes.append(f"speedup: geometric mean of {report.baseline}'s median step over the policy's, run by run "
+                         f"(each run its own process, in ABBA order), with a 95% Student-t interval over the runs "
+                         f"(runs: {counts}); step ms is from each policy's first run.")
+        else:
+            notes.append(f"speedup: geometric mean of {report.baseline}'s block median over the policy's, over "
+                         f"{cfg.rounds} interleaved rounds{more} of {steps} in one process (paired: the same round, "
+                         "the same batches), with a 95% Student-t interval; step ms is from each policy's own run.")
     settled = [r.policy for r in ran if r.timing and not r.speedup_ci and verdicts and r.policy in verdicts
                and verdicts[r.policy].verdict.settled and not (r.info and r.info.numerics_only)]
     if settled and any(r.speedup_ci for r in report.results):
@@ -164,9 +171,10 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
         notes.append(f"Where each learning run went: {runs or 'this machine'}{rounds}.")
     slower = [r.policy for r in ran if r.rounds_skip == "slower" and not r.speedup_ci]
     if slower:
-        notes.append(f"{', '.join(slower)}: not timed in the rounds (its own run and fp32's, both undisturbed, put it "
-                     f"at or below {CLEARLY_SLOWER:.2f}x fp32's speed: more rounds could not make it the answer); its "
-                     "speedup is the ratio of each run's own median, without an interval.")
+        notes.append(f"{', '.join(slower)}: not timed in the rounds (its own run and {report.baseline}'s, both "
+                     f"undisturbed, put it at or below {CLEARLY_SLOWER:.2f}x {report.baseline}'s speed: more rounds "
+                     "could not make it the answer); its speedup is the ratio of each run's own median, without an "
+                     "interval.")
     if any(r.timing and r.timing.noisy for r in report.results):
         notes.append("* noisy timing: IQR above 10% of the median; compare such policies with care.")
     return notes

@@ -24,7 +24,8 @@ from dtypelab.core.results import (
 )
 from dtypelab.core.scaler import scaler_notes
 from dtypelab.core.stats import CONFIDENCE, MIN_GAIN, MIN_QUIET, unpaired_faster
-from dtypelab.core.tolerance import BASELINE, Tolerance, delta_text, judge, tolerance_sentence
+from dtypelab.core.text import size_text
+from dtypelab.core.tolerance import Tolerance, delta_text, judge, tolerance_sentence
 
 MEMORY_GAP = 0.95  # a lower peak is worth a sentence below this ratio (smaller gaps are measurement noise)
 
@@ -50,9 +51,10 @@ _NOT_RUN = {"skipped": {"slow": (Verdict.SKIPPED_SLOW, "too slow here"),
             "interrupted": Verdict.INTERRUPTED}
 
 
-def _not_run(r: PolicyResult) -> PolicyVerdict:
+def _not_run(r: PolicyResult, baseline: str) -> PolicyVerdict:
     if r.status == "skipped":
         verdict, text = _NOT_RUN["skipped"].get(r.skip, (Verdict.SKIPPED_UNSUPPORTED, "not on this hardware"))
+        text = text.replace("fp32", baseline) if r.skip == "baseline" else text
     else:
         verdict = _NOT_RUN.get(r.status, Verdict.FAILED)
         text = r.reason if len(r.reason) <= 60 else r.reason[:57] + "..."
@@ -62,18 +64,18 @@ def _not_run(r: PolicyResult) -> PolicyVerdict:
 
 def _details(report: Report, speedups: dict[str, float | None]) -> list[str]:
     """Facts worth a sentence of their own: GradScaler skips, output fidelity in inference, --profile's why."""
-    out = []
+    out, baseline = [], report.baseline
     for r in report.results:
         out += [n if n.endswith(".") else n + "." for n in scaler_notes(r.scaler, len(r.losses), r.policy)]
-        if report.config.mode == "infer" and r.policy != BASELINE and "sqnr_db" in r.fidelity:
+        if report.config.mode == "infer" and r.policy != baseline and "sqnr_db" in r.fidelity:
             cos = r.fidelity.get("cos_min")
-            out.append(f"{r.policy}: outputs {r.fidelity['sqnr_db']:.1f} dB SQNR vs {BASELINE}, "
+            out.append(f"{r.policy}: outputs {r.fidelity['sqnr_db']:.1f} dB SQNR vs {baseline}, "
                        f"max abs error {r.fidelity['max_abs_err']:.3g}"
                        + (f", worst cosine {cos:.4f}." if cos is not None else "."))
-    base = report.result(BASELINE)
+    base = report.result(baseline)
     for r in report.results:
         if r.profile is not None and r.ran:
-            sp = speedups.get(r.policy) if r.policy != BASELINE else None
+            sp = speedups.get(r.policy) if r.policy != baseline else None
             dtype = r.info.compute_dtype if r.info else ""
             out.append("Why: " + why(r.policy, r.profile, base.profile if base else None, sp, dtype))
     return out
@@ -86,7 +88,7 @@ def disturbed_sentence(report: Report, best: str | None) -> str:
         return ""
     parts = [f"{r.policy} ({describe(r.disturbance, subject=False)})" for r in hit]
     names = {r.policy for r in hit}
-    lead = "Caution: the decision rests on disturbed timings. " if best and names & {best, BASELINE} else ""
+    lead = "Caution: the decision rests on disturbed timings. " if best and names & {best, report.baseline} else ""
     return (f"{lead}Other processes used the CPU while these policies' steps were timed: {', '.join(parts)}; their "
             "speeds are not reliable: re-run on a quiet machine before acting on them.")
 
@@ -103,7 +105,7 @@ def rounds_sentence(report: Report) -> str:
 def _judged_runs(report: Report, base: PolicyResult, base_metric: float, tol: Tolerance
                  ) -> tuple[dict[str, PolicyVerdict], list[PolicyResult], dict[str, str]]:
     """Each policy that ran, judged on its own: (verdicts, the accepted results, a sentence per policy)."""
-    cfg = report.config
+    cfg, baseline = report.config, report.baseline
     metric, higher = cfg.metric, cfg.higher_is_better
     verdicts: dict[str, PolicyVerdict] = {}
     accepted: list[PolicyResult] = []
@@ -115,10 +117,10 @@ def _judged_runs(report: Report, base: PolicyResult, base_metric: float, tol: To
         numerics = r.info is not None and r.info.numerics_only  # emulated: its steps' time is not its format's
         sp = None if numerics else speedup(r, base)
         ci = None if numerics else r.speedup_ci
-        finite = value is not None and math.isfinite(value) and r.policy != BASELINE
+        finite = value is not None and math.isfinite(value) and r.policy != baseline
         common = {"speedup": sp, "speedup_low": ci.low if ci else None, "speedup_high": ci.high if ci else None,
                   "metric": value, "delta": delta_text(value, base_metric, tol) if finite else ""}
-        speed = "emulated (numerics only)" if numerics else speed_text(sp) if sp else "no timing"
+        speed = "emulated (numerics only)" if numerics else speed_text(sp, baseline) if sp else "no timing"
         if r.status == "diverged":
             verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.DIVERGED, f"diverged at step {r.first_nonfinite_step}",
                                                **common)
@@ -133,7 +135,7 @@ def _judged_runs(report: Report, base: PolicyResult, base_metric: float, tol: To
         else:
             ok, where = judge(value, base_metric, tol, higher)
             delta = delta_text(value, base_metric, tol)
-            if r.policy == BASELINE:
+            if r.policy == baseline:
                 verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.BASELINE, "baseline", **common)
                 accepted.append(r)
                 continue
@@ -147,7 +149,7 @@ def _judged_runs(report: Report, base: PolicyResult, base_metric: float, tol: To
                 verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.COSINE, f"cosine {cos:.4f} < {cfg.min_cosine:g}",
                                                    **common)
                 notes[r.policy] = (f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}) but its worst output "
-                                   f"cosine vs {BASELINE} is {cos:.4f}, below {cfg.min_cosine:g}.")
+                                   f"cosine vs {baseline} is {cos:.4f}, below {cfg.min_cosine:g}.")
             if ok and numerics:  # its metric, never its speed
                 ok = False
                 needs = r.info.speed_needs or "hardware that runs its format"
@@ -171,20 +173,20 @@ def _judged_runs(report: Report, base: PolicyResult, base_metric: float, tol: To
 
 
 def recommend(report: Report) -> Recommendation:
-    """Judge every result against the fp32 baseline of the same report."""
-    cfg = report.config
+    """Judge every result against the baseline of the same report (fp32 unless the run named another)."""
+    cfg, baseline = report.config, report.baseline
     tol = cfg.tolerance
     metric, higher = cfg.metric, cfg.higher_is_better
-    base = report.result(BASELINE)
+    base = report.result(baseline)
     skipped: dict[tuple[str, str], list[str]] = {}
-    not_run = {r.policy: _not_run(r) for r in report.results if not r.ran}
+    not_run = {r.policy: _not_run(r, baseline) for r in report.results if not r.ran}
     for r in report.results:
         if not r.ran:
             skipped.setdefault((f"{r.status} — {r.reason}", r.skip), []).append(r.policy)
     base_metric = base.metric(metric) if base and base.status == "ok" else None
     if base is None or base_metric is None or not math.isfinite(base_metric):
         why_not = f"{base.status}: {base.reason}" if base and base.status != "ok" else "it has no finite metric"
-        reason = f"No recommendation: the {BASELINE} baseline did not complete ({why_not})."
+        reason = f"No recommendation: the {baseline} baseline did not complete ({why_not})."
         sentences = [reason, *_skip_sentences(skipped)]
         ran = {r.policy: PolicyVerdict(r.policy, Verdict.UNJUDGED, "") for r in report.results if r.ran}
         return Recommendation(Decision.NO_BASELINE, None, reason, _ordered(report, {**not_run, **ran}),
@@ -210,47 +212,52 @@ def recommend(report: Report) -> Recommendation:
     if paired:  # decide from the intervals of paired rounds, not from medians
         faster = [r for r in accepted if r.speedup_ci and r.speedup_ci.low > 1 + MIN_GAIN]
         unclear = [r for r in accepted if r.speedup_ci and r.speedup_ci.low <= 1 + MIN_GAIN <= r.speedup_ci.high]
-        best: str | None = BASELINE
+        best: str | None = baseline
         if faster:
             chosen, preferred = safest(faster, metric, higher)
             best = chosen.policy
-    else:  # separate runs: the medians decide only where the steps' spreads say they differ
-        faster = [r for r in timed if r.policy != BASELINE and unpaired_faster(_timed(base), _timed(r))]
-        unsure = [r for r in timed if r.policy != BASELINE and r not in faster and speedup(r, base) > 1 + MIN_GAIN]
-        best = min(faster, key=lambda r: r.timing.median).policy if faster else BASELINE if base.timing else None
+    elif cfg.runs:  # a script's runs, not repeated: one run per policy says nothing of run-to-run variation
+        faster = []
+        unsure = [r for r in timed if r.policy != baseline and (speedup(r, base) or 0) > 1 + MIN_GAIN]
+        best = baseline if base.timing else None
+    else:  # separate runs (a task without rounds): the medians decide only where the steps' spreads say they differ
+        faster = [r for r in timed if r.policy != baseline and unpaired_faster(_timed(base), _timed(r))]
+        unsure = [r for r in timed if r.policy != baseline and r not in faster and speedup(r, base) > 1 + MIN_GAIN]
+        best = min(faster, key=lambda r: r.timing.median).policy if faster else baseline if base.timing else None
     with_mem = [r for r in accepted if r.peak_memory_bytes is not None]
     lowest = min(with_mem, key=lambda r: r.peak_memory_bytes).policy if with_mem else None
     busy = paired and sum(b.disturbed for b in base.rounds) > len(base.rounds) / 2
     # Busy rounds decide nothing only where they could change the answer: an alternative whose interval reaches
     # above the no-gain band might be faster (or slower) on a quiet machine; one whose whole interval lies at or
     # below it cannot win either way, and then "keep fp32" stands.
-    contenders = [r for r in accepted if r.policy != BASELINE and r.speedup_ci and r.speedup_ci.high > 1 + MIN_GAIN]
+    contenders = [r for r in accepted if r.policy != baseline and r.speedup_ci and r.speedup_ci.high > 1 + MIN_GAIN]
     sentences: list[str] = []
     # separate runs, no rounds: a win over a disturbed fp32 (slowed by other work) may be the disturbance's; a
     # disturbed winner, or keeping fp32, stands (disturbance only slows what it hits)
-    if not paired and best not in (None, BASELINE) and was_disturbed(base.disturbance):
+    if not paired and best not in (None, baseline) and was_disturbed(base.disturbance):
         decision, best = Decision.TOO_BUSY, None
         sentences.append(f"No recommendation: the machine was too busy to decide (other processes used the CPU while "
-                         f"{BASELINE}'s steps were timed: {describe(base.disturbance, subject=False)}), and every "
-                         f"policy faster than {BASELINE} may be so only because of it; re-run it on a quiet machine.")
+                         f"{baseline}'s steps were timed: {describe(base.disturbance, subject=False)}), and every "
+                         f"policy faster than {baseline} may be so only because of it; re-run it on a quiet machine.")
     elif busy and contenders:
         decision, best = Decision.TOO_BUSY, None
         sentences.append(f"No recommendation: the machine was too busy to decide "
-                         f"({disturbed_text(BASELINE, base.rounds)}) and "
+                         f"({disturbed_text(baseline, base.rounds)}) and "
                          f"{', '.join(r.policy for r in contenders)} might be faster on a quiet machine; re-run it "
                          "there.")
     elif busy:
-        decision, best = Decision.KEEP_BASELINE_BUSY, BASELINE
-        sentences.append(f"Keep {BASELINE}: the machine was busy ({disturbed_text(BASELINE, base.rounds)}), but no "
+        decision, best = Decision.KEEP_BASELINE_BUSY, baseline
+        sentences.append(f"Keep {baseline}: the machine was busy ({disturbed_text(baseline, base.rounds)}), but no "
                          f"alternative within {tol} on {metric} came out faster even so (every 95% interval at or "
-                         f"below {1 + MIN_GAIN:.2f}x), so disturbance cannot change this decision ({BASELINE}: "
+                         f"below {1 + MIN_GAIN:.2f}x), so disturbance cannot change this decision ({baseline}: "
                          f"{_fmt(base_metric)}).")
-    elif best == BASELINE or best is None:
-        decision, best = Decision.KEEP_BASELINE, BASELINE
+    elif best == baseline or best is None:
+        decision, best = Decision.KEEP_BASELINE, baseline
         measurably = ("measurably faster (95% interval above 1)" if paired else
-                      "measurably faster (its steps faster than fp32's, one-sided Mann-Whitney test at 5%)")
-        sentences.append(f"Keep {BASELINE}: no other policy was both {measurably} and within {tol} on {metric} "
-                         f"({BASELINE}: {_fmt(base_metric)}).")
+                      "measurably faster (more than one run each)" if cfg.runs else
+                      f"measurably faster (its steps faster than {baseline}'s, one-sided Mann-Whitney test at 5%)")
+        sentences.append(f"Keep {baseline}: no other policy was both {measurably} and within {tol} on {metric} "
+                         f"({baseline}: {_fmt(base_metric)}).")
     else:
         decision = Decision.USE
         b = report.result(best)
@@ -258,7 +265,7 @@ def recommend(report: Report) -> Recommendation:
         ci = (f" (95% interval {b.speedup_ci.low:.2f}–{b.speedup_ci.high:.2f}x over {b.speedup_ci.rounds} paired "
               "rounds)") if paired and b.speedup_ci else ""
         sentences.append(
-            f"Use {best}: {sp:.2f}x faster than {BASELINE}{ci}, {metric} {_fmt(b.metric(metric))} vs "
+            f"Use {best}: {sp:.2f}x faster than {baseline}{ci}, {metric} {_fmt(b.metric(metric))} vs "
             f"{_fmt(base_metric)} ({delta_text(b.metric(metric), base_metric, tol)}, "
             f"{judge(b.metric(metric), base_metric, tol, higher)[1]})."
         )
@@ -268,20 +275,29 @@ def recommend(report: Report) -> Recommendation:
         noisy = [r.policy for r in (b, base) if r.timing.noisy] if not paired else []
         if noisy:
             sentences.append(f"Timings of {' and '.join(noisy)} were noisy: re-run before trusting a small gap.")
-    if best == BASELINE and over(base, cfg.memory_budget_bytes):
+    if best == baseline and over(base, cfg.memory_budget_bytes):
         decision, best = within_budget(report, accepted, verdicts, sentences)
-    if unsure:
-        sentences.append(f"Not measurably faster than {BASELINE} (their steps' spread overlaps fp32's: one-sided "
+    if unsure and cfg.runs:
+        sentences.append(f"Not measurably faster than {baseline}: " + ", ".join(
+            f"{r.policy} {speedup(r, base):.2f}x by one run's median step" for r in unsure)
+            + f" (each policy ran once, in its own process: the steps of one run are not replicates of another, so "
+              f"a gap between two runs cannot be told from run-to-run variation; --runs N repeats them); the safer "
+              f"{baseline} numerics are kept.")
+        for r in unsure:
+            if verdicts[r.policy].verdict in (Verdict.BETTER, Verdict.EQUAL, Verdict.WITHIN):
+                verdicts[r.policy] = replace(verdicts[r.policy], verdict=Verdict.NO_GAIN, text="no measurable gain")
+    elif unsure:
+        sentences.append(f"Not measurably faster than {baseline} (their steps' spread overlaps {baseline}'s: one-sided "
                          f"Mann-Whitney test, {1 - CONFIDENCE:.0%} level): " + ", ".join(
                              f"{r.policy} {speedup(r, base):.2f}x by medians over {len(_timed(r))} steps"
-                             for r in unsure) + "; the safer " + BASELINE + " numerics are kept.")
+                             for r in unsure) + "; the safer " + baseline + " numerics are kept.")
         for r in unsure:
             if verdicts[r.policy].verdict in (Verdict.BETTER, Verdict.EQUAL, Verdict.WITHIN):
                 verdicts[r.policy] = replace(verdicts[r.policy], verdict=Verdict.NO_GAIN, text="no measurable gain")
     if unclear:
-        sentences.append("No measurable speed difference from " + BASELINE + ": " + ", ".join(
+        sentences.append("No measurable speed difference from " + baseline + ": " + ", ".join(
             f"{r.policy} {r.speedup_ci.point:.2f}x ({r.speedup_ci.low:.2f}–{r.speedup_ci.high:.2f})" for r in unclear)
-            + "; the interval includes no gain, so the safer " + BASELINE + " numerics are preferred.")
+            + "; the interval includes no gain, so the safer " + baseline + " numerics are preferred.")
         for r in unclear:
             if verdicts[r.policy].verdict in (Verdict.BETTER, Verdict.EQUAL, Verdict.WITHIN):
                 verdicts[r.policy] = replace(verdicts[r.policy], verdict=Verdict.NO_GAIN, text="no measurable gain")
@@ -294,10 +310,10 @@ def recommend(report: Report) -> Recommendation:
     sentences += _details(report, {name: v.speedup for name, v in verdicts.items()})
     sentences += run_notes(report)
     if lowest and lowest != best:
-        low, b = report.result(lowest), report.result(best or BASELINE)
+        low, b = report.result(lowest), report.result(best or baseline)
         if low.peak_memory_bytes < MEMORY_GAP * (b.peak_memory_bytes or 0):
             sentences.append(f"Lowest peak memory within tolerance: {lowest} "
-                             f"({low.peak_memory_bytes / 2**20:.1f} MB vs {b.peak_memory_bytes / 2**20:.1f} MB "
+                             f"({size_text(low.peak_memory_bytes)} vs {size_text(b.peak_memory_bytes)} "
                              f"for {b.policy}).")
             v = verdicts[lowest]
             verdicts[lowest] = replace(v, text=v.text + ", lowest memory", lowest_memory=True)

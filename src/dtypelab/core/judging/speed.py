@@ -1,4 +1,4 @@
-"""A policy's speed against the fp32 baseline, as a number and in words."""
+"""A policy's speed against the baseline (fp32 unless the run named another), as a number and in words."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ def speedup(result: PolicyResult, base: PolicyResult) -> float | None:
     return b.median / t.median if t and b and t.median > 0 else None
 
 
-def speed_text(sp: float) -> str:
+def speed_text(sp: float, baseline: str = BASELINE) -> str:
     """'2.52x faster than fp32', or '2.17x slower than fp32 (0.46x its speed)': a ratio below 1 never
     reads as 'x slower'."""
     if sp >= 1:
-        return f"{sp:.2f}x faster than {BASELINE}"
-    return f"{1 / sp:.2f}x slower than {BASELINE} ({sp:.2f}x its speed)"
+        return f"{sp:.2f}x faster than {baseline}"
+    return f"{1 / sp:.2f}x slower than {baseline} ({sp:.2f}x its speed)"

@@ -8,7 +8,7 @@ from dtypelab.core.policies.configs import Config
 from dtypelab.core.policies.distributed import Distributed
 from dtypelab.core.policies.kinds import TF32, Autocast, Cast, Float8Train, Quantize
 from dtypelab.core.policies.plan import PLAN_SCHEMA, Availability, Plan, single
-from dtypelab.core.policies.precision import Precision
+from dtypelab.core.policies.precision import Precision, regions
 from dtypelab.core.policies.registry import (
     NOT_IN_DEFAULT_SWEEP,
     REGISTRY,
@@ -41,4 +41,4 @@ def policy_info(plan: Plan) -> PolicyInfo:
 __all__ = ["BASELINE", "COMPILED_BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "STATE_MODIFIERS",
            "TF32", "Autocast", "Availability", "Cast", "Config", "Distributed", "Float8Train", "Plan", "Precision",
            "Quantize", "default_policies", "emulated_version", "get_policy", "gpu_only_policies", "load_plan",
-           "parse_policies", "plan_from_dict", "policies_for", "policy_info", "register", "single"]
+           "parse_policies", "plan_from_dict", "policies_for", "policy_info", "regions", "register", "single"]

@@ -238,12 +238,19 @@ class Config:
         return {"kind": self.kind, **asdict(self), **({"source": source} if source else {})}
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> Config:
+    def from_dict(d: dict[str, Any], *, load_source: bool = False) -> Config:
+        """A config from ``to_dict``'s shape. A user's kind names the file that defines it (``source``); that file is
+        imported only with ``load_source`` (a job this run built, handed to its own worker), never for a file read
+        from disk: a plan, record or exported model is data, and reading one runs no code."""
         kinds = Config.KINDS  # the package imports every built-in kind before any lookup
         d = dict(d)
         name, source = d.pop("kind", None), d.pop("source", None)
-        if name not in kinds and source and Config.load_source is not None:
-            Config.load_source(source)  # a user's kind, in a process that has not loaded its file yet
+        if name not in kinds and source:
+            if not load_source or Config.load_source is None:
+                raise DtypelabError(
+                    f"precision kind {name!r} is defined in {source}, which dtypelab does not import because a file "
+                    f"names it (reading a file never runs code): name it yourself, e.g. --policies {source}:NAME")
+            Config.load_source(source)  # a user's kind, in a worker that has not loaded its file yet
         kind = kinds.get(name)
         if kind is None:
             raise DtypelabError(f"unknown config kind {name!r} in {d!r}: use one of {', '.join(kinds)}, or load "
@@ -277,7 +284,8 @@ class Emulable:
 
 
 def config_from_dict(d: dict[str, Any]) -> Config:
-    return Config.from_dict(d)
+    """Unpickling a user's kind (``__reduce__``): a pickle is code already, sent by this run to its own worker."""
+    return Config.from_dict(d, load_source=True)
 
 
 def from_fields(cls: type[T], d: dict[str, Any], what: str) -> T:

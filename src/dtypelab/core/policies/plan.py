@@ -245,9 +245,11 @@ class Plan:
                 **({"state": self.state.to_dict()} if self.state is not None else {})}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], lookup: Callable[[str], Config] | None = None) -> Plan:
+    def from_dict(cls, d: dict[str, Any], lookup: Callable[[str], Config] | None = None, *,
+                  load_source: bool = False) -> Plan:
         """From ``to_dict``'s shape. ``lookup`` turns a registered policy's name into its config, so plan files
-        may say ``"default": "amp-bf16"`` and ``{"pattern": "head", "config": "fp32"}``."""
+        may say ``"default": "amp-bf16"`` and ``{"pattern": "head", "config": "fp32"}``. ``load_source``: see
+        ``Config.from_dict`` (only for a plan this run built)."""
         if d.get("schema", PLAN_SCHEMA) != PLAN_SCHEMA:
             raise DtypelabError(f"not a dtypelab plan (schema {d.get('schema')!r})")
         if d.get("schema_version", PLAN_VERSION) > PLAN_VERSION:
@@ -260,7 +262,7 @@ class Plan:
                     raise DtypelabError(f"plan names policy {x!r}, but no registry was given to look it up")
                 return lookup(x)
             if isinstance(x, dict):
-                return Config.from_dict(x)
+                return Config.from_dict(x, load_source=load_source)
             raise DtypelabError(f"a plan config must be a policy name or an object with a 'kind', not {x!r}")
 
         if "default" not in d:

@@ -14,9 +14,9 @@ floating outputs cast back to what the surrounding model computes in.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
-import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +30,7 @@ from dtypelab.core.policies.configs import Config
 from dtypelab.core.policies.plan import Plan
 from dtypelab.core.scaler import ScalerLog
 from dtypelab.core.task import map_tensors
+from dtypelab.core.wrapping import LabModule, combined
 
 
 def _floats_to(dtype: torch.dtype | None, obj: Any) -> Any:
@@ -40,23 +41,78 @@ def _floats_to(dtype: torch.dtype | None, obj: Any) -> Any:
 
 @dataclass(frozen=True)
 class Region:
-    """How a module whose config differs from its parent's runs."""
+    """How a module whose config differs from its parent's runs: the router of the wrapper that stands in its
+    parent's slot (``core.wrapping.LabModule``; the module itself is never patched)."""
 
     device_type: str
     config: Config
     input_dtype: torch.dtype | None
     output_dtype: torch.dtype | None
+    outer: torch.dtype = torch.float32  # what the model around it computes in
 
     def context(self) -> contextlib.AbstractContextManager[Any]:
         return self.config.region_context(self.device_type)
 
+    def forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        args, kwargs = _floats_to(self.input_dtype, (args, kwargs))
+        with self.context():
+            out = module(*args, **kwargs)  # through its __call__: the user's own hooks on it still run
+        return _floats_to(self.output_dtype, out)
 
-def _region_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    region: Region = self._dtypelab_region
-    args, kwargs = _floats_to(region.input_dtype, (args, kwargs))
-    with region.context():
-        out = type(self).forward(self, *args, **kwargs)
-    return _floats_to(region.output_dtype, out)
+
+class RegionModule(LabModule):
+    """A layer in a region of its own, as its parent holds it. Pickled (``torch.save`` of the whole model) it is the
+    user's layer, in the dtype of the model around it (a cast is exact), so the file loads, and runs, as plain
+    PyTorch; copied (an EMA), a region around the copy."""
+
+    @staticmethod
+    def wrap(module: nn.Module, lab: Any) -> RegionModule:
+        return combined(RegionModule, type(module))(module, lab)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        d = object.__getattribute__(self, "__dict__")
+        inner, region = d["_lab_module"], d["_lab"]
+        tensors = [*inner.parameters(), *inner.buffers()]
+        if any(t.is_floating_point() and t.dtype != region.outer for t in tensors) and all(
+                type(t) in (torch.Tensor, nn.Parameter) for t in tensors):
+            inner = copy.deepcopy(inner).to(region.outer)
+        if isinstance(protocol, int) and protocol >= 2:  # the class check (see Transparent)
+            d["_lab_pickling"] = True
+        return inner.__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RegionModule:
+        new = RegionModule.wrap(copy.deepcopy(self.__dict__["_lab_module"], memo), self.__dict__["_lab"])
+        memo[id(self)] = new
+        return new
+
+
+def regions(model: nn.Module) -> dict[str, Region]:
+    """Each layer in a region of its own, by its name in the model (as ``named_modules`` names it)."""
+    found: dict[str, Region] = {}
+
+    def walk(module: nn.Module, prefix: str) -> None:
+        for name, child in module._modules.items():
+            if child is None:
+                continue
+            full = f"{prefix}{name}"
+            if isinstance(child, RegionModule):
+                found[full] = child.__dict__["_lab"]
+                child = child.__dict__["_lab_module"]
+            walk(child, full + ".")
+
+    walk(model.__dict__.get("_lab_module", model), "")
+    return found
+
+
+def _slot(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """The module that holds layer ``name`` (as it is now, a region's layer itself), and its key there."""
+    parent_name, _, leaf = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    return parent.__dict__.get("_lab_module", parent), leaf
+
+
+def _unwrapped(module: nn.Module) -> nn.Module:
+    return module.__dict__["_lab_module"] if isinstance(module, RegionModule) else module
 
 
 def _merge(conversion: dict[str, Any], report: dict[str, Any]) -> None:
@@ -112,14 +168,18 @@ class Precision:
             model = model.to(torch.float32)  # float32 weights as the plan says, whatever a script built its model in
         outer = self._cast or torch.float32
         modules = dict(model.named_modules(remove_duplicate=False))
+        placed = {}
         for name, config in assigned.items():
             parent = assigned.get(name.rpartition(".")[0]) if name else self.plan.default
             region = config.region(parent, outer) if name and config != parent else None
-            if region is not None:
-                self._region(modules[name], region, getattr(torch, region.storage_dtype), outer)
+            if region is not None:  # weights in the region's dtype before the kinds convert them (int8 from bf16)
+                modules[name].to(getattr(torch, region.storage_dtype))
+                placed[name] = region
         for config in self.plan.configs:
             model, report = config.convert_module(model, [n for n, c in assigned.items() if c == config])
             _merge(self._conversion, report)
+        for name, region in placed.items():  # around what the kinds made of each layer (a swapped module too)
+            self._region(model, name, region, getattr(torch, region.storage_dtype), outer)
         if self._log is not None:
             self._log.params = list(model.named_parameters())  # to name the parameters on skipped steps
         if self.plan.compiles:
@@ -128,12 +188,15 @@ class Precision:
                 model = torch.compile(model, dynamic=False)
         return model
 
-    def _region(self, module: nn.Module, config: Config, dtype: torch.dtype, outer: torch.dtype) -> None:
+    def _region(self, model: nn.Module, name: str, config: Config, dtype: torch.dtype, outer: torch.dtype) -> None:
+        """Layer ``name`` in ``config``'s region: its weights in ``dtype``, and a wrapper in its parent's slot that
+        casts its inputs and runs it under the region's autocast state (the layer itself is not touched)."""
+        parent, leaf = _slot(model, name)
+        module = _unwrapped(parent._modules[leaf])
         module.to(dtype)
         # Under an autocast default, autocast itself mixes dtypes; elsewhere the next layer expects `outer`.
         out_dtype = None if self.plan.default.autocast_dtype is not None else outer
-        module._dtypelab_region = Region(self.device.type, config, dtype, out_dtype)
-        module.forward = types.MethodType(_region_forward, module)
+        parent._modules[leaf] = RegionModule.wrap(module, Region(self.device.type, config, dtype, out_dtype, outer))
 
     def promote(self, model: nn.Module, name: str, config: Config,
                 optimizer: torch.optim.Optimizer | None = None) -> Plan:
@@ -144,8 +207,8 @@ class Precision:
         precision also adopts."""
         if not config.promotable:
             raise DtypelabError(f"a layer can be moved to a cast or an autocast config, not {config.label}")
-        module = dict(model.named_modules())[name]
-        self._region(module, config, getattr(torch, config.storage_dtype), self._cast or torch.float32)
+        module = model.get_submodule(name)
+        self._region(model, name, config, getattr(torch, config.storage_dtype), self._cast or torch.float32)
         if optimizer is not None:  # Adam's moments in the old dtype would not match the weights any more
             owned = {id(p) for p in module.parameters()}
             for p, state in optimizer.state.items():

@@ -161,13 +161,17 @@ def _config_named(name: str) -> Config:
 def load_plan(path: str) -> Plan:
     """A plan from a JSON file (see ``Plan.from_dict``); its name defaults to the file's stem."""
     data = read_json(path, "plan file")
-    plan = Plan.from_dict(data, lookup=_config_named)
+    try:
+        plan = Plan.from_dict(data, lookup=_config_named)
+    except DtypelabError as exc:
+        raise DtypelabError(f"{path}: {exc}") from None
     return plan if data.get("name") else dataclasses.replace(plan, name=os.path.splitext(os.path.basename(path))[0])
 
 
-def plan_from_dict(d: dict[str, Any]) -> Plan:
-    """A plan from ``Plan.to_dict()`` (a job handed to another process, a record), names resolved here."""
-    return Plan.from_dict(d, lookup=_config_named)
+def plan_from_dict(d: dict[str, Any], *, load_source: bool = False) -> Plan:
+    """A plan from ``Plan.to_dict()`` (a job handed to another process, a record), names resolved here;
+    ``load_source`` only for a plan this run built (see ``Config.from_dict``)."""
+    return Plan.from_dict(d, lookup=_config_named, load_source=load_source)
 
 
 def get_policy(spec: str | Config | Plan) -> Plan:
@@ -192,6 +196,11 @@ def get_policy(spec: str | Config | Plan) -> Plan:
     return _lookup(str(spec))
 
 
+def _names_file(spec: str) -> bool:
+    """``FILE.py:NAME`` or ``pkg.module:NAME`` (with any modifier): a spec that imports code the user named."""
+    return ":" in spec and ".json" not in spec
+
+
 def parse_policies(policies: str | Sequence[str | Config | Plan] | None) -> list[Plan]:
     """'fp32,bf16,plan.json' or a list of names / configs / plans -> plans, validated and without repeats;
     None -> every registered policy."""
@@ -200,9 +209,11 @@ def parse_policies(policies: str | Sequence[str | Config | Plan] | None) -> list
     items = [n.strip() for n in policies.split(",") if n.strip()] if isinstance(policies, str) else list(policies)
     if not items:
         raise DtypelabError("--policies is empty: give names such as fp32,amp-bf16")
+    # the files the user named first, so that a plan file naming one of their kinds reads in any order
+    looked_up = {id(item): get_policy(item) for item in items if isinstance(item, str) and _names_file(item)}
     plans = {}
     for item in items:
-        plan = get_policy(item)
+        plan = looked_up.get(id(item)) or get_policy(item)
         if plan.name in plans and plans[plan.name] != plan:
             raise DtypelabError(f"two different policies are called {plan.name!r}: give the plan a 'name'")
         plans[plan.name] = plan

@@ -23,7 +23,7 @@ from dtypelab.core.tolerance import Tolerance
 SCHEMA = "dtypelab.report"
 # 2: self-describing (policy info, structured skips, typed measurements); 3: the typed tolerance and the
 # recommendation in the record
-BENCH_VERSION = 3
+BENCH_VERSION = 4
 PER_LAYER_SAMPLES = 8  # --per-layer compares the first samples of the batch (every layer's output is held)
 
 # Outcome of one policy. "ok" and "diverged" ran to the end; the rest have a reason and maybe no numbers.
@@ -180,6 +180,10 @@ class RunConfig:
     nnodes: int = 1
     link_gbps: tuple[float, ...] = ()  # --link-gbps: bandwidths the scaling estimate is given for
     memory_budget_bytes: int | None = None  # --memory-budget: a policy needing more is not chosen
+    baseline: str = "fp32"  # the policy every other is judged against (--baseline; fp64 for a float64 script)
+    # a script's policies: the most runs per policy, the run-level speed evidence (0: a task, or a record from before
+    # scripts' runs were repeated, whose steps decided)
+    runs: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.tolerance, Tolerance):  # "1%" from Python callers: parsed once, here
@@ -297,6 +301,11 @@ def _migrate_v2(d: dict[str, Any]) -> dict[str, Any]:
     return {**d, "config": config}
 
 
+def _migrate_v3(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 3 judged every policy against fp32, and ran a script's policies once each (its steps decided)."""
+    return {**d, "config": {"baseline": "fp32", "runs": 0, **(d.get("config") or {})}}
+
+
 @dataclass(frozen=True)
 class Report(Record):
     config: RunConfig
@@ -311,7 +320,7 @@ class Report(Record):
 
     schema = SCHEMA
     version = BENCH_VERSION
-    migrations: ClassVar[dict[int, Any]] = {1: _migrate_v1, 2: _migrate_v2}
+    migrations: ClassVar[dict[int, Any]] = {1: _migrate_v1, 2: _migrate_v2, 3: _migrate_v3}
 
     def with_result(self, result: PolicyResult) -> Report:
         """A new report with ``result`` added (or replaced), kept in the config's policy order."""
@@ -322,3 +331,12 @@ class Report(Record):
 
     def result(self, policy: str) -> PolicyResult | None:
         return next((r for r in self.results if r.policy == policy), None)
+
+    @property
+    def baseline(self) -> str:
+        """The policy every other is judged against: fp32 unless the run named another."""
+        return self.config.baseline
+
+    @property
+    def base(self) -> PolicyResult | None:
+        return self.result(self.config.baseline)

@@ -4,7 +4,7 @@ head, no biases) on gpt2's generated corpus. Two shapes:
 - ``decoder``: 4 layers, d=128, small enough to train on two CPU cores (what the forecast is checked against);
 - ``llama2-7b``: Llama-2-7B's shape (32 layers, d=4096, 32 heads, SwiGLU width 11008, 32,000-token vocabulary,
   4096 tokens): 6,738,415,616 parameters, as Meta's checkpoint has. Built from its shape alone, with no weights to
-  download: for ``dtypelab forecast``, which builds it on the meta device. Training it needs about 108 GB in
+  download: for ``dtypelab forecast``, which builds it on the meta device. Training it needs about 100 GiB in
   float32 (16 bytes per parameter with AdamW), so ``bench`` runs it only where that fits.
 """
 
@@ -135,4 +135,4 @@ def make_task() -> Task:
 
 def make_llama2_7b() -> Task:
     return _task(LLAMA2_7B, "Llama-2-7B's shape, built from its shape alone (no weights): for forecasts; training it "
-                            "needs about 108 GB in float32")
+                            "needs about 100 GiB in float32")
