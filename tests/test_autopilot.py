@@ -228,6 +228,7 @@ def test_a_script_nan_no_wider_format_fixes_stops_with_the_diagnosis():
     assert "log of zero" in report.reason and report.finding is not None
 
 
+@pytest.mark.e2e
 def test_session_autopilot_runs_a_script_on_its_own():
     """`dtypelab.session(autopilot=...)` in a script run as `python train.py`: moves said on stderr as they happen,
     the summary at finish, exit 1 when it had to stop."""
@@ -245,6 +246,7 @@ def test_session_autopilot_runs_a_script_on_its_own():
     assert stopped.returncode == 1 and "log of zero" in stopped.stderr and "Traceback" not in stopped.stderr
 
 
+@pytest.mark.e2e
 def test_a_framework_trainer_is_refused_before_it_trains():
     """Lightning's Trainer owns autocast and the GradScaler: the session refuses at attach, before any step."""
     pytest.importorskip("lightning")

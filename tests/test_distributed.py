@@ -75,6 +75,7 @@ def test_distributed_options_are_refused_where_they_mean_nothing():
             dtypelab.bench(f"{TINY}:make_task", kwargs.pop("policies", None), **kwargs)
 
 
+@pytest.mark.e2e
 def test_ddp_fp32_equals_single_process_training(sweep):
     single = dtypelab.bench(f"{TINY}:make_task", "fp32", steps=STEPS, warmup=2, isolate=False, rounds=0)
     one, two = single.result("fp32"), sweep.result("fp32")
@@ -83,6 +84,7 @@ def test_ddp_fp32_equals_single_process_training(sweep):
     assert two.metric("accuracy") == pytest.approx(one.metric("accuracy"), abs=1 / 256)
 
 
+@pytest.mark.e2e
 def test_compression_halves_the_bytes_exactly_and_every_default_policy_runs(sweep):
     assert [r.status for r in sweep.results] == ["ok"] * 6, [(r.policy, r.reason) for r in sweep.results]
     by = {r.policy: r.distributed for r in sweep.results}
@@ -108,6 +110,7 @@ def test_compression_halves_the_bytes_exactly_and_every_default_policy_runs(swee
             assert f"| {p.speedup:.2f}x |" in text
 
 
+@pytest.mark.e2e
 def test_the_html_report_shows_the_distributed_tables(sweep, tmp_path):
     record, page = tmp_path / "r.json", tmp_path / "r.html"
     sweep.save(str(record))
@@ -119,6 +122,7 @@ def test_the_html_report_shows_the_distributed_tables(sweep, tmp_path):
     assert shown and all(f">{p.speedup:.2f}x</td>" in html for p in shown)
 
 
+@pytest.mark.e2e
 def test_a_failing_rank_is_reported_a_hanging_one_times_out_and_no_process_is_left():
     report = dtypelab.bench(f"{TINY}:make_rank_trap_task", "fp32,bf16,fp64", nproc=2, steps=4, warmup=1, budget=0,
                             timeout_s=15, hardware=fake_hardware())
@@ -129,6 +133,7 @@ def test_a_failing_rank_is_reported_a_hanging_one_times_out_and_no_process_is_le
     assert not _workers()
 
 
+@pytest.mark.e2e
 def test_where_bf16_is_slow_the_bf16_modifiers_are_skipped_as_slow_without_running():
     report = dtypelab.bench(f"{TINY}:make_task", "fp32+fsdp-bf16-params-fp32-reduce", nproc=2, steps=4, warmup=1,
                             budget=0, hardware=avx2_hardware())

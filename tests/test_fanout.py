@@ -52,6 +52,7 @@ def _launcher(tmp_path, slots=2):
     return FanOutLauncher("local-gpus", str(tmp_path / "jobs"), cpu_slots=slots, poll_s=0.1)
 
 
+@pytest.mark.e2e
 def test_jobs_run_side_by_side_and_each_failure_is_its_own_outcome(tmp_path):
     states, came = [], []
     out = _launcher(tmp_path, slots=3).run_many(
@@ -71,6 +72,7 @@ def test_jobs_run_side_by_side_and_each_failure_is_its_own_outcome(tmp_path):
     assert any(n == "a" and d > 0 and t == 4 for n, s, d, t in states)  # steps come through the shared folder
 
 
+@pytest.mark.e2e
 def test_a_job_past_its_time_limit_is_stopped(tmp_path):
     start = time.monotonic()
     out = _launcher(tmp_path, 1).run_many([Work("hang")], 3)
@@ -78,6 +80,7 @@ def test_a_job_past_its_time_limit_is_stopped(tmp_path):
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.e2e
 def test_ctrl_c_cancels_every_job_not_finished(tmp_path):
     launcher = _launcher(tmp_path)
     jobs = []
@@ -102,6 +105,7 @@ def test_ctrl_c_cancels_every_job_not_finished(tmp_path):
     assert jobs and all(j.done() for j in jobs)
 
 
+@pytest.mark.e2e
 def test_a_fanned_out_sweep_keeps_what_finished_and_a_rerun_picks_it_up(tmp_path, monkeypatch):
     # fp64 is timed in the rounds however slow its own run was here (an AVX2 CPU can put it under 0.6x fp32)
     monkeypatch.setattr("dtypelab.sweep.interleave.clearly_slower", lambda report, ran: set())
@@ -207,6 +211,7 @@ print(len(jobs), all(j.done() for j in jobs))
 """
 
 
+@pytest.mark.e2e
 def test_ctrl_c_cancels_the_jobs_of_a_process_that_ignores_sigint(tmp_path):
     """A background job of a non-interactive shell (CI) ignores SIGINT, and so would the local controllers it starts:
     submitit cancels them with SIGINT. They must start with the default disposition."""

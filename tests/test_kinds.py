@@ -230,6 +230,7 @@ def test_the_hugging_face_trainer_refuses_a_kind_it_cannot_express():
         training_arguments(get_policy(MASTER), None)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_users_kind_runs_under_lightning_through_its_hooks():
     pytest.importorskip("lightning")
@@ -283,6 +284,7 @@ class Half(Config):
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("guard", ['if __name__ == "__main__":', "if True:"])
 def test_a_kind_defined_in_the_script_that_calls_bench(tmp_path, guard):

@@ -114,6 +114,8 @@ def test_a_named_baseline_is_what_every_ratio_and_tolerance_is_against(tmp_path)
     fp32 = report.result("fp32")
     assert rec.verdict("fp32").speedup == pytest.approx(base.timing.median / fp32.timing.median)
     assert fp32.metric("accuracy") is not None and rec.verdict("fp32").delta  # its metric against amp-bf16's
+    assert "may be up to 1% lower than amp-bf16's" in " ".join(rec.sentences)
+    assert not any(v.text.endswith("than fp32") for v in rec.policies)
     assert dtypelab.load_record(str(path)).config.baseline == "amp-bf16"
 
 

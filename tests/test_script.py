@@ -122,6 +122,7 @@ def test_script_sweep_same_shuffle_crash_and_missing_calls(tmp_path):
     assert none.status == "failed" and "dtypelab.session()" in none.reason
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_bench_cli_runs_the_plain_loop_example(tmp_path, fast_bf16_env):
     out = tmp_path / "loop.json"
@@ -138,6 +139,7 @@ def test_bench_cli_runs_the_plain_loop_example(tmp_path, fast_bf16_env):
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "runs its own loop" in bad.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_lightning_example_is_measured_per_policy():
     pytest.importorskip("lightning")
@@ -150,6 +152,7 @@ def test_lightning_example_is_measured_per_policy():
     assert report.config.metric == "val_acc" and report.result("bf16").model_bytes < report.result("fp32").model_bytes
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_hf_example_is_measured_per_policy():
     pytest.importorskip("transformers")
@@ -163,6 +166,7 @@ def test_hf_example_is_measured_per_policy():
         assert report.result("amp-fp16").status == "skipped"
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_trace_and_audit_arm_on_the_scripts_own_loop(tmp_path):
     nan_script = os.path.join(HERE, "scripts", "nan_script.py")
@@ -179,6 +183,7 @@ def test_trace_and_audit_arm_on_the_scripts_own_loop(tmp_path):
     assert any(layer.name == "0" and layer.kind == "activation" for layer in audit.layers)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_script_is_traced_from_its_bad_step_in_a_second_run_and_one_that_does_not_repeat_is_said(tmp_path):
     """A clean script runs once, untraced; one that goes non-finite runs again with the tracer armed from that step
@@ -257,6 +262,7 @@ def test_a_step_loss_is_its_micro_batches_added_up(tmp_path, monkeypatch):
     assert result.disturbance["wall_s"] > 0 and "disturbed" in result.disturbance
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("example", ["train_loop", "train_lightning", "train_hf"])
 def test_the_measured_example_run_alone_trains_exactly_as_the_plain_one(example):

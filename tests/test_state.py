@@ -221,6 +221,7 @@ def test_a_step_the_gradscaler_skipped_is_not_counted():
 
 
 # --- scripts ---------------------------------------------------------------------------------------
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_script_trains_under_the_state_policies_and_an_sgd_one_is_told_why_not():
     report = dtypelab.bench(ADAM_SCRIPT, "fp32,bf16-sr,bf16-kahan,amp-bf16+adam8bit", runs=1,

@@ -221,6 +221,7 @@ def test_run_alone_setup_hands_back_the_very_same_objects():
     assert run.stdout.strip() == "True", run.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [
     ("--optimizer", "adamw", "--save", "{tmp}/m.pt", "--ema"),
@@ -323,6 +324,7 @@ def test_an_autopilot_move_leaves_the_users_submodules_unpatched(tmp_path, monke
     _sent(lab)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_per_layer_plan_over_a_script_that_saves_its_whole_model(tmp_path):
     """word_language_model's pattern (torch.save(model), torch.load with safe_globals, the loaded model evaluated)

@@ -50,19 +50,19 @@ def delta_text(value: float, base: float, tol: Tolerance) -> str:
     return f"{rel}" if tol.relative else f"{delta:+.4g} ({rel})"
 
 
-def judge(value: float, base: float, tol: Tolerance, higher: bool) -> tuple[bool, str]:
-    """(accepted, how it compares): the tolerance is one-sided, so a metric that moved the good way always
-    passes and reads 'better than fp32', never 'within 1%'."""
+def judge(value: float, base: float, tol: Tolerance, higher: bool, baseline: str = BASELINE) -> tuple[bool, str]:
+    """(accepted, how it compares with ``baseline``'s ``base``): the tolerance is one-sided, so a metric that moved
+    the good way always passes and reads 'better than fp32', never 'within 1%'."""
     gain = value - base if higher else base - value
     if gain > 0:
-        return True, f"better than {BASELINE}"
+        return True, f"better than {baseline}"
     if gain == 0:
-        return True, f"equal to {BASELINE}"
+        return True, f"equal to {baseline}"
     ok = -gain <= tol.allowed(base)
     return ok, f"{'within' if ok else 'outside'} {tol}"
 
 
-def tolerance_sentence(metric: str, tol: Tolerance, higher: bool) -> str:
+def tolerance_sentence(metric: str, tol: Tolerance, higher: bool, baseline: str = BASELINE) -> str:
     worse = "lower" if higher else "higher"
-    return (f"Tolerance {tol} is one-sided: a policy's {metric} may be up to {tol} {worse} than {BASELINE}'s; "
+    return (f"Tolerance {tol} is one-sided: a policy's {metric} may be up to {tol} {worse} than {baseline}'s; "
             f"a better {metric} always passes.")

@@ -133,7 +133,7 @@ def _judged_runs(report: Report, base: PolicyResult, base_metric: float, tol: To
             verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.NO_METRIC, "no metric", **common)
             notes[r.policy] = f"{r.policy}: {speed} but its {metric} is {value}."
         else:
-            ok, where = judge(value, base_metric, tol, higher)
+            ok, where = judge(value, base_metric, tol, higher, baseline)
             delta = delta_text(value, base_metric, tol)
             if r.policy == baseline:
                 verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.BASELINE, "baseline", **common)
@@ -267,7 +267,7 @@ def recommend(report: Report) -> Recommendation:
         sentences.append(
             f"Use {best}: {sp:.2f}x faster than {baseline}{ci}, {metric} {_fmt(b.metric(metric))} vs "
             f"{_fmt(base_metric)} ({delta_text(b.metric(metric), base_metric, tol)}, "
-            f"{judge(b.metric(metric), base_metric, tol, higher)[1]})."
+            f"{judge(b.metric(metric), base_metric, tol, higher, baseline)[1]})."
         )
         verdicts[best] = replace(verdicts[best], verdict=Verdict.RECOMMENDED, text="recommended")
         if preferred:
@@ -306,7 +306,7 @@ def recommend(report: Report) -> Recommendation:
         sentences.append(busy_text)
     sentences += [note for name, note in notes.items() if name != best]
     if notes:
-        sentences.append(tolerance_sentence(metric, tol, higher))
+        sentences.append(tolerance_sentence(metric, tol, higher, baseline))
     sentences += _details(report, {name: v.speedup for name, v in verdicts.items()})
     sentences += run_notes(report)
     if lowest and lowest != best:
