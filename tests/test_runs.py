@@ -117,6 +117,8 @@ def test_a_named_baseline_is_what_every_ratio_and_tolerance_is_against(tmp_path)
     assert "may be up to 1% lower than amp-bf16's" in " ".join(rec.sentences)
     assert not any(v.text.endswith("than fp32") for v in rec.policies)
     assert dtypelab.load_record(str(path)).config.baseline == "amp-bf16"
+    with pytest.raises(dtypelab.DtypelabError, match=r"^--baseline: unknown policy 'amp-bf61' \(did you mean"):
+        dtypelab.bench(f"{TINY}:make_task", "fp32", baseline="amp-bf61", launcher="inline")
 
 
 def test_a_record_from_before_the_baseline_was_named_is_judged_against_fp32(tmp_path):

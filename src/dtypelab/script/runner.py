@@ -22,7 +22,15 @@ from dtypelab.core.loop import DIVERGED_PATIENCE
 from dtypelab.core.measure import slow_base
 from dtypelab.core.options import Options, parse_duration
 from dtypelab.core.pairing import paired_speedup
-from dtypelab.core.policies import BASELINE, Plan, default_policies, get_policy, parse_policies, policy_info
+from dtypelab.core.policies import (
+    BASELINE,
+    Plan,
+    baseline_policy,
+    default_policies,
+    get_policy,
+    parse_policies,
+    policy_info,
+)
 from dtypelab.core.records import save_judged
 from dtypelab.core.results import PolicyResult, Report, RoundBlock, RunConfig, Verdict
 from dtypelab.core.stats import MIN_GAIN
@@ -157,7 +165,7 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
     dev = resolve_device(opts.device)
     plans = {p.name: p for p in (parse_policies(opts.policies) if explicit else
                                  map(get_policy, default_policies("train", dev.type)))}
-    named = get_policy(opts.baseline) if getattr(opts, "baseline", None) else None
+    named = baseline_policy(opts.baseline) if getattr(opts, "baseline", None) else None
     for plan in [*plans.values(), *([named] if named else [])]:
         wrong = plan.mode_error("train")
         if wrong and (explicit or plan is named):

@@ -23,6 +23,7 @@ from dtypelab.core.options import parse_size
 from dtypelab.core.policies import (
     BASELINE,
     Plan,
+    baseline_policy,
     default_policies,
     get_policy,
     gpu_only_policies,
@@ -107,7 +108,7 @@ class _Sweep:
         self.remote = getattr(self.launcher, "kind", "") == "slurm"  # the runs' device is on the cluster's nodes
         self.budget_s = parse_budget(opts.budget)
         self.explicit = opts.policies is not None
-        self.baseline = get_policy(opts.baseline).name if opts.baseline else BASELINE
+        self.baseline = baseline_policy(opts.baseline).name if opts.baseline else BASELINE
         self.dev = remote_device(opts.device) if self.remote else resolve_device(opts.device)
         defaults = DISTRIBUTED_DEFAULTS if self.torchrun else default_policies(opts.mode, self.dev.type)
         plans = {p.name: p for p in (parse_policies(opts.policies) if self.explicit else map(get_policy, defaults))}

@@ -13,6 +13,7 @@ from dtypelab.core.policies.registry import (
     NOT_IN_DEFAULT_SWEEP,
     REGISTRY,
     STATE_MODIFIERS,
+    baseline_policy,
     default_policies,
     emulated_version,
     get_policy,
@@ -40,5 +41,6 @@ def policy_info(plan: Plan) -> PolicyInfo:
 
 __all__ = ["BASELINE", "COMPILED_BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "STATE_MODIFIERS",
            "TF32", "Autocast", "Availability", "Cast", "Config", "Distributed", "Float8Train", "Plan", "Precision",
-           "Quantize", "default_policies", "emulated_version", "get_policy", "gpu_only_policies", "load_plan",
-           "parse_policies", "plan_from_dict", "policies_for", "policy_info", "regions", "register", "single"]
+           "Quantize", "baseline_policy", "default_policies", "emulated_version", "get_policy", "gpu_only_policies",
+           "load_plan", "parse_policies", "plan_from_dict", "policies_for", "policy_info", "regions", "register",
+           "single"]

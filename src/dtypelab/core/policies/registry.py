@@ -196,6 +196,14 @@ def get_policy(spec: str | Config | Plan) -> Plan:
     return _lookup(str(spec))
 
 
+def baseline_policy(spec: str) -> Plan:
+    """``--baseline``'s policy, its errors saying which option they are about."""
+    try:
+        return get_policy(spec)
+    except DtypelabError as exc:
+        raise DtypelabError(f"--baseline: {exc}") from None
+
+
 def _names_file(spec: str) -> bool:
     """``FILE.py:NAME`` or ``pkg.module:NAME`` (with any modifier): a spec that imports code the user named."""
     return ":" in spec and ".json" not in spec
