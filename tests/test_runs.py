@@ -17,7 +17,7 @@ from dtypelab.core.judging import judged
 from dtypelab.core.policies import get_policy, policy_info
 from dtypelab.core.results import Decision, PolicyResult, Report, RunConfig, Verdict
 from dtypelab.core.stats import unpaired_faster
-from dtypelab.script.runner import abba, repeat_runs
+from dtypelab.script.repeats import abba, repeat_runs
 
 FLOAT64 = os.path.join(HERE, "scripts", "float64_script.py")
 

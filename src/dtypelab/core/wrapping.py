@@ -34,10 +34,14 @@ class Transparent:
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         d = object.__getattribute__(self, "__dict__")
-        inner = d[type(self)._lab_key]
+        inner = self._lab_written(d[type(self)._lab_key])
         if isinstance(protocol, int) and protocol >= 2:  # only protocols 2+ check the class (copyreg.__newobj__)
             d["_lab_pickling"] = True
         return inner.__reduce_ex__(protocol)
+
+    def _lab_written(self, inner: Any) -> Any:
+        """What a file gets for the wrapped object: the object itself (a subclass may write a converted copy)."""
+        return inner
 
     def _lab_class(self) -> type:
         d = object.__getattribute__(self, "__dict__")
@@ -166,12 +170,12 @@ class LabModule(Transparent, nn.Module):
     # --- copies: a wrapper around a copy (pickling: Transparent) ----------------------------------------
     def __deepcopy__(self, memo: dict[int, Any]) -> LabModule:
         # an EMA copy: a wrapper around a copy of the weights, so that it computes with its own
-        new = LabModule.wrap(copy.deepcopy(self.__dict__["_lab_module"], memo), self.__dict__["_lab"])
+        new = type(self).wrap(copy.deepcopy(self.__dict__["_lab_module"], memo), self.__dict__["_lab"])
         memo[id(self)] = new
         return new
 
     def __copy__(self) -> LabModule:
-        return LabModule.wrap(copy.copy(self.__dict__["_lab_module"]), self.__dict__["_lab"])
+        return type(self).wrap(copy.copy(self.__dict__["_lab_module"]), self.__dict__["_lab"])
 
 
 __all__ = ["LabModule", "Router", "Transparent", "combined"]

@@ -69,21 +69,13 @@ class RegionModule(LabModule):
     def wrap(module: nn.Module, lab: Any) -> RegionModule:
         return combined(RegionModule, type(module))(module, lab)
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        d = object.__getattribute__(self, "__dict__")
-        inner, region = d["_lab_module"], d["_lab"]
+    def _lab_written(self, inner: nn.Module) -> nn.Module:
+        outer = self.__dict__["_lab"].outer
         tensors = [*inner.parameters(), *inner.buffers()]
-        if any(t.is_floating_point() and t.dtype != region.outer for t in tensors) and all(
+        if any(t.is_floating_point() and t.dtype != outer for t in tensors) and all(
                 type(t) in (torch.Tensor, nn.Parameter) for t in tensors):
-            inner = copy.deepcopy(inner).to(region.outer)
-        if isinstance(protocol, int) and protocol >= 2:  # the class check (see Transparent)
-            d["_lab_pickling"] = True
-        return inner.__reduce_ex__(protocol)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> RegionModule:
-        new = RegionModule.wrap(copy.deepcopy(self.__dict__["_lab_module"], memo), self.__dict__["_lab"])
-        memo[id(self)] = new
-        return new
+            return copy.deepcopy(inner).to(outer)
+        return inner
 
 
 def regions(model: nn.Module) -> dict[str, Region]:
