@@ -55,7 +55,10 @@ def run(command: str, keep: int = 0) -> str:
     """``$ command`` and its stdout (its exit code shown when not 0: trace and lint exit 1 when they find)."""
     env = {**os.environ, "COLUMNS": WIDTH, "DTYPELAB_HEARTBEAT_S": "3600"}
     start = time.monotonic()
-    done = subprocess.run(shlex.split(command), capture_output=True, text=True, cwd=ROOT, env=env, timeout=3600)
+    argv = shlex.split(command)
+    if argv[0] == "dtypelab":  # this interpreter's dtypelab, whatever PATH holds
+        argv = [sys.executable, "-m", "dtypelab", *argv[1:]]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=3600)
     lines = [ln.rstrip() for ln in done.stdout.rstrip().splitlines()]
     if keep:
         lines = lines[:keep] + ["…"] * (len(lines) > keep)
@@ -80,6 +83,37 @@ def machine() -> str:
     return (f"{hw.cpu_name} ({', '.join(hw.cpu_flags) or 'no relevant flags'}), {hw.threads} threads; "
             f"torch {torch.__version__}, dtypelab {__version__}, Python {platform.python_version()}; "
             f"{time.strftime('%Y-%m-%d')}\n")
+
+
+GPU_RECORDS = ("train", "forecast", "infer", "autopilot", "local-gpus")  # scripts/gpu/check's, in its order
+
+
+def gpu_records(results: str) -> str:
+    """The GPU guide's section of records: per GPU folder, the check's summary (device, torch, Python, date, commit,
+    one line per part) and each record as ``dtypelab show`` renders it."""
+    gpus = sorted(d for d in os.listdir(results) if os.path.isdir(os.path.join(results, d))) \
+        if os.path.isdir(results) else []
+    if not gpus:
+        return ("No GPU has returned records yet. When one is lent, `scripts/gpu/check` measures them and "
+                "`scripts/gpu/collect` files them under `benchmarks/results/<gpu>/`; this section is made from "
+                "there.\n")
+    out = []
+    for gpu in gpus:
+        folder = os.path.join(results, gpu)
+        rel = os.path.relpath(folder, ROOT) if folder.startswith(ROOT) else folder
+        summary = ""
+        if os.path.exists(os.path.join(folder, "summary.txt")):
+            with open(os.path.join(folder, "summary.txt")) as f:
+                summary = f.read().strip()
+        device = summary.splitlines()[0].removeprefix("device: ") if summary else gpu
+        out.append(f"### {device.split(';')[0]}\n\nFrom `{rel}/`, as `scripts/gpu/check` wrote them "
+                   f"({'; '.join(device.split('; ')[1:]) or 'no summary'}).\n\n```\n{summary}\n```\n")
+        for name in GPU_RECORDS:
+            record = os.path.join(folder, f"{name}.json")
+            if os.path.exists(record):
+                shown = run(f"dtypelab show {os.path.relpath(record, ROOT) if record.startswith(ROOT) else record}")
+                out.append(f"#### {name}\n\n```\n{shown}```\n")
+    return "\n".join(out)
 
 
 def readme(name: str, text: str) -> None:
@@ -115,14 +149,9 @@ def main() -> None:
     if any(n.startswith("forecast") for n in wanted & set(COMMANDS)):  # made on another day than machine.txt's
         with open(os.path.join(SAMPLES, "forecast-machine.txt"), "w") as f:
             f.write(machine())
-    if "gpu" in wanted:  # the committed GPU records (benchmarks/gpu_records.py), re-rendered: no GPU needed here
-        results = os.path.join(ROOT, "benchmarks", "results")
-        for gpu in sorted(os.listdir(results)) if os.path.isdir(results) else []:
-            for run_name in ("train", "infer", "profile", "tune-infer", "tune-train", "nproc1"):  # records to show
-                record = os.path.join("benchmarks", "results", gpu, f"{run_name}.json")
-                if os.path.exists(os.path.join(ROOT, record)):
-                    with open(os.path.join(SAMPLES, f"gpu-{gpu}-{run_name}.txt"), "w") as f:
-                        f.write(run(f"dtypelab show {record}"))
+    if "gpu" in wanted:  # the committed GPU records (scripts/gpu/check, collect), re-rendered: no GPU needed here
+        with open(os.path.join(SAMPLES, "gpu-records.md"), "w") as f:
+            f.write(gpu_records(os.path.join(ROOT, "benchmarks", "results")))
     if "cli" in wanted:
         for cmd in CLI:
             with open(os.path.join(SAMPLES, f"cli-{cmd}.txt"), "w") as f:

@@ -266,7 +266,7 @@ def test_every_golden_record_renders_with_the_registry_and_every_capability_unim
                   hardware=fake_hardware(int8=250.0))
     files = [os.path.join(V1, f"{n}.json") for n in ("bench_train", "bench_infer", "audit", "trace", "trace_clean",
                                                      "forecast", "forecast_check", "forecast_gpus")]
-    # and every record published from a GPU (benchmarks/gpu_records.py writes them under benchmarks/results/<gpu>/)
+    # and every record published from a GPU (scripts/gpu/collect files them under benchmarks/results/<gpu>/)
     results = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results")
     files += [f for f in sorted(glob.glob(os.path.join(results, "*", "*.json"))) if not f.endswith("hardware.json")]
     run = subprocess.run([sys.executable, "-c", RENDER_WITHOUT_REGISTRY, *files, str(tune)], capture_output=True,

@@ -140,13 +140,19 @@ class HardwareInfo:
         return cls(**d)
 
 
+# Variables that change what a built-in task is (its size, where its weights come from): a record keeps those set
+TASK_SETTINGS = ("DTYPELAB_GPT2_SIZE", "DTYPELAB_MINILM_DIR")
+
+
 def environment(hw: HardwareInfo) -> dict[str, Any]:
-    """Versions and hardware, kept in every record."""
+    """Versions and hardware, kept in every record (and the task settings, when any is set)."""
+    settings = {k: os.environ[k] for k in TASK_SETTINGS if os.environ.get(k)}
     return {
         "dtypelab": __version__, "torch": torch.__version__, "python": platform.python_version(),
         "platform": platform.platform(), "cuda": torch.version.cuda, "hardware": hw.to_dict(),
         # how this process was started: the exact command line for the CLI, the script and its arguments else
         "command": shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]]) if sys.argv and sys.argv[0] else "",
+        **({"task_settings": settings} if settings else {}),
     }
 
 
@@ -223,8 +229,14 @@ def _kernel(key: str, dev: torch.device, n: int, flags: tuple[str, ...]) -> Call
         a = torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8).to(dev)
         rows = scales.unsqueeze(1)
         if dev.type == "cpu" and set(flags) & {"avx512_vnni", "avx_vnni"} and "amx_int8" not in flags:
-            # torchao's CPU path on VNNI without AMX: shifted to uint8 (u8s8), the form VNNI multiplies
-            a = (a.to(torch.int32) + 128).to(torch.uint8)
+            # torchao's CPU path on VNNI without AMX: shifted to uint8 (u8s8), the form VNNI multiplies; torch 2.11's
+            # _int_mm takes int8 only (it refuses uint8), and then the signed form is what runs
+            u8 = (a.to(torch.int32) + 128).to(torch.uint8)
+            try:
+                torch._int_mm(u8[:32, :32], w8[:32, :32].t())
+                a = u8
+            except RuntimeError:
+                pass
         return lambda: torch._int_mm(a, w8.t()).to(torch.float32) * rows
     if key == "int8-fbgemm":
         with warnings.catch_warnings():

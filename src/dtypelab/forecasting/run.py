@@ -165,6 +165,17 @@ def families(plans: list[Plan]) -> list[list[Plan]]:
     return sorted(grouped.values(), key=lambda g: -(6 * any("train" in p.modes for p in g) + sum(map(cost, g))))
 
 
+def cuda_guard_here() -> None:
+    """Set the fake CUDA device guard from this (long-lived) thread before the jobs' threads enter fake tensors.
+
+    On a CUDA build of torch with no GPU visible, FakeTensorMode installs a no-op CUDA device guard each time it is
+    entered (``torch._C._ensureCUDADeviceGuardSet``). In torch 2.11 that call crashes the process (a segmentation
+    fault) when a thread makes it after another thread that made it first has ended: an inline forecast's second
+    run, each in a fresh pool thread. Made first from a thread that outlives them, it is safe."""
+    if not torch.cuda.is_available() and hasattr(torch._C, "_ensureCUDADeviceGuardSet"):
+        torch._C._ensureCUDADeviceGuardSet()
+
+
 def forecast(task: str | Task, options: ForecastOptions | None = None, *, progress: Progress | None = None,
              **settings: Any) -> ForecastReport:
     """Each policy's peak training memory (by category) and inference peak for ``task``, traced on fake tensors
@@ -213,6 +224,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
 
     if progress is not None:
         progress(0, len(plans))
+    cuda_guard_here()
     try:
         with ThreadPoolExecutor(len(jobs)) as pool:
             outcomes = list(pool.map(run, range(len(jobs))))

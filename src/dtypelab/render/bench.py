@@ -114,7 +114,11 @@ def bench_title(report: Report) -> str:
     script = f" -- {' '.join(cfg.script_args)}" if cfg.script_args else ""
     if cfg.nproc:
         batch += f" · {cfg.nproc * cfg.nnodes} ranks (torchrun)"
-    return (f"dtypelab {what}: {cfg.task_name or cfg.task}{script} · {steps}{batch} · "
+    settings = report.environment.get("task_settings") or {}
+    task = cfg.task_name or cfg.task
+    if settings:  # a built-in task changed by a variable (a float16 copy of minilm's weights, say)
+        task += f" (with {', '.join(settings)})"
+    return (f"dtypelab {what}: {task}{script} · {steps}{batch} · "
             f"{hw.get('device_name') or cfg.device} · torch {report.environment.get('torch', '?')}")
 
 

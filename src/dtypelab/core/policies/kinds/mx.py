@@ -54,6 +54,19 @@ def mx_roundtrip(x: torch.Tensor, elements: str = "mxfp8") -> torch.Tensor:
                                                                                           ).reshape(x.shape)
 
 
+def _mx_training_torch() -> str | None:
+    """Why this torch cannot run torchao's mxfp8 training (its weights are DTensor-aware wrappers that need
+    DTensor's scaled_mm strategy, which torch 2.11 lacks and 2.13 has), or None."""
+    try:
+        from torch.distributed.tensor import _dispatch, _ops
+    except ImportError:
+        return f"torchao's mxfp8 training needs torch.distributed, which this torch ({torch.__version__}) lacks"
+    if hasattr(_ops, "scaled_mm_single_dim_strategy") and hasattr(_dispatch, "is_pinned_handler"):
+        return None
+    return (f"torchao's mxfp8 training needs a newer torch than {torch.__version__} (DTensor's scaled_mm strategy, "
+            "torchao's own check; torch 2.13 has it)")
+
+
 class _MX(Emulable, Config):
     """What the MX kinds share: torchao's kernels on Blackwell, or their emulation anywhere (``emulate``)."""
 
@@ -88,6 +101,9 @@ class MXTrain(_MX):
     def __post_init__(self) -> None:
         if self.recipe != "mxfp8":
             raise DtypelabError(f"mx-train: unknown recipe {self.recipe!r}; torchao trains in mxfp8")
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        return super().supported(hw) or _mx_training_torch()
 
     @property
     def label(self) -> str:
