@@ -225,7 +225,8 @@ def test_a_disturbed_probe_or_baseline_never_skips_a_policy_as_slow(monkeypatch)
     probes = []
     monkeypatch.setattr(hardware, "CpuMeter", Busy)
     monkeypatch.setattr(hardware, "PROBE_PAUSE_S", 0.0)
-    monkeypatch.setattr(hardware, "probe", lambda dev, budget: probes.append(dev) or fake_hardware(fp16_gflops=0.5))
+    monkeypatch.setattr(hardware, "probe",
+                        lambda dev, budget, speed=False: probes.append(dev) or fake_hardware(fp16_gflops=0.5))
     notices = []
     report = bench(f"{TINY}:make_task", "fp16", steps=4, warmup=1, rounds=0, isolate=False,
                    on_event=lambda e: notices.append(e.label) if e.kind == "notice" else None)

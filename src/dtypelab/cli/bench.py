@@ -112,7 +112,7 @@ def _hardware(opts: HardwareOptions, cli: dict[str, Any]) -> None:
     from dtypelab.core.results import plain_json, save_text
 
     with guarded():
-        hw = measured_probe(opts.device)
+        hw = measured_probe(opts.device, speed=True)
         if opts.json_path:
             save_text(opts.json_path, plain_json(hw.to_dict()) + "\n")
     lines = [f"device      {hw.device} ({hw.device_name})",
@@ -132,6 +132,12 @@ def _hardware(opts: HardwareOptions, cli: dict[str, Any]) -> None:
         slow = hw.slow_reason(key)
         lines.append(f"  {key:17s} {gflops:9.3g}  {ratio}  {native:10s} {of_rated}{what}"
                      f"{'  — ' + slow if slow else ''}".rstrip())
+    if hw.bandwidth_gbs:
+        per_dtype = ", ".join(f"{k} {v:g}" for k, v in hw.elementwise_gbs.items())
+        lines.append(f"memory      {hw.bandwidth_gbs:g} GB/s a large copy moves (read + written)"
+                     + (f"; an elementwise add: {per_dtype} GB/s" if per_dtype else ""))
+    if hw.op_floor_us:
+        lines.append(f"per op      {hw.op_floor_us:.3g} µs (a tiny training step's time over the ops it runs)")
     if hw.disturbed:
         lines.append(f"caution     the probe was disturbed ({hw.disturbed}): these figures are not reliable")
     for line in lines:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import shlex
 import sys
 import time
@@ -15,6 +14,7 @@ from typing import Any
 
 import torch
 
+from dtypelab.core.devices import rated_peaks
 from dtypelab.core.disturbance import CpuMeter, describe
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.results.store import read_json
@@ -40,29 +40,8 @@ KERNEL_LABELS = {
 # A policy whose compute dtype (or kernel) runs below this fraction of fp32 throughput is "pathologically slow".
 SLOW_RATIO = 0.1
 
-# Rated dense peaks (no structured sparsity), TFLOP/s (TOPS for int8), from NVIDIA's datasheets, per probe key; the
-# first pattern that matches torch.cuda.get_device_name() wins. float64: the FP64 tensor-core figure, which cuBLAS's
-# DGEMM uses. What the probe and --profile report achieved FLOP/s against (MFU); unknown devices get none.
-RATED_TFLOPS: tuple[tuple[str, str, dict[str, float]], ...] = (
-    (r"H100.*PCIe", "H100 PCIe", {"float64": 51, "float32": 51, "tf32": 378, "bfloat16": 756, "float16": 756,
-                                  "fp8": 1513, "int8": 1513}),
-    (r"H[12]00.*NVL", "H100/H200 NVL", {"float64": 60, "float32": 60, "tf32": 417.5, "bfloat16": 835.5,
-                                        "float16": 835.5, "fp8": 1670.5, "int8": 1670.5}),
-    (r"H100|H200|GH200", "H100/H200 SXM", {"float64": 67, "float32": 67, "tf32": 494.5, "bfloat16": 989.5,
-                                            "float16": 989.5, "fp8": 1979, "int8": 1979}),
-    (r"A100", "A100", {"float64": 19.5, "float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312, "int8": 624}),
-    (r"L40S", "L40S", {"float32": 91.6, "tf32": 183, "bfloat16": 362, "float16": 362, "fp8": 733, "int8": 733}),
-    (r"\bL4\b", "L4", {"float32": 30.3, "tf32": 60, "bfloat16": 121, "float16": 121, "fp8": 242.5, "int8": 242.5}),
-    (r"\bA10\b", "A10", {"float32": 31.2, "tf32": 62.5, "bfloat16": 125, "float16": 125, "int8": 250}),
-)
-
-
-def rated_peaks(device_name: str) -> tuple[str, dict[str, float]]:
-    """(which datasheet, its dense peak TFLOP/s per probe key) for a CUDA device's name; ("", {}) when unknown."""
-    for pattern, label, peaks in RATED_TFLOPS:
-        if re.search(pattern, device_name):
-            return f"{label} (NVIDIA datasheet, dense)", dict(peaks)
-    return "", {}
+# the datasheets' dense peaks (what the probe and --profile report achieved FLOP/s against: MFU) live with the device
+# table: core.devices.RATED_TFLOPS
 
 
 @dataclass(frozen=True)
@@ -80,6 +59,16 @@ class HardwareInfo:
     disturbed: str = ""
     rated_tflops: dict[str, float] = field(default_factory=dict)  # the datasheet's dense peaks (GPUs it knows)
     rated_source: str = ""  # which datasheet they are from
+    # what a forecast of speed on this device is made from, beside the matmul rates: a large copy's bytes read and
+    # written per second, and the time of one small op (dispatch and launch); None in probes made before them
+    bandwidth_gbs: float | None = None
+    op_floor_us: float | None = None
+    # a CPU's matmul GFLOP/s at smaller sizes than ``gflops``' (n: GFLOP/s per dtype): how far below its rate small
+    # matmuls run there, which a forecast of speed on this CPU reads as its efficiency curve
+    small_gflops: dict[str, dict[str, float]] = field(default_factory=dict)  # keyed by str(n): as JSON keeps it
+    # a CPU's elementwise GB/s per dtype (an add's bytes read and written): a bfloat16 op does not move its half-size
+    # elements twice as fast there when the CPU converts them to compute
+    elementwise_gbs: dict[str, float] = field(default_factory=dict)
 
     @property
     def is_cuda(self) -> bool:
@@ -210,6 +199,75 @@ def _timed_gflops(fn: Callable[[], Any], n: int, sync: Callable[[], None], budge
             return 2 * n**3 * reps / elapsed / 1e9
 
 
+def _bandwidth_gbs(dev: torch.device, sync: Callable[[], None], budget_s: float) -> float:
+    """GB/s a large copy moves (bytes read plus bytes written): 64 MiB on a CPU, past its caches; 1 GiB on a GPU."""
+    n = (2**28 if dev.type == "cuda" else 2**24)  # float32 elements
+    src, dst = torch.ones(n, device=dev), torch.empty(n, device=dev)
+    dst.copy_(src)
+    sync()
+    reps, start = 0, time.perf_counter()
+    while True:
+        dst.copy_(src)
+        sync()
+        reps += 1
+        elapsed = time.perf_counter() - start
+        if reps >= 3 and elapsed >= budget_s:
+            return 2 * 4 * n * reps / elapsed / 1e9
+
+
+def _elementwise_gbs(dtype: torch.dtype, dev: torch.device, budget_s: float) -> float:
+    """GB/s an elementwise add of 4 Mi elements moves (two read, one written) in ``dtype``."""
+    n = 2**22
+    a, b = torch.ones(n, device=dev, dtype=dtype), torch.ones(n, device=dev, dtype=dtype)
+    c = torch.empty_like(a)
+    torch.add(a, b, out=c)
+    reps, start = 0, time.perf_counter()
+    while True:
+        torch.add(a, b, out=c)
+        reps += 1
+        elapsed = time.perf_counter() - start
+        if reps >= 3 and elapsed >= budget_s:
+            return 3 * n * a.element_size() * reps / elapsed / 1e9
+
+
+def _op_floor_us(dev: torch.device, sync: Callable[[], None]) -> float:
+    """µs per op of a training step too small for any op to take time of its own: a 3-layer MLP 8 wide, its forward,
+    backward and Adam update, timed (median of 9 rounds of 10 steps) and divided by the ops it dispatches. What each
+    op costs beyond its arithmetic there (dispatch, allocation, autograd's and the modules' bookkeeping, launch)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                torch.nn.Linear(8, 1)).to(dev)
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(4, 8, device=dev)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    with Count():
+        step()
+    times = []
+    for _ in range(9):
+        sync()
+        start = time.perf_counter()
+        for _ in range(10):
+            step()
+        sync()
+        times.append((time.perf_counter() - start) / 10)
+    return sorted(times)[4] / max(1, Count.n) * 1e6
+
+
 def _kernel(key: str, dev: torch.device, n: int, flags: tuple[str, ...]) -> Callable[[], Any] | None:
     """A zero-argument call of the kernel a quantized policy runs, on n×n operands; None where it has none."""
     g = torch.Generator().manual_seed(0)
@@ -251,8 +309,9 @@ def _kernel(key: str, dev: torch.device, n: int, flags: tuple[str, ...]) -> Call
     return None
 
 
-def probe(device: str | torch.device | None = None, budget_s: float = 0.1) -> HardwareInfo:
-    """Describe the device and measure matmul GFLOP/s per dtype and per quantized kernel (about 1 s on CPU)."""
+def probe(device: str | torch.device | None = None, budget_s: float = 0.1, speed: bool = False) -> HardwareInfo:
+    """Describe the device and measure matmul GFLOP/s per dtype and per quantized kernel (about 1 s on CPU); with
+    ``speed``, also what a forecast of step time reads (bandwidth, elementwise rates, small matmuls, per-op time)."""
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     cpu_name, flags = _cpu_info()
     cc, name = None, cpu_name
@@ -265,6 +324,13 @@ def probe(device: str | torch.device | None = None, budget_s: float = 0.1) -> Ha
     for dtype_name in PROBE_DTYPES:
         size = min(n, 4096) if dtype_name == "float64" else n  # a consumer GPU's float64 is 1/64 rate
         gflops[dtype_name] = _matmul_gflops(getattr(torch, dtype_name), dev, size, budget_s)
+    small: dict[str, dict[str, float]] = {}
+    elementwise: dict[str, float] = {}
+    if dev.type == "cpu" and speed:  # the curve below the probe's size: small matmuls run far from a CPU's rate too
+        for dtype_name in ("float32", "bfloat16", "float16"):
+            elementwise[dtype_name] = round(_elementwise_gbs(getattr(torch, dtype_name), dev, budget_s / 2), 2)
+            small[dtype_name] = {str(m): round(_matmul_gflops(getattr(torch, dtype_name), dev, m, budget_s / 4), 3)
+                                 for m in (16, 32, 64, 128)}
     if dev.type == "cuda" and cc >= (8, 0):
         prev = torch.backends.cuda.matmul.fp32_precision
         torch.backends.cuda.matmul.fp32_precision = "tf32"
@@ -286,6 +352,9 @@ def probe(device: str | torch.device | None = None, budget_s: float = 0.1) -> Ha
         cpu_capability=torch.backends.cpu.get_cpu_capability(), cuda_capability=cc,
         threads=torch.get_num_threads(), gflops={k: round(v, 3) for k, v in gflops.items()},
         rated_tflops=rated, rated_source=source,
+        bandwidth_gbs=round(_bandwidth_gbs(dev, sync, budget_s), 2) if speed else None,
+        op_floor_us=round(_op_floor_us(dev, sync), 3) if speed else None, small_gflops=small,
+        elementwise_gbs=elementwise,
     )
 
 
@@ -294,14 +363,14 @@ PROBE_PAUSE_S = 0.5  # between them: a bursty neighbour may have finished its bu
 
 
 def measured_probe(device: str | torch.device | None = None, budget_s: float = 0.1,
-                   retries: int = PROBE_RETRIES) -> HardwareInfo:
+                   retries: int = PROBE_RETRIES, speed: bool = False) -> HardwareInfo:
     """``probe``, watched for other processes: re-taken while they disturb it, and marked ``disturbed`` when they
     still do, so that its figures are never the sole reason to skip a policy or to run one."""
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     for attempt in range(retries + 1):
         meter = CpuMeter()
         meter.start()
-        hw = probe(dev, budget_s)
+        hw = probe(dev, budget_s, speed)
         busy = meter.stop()
         if busy is None or not busy.disturbed:
             return hw

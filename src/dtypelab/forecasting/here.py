@@ -14,6 +14,8 @@ from dtypelab.forecasting.ledger import Peak
 from dtypelab.forecasting.trace import Traced
 
 CHECK_STEPS = 3  # --check: real steps, the first making the optimizer's state
+TIMED_STEPS = 10  # --check: the steps timed for the measured step time (after WARM_STEPS)
+WARM_STEPS = 3  # caches, the optimizer's state, a compiled policy's graphs
 
 
 def extrapolate(runs: list[Traced], sizes: tuple[int, ...], batch_size: int) -> Traced:
@@ -75,3 +77,37 @@ def process_peak(task: Task, plan: Plan, device: str, batch_size: int, train: bo
     peak = meter.peak_bytes()
     del model, optimizer
     return peak, meter.method
+
+
+def step_seconds(task: Task, plan: Plan, device: str, batch_size: int, train: bool, seed: int) -> float:
+    """--check's measured step time: the median of TIMED_STEPS training steps (or inference passes) after
+    WARM_STEPS, on real tensors, timed as bench times them (the device synchronized around each)."""
+    import statistics
+    import time
+
+    from dtypelab.core.loop import build_model, build_trainable, forward, to_device, train_step
+    from dtypelab.core.measure import device_sync
+    from dtypelab.core.policies import Precision
+
+    dev = torch.device(device)
+    sync = device_sync(dev) or (lambda: None)
+    precision = Precision(plan, dev)
+    model, optimizer = build_trainable(task, precision, dev, model=build_model(task, seed), train=train)
+    times = []
+    with precision.session():
+        for step in range(WARM_STEPS + TIMED_STEPS):
+            if train:
+                inputs, target = to_device(task.batch(step, batch_size), dev)
+            else:
+                inputs = to_device(task.inference_inputs(batch_size), dev)
+            sync()
+            start = time.perf_counter()
+            if train:
+                train_step(task, model, precision, optimizer, inputs, target)
+            else:
+                with torch.no_grad():
+                    forward(model, precision, inputs)
+            sync()
+            if step >= WARM_STEPS:
+                times.append(time.perf_counter() - start)
+    return statistics.median(times)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -25,7 +25,8 @@ from torch import nn
 from dtypelab.core.errors import DtypelabError, Unsupported, describe_exception
 from dtypelab.core.footprint import tensor_bytes
 from dtypelab.core.policies import Plan, Precision, emulated_version, get_policy
-from dtypelab.core.results import CheckResult, FitForecast, PeakForecast, PolicyForecast
+from dtypelab.core.results import CheckResult, FitForecast, PeakForecast, PolicyForecast, TimeForecast
+from dtypelab.core.speed import Op, Rates, step_time
 from dtypelab.core.task import Task, load_task
 from dtypelab.forecasting import here
 from dtypelab.forecasting.batch import infer_batch_shape, train_batch_shape
@@ -61,6 +62,7 @@ class ForecastJob:
     groups: tuple[int, ...] = ()  # how many plans each family has, in order (none: one family each)
     claims: str | None = None  # a folder shared with the other workers: each family is taken by whoever is free
     task: Task | None = field(default=None, compare=False)  # a Task object (this process only: it does not pickle)
+    rates: Rates | None = field(default=None, compare=False)  # the target's, for the time model (None: no time)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "plans", tuple(get_policy(p) for p in self.plans))
@@ -125,7 +127,8 @@ def _shifted(traced: Traced, extra: int, category: str) -> Traced:
     most = dict(traced.most)
     most[category] += extra
     params = traced.parameter_bytes + (extra if category == "parameters" else 0)
-    return Traced(Peak(traced.peak.total + extra, breakdown, traced.peak.phase, traced.peak.module), most, params)
+    return Traced(Peak(traced.peak.total + extra, breakdown, traced.peak.phase, traced.peak.module), most, params,
+                  ops=traced.ops)
 
 
 class Forecaster:
@@ -134,7 +137,7 @@ class Forecaster:
 
     def __init__(self, job: ForecastJob, task: Task) -> None:
         self.job, self.task = job, task
-        self.target = Target(job.target)
+        self.target = Target(job.target, timed=job.rates is not None)
         self.meta, self.build_note = meta_model(task, job.seed)
         self.trains = not task.inference_only
         self.train_shape = train_batch_shape(task) if self.trains else None
@@ -148,6 +151,7 @@ class Forecaster:
         self._passes: dict[tuple[Any, ...], Traced] = {}
         self._updates: dict[str, Traced] = {}
         self._measured: dict[tuple[str, bool], tuple[list[Traced], tuple[int, ...]]] = {}
+        self._ops: dict[tuple[str, bool], tuple[tuple[Op, ...], str]] = {}  # (plan, train) -> its step's ops, method
 
     def _here(self) -> Any:
         if self._hardware is None:
@@ -182,10 +186,17 @@ class Forecaster:
                 # the largest batch for serving: asked of the inference formats; a training policy's is its training's
                 infer_fit = self.fit(plan, False, infer, infer_method, search=train is None)
             notes += self._conversion_notes.get(plan.name, [])
+            timed = self.time(plan, train is not None) if train is not None or not self.trains else (
+                None if self.job.rates is None else
+                TimeForecast(None, reason="an inference format: its pass is not a training step to compare"))
             check = None
             if self.job.check:
                 try:  # a check that fails keeps the forecast it was checking
                     check = self.check(plan, notes)
+                    if timed is not None and timed.step_s is not None:
+                        timed = replace(timed, measured_s=here.step_seconds(
+                            self.task, plan, self.job.check_device, self.job.batch_size if train is not None
+                            else self.job.infer_batch_size, train is not None, self.job.seed))
                 except Exception as exc:
                     notes.append(f"--check: running the steps here failed ({describe_exception(exc)})")
         except Unsupported as exc:  # no variant of the task's optimizer: the policy means nothing here
@@ -196,7 +207,32 @@ class Forecaster:
                                   notes=tuple(notes), seconds=time.perf_counter() - start)
         return PolicyForecast(plan.name, plan.describe(), "ok", method=method, notes=tuple(dict.fromkeys(notes)),
                               train=train, infer=infer, train_fit=train_fit, infer_fit=infer_fit, check=check,
-                              seconds=time.perf_counter() - start)
+                              seconds=time.perf_counter() - start, time=timed)
+
+    def time(self, plan: Plan, train: bool) -> TimeForecast | None:
+        """The step's predicted time on the target from the ops its trace recorded (None: no rates to time with)."""
+        rates = self.job.rates
+        if rates is None:
+            return None
+        if any(getattr(c, "emulate", False) for c in plan.configs):
+            return TimeForecast(None, reason="emulated numerics: its kernels are not the real ones (the policy "
+                                             "without -emu is timed)")
+        ops, method = self._ops.get((plan.name, train), ((), ""))
+        if not ops:
+            why = {"measured": "the step could not be traced (it was measured here): no ops to time",
+                   "state-only": "the step could not be traced: no ops to time"}.get(method, "no ops were traced")
+            return TimeForecast(None, reason=why)
+        if any(getattr(c, "process_wide", False) and c.compute_dtype == "tf32" for c in plan.configs):
+            # TF32 is a process-wide flag, not a layout: the trace it shares with fp32 shows float32 matmuls
+            ops = tuple(replace(op, rate="tf32") if op.rate == "float32" else op for op in ops)
+        timing = step_time(ops, rates, compiled=plan.compiles)
+        if timing.missing:
+            return TimeForecast(None, reason=f"no {'/'.join(timing.missing)} rate on {rates.device}: the policy "
+                                             "cannot run there at that speed (no such tensor cores)")
+        note = ("traced with a stand-in (a cast in place of kernels this machine lacks): the time is the stand-in's "
+                "kernels'" if method == "stand-in" else "")
+        return TimeForecast(timing.step_s, bound=timing.bound, breakdown=dict(timing.groups),
+                            bounds=dict(timing.bounds), kernels=timing.kernels, reason=note)
 
     def fit(self, plan: Plan, train: bool, peak: PeakForecast, method: str, search: bool = True,
             ) -> FitForecast | None:
@@ -234,6 +270,8 @@ class Forecaster:
                              "kernels' temporaries may differ")
         if plan.distributed is not None and plan.distributed.strategy == "ddp":
             traced = _shifted(traced, traced.most["gradients"], "gradients")
+        if batch_size == (self.job.batch_size if train else self.job.infer_batch_size):
+            self._ops[(plan.name, train)] = (traced.ops, method)
         return _peak(traced, batch_size, train), method
 
     def converted(self, plan: Plan) -> tuple[nn.Module, Plan, int]:
@@ -305,7 +343,7 @@ class Forecaster:
     def _real(self, plan: Plan, batch_size: int, train: bool, steps: int, device: str = "cpu") -> Traced:
         torch.manual_seed(self.job.seed)
         model = self.task.make_model()
-        run = Run(self.task, plan, model, self.target, fake=False, device=device)
+        run = Run(self.task, plan, model, replace(self.target, timed=False), fake=False, device=device)
         if train:
             return run.train(lambda step: self.task.train_batch(step, batch_size), batch_size, steps=steps)
         return run.infer(lambda step: self.task.inference_inputs(batch_size), batch_size)

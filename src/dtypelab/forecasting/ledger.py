@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.module_tracker import ModuleTracker
 
 from dtypelab.core.footprint import leaves
+from dtypelab.forecasting.ops import RECORDED, record
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "master_weights", "activations", "temporaries")
 _DEVICE = torch.ops.prim.device.default
@@ -60,8 +61,9 @@ def _storages(t: torch.Tensor) -> Iterator[torch.UntypedStorage]:
 class Ledger(TorchDispatchMode):
     """Counts live storages by category while active (enter it inside the ``FakeTensorMode``, if any)."""
 
-    def __init__(self, round_to: int = 1) -> None:
+    def __init__(self, round_to: int = 1, ops: list[Any] | None = None) -> None:
         super().__init__()
+        self.ops = ops  # each op's cost (forecasting.ops.record) in a step's phases, when a list is given
         self.round_to = max(1, round_to)
         self._live: dict[int, list[Any]] = {}  # id(storage) -> [weakref, bytes, category]
         self.current = dict.fromkeys(CATEGORIES, 0)
@@ -155,6 +157,10 @@ class Ledger(TorchDispatchMode):
                 for st in _storages(t):
                     self._add(st, self.default)
         self._update_peak()
+        if self.ops is not None and self.phase in RECORDED:
+            op = record(func, args, kwargs or {}, out, self.phase)
+            if op is not None:
+                self.ops.append(op)
         return out
 
     def __enter__(self) -> Ledger:

@@ -26,7 +26,9 @@ class ForecastOptions(Options):
     seed: int = Field(0, description="seed of the model's initial weights")
     batch_search: bool = Field(True, description="with a memory limit, also find the largest batch size that fits")
     check: bool = Field(False, description="also run the steps here on real tensors and show the measured peaks "
-                                           "beside the forecast (where the model fits this machine)")
+                                           "and step times beside the forecast (where the model fits this machine)")
+    baseline: str | None = Field(None, description="the policy speedups are against [default: fp32 when forecast, "
+                                                   "else the first policy]")
     workers: int | None = Field(None, ge=1, le=64, description="processes tracing at once [default: the CPU cores, "
                                                                 "at most 2]")
     json_path: str | None = json_field()

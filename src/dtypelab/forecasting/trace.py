@@ -22,6 +22,7 @@ from torch import nn
 from dtypelab.core.footprint import state_tensors
 from dtypelab.core.loop import forward, forward_loss, train_step
 from dtypelab.core.policies import Plan, Precision
+from dtypelab.core.speed import Op
 from dtypelab.core.task import Task, map_tensors
 from dtypelab.forecasting.batch import BatchShape, fetched, split
 from dtypelab.forecasting.fake import eager, faked, materialize
@@ -35,6 +36,7 @@ class Target:
     hold one more copy of the state being updated); on the CPU they step one parameter at a time."""
 
     kind: str = "cuda"
+    timed: bool = False  # record each op's cost for the time model (a device with rates was named)
 
     @property
     def round_to(self) -> int:
@@ -58,6 +60,7 @@ class Traced:
     phases: dict[str, Peak] = field(default_factory=dict)
     state: dict[str, int] = field(default_factory=dict)
     gradients: int = 0  # what the backward left in the parameters' gradients
+    ops: tuple[Op, ...] = ()  # one step's kernels as the time model takes them (core.speed)
 
 
 class Run:
@@ -83,7 +86,7 @@ class Run:
                 materialize(self.model, mode, torch.device("cpu"))
             if self.wrap is not None:
                 self.model = self.wrap(self.model)
-            ledger = stack.enter_context(Ledger(round_to=self.target.round_to))
+            ledger = stack.enter_context(Ledger(round_to=self.target.round_to, ops=[] if self.target.timed else None))
             ledger.claim(self.model.parameters(), "parameters")
             ledger.claim(self.model.buffers(), "buffers")
             stack.enter_context(self.precision.session())
@@ -148,7 +151,8 @@ class Run:
             state = {k: ledger.current[k] for k in ("optimizer_state", "master_weights")}
             gradients = ledger.current["gradients"]
             peak = later(ledger.phases, state, gradients) if steps == 1 and update else ledger.peak
-            return Traced(peak, dict(ledger.most), params, dict(ledger.phases), state, gradients)
+            return Traced(peak, dict(ledger.most), params, dict(ledger.phases), state, gradients,
+                          tuple(ledger.ops or ()) if steps == 1 else ())
 
     def state(self) -> Traced:
         """The update alone: the weights, a gradient for each trainable one, and one optimizer step (its phase joins
@@ -168,8 +172,9 @@ class Run:
             ledger.claim(state_tensors(optimizer), "optimizer_state")
             ledger.claim(self.precision.master_tensors(optimizer), "master_weights")
             state = {k: ledger.current[k] for k in ("optimizer_state", "master_weights")}
+            update = tuple(op for op in ledger.ops or () if op.group == "optimizer")
             return Traced(later(ledger.phases, state, gradients), dict(ledger.most), params, dict(ledger.phases),
-                          state, gradients)
+                          state, gradients, update)
 
     def weights(self) -> Traced:
         """The converted weights and buffers alone: an inference pass that cannot be traced, less what it computes."""
@@ -187,7 +192,7 @@ class Run:
             with torch.no_grad(), ledger.phase_of("forward"):
                 out = forward(self.model, self.precision, inputs)
             del out, inputs
-            return Traced(ledger.peak, dict(ledger.most), params, dict(ledger.phases))
+            return Traced(ledger.peak, dict(ledger.most), params, dict(ledger.phases), ops=tuple(ledger.ops or ()))
 
 
 def joined(passes: Traced, update: Traced) -> Traced:
@@ -196,7 +201,7 @@ def joined(passes: Traced, update: Traced) -> Traced:
     phases = {**passes.phases, **({"optimizer": update.phases["optimizer"]} if "optimizer" in update.phases else {})}
     most = {k: max(v, update.most.get(k, 0)) for k, v in passes.most.items()}
     return Traced(later(phases, update.state, passes.gradients), most, passes.parameter_bytes, phases,
-                  dict(update.state), passes.gradients)
+                  dict(update.state), passes.gradients, passes.ops + update.ops)
 
 
 def later(phases: dict[str, Peak], state: dict[str, int], gradients: int) -> Peak:

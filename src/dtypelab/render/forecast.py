@@ -148,3 +148,46 @@ def check_docs(report: ForecastReport, top: int = 0) -> list[Any]:
              f"process peak: as bench measures it ({method}): it adds what is outside the tensors (the allocator's "
              "slack, the runtime's workspaces, pages the kernels touch)"]
     return [("dtypelab forecast --check: the forecast beside the same steps run here", headers, rows, notes)]
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:,.0f}" if ms >= 1000 else f"{ms:.3g}"
+
+
+@more(ForecastReport)
+def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
+    """Each policy's predicted step time on the target, its speedup against the baseline, what bounds it and where it
+    goes; with --check, beside the step timed here."""
+    timed = [p for p in report.policies if p.time is not None]
+    if not timed:
+        return [(report.speed_answer, [], [], [])] if report.speed_answer else []
+    checked = any(p.time.measured_s for p in timed)
+    base = report.baseline or "the baseline"
+    headers = ["policy", "step ms", f"speedup vs {base}", "bound", "where the time goes", "kernels"]
+    if checked:
+        headers += ["measured ms", "measured speedup", "predicted/measured speedup"]
+    rows = []
+    for p in timed:
+        t = p.time
+        if t.step_s is None:
+            rows.append([p.policy, "—", "—", "—", t.reason, "—", *(["—"] * 3 if checked else [])])
+            continue
+        shares = sorted(((v / t.step_s, k) for k, v in t.breakdown.items() if v), reverse=True)[:3]
+        cells = [p.policy, _ms(t.step_s), f"{t.speedup:.2f}x" if t.speedup else "—", t.bound,
+                 ", ".join(f"{k} {s:.0%}" for s, k in shares), str(t.kernels)]
+        if checked:
+            m, ms = t.measured_s, t.measured_speedup
+            cells += [_ms(m) if m else "—", f"{ms:.2f}x" if ms else "—",
+                      f"{t.speedup / ms:.2f}" if ms and t.speedup else "—"]
+        rows.append(cells)
+    notes = [f"predicted from the traced ops (FLOPs, bytes read and written, the dtype each computes in), each op "
+             f"max(FLOPs at its dtype's rate × a GEMM's size efficiency, bytes at the bandwidth, a per-kernel floor), "
+             f"summed; a compiled policy's elementwise runs fused: {report.rates}",
+             "bound: what most of the step's time is bound by (compute, memory, or the per-kernel floor: overhead)"]
+    if checked:
+        notes.append("measured: the same step on real tensors here, median of 10 after 3 warm-up steps; one run of "
+                     "each, so the measured speedups carry that run's noise (bench's paired rounds decide speed)")
+    notes += [f"{p.policy}: {p.time.reason}" for p in timed if p.time.step_s is not None and p.time.reason]
+    title = report.speed_answer or "dtypelab forecast: predicted step times"
+    return [(title, headers, rows, notes)]

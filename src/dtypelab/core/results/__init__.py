@@ -40,6 +40,7 @@ from dtypelab.core.results.forecast import (
     PeakForecast,
     PolicyForecast,
     TargetDevice,
+    TimeForecast,
 )
 from dtypelab.core.results.lint import LINT_SCHEMA, LintFinding, LintReport
 from dtypelab.core.results.profile import CATEGORIES, CATEGORY_LABELS, PHASES, OpStat, ProfileSummary, SourceOp
@@ -88,6 +89,7 @@ __all__ = [
     "ForecastReport",
     "PeakForecast",
     "PolicyForecast",
+    "TimeForecast",
     "TargetDevice",
     "BASELINE",
     "CATEGORIES",

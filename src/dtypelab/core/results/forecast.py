@@ -1,4 +1,5 @@
-"""Forecast records: each policy's peak memory, traced without running, for a device (``dtypelab forecast``)."""
+"""Forecast records: each policy's peak memory and step time, traced without running, for a device
+(``dtypelab forecast``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from dtypelab.core.results.store import Record
 
 FORECAST_SCHEMA = "dtypelab.forecast"
-FORECAST_VERSION = 1
+FORECAST_VERSION = 2  # 2: each policy's predicted time, the baseline and the fastest policy that fits
 # the peak's categories, in the order they are shown: what the model holds, then what the step adds
 PEAK_CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "master_weights", "activations",
                    "temporaries")
@@ -75,6 +76,21 @@ class CheckResult:
 
 
 @dataclass(frozen=True)
+class TimeForecast:
+    """One training step's (or inference pass's) predicted time per rank on the target (``core.speed``)."""
+
+    step_s: float | None  # None: no prediction (``reason`` says why)
+    speedup: float | None = None  # the baseline's step over this one's
+    bound: str = ""  # compute, memory or overhead: what most of the time is bound by
+    breakdown: dict[str, float] = field(default_factory=dict)  # seconds per group (matmuls, attention, ...)
+    bounds: dict[str, float] = field(default_factory=dict)  # seconds per bound
+    kernels: int = 0
+    reason: str = ""  # why there is none, or what to keep in mind about it (a stand-in's kernels)
+    measured_s: float | None = None  # --check: the same step timed here (median)
+    measured_speedup: float | None = None  # --check: the baseline's measured step over this one's
+
+
+@dataclass(frozen=True)
 class PolicyForecast:
     policy: str
     summary: str
@@ -90,6 +106,7 @@ class PolicyForecast:
     smallest_device: str | None = None  # no device named: the smallest GPU of the table the training peak fits
     check: CheckResult | None = None
     seconds: float = 0.0
+    time: TimeForecast | None = None
 
     @property
     def peak(self) -> PeakForecast | None:
@@ -119,6 +136,10 @@ class ForecastReport(Record):
     notes: tuple[str, ...] = ()
     seconds: float = 0.0
     created: str = ""
+    baseline: str = ""  # the policy speedups are against
+    rates: str = ""  # where the time model's rates come from (datasheet, measured here)
+    fastest: str = ""  # the fastest policy predicted to fit ("" when no time was forecast)
+    speed_answer: str = ""  # that answer in a sentence
 
     schema_version: int = FORECAST_VERSION
 
@@ -130,3 +151,11 @@ class ForecastReport(Record):
             if p.policy == policy:
                 return p
         raise KeyError(policy)
+
+
+def _migrate_v1(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 forecast memory only: no policy has a time, and there is no baseline or fastest policy."""
+    return {**d, "baseline": "", "rates": "", "fastest": "", "speed_answer": ""}
+
+
+ForecastReport.migrations = {1: _migrate_v1}

@@ -1,0 +1,221 @@
+"""The time model: a step's time from the ops a forecast traced, against a device's rates.
+
+Each op a trace saw is an ``Op``: its FLOPs (torch's ``flop_counter`` formulas: matmuls, convolutions, attention,
+``_scaled_mm``), the bytes it reads and writes, and the rate it computes at (``float32``, ``tf32``, ``bfloat16``,
+``float16``, ``fp8``, ``int8``, ``float64``: what the trace saw it run in). Its time is a roofline with a floor:
+
+    time = max(FLOPs / (peak × efficiency), bytes / bandwidth, per-kernel floor)
+
+summed over the step. ``efficiency`` is 1 for rates measured on the machine itself (the CPU's probe times its own
+matmuls), and on a GPU a curve of the GEMM's size: small GEMMs run far from the datasheet's peak (``GEMM_EFFICIENCY``,
+from measurements, sourced below). A compiled policy fuses each run of elementwise ops into one kernel: it reads what
+the run takes from outside and writes what leaves it, and pays one floor (``fuse``).
+
+Every op is also put in a group for the breakdown: matmuls, attention, convolutions, elementwise, casts (dtype
+conversions and float8/MX scaling), optimizer (the update).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from dtypelab.core.devices import DeviceSpec
+from dtypelab.core.hardware import HardwareInfo
+
+# GEMM efficiency on an H100 SXM (achieved / the datasheet's dense bfloat16 peak, 989.5 TFLOP/s) against
+# log2(M·N·K): the median, per whole power of two, of the 375 bfloat16 entries (b 1–4, M, N, K 256–4096) of XLA's
+# measured matmul table for sm_90 (openxla/xla, xla/service/gpu/model/matmul_interpolator_data.h, Apache-2.0; the
+# copy read is ROCm/xla at e97611c, 2026-02-13). Its float32 entries ran as TF32 and its float8 entries exceed the
+# datasheet's dense peak (2.59 against 1.98 PFLOP/s), so only the bfloat16 ones are used: the same curve is applied
+# to every tensor-core rate of every GPU, against that rate's own peak. The curve's low end is launch overhead (a
+# 256³ GEMM takes ~5 µs whatever its dtype).
+GEMM_EFFICIENCY: tuple[tuple[float, float], ...] = (
+    (24, 0.007), (25, 0.012), (26, 0.024), (27, 0.044), (28, 0.083), (29, 0.144), (30, 0.234), (31, 0.350),
+    (32, 0.479), (33, 0.608), (34, 0.729), (35, 0.732), (36, 0.779), (37, 0.811), (38, 0.797),
+)
+GEMM_SOURCE = "XLA's measured sm_90 matmul table (bfloat16, median per size)"
+GROUPS = ("matmuls", "attention", "convolutions", "elementwise", "casts", "optimizer")
+BOUNDS = ("compute", "memory", "overhead")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel a step runs, as the trace saw it."""
+
+    group: str  # one of GROUPS
+    rate: str  # the rate its FLOPs run at ("" for an op with none)
+    flops: float = 0.0
+    reads: tuple[tuple[int, int], ...] = ()  # (storage, bytes) it reads
+    writes: tuple[tuple[int, int], ...] = ()  # (storage, bytes) it writes
+    work: float = 0.0  # M·N·K of a GEMM (its size on the efficiency curve); 0 for others
+    fusible: bool = False  # elementwise: a compiled step fuses runs of these
+    dtype: str = ""  # what it writes (an elementwise op's speed on a CPU depends on it)
+
+    @property
+    def read(self) -> int:
+        return sum(b for _, b in self.reads)
+
+    @property
+    def written(self) -> int:
+        return sum(b for _, b in self.writes)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What a device does per second: FLOPs per rate key (dense peaks, or measured), bytes of memory traffic, and the
+    least time one kernel takes."""
+
+    device: str
+    flops: dict[str, float]  # FLOP/s per rate key
+    bandwidth: float  # bytes/s
+    floor_s: float  # per kernel
+    # GEMM efficiency by log2(M·N·K), per rate key ("*": every key without its own); none: flat (1)
+    curves: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    source: str = ""
+    bandwidths: dict[str, float] = field(default_factory=dict)  # bytes/s of an elementwise op per dtype, where measured
+
+    def efficiency(self, work: float, rate: str = "*") -> float:
+        """The share of the rate a GEMM of M·N·K = ``work`` reaches (piecewise linear in log2(work))."""
+        curve = self.curves.get(rate) or self.curves.get("*")
+        if not curve or work <= 0:
+            return 1.0
+        x = math.log2(work)
+        if x <= curve[0][0]:
+            return curve[0][1] * 2 ** (x - curve[0][0])  # smaller still: the same time for less work
+        for (x0, y0), (x1, y1) in itertools.pairwise(curve):
+            if x <= x1:
+                return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        return curve[-1][1]
+
+
+@dataclass
+class Timing:
+    """A step's predicted time, where it goes (by group) and what bounds it (seconds per bound)."""
+
+    step_s: float = 0.0
+    groups: dict[str, float] = field(default_factory=lambda: dict.fromkeys(GROUPS, 0.0))
+    bounds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BOUNDS, 0.0))
+    kernels: int = 0
+    missing: tuple[str, ...] = ()  # rate keys the device has no figure for (the op was timed at float32's)
+
+    @property
+    def bound(self) -> str:
+        """What most of the time is bound by."""
+        return max(self.bounds, key=lambda b: self.bounds[b]) if self.step_s else ""
+
+
+class NoRate(ValueError):
+    """The device has no rate for a dtype a policy computes in (fp8 on an A100)."""
+
+
+def op_time(op: Op, rates: Rates) -> tuple[float, str]:
+    """(seconds, what bounds it) of one op."""
+    compute = 0.0
+    if op.flops:
+        peak = rates.flops.get(op.rate)
+        if not peak:
+            raise NoRate(op.rate)
+        compute = op.flops / (peak * rates.efficiency(op.work, op.rate))
+    memory = (op.read + op.written) / rates.bandwidths.get(op.dtype, rates.bandwidth)
+    t = max(compute, memory, rates.floor_s)
+    return t, "compute" if t == compute else "memory" if t == memory else "overhead"
+
+
+def fuse(ops: Sequence[Op]) -> list[Op]:
+    """What a compiled step runs: each run of fusible ops becomes one kernel that reads what the run takes from
+    outside it (before writing it) and writes what leaves it (read by a later op outside the run, or by none: a
+    result the step keeps)."""
+    last_read: dict[int, int] = {}  # storage -> the last op reading it
+    for i, op in enumerate(ops):
+        for s, _ in op.reads:
+            last_read[s] = i
+    out: list[Op] = []
+    i = 0
+    while i < len(ops):
+        if not ops[i].fusible:
+            out.append(ops[i])
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(ops) and ops[j + 1].fusible:
+            j += 1
+        made: dict[int, int] = {}
+        taken: dict[int, int] = {}
+        for op in ops[i:j + 1]:
+            for s, b in op.reads:
+                if s not in made:
+                    taken[s] = max(taken.get(s, 0), b)
+            for s, b in op.writes:
+                made[s] = max(made.get(s, 0), b)
+        left = {s: b for s, b in made.items() if last_read.get(s, j + 1) > j}
+        moved: dict[str, int] = {}  # the fused kernel counts as the group that moved most of its ops' bytes
+        for op in ops[i:j + 1]:
+            moved[op.group] = moved.get(op.group, 0) + op.read + op.written
+        group = max(moved, key=lambda g: moved[g])
+        out.append(Op(group, "", sum(op.flops for op in ops[i:j + 1]),
+                      tuple(taken.items()), tuple(left.items()), fusible=True, dtype=ops[j].dtype))
+        i = j + 1
+    return out
+
+
+def step_time(ops: Iterable[Op], rates: Rates, compiled: bool = False) -> Timing:
+    """The predicted time of the ops (fused first when ``compiled``)."""
+    ops = list(ops)
+    timing = Timing()
+    missing = set()
+    for op in fuse(ops) if compiled else ops:
+        try:
+            t, bound = op_time(op, rates)
+        except NoRate:
+            missing.add(op.rate)
+            t, bound = op_time(replace(op, rate="float32"), rates)
+        timing.step_s += t
+        timing.groups[op.group] += t
+        timing.bounds[bound] += t
+        timing.kernels += 1
+    timing.missing = tuple(sorted(missing))
+    return timing
+
+
+# --- a device's rates -------------------------------------------------------------------------------------------------
+# The share of a GPU's datasheet bandwidth an elementwise kernel reaches: torchao's float8 roofline takes 0.92
+# ("pointwise triton kernels with large inputs" on an H100; torchao/testing/training/roofline_utils.py).
+GPU_BANDWIDTH_SHARE = 0.92
+# The least time one kernel takes on a GPU: the smallest GEMM of XLA's sm_90 table (256³, bfloat16) took 5.0 µs.
+GPU_FLOOR_S = 5.0e-6
+PROBE_N = 256  # the CPU probe's matmul size (core.hardware.probe)
+
+
+def gpu_rates(spec: DeviceSpec) -> Rates:
+    """A GPU of the device table: its datasheet peaks (times the GEMM efficiency curve) and bandwidth."""
+    source, peaks = spec.peaks
+    if not peaks or not spec.bandwidth_gbs:
+        raise NoRate(f"no datasheet peaks or bandwidth for {spec.label}")
+    return Rates(spec.label, {k: v * 1e12 for k, v in peaks.items()}, spec.bandwidth_gbs * 1e9 * GPU_BANDWIDTH_SHARE,
+                 GPU_FLOOR_S, {"*": GEMM_EFFICIENCY},
+                 f"{source}; {spec.bandwidth_gbs:g} GB/s × {GPU_BANDWIDTH_SHARE} (torchao's achievable share); GEMM "
+                 f"efficiency: {GEMM_SOURCE}; {GPU_FLOOR_S * 1e6:g} µs per kernel at least")
+
+
+def cpu_rates(hw: HardwareInfo) -> Rates:
+    """This machine's CPU as the probe measured it: its matmul GFLOP/s per dtype at the probe's size and below it (the
+    efficiency curve of each), its copy bandwidth and one small op's time."""
+    if not hw.bandwidth_gbs or not hw.op_floor_us:
+        raise NoRate("this hardware probe has no bandwidth or per-op time (made by an older dtypelab): run "
+                     "`dtypelab hardware` again")
+    keys = ("float64", "float32", "bfloat16", "float16", "int8")
+    flops = {k: hw.gflops[k] * 1e9 for k in keys if hw.gflops.get(k)}
+    curves = {}
+    for key, small in hw.small_gflops.items():
+        if hw.gflops.get(key):
+            points = sorted((3 * math.log2(int(n)), min(1.0, g / hw.gflops[key])) for n, g in small.items())
+            curves[key] = (*points, (3 * math.log2(PROBE_N), 1.0))
+    elementwise = {k: v * 1e9 for k, v in hw.elementwise_gbs.items() if v}
+    return Rates(hw.cpu_name or "cpu", flops, hw.bandwidth_gbs * 1e9, hw.op_floor_us * 1e-6, curves,
+                 f"measured here: matmuls per dtype (n = 16 to {PROBE_N}), {hw.bandwidth_gbs:.1f} GB/s copy bandwidth"
+                 + (f", elementwise {', '.join(f'{k} {v:.0f}' for k, v in hw.elementwise_gbs.items())} GB/s"
+                    if elementwise else "") + f", {hw.op_floor_us:.1f} µs per op of a tiny training step",
+                 elementwise)

@@ -1,0 +1,185 @@
+"""The time model (core.speed) against hand-computed cases, the ops a trace records (forecasting.ops), the forecast's
+time per policy, its speedups, answer and record, the CPU self-check, and one-line refusals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import fake_hardware
+from test_cli import dtypelab as run_cli
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import dtypelab
+from dtypelab.core.devices import device_spec
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.records import load_record
+from dtypelab.core.speed import (
+    GEMM_EFFICIENCY,
+    GPU_FLOOR_S,
+    NoRate,
+    Op,
+    Rates,
+    cpu_rates,
+    fuse,
+    gpu_rates,
+    op_time,
+    step_time,
+)
+from dtypelab.forecasting.ops import record
+
+FLAT = Rates("test", {"float32": 1e12, "bfloat16": 4e12, "fp8": 8e12}, bandwidth=1e11, floor_s=1e-6)
+
+
+# --- the model's parts, by hand ---------------------------------------------------------------------------------------
+def test_a_gemm_is_compute_bound_at_its_rate_and_memory_bound_when_thin():
+    m = n = k = 4096
+    square = Op("matmuls", "bfloat16", 2 * m * n * k, ((1, 2 * m * k), (2, 2 * k * n)), ((3, 2 * m * n),), m * n * k)
+    t, bound = op_time(square, FLAT)
+    assert bound == "compute" and t == pytest.approx(2 * m * n * k / 4e12)
+    thin = Op("matmuls", "bfloat16", 2 * 1 * n * k, ((1, 2 * k), (2, 2 * k * n)), ((3, 2 * n),), n * k)
+    t, bound = op_time(thin, FLAT)  # a matrix-vector product reads the whole weight for 2 FLOPs a weight
+    assert bound == "memory" and t == pytest.approx((2 * k + 2 * k * n + 2 * n) / 1e11)
+    tiny = Op("elementwise", "", 0, ((1, 8),), ((2, 8),))
+    assert op_time(tiny, FLAT) == (1e-6, "overhead")
+
+
+def test_the_gemm_efficiency_curve_is_read_between_its_points_and_keeps_small_gemms_at_the_floor():
+    h100 = gpu_rates(device_spec("H100"))
+    assert h100.efficiency(2.0**32) == pytest.approx(dict(GEMM_EFFICIENCY)[32])
+    assert dict(GEMM_EFFICIENCY)[32] < h100.efficiency(2.0**32.5) < dict(GEMM_EFFICIENCY)[33]
+    # below the table: the same time for less work (a launch-bound kernel)
+    small, smallest = 2.0**20, 2.0**GEMM_EFFICIENCY[0][0]
+    assert small / h100.efficiency(small) == pytest.approx(smallest / h100.efficiency(smallest))
+    assert h100.flops["bfloat16"] == 989.5e12 and h100.bandwidth == pytest.approx(3350e9 * 0.92)
+    assert h100.floor_s == GPU_FLOOR_S
+
+
+def test_a_compiled_step_fuses_an_elementwise_chain_into_what_enters_and_leaves_it():
+    # x -> a = x*2 -> b = a+1 -> c = relu(b); c is read by a matmul after the chain, a and b are not
+    chain = [Op("elementwise", "", 0, ((1, 400),), ((2, 400),), fusible=True),
+             Op("elementwise", "", 0, ((2, 400),), ((3, 400),), fusible=True),
+             Op("elementwise", "", 0, ((3, 400),), ((4, 400),), fusible=True),
+             Op("matmuls", "float32", 1e6, ((4, 400), (5, 400)), ((6, 400),), 5e5)]
+    fused = fuse(chain)
+    assert len(fused) == 2 and fused[1] is chain[3]
+    assert (fused[0].read, fused[0].written) == (400, 400)  # x in, c out: a and b never leave the kernel
+    eager, compiled = step_time(chain, FLAT), step_time(chain, FLAT, compiled=True)
+    assert eager.kernels == 4 and compiled.kernels == 2 and compiled.step_s < eager.step_s
+    # an in-place op inside the chain still reads what it updates from outside
+    inplace = [Op("elementwise", "", 0, ((1, 100),), ((1, 100),), fusible=True),
+               Op("elementwise", "", 0, ((1, 100),), ((2, 100),), fusible=True)]
+    assert fuse(inplace)[0].read == 100
+
+
+class Recorder(TorchDispatchMode):
+    def __init__(self, phase: str = "forward") -> None:
+        super().__init__()
+        self.ops, self.phase = [], phase
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        op = record(func, args, kwargs or {}, out, self.phase)
+        if op is not None:
+            self.ops.append(op)
+        return out
+
+
+def test_the_ops_of_a_linear_layer_are_counted_as_torch_counts_them():
+    x, w = torch.randn(32, 64), torch.randn(128, 64)
+    with Recorder() as rec:
+        y = torch.nn.functional.linear(x, w)
+        y.t()  # a view: no kernel
+        z = y.to(torch.bfloat16)
+    mm = next(op for op in rec.ops if op.group == "matmuls")
+    assert mm.flops == 2 * 32 * 64 * 128 and mm.rate == "float32" and mm.work == 32 * 64 * 128
+    assert mm.read == (32 * 64 + 128 * 64) * 4 and mm.written == 32 * 128 * 4
+    assert [op.group for op in rec.ops] == ["matmuls", "casts"]
+    assert rec.ops[1].written == z.numel() * 2
+
+
+def test_a_float8_scaling_op_is_a_cast_and_its_matmul_runs_at_the_fp8_rate():
+    x = torch.randn(32, 64)
+    with Recorder() as rec:
+        scale = x.abs().amax() / 448.0
+        x8 = (x / scale).to(torch.float8_e4m3fn)
+    assert [op.group for op in rec.ops][-1] == "casts" and rec.ops[-1].written == x8.numel()
+    a = Op("matmuls", "fp8", 2e9, work=1e9)
+    assert op_time(a, FLAT)[0] == pytest.approx(2e9 / 8e12)
+    with Recorder("optimizer") as rec:  # whatever an optimizer step runs counts as the optimizer's, unfused
+        x.mul_(0.9)
+    assert rec.ops[0].group == "optimizer" and not rec.ops[0].fusible
+
+
+def test_a_device_without_a_rate_for_a_policys_dtype_says_so_in_one_line():
+    a100 = gpu_rates(device_spec("A100-80GB"))
+    with pytest.raises(NoRate):
+        op_time(Op("matmuls", "fp8", 1e9, work=5e8), a100)
+    report = dtypelab.forecast("gpt2", policies="fp32,fp8-tensorwise-all-emu", device="A100-80GB",
+                               batch_search=False, launcher="inline")
+    assert report.result("fp32").time.step_s > 0
+    emulated = report.result("fp8-tensorwise-all-emu").time  # numerics only: its kernels are not the real ones
+    assert emulated.step_s is None and emulated.reason.startswith("emulated numerics")
+    t4 = dtypelab.forecast("gpt2", policies="fp32,bf16", device="T4", batch_search=False, launcher="inline")
+    bf16 = t4.result("bf16").time
+    assert bf16.step_s is None and bf16.reason.startswith("no bfloat16 rate on NVIDIA T4")
+
+
+# --- the forecast's time per policy -----------------------------------------------------------------------------------
+def test_each_policy_gets_a_time_a_speedup_and_the_answer_names_the_fastest(tmp_path):
+    path = tmp_path / "f.json"
+    report = dtypelab.forecast("gpt2", policies="fp32,tf32,bf16,amp-bf16+compile", device="H100",
+                               batch_search=False, launcher="inline", json_path=str(path))
+    t = {p.policy: p.time for p in report.policies}
+    assert report.baseline == "fp32" and t["fp32"].speedup == 1.0
+    assert t["tf32"].step_s < t["fp32"].step_s  # the same trace, matmuls at tf32's rate
+    assert t["tf32"].breakdown["matmuls"] < t["fp32"].breakdown["matmuls"]
+    assert t["tf32"].breakdown["elementwise"] == t["fp32"].breakdown["elementwise"]
+    assert t["amp-bf16+compile"].kernels < t["bf16"].kernels  # fused
+    assert all(math.isclose(sum(x.breakdown.values()), x.step_s) for x in t.values())
+    fastest = min(t, key=lambda n: t[n].step_s)
+    assert report.fastest == fastest and report.speed_answer.startswith(f"Fastest predicted on NVIDIA H100 80GB: "
+                                                                       f"{fastest}, ")
+    again = load_record(str(path))
+    assert again.result("tf32").time == t["tf32"] and again.fastest == fastest and "XLA" in again.rates
+    shown = run_cli("show", str(path))
+    assert shown.returncode == 0 and "speedup vs fp32" in shown.stdout and report.speed_answer[:40] in shown.stdout
+
+
+def test_the_baseline_can_be_named_and_a_wrong_one_is_one_line():
+    report = dtypelab.forecast("gpt2", policies="fp32,bf16", device="H100", baseline="bf16", batch_search=False,
+                               launcher="inline")
+    assert report.baseline == "bf16" and report.result("bf16").time.speedup == 1.0
+    assert report.result("fp32").time.speedup < 1
+    with pytest.raises(DtypelabError, match=r"--baseline amp-fp16: not among the policies forecast \(fp32, bf16\)"):
+        dtypelab.forecast("gpt2", policies="fp32,bf16", device="H100", baseline="amp-fp16", launcher="inline")
+
+
+def test_without_a_device_there_is_no_time_and_the_forecast_says_why():
+    report = dtypelab.forecast("gpt2", policies="fp32", batch_search=False, launcher="inline")
+    assert report.result("fp32").time is None and report.fastest == ""
+    assert report.speed_answer == "No device named (--device): no time is forecast."
+
+
+def test_the_cpu_self_check_times_the_same_steps_here():
+    report = dtypelab.forecast("digits", policies="fp32,bf16", device="cpu", check=True, batch_search=False,
+                               launcher="inline")
+    for p in report.policies:
+        assert p.time.step_s > 0 and p.time.measured_s > 0
+    assert report.result("fp32").time.measured_speedup == 1.0
+    assert report.result("bf16").time.measured_speedup > 0
+    assert "measured here" in report.rates
+
+
+def test_cpu_rates_come_from_the_probe_and_an_old_probe_is_refused_in_one_line():
+    hw = fake_hardware()
+    with pytest.raises(NoRate, match="run `dtypelab hardware` again"):
+        cpu_rates(hw)
+    from dataclasses import replace
+
+    rates = cpu_rates(replace(hw, bandwidth_gbs=20.0, op_floor_us=4.0,
+                              small_gflops={"float32": {"16": 1.0, "32": 10.0, "64": 40.0, "128": 80.0}}))
+    assert rates.flops["float32"] == 100e9 and rates.bandwidth == 20e9 and rates.floor_s == 4e-6
+    assert rates.efficiency(64**3, "float32") == pytest.approx(0.4)
+    assert rates.efficiency(512**3, "float32") == 1.0 and rates.efficiency(64**3, "bfloat16") == 1.0
