@@ -106,6 +106,7 @@ def test_finish_needs_a_metric_and_guesses_its_direction(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # whole real scripts, several runs each: CI's second step
 def test_script_sweep_same_shuffle_crash_and_missing_calls(tmp_path):
     report = dtypelab.bench(PROBE, "fp32,bf16,amp-bf16", script_args=["--crash-under", "amp-bf16"], runs=1,
                             json_path=str(tmp_path / "r.json"), hardware=fake_hardware())
@@ -229,6 +230,7 @@ def _plain(script: str, *args: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # whole real scripts, several runs each: CI's second step
 @pytest.mark.parametrize("order", ["before", "after", "chain"])
 def test_schedulers_and_ema_in_any_order_run_alone_and_under_bench(order):
     """An LR scheduler built after lab.setup once died at `step_fn.__func__`; the script must run unchanged alone
@@ -281,6 +283,7 @@ def test_the_measured_example_run_alone_trains_exactly_as_the_plain_one(example)
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # whole real scripts, several runs each: CI's second step
 def test_a_script_run_slow_or_diverging_under_a_policy_is_stopped_early(tmp_path):
     """bench's protections in script mode: a policy 10x slower per step than fp32 stops after a few steps (here the
     probe lets it through, as a disturbed one would), and one whose loss stays non-finite stops after 10 steps."""
