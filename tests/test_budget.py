@@ -76,6 +76,7 @@ def test_time_already_spent_counts_against_the_budget():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a whole process end to end: CI's second step
 def test_progress_without_a_terminal_prints_lines_and_heartbeats(tmp_path):
     env = {**os.environ, "DTYPELAB_HEARTBEAT_S": "0.3", "COLUMNS": "200"}
     run = subprocess.run([sys.executable, "-m", "dtypelab", "bench", f"{TINY}:make_task", "-p", "fp32,fp64",

@@ -11,6 +11,7 @@ from dtypelab import DtypelabError, bench, load_report
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a whole process end to end: CI's second step
 def test_a_failing_crashing_or_hanging_policy_does_not_stop_the_sweep(tmp_path, hw):
     out = tmp_path / "r.json"
     report = bench(f"{TINY}:make_raising_task", "fp32,bf16", steps=6, hardware=hw, json_path=str(out))
@@ -108,6 +109,7 @@ def test_ctrl_c_keeps_finished_results_on_disk(tmp_path, hw, tiny):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a whole process end to end: CI's second step
 def test_bench_runs_from_a_script_on_stdin(tiny):
     """Children must not re-import the parent's __main__ (multiprocessing's spawn would, and fail)."""
     import subprocess

@@ -133,6 +133,7 @@ def test_a_record_from_before_the_baseline_was_named_is_judged_against_fp32(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a whole process end to end: CI's second step
 def test_a_float64_script_is_measured_against_its_own_fp64_and_the_failing_lines_are_named():
     report = dtypelab.bench(FLOAT64, "fp32,bf16", runs=1, hardware=fake_hardware())
     assert report.config.baseline == "fp64" and report.config.policies[:2] == ("fp32", "fp64")

@@ -305,12 +305,14 @@ def test_where_bf16_is_slow_a_script_sweep_skips_it_without_running_it():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a whole process end to end: CI's second step
 def test_a_sweep_whose_fp32_baseline_failed_exits_non_zero(tmp_path):
     run = cli("bench", PROBE, "-p", "fp32", "--json", str(tmp_path / "r.json"), "--", "--crash-under", "fp32")
     assert run.returncode == 1 and "fp32 baseline did not complete" in run.stderr and "Traceback" not in run.stderr
     assert dtypelab.load_report(str(tmp_path / "r.json")).result("fp32").status == "failed"
 
 
+@pytest.mark.e2e  # a whole process end to end: CI's second step
 def test_a_failed_fp32_stops_the_sweep_and_its_reason_is_the_exceptions_first_line(tmp_path):
     """A multi-line message's tail ('Check the documentation…') was once the reason; and every other policy ran to
     the end after fp32 had failed."""

@@ -183,3 +183,17 @@ def test_cpu_rates_come_from_the_probe_and_an_old_probe_is_refused_in_one_line()
     assert rates.flops["float32"] == 100e9 and rates.bandwidth == 20e9 and rates.floor_s == 4e-6
     assert rates.efficiency(64**3, "float32") == pytest.approx(0.4)
     assert rates.efficiency(512**3, "float32") == 1.0 and rates.efficiency(64**3, "bfloat16") == 1.0
+
+
+def test_which_float8_layers_pay_is_their_matmuls_saving_net_of_their_own_casts():
+    from dtypelab.core.speed import float8_layers
+
+    big = Op("matmuls", "fp8", 2e12, ((1, 10**9), (2, 10**9)), ((3, 10**6),), 1e12, module="mlp")
+    small = Op("matmuls", "fp8", 2e6, ((4, 10**3), (5, 10**3)), ((6, 10**3),), 1e6, module="proj")
+    casts = [Op("casts", "", 0, ((7, 10**6),), ((1, 10**6),), module="mlp"),
+             Op("casts", "", 0, ((8, 10**8),), ((4, 10**8),), module="proj")]
+    pays, loses = float8_layers([big, small, *casts], FLAT)
+    # mlp: its GEMM at bf16's rate (4e12) against fp8's (8e12) saves 0.25 s; its cast moves 2 MB (20 µs)
+    assert [m for m, _ in pays] == ["mlp"] and pays[0][1] == pytest.approx(2e12 / 4e12 - 2e12 / 8e12 - 2e6 / 1e11)
+    # proj: a tiny GEMM at the floor either way saves nothing, and its cast moves 200 MB
+    assert [m for m, _ in loses] == ["proj"] and loses[0][1] == pytest.approx(-2e8 / 1e11)

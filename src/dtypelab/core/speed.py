@@ -53,6 +53,7 @@ class Op:
     work: float = 0.0  # M·N·K of a GEMM (its size on the efficiency curve); 0 for others
     fusible: bool = False  # elementwise: a compiled step fuses runs of these
     dtype: str = ""  # what it writes (an elementwise op's speed on a CPU depends on it)
+    module: str = ""  # the innermost module running it ("" outside any)
 
     @property
     def read(self) -> int:
@@ -155,8 +156,9 @@ def fuse(ops: Sequence[Op]) -> list[Op]:
         for op in ops[i:j + 1]:
             moved[op.group] = moved.get(op.group, 0) + op.read + op.written
         group = max(moved, key=lambda g: moved[g])
-        out.append(Op(group, "", sum(op.flops for op in ops[i:j + 1]),
-                      tuple(taken.items()), tuple(left.items()), fusible=True, dtype=ops[j].dtype))
+        biggest = max(ops[i:j + 1], key=lambda op: op.read + op.written)  # and as that op's module's
+        out.append(Op(group, "", sum(op.flops for op in ops[i:j + 1]), tuple(taken.items()), tuple(left.items()),
+                      fusible=True, dtype=ops[j].dtype, module=biggest.module))
         i = j + 1
     return out
 
@@ -219,3 +221,22 @@ def cpu_rates(hw: HardwareInfo) -> Rates:
                  + (f", elementwise {', '.join(f'{k} {v:.0f}' for k, v in hw.elementwise_gbs.items())} GB/s"
                     if elementwise else "") + f", {hw.op_floor_us:.1f} µs per op of a tiny training step",
                  elementwise)
+
+
+def float8_layers(ops: Sequence[Op], rates: Rates) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """For each module whose matmuls ran in float8: (its name, the time float8 saves there net of its casts and
+    scaling), split into those that pay and those that lose. What it saves: its float8 matmuls timed as bfloat16
+    ones (operands twice the bytes, bfloat16's rate) against as they are; what it costs: its casts' time."""
+    saved: dict[str, float] = {}
+    for op in ops:
+        if not op.module:
+            continue
+        if op.group == "matmuls" and op.rate == "fp8":
+            as_bf16 = replace(op, rate="bfloat16", reads=tuple((s, 2 * b) for s, b in op.reads))
+            saved[op.module] = saved.get(op.module, 0.0) + op_time(as_bf16, rates)[0] - op_time(op, rates)[0]
+    for op in ops:
+        if op.module in saved and op.group == "casts":
+            saved[op.module] -= op_time(op, rates)[0]
+    pays = sorted(((m, s) for m, s in saved.items() if s > 0), key=lambda x: -x[1])
+    loses = sorted(((m, s) for m, s in saved.items() if s <= 0), key=lambda x: x[1])
+    return pays, loses

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,7 +27,7 @@ from dtypelab.core.errors import DtypelabError, Unsupported, describe_exception
 from dtypelab.core.footprint import tensor_bytes
 from dtypelab.core.policies import Plan, Precision, emulated_version, get_policy
 from dtypelab.core.results import CheckResult, FitForecast, PeakForecast, PolicyForecast, TimeForecast
-from dtypelab.core.speed import Op, Rates, step_time
+from dtypelab.core.speed import Op, Rates, float8_layers, fuse, step_time
 from dtypelab.core.task import Task, load_task
 from dtypelab.forecasting import here
 from dtypelab.forecasting.batch import infer_batch_shape, train_batch_shape
@@ -108,6 +109,21 @@ class ForecastJob:
         os.write(fd, str(self.part).encode())
         os.close(fd)
         return True
+
+
+def _float8_note(ops: Sequence[Op], rates: Rates, compiled: bool) -> str:
+    """Which float8 layers pay and which lose (their casts fused as the compiled step runs them), when there are."""
+    pays, loses = float8_layers(ops, rates)
+    if not pays and not loses:
+        return ""
+
+    def named(layers: list[tuple[str, float]]) -> str:
+        shown = ", ".join(f"{m} ({s * 1e6:+.0f} µs)" for m, s in layers[:3])
+        return shown + (f" and {len(layers) - 3} more" if len(layers) > 3 else "")
+
+    how = "fused, as compiled" if compiled else "eager"
+    return (f"float8 layers, their matmuls' saving net of their own casts ({how}): {len(pays)} pay"
+            + (f" ({named(pays)})" if pays else "") + f", {len(loses)} lose" + (f" ({named(loses)})" if loses else ""))
 
 
 def _peak(traced: Traced, batch_size: int, activations: bool) -> PeakForecast:
@@ -230,7 +246,8 @@ class Forecaster:
             return TimeForecast(None, reason=f"no {'/'.join(timing.missing)} rate on {rates.device}: the policy "
                                              "cannot run there at that speed (no such tensor cores)")
         note = ("traced with a stand-in (a cast in place of kernels this machine lacks): the time is the stand-in's "
-                "kernels'" if method == "stand-in" else "")
+                "kernels'" if method == "stand-in" else _float8_note(fuse(ops) if plan.compiles else ops, rates,
+                                                                       plan.compiles))
         return TimeForecast(timing.step_s, bound=timing.bound, breakdown=dict(timing.groups),
                             bounds=dict(timing.bounds), kernels=timing.kernels, reason=note)
 

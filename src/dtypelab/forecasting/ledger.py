@@ -19,7 +19,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -160,7 +160,8 @@ class Ledger(TorchDispatchMode):
         if self.ops is not None and self.phase in RECORDED:
             op = record(func, args, kwargs or {}, out, self.phase)
             if op is not None:
-                self.ops.append(op)
+                parents = [p for p in self._modules.parents if p != "Global"]
+                self.ops.append(replace(op, module=_named(max(parents, key=len))) if parents else op)
         return out
 
     def __enter__(self) -> Ledger:
