@@ -17,6 +17,7 @@ import torch
 from dtypelab.core.devices import rated_peaks
 from dtypelab.core.disturbance import CpuMeter, describe
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.rates_probe import bandwidth_gbs, elementwise_gbs, op_floor_us
 from dtypelab.core.results.store import read_json
 from dtypelab.core.version import __version__
 
@@ -199,75 +200,6 @@ def _timed_gflops(fn: Callable[[], Any], n: int, sync: Callable[[], None], budge
             return 2 * n**3 * reps / elapsed / 1e9
 
 
-def _bandwidth_gbs(dev: torch.device, sync: Callable[[], None], budget_s: float) -> float:
-    """GB/s a large copy moves (bytes read plus bytes written): 64 MiB on a CPU, past its caches; 1 GiB on a GPU."""
-    n = (2**28 if dev.type == "cuda" else 2**24)  # float32 elements
-    src, dst = torch.ones(n, device=dev), torch.empty(n, device=dev)
-    dst.copy_(src)
-    sync()
-    reps, start = 0, time.perf_counter()
-    while True:
-        dst.copy_(src)
-        sync()
-        reps += 1
-        elapsed = time.perf_counter() - start
-        if reps >= 3 and elapsed >= budget_s:
-            return 2 * 4 * n * reps / elapsed / 1e9
-
-
-def _elementwise_gbs(dtype: torch.dtype, dev: torch.device, budget_s: float) -> float:
-    """GB/s an elementwise add of 4 Mi elements moves (two read, one written) in ``dtype``."""
-    n = 2**22
-    a, b = torch.ones(n, device=dev, dtype=dtype), torch.ones(n, device=dev, dtype=dtype)
-    c = torch.empty_like(a)
-    torch.add(a, b, out=c)
-    reps, start = 0, time.perf_counter()
-    while True:
-        torch.add(a, b, out=c)
-        reps += 1
-        elapsed = time.perf_counter() - start
-        if reps >= 3 and elapsed >= budget_s:
-            return 3 * n * a.element_size() * reps / elapsed / 1e9
-
-
-def _op_floor_us(dev: torch.device, sync: Callable[[], None]) -> float:
-    """µs per op of a training step too small for any op to take time of its own: a 3-layer MLP 8 wide, its forward,
-    backward and Adam update, timed (median of 9 rounds of 10 steps) and divided by the ops it dispatches. What each
-    op costs beyond its arithmetic there (dispatch, allocation, autograd's and the modules' bookkeeping, launch)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            Count.n += 1
-            return func(*args, **(kwargs or {}))
-
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
-                                torch.nn.Linear(8, 1)).to(dev)
-    opt = torch.optim.Adam(model.parameters())
-    x = torch.randn(4, 8, device=dev)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        model(x).square().mean().backward()
-        opt.step()
-
-    for _ in range(3):
-        step()
-    with Count():
-        step()
-    times = []
-    for _ in range(9):
-        sync()
-        start = time.perf_counter()
-        for _ in range(10):
-            step()
-        sync()
-        times.append((time.perf_counter() - start) / 10)
-    return sorted(times)[4] / max(1, Count.n) * 1e6
-
-
 def _kernel(key: str, dev: torch.device, n: int, flags: tuple[str, ...]) -> Callable[[], Any] | None:
     """A zero-argument call of the kernel a quantized policy runs, on n×n operands; None where it has none."""
     g = torch.Generator().manual_seed(0)
@@ -328,7 +260,7 @@ def probe(device: str | torch.device | None = None, budget_s: float = 0.1, speed
     elementwise: dict[str, float] = {}
     if dev.type == "cpu" and speed:  # the curve below the probe's size: small matmuls run far from a CPU's rate too
         for dtype_name in ("float32", "bfloat16", "float16"):
-            elementwise[dtype_name] = round(_elementwise_gbs(getattr(torch, dtype_name), dev, budget_s / 2), 2)
+            elementwise[dtype_name] = round(elementwise_gbs(getattr(torch, dtype_name), dev, budget_s / 2), 2)
             small[dtype_name] = {str(m): round(_matmul_gflops(getattr(torch, dtype_name), dev, m, budget_s / 4), 3)
                                  for m in (16, 32, 64, 128)}
     if dev.type == "cuda" and cc >= (8, 0):
@@ -352,8 +284,8 @@ def probe(device: str | torch.device | None = None, budget_s: float = 0.1, speed
         cpu_capability=torch.backends.cpu.get_cpu_capability(), cuda_capability=cc,
         threads=torch.get_num_threads(), gflops={k: round(v, 3) for k, v in gflops.items()},
         rated_tflops=rated, rated_source=source,
-        bandwidth_gbs=round(_bandwidth_gbs(dev, sync, budget_s), 2) if speed else None,
-        op_floor_us=round(_op_floor_us(dev, sync), 3) if speed else None, small_gflops=small,
+        bandwidth_gbs=round(bandwidth_gbs(dev, sync, budget_s), 2) if speed else None,
+        op_floor_us=round(op_floor_us(dev, sync), 3) if speed else None, small_gflops=small,
         elementwise_gbs=elementwise,
     )
 

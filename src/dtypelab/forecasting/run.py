@@ -6,29 +6,27 @@ trace them (two at once on a machine with two cores) → the record, with the an
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any
 
 import torch
 
-from dtypelab.core.devices import DEVICES, GIB, device_spec, rated_peaks
+from dtypelab.core.devices import DEVICES, GIB, device_spec
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import HardwareInfo, environment, hardware_for, measured_probe
+from dtypelab.core.hardware import HardwareInfo, environment, hardware_for
 from dtypelab.core.options import parse_size
 from dtypelab.core.policies import REGISTRY, STATE_MODIFIERS, Config, Plan, get_policy, parse_policies, policies_for
 from dtypelab.core.results import ForecastConfig, ForecastReport, PolicyForecast, TargetDevice, check_writable
-from dtypelab.core.speed import GEMM_EFFICIENCY, GPU_FLOOR_S, NoRate, Rates, cpu_rates, gpu_rates
 from dtypelab.core.task import Task
 from dtypelab.core.text import size_text
 from dtypelab.forecasting.job import ForecastJob
 from dtypelab.forecasting.options import ForecastOptions
+from dtypelab.forecasting.timing import rates_for, speed_answer, with_speedups
 from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher, Target
 
 Progress = Callable[[int, int], None]
@@ -212,7 +210,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     claims = tempfile.mkdtemp(prefix="dtypelab-forecast-") if parts > 1 else None
     ordered = tuple(p for group in grouped for p in group)
     hw = _hardware(device)
-    rates, no_rates = _rates(device)
+    rates, no_rates = rates_for(device)
     jobs = [ForecastJob(spec, ordered, batch // opts.nproc, batch // opts.nproc, device.kind, opts.nproc, opts.seed,
                         device.usable_bytes, opts.batch_search, opts.check, "cuda" if device.kind == "cuda" else "cpu",
                         part=i, groups=tuple(map(len, grouped)), claims=claims, task=target.given, rates=rates)
@@ -271,73 +269,6 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     if opts.json_path:
         report.save(opts.json_path)
     return report
-
-
-@functools.lru_cache(maxsize=2)
-def _speed_probe(device: str) -> HardwareInfo:
-    """This machine's rates for the time model, probed once per process (about 1 s on a CPU)."""
-    return measured_probe(torch.device(device), budget_s=0.05, speed=True)
-
-
-def _rates(device: TargetDevice) -> tuple[Rates | None, str]:
-    """The target's rates for the time model, or None and why there are none."""
-    try:
-        if device.kind == "cpu":
-            return cpu_rates(_speed_probe("cpu")), ""
-        if device.name == "cuda":  # this machine's GPU: its datasheet peaks, the bandwidth its probe measured
-            local = _speed_probe("cuda")
-            source, peaks = rated_peaks(local.device_name)
-            if not peaks or not local.bandwidth_gbs:
-                return None, f"no datasheet peaks for {local.device_name}: no time is forecast"
-            return Rates(local.device_name, {k: v * 1e12 for k, v in peaks.items()}, local.bandwidth_gbs * 1e9,
-                         GPU_FLOOR_S, {"*": GEMM_EFFICIENCY}, f"{source}; {local.bandwidth_gbs:g} GB/s measured here"
-                         ), ""
-        if device.name and device.kind == "cuda":
-            try:
-                spec = device_spec(device.name)
-            except DtypelabError:  # a memory size (--memory), not a device: nothing to time against
-                return None, f"{device.label} is a memory size, not a device: no time is forecast"
-            return gpu_rates(spec), ""
-    except NoRate as exc:
-        return None, str(exc)
-    return None, "no device named (--device): no time is forecast"
-
-
-def with_speedups(results: list[PolicyForecast], baseline: str | None) -> tuple[list[PolicyForecast], str]:
-    """Each policy's time with its speedup against the baseline's (fp32 when forecast, else the first timed)."""
-    timed = {r.policy: r.time for r in results if r.time is not None and r.time.step_s}
-    base = baseline or ("fp32" if "fp32" in timed else next(iter(timed), ""))
-    ref = timed.get(base)
-    if ref is None:
-        return results, base
-    out = []
-    for r in results:
-        t = r.time
-        if t is not None and t.step_s:
-            t = replace(t, speedup=ref.step_s / t.step_s,
-                        measured_speedup=ref.measured_s / t.measured_s if ref.measured_s and t.measured_s else None)
-            r = replace(r, time=t)
-        out.append(r)
-    return out, base
-
-
-def speed_answer(results: list[PolicyForecast], device: TargetDevice, baseline: str, task: str, rates: Rates | None,
-                 no_rates: str) -> tuple[str, str]:
-    """(the fastest policy predicted to fit and run there, that answer in a sentence)."""
-    if rates is None:
-        return "", no_rates[:1].upper() + no_rates[1:] + "." if no_rates else ""
-    fit = [r for r in results if r.status == "ok" and r.time is not None and r.time.step_s and not r.runs_there
-           and "stand-in" not in r.time.reason
-           and all(f is None or f.fits for f in (r.train_fit if r.train is not None else r.infer_fit,))]
-    if not fit:
-        return "", f"No policy is predicted to fit and run on {rates.device}."
-    best = min(fit, key=lambda r: r.time.step_s)
-    t = best.time
-    against = f"{t.speedup:.2f}x {baseline}'s speed" if t.speedup and best.policy != baseline else "the baseline"
-    return best.policy, (f"Fastest predicted on {rates.device}: {best.policy}, {against} "
-                         f"({t.step_s * 1e3:.3g} ms a step, {t.bound}-bound). Its numerics are not forecast: "
-                         f"`dtypelab bench {task} -p {best.policy}` measures them (with --emulate where this machine "
-                         "cannot run it).")
 
 
 def answer(results: list[PolicyForecast], device: TargetDevice) -> str:

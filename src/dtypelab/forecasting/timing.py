@@ -1,0 +1,85 @@
+"""A forecast's times: the target's rates for the time model (a GPU of the table, this machine's GPU, this CPU), each
+policy's speedup against the baseline, and the fastest policy predicted to fit, in a sentence."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+import torch
+
+from dtypelab.core.devices import device_spec, rated_peaks
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.hardware import HardwareInfo, measured_probe
+from dtypelab.core.results import PolicyForecast, TargetDevice
+from dtypelab.core.speed import GEMM_EFFICIENCY, GPU_FLOOR_S, NoRate, Rates, cpu_rates, gpu_rates
+
+
+@functools.lru_cache(maxsize=2)
+def _speed_probe(device: str) -> HardwareInfo:
+    """This machine's rates for the time model, probed once per process (about 1 s on a CPU)."""
+    return measured_probe(torch.device(device), budget_s=0.05, speed=True)
+
+
+def rates_for(device: TargetDevice) -> tuple[Rates | None, str]:
+    """The target's rates for the time model, or None and why there are none."""
+    try:
+        if device.kind == "cpu":
+            return cpu_rates(_speed_probe("cpu")), ""
+        if device.name == "cuda":  # this machine's GPU: its datasheet peaks, the bandwidth its probe measured
+            local = _speed_probe("cuda")
+            source, peaks = rated_peaks(local.device_name)
+            if not peaks or not local.bandwidth_gbs:
+                return None, f"no datasheet peaks for {local.device_name}: no time is forecast"
+            return Rates(local.device_name, {k: v * 1e12 for k, v in peaks.items()}, local.bandwidth_gbs * 1e9,
+                         GPU_FLOOR_S, {"*": GEMM_EFFICIENCY}, f"{source}; {local.bandwidth_gbs:g} GB/s measured here"
+                         ), ""
+        if device.name and device.kind == "cuda":
+            try:
+                spec = device_spec(device.name)
+            except DtypelabError:  # a memory size (--memory), not a device: nothing to time against
+                return None, f"{device.label} is a memory size, not a device: no time is forecast"
+            return gpu_rates(spec), ""
+    except NoRate as exc:
+        return None, str(exc)
+    return None, "no device named (--device): no time is forecast"
+
+
+def with_speedups(results: list[PolicyForecast], baseline: str | None) -> tuple[list[PolicyForecast], str]:
+    """Each policy's time with its speedup against the baseline's (fp32 when forecast, else the first timed)."""
+    timed = {r.policy: r.time for r in results if r.time is not None and r.time.step_s}
+    base = baseline or ("fp32" if "fp32" in timed else next(iter(timed), ""))
+    ref = timed.get(base)
+    if ref is None:
+        return results, base
+    out = []
+    for r in results:
+        t = r.time
+        if t is not None and t.step_s:
+            t = replace(t, speedup=ref.step_s / t.step_s,
+                        measured_speedup=ref.measured_s / t.measured_s if ref.measured_s and t.measured_s else None)
+            r = replace(r, time=t)
+        out.append(r)
+    return out, base
+
+
+def speed_answer(results: list[PolicyForecast], device: TargetDevice, baseline: str, task: str, rates: Rates | None,
+                 no_rates: str) -> tuple[str, str]:
+    """(the fastest policy predicted to fit and run there, that answer in a sentence)."""
+    if rates is None:
+        return "", no_rates[:1].upper() + no_rates[1:] + "." if no_rates else ""
+    fit = [r for r in results if r.status == "ok" and r.time is not None and r.time.step_s and not r.runs_there
+           and "stand-in" not in r.time.reason
+           and all(f is None or f.fits for f in (r.train_fit if r.train is not None else r.infer_fit,))]
+    if not fit:
+        return "", f"No policy is predicted to fit and run on {rates.device}."
+    best = min(fit, key=lambda r: r.time.step_s)
+    t = best.time
+    against = f"{t.speedup:.2f}x {baseline}'s speed" if t.speedup and best.policy != baseline else "the baseline"
+    return best.policy, (f"Fastest predicted on {rates.device}: {best.policy}, {against} "
+                         f"({t.step_s * 1e3:.3g} ms a step, {t.bound}-bound). Its numerics are not forecast: "
+                         f"`dtypelab bench {task} -p {best.policy}` measures them (with --emulate where this machine "
+                         "cannot run it).")
+
+
+__all__ = ["rates_for", "speed_answer", "with_speedups"]
