@@ -4,6 +4,7 @@ time per policy, its speedups, answer and record, the CPU self-check, and one-li
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -112,6 +113,67 @@ def test_a_float8_scaling_op_is_a_cast_and_its_matmul_runs_at_the_fp8_rate():
     assert rec.ops[0].group == "optimizer" and not rec.ops[0].fusible
 
 
+def test_a_heavy_call_is_kept_as_its_call_replayed_here_and_its_time_replaces_the_rate_model(monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dtypelab.forecasting import kernels
+
+    x, w = torch.randn(32, 64, dtype=torch.bfloat16), torch.randn(128, 64, dtype=torch.bfloat16)
+    with Recorder() as rec:
+        torch.nn.functional.linear(x, w).relu()
+    mm, relu = rec.ops
+    assert mm.kernel[:2] == ("aten::mm", "default") and relu.kernel == ()  # only the heavy ops
+    spec = mm.kernel[2][0]
+    assert (spec.shape, spec.stride, spec.dtype, spec.nbytes) == ((32, 64), (64, 1), torch.bfloat16, 32 * 64 * 2)
+    with FakeTensorMode() as fake, Recorder() as traced:  # a trace on fake tensors keeps the same call
+        torch.nn.functional.linear(fake.from_tensor(x), fake.from_tensor(w))
+    assert next(op for op in traced.ops if op.group == "matmuls").kernel == mm.kernel
+    again = kernels.replay(mm.kernel)()
+    assert again.shape == (32, 128) and again.dtype == torch.bfloat16
+    done: dict = {}
+    assert kernels.time_kernels([mm.kernel, mm.kernel, ()], done, budget_s=10) == (1, 0) and done[mm.kernel] > 0
+    # the rate model is not asked: the call's own time (a floor still holds for a call faster than one op)
+    slow = Rates("here", {}, 1e11, 1e-6, kernels={mm.kernel: 3e-3})
+    assert op_time(mm, slow) == (3e-3, "compute")
+    assert op_time(mm, replace(slow, floor_s=5e-3)) == (5e-3, "overhead")
+    with pytest.raises(NoRate):  # without it, there is no bfloat16 rate to fall back on
+        op_time(mm, replace(slow, kernels={}))
+    monkeypatch.setattr(kernels, "MAX_BYTES", 1000)  # too large to make here: left to the rate model
+    assert kernels.time_kernels([mm.kernel], {}, budget_s=10) == (0, 1)
+    assert kernels.time_kernels([mm.kernel], {}, budget_s=-1) == (0, 1)  # the budget spent
+
+
+def test_a_tensor_subclass_or_an_unknown_argument_is_not_replayed():
+    from dtypelab.forecasting.kernels import signature
+
+    class Odd(torch.Tensor):
+        pass
+
+    x = torch.randn(4, 4)
+    assert signature(torch.ops.aten.mm.default, (x.as_subclass(Odd), x), {}) == ()
+    assert signature(torch.ops.aten.mm.default, (x, object()), {}) == ()
+    assert signature(torch.ops.aten.mm.default, (torch.nn.Parameter(x), x), {})
+
+
+def test_a_cpu_forecast_times_each_heavy_call_here_and_adds_the_rest_by_the_model(monkeypatch):
+    from dtypelab.forecasting import job
+
+    seen: list = []
+
+    def every_call_a_millisecond(keys, done, budget_s):
+        for key in keys:
+            seen.append(key)
+            done[key] = 1e-3
+        return len(done), 0
+
+    monkeypatch.setattr(job, "time_kernels", every_call_a_millisecond)
+    report = dtypelab.forecast("digits", policies="fp32", device="cpu", batch_search=False, launcher="inline")
+    t = report.result("fp32").time
+    heavy = t.breakdown["matmuls"] + t.breakdown["convolutions"]
+    assert seen and heavy == pytest.approx(1e-3 * round(heavy / 1e-3)) and heavy >= 1e-3 * len(set(seen))
+    assert t.breakdown["elementwise"] > 0 and t.step_s > heavy
+
+
 def test_a_device_without_a_rate_for_a_policys_dtype_says_so_in_one_line():
     a100 = gpu_rates(device_spec("A100-80GB"))
     with pytest.raises(NoRate):
@@ -176,7 +238,6 @@ def test_cpu_rates_come_from_the_probe_and_an_old_probe_is_refused_in_one_line()
     hw = fake_hardware()
     with pytest.raises(NoRate, match="run `dtypelab hardware` again"):
         cpu_rates(hw)
-    from dataclasses import replace
 
     rates = cpu_rates(replace(hw, bandwidth_gbs=20.0, op_floor_us=4.0,
                               small_gflops={"float32": {"16": 1.0, "32": 10.0, "64": 40.0, "128": 80.0}}))
@@ -197,3 +258,19 @@ def test_which_float8_layers_pay_is_their_matmuls_saving_net_of_their_own_casts(
     assert [m for m, _ in pays] == ["mlp"] and pays[0][1] == pytest.approx(2e12 / 4e12 - 2e12 / 8e12 - 2e6 / 1e11)
     # proj: a tiny GEMM at the floor either way saves nothing, and its cast moves 200 MB
     assert [m for m, _ in loses] == ["proj"] and loses[0][1] == pytest.approx(-2e8 / 1e11)
+
+
+def test_a_storage_keeps_its_serial_while_it_lives_and_a_later_one_never_takes_it():
+    import gc
+
+    from dtypelab.forecasting.ledger import Ledger
+
+    ledger = Ledger()
+    first = torch.empty(4).untyped_storage()
+    n = ledger.serial(first)
+    assert ledger.serial(torch.empty(0).set_(first).untyped_storage()) == n  # a view of it: the same
+    gone = id(first)
+    del first
+    gc.collect()
+    assert gone not in ledger._serials  # an id freed may come back for another storage: its serial does not
+    assert ledger.serial(torch.empty(4).untyped_storage()) > n

@@ -54,6 +54,9 @@ class Op:
     fusible: bool = False  # elementwise: a compiled step fuses runs of these
     dtype: str = ""  # what it writes (an elementwise op's speed on a CPU depends on it)
     module: str = ""  # the innermost module running it ("" outside any)
+    # a matmul's, attention's or convolution's call as it ran (aten op, overload, its arguments with each tensor as a
+    # ``TensorSpec``): a device whose rates time kernels where they run (this CPU) times it at exactly this call
+    kernel: tuple = ()
 
     @property
     def read(self) -> int:
@@ -77,6 +80,8 @@ class Rates:
     curves: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     source: str = ""
     bandwidths: dict[str, float] = field(default_factory=dict)  # bytes/s of an elementwise op per dtype, where measured
+    times_kernels: bool = False  # the device is this machine: its heavy kernels are timed at their own calls
+    kernels: dict[tuple, float] = field(default_factory=dict)  # seconds of each kernel timed (``Op.kernel`` -> s)
 
     def efficiency(self, work: float, rate: str = "*") -> float:
         """The share of the rate a GEMM of M·N·K = ``work`` reaches (piecewise linear in log2(work))."""
@@ -114,6 +119,9 @@ class NoRate(ValueError):
 
 def op_time(op: Op, rates: Rates) -> tuple[float, str]:
     """(seconds, what bounds it) of one op."""
+    measured = rates.kernels.get(op.kernel) if op.kernel else None
+    if measured is not None:  # timed at its own call on the device: arithmetic, memory and dispatch all in it
+        return max(measured, rates.floor_s), "compute" if measured >= rates.floor_s else "overhead"
     compute = 0.0
     if op.flops:
         peak = rates.flops.get(op.rate)
@@ -217,10 +225,11 @@ def cpu_rates(hw: HardwareInfo) -> Rates:
             curves[key] = (*points, (3 * math.log2(PROBE_N), 1.0))
     elementwise = {k: v * 1e9 for k, v in hw.elementwise_gbs.items() if v}
     return Rates(hw.cpu_name or "cpu", flops, hw.bandwidth_gbs * 1e9, hw.op_floor_us * 1e-6, curves,
-                 f"measured here: matmuls per dtype (n = 16 to {PROBE_N}), {hw.bandwidth_gbs:.1f} GB/s copy bandwidth"
+                 "measured here: each matmul, attention and convolution timed at its own call (square matmuls per "
+                 f"dtype, n = 16 to {PROBE_N}, for any not timed), {hw.bandwidth_gbs:.1f} GB/s copy bandwidth"
                  + (f", elementwise {', '.join(f'{k} {v:.0f}' for k, v in hw.elementwise_gbs.items())} GB/s"
                     if elementwise else "") + f", {hw.op_floor_us:.1f} µs per op of a tiny training step",
-                 elementwise)
+                 elementwise, times_kernels=True)
 
 
 def float8_layers(ops: Sequence[Op], rates: Rates) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:

@@ -32,11 +32,14 @@ from dtypelab.core.task import Task, load_task
 from dtypelab.forecasting import here
 from dtypelab.forecasting.batch import infer_batch_shape, train_batch_shape
 from dtypelab.forecasting.fake import fresh, meta_model
+from dtypelab.forecasting.kernels import time_kernels
 from dtypelab.forecasting.layouts import conversion_notes, layout, stand_in
 from dtypelab.forecasting.ledger import Peak
 from dtypelab.forecasting.ranks import FakeRanks
 from dtypelab.forecasting.search import largest_batch
 from dtypelab.forecasting.trace import Run, Target, Traced, joined
+
+KERNEL_BUDGET_S = 60.0  # the most a forecast spends timing its kernels here (this CPU), over all its policies
 
 
 class Untraceable(Exception):
@@ -168,6 +171,8 @@ class Forecaster:
         self._updates: dict[str, Traced] = {}
         self._measured: dict[tuple[str, bool], tuple[list[Traced], tuple[int, ...]]] = {}
         self._ops: dict[tuple[str, bool], tuple[tuple[Op, ...], str]] = {}  # (plan, train) -> its step's ops, method
+        self._kernel_s: dict[tuple, float] = {}  # a heavy call -> its time here (rates that time kernels)
+        self._kernel_spent = 0.0  # seconds spent timing them
 
     def _here(self) -> Any:
         if self._hardware is None:
@@ -241,6 +246,16 @@ class Forecaster:
         if any(getattr(c, "process_wide", False) and c.compute_dtype == "tf32" for c in plan.configs):
             # TF32 is a process-wide flag, not a layout: the trace it shares with fp32 shows float32 matmuls
             ops = tuple(replace(op, rate="tf32") if op.rate == "float32" else op for op in ops)
+        untimed = ""
+        if rates.times_kernels:  # this machine: each matmul, attention and convolution timed at its own call
+            calls = {op.kernel for op in ops if op.kernel}
+            started = time.perf_counter()
+            time_kernels(calls, self._kernel_s, max(0.0, KERNEL_BUDGET_S - self._kernel_spent))
+            self._kernel_spent += time.perf_counter() - started
+            rates = replace(rates, kernels=self._kernel_s)
+            if left := len(calls - self._kernel_s.keys()):
+                untimed = (f"{left} of its {len(calls)} matmul, attention and convolution calls were not timed here "
+                           f"(too large, or past {KERNEL_BUDGET_S:g} s of timing): the rate model times those")
         timing = step_time(ops, rates, compiled=plan.compiles)
         if timing.missing:
             return TimeForecast(None, reason=f"no {'/'.join(timing.missing)} rate on {rates.device}: the policy "
@@ -249,7 +264,8 @@ class Forecaster:
                 "kernels'" if method == "stand-in" else _float8_note(fuse(ops) if plan.compiles else ops, rates,
                                                                        plan.compiles))
         return TimeForecast(timing.step_s, bound=timing.bound, breakdown=dict(timing.groups),
-                            bounds=dict(timing.bounds), kernels=timing.kernels, reason=note)
+                            bounds=dict(timing.bounds), kernels=timing.kernels,
+                            reason="; ".join(n for n in (note, untimed) if n))
 
     def fit(self, plan: Plan, train: bool, peak: PeakForecast, method: str, search: bool = True,
             ) -> FitForecast | None:

@@ -74,6 +74,24 @@ class Ledger(TorchDispatchMode):
         self.phase = ""
         self.default = "temporaries"  # the category of a storage an op creates
         self._modules = ModuleTracker()
+        # a number per storage for the ops' reads and writes: an id is reused once its storage is freed (the fusion
+        # of a compiled step would then join two storages), a serial is not
+        self._serials: dict[int, tuple[Any, int]] = {}
+        self._next_serial = 0
+
+    def serial(self, st: torch.UntypedStorage) -> int:
+        """The storage's own number in this ledger (kept while it lives)."""
+        key = id(st)
+        entry = self._serials.get(key)
+        if entry is not None and entry[0]() is st:
+            return entry[1]
+        self._next_serial += 1
+        try:
+            ref = weakref.ref(st, lambda _, key=key: self._serials.pop(key, None))
+        except TypeError:  # no weak reference: never matched again, so never joined to another
+            return -self._next_serial
+        self._serials[key] = (ref, self._next_serial)
+        return self._next_serial
 
     # --- counting ---------------------------------------------------------------------------------
     def _bytes(self, st: torch.UntypedStorage) -> int:
@@ -158,7 +176,7 @@ class Ledger(TorchDispatchMode):
                     self._add(st, self.default)
         self._update_peak()
         if self.ops is not None and self.phase in RECORDED:
-            op = record(func, args, kwargs or {}, out, self.phase)
+            op = record(func, args, kwargs or {}, out, self.phase, self.serial)
             if op is not None:
                 parents = [p for p in self._modules.parents if p != "Global"]
                 self.ops.append(replace(op, module=_named(max(parents, key=len))) if parents else op)

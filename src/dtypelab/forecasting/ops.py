@@ -11,6 +11,7 @@ set, ``fp8`` for float8 operands, ``int8`` for ``_int_mm``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from torch.utils.flop_counter import flop_registry
 
 from dtypelab.core.footprint import leaves
 from dtypelab.core.speed import Op
+from dtypelab.forecasting.kernels import signature
 
 aten = torch.ops.aten
 _OPTIONAL = {n: getattr(aten, n) for n in ("_weight_int4pack_mm", "_weight_int4pack_mm_for_cpu", "_weight_int8pack_mm",
@@ -37,13 +39,13 @@ LOW = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3f
 RECORDED = ("forward", "backward", "optimizer")  # the phases a step repeats (not the batch's fetch)
 
 
-def _storages(tensors: list[torch.Tensor]) -> dict[int, int]:
+def _storages(tensors: list[torch.Tensor], ident: Callable[[torch.UntypedStorage], int]) -> dict[int, int]:
     """storage -> the bytes of it these tensors cover (a view counts its own elements; each storage once)."""
     out: dict[int, int] = {}
     for t in tensors:
         for leaf in leaves(t):
             if isinstance(leaf, torch.Tensor):
-                key = id(leaf.untyped_storage())
+                key = ident(leaf.untyped_storage())
                 out[key] = max(out.get(key, 0), leaf.numel() * leaf.element_size())
     return out
 
@@ -81,8 +83,10 @@ def _returns_views(func: Any) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
-def record(func: Any, args: Any, kwargs: dict[str, Any], out: Any, phase: str) -> Op | None:
-    """The op as the time model takes it; None for one that runs no kernel (a view, an allocation)."""
+def record(func: Any, args: Any, kwargs: dict[str, Any], out: Any, phase: str,
+           ident: Callable[[torch.UntypedStorage], int] = id) -> Op | None:
+    """The op as the time model takes it; None for one that runs no kernel (a view, an allocation). ``ident`` numbers
+    storages (the ledger's serials; ``id`` only while no storage the ops name is freed)."""
     packet = func._overloadpacket
     if packet in NO_KERNEL or _returns_views(func):
         return None
@@ -109,8 +113,9 @@ def record(func: Any, args: Any, kwargs: dict[str, Any], out: Any, phase: str) -
     rate = _rate(packet, ins) if heavy or flops else ""
     # torch.compile fuses the model's elementwise ops, not the optimizer's update (eager, unless compiled itself)
     dtype = str(outs[0].dtype).removeprefix("torch.") if outs else ""
-    return Op(group, rate, flops, tuple(_storages(ins).items()), tuple(_storages(outs).items()),
-              work=flops / 2 if packet in MATMULS else 0.0, fusible=not heavy and group != "optimizer", dtype=dtype)
+    return Op(group, rate, flops, tuple(_storages(ins, ident).items()), tuple(_storages(outs, ident).items()),
+              work=flops / 2 if packet in MATMULS else 0.0, fusible=not heavy and group != "optimizer", dtype=dtype,
+              kernel=signature(func, args, kwargs) if heavy else ())
 
 
 __all__ = ["RECORDED", "record"]

@@ -205,12 +205,14 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     check_writable(opts.json_path)
     launcher = _launcher(opts.launcher, target)
     grouped = families(plans)
-    parts = 1 if getattr(launcher, "name", "") == "inline" else min(len(grouped), opts.workers or min(
+    hw = _hardware(device)
+    rates, no_rates = rates_for(device)
+    # kernels timed here (this CPU's rates, --check's steps) are timed by one worker, with nothing beside it
+    alone = opts.check or (rates is not None and rates.times_kernels)
+    parts = 1 if getattr(launcher, "name", "") == "inline" or alone else min(len(grouped), opts.workers or min(
         2, os.cpu_count() or 1))
     claims = tempfile.mkdtemp(prefix="dtypelab-forecast-") if parts > 1 else None
     ordered = tuple(p for group in grouped for p in group)
-    hw = _hardware(device)
-    rates, no_rates = rates_for(device)
     jobs = [ForecastJob(spec, ordered, batch // opts.nproc, batch // opts.nproc, device.kind, opts.nproc, opts.seed,
                         device.usable_bytes, opts.batch_search, opts.check, "cuda" if device.kind == "cuda" else "cpu",
                         part=i, groups=tuple(map(len, grouped)), claims=claims, task=target.given, rates=rates)
