@@ -9,7 +9,8 @@ state in float32); the bfloat16 weight is that copy, rounded, after every step.
     dtypelab bench train.py --policies fp32,examples/custom_precision.py:bf16-master
 
 The kind is a frozen ``dtypelab.Config`` subclass with a ``kind`` name, which registers it; ``register`` names a
-policy that uses it. The hooks it overrides are the ones it needs (see the guide, "Your own precision").
+policy that uses it. The hooks it overrides are the ones it needs (see the guide, "Your own precision"); what a
+capability asks beyond them (here `tune`) is registered with that capability's adapters.
 """
 
 # --8<-- [start:kind]
@@ -23,6 +24,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from dtypelab import Config, register
+from dtypelab.tuning import RANGE_DTYPE, TUNES
 
 # each bfloat16 weight's float32 master copy, by the weight's identity; weak, so it goes with the model
 _MASTERS = WeakIdKeyDictionary()
@@ -34,8 +36,6 @@ class BF16Master(Config):
     modes: ClassVar[tuple[str, ...]] = ("train",)
     storage_dtype: ClassVar[str] = "bfloat16"  # the model's weights and inputs are cast to it
     compute_dtype: ClassVar[str] = "bfloat16"  # the hardware probe's speed verdict for bfloat16 applies
-    tunes: ClassVar[tuple[str, ...]] = ("train",)  # `tune --mode train` may give single layers this config
-    range_dtype: ClassVar[str] = "bfloat16"  # whose range tune's audit checks each layer's values against
     keeps_updates: ClassVar[bool] = True  # small updates add up in the master copy: none is lost
 
     def describe(self) -> str:
@@ -71,4 +71,9 @@ class BF16Master(Config):
 
 
 register("bf16-master", BF16Master())
+
+# what `tune` asks of a kind (each capability keeps its own questions): it may give single layers this config when
+# training, and its range audit checks each layer's values against bfloat16's
+TUNES.register(BF16Master)(lambda config: ("train",))
+RANGE_DTYPE.register(BF16Master)(lambda config: "bfloat16")
 # --8<-- [end:kind]

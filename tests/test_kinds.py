@@ -189,15 +189,46 @@ def test_bad_plugins_are_one_line_errors(tmp_path):
 
 
 def test_what_the_capabilities_ask_of_the_built_in_kinds():
-    assert [get_policy(n).default.lightning for n in ("fp32", "bf16", "amp-bf16", "amp-fp16", "tf32", "int8-dyn")] \
+    from dtypelab.piloting import PROMOTABLE, PROMOTION
+    from dtypelab.script import HF_ARGUMENTS, LIGHTNING_PRECISION
+    from dtypelab.tuning import LAYER_TYPES, RANGE_DTYPE, TUNES
+
+    names = ("fp32", "bf16", "amp-bf16", "amp-fp16", "tf32", "int8-dyn")
+    assert [LIGHTNING_PRECISION(get_policy(n).default) for n in names] \
         == ["32-true", "bf16-true", "bf16-mixed", "16-mixed", "32-true", None]
-    assert get_policy("amp-fp16").default.hf_arguments() == ({"fp16": True}, None)
-    assert get_policy("bf16").default.hf_arguments() == ({}, "bfloat16")
-    assert get_policy("int8-dyn").default.hf_arguments() is None
-    assert get_policy("fp16").default.promotion(bf16_fast=True) == Cast("bfloat16")
-    assert get_policy("amp-fp16").default.promotion(bf16_fast=False) is None
+    assert HF_ARGUMENTS(get_policy("amp-fp16").default) == ({"fp16": True}, None)
+    assert HF_ARGUMENTS(get_policy("bf16").default) == ({}, "bfloat16")
+    assert HF_ARGUMENTS(get_policy("tf32").default) == ({"tf32": True}, None)
+    assert HF_ARGUMENTS(get_policy("int8-dyn").default) is None
+    assert PROMOTION(get_policy("fp16").default, bf16_fast=True) == Cast("bfloat16")
+    assert PROMOTION(get_policy("amp-fp16").default, bf16_fast=True) == get_policy("amp-bf16").default
+    assert PROMOTION(get_policy("amp-fp16").default, bf16_fast=False) is None
+    assert [n for n in names if PROMOTABLE(get_policy(n).default)] == ["fp32", "bf16", "amp-bf16", "amp-fp16"]
     assert [n for n in ("bf16", "amp-bf16", "fp8-tensorwise", "int8-dyn", "tf32") if
-            "train" in get_policy(n).default.tunes] == ["bf16", "amp-bf16", "fp8-tensorwise"]
+            "train" in TUNES(get_policy(n).default)] == ["bf16", "amp-bf16", "fp8-tensorwise"]
+    assert [RANGE_DTYPE(get_policy(n).default) for n in ("fp32", "bf16", "amp-fp16", "bf16-sr", "int8-dyn")] \
+        == [None, "bfloat16", "float16", "bfloat16", None]
+    assert LAYER_TYPES(get_policy("int8-dyn").default) == (torch.nn.Linear,)
+    assert torch.nn.Conv2d in LAYER_TYPES(get_policy("bf16").default)
+
+
+def test_a_kind_of_your_own_answers_a_capability_by_registering_and_its_subclasses_inherit_it():
+    from dtypelab.core.policies.adapters import Adapter, constant
+
+    asked = Adapter("a test's question", constant("default"))
+
+    class Mine(Cast):  # not registered as a kind: the adapter looks at the class alone
+        pass
+
+    class Sub(Mine):
+        pass
+
+    assert asked(Mine()) == "default" and not asked.registered(Mine())
+    asked.register(Mine)(lambda config, suffix="": "mine" + suffix)
+    assert asked(Mine(), "!") == "mine!" and asked(Sub()) == "mine" and asked.registered(Sub())
+    asked.register(Sub)(constant("sub"))
+    assert (asked(Mine()), asked(Sub())) == ("mine", "sub")
+    assert asked(Cast("float32")) == "default"  # its base answers by the default
 
 
 def test_a_kind_that_wraps_the_step_runs_a_closure_first_and_refuses_lbfgs():

@@ -14,7 +14,7 @@ import torch
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies import Plan
-from dtypelab.script import Session
+from dtypelab.script import HF_ARGUMENTS, Session
 
 try:
     import transformers
@@ -25,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - the [hf] extra
 def training_arguments(plan: Plan, args: Any) -> tuple[Any, str | None]:
     """(TrainingArguments for the policy, the dtype to cast the model to or None); an error for a policy the
     Trainer cannot express."""
-    mapped = None if plan.rules or plan.state is not None else plan.default.hf_arguments()
+    mapped = None if plan.rules or plan.state is not None else HF_ARGUMENTS(plan.default)
     if mapped is None:
         why = "per-module plans have" if plan.rules else "an optimizer-state modifier has" if plan.state else "it has"
         raise DtypelabError(f"policy {plan.name}: {why} no TrainingArguments equivalent")

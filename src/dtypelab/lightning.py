@@ -13,7 +13,7 @@ from typing import Any
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies import Plan
-from dtypelab.script import Session
+from dtypelab.script import LIGHTNING_PRECISION, Session
 
 try:
     import lightning.pytorch as pl
@@ -21,10 +21,10 @@ except ImportError as exc:  # pragma: no cover - the [lightning] extra
     raise DtypelabError("dtypelab.lightning needs Lightning: pip install 'dtypelab[lightning]'") from exc
 
 def lightning_precision(plan: Plan) -> str | None:
-    """The ``precision=`` value Lightning runs this policy with (its kind's ``lightning``), or None when Lightning
-    has none (a per-module plan, an optimizer-state modifier, a kind of your own): ``DtypelabPrecision`` runs it
-    then."""
-    return None if plan.rules or plan.state is not None else plan.default.lightning
+    """The ``precision=`` value Lightning runs this policy with (``LIGHTNING_PRECISION`` of its kind), or None when
+    Lightning has none (a per-module plan, an optimizer-state modifier, a kind of your own): ``DtypelabPrecision``
+    runs it then."""
+    return None if plan.rules or plan.state is not None else LIGHTNING_PRECISION(plan.default)
 
 
 class DtypelabPrecision(pl.plugins.Precision):

@@ -5,7 +5,7 @@ When a trace cannot be made, what is said instead is stated in the record (``met
 
 - ``stand-in``: a conversion that needs hardware this machine lacks (fp8 and int4 inference need CUDA) is traced
   with its stored dtype in place of the converted weights, whose bytes come from the kind's layout
-  (``Config.stored_weight_bytes``);
+  (``forecasting.kinds.STORED_WEIGHT_BYTES``);
 - ``measured``: a step that cannot be traced on fake tensors (a data-dependent op: ``.item()``, ``nonzero``) is run
   here at two small batch sizes, counted by the same ledger, and extrapolated along the line through them, when the
   model fits this machine;
@@ -243,7 +243,7 @@ class Forecaster:
             why = {"measured": "the step could not be traced (it was measured here): no ops to time",
                    "state-only": "the step could not be traced: no ops to time"}.get(method, "no ops were traced")
             return TimeForecast(None, reason=why)
-        if any(getattr(c, "process_wide", False) and c.compute_dtype == "tf32" for c in plan.configs):
+        if any(c.process_wide and c.compute_dtype == "tf32" for c in plan.configs):
             # TF32 is a process-wide flag, not a layout: the trace it shares with fp32 shows float32 matmuls
             ops = tuple(replace(op, rate="tf32") if op.rate == "float32" else op for op in ops)
         untimed = ""
@@ -310,7 +310,7 @@ class Forecaster:
     def converted(self, plan: Plan) -> tuple[nn.Module, Plan, int]:
         """A copy of the plan's converted meta model, the plan it was converted under (a stand-in's, when this
         machine cannot make the conversion: the kind's stored dtype in place of its converted weights) and the bytes
-        its converted weights take beyond the stand-in's (``Config.stored_weight_bytes``)."""
+        its converted weights take beyond the stand-in's (``forecasting.kinds.STORED_WEIGHT_BYTES``)."""
         if plan.name not in self._converted:
             try:
                 precision = Precision(plan, "cpu", traced=True)

@@ -11,8 +11,9 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from dtypelab.core.errors import DtypelabError, describe_exception
-from dtypelab.core.policies import Cast, Config, Plan, Precision, regions
+from dtypelab.core.policies import Cast, Plan, Precision, regions
 from dtypelab.forecasting.fake import fresh
+from dtypelab.forecasting.kinds import PLAIN_PASS, STORED_WEIGHT_BYTES
 
 
 def layout(model: nn.Module, plan: Plan) -> tuple[Any, ...]:
@@ -29,15 +30,15 @@ def layout(model: nn.Module, plan: Plan) -> tuple[Any, ...]:
 
     modules = tuple((n, type(m).__name__, placed.get(n, "")) for n, m in model.named_modules())
     tensors = tuple((n, *tensor(t)) for n, t in [*model.named_parameters(), *model.named_buffers()])
-    kind = type(plan.default)
-    return (modules, tensors, plan.default.autocast_dtype, plan.default.storage_dtype,
-            kind.forward_context.__qualname__, kind.convert_output.__qualname__)
+    # a kind whose passes are not the model's own shares them with no other kind
+    own = () if PLAIN_PASS(plan.default) else (type(plan.default).__qualname__, plan.default)
+    return (modules, tensors, plan.default.autocast_dtype, plan.default.storage_dtype, *own)
 
 
 def stand_in(plan: Plan, meta: nn.Module, exc: Exception, round_to: int) -> tuple[Plan, int]:
     """The plan with each config whose conversion failed here replaced by a cast to its stored dtype, and the
-    bytes its converted weights take beyond that cast's (from ``Config.stored_weight_bytes``)."""
-    layout = [c for c in plan.configs if type(c).stored_weight_bytes is not Config.stored_weight_bytes]
+    bytes its converted weights take beyond that cast's (from ``STORED_WEIGHT_BYTES``, the forecast's adapter)."""
+    layout = [c for c in plan.configs if STORED_WEIGHT_BYTES.registered(c)]
     if not layout:
         raise DtypelabError(f"converting the model failed: {describe_exception(exc)}") from exc
     swap = {c: Cast(c.storage_dtype) for c in layout}
@@ -48,7 +49,7 @@ def stand_in(plan: Plan, meta: nn.Module, exc: Exception, round_to: int) -> tupl
     modules = dict(model.named_modules(remove_duplicate=False))
     extra = 0
     for name, config in assigned.items():
-        stored = config.stored_weight_bytes(modules[name]) if config in swap else None
+        stored = STORED_WEIGHT_BYTES(config, modules[name]) if config in swap else None
         if stored is not None:
             weight = modules[name].weight
             extra += stored - weight.numel() * getattr(torch, config.storage_dtype).itemsize

@@ -20,11 +20,12 @@ from dtypelab.core.devices import DEVICES, GIB, device_spec
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, environment, hardware_for
 from dtypelab.core.options import parse_size
-from dtypelab.core.policies import REGISTRY, STATE_MODIFIERS, Config, Plan, get_policy, parse_policies, policies_for
+from dtypelab.core.policies import REGISTRY, STATE_MODIFIERS, Plan, get_policy, parse_policies, policies_for
 from dtypelab.core.results import ForecastConfig, ForecastReport, PolicyForecast, TargetDevice, check_writable
 from dtypelab.core.task import Task
 from dtypelab.core.text import size_text
 from dtypelab.forecasting.job import ForecastJob
+from dtypelab.forecasting.kinds import PLAIN_PASS, UPDATE_COST
 from dtypelab.forecasting.options import ForecastOptions
 from dtypelab.forecasting.timing import rates_for, speed_answer, with_speedups
 from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher, Target
@@ -152,13 +153,12 @@ def families(plans: list[Plan]) -> list[list[Plan]]:
     parameter at a time, slowest), so that whichever worker is free takes the next."""
     def key(p: Plan) -> tuple[Any, ...]:
         d = p.default
-        converts = type(d).convert_module is not Config.convert_module
-        return d.storage_dtype, d.autocast_dtype, p.rules, p.distributed, p.name if converts else ""
+        return d.storage_dtype, d.autocast_dtype, p.rules, p.distributed, "" if PLAIN_PASS(d) else p.name
 
     def cost(p: Plan) -> int:
         if "train" not in p.modes:
             return 4
-        return 10 if p.state is not None else 5 if p.default.kind == "bf16-update" else 1
+        return 10 if p.state is not None else UPDATE_COST(p.default)
 
     grouped: dict[tuple[Any, ...], list[Plan]] = {}
     for plan in plans:

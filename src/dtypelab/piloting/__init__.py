@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 from dtypelab.core.lazy import exports
 
 __getattr__, __dir__, __all__ = exports(__name__, {"autopilot": "run", "AutopilotOptions": "options",
-                                                   "session": "handle", "PilotDiagnosis": "script"})
+                                                   "session": "handle", "PilotDiagnosis": "script",
+                                                   "PROMOTABLE": "kinds", "PROMOTION": "kinds"})
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
     from dtypelab.piloting.handle import session
+    from dtypelab.piloting.kinds import PROMOTABLE, PROMOTION
     from dtypelab.piloting.options import AutopilotOptions
     from dtypelab.piloting.run import autopilot
     from dtypelab.piloting.script import PilotDiagnosis

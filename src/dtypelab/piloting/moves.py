@@ -9,9 +9,11 @@ import statistics
 
 import torch
 
+from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies import Autocast, Cast, Config, Plan, Precision, plan_from_dict
 from dtypelab.core.results import AutopilotReport, Finding, Move, save_text
 from dtypelab.piloting.controller import Controller
+from dtypelab.piloting.kinds import PROMOTABLE, PROMOTION
 from dtypelab.piloting.monitor import Reading
 
 WIDE = ("float32", "float64")
@@ -25,7 +27,10 @@ def target_config(promote_to: str, precision: Precision, device: torch.device) -
     if promote_to != "auto":
         return TARGETS[promote_to]
     bf16_fast = device.type == "cuda" and torch.cuda.is_bf16_supported()  # bf16's range at fp16's speed class
-    return precision.plan.default.promotion(bf16_fast) or TARGETS["fp32"]
+    to = PROMOTION(precision.plan.default, bf16_fast) or TARGETS["fp32"]
+    if not PROMOTABLE(to):
+        raise DtypelabError(f"a layer can be moved to a cast or an autocast config, not {to.label}")
+    return to
 
 
 def label(precision: Precision, name: str, model: torch.nn.Module) -> str:

@@ -38,6 +38,7 @@ from dtypelab.core.stats import summarize
 from dtypelab.core.task import Task, load_task, plain, tensors
 from dtypelab.inference import compare, layer_fidelity, linear_weight_bytes, serialize
 from dtypelab.profiling import Profiler, profile_inference, profile_training, trace_path
+from dtypelab.sweep.kinds import plan_fidelity
 
 Progress = Callable[[int, int], None]  # (steps done, total)
 MAX_UPDATE_ROWS = 64  # parameters whose lost updates a record keeps, worst first
@@ -178,7 +179,8 @@ def _emulated_layers(task: Task, model: Any, precision: Precision, device: torch
         return []
     inputs, target = to_device(task.batch(job.steps, job.batch_size), device)
     with precision.session():
-        return precision.layer_fidelity(model, lambda: forward_loss(task, model, precision, inputs, target))
+        return plan_fidelity(precision.plan.configs, model,
+                             lambda: forward_loss(task, model, precision, inputs, target))
 
 
 def _counted(task: Task, model: Any, precision: Precision, optimizer: Any, device: torch.device,

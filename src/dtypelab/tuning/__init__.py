@@ -9,10 +9,11 @@ from dtypelab.core.lazy import exports
 
 __getattr__, __dir__, __all__ = exports(__name__, {
     "tune": "run", "apply_plan": "run", "TuneOptions": "options", "Evaluation": "search", "LayerScore": "search",
-    "SearchResult": "search", "budget_for": "search",
+    "SearchResult": "search", "budget_for": "search", "TUNES": "kinds", "LAYER_TYPES": "kinds", "RANGE_DTYPE": "kinds",
 })
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
+    from dtypelab.tuning.kinds import LAYER_TYPES, RANGE_DTYPE, TUNES
     from dtypelab.tuning.options import TuneOptions
     from dtypelab.tuning.run import apply_plan, tune
     from dtypelab.tuning.search import Evaluation, LayerScore, SearchResult, budget_for

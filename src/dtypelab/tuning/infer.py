@@ -20,6 +20,7 @@ from dtypelab.core.loop import forward, to_device
 from dtypelab.core.policies import Cast, Plan, Precision, get_policy
 from dtypelab.core.task import call_model, map_tensors
 from dtypelab.inference import compare, flat
+from dtypelab.tuning.kinds import LAYER_TYPES
 from dtypelab.tuning.search import Evaluation, LayerScore
 from dtypelab.tuning.timing import REPS, Paired, paired
 
@@ -28,7 +29,7 @@ FP32 = Cast("float32")
 
 def targets(model: nn.Module, candidate: Plan) -> list[str]:
     """The layers a candidate can convert: Linear layers for quantization, any leaf with weights for a cast."""
-    kinds = candidate.default.layer_types
+    kinds = LAYER_TYPES(candidate.default)
     return [name for name, m in model.named_modules() if name and not list(m.children()) and isinstance(m, kinds)]
 
 

@@ -55,6 +55,7 @@ from dtypelab.tuning.infer import (
     layer_plan,
     targets,
 )
+from dtypelab.tuning.kinds import RANGE_DTYPE, TUNES
 from dtypelab.tuning.options import DEFAULT_CANDIDATES, TuneOptions
 from dtypelab.tuning.search import Evaluation, LayerScore, Limit, budget_for, pareto, search
 from dtypelab.tuning.train import TrainBench, island_plan, train_evaluator, train_targets
@@ -120,7 +121,7 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
         if plan.state is not None:
             raise DtypelabError(f"candidate {plan.name}: a candidate is a config for layers; the optimizer's state "
                                 f"(+{plan.state.label}) is the whole optimizer's (bench it as a policy)")
-        if mode == "train" and ("train" not in plan.default.tunes or plan.default == FP32):
+        if mode == "train" and ("train" not in TUNES(plan.default) or plan.default == FP32):
             raise DtypelabError(f"candidate {plan.name}: training plans take a whole-model cast, autocast or float8 "
                                 "training (bf16, fp16, amp-bf16, amp-fp16, bf16-sr, bf16-kahan, fp8-tensorwise), "
                                 "kept in fp32 on chosen layers")
@@ -231,7 +232,7 @@ def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
     names = train_targets(bench.base.model)
     if not names:
         raise DtypelabError(f"no layer of {task_obj.name}'s model owns parameters: nothing to choose")
-    for fmt in dict.fromkeys(c.default.range_dtype for c in cands if c.default.range_dtype):
+    for fmt in dict.fromkeys(RANGE_DTYPE(c.default) for c in cands if RANGE_DTYPE(c.default)):
         progress(f"range audit for {fmt}")
         bench.audits[fmt] = audit(task_obj, policy="fp32", steps=min(20, steps), formats=(fmt,), batch_size=bs,
                                   seed=seed, device=str(dev), hardware=hw)

@@ -28,6 +28,7 @@ from dtypelab.core.results import AuditReport
 from dtypelab.core.task import Task, call_model
 from dtypelab.core.tolerance import Tolerance, judge
 from dtypelab.tuning.infer import evaluation
+from dtypelab.tuning.kinds import RANGE_DTYPE
 from dtypelab.tuning.search import Evaluation, LayerScore
 from dtypelab.tuning.timing import REPS, Paired, paired
 
@@ -187,7 +188,7 @@ class TrainBench:
 
 
 def _format(candidate: Plan) -> str | None:
-    return candidate.default.range_dtype
+    return RANGE_DTYPE(candidate.default)
 
 
 def train_evaluator(bench: TrainBench, candidate: Plan, layers: list[str]

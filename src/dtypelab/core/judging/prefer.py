@@ -11,7 +11,12 @@ from dtypelab.core.results import PolicyResult
 def keeps_fp32_weights(r: PolicyResult) -> bool:
     """Whether the policy trains float32 (or wider) weights: autocast and tf32 do, a pure low-precision cast does
     not (every update is rounded into its weights)."""
-    default = (r.info.plan.get("default") if r.info else None) or {}
+    if r.info is None:
+        return False
+    if r.info.fp32_weights is not None:  # the kind's own answer (its storage dtype), kept in the record
+        return r.info.fp32_weights
+    # a record written before the answer was kept: its plan's JSON, read as the built-in kinds wrote it then
+    default = r.info.plan.get("default") or {}
     return default.get("kind") in ("autocast", "tf32") or default.get("dtype") in ("float32", "float64")
 
 

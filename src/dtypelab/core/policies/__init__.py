@@ -36,6 +36,7 @@ def policy_info(plan: Plan) -> PolicyInfo:
                       emulated=plan.emulated, compiles=plan.compiles, modes=plan.modes,
                       keeps_updates=all(c.keeps_updates or c.storage_dtype in ("float32", "float64")
                                         for c in plan.configs), numerics_only=plan.numerics_only,
+                      fp32_weights=plan.default.storage_dtype in ("float32", "float64"),
                       speed_needs="; ".join(dict.fromkeys(c.speed_needs for c in plan.configs if c.speed_needs)))
 
 

@@ -88,15 +88,10 @@ class Config:
     # a GPU format with no CPU path at all: a CPU run's default sweep leaves it out (tf32 stays in: it is the
     # first question on a GPU, and its one skipped row says where it runs)
     gpu_only: ClassVar[bool] = False
-    # What the capabilities ask of a kind:
-    tunes: ClassVar[tuple[str, ...]] = ()  # the modes in which `tune` may give single layers this config
-    promotable: ClassVar[bool] = False  # the autopilot may move a layer into it while training goes on
     # low-precision weights whose small updates the kind keeps anyway (a master copy, compensation, stochastic
     # rounding): a bench run does not count the updates its weights lose
     keeps_updates: ClassVar[bool] = False
     process_wide: ClassVar[bool] = False  # a process-wide setting (tf32): only a plan's default, alone
-    # the layers `tune` may give it: any leaf with weights for a cast, Linear layers for quantization
-    layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
     KINDS: ClassVar[dict[str, type[Config]]] = {}  # every kind by its JSON name, filled as subclasses are defined
     SOURCES: ClassVar[dict[str, str]] = {}  # a user's kind: the file or module that defines it (see plugins.py)
     load_source: ClassVar[Callable[[str], Any] | None] = None  # plugins.load_source, set when it is imported
@@ -128,27 +123,6 @@ class Config:
     def scales_loss(self) -> bool:
         """Whether the backward pass runs through a GradScaler."""
         return False
-
-    @property
-    def range_dtype(self) -> str | None:
-        """The float dtype other than float32 that a layer's values take in this config, whose range the tuner
-        checks against the layer's (its range audit), or None."""
-        return None
-
-    @property
-    def lightning(self) -> str | None:
-        """Lightning's ``precision=`` value for this config, or None when Lightning cannot express it."""
-        return None
-
-    def hf_arguments(self) -> tuple[dict[str, Any], str | None] | None:
-        """(``TrainingArguments`` flags, the dtype the model is loaded in or None) that make the Hugging Face
-        Trainer run this config; None when it cannot."""
-        return None
-
-    def promotion(self, bf16_fast: bool) -> Config | None:
-        """Where the autopilot moves a layer whose ranges are at risk in this config (``bf16_fast``: bfloat16 runs
-        natively here); None for float32."""
-        return None
 
     def describe(self) -> str:
         """One line for the table and the record: what this config does to the model."""
@@ -208,24 +182,6 @@ class Config:
         """The tensors this kind keeps beside the weights to hold their exact values (a float32 master copy, Kahan's
         compensation): what the memory breakdown counts as ``master_weights`` rather than optimizer state."""
         return []
-
-    def layer_fidelity(self, model: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
-        """Per layer this kind converted, what its numerics did on the inputs one forward pass (``run()``) gives it
-        (emulated float8: SQNR against bfloat16, values flushed to zero); none by default."""
-        return []
-
-    def stored_weight_bytes(self, module: nn.Module) -> int | None:
-        """The bytes ``module``'s weight takes once this kind converted it, from the format's layout (scales
-        included); None when the kind leaves the module as it is. ``dtypelab forecast`` asks this of a conversion it
-        cannot make on the machine forecasting (a GPU format whose conversion needs CUDA): the weights' bytes come
-        from here, the rest of the step from a trace with ``storage_dtype`` in their place. A kind whose conversion
-        runs anywhere needs none (its converted tensors are traced)."""
-        return None
-
-    def promoted_state(self, value: torch.Tensor, param: nn.Parameter) -> torch.Tensor:
-        """An optimizer state tensor of a parameter the autopilot just moved to another dtype (Adam's moments
-        follow the weights)."""
-        return value.to(param.dtype) if value.is_floating_point() else value
 
     # --- JSON --------------------------------------------------------------------------------------
     def __reduce__(self) -> Any:

@@ -192,13 +192,11 @@ class Precision:
 
     def promote(self, model: nn.Module, name: str, config: Config,
                 optimizer: torch.optim.Optimizer | None = None) -> Plan:
-        """Run module ``name`` of a model this precision converted in ``config`` (a promotable kind: a cast or an
-        autocast) from now on, while training goes on: its weights take the config's dtype and their optimizer
-        state follows as the plan's default kind says, its inputs are cast to it and its outputs back to what the
-        next layer expects. Returns the plan now in force (the old one with a rule for ``name``), which this
-        precision also adopts."""
-        if not config.promotable:
-            raise DtypelabError(f"a layer can be moved to a cast or an autocast config, not {config.label}")
+        """Run module ``name`` of a model this precision converted in ``config`` (a cast or an autocast: the
+        autopilot asks a kind whether it may be, ``piloting.kinds.PROMOTABLE``) from now on, while training goes
+        on: its weights take the config's dtype and their optimizer state follows them (Adam's moments), its inputs
+        are cast to it and its outputs back to what the next layer expects. Returns the plan now in force (the old
+        one with a rule for ``name``), which this precision also adopts."""
         module = model.get_submodule(name)
         self._region(model, name, config, getattr(torch, config.storage_dtype), self._cast or torch.float32)
         if optimizer is not None:  # Adam's moments in the old dtype would not match the weights any more
@@ -207,7 +205,7 @@ class Precision:
                 if id(p) in owned:
                     for k, v in state.items():
                         if isinstance(v, torch.Tensor) and k != "step":
-                            state[k] = self.plan.default.promoted_state(v, p)
+                            state[k] = v.to(p.dtype) if v.is_floating_point() else v
         rules = (*((p, c) for p, c in self.plan.rules if p != name), (name, config))
         self.plan = dataclasses.replace(self.plan, rules=rules, name="")
         return self.plan
@@ -267,10 +265,6 @@ class Precision:
         for config in reversed(self._stepping):  # the default's hook outermost
             run = functools.partial(config.optimizer_step, optimizer, run)
         return run()
-
-    def layer_fidelity(self, model: nn.Module, run: Any) -> list[dict[str, Any]]:
-        """What the kinds' conversions did to each layer they converted (``Config.layer_fidelity``)."""
-        return [row for config in self.plan.configs for row in config.layer_fidelity(model, run)]
 
     def master_tensors(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         """What the kinds keep beside the weights to hold their exact values (``Config.master_tensors``)."""

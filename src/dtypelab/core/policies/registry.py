@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.policies.configs import Config
+from dtypelab.core.policies.configs import Config, Emulable
 from dtypelab.core.policies.distributed import split_modifier
 from dtypelab.core.policies.kinds import (
     TF32,
@@ -123,7 +123,7 @@ def emulated_version(plan: Plan) -> Plan | None:
     """The emulated counterpart of a plan in a GPU format (float8 training, MX: the same recipe and layer filter,
     numerics only), or None when it has none: its kind has an ``emulate`` field, and it is off."""
     config = plan.default
-    if plan.rules or plan.distributed or getattr(config, "emulate", None) is not False:
+    if plan.rules or plan.distributed or not isinstance(config, Emulable) or config.emulate:
         return None
     emulated = dataclasses.replace(config, emulate=True)
     base = REGISTRY.get(emulated.label) or single(emulated)

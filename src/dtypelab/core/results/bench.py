@@ -49,6 +49,9 @@ class PolicyInfo:
     # training: every weight keeps its small updates (float32 weights, a master copy, compensation, stochastic
     # rounding); None in records written before it was kept
     keeps_updates: bool | None = None
+    # its weights are float32 (or wider) as the model trains: autocast and tf32, not a pure low-precision cast (every
+    # update is rounded into those); None in records written before it was kept
+    fp32_weights: bool | None = None
     numerics_only: bool = False  # emulated numerics of a format this hardware cannot run: no speed verdict
     speed_needs: str = ""  # numerics_only: the hardware its speed needs ("a GPU with float8 tensor cores (sm_89+)")
 

@@ -13,8 +13,6 @@ from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies.configs import SHORT, Config, _float_dtype, bf16_missing
 from dtypelab.core.task import map_tensors
 
-LIGHTNING = {"bfloat16": "bf16-mixed", "float16": "16-mixed"}
-
 
 def _to_float32(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.is_floating_point() and t.dtype in (torch.float16, torch.bfloat16) else t
@@ -26,8 +24,6 @@ class Autocast(Config):
     GradScaler (scale per step, skipped steps and their non-finite parameters are recorded)."""
 
     kind: ClassVar[str] = "autocast"
-    tunes: ClassVar[tuple[str, ...]] = ("train", "infer")
-    promotable: ClassVar[bool] = True
     dtype: str = "bfloat16"
     scaler: bool = False
 
@@ -50,23 +46,9 @@ class Autocast(Config):
         return self.scaler
 
     @property
-    def range_dtype(self) -> str:
-        return self.dtype
-
-    @property
     def label(self) -> str:
         return f"amp-{SHORT[self.dtype]}" + ("" if self.scaler == (self.dtype == "float16") else
                                              ("+scaler" if self.scaler else "-noscaler"))
-
-    @property
-    def lightning(self) -> str:
-        return LIGHTNING[self.dtype]
-
-    def hf_arguments(self) -> tuple[dict[str, Any], str | None]:
-        return {"bf16" if self.dtype == "bfloat16" else "fp16": True}, None
-
-    def promotion(self, bf16_fast: bool) -> Config | None:
-        return Autocast("bfloat16") if self.dtype == "float16" and bf16_fast else None
 
     def describe(self) -> str:
         return f"torch.autocast({self.dtype}){' + GradScaler' if self.scaler else ''}, float32 weights"

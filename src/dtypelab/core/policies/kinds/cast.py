@@ -4,14 +4,12 @@ optimizer state all in one float dtype; ``Cast("float32")`` is the baseline."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies.configs import SHORT, Config, _float_dtype, bf16_missing
-
-LIGHTNING = {"float64": "64-true", "float32": "32-true", "bfloat16": "bf16-true", "float16": "16-true"}
 
 
 @dataclass(frozen=True)
@@ -19,8 +17,6 @@ class Cast(Config):
     """Pure precision: the module's parameters, buffers and floating inputs all in ``dtype``."""
 
     kind: ClassVar[str] = "cast"
-    tunes: ClassVar[tuple[str, ...]] = ("train", "infer")
-    promotable: ClassVar[bool] = True
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
@@ -35,22 +31,8 @@ class Cast(Config):
         return self.dtype
 
     @property
-    def range_dtype(self) -> str | None:
-        return None if self.dtype == "float32" else self.dtype
-
-    @property
     def label(self) -> str:
         return SHORT[self.dtype]
-
-    @property
-    def lightning(self) -> str | None:
-        return LIGHTNING[self.dtype]
-
-    def hf_arguments(self) -> tuple[dict[str, Any], str | None]:
-        return {}, None if self.dtype == "float32" else self.dtype  # as loading with that torch_dtype would
-
-    def promotion(self, bf16_fast: bool) -> Config | None:
-        return Cast("bfloat16") if self.dtype == "float16" and bf16_fast else None
 
     def describe(self) -> str:
         if self.dtype == "float32":

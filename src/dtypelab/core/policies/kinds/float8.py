@@ -48,8 +48,6 @@ class Float8Train(Emulable, Config):
     modes: ClassVar[tuple[str, ...]] = ("train",)
     compute_dtype: ClassVar[str] = "float8_e4m3fn"
     backend: ClassVar[str] = "torchao"
-    tunes: ClassVar[tuple[str, ...]] = ("train",)
-    layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear,)
     autocast_dtype: ClassVar[str] = "bfloat16"
     needs: ClassVar[str] = "a GPU with float8 tensor cores (compute capability 8.9+: Ada, Hopper)"
     recipe: str = "tensorwise"

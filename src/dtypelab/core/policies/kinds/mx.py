@@ -71,7 +71,6 @@ class _MX(Emulable, Config):
     """What the MX kinds share: torchao's kernels on Blackwell, or their emulation anywhere (``emulate``)."""
 
     backend: ClassVar[str] = "torchao"
-    layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear,)
     needs: ClassVar[str] = NEEDS
     runs: ClassVar[str] = "MX"  # what it runs, for the line that says why it cannot run here
 
@@ -145,7 +144,6 @@ class MXInfer(_MX):
 
     kind: ClassVar[str] = "mx-infer"
     modes: ClassVar[tuple[str, ...]] = ("infer",)
-    tunes: ClassVar[tuple[str, ...]] = ("infer",)
     storage_dtype: ClassVar[str] = "bfloat16"  # torchao's MX linear takes bfloat16 activations
     elements: str = "mxfp8"
     emulate: bool = False

@@ -50,8 +50,6 @@ class Quantize(Config):
 
     kind: ClassVar[str] = "quantize"
     modes: ClassVar[tuple[str, ...]] = ("infer",)
-    tunes: ClassVar[tuple[str, ...]] = ("infer",)
-    layer_types: ClassVar[tuple[type[nn.Module], ...]] = (nn.Linear,)
     scheme: str = "int8-dynamic"
     library: str = "torchao"
     granularity: str = "per-channel"

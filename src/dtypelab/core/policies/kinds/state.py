@@ -140,10 +140,8 @@ class BF16Update(Config):
 
     kind: ClassVar[str] = "bf16-update"
     modes: ClassVar[tuple[str, ...]] = ("train",)
-    tunes: ClassVar[tuple[str, ...]] = ("train",)
     storage_dtype: ClassVar[str] = "bfloat16"
     compute_dtype: ClassVar[str] = "bfloat16"
-    range_dtype: ClassVar[str] = "bfloat16"
     keeps_updates: ClassVar[bool] = True
     method: str = "stochastic-round"
 

@@ -33,7 +33,6 @@ class TF32(Config):
     compute_dtype: ClassVar[str] = "tf32"
     label: ClassVar[str] = "tf32"
     process_wide: ClassVar[bool] = True
-    lightning: ClassVar[str] = "32-true"  # with the TF32 matmul flags, set by the session for the whole run
 
     def describe(self) -> str:
         return "float32 tensors, TF32 tensor-core matmuls and convolutions"
@@ -44,9 +43,6 @@ class TF32(Config):
         if hw.native("tf32") is False:
             return f"tf32 needs compute capability >= 8.0 (this GPU is {hw.cuda_capability})"
         return None
-
-    def hf_arguments(self) -> tuple[dict[str, Any], str | None]:
-        return {"tf32": True}, None
 
     def session(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
         return _tf32()

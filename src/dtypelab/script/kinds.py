@@ -1,0 +1,40 @@
+"""What the Lightning and Hugging Face integrations ask of a precision kind: Lightning's ``precision=`` value
+(``LIGHTNING_PRECISION``; none: Lightning runs the kind through its own hooks as a precision plugin) and the
+Trainer's ``TrainingArguments`` flags with the dtype to load the model in (``HF_ARGUMENTS``; none: the Trainer
+cannot run it). A kind of your own registers its answers in its file (``core.policies.adapters``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dtypelab.core.policies import Autocast, Cast
+from dtypelab.core.policies.adapters import Adapter, constant
+from dtypelab.core.policies.kinds.tf32 import TF32
+
+LIGHTNING_PRECISION: Adapter[str | None] = Adapter("Lightning's precision= value", constant(None))
+HF_ARGUMENTS: Adapter[tuple[dict[str, Any], str | None] | None] = Adapter(
+    "the Trainer's TrainingArguments flags and the dtype the model is loaded in", constant(None))
+
+_CAST = {"float64": "64-true", "float32": "32-true", "bfloat16": "bf16-true", "float16": "16-true"}
+_AUTOCAST = {"bfloat16": "bf16-mixed", "float16": "16-mixed"}
+
+LIGHTNING_PRECISION.register(Cast)(lambda config: _CAST[config.dtype])
+LIGHTNING_PRECISION.register(Autocast)(lambda config: _AUTOCAST[config.dtype])
+
+
+LIGHTNING_PRECISION.register(TF32)(constant("32-true"))  # with the TF32 flags the session sets for the whole run
+
+
+@HF_ARGUMENTS.register(Cast)
+def _cast_arguments(config: Cast) -> tuple[dict[str, Any], str | None]:
+    return {}, None if config.dtype == "float32" else config.dtype  # as loading with that torch_dtype would
+
+
+@HF_ARGUMENTS.register(Autocast)
+def _autocast_arguments(config: Autocast) -> tuple[dict[str, Any], str | None]:
+    return {"bf16" if config.dtype == "bfloat16" else "fp16": True}, None
+
+
+HF_ARGUMENTS.register(TF32)(constant(({"tf32": True}, None)))
+
+__all__ = ["HF_ARGUMENTS", "LIGHTNING_PRECISION"]
