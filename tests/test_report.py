@@ -184,3 +184,27 @@ def test_audit_histograms_for_the_riskiest_of_each_kind_or_the_layers_chosen(rec
     assert sum(k.startswith("r1-binades") for k in _plots(page)) >= 1 and "chosen with --layer" in page
     with pytest.raises(dtypelab.DtypelabError, match="not a valid regular expression"):
         report([records["v1-audit"]], layers="([")
+
+
+def test_render_has_no_import_circle_and_each_record_kind_is_drawn_by_its_own_module():
+    import ast
+    from pathlib import Path
+
+    import dtypelab.render
+    from dtypelab.core.results import AuditReport, ForecastReport, LintReport, Report, TraceReport, TuneReport
+    from dtypelab.render.views import SECTIONS, more_of
+
+    root = Path(dtypelab.render.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for path in root.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        graph[path.stem] = {n.module.rsplit(".", 1)[-1] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                            and n.module and n.module.startswith("dtypelab.render.")}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(m == goal or (m not in seen and reaches(m, goal, seen | {m})) for m in graph.get(start, ()))
+
+    assert [m for m in graph if reaches(m, m, set())] == []
+    more_of(object())  # loads every renderer, and so their registrations
+    for kind in (Report, AuditReport, TraceReport, LintReport, TuneReport, ForecastReport):
+        assert SECTIONS[kind].__module__ not in ("dtypelab.render.page", "dtypelab.render.views")

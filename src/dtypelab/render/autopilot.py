@@ -6,8 +6,11 @@ from __future__ import annotations
 from dtypelab.core.results import AutopilotReport, default_label
 from dtypelab.core.scaler import scaler_notes
 from dtypelab.core.text import num
+from dtypelab.render import plots
+from dtypelab.render.html import figure, record_section
 from dtypelab.render.numeric import Doc
-from dtypelab.render.views import document
+from dtypelab.render.tables import html_fragment
+from dtypelab.render.views import document, section
 
 
 def _config(c: object) -> str:
@@ -83,3 +86,13 @@ def autopilot_doc(report: AutopilotReport) -> Doc:
                      f"{o.module or 'no module'} ({o.phase}{', ' + o.source if o.source else ''}): {o.diagnosis}")
     notes += scaler_notes(report.scaler, steps)
     return title, ["step", "event", "layer", "change", "cause", "evidence"], rows, notes
+
+
+@section(AutopilotReport)
+def _autopilot(report: AutopilotReport, key: str, layers: str | None = None) -> str:
+    title, headers, rows, notes = autopilot_doc(report)
+    body = html_fragment(headers, rows, notes, classes=True)
+    if len(report.losses) > 1:
+        body += figure(plots.loss_curves([report.config.start + " (autopilot)"], [report.losses]),
+                        "Loss of the steps that count (rolled-back steps are not in it).", f"{key}-loss")
+    return record_section(title, body, report.environment, report.created, key)

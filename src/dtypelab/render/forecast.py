@@ -7,7 +7,10 @@ from typing import Any
 
 from dtypelab.core.results import METHODS, PEAK_CATEGORIES, ForecastReport, PolicyForecast
 from dtypelab.core.text import GIB, MIB, size_text
-from dtypelab.render.views import document, more
+from dtypelab.render import plots
+from dtypelab.render.html import details, figure, record_section
+from dtypelab.render.tables import html_fragment
+from dtypelab.render.views import document, more, section
 
 SHORT = {"parameters": "weights", "buffers": "buffers", "gradients": "gradients", "optimizer_state": "optimizer",
          "master_weights": "master", "activations": "activations", "temporaries": "temporaries"}
@@ -191,3 +194,25 @@ def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
     notes += [f"{p.policy}: {p.time.reason}" for p in timed if p.time.step_s is not None and p.time.reason]
     title = report.speed_answer or "dtypelab forecast: predicted step times"
     return [(title, headers, rows, notes)]
+
+
+@section(ForecastReport)
+def _forecast(report: ForecastReport, key: str, layers: str | None = None) -> str:
+    title, headers, rows, notes = forecast_doc(report)
+    body = html_fragment(headers, rows, notes, classes=True)
+    scale, unit = unit_of(report)
+    drawn = [p for p in report.policies if p.peak is not None]
+    parts = [c for c in PEAK_CATEGORIES if any(p.peak.breakdown.get(c) for p in drawn)]
+    usable = report.config.device.usable_bytes
+    highest = max((p.peak.peak_bytes for p in drawn), default=0)
+    near = usable is not None and usable <= 3 * highest  # a line far past the bars would squash them
+    chart = plots.stacked_breakdown([p.policy for p in drawn], [SHORT[c] for c in parts],
+                                    [[p.peak.breakdown.get(c, 0) / scale for c in parts] for p in drawn],
+                                    xlabel=f"{unit} at the peak (training; inference for the inference formats)",
+                                    limit=(usable / scale, f"{report.config.device.label}: usable") if near else None)
+    where = (f", against the {usable / scale:,.4g} {unit} usable on {report.config.device.label}" if near else
+             f" ({report.config.device.label} has {usable / scale:,.4g} {unit} usable)" if usable else "")
+    body += figure(chart, f"What each policy's peak holds, category by category{where}.", f"{key}-forecast")
+    for more_title, more_headers, more_rows, more_notes in check_docs(report):
+        body += details(more_title, html_fragment(more_headers, more_rows, more_notes, classes=True), opened=True)
+    return record_section(title, body, report.environment, report.created, key)

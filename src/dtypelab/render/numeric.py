@@ -7,12 +7,15 @@ or JSON the same way for all of them.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from dtypelab.core.results import AuditReport, plain_json
 from dtypelab.core.text import num, pct
-from dtypelab.render.tables import drop_order, html_table, markdown_table, rich_table
-from dtypelab.render.views import document, more
+from dtypelab.render import plots
+from dtypelab.render.html import details, figure, record_section
+from dtypelab.render.tables import drop_order, html_fragment, html_table, markdown_table, rich_table
+from dtypelab.render.views import document, more, section
 
 Doc = tuple[str, list[str], list[list[str]], list[str]]
 SEVERITY_STYLE = {0: "", 1: "yellow", 2: "bold yellow", 3: "bold red"}
@@ -148,3 +151,52 @@ def emit(doc: Doc, fmt: str, console: Any, styles: list[str] | None = None, wrap
                    styles=styles, drop=first + rest)
         return None
     return (markdown_table if fmt == "markdown" else html_table)(title, headers, rows, notes)
+
+
+HEATMAP_ROWS = 40  # riskiest tensor families drawn in the audit heat map (the table below lists all)
+MAX_HISTOGRAMS = 6
+
+
+def _histogram_layers(report: AuditReport, pattern: str | None) -> list[Any]:
+    """The tensor families to draw binade histograms for: those whose name matches ``pattern`` (at most
+    MAX_HISTOGRAMS), else the riskiest of each kind (activation, gradient, parameter gradient)."""
+    measured = [layer for layer in report.layers if layer.stats.get("binades")]
+    if pattern:
+        return [layer for layer in measured if re.search(pattern, layer.name)][:MAX_HISTOGRAMS]
+    chosen: dict[str, Any] = {}
+    for layer in measured:  # sorted riskiest first
+        chosen.setdefault(layer.kind, layer)
+    return list(chosen.values())
+
+
+@section(AuditReport)
+def _audit(report: AuditReport, key: str, layers: str | None = None) -> str:
+    doc, _, _ = audit_doc(report, 0)
+    title, headers, rows, notes = doc
+    fmts = list(report.config.formats)
+    top = list(report.layers[:HEATMAP_ROWS])
+    heat = plots.audit_heatmap([f"{layer.name} ({layer.kind})" for layer in top], fmts,
+                               [[layer.verdicts[f].severity if f in layer.verdicts else 0 for f in fmts]
+                                for layer in top])
+    parts = [figure(heat, f"The {len(top)} riskiest tensor families against each candidate format, coloured by what "
+                           "storing their values there would do: look for the columns you want to use.",
+                     f"{key}-heatmap")]
+    bands = []
+    for f in fmts:
+        lim = report.config.limits.get(f)
+        if lim and lim["smallest_normal"]:
+            sub = lim["smallest_subnormal"] or lim["smallest_normal"]
+            bands.append((f, math.log2(sub), math.log2(lim["smallest_normal"]), math.log2(lim["max"])))
+    for i, layer in enumerate(_histogram_layers(report, layers)):
+        why = "chosen with --layer" if layers else f"the riskiest {layer.kind.replace('_', ' ')} measured"
+        parts.append(figure(plots.binade_histogram(f"{layer.name} ({layer.kind}), {why}", layer.stats["binades"],
+                                                    bands),
+                             "Where this tensor's values sit, per power of two, against each format's subnormal and "
+                             "normal range: bars left of a format's range flush to zero, right of it overflow.",
+                             f"{key}-binades{i + 1}" if i else f"{key}-binades"))
+    parts.append(details(f"all {len(rows)} tensor families", html_fragment(headers, rows, notes, classes=True),
+                          opened=len(rows) <= 25))
+    for more_title, more_headers, more_rows, more_notes in updates_docs(report):  # audit --updates
+        parts.append(details(more_title, html_fragment(more_headers, more_rows, more_notes, classes=True),
+                              opened=True))
+    return record_section(title, "".join(parts), report.environment, report.created, key)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dtypelab.core.results import OpEvent, TensorSummary, TraceReport
 from dtypelab.core.scaler import scaler_notes
 from dtypelab.core.text import num
+from dtypelab.render import plots
+from dtypelab.render.html import esc, figure, record_section
 from dtypelab.render.numeric import Doc
-from dtypelab.render.views import document
+from dtypelab.render.views import document, section
 
 
 def tensor_text(t: TensorSummary) -> str:
@@ -97,3 +99,16 @@ def trace_doc(report: TraceReport) -> Doc:
         scales = report.scaler["grad_scale"]
         rows.append(["loss scale", f"{scales[0]:g} → {scales[-1]:g} (min {min(scales):g})"])
     return title, ["", "value"], rows, notes
+
+
+@section(TraceReport)
+def _trace(report: TraceReport, key: str, layers: str | None = None) -> str:
+    title, _, rows, notes = trace_doc(report)
+    card = "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in rows)
+    body = (f"<table class='card' id='{key}-card'><tbody>{card}</tbody></table>"
+            + ("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>" if notes else ""))
+    if len(report.losses) > 1:
+        body += figure(plots.loss_curves([report.config.policy], [report.losses]),
+                        "Loss up to the stop: a jump just before the first non-finite value points at the step that "
+                        "broke it.", f"{key}-loss")
+    return record_section(title, body, report.environment, report.created, key)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dtypelab.core.results import PlanEvaluation, TuneReport
-from dtypelab.render.views import document
+from dtypelab.render.html import record_section
+from dtypelab.render.tables import html_fragment
+from dtypelab.render.views import document, section
 
 
 @document(TuneReport, wrap={5})
@@ -51,3 +53,10 @@ def tune_doc(report: TuneReport) -> tuple[str, list[str], list[list[str]], list[
 
 def _interval(e: PlanEvaluation | None) -> str:
     return f" (95% interval {e.low:.2f}–{e.high:.2f})" if e is not None and e.low is not None else ""
+
+
+@section(TuneReport)
+def _tune(report: TuneReport, key: str, layers: str | None = None) -> str:
+    title, headers, rows, notes = tune_doc(report)
+    table = html_fragment(headers, rows, notes, classes=True)
+    return record_section(title, table, report.environment, report.created, key)

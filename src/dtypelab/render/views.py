@@ -5,6 +5,7 @@ next to its renderer; nothing else lists the kinds."""
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -52,7 +53,12 @@ def more_of(record: Any, top: int = 0) -> list[Any]:
 
 
 def _loaded() -> None:
-    importlib.import_module("dtypelab.render.page")  # the page imports every renderer, and so their registrations
+    """Every renderer module, and so every registration (each registers its record kinds; nothing lists them)."""
+    import dtypelab.render as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name not in ("views", "page"):
+            importlib.import_module(f"dtypelab.render.{info.name}")
 
 
 def section_of(record: Any) -> Callable[[Any, str, str | None], str]:
