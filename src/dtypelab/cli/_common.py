@@ -71,30 +71,45 @@ class Bars:
         self.progress, self.bars = progress, {}
 
     def __call__(self, event: Any) -> None:
-        p = self.progress
-        if event.kind == "probe":
-            self.bars["probe"] = p.add_task(event.label, total=None)
-        elif event.kind == "start":
-            if "probe" in self.bars:
-                p.remove_task(self.bars.pop("probe"))
-            self.bars[event.policy] = p.add_task(event.label or event.policy, total=event.total or None)
-        elif event.kind == "step" and event.policy in self.bars:
-            p.update(self.bars[event.policy], completed=event.done, total=event.total or None)
-        elif event.kind == "state" and event.policy in self.bars:  # a fanned-out job: pending, running
-            p.update(self.bars[event.policy], description=f"{event.policy}: {event.label}", completed=event.done,
-                     total=event.total or None)
-        elif event.kind in ("done", "end") and event.policy in self.bars:
-            r = event.result
-            p.remove_task(self.bars.pop(event.policy))
-            colour = "green" if r.status == "ok" else "red"
-            p.console.print(f"{escape(r.policy if event.kind == 'done' else event.label or r.policy)}: "
-                            f"[{colour}]{r.status}[/] in {r.wall_s:.1f} s"
-                            + (f" — {escape(r.reason)}" if r.reason else ""), highlight=False)
-        elif event.kind == "skip":
-            p.console.print(f"{escape(event.policy)}: [yellow]skipped[/] — {escape(event.result.reason)}",
-                            highlight=False)
-        elif event.kind == "notice":
-            p.console.print(f"[dim]{escape(event.label)}[/]", highlight=False)
+        handle = getattr(self, f"on_{event.kind}", None)  # an event kind a sink does not show is ignored
+        if handle is not None:
+            handle(event)
+
+    def on_probe(self, event: Any) -> None:
+        self.bars["probe"] = self.progress.add_task(event.label, total=None)
+
+    def on_start(self, event: Any) -> None:
+        if "probe" in self.bars:
+            self.progress.remove_task(self.bars.pop("probe"))
+        self.bars[event.policy] = self.progress.add_task(event.label or event.policy, total=event.total or None)
+
+    def on_step(self, event: Any) -> None:
+        if event.policy in self.bars:
+            self.progress.update(self.bars[event.policy], completed=event.done, total=event.total or None)
+
+    def on_state(self, event: Any) -> None:  # a fanned-out job: pending, running
+        if event.policy in self.bars:
+            self.progress.update(self.bars[event.policy], description=f"{event.policy}: {event.label}",
+                                 completed=event.done, total=event.total or None)
+
+    def on_done(self, event: Any) -> None:
+        if event.policy not in self.bars:
+            return
+        r = event.result
+        self.progress.remove_task(self.bars.pop(event.policy))
+        colour = "green" if r.status == "ok" else "red"
+        self.progress.console.print(f"{escape(r.policy if event.kind == 'done' else event.label or r.policy)}: "
+                                    f"[{colour}]{r.status}[/] in {r.wall_s:.1f} s"
+                                    + (f" — {escape(r.reason)}" if r.reason else ""), highlight=False)
+
+    on_end = on_done  # a phase's end: its own label
+
+    def on_skip(self, event: Any) -> None:
+        self.progress.console.print(f"{escape(event.policy)}: [yellow]skipped[/] — {escape(event.result.reason)}",
+                                    highlight=False)
+
+    def on_notice(self, event: Any) -> None:
+        self.progress.console.print(f"[dim]{escape(event.label)}[/]", highlight=False)
 
 
 class Lines:
@@ -133,24 +148,35 @@ class Lines:
                     self._say(f"{label}: still running after {time.monotonic() - since:.0f} s{steps}")
 
     def __call__(self, event: Any) -> None:
-        with self.lock:
-            label = event.label or event.policy
-            if event.kind == "start":  # (the ~1 s probe gets no line: an error after it must stay one line)
-                self.current, self.done, self.total = (label, time.monotonic()), 0, event.total
-                self._say(f"{label}: started" + (f" ({event.total} steps)" if event.total else ""))
-            elif event.kind == "step":
-                self.done, self.total = event.done, event.total
-            elif event.kind == "state" and self.states.get(event.policy) != event.label:
-                self.states[event.policy] = event.label
-                self._say(f"{event.policy}: {event.label}")
-            elif event.kind in ("done", "end"):
-                r, self.current = event.result, None
-                label = r.policy if event.kind == "done" else label
-                self._say(f"{label}: {r.status} in {r.wall_s:.1f} s" + (f" — {r.reason}" if r.reason else ""))
-            elif event.kind == "skip":
-                self._say(f"{label}: skipped — {event.result.reason}")
-            elif event.kind == "notice":
-                self._say(event.label)
+        handle = getattr(self, f"on_{event.kind}", None)  # the ~1 s probe gets no line: an error after it stays one
+        if handle is not None:
+            with self.lock:
+                handle(event, event.label or event.policy)
+
+    def on_start(self, event: Any, label: str) -> None:
+        self.current, self.done, self.total = (label, time.monotonic()), 0, event.total
+        self._say(f"{label}: started" + (f" ({event.total} steps)" if event.total else ""))
+
+    def on_step(self, event: Any, label: str) -> None:
+        self.done, self.total = event.done, event.total
+
+    def on_state(self, event: Any, label: str) -> None:
+        if self.states.get(event.policy) != event.label:
+            self.states[event.policy] = event.label
+            self._say(f"{event.policy}: {event.label}")
+
+    def on_done(self, event: Any, label: str) -> None:
+        r, self.current = event.result, None
+        label = r.policy if event.kind == "done" else label
+        self._say(f"{label}: {r.status} in {r.wall_s:.1f} s" + (f" — {r.reason}" if r.reason else ""))
+
+    on_end = on_done
+
+    def on_skip(self, event: Any, label: str) -> None:
+        self._say(f"{label}: skipped — {event.result.reason}")
+
+    def on_notice(self, event: Any, label: str) -> None:
+        self._say(event.label)
 
 
 @contextlib.contextmanager

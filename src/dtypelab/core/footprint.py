@@ -16,7 +16,9 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "master_weights", "activations")
+from dtypelab.core.results.memory import COUNTED
+
+CATEGORIES = COUNTED  # what bench counts from the tensors after a run
 
 
 def leaves(t: torch.Tensor) -> Iterator[torch.Tensor]:

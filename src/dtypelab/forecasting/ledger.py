@@ -28,9 +28,10 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.module_tracker import ModuleTracker
 
 from dtypelab.core.footprint import leaves
+from dtypelab.core.results import PEAK_CATEGORIES
 from dtypelab.forecasting.ops import RECORDED, record
 
-CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "master_weights", "activations", "temporaries")
+CATEGORIES = PEAK_CATEGORIES
 _DEVICE = torch.ops.prim.device.default
 CUDA_BLOCK = 512  # c10's CUDACachingAllocator rounds each allocation up to a multiple of this (kMinBlockSize)
 

@@ -25,9 +25,11 @@ from dtypelab.piloting.monitor import Reading
 
 
 def rules_of(settings: dict) -> Rules:
-    """The rules from ``AutopilotOptions``' fields (horizon 0: two readings, whatever their interval becomes)."""
-    return Rules(float(settings.get("headroom", 0.5)), int(settings.get("horizon") or 0),
-                 float(settings.get("trend_from", 0.1)), float(settings.get("trend_keep", 0.5)))
+    """The rules from ``AutopilotOptions``' fields (horizon 0: two readings, whatever their interval becomes); a field
+    not given keeps ``Rules``' default (the one place the defaults are written)."""
+    return Rules(float(settings.get("headroom", Rules.headroom)), int(settings.get("horizon") or 0),
+                 float(settings.get("trend_from", Rules.trend_from)),
+                 float(settings.get("trend_keep", Rules.trend_keep)))
 
 
 @dataclass

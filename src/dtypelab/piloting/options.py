@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from dtypelab.core.options import TrainingOptions, script_args_field
+from dtypelab.core.results import Rules
 
 
 class AutopilotOptions(TrainingOptions):
@@ -21,15 +22,15 @@ class AutopilotOptions(TrainingOptions):
     promote_to: Literal["auto", "fp32", "bf16", "amp-bf16"] = Field(
         "auto", description="what a moved layer runs in: fp32, bf16, amp-bf16, or auto (amp-bf16 on a GPU with "
                             "bf16, from an fp16 start; else fp32)")
-    headroom: float = Field(0.5, gt=0, lt=1, description="move a layer whose largest value passes this share of its "
-                                                         "format's limit on two readings in a row")
+    headroom: float = Field(Rules.headroom, gt=0, lt=1, description="move a layer whose largest value passes this "
+                            "share of its format's limit on two readings in a row")
     horizon: int | None = Field(None, ge=1, description="move a layer whose rising trend crosses the limit within this "
                                                         "many steps [default: 2 readings]")
-    trend_from: float = Field(0.1, ge=0, lt=1, description="the trend rule looks only at a layer whose largest value "
-                                                           "has passed this share of its format's limit")
-    trend_keep: float = Field(0.5, gt=0, le=1, description="the trend rule fires only while the growth keeps up: the "
-                                                           "latest readings' log-growth at least this share of the "
-                                                           "earlier readings' (growth that levels off moves nothing)")
+    trend_from: float = Field(Rules.trend_from, ge=0, lt=1, description="the trend rule looks only at a layer whose "
+                              "largest value has passed this share of its format's limit")
+    trend_keep: float = Field(Rules.trend_keep, gt=0, le=1, description="the trend rule fires only while the growth "
+                              "keeps up: the latest readings' log-growth at least this share of the earlier readings' "
+                              "(growth that levels off moves nothing)")
     max_rollbacks: int = Field(3, ge=0, description="non-finite steps to recover from before stopping with the "
                                                     "trace's diagnosis")
     checkpoint_every: int | None = Field(None, ge=1, description="steps between in-memory checkpoints [default: "

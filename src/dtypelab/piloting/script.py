@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 import sys
 import time
 from typing import Any
@@ -26,12 +25,12 @@ from dtypelab.piloting.controller import rules_of
 from dtypelab.piloting.moves import target_config, write_outputs
 from dtypelab.piloting.pilot import Pilot
 from dtypelab.script import Diagnosis, ScriptJob
-from dtypelab.tracing import Snapshot, all_finite, trace_forward
+from dtypelab.tracing import CHECKPOINT_BUDGET, Snapshot, all_finite, checkpoint_interval, trace_forward
 
-# share of the step time the automatic checkpoint interval aims at: the Guard's 2%; under a GradScaler a non-finite
-# step is skipped and leaves the state it started from, so a checkpoint is only the fallback for weights gone bad
-CHECKPOINT_BUDGET, SCALED_CHECKPOINT_BUDGET = 0.02, 0.005
-MAX_CHECKPOINT_EVERY = 100
+# share of the step time the automatic checkpoint interval aims at under a GradScaler (the Guard's is 2%): there a
+# non-finite step is skipped and leaves the state it started from, so a checkpoint is only the fallback for weights
+# gone bad
+SCALED_CHECKPOINT_BUDGET = 0.005
 FRAMEWORK = ("the autopilot runs on a plain loop's model (lab.setup): Lightning's and Hugging Face's Trainers keep "
              "their own precision plumbing (autocast, GradScaler), so a layer cannot be moved while they train")
 NOT_IN_FORWARD = ("the model's forward on this step's inputs is finite (replayed from the checkpoint): the value "
@@ -182,10 +181,10 @@ class PilotDiagnosis(Diagnosis):
         self.checkpoint_s = time.perf_counter() - t
         self.checkpoint_step = step
         plain = self.pilot.plain_s if self.pilot is not None else []
-        if not self.fixed_checkpoints and len(plain) >= 2:
-            step_s = statistics.median(plain[-20:])
-            budget = SCALED_CHECKPOINT_BUDGET if self.scaler is not None else CHECKPOINT_BUDGET
-            self.checkpoint_every = max(1, min(MAX_CHECKPOINT_EVERY, math.ceil(self.checkpoint_s / (budget * step_s))))
+        if not self.fixed_checkpoints:
+            every = checkpoint_interval(self.checkpoint_s, plain, SCALED_CHECKPOINT_BUDGET if self.scaler is not None
+                                        else CHECKPOINT_BUDGET)
+            self.checkpoint_every = every or self.checkpoint_every
 
     def _recover(self, step: int, trigger: str) -> None:
         """Back to the checkpoint; the origin from the replayed forward; the layer moved, or the run stopped."""

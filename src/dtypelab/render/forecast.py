@@ -5,15 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtypelab.core.results import METHODS, PEAK_CATEGORIES, ForecastReport, PolicyForecast
+from dtypelab.core.results import MEMORY_LABELS, METHODS, PEAK_CATEGORIES, ForecastReport, PolicyForecast
 from dtypelab.core.text import GIB, MIB, size_text
 from dtypelab.render import plots
 from dtypelab.render.html import details, figure, record_section
 from dtypelab.render.tables import html_fragment
 from dtypelab.render.views import document, more, section
 
-SHORT = {"parameters": "weights", "buffers": "buffers", "gradients": "gradients", "optimizer_state": "optimizer",
-         "master_weights": "master", "activations": "activations", "temporaries": "temporaries"}
+SHORT = MEMORY_LABELS
 
 
 def unit_of(report: ForecastReport) -> tuple[float, str]:

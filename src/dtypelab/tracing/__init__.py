@@ -9,12 +9,22 @@ from dtypelab.core.lazy import exports
 
 __getattr__, __dir__, __all__ = exports(__name__, {
     "trace": "run", "TraceOptions": "options", "Guard": "guard", "NonFiniteError": "guard", "watch": "guard",
-    "Snapshot": "guard", "all_finite": "guard", "trace_forward": "guard",
+    "Snapshot": "guard", "all_finite": "guard", "trace_forward": "guard", "checkpoint_interval": "guard",
+    "CHECKPOINT_BUDGET": "guard",
     "TraceDiagnosis": "script",
 })
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
-    from dtypelab.tracing.guard import Guard, NonFiniteError, Snapshot, all_finite, trace_forward, watch
+    from dtypelab.tracing.guard import (
+        CHECKPOINT_BUDGET,
+        Guard,
+        NonFiniteError,
+        Snapshot,
+        all_finite,
+        checkpoint_interval,
+        trace_forward,
+        watch,
+    )
     from dtypelab.tracing.options import TraceOptions
     from dtypelab.tracing.run import trace
     from dtypelab.tracing.script import TraceDiagnosis

@@ -10,9 +10,10 @@ op of the forward pass, backward pass and optimizer step traced (see ``nonfinite
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -30,6 +31,16 @@ GROWTH = 100.0  # weights grown by this factor since the first checkpoint: the o
 MAX_WEIGHT_HISTORY = 1000
 CHECKPOINT_BUDGET = 0.02  # target share of training time spent on checkpoints when the interval is automatic
 MAX_INTERVAL = 100  # cap on automatic intervals: a replay re-runs at most this many steps
+
+
+def checkpoint_interval(checkpoint_s: float, step_s: Sequence[float], budget: float = CHECKPOINT_BUDGET,
+                        ) -> int | None:
+    """Steps between checkpoints so that taking one (``checkpoint_s``) costs ``budget`` of the training time (the
+    median of the last 20 steps), at most ``MAX_INTERVAL``; None before two steps were timed."""
+    if len(step_s) < 2:
+        return None
+    median = statistics.median(step_s[-20:])
+    return max(1, min(MAX_INTERVAL, math.ceil(checkpoint_s / (budget * median))))
 
 
 class NonFiniteError(RuntimeError):
@@ -173,9 +184,8 @@ class Guard:
         self._note_weights()
         self.checkpoint_s = time.perf_counter() - start
         self.checkpoint_step, self._pending = self.steps, []
-        if self.fixed_every is None and len(self._step_s) >= 2:
-            step_s = sorted(self._step_s[-20:])[len(self._step_s[-20:]) // 2]
-            self.every = max(1, min(MAX_INTERVAL, math.ceil(self.checkpoint_s / (CHECKPOINT_BUDGET * step_s))))
+        if self.fixed_every is None:
+            self.every = checkpoint_interval(self.checkpoint_s, self._step_s) or self.every
 
     @torch.no_grad()
     def _note_weights(self) -> None:

@@ -43,6 +43,7 @@ from dtypelab.core.results.forecast import (
     TimeForecast,
 )
 from dtypelab.core.results.lint import LINT_SCHEMA, LintFinding, LintReport
+from dtypelab.core.results.memory import COUNTED, MEMORY_CATEGORIES, MEMORY_LABELS
 from dtypelab.core.results.profile import CATEGORIES, CATEGORY_LABELS, PHASES, OpStat, ProfileSummary, SourceOp
 from dtypelab.core.results.state import MemoryBreakdown, UpdateLoss
 from dtypelab.core.results.store import (
@@ -83,6 +84,9 @@ __all__ = [
     "FORECAST_SCHEMA",
     "METHODS",
     "PEAK_CATEGORIES",
+    "COUNTED",
+    "MEMORY_CATEGORIES",
+    "MEMORY_LABELS",
     "CheckResult",
     "FitForecast",
     "ForecastConfig",

@@ -6,13 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dtypelab.core.results.memory import MEMORY_CATEGORIES
 from dtypelab.core.results.store import Record
 
 FORECAST_SCHEMA = "dtypelab.forecast"
 FORECAST_VERSION = 2  # 2: each policy's predicted time, the baseline and the fastest policy that fits
-# the peak's categories, in the order they are shown: what the model holds, then what the step adds
-PEAK_CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "master_weights", "activations",
-                   "temporaries")
+PEAK_CATEGORIES = MEMORY_CATEGORIES  # the peak's categories, in the order they are shown
 METHODS = {
     "traced": "traced on fake tensors",
     "stand-in": "traced with a stand-in storing the same layout, for a conversion or kernel this machine lacks (a cast "
