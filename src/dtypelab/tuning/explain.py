@@ -21,7 +21,12 @@ NOTHING_CHOSEN = "float32 everywhere: no plan measured was faster than fp32 with
 
 def finish(report: TuneReport, wall_s: float, searched: bool) -> TuneReport:
     """The record's time, and its decision: use the plan, or keep fp32 (and why)."""
-    rec = tune_recommendation(report.plan, report.speedup, report.explanation, searched)
+    plan = report.plan
+    try:  # the plan's kinds say whether it converts anything: rules, or a default that is not fp32
+        converts = bool(plan.get("rules")) or Config.from_dict(plan.get("default") or FP32.to_dict()) != FP32
+    except DtypelabError:  # a kind this process does not know (a user's, gone): read from the JSON
+        converts = None
+    rec = tune_recommendation(plan, report.speedup, report.explanation, searched, converts)
     return replace(report, wall_s=wall_s, created=time.strftime("%Y-%m-%dT%H:%M:%S"), recommendation=rec,
                    plan_default=_label(report.plan.get("default", {})))
 

@@ -3,7 +3,8 @@
 
 from dtypelab.core.judging.explain import bound_text, breakdown_text, why
 from dtypelab.core.judging.notes import table_notes
-from dtypelab.core.judging.recommend import disturbed_text, judged, recommend, speed_text, speedup
+from dtypelab.core.judging.recommend import disturbed_text, judged, recommend
+from dtypelab.core.judging.speed import speed_text, speedup
 from dtypelab.core.results import Recommendation
 from dtypelab.core.tolerance import Tolerance, delta_text, judge
 

@@ -98,9 +98,12 @@ def default_label(config: dict[str, Any]) -> str:
         str(config.get("kind", "?"))
 
 
-def tune_recommendation(plan: dict[str, Any], speedup: float, explanation: str, searched: bool) -> Recommendation:
-    """The tune record's decision: use the plan (it converts something and was measured faster), or keep fp32."""
-    converts = bool(plan.get("rules")) or default_label(plan.get("default", {})) != BASELINE
+def tune_recommendation(plan: dict[str, Any], speedup: float, explanation: str, searched: bool,
+                        converts: bool | None = None) -> Recommendation:
+    """The tune record's decision: use the plan (it converts something and was measured faster), or keep fp32.
+    ``converts``: the plan's own answer (tune asks its kinds); None for a record written before, read from its JSON."""
+    if converts is None:
+        converts = bool(plan.get("rules")) or default_label(plan.get("default", {})) != BASELINE
     if converts:
         name = plan.get("name") or "the plan"
         return Recommendation(Decision.USE, name, f"Use {name}: {speedup:.2f}x fp32's speed, measured end to end.")
