@@ -44,24 +44,24 @@ class DtypelabCallback(transformers.TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
         if model is not None:
-            self.lab.attach(model)
+            self.lab.frameworks.attach(model)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.lab.step_begin()
-        self.lab.add_samples(args.train_batch_size * args.gradient_accumulation_steps)
+        self.lab.frameworks.add_samples(args.train_batch_size * args.gradient_accumulation_steps)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.lab.step_end()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
         if logs and "loss" in logs:
-            self.lab.record_loss(logs["loss"])
+            self.lab.frameworks.record_loss(logs["loss"])
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None,
                     **kw: Any) -> None:
         if metrics:
             chosen = {k: v for k, v in metrics.items() if not self.metric or k == self.metric}
-            self.lab.record_metrics(chosen, self.higher, primary=self.metric)
+            self.lab.frameworks.record_metrics(chosen, self.higher, primary=self.metric)
 
 
 def Trainer(*args: Any, metric: str | None = None, higher_is_better: bool | None = None,

@@ -70,11 +70,11 @@ class DtypelabCallback(pl.Callback):
         self.lab, self.metric, self.higher = lab, metric, higher_is_better
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        self.lab.attach(pl_module)
+        self.lab.frameworks.attach(pl_module)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self.lab.step_begin()
-        self.lab.count_samples(batch)
+        self.lab.frameworks.count_samples(batch)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -85,13 +85,13 @@ class DtypelabCallback(pl.Callback):
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self._metrics(trainer)
-        if self.lab.driven and self.metric and self.metric not in self.lab.metrics:
+        if self.lab.driven and self.metric and self.metric not in self.lab.frameworks.metrics:
             raise DtypelabError(f"metric {self.metric!r} was never logged; logged: {sorted(trainer.callback_metrics)}")
-        self.lab.close()
+        self.lab.frameworks.close()
 
     def _metrics(self, trainer: Any) -> None:
         logged = {k: v for k, v in trainer.callback_metrics.items() if not self.metric or k == self.metric}
-        self.lab.record_metrics(logged, self.higher, primary=self.metric)
+        self.lab.frameworks.record_metrics(logged, self.higher, primary=self.metric)
 
 
 def Trainer(*args: Any, metric: str | None = None, higher_is_better: bool | None = None,

@@ -1,10 +1,10 @@
-"""What Lightning's and Hugging Face's integrations call on a session (``dtypelab.lightning``, ``dtypelab.hf``): the
-metrics they log, the model they converted themselves, the samples and loss of each step, the end of the run. A mixin
-of ``script.handle.Session``, whose state it reads."""
+"""What Lightning's and Hugging Face's integrations call on a session (``dtypelab.lightning``, ``dtypelab.hf``, as
+``lab.frameworks``): the metrics they log, the model they converted themselves, the samples and loss of each step,
+the end of the run. A part of ``script.handle.Session``: it writes the run's and the step's state."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -12,51 +12,63 @@ from torch import nn
 from dtypelab.core.loop import fingerprint
 from dtypelab.core.task import tensors
 
+if TYPE_CHECKING:
+    from dtypelab.script.handle import Session
 
-class Integrations:
+
+class Frameworks:
     """The session's side of a framework's callbacks."""
+
+    def __init__(self, lab: Session) -> None:
+        self.lab, self.run, self.step = lab, lab.run_state, lab.step_state
 
     def record_metrics(self, metrics: dict[str, Any], higher_is_better: bool | None = None,
                        primary: str | None = None) -> None:
-        clean = {k: float(v) for k, v in metrics.items() if _number(v)}
-        if not clean:
-            return
-        self._metrics.update(clean)
-        self._metric = primary if primary in clean else (self._metric or next(iter(clean)))
-        if higher_is_better is not None:
-            self._higher = higher_is_better
+        record_metrics(self.run, metrics, higher_is_better, primary)
 
     @property
     def metrics(self) -> dict[str, float]:
-        return dict(self._metrics)
+        return dict(self.run.metrics)
 
     def attach(self, model: nn.Module) -> None:
         """A model the framework converted itself (Lightning, Hugging Face): sized and fingerprinted, and the
         memory window opened, as ``setup`` does."""
-        refused = self.diag.refuses_framework()
+        refused = self.lab.diag.refuses_framework()
         if refused:
-            self.unsupported(refused)
-        self._framework = True
-        if self._model is None:
-            self._init = fingerprint(model)
-            self._model = model
-            self.meter.open_window()
+            self.lab.unsupported(refused)
+        self.run.framework = True
+        if self.run.model is None:
+            self.run.init = fingerprint(model)
+            self.run.model = model
+            self.lab.meter.open_window()
 
     def count_samples(self, batch: Any) -> None:
         """A framework's training batch: its leading dimension is added to this step's samples."""
-        self._samples += _leading(batch)
+        self.step.samples += _leading(batch)
 
     def add_samples(self, n: int) -> None:
         """Samples in this step, when a framework knows them without a batch to look at."""
-        self._samples += int(n)
+        self.step.samples += int(n)
 
     def record_loss(self, value: float) -> None:
         """One step's loss, as a framework logged it."""
-        self.losses.append(float(value))
+        self.lab.losses.append(float(value))
 
     def close(self) -> None:
         """Write the result now (integrations: at the end of fit, with the metrics recorded so far)."""
-        self._close()
+        self.lab.close()
+
+
+def record_metrics(run: Any, metrics: dict[str, Any], higher_is_better: bool | None = None,
+                   primary: str | None = None) -> None:
+    """The numbers among ``metrics`` kept in the run (the primary one: ``primary``, else the first ever given)."""
+    clean = {k: float(v) for k, v in metrics.items() if _number(v)}
+    if not clean:
+        return
+    run.metrics.update(clean)
+    run.metric = primary if primary in clean else (run.metric or next(iter(clean)))
+    if higher_is_better is not None:
+        run.higher = higher_is_better
 
 
 def _leading(batch: Any) -> int:

@@ -37,9 +37,10 @@ from dtypelab.inference import serialize
 from dtypelab.run import Done, Note, Step, connect, heavy_modules
 from dtypelab.script.diagnose import Diagnosis
 from dtypelab.script.footprint import Footprint
-from dtypelab.script.frameworks import Integrations
+from dtypelab.script.frameworks import Frameworks, record_metrics
 from dtypelab.script.messages import ScriptJob, ScriptResult, ScriptSkip
 from dtypelab.script.routes import Routes
+from dtypelab.script.state import RunState, StepState
 from dtypelab.script.wrap import LabOptimizer, LabScaler, unwrap
 
 PROGRESS_EVERY_S = 0.25
@@ -57,8 +58,10 @@ def warmup_steps(n: int) -> int:
     return max(1, min(10, n // 10)) if n > 1 else 0
 
 
-class Session(Routes, Integrations, Footprint):
-    """Measures one training run of a user's script under the policy the parent chose (fp32 when none)."""
+class Session:
+    """Measures one training run of a user's script under the policy the parent chose (fp32 when none). Its parts:
+    ``routes`` (what the wrapped objects' calls do), ``frameworks`` (what Lightning's and Hugging Face's
+    integrations call), ``footprint`` (the memory count); its state, explicit: ``step_state`` and ``run_state``."""
 
     def __init__(self, seed: int | None = None, device: str | None = None, *, plan: str | Plan | None = None,
                  diagnosis: Diagnosis | None = None) -> None:
@@ -89,33 +92,12 @@ class Session(Routes, Integrations, Footprint):
         self.meter.start()
         self.timer = StepTimer(sync=device_sync(self.device))
         self.losses: list[float] = []
-        self._pending: list[float] = []  # losses of the micro-batches since the last optimizer step
-        self._samples = 0  # samples the training forwards of this step saw (micro-batches added up)
         self.step_samples: list[int] = []
-        self._optimizers: list[torch.optim.Optimizer] = []  # as the kinds' hook made them, in setup's order
-        self._converted: dict[int, torch.optim.Optimizer] = {}  # the script's optimizer -> the one that steps
-        self._framework = False  # a framework's Trainer runs the loop (attach), not the script's own code
-        self._stepped: set[int] = set()
-        self._unscaled: set[int] = set()
-        self._in_step = False
-        self._in_closure = False  # inside optimizer.step(closure): the closure's forwards belong to this step
-        self._forwards = 0  # training forwards through the wrapped model
-        self._script_autocast: set[str] = set()  # the script's own autocast, found on around the model's forward
-        self._eager: tuple[Any, Any] | None = None  # _enter and _leave as a compiled model calls them
-        self._built_in: list[str] = []  # the floating dtypes of the script's model as it built it
-        self._autocast_kinds = tuple(dict.fromkeys(("cpu", self.device.type)))  # where a script's autocast can be
-        self._model: nn.Module | None = None
-        self._init = ""
-        self._metrics: dict[str, float] = {}
-        self._higher: bool | None = None
-        self._metric = ""
         self.finished = False
-        self._last_progress = 0.0
-        self._cpu: CpuMeter | None = None  # what other processes did from the first step to the end
-        self._nonfinite_run = 0  # consecutive non-finite step losses (bench: the run stops at DIVERGED_PATIENCE)
-        self._stopped = ""  # why the session ended the run early
-        self._acts: Any = None  # counting one step's saved activations (core.footprint.saved_activations)
-        self._acts_count: dict[str, int] | None = None
+        self.step_state, self.run_state = StepState(), RunState()
+        self.footprint = Footprint(self.run_state, self.precision, self.timer,
+                                   self.job is not None and self.job.mode == "bench")
+        self.routes, self.frameworks = Routes(self), Frameworks(self)
         # trace / audit modes: the guard or the range audit on this loop, as the job says (their capabilities')
         self.diag: Diagnosis = (self.job.diagnosis if self.job is not None else diagnosis) or Diagnosis()
         if self.driven or diagnosis is not None:  # on its own, a diagnosis still reports a run that never finished
@@ -143,47 +125,48 @@ class Session(Routes, Integrations, Footprint):
         if not self.wraps:  # on its own, with nothing to do: the script's objects, as they are
             return (model, *objects) if objects else model
         model = unwrap(model)
-        first = self._model is None
+        run = self.run_state
+        first = run.model is None
         if first:
-            self._init = fingerprint(model)
-            self._built_in = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
-                                     if p.is_floating_point()})
+            run.init = fingerprint(model)
+            run.built_in = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
+                                   if p.is_floating_point()})
             if self.driven:  # said at once: a run that fails later still tells the launcher the script's own dtype
-                self._conn.send(Note("built_in", (tuple(self._built_in),)))
+                self._conn.send(Note("built_in", (tuple(run.built_in),)))
         model = self.precision.convert_module(model.to(self.device))
         if first:
-            self._model = model
+            run.model = model
         wrapped: list[Any] = []
         for obj in objects:
             obj = unwrap(obj)
             if isinstance(obj, torch.optim.Optimizer):
-                if id(obj) not in self._converted:  # the kinds' optimizer hook, once per optimizer
+                if id(obj) not in run.converted:  # the kinds' optimizer hook, once per optimizer
                     try:
-                        self._converted[id(obj)] = self.precision.convert_optimizer(obj, model)
+                        run.converted[id(obj)] = self.precision.convert_optimizer(obj, model)
                     except Unsupported as exc:  # no low-bit variant of this optimizer: a skip that says so
                         self.unsupported(str(exc))
-                    self._optimizers.append(self._converted[id(obj)])
-                wrapped.append(LabOptimizer.wrap(self._converted[id(obj)], self))
+                    run.optimizers.append(run.converted[id(obj)])
+                wrapped.append(LabOptimizer.wrap(run.converted[id(obj)], self.routes))
             else:
-                wrapped.append(LabScaler(obj, self))
-        front = LabModule.wrap(model, self)
+                wrapped.append(LabScaler(obj, self.routes))
+        front = LabModule.wrap(model, self.routes)
         if first:  # the diagnosis replays forwards as the script makes them: through the wrapper, under the policy
-            self.diag.setup(front, list(self._optimizers), self.precision, self._emit if self.driven else None)
+            self.diag.setup(front, list(run.optimizers), self.precision, self._emit if self.driven else None)
             self.meter.open_window()  # building and converting the model is not the run's peak
         return (front, *wrapped) if wrapped else front
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()``, scaled under a GradScaler policy; the loss is recorded for the loss curve (a step's
         loss is the sum of its micro-batches' values, as their gradients add up)."""
-        self._note_loss(loss)
+        self.routes.note_loss(loss)
         self.precision.backward(loss)
         self.diag.backward(loss)
 
     def clip_gradients(self, parameters: nn.Module | Iterable[torch.Tensor], max_norm: float,
                        norm_type: float = 2.0) -> torch.Tensor:
         """``clip_grad_norm_`` on true gradients: under a GradScaler they are unscaled first (once per step)."""
-        for opt in self._optimizers:
-            self.unscale(opt)
+        for opt in self.run_state.optimizers:
+            self.routes.unscale(opt)
         params = parameters.parameters() if isinstance(parameters, nn.Module) else parameters
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
 
@@ -194,10 +177,10 @@ class Session(Routes, Integrations, Footprint):
         given = {**(metrics or {}), **named}
         if not given:
             raise DtypelabError("lab.finish() needs the metric, e.g. lab.finish(accuracy=0.93)")
-        self.record_metrics(given, higher_is_better)
-        if self._in_step and not self._optimizers:  # weights updated by hand: the last step ends here
-            self._end()
-        self._close()
+        record_metrics(self.run_state, given, higher_is_better)
+        if self.step_state.active and not self.run_state.optimizers:  # weights updated by hand: it ends here
+            self.end_step()
+        self.close()
 
     def unsupported(self, reason: str) -> None:
         """The policy cannot run in this framework here: the run is recorded as skipped with ``reason`` and the
@@ -210,45 +193,49 @@ class Session(Routes, Integrations, Footprint):
         raise SystemExit(0)
 
     def step_begin(self) -> None:
-        self._begin()
+        self.begin_step()
 
     def step_end(self, loss: float | None = None) -> None:
         """The step ends here: a script that updates its weights by hand (no optimizer given to ``lab.setup``) may
         call it after the update; without it such a step ends where the model is next called."""
         if loss is not None:
-            self._pending.append(loss)
-        self._end()
+            self.step_state.pending.append(loss)
+        self.end_step()
 
-    def _begin(self) -> None:
-        if not self._in_step:
-            if self._cpu is None:
-                self._cpu = CpuMeter()
-                self._cpu.start()
-            self._in_step = True
+    def begin_step(self) -> None:
+        """A training step begins here, unless one is in progress: the timer starts."""
+        step, run = self.step_state, self.run_state
+        if not step.active:
+            if run.cpu is None:
+                run.cpu = CpuMeter()
+                run.cpu.start()
+            step.active = True
             self.diag.begin(len(self.losses), self.precision.grad_scale())
-            self._count_activations(start=True)
+            self.footprint.count_activations(start=True)
             self.timer.start()
 
-    def _end(self) -> None:
-        if self._in_step:
+    def end_step(self) -> None:
+        """The step in progress ends: its time, loss and samples are kept, and bench's protections look at it."""
+        step, run = self.step_state, self.run_state
+        if step.active:
             self.timer.stop()
-            self._in_step = False
-        self._count_activations(start=False)
-        self.diag.end(len(self.losses), list(self._pending))
-        if self._pending:
-            self.losses.append(sum(self._pending))
-        if self._samples:
-            self.step_samples.append(self._samples)
-        self._samples = 0
-        self._pending.clear()
-        self._stepped.clear()
-        self._unscaled.clear()
+            step.active = False
+        self.footprint.count_activations(start=False)
+        self.diag.end(len(self.losses), list(step.pending))
+        if step.pending:
+            self.losses.append(sum(step.pending))
+        if step.samples:
+            self.step_samples.append(step.samples)
+        step.samples = 0
+        step.pending.clear()
+        step.stepped.clear()
+        step.unscaled.clear()
         now = time.monotonic()
-        if self.driven and now - self._last_progress >= PROGRESS_EVERY_S:
-            self._last_progress = now
+        if self.driven and now - run.last_progress >= PROGRESS_EVERY_S:
+            run.last_progress = now
             self._conn.send(Step(len(self.timer.samples), 0))
         if self.diag.stop:  # the trace found its step, the audit has its steps, the autopilot had to stop
-            self._close()
+            self.close()
             raise SystemExit(0 if self.driven else self.diag.stop_code)
         if self.job is not None and self.job.mode == "bench":
             self._guard()
@@ -257,12 +244,12 @@ class Session(Routes, Integrations, Footprint):
         """bench's protections, as a task run has them: stop a run whose loss stayed non-finite for
         DIVERGED_PATIENCE steps, and one measured 10x slower per step than fp32 (``core.measure.slow_verdict``).
         Either ends the script here, with what was measured so far."""
-        job = self.job or ScriptJob()
+        job, run = self.job or ScriptJob(), self.run_state
         if self.losses:
-            self._nonfinite_run = 0 if math.isfinite(self.losses[-1]) else self._nonfinite_run + 1
-        if self._nonfinite_run >= job.patience:
-            self._stopped = f"stopped after {self._nonfinite_run} non-finite steps"
-            self._close()
+            run.nonfinite_run = 0 if math.isfinite(self.losses[-1]) else run.nonfinite_run + 1
+        if run.nonfinite_run >= job.patience:
+            run.stopped = f"stopped after {run.nonfinite_run} non-finite steps"
+            self.close()
             raise SystemExit(0)
         samples = self.timer.samples
         slow = slow_verdict(samples, warmup_steps(job.baseline_steps or len(samples)), job.slow_step_s,
@@ -274,16 +261,17 @@ class Session(Routes, Integrations, Footprint):
             raise SystemExit(0)
 
     def _disturbance(self) -> dict[str, Any]:
-        d = self._cpu.stop() if self._cpu is not None else None
+        d = self.run_state.cpu.stop() if self.run_state.cpu is not None else None
         return d.to_dict() if d is not None else {}
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """End the run: the globals restored, the diagnosis's record kept, and (driven) the result sent."""
         if self.finished:
             return
         self.finished = True
         self._globals.__exit__(None, None, None)
-        record = self.diag.record(self.job or ScriptJob(), self.losses, self.precision.stats(),
-                                  self._metrics)
+        run = self.run_state
+        record = self.diag.record(self.job or ScriptJob(), self.losses, self.precision.stats(), run.metrics)
         if not self.driven:
             if record is not None:
                 self.diag.keep(record)
@@ -292,24 +280,24 @@ class Session(Routes, Integrations, Footprint):
             self._conn.send(Note("record", (record,)))
         peak = self.meter.peak_bytes()
         first_bad = next((i for i, v in enumerate(self.losses) if not math.isfinite(v)), None)
-        higher = self._higher if self._higher is not None else not lower_is_better(self._metric)
+        higher = run.higher if run.higher is not None else not lower_is_better(run.metric)
         self._done(ScriptResult(
             policy=self.plan.name, step_times_s=tuple(self.timer.samples), losses=tuple(self.losses),
-            first_nonfinite_step=first_bad, metrics=dict(self._metrics), metric=self._metric, higher_is_better=higher,
-            higher_guessed=self._higher is None, peak_memory_bytes=peak, load_peak_memory_bytes=self.meter.load_peak,
+            first_nonfinite_step=first_bad, metrics=dict(run.metrics), metric=run.metric, higher_is_better=higher,
+            higher_guessed=run.higher is None, peak_memory_bytes=peak, load_peak_memory_bytes=self.meter.load_peak,
             memory_method=self.meter.method,
-            model_bytes=len(serialize(self._model)[0]) if self._model is not None else None,
-            init_fingerprint=self._init, scaler=self.precision.stats(), setup_called=self._model is not None,
+            model_bytes=len(serialize(run.model)[0]) if run.model is not None else None,
+            init_fingerprint=run.init, scaler=self.precision.stats(), setup_called=run.model is not None,
             batch_size=int(statistics.median_low(self.step_samples)) if self.step_samples else 0,
-            disturbance=self._disturbance(), stopped=self._stopped, forwards=self._forwards,
-            optimizers=len(self._optimizers), framework=self._framework,
-            script_autocast=tuple(sorted(self._script_autocast)), built_in=tuple(self._built_in),
-            memory=self._memory()))
+            disturbance=self._disturbance(), stopped=run.stopped, forwards=run.forwards,
+            optimizers=len(run.optimizers), framework=run.framework,
+            script_autocast=tuple(sorted(run.script_autocast)), built_in=tuple(run.built_in),
+            memory=self.footprint.memory()))
 
     def _at_exit(self) -> None:
         # driven: an integration recorded metrics, they are the result; on its own: the diagnosis's summary
-        if not self.finished and (self._metrics or not self.driven):
-            self._close()
+        if not self.finished and (self.run_state.metrics or not self.driven):
+            self.close()
 
     def _emit(self, kind: str, *payload: Any) -> None:
         """A diagnosis's own message to the launcher, as it happens (the autopilot's moves)."""

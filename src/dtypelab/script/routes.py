@@ -2,13 +2,13 @@
 model's forward (timed as part of a training step, inputs converted, the policy's forward context with the script's
 own autocast turned off inside it), the optimizer's step (GradScaler's step and update, a closure timed around all
 its calls), the script's own GradScaler handed to ``setup`` (the policy's loss scaling), and the refusal of one that
-was not. A mixin of ``script.handle.Session``, whose state it reads."""
+was not. A part of ``script.handle.Session``."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -18,9 +18,19 @@ from dtypelab.core.loop import to_device
 from dtypelab.core.task import tensors
 from dtypelab.script.wrap import unwrap
 
+if TYPE_CHECKING:
+    from dtypelab.script.handle import Session
+
 
 class Routes:
-    """The session's side of the wrappers (``Session`` holds the state: the precision, the optimizers, the step)."""
+    """The session's side of the wrappers: ``setup`` hands this part to them as their ``lab``. It reads and writes
+    the step's and the run's state (``script.state``) and calls the session to begin and end a step."""
+
+    def __init__(self, lab: Session) -> None:
+        self.lab, self.precision = lab, lab.precision
+        self.step, self.run = lab.step_state, lab.run_state
+        self._eager: tuple[Any, Any] | None = None  # _enter and _leave as a compiled model calls them
+        self._autocast_kinds = tuple(dict.fromkeys(("cpu", lab.device.type)))  # where a script's autocast can be
 
     def forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One call of the wrapped model: timed as part of a training step, inputs on the device and in the
@@ -38,29 +48,29 @@ class Routes:
         is timed around all the closure's calls and its loss is the first value the closure returned (the loss at
         the step's starting weights)."""
         self._foreign_scaler()
-        opt = self._converted.get(id(opt), opt)  # the script's own object (a GradScaler's step): as the kinds made it
-        if not self._stepped:
-            self.diag.before_step()
-            self._count_activations(start=False)  # the forward passes are done: what they saved is counted
+        opt = self.run.converted.get(id(opt), opt)  # the script's own (a GradScaler's step): as the kinds made it
+        if not self.step.stepped:
+            self.lab.diag.before_step()
+            self.lab.footprint.count_activations(start=False)  # the forward passes are done: what they saved is counted
         if closure is not None:
             refused = self.precision.closure_error(opt)
             if refused:
-                self.unsupported(refused)
+                self.lab.unsupported(refused)
             result = self._closure_step(opt, closure)
         else:
             result = self.precision.step(opt)
-        self._stepped.add(id(opt))
-        if len(self._stepped) >= len(self._optimizers):  # every optimizer of the step has stepped
-            self.precision.update(len(self.losses))
-            self._end()
+        self.step.stepped.add(id(opt))
+        if len(self.step.stepped) >= len(self.run.optimizers):  # every optimizer of the step has stepped
+            self.precision.update(len(self.lab.losses))
+            self.lab.end_step()
         return result
 
     def scale_loss(self, outputs: Any) -> Any:
         """The script's ``scaler.scale(loss)`` (its GradScaler given to ``setup``): the loss recorded, and scaled
         only under a policy with a GradScaler."""
         if isinstance(outputs, torch.Tensor):
-            self._note_loss(outputs)
-            self.diag.backward(outputs)
+            self.note_loss(outputs)
+            self.lab.diag.backward(outputs)
         scaler = self.precision.grad_scaler()
         return scaler.scale(outputs) if scaler is not None else outputs
 
@@ -68,9 +78,13 @@ class Routes:
         """Gradients back to their true values before the script reads them (clipping): once per step."""
         scaler = self.precision.grad_scaler()
         opt = unwrap(opt)
-        if scaler is not None and id(opt) not in self._unscaled:
+        if scaler is not None and id(opt) not in self.step.unscaled:
             scaler.unscale_(opt)
-            self._unscaled.add(id(opt))
+            self.step.unscaled.add(id(opt))
+
+    def before_zero_grad(self) -> None:
+        """``model.zero_grad()`` on the wrapped model: the memory count sees the gradients before they go."""
+        self.lab.footprint.before_zero_grad()
 
     def _bookkeeping(self) -> tuple[Any, Any]:
         """``_enter`` and ``_leave``; while torch.compile traces the model (torch.compile after setup), the versions
@@ -85,29 +99,29 @@ class Routes:
         return self._eager
 
     def _enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self._in_step and not self._optimizers and not self._in_closure:
+        if self.step.active and not self.run.optimizers and not self.step.in_closure:
             self._by_hand()
-            self._end()  # weights updated by hand: the step ran until the model is called again
+            self.lab.end_step()  # weights updated by hand: the step ran until the model is called again
         # one walk through the arguments (the batch size, device and dtypes); none for the usual model(x, y)
         flat = not kwargs and all(isinstance(a, torch.Tensor) for a in args)
         found = list(args) if flat else tensors((args, kwargs))
         if module.training and torch.is_grad_enabled():
-            self._begin()
-            self._forwards += 1
-            self._samples += next((int(t.shape[0]) for t in found if t.dim() > 0), 0)
+            self.lab.begin_step()
+            self.run.forwards += 1
+            self.step.samples += next((int(t.shape[0]) for t in found if t.dim() > 0), 0)
         source = found[0].device if found else None
-        if source is not None and source != self.device:  # a script written for the CPU runs on the GPU unchanged
-            args, kwargs = to_device(args, self.device), to_device(kwargs, self.device)
+        if source is not None and source != self.lab.device:  # a script written for the CPU runs on the GPU unchanged
+            args, kwargs = to_device(args, self.lab.device), to_device(kwargs, self.lab.device)
         target = self.precision.input_dtype
         if any(t.dtype != target and t.is_floating_point() for t in found):
             convert = self.precision.convert_input
             args, kwargs = convert(args, every=True), convert(kwargs, every=True)
-        own = [k for k in self._autocast_kinds if torch.is_autocast_enabled(k)] if self.driven else []
+        own = [k for k in self._autocast_kinds if torch.is_autocast_enabled(k)] if self.lab.driven else []
         if not own:
             return args, kwargs, source, self.precision.forward_context()
         context = contextlib.ExitStack()  # the policy decides the precision: the script's own autocast is off inside
         for kind in own:
-            self._script_autocast.add(f"{str(torch.get_autocast_dtype(kind)).removeprefix('torch.')} on {kind}")
+            self.run.script_autocast.add(f"{str(torch.get_autocast_dtype(kind)).removeprefix('torch.')} on {kind}")
             context.enter_context(torch.autocast(kind, enabled=False))
         context.enter_context(self.precision.forward_context())
         return args, kwargs, source, context
@@ -115,11 +129,11 @@ class Routes:
     def _leave(self, out: Any, source: torch.device | None) -> Any:
         out = self.precision.convert_output(out)  # the script's loss runs outside the forward context
         # outputs go back where the inputs came from, so the script's own targets and metrics still match
-        return to_device(out, source) if source is not None and source != self.device else out
+        return to_device(out, source) if source is not None and source != self.lab.device else out
 
     def _closure_step(self, opt: torch.optim.Optimizer, closure: Any) -> Any:
-        self._begin()
-        self._in_closure = True
+        self.lab.begin_step()
+        self.step.in_closure = True
         returned: list[float] = []
 
         def counted() -> Any:
@@ -133,21 +147,21 @@ class Routes:
         try:
             result = self.precision.step(opt, counted)
         finally:
-            self._in_closure = False
-        self._pending[:] = self._pending[:1] or returned[:1]
+            self.step.in_closure = False
+        self.step.pending[:] = self.step.pending[:1] or returned[:1]
         return result
 
-    def _note_loss(self, loss: torch.Tensor) -> None:
-        if not self._optimizers:
+    def note_loss(self, loss: torch.Tensor) -> None:
+        if not self.run.optimizers:
             self._by_hand()
-        self._begin()
-        self._pending.append(float(loss.detach()))
+        self.lab.begin_step()
+        self.step.pending.append(float(loss.detach()))
 
     def _by_hand(self) -> None:
         """A script that updates its weights by hand: refused where the policy acts through the optimizer."""
         refused = self.precision.hand_update_error()
         if refused:
-            self.unsupported(refused)
+            self.lab.unsupported(refused)
 
     def _foreign_scaler(self) -> None:
         """Refuse the script's own GradScaler stepping the optimizer where it would change what is measured: when
@@ -167,7 +181,7 @@ class Routes:
                                "policy decides the loss scaling")
                     if owner.is_enabled():
                         raise DtypelabError(message)
-                    self.unsupported(f"{self.plan.name}: {message}")
+                    self.lab.unsupported(f"{self.lab.plan.name}: {message}")
                 return
             frame = frame.f_back
 

@@ -1,0 +1,49 @@
+"""The script session's state, explicit: the training step in progress (``StepState``) and what the run met and
+measured beyond its steps' times and losses (``RunState``). The session's parts (``routes``, ``frameworks``,
+``footprint``) each take the state they read and write, rather than sharing the session's attributes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from dtypelab.core.disturbance import CpuMeter
+
+
+@dataclass
+class StepState:
+    """The training step in progress: timed from its first forward (or ``step(closure)``) to the optimizer step that
+    ends it; with gradient accumulation it spans its micro-batches."""
+
+    active: bool = False  # a step has begun and not ended
+    in_closure: bool = False  # inside optimizer.step(closure): the closure's forwards belong to this step
+    pending: list[float] = field(default_factory=list)  # losses of the micro-batches since the last optimizer step
+    samples: int = 0  # samples the training forwards of this step saw (micro-batches added up)
+    stepped: set[int] = field(default_factory=set)  # optimizers (by id) that stepped in this step
+    unscaled: set[int] = field(default_factory=set)  # optimizers whose gradients were unscaled in this step
+
+
+@dataclass
+class RunState:
+    """What the run met: the script's model and optimizers as setup saw them, its metrics, and why it stopped."""
+
+    model: nn.Module | None = None  # the model setup converted (the first one given)
+    init: str = ""  # its fingerprint as the script built it
+    built_in: list[str] = field(default_factory=list)  # the floating dtypes of the script's model as it built it
+    optimizers: list[torch.optim.Optimizer] = field(default_factory=list)  # as the kinds' hook made them
+    converted: dict[int, torch.optim.Optimizer] = field(default_factory=dict)  # the script's optimizer -> its own
+    framework: bool = False  # a framework's Trainer runs the loop (attach), not the script's own code
+    forwards: int = 0  # training forwards through the wrapped model
+    script_autocast: set[str] = field(default_factory=set)  # the script's own autocast, found around the forward
+    metrics: dict[str, float] = field(default_factory=dict)
+    metric: str = ""  # the primary one
+    higher: bool | None = None  # whether higher is better, when said
+    nonfinite_run: int = 0  # consecutive non-finite step losses (bench: the run stops at DIVERGED_PATIENCE)
+    stopped: str = ""  # why the session ended the run early
+    cpu: CpuMeter | None = None  # what other processes did from the first step to the end
+    last_progress: float = 0.0  # when the launcher last heard of a step
+
+
+__all__ = ["RunState", "StepState"]
