@@ -156,7 +156,7 @@ def test_a_tensor_subclass_or_an_unknown_argument_is_not_replayed():
 
 
 def test_a_cpu_forecast_times_each_heavy_call_here_and_adds_the_rest_by_the_model(monkeypatch):
-    from dtypelab.forecasting import job
+    from dtypelab.forecasting import timing
 
     seen: list = []
 
@@ -166,7 +166,7 @@ def test_a_cpu_forecast_times_each_heavy_call_here_and_adds_the_rest_by_the_mode
             done[key] = 1e-3
         return len(done), 0
 
-    monkeypatch.setattr(job, "time_kernels", every_call_a_millisecond)
+    monkeypatch.setattr(timing, "time_kernels", every_call_a_millisecond)
     report = dtypelab.forecast("digits", policies="fp32", device="cpu", batch_search=False, launcher="inline")
     t = report.result("fp32").time
     heavy = t.breakdown["matmuls"] + t.breakdown["convolutions"]

@@ -4,11 +4,14 @@ the memory there is to do it in; and ``--check``'s process peak, measured as ``b
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 from torch import nn
 
+from dtypelab.core.footprint import tensor_bytes
 from dtypelab.core.policies import Plan
+from dtypelab.core.results import CheckResult
 from dtypelab.core.task import Task
 from dtypelab.forecasting.ledger import Peak
 from dtypelab.forecasting.trace import Traced
@@ -111,3 +114,28 @@ def step_seconds(task: Task, plan: Plan, device: str, batch_size: int, train: bo
             if step >= WARM_STEPS:
                 times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def check(forecaster: Any, plan: Plan, notes: list[str]) -> CheckResult | None:
+    """--check, for ``forecaster`` (``job.Forecaster``): the same steps on real tensors here, the ledger's peak over
+    CHECK_STEPS steps, and the process peak as bench measures it."""
+    if plan.distributed is not None:
+        notes.append("--check: a distributed policy is measured by bench --nproc, not here")
+        return None
+    avail = plan.availability(forecaster.hardware_here())
+    if not avail.ok:
+        notes.append(f"--check: it cannot run here ({avail.reason})")
+        return None
+    if room_for(tensor_bytes(forecaster.meta.parameters())) is False:
+        notes.append("--check: the model does not fit this machine's memory")
+        return None
+    device = forecaster.job.check_device
+    train = forecaster.run_here(plan, forecaster.job.batch_size, True, CHECK_STEPS, device) if forecaster.trains and \
+        "train" in plan.modes else None
+    infer = forecaster.run_here(plan, forecaster.job.infer_batch_size, False, 1, device) if "infer" in plan.modes or \
+        train is not None else None
+    process, method = process_peak(forecaster.task, plan, device, forecaster.job.batch_size, train is not None,
+                                   forecaster.job.seed)
+    return CheckResult(CHECK_STEPS if train is not None else 1,
+                       train.peak.total if train is not None else None,
+                       infer.peak.total if infer is not None else None, process, method)

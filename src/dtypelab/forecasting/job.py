@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,19 +26,16 @@ from dtypelab.core.errors import DtypelabError, Unsupported, describe_exception
 from dtypelab.core.footprint import tensor_bytes
 from dtypelab.core.policies import Plan, Precision, emulated_version, get_policy
 from dtypelab.core.results import CheckResult, FitForecast, PeakForecast, PolicyForecast, TimeForecast
-from dtypelab.core.speed import Op, Rates, float8_layers, fuse, step_time
+from dtypelab.core.speed import Op, Rates
 from dtypelab.core.task import Task, load_task
 from dtypelab.forecasting import here
 from dtypelab.forecasting.batch import infer_batch_shape, train_batch_shape
 from dtypelab.forecasting.fake import fresh, meta_model
-from dtypelab.forecasting.kernels import time_kernels
 from dtypelab.forecasting.layouts import conversion_notes, layout, stand_in
-from dtypelab.forecasting.ledger import Peak
 from dtypelab.forecasting.ranks import FakeRanks
 from dtypelab.forecasting.search import largest_batch
-from dtypelab.forecasting.trace import Run, Target, Traced, joined
-
-KERNEL_BUDGET_S = 60.0  # the most a forecast spends timing its kernels here (this CPU), over all its policies
+from dtypelab.forecasting.timing import StepTimes
+from dtypelab.forecasting.trace import Run, Target, Traced, joined, peak_forecast, shifted
 
 
 class Untraceable(Exception):
@@ -114,42 +110,6 @@ class ForecastJob:
         return True
 
 
-def _float8_note(ops: Sequence[Op], rates: Rates, compiled: bool) -> str:
-    """Which float8 layers pay and which lose (their casts fused as the compiled step runs them), when there are."""
-    pays, loses = float8_layers(ops, rates)
-    if not pays and not loses:
-        return ""
-
-    def named(layers: list[tuple[str, float]]) -> str:
-        shown = ", ".join(f"{m} ({s * 1e6:+.0f} µs)" for m, s in layers[:3])
-        return shown + (f" and {len(layers) - 3} more" if len(layers) > 3 else "")
-
-    how = "fused, as compiled" if compiled else "eager"
-    return (f"float8 layers, their matmuls' saving net of their own casts ({how}): {len(pays)} pay"
-            + (f" ({named(pays)})" if pays else "") + f", {len(loses)} lose" + (f" ({named(loses)})" if loses else ""))
-
-
-def _peak(traced: Traced, batch_size: int, activations: bool) -> PeakForecast:
-    p = traced.peak
-    return PeakForecast(batch_size=batch_size, peak_bytes=p.total,
-                        breakdown={k: int(v) for k, v in p.breakdown.items()}, phase=p.phase, module=p.module,
-                        activations_bytes=traced.most["activations"] if activations else None,
-                        parameter_bytes=traced.parameter_bytes)
-
-
-def _shifted(traced: Traced, extra: int, category: str) -> Traced:
-    """``traced`` with ``extra`` bytes held all along in ``category`` (weights by their layout, DDP's buckets)."""
-    if not extra:
-        return traced
-    breakdown = dict(traced.peak.breakdown)
-    breakdown[category] += extra
-    most = dict(traced.most)
-    most[category] += extra
-    params = traced.parameter_bytes + (extra if category == "parameters" else 0)
-    return Traced(Peak(traced.peak.total + extra, breakdown, traced.peak.phase, traced.peak.module), most, params,
-                  ops=traced.ops)
-
-
 class Forecaster:
     """One task's forecasts: its model built once on the meta device; each policy's converted once and copied for
     each trace; an inference pass traced once for policies whose converted models are the same."""
@@ -171,10 +131,9 @@ class Forecaster:
         self._updates: dict[str, Traced] = {}
         self._measured: dict[tuple[str, bool], tuple[list[Traced], tuple[int, ...]]] = {}
         self._ops: dict[tuple[str, bool], tuple[tuple[Op, ...], str]] = {}  # (plan, train) -> its step's ops, method
-        self._kernel_s: dict[tuple, float] = {}  # a heavy call -> its time here (rates that time kernels)
-        self._kernel_spent = 0.0  # seconds spent timing them
+        self._times = StepTimes(job.rates) if job.rates is not None else None
 
-    def _here(self) -> Any:
+    def hardware_here(self) -> Any:
         if self._hardware is None:
             from dtypelab.core.hardware import hardware_for
 
@@ -232,40 +191,8 @@ class Forecaster:
 
     def time(self, plan: Plan, train: bool) -> TimeForecast | None:
         """The step's predicted time on the target from the ops its trace recorded (None: no rates to time with)."""
-        rates = self.job.rates
-        if rates is None:
-            return None
-        if any(getattr(c, "emulate", False) for c in plan.configs):
-            return TimeForecast(None, reason="emulated numerics: its kernels are not the real ones (the policy "
-                                             "without -emu is timed)")
         ops, method = self._ops.get((plan.name, train), ((), ""))
-        if not ops:
-            why = {"measured": "the step could not be traced (it was measured here): no ops to time",
-                   "state-only": "the step could not be traced: no ops to time"}.get(method, "no ops were traced")
-            return TimeForecast(None, reason=why)
-        if any(c.process_wide and c.compute_dtype == "tf32" for c in plan.configs):
-            # TF32 is a process-wide flag, not a layout: the trace it shares with fp32 shows float32 matmuls
-            ops = tuple(replace(op, rate="tf32") if op.rate == "float32" else op for op in ops)
-        untimed = ""
-        if rates.times_kernels:  # this machine: each matmul, attention and convolution timed at its own call
-            calls = {op.kernel for op in ops if op.kernel}
-            started = time.perf_counter()
-            time_kernels(calls, self._kernel_s, max(0.0, KERNEL_BUDGET_S - self._kernel_spent))
-            self._kernel_spent += time.perf_counter() - started
-            rates = replace(rates, kernels=self._kernel_s)
-            if left := len(calls - self._kernel_s.keys()):
-                untimed = (f"{left} of its {len(calls)} matmul, attention and convolution calls were not timed here "
-                           f"(too large, or past {KERNEL_BUDGET_S:g} s of timing): the rate model times those")
-        timing = step_time(ops, rates, compiled=plan.compiles)
-        if timing.missing:
-            return TimeForecast(None, reason=f"no {'/'.join(timing.missing)} rate on {rates.device}: the policy "
-                                             "cannot run there at that speed (no such tensor cores)")
-        note = ("traced with a stand-in (a cast in place of kernels this machine lacks): the time is the stand-in's "
-                "kernels'" if method == "stand-in" else _float8_note(fuse(ops) if plan.compiles else ops, rates,
-                                                                       plan.compiles))
-        return TimeForecast(timing.step_s, bound=timing.bound, breakdown=dict(timing.groups),
-                            bounds=dict(timing.bounds), kernels=timing.kernels,
-                            reason="; ".join(n for n in (note, untimed) if n))
+        return self._times.of(plan, ops, method) if self._times is not None else None
 
     def fit(self, plan: Plan, train: bool, peak: PeakForecast, method: str, search: bool = True,
             ) -> FitForecast | None:
@@ -302,10 +229,10 @@ class Forecaster:
                 notes.append(f"traced as {twin.name}, its emulation here ({exc}): the same stored layout; the real "
                              "kernels' temporaries may differ")
         if plan.distributed is not None and plan.distributed.strategy == "ddp":
-            traced = _shifted(traced, traced.most["gradients"], "gradients")
+            traced = shifted(traced, traced.most["gradients"], "gradients")
         if batch_size == (self.job.batch_size if train else self.job.infer_batch_size):
             self._ops[(plan.name, train)] = (traced.ops, method)
-        return _peak(traced, batch_size, train), method
+        return peak_forecast(traced, batch_size, train), method
 
     def converted(self, plan: Plan) -> tuple[nn.Module, Plan, int]:
         """A copy of the plan's converted meta model, the plan it was converted under (a stand-in's, when this
@@ -348,7 +275,7 @@ class Forecaster:
             raise
         except Exception as exc:
             raise Untraceable(describe_exception(exc)) from exc
-        return _shifted(traced, extra, "parameters"), method
+        return shifted(traced, extra, "parameters"), method
 
     # --- when the step cannot be traced ----------------------------------------------------------
     def fallback(self, plan: Plan, batch_size: int, train: bool, why: str, notes: list[str]) -> tuple[Traced, str]:
@@ -356,7 +283,7 @@ class Forecaster:
             sizes = (batch_size,) if batch_size <= 4 else (2, 4)
             key = (plan.name, train)
             if key not in self._measured or (self._measured[key][1] != sizes and len(sizes) == 1):
-                self._measured[key] = ([self._real(plan, b, train, steps=2) for b in sizes], sizes)
+                self._measured[key] = ([self.run_here(plan, b, train, steps=2) for b in sizes], sizes)
             runs, sizes = self._measured[key]
             notes.append(f"the step could not be traced on fake tensors ({why}); it was run here on real tensors at "
                          f"batch size {' and '.join(map(str, sizes))}" + (
@@ -367,13 +294,13 @@ class Forecaster:
         if not train:
             notes.append(f"the inference pass could not be traced on fake tensors ({why}), and the model is too large "
                          "to run here: its weights alone are counted, so its peak is at least this")
-            return _shifted(run.weights(), extra, "parameters"), "state-only"
+            return shifted(run.weights(), extra, "parameters"), "state-only"
         notes.append(f"the step could not be traced on fake tensors ({why}), and the model is too large to run "
                      "here: its weights, gradients and optimizer state are traced alone; activations are not "
                      "counted, so the peak is at least this")
-        return _shifted(run.state(), extra, "parameters"), "state-only"
+        return shifted(run.state(), extra, "parameters"), "state-only"
 
-    def _real(self, plan: Plan, batch_size: int, train: bool, steps: int, device: str = "cpu") -> Traced:
+    def run_here(self, plan: Plan, batch_size: int, train: bool, steps: int, device: str = "cpu") -> Traced:
         torch.manual_seed(self.job.seed)
         model = self.task.make_model()
         run = Run(self.task, plan, model, replace(self.target, timed=False), fake=False, device=device)
@@ -381,30 +308,8 @@ class Forecaster:
             return run.train(lambda step: self.task.train_batch(step, batch_size), batch_size, steps=steps)
         return run.infer(lambda step: self.task.inference_inputs(batch_size), batch_size)
 
-    # --- --check ------------------------------------------------------------------------------------------
     def check(self, plan: Plan, notes: list[str]) -> CheckResult | None:
-        """The same steps on real tensors here: the ledger's peak over CHECK_STEPS steps, and the process peak as
-        bench measures it."""
-        if plan.distributed is not None:
-            notes.append("--check: a distributed policy is measured by bench --nproc, not here")
-            return None
-        avail = plan.availability(self._here())
-        if not avail.ok:
-            notes.append(f"--check: it cannot run here ({avail.reason})")
-            return None
-        if here.room_for(tensor_bytes(self.meta.parameters())) is False:
-            notes.append("--check: the model does not fit this machine's memory")
-            return None
-        device = self.job.check_device
-        train = self._real(plan, self.job.batch_size, True, here.CHECK_STEPS, device) if self.trains and \
-            "train" in plan.modes else None
-        infer = self._real(plan, self.job.infer_batch_size, False, 1, device) if "infer" in plan.modes or \
-            train is not None else None
-        process, method = here.process_peak(self.task, plan, device, self.job.batch_size, train is not None,
-                                            self.job.seed)
-        return CheckResult(here.CHECK_STEPS if train is not None else 1,
-                           train.peak.total if train is not None else None,
-                           infer.peak.total if infer is not None else None, process, method)
+        return here.check(self, plan, notes)
 
 
 __all__ = ["ForecastJob", "Forecaster", "Untraceable"]

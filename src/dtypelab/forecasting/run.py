@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from dtypelab.core.devices import DEVICES, GIB, device_spec
+from dtypelab.core.devices import GIB, device_spec
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, environment, hardware_for
 from dtypelab.core.options import parse_size
 from dtypelab.core.policies import REGISTRY, STATE_MODIFIERS, Plan, get_policy, parse_policies, policies_for
 from dtypelab.core.results import ForecastConfig, ForecastReport, PolicyForecast, TargetDevice, check_writable
 from dtypelab.core.task import Task
-from dtypelab.core.text import size_text
+from dtypelab.forecasting.answer import answer, device_notes, smallest_device
 from dtypelab.forecasting.job import ForecastJob
 from dtypelab.forecasting.kinds import PLAIN_PASS, UPDATE_COST
 from dtypelab.forecasting.options import ForecastOptions
@@ -116,19 +116,6 @@ def _hardware(target: TargetDevice) -> HardwareInfo | None:
         return None
     return HardwareInfo(device="cuda", device_name=target.label, cpu_name="", cpu_flags=(), cpu_capability="",
                         cuda_capability=target.capability, threads=0)
-
-
-def _smallest_device(result: PolicyForecast, plan: Plan, reserve: int) -> str | None:
-    """The smallest GPU of the table whose memory holds the decisive peak and that runs the policy; "" for none."""
-    peak = result.peak
-    if peak is None:
-        return None
-    for spec in sorted(DEVICES, key=lambda d: d.memory_bytes):
-        hw = HardwareInfo(device="cuda", device_name=spec.label, cpu_name="", cpu_flags=(), cpu_capability="",
-                          cuda_capability=spec.capability, threads=0)
-        if peak.peak_bytes <= spec.memory_bytes - reserve and plan.availability(hw).ok:
-            return spec.name
-    return ""
 
 
 def _launcher(given: Any, target: Target) -> Launcher:
@@ -257,7 +244,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
         r = found[plan.name]
         avail = plan.availability(hw) if hw is not None and r.status == "ok" else None
         runs_there = "" if avail is None or avail.ok else avail.reason
-        smallest = _smallest_device(r, plan, parse_size(GPU_RESERVE)) if device.memory_bytes is None else None
+        smallest = smallest_device(r, plan, parse_size(GPU_RESERVE)) if device.memory_bytes is None else None
         results.append(PolicyForecast(**{**r.__dict__, "runs_there": runs_there, "smallest_device": smallest}))
     config = ForecastConfig(spec, task_obj.name, batch, opts.nproc, opts.seed, device,
                             parameters=counted, infer_batch_size=batch // opts.nproc,
@@ -265,66 +252,9 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     results, base = with_speedups(results, opts.baseline)
     fastest, said = speed_answer(results, device, base, spec, rates, no_rates)
     report = ForecastReport(config, tuple(results), environment(here), answer(results, device),
-                            notes=_notes(device, opts.nproc), seconds=time.monotonic() - start,
+                            notes=device_notes(device, opts.nproc), seconds=time.monotonic() - start,
                             created=time.strftime("%Y-%m-%dT%H:%M:%S"), baseline=base,
                             rates=rates.source if rates is not None else "", fastest=fastest, speed_answer=said)
     if opts.json_path:
         report.save(opts.json_path)
     return report
-
-
-def answer(results: list[PolicyForecast], device: TargetDevice) -> str:
-    """The forecast in a sentence: for training (an inference-only task: inference), what fits the device, or the
-    smallest GPU each needs, or, when nothing fits, the smallest peak and by how much it misses; then the same of
-    the inference-only formats, in a clause of their own."""
-    ok = [r for r in results if r.status == "ok" and r.peak is not None]
-    if not ok:
-        return "Nothing was forecast: every policy was skipped or failed (see each one's reason)."
-    trained = [r for r in ok if r.train is not None]
-    first = _sentence(trained or ok, device, "training" if trained else "inference")
-    served = [r for r in ok if r.train is None]
-    return first if not (trained and served) else f"{first} {_sentence(served, device, 'inference')}"
-
-
-def _sentence(ok: list[PolicyForecast], device: TargetDevice, what: str) -> str:
-    smallest = min(ok, key=lambda r: r.peak.peak_bytes)
-    usable = device.usable_bytes
-    head = what[0].upper() + what[1:]
-    if usable is not None:
-        fits = [r for r in ok if r.peak.peak_bytes <= usable and not r.runs_there]
-        where = f"{device.label} ({size_text(usable)} usable)"
-        if not fits:
-            short = size_text(smallest.peak.peak_bytes - usable)
-            return (f"{head} fits nowhere on {where}: smallest peak: {smallest.policy} at "
-                    f"{size_text(smallest.peak.peak_bytes)}, {short} more than there is.")
-        best = min(fits, key=lambda r: r.peak.peak_bytes)
-        cannot = [r.policy for r in ok if r.runs_there]
-        return (f"{head} on {where}: {len(fits)} of {len(ok)} fit ({', '.join(r.policy for r in fits)}); smallest "
-                f"peak: {best.policy} at {size_text(best.peak.peak_bytes)}"
-                + (f"; {', '.join(cannot)} cannot run there" if cannot else "") + ".")
-    if not any(r.smallest_device for r in ok):
-        largest = max(DEVICES, key=lambda d: d.memory_bytes)
-        return (f"{head} fits nowhere in the table (the largest, {largest.label}, has "
-                f"{size_text(largest.memory_bytes)}): smallest peak: {smallest.policy} at "
-                f"{size_text(smallest.peak.peak_bytes)}.")
-    return (f"{head}: smallest peak: {smallest.policy} at {size_text(smallest.peak.peak_bytes)}"
-            + (f" (fits {device_spec(smallest.smallest_device).label} and larger)" if smallest.smallest_device
-               else " (no GPU of the table runs it)") + ".")
-
-
-def _notes(device: TargetDevice, nproc: int) -> tuple[str, ...]:
-    notes = ["peaks are tensors' bytes as the allocator holds them (CUDA's in blocks of 512 bytes), per rank; what "
-             "is outside the allocator (the CUDA context, cuBLAS's workspace) is the reserve"
-             if device.kind == "cuda" else "peaks are tensors' bytes, per rank"]
-    if device.memory_bytes is not None:
-        notes.append(f"{device.label}: {size_text(device.memory_bytes)} ({device.memory_bytes / GIB:.4g} GiB, "
-                     f"{device.source})" + (f", less {size_text(device.reserve_bytes)} reserved"
-                                             if device.reserve_bytes else ""))
-    if device.kind == "cuda":
-        notes.append("traced as on a CUDA GPU: torch's optimizers update every parameter at once there (foreach), "
-                     "which holds one more copy of what they update while they do")
-    if nproc > 1:
-        notes.append(f"{nproc} ranks: FSDP2 shards weights, gradients and optimizer state and gathers each unit's "
-                     "weights for its forward and backward; DDP keeps everything whole and one more copy of the "
-                     "gradients in its buckets; the batch is split over the ranks")
-    return tuple(notes)

@@ -4,6 +4,8 @@ policy's speedup against the baseline, and the fastest policy predicted to fit, 
 from __future__ import annotations
 
 import functools
+import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -11,8 +13,21 @@ import torch
 from dtypelab.core.devices import device_spec, rated_peaks
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, measured_probe
-from dtypelab.core.results import PolicyForecast, TargetDevice
-from dtypelab.core.speed import GEMM_EFFICIENCY, GPU_FLOOR_S, NoRate, Rates, cpu_rates, gpu_rates
+from dtypelab.core.policies import Plan
+from dtypelab.core.results import PolicyForecast, TargetDevice, TimeForecast
+from dtypelab.core.speed import (
+    GEMM_EFFICIENCY,
+    GPU_FLOOR_S,
+    NoRate,
+    Op,
+    Rates,
+    cpu_rates,
+    float8_layers,
+    fuse,
+    gpu_rates,
+    step_time,
+)
+from dtypelab.forecasting.kernels import time_kernels
 
 
 @functools.lru_cache(maxsize=2)
@@ -82,4 +97,64 @@ def speed_answer(results: list[PolicyForecast], device: TargetDevice, baseline: 
                          "cannot run it).")
 
 
-__all__ = ["rates_for", "speed_answer", "with_speedups"]
+KERNEL_BUDGET_S = 60.0  # the most a forecast spends timing its kernels here (this CPU), over all its policies
+
+
+class StepTimes:
+    """Each policy's predicted step time on the target, from the ops its trace recorded; where the target is this
+    machine, its heavy kernels timed here once per forecast (``forecasting.kernels``), within ``KERNEL_BUDGET_S``."""
+
+    def __init__(self, rates: Rates) -> None:
+        self.rates = rates
+        self._kernel_s: dict[tuple, float] = {}  # a heavy call -> its time here (rates that time kernels)
+        self._spent = 0.0  # seconds spent timing them
+
+    def of(self, plan: Plan, ops: Sequence[Op], method: str) -> TimeForecast:
+        if plan.numerics_only:
+            return TimeForecast(None, reason="emulated numerics: its kernels are not the real ones (the policy "
+                                             "without -emu is timed)")
+        if not ops:
+            why = {"measured": "the step could not be traced (it was measured here): no ops to time",
+                   "state-only": "the step could not be traced: no ops to time"}.get(method, "no ops were traced")
+            return TimeForecast(None, reason=why)
+        if any(c.process_wide and c.compute_dtype == "tf32" for c in plan.configs):
+            # TF32 is a process-wide flag, not a layout: the trace it shares with fp32 shows float32 matmuls
+            ops = tuple(replace(op, rate="tf32") if op.rate == "float32" else op for op in ops)
+        rates, untimed = self.rates, ""
+        if rates.times_kernels:  # this machine: each matmul, attention and convolution timed at its own call
+            calls = {op.kernel for op in ops if op.kernel}
+            started = time.perf_counter()
+            time_kernels(calls, self._kernel_s, max(0.0, KERNEL_BUDGET_S - self._spent))
+            self._spent += time.perf_counter() - started
+            rates = replace(rates, kernels=self._kernel_s)
+            if left := len(calls - self._kernel_s.keys()):
+                untimed = (f"{left} of its {len(calls)} matmul, attention and convolution calls were not timed here "
+                           f"(too large, or past {KERNEL_BUDGET_S:g} s of timing): the rate model times those")
+        timing = step_time(ops, rates, compiled=plan.compiles)
+        if timing.missing:
+            return TimeForecast(None, reason=f"no {'/'.join(timing.missing)} rate on {rates.device}: the policy "
+                                             "cannot run there at that speed (no such tensor cores)")
+        note = ("traced with a stand-in (a cast in place of kernels this machine lacks): the time is the stand-in's "
+                "kernels'" if method == "stand-in" else float8_note(fuse(ops) if plan.compiles else ops, rates,
+                                                                      plan.compiles))
+        return TimeForecast(timing.step_s, bound=timing.bound, breakdown=dict(timing.groups),
+                            bounds=dict(timing.bounds), kernels=timing.kernels,
+                            reason="; ".join(n for n in (note, untimed) if n))
+
+
+def float8_note(ops: Sequence[Op], rates: Rates, compiled: bool) -> str:
+    """Which float8 layers pay and which lose (their casts fused as the compiled step runs them), when there are."""
+    pays, loses = float8_layers(ops, rates)
+    if not pays and not loses:
+        return ""
+
+    def named(layers: list[tuple[str, float]]) -> str:
+        shown = ", ".join(f"{m} ({s * 1e6:+.0f} µs)" for m, s in layers[:3])
+        return shown + (f" and {len(layers) - 3} more" if len(layers) > 3 else "")
+
+    how = "fused, as compiled" if compiled else "eager"
+    return (f"float8 layers, their matmuls' saving net of their own casts ({how}): {len(pays)} pay"
+            + (f" ({named(pays)})" if pays else "") + f", {len(loses)} lose" + (f" ({named(loses)})" if loses else ""))
+
+
+__all__ = ["KERNEL_BUDGET_S", "StepTimes", "float8_note", "rates_for", "speed_answer", "with_speedups"]

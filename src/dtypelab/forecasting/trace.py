@@ -22,6 +22,7 @@ from torch import nn
 from dtypelab.core.footprint import state_tensors
 from dtypelab.core.loop import forward, forward_loss, train_step
 from dtypelab.core.policies import Plan, Precision
+from dtypelab.core.results import PeakForecast
 from dtypelab.core.speed import Op
 from dtypelab.core.task import Task, map_tensors
 from dtypelab.forecasting.batch import BatchShape, fetched, split
@@ -234,6 +235,27 @@ def later(phases: dict[str, Peak], state: dict[str, int], gradients: int) -> Pea
         if total > best.total:
             best = Peak(total, breakdown, name, peak.module)
     return best
+
+
+def peak_forecast(traced: Traced, batch_size: int, activations: bool) -> PeakForecast:
+    p = traced.peak
+    return PeakForecast(batch_size=batch_size, peak_bytes=p.total,
+                        breakdown={k: int(v) for k, v in p.breakdown.items()}, phase=p.phase, module=p.module,
+                        activations_bytes=traced.most["activations"] if activations else None,
+                        parameter_bytes=traced.parameter_bytes)
+
+
+def shifted(traced: Traced, extra: int, category: str) -> Traced:
+    """``traced`` with ``extra`` bytes held all along in ``category`` (weights by their layout, DDP's buckets)."""
+    if not extra:
+        return traced
+    breakdown = dict(traced.peak.breakdown)
+    breakdown[category] += extra
+    most = dict(traced.most)
+    most[category] += extra
+    params = traced.parameter_bytes + (extra if category == "parameters" else 0)
+    return Traced(Peak(traced.peak.total + extra, breakdown, traced.peak.phase, traced.peak.module), most, params,
+                  ops=traced.ops)
 
 
 __all__ = ["Run", "Target", "Traced", "joined", "later"]

@@ -4,7 +4,7 @@ the end of the run. A part of ``script.handle.Session``: it writes the run's and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -12,14 +12,11 @@ from torch import nn
 from dtypelab.core.loop import fingerprint
 from dtypelab.core.task import tensors
 
-if TYPE_CHECKING:
-    from dtypelab.script.handle import Session
-
 
 class Frameworks:
     """The session's side of a framework's callbacks."""
 
-    def __init__(self, lab: Session) -> None:
+    def __init__(self, lab: Any) -> None:  # the Session (script.handle), which composes this part
         self.lab, self.run, self.step = lab, lab.run_state, lab.step_state
 
     def record_metrics(self, metrics: dict[str, Any], higher_is_better: bool | None = None,

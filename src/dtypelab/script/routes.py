@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,15 +18,12 @@ from dtypelab.core.loop import to_device
 from dtypelab.core.task import tensors
 from dtypelab.script.wrap import unwrap
 
-if TYPE_CHECKING:
-    from dtypelab.script.handle import Session
-
 
 class Routes:
     """The session's side of the wrappers: ``setup`` hands this part to them as their ``lab``. It reads and writes
     the step's and the run's state (``script.state``) and calls the session to begin and end a step."""
 
-    def __init__(self, lab: Session) -> None:
+    def __init__(self, lab: Any) -> None:  # the Session (script.handle), which composes this part
         self.lab, self.precision = lab, lab.precision
         self.step, self.run = lab.step_state, lab.run_state
         self._eager: tuple[Any, Any] | None = None  # _enter and _leave as a compiled model calls them
