@@ -54,7 +54,8 @@ def test_int8_kernel_probe_follows_torch_int_mm_when_onednn_is_off(monkeypatch):
     """Without oneDNN, torch._int_mm runs a plain loop (what a CPU without VNNI gets whatever the flag): the probe
     times torch._int_mm itself, on the operands torchao's path gives it, so it sees whatever oneDNN does (the speed
     difference itself, 3 vs 500 GFLOP/s on a VNNI CPU, is a benchmark's: benchmarks/int8_minilm.py)."""
-    from dtypelab.core.hardware import _kernel, _timed_gflops
+    from dtypelab.core.rates_probe import kernel_call as _kernel
+    from dtypelab.core.rates_probe import timed_gflops as _timed_gflops
 
     fn = _kernel("int8", torch.device("cpu"), 128, ())
     # the operands the probe draws (its seeded generator, in its order): what torch._int_mm must give for them

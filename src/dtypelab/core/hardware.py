@@ -7,8 +7,6 @@ import platform
 import shlex
 import sys
 import time
-import warnings
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -17,7 +15,14 @@ import torch
 from dtypelab.core.devices import rated_peaks
 from dtypelab.core.disturbance import CpuMeter, describe
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.rates_probe import bandwidth_gbs, elementwise_gbs, op_floor_us
+from dtypelab.core.rates_probe import (
+    bandwidth_gbs,
+    elementwise_gbs,
+    kernel_call,
+    matmul_gflops,
+    op_floor_us,
+    timed_gflops,
+)
 from dtypelab.core.results.store import read_json
 from dtypelab.core.version import __version__
 
@@ -180,67 +185,6 @@ def _cpu_info() -> tuple[str, tuple[str, ...]]:
     return name or platform.processor() or platform.machine(), tuple(f for f in RELEVANT_FLAGS if f in flags)
 
 
-def _matmul_gflops(dtype: torch.dtype, device: torch.device, n: int, budget_s: float) -> float:
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    return _timed_gflops(lambda: a @ b, n, sync, budget_s)
-
-
-def _timed_gflops(fn: Callable[[], Any], n: int, sync: Callable[[], None], budget_s: float) -> float:
-    fn()  # warm-up: kernel selection, lazy init, weight packing
-    sync()
-    reps, start = 0, time.perf_counter()
-    while True:  # at least two reps; stop once the budget is spent, however slow the kernel
-        fn()
-        sync()
-        reps += 1
-        elapsed = time.perf_counter() - start
-        if reps >= 2 and elapsed >= budget_s:
-            return 2 * n**3 * reps / elapsed / 1e9
-
-
-def _kernel(key: str, dev: torch.device, n: int, flags: tuple[str, ...]) -> Callable[[], Any] | None:
-    """A zero-argument call of the kernel a quantized policy runs, on n×n operands; None where it has none."""
-    g = torch.Generator().manual_seed(0)
-    if key == "fp8":
-        if dev.type != "cuda" or torch.cuda.get_device_capability(dev) < (8, 9):
-            return None  # no float8 tensor cores: the fp8 policies say so themselves
-        a8 = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn)
-        b8 = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn).t()  # _scaled_mm wants it column-major
-        one = torch.ones((), device=dev)
-        return lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    if dev.type != "cpu" and key != "int8":
-        return None  # the other kernels are CPU paths here; CUDA runs its own
-    x = torch.randn(n, n, generator=g).to(dev)
-    w8 = torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8).to(dev)
-    scales = (torch.rand(n, generator=g) / 64).to(dev)
-    if key == "int8":
-        a = torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8).to(dev)
-        rows = scales.unsqueeze(1)
-        if dev.type == "cpu" and set(flags) & {"avx512_vnni", "avx_vnni"} and "amx_int8" not in flags:
-            # torchao's CPU path on VNNI without AMX: shifted to uint8 (u8s8), the form VNNI multiplies; torch 2.11's
-            # _int_mm takes int8 only (it refuses uint8), and then the signed form is what runs
-            u8 = (a.to(torch.int32) + 128).to(torch.uint8)
-            try:
-                torch._int_mm(u8[:32, :32], w8[:32, :32].t())
-                a = u8
-            except RuntimeError:
-                pass
-        return lambda: torch._int_mm(a, w8.t()).to(torch.float32) * rows
-    if key == "int8-fbgemm":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch.ao's quantized tensors are deprecated: that is the point
-            packed = torch.ops.quantized.linear_prepack(torch.quantize_per_tensor(x, 0.05, 0, torch.qint8), None)
-        return lambda: torch.ops.quantized.linear_dynamic(x, packed)
-    if key == "int8-weight-only":
-        return lambda: (x @ w8.to(torch.float32).t()) * scales
-    if key == "fp8-weight-only":
-        w = x.to(torch.float8_e4m3fn)
-        return lambda: x @ (w.to(torch.float32) * scales.unsqueeze(1)).t()
-    return None
-
-
 def probe(device: str | torch.device | None = None, budget_s: float = 0.1, speed: bool = False) -> HardwareInfo:
     """Describe the device and measure matmul GFLOP/s per dtype and per quantized kernel (about 1 s on CPU); with
     ``speed``, also what a forecast of step time reads (bandwidth, elementwise rates, small matmuls, per-op time)."""
@@ -255,27 +199,27 @@ def probe(device: str | torch.device | None = None, budget_s: float = 0.1, speed
     n = 8192 if dev.type == "cuda" else 256
     for dtype_name in PROBE_DTYPES:
         size = min(n, 4096) if dtype_name == "float64" else n  # a consumer GPU's float64 is 1/64 rate
-        gflops[dtype_name] = _matmul_gflops(getattr(torch, dtype_name), dev, size, budget_s)
+        gflops[dtype_name] = matmul_gflops(getattr(torch, dtype_name), dev, size, budget_s)
     small: dict[str, dict[str, float]] = {}
     elementwise: dict[str, float] = {}
     if dev.type == "cpu" and speed:  # the curve below the probe's size: small matmuls run far from a CPU's rate too
         for dtype_name in ("float32", "bfloat16", "float16"):
             elementwise[dtype_name] = round(elementwise_gbs(getattr(torch, dtype_name), dev, budget_s / 2), 2)
-            small[dtype_name] = {str(m): round(_matmul_gflops(getattr(torch, dtype_name), dev, m, budget_s / 4), 3)
+            small[dtype_name] = {str(m): round(matmul_gflops(getattr(torch, dtype_name), dev, m, budget_s / 4), 3)
                                  for m in (16, 32, 64, 128)}
     if dev.type == "cuda" and cc >= (8, 0):
         prev = torch.backends.cuda.matmul.fp32_precision
         torch.backends.cuda.matmul.fp32_precision = "tf32"
         try:
-            gflops["tf32"] = _matmul_gflops(torch.float32, dev, n, budget_s)
+            gflops["tf32"] = matmul_gflops(torch.float32, dev, n, budget_s)
         finally:
             torch.backends.cuda.matmul.fp32_precision = prev
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for key in KERNEL_PROBES:
         try:
-            fn = _kernel(key, dev, n, flags)
+            fn = kernel_call(key, dev, n, flags)
             if fn is not None:
-                gflops[key] = _timed_gflops(fn, n, sync, budget_s)
+                gflops[key] = timed_gflops(fn, n, sync, budget_s)
         except (RuntimeError, NotImplementedError, AttributeError):
             pass  # this torch build lacks the kernel (no quantized engine, no _int_mm): the policy says so itself
     source, rated = rated_peaks(name) if dev.type == "cuda" else ("", {})

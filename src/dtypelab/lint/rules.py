@@ -13,10 +13,7 @@ from dtypelab.lint.patterns import (
     CONVERTS,
     DEPRECATED,
     FP16,
-    FUNCS,
     LOSSES,
-    METHODS,
-    MODULE_CALLS,
     NAN,
     NP_ARRAY,
     NP_FLOAT64,
@@ -29,6 +26,7 @@ from dtypelab.lint.patterns import (
     literal_floats,
     vector,
 )
+from dtypelab.lint.resolve import Resolver
 
 # tensor factories whose dtype= fixes what they make, and the floating dtypes a policy would change
 TENSOR_FACTORIES = frozenset({"zeros", "ones", "empty", "full", "rand", "randn", "tensor", "as_tensor", "arange",
@@ -38,17 +36,17 @@ FLOAT_DTYPES = frozenset(f"torch.{n}" for n in ("float64", "double", "float32", 
                                                 "bfloat16"))
 
 
-class Checker(ast.NodeVisitor):
+class Checker(Resolver):
+    """The rules, on top of the resolver's names and scopes: each visit checks what its node can show, and
+    ``finish`` the rules that need the whole file (a model trained in half precision, a scaler never used)."""
+
     def __init__(self, imports: Imports) -> None:
-        self.im = imports
+        super().__init__(imports)
         self.found: list[tuple[int, int, str, str, str]] = []  # (line, col, code, message, fix)
-        self.scopes: list[dict[str, ast.AST]] = [{}]
-        self.autocast_depth = 0
         self.half_sites: list[tuple[ast.AST, str, tuple]] = []  # (call, receiver text, scope key)
         self.trained: set[tuple] = set()  # scope keys of models that are trained
         self.called: set[tuple] = set()  # scope keys of names called like a model: `model(x)`
         self.backward_scopes: set[int] = set()  # functions that call `.backward()`
-        self.scope_nodes: list[ast.AST | None] = [None]
         self.bce_sites: list[tuple[ast.AST, bool]] = []  # (call, its input is visibly a sigmoid)
         self.sigmoid = False
         self.scaler_sites: list[ast.AST] = []
@@ -60,75 +58,6 @@ class Checker(ast.NodeVisitor):
     # --- helpers -------------------------------------------------------------------------------
     def add(self, node: ast.AST, code: str, message: str = "", fix: str = "") -> None:
         self.found.append((node.lineno, node.col_offset + 1, code, message or RULES[code].why, fix or RULES[code].fix))
-
-    def deref(self, node: ast.AST, depth: int = 3) -> ast.AST:
-        """A local name's assigned expression (a few levels), else the node itself."""
-        while depth and isinstance(node, ast.Name):
-            bound = next((s[node.id] for s in reversed(self.scopes) if node.id in s), None)
-            if bound is None:
-                break
-            node, depth = bound, depth - 1
-        return node
-
-    def op(self, node: ast.AST) -> tuple[str, ast.AST | None, str] | None:
-        """(kind, operand, namespace) for exp/log/sum/softmax/sigmoid calls in function or method form."""
-        if not isinstance(node, ast.Call):
-            return None
-        f, first = node.func, node.args[0] if node.args else None
-        if isinstance(f, ast.Call) and self.im.qualname(f.func) in MODULE_CALLS:  # nn.Softmax(dim=1)(x)
-            return MODULE_CALLS[self.im.qualname(f.func)], first, "torch"
-        q = self.im.qualname(f)
-        if q is not None:
-            kind = next((k for k, names in FUNCS.items() if q in names), None)
-            if q == "math.log" and len(node.args) > 1:
-                return None  # log with a base
-            return (kind, first, q.split(".")[0]) if kind else None
-        if (isinstance(f, ast.Attribute) and f.attr in METHODS and not self.im.rooted_in_module(f)
-                and not (isinstance(f.value, ast.Name) and f.value.id == "self")):
-            if f.attr in ("exp", "log", "sigmoid") and (node.args or node.keywords):
-                return None
-            return f.attr, f.value, "torch"
-        return None
-
-    def kind(self, node: ast.AST | None) -> str | None:
-        o = self.op(self.deref(node)) if node is not None else None
-        return o[0] if o else None
-
-    def operand(self, node: ast.AST) -> ast.AST | None:
-        o = self.op(self.deref(node))
-        return o[1] if o else None
-
-    def shifted(self, exp_node: ast.AST) -> bool:
-        """exp(x - m): the stable form. Any subtraction counts: m is a max in every real case seen, often
-        computed by a helper or rebound (masked_fill of the max), and a false alarm is worse than a miss."""
-        arg = self.deref(self.operand(exp_node) or exp_node)
-        return isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Sub)
-
-    def sum_of_exp(self, node: ast.AST) -> ast.AST | None:
-        if self.kind(node) != "sum":
-            return None
-        inner = self.operand(node)
-        return inner if inner is not None and self.kind(inner) == "exp" else None
-
-    # --- scopes and bindings -------------------------------------------------------------------
-    def _scoped(self, node: ast.AST) -> None:
-        depth, self.autocast_depth = self.autocast_depth, 0
-        self.scopes.append({})
-        self.scope_nodes.append(node)
-        self.generic_visit(node)
-        self.scope_nodes.pop()
-        self.scopes.pop()
-        self.autocast_depth = depth
-
-    def _key(self, who: str) -> tuple:
-        """Where a name lives: `self.x` belongs to the class (converted in __init__, trained in another
-        method), any other name to the innermost function, so two functions' `model`s never mix."""
-        if who.startswith("self."):
-            cls = next((n for n in reversed(self.scope_nodes) if isinstance(n, ast.ClassDef)), None)
-            return id(cls), who
-        return id(self.scope_nodes[-1]), who
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = _scoped
 
     def visit_Assign(self, node: ast.Assign) -> None:
         self.visit(node.value)
