@@ -16,7 +16,8 @@ from dtypelab.core.records import load_record
 from dtypelab.core.results import TraceReport
 from dtypelab.core.scaler import ScalerLog, scaler_notes
 from dtypelab.tracing.diagnose import explain
-from dtypelab.tracing.guard import Guard, NonFiniteError, all_finite
+from dtypelab.tracing.guard import Guard, NonFiniteError
+from dtypelab.tracing.snapshot import all_finite
 
 
 def run(task, policy: str = "fp32", **kw) -> TraceReport:

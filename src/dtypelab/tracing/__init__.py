@@ -9,22 +9,14 @@ from dtypelab.core.lazy import exports
 
 __getattr__, __dir__, __all__ = exports(__name__, {
     "trace": "run", "TraceOptions": "options", "Guard": "guard", "NonFiniteError": "guard", "watch": "guard",
-    "Snapshot": "guard", "all_finite": "guard", "trace_forward": "guard", "checkpoint_interval": "guard",
-    "CHECKPOINT_BUDGET": "guard",
+    "Snapshot": "snapshot", "all_finite": "snapshot", "trace_forward": "guard", "checkpoint_interval": "snapshot",
+    "CHECKPOINT_BUDGET": "snapshot",
     "TraceDiagnosis": "script",
 })
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
-    from dtypelab.tracing.guard import (
-        CHECKPOINT_BUDGET,
-        Guard,
-        NonFiniteError,
-        Snapshot,
-        all_finite,
-        checkpoint_interval,
-        trace_forward,
-        watch,
-    )
+    from dtypelab.tracing.guard import Guard, NonFiniteError, trace_forward, watch
     from dtypelab.tracing.options import TraceOptions
     from dtypelab.tracing.run import trace
     from dtypelab.tracing.script import TraceDiagnosis
+    from dtypelab.tracing.snapshot import CHECKPOINT_BUDGET, Snapshot, all_finite, checkpoint_interval

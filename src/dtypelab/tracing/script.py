@@ -19,8 +19,9 @@ from torch import nn
 from dtypelab.core.results import TraceConfig, TraceReport
 from dtypelab.core.source import Sites
 from dtypelab.script import Diagnosis, ScriptJob
-from dtypelab.tracing.guard import all_finite, finding_of
+from dtypelab.tracing.guard import finding_of
 from dtypelab.tracing.nonfinite import OpTracer, storage_key
+from dtypelab.tracing.snapshot import all_finite
 
 
 def trigger_of(loss_values: list[float], named: list[tuple[str, nn.Parameter]]) -> str:
