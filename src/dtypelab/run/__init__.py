@@ -5,11 +5,12 @@ none of them knows how processes are made."""
 
 from dtypelab.run.channel import Reporter, connect, launched, watch_parent
 from dtypelab.run.events import Event, OnEvent
-from dtypelab.run.fanout import FanOutLauncher, parse_gpus, parse_minutes, parse_slurm_args
+from dtypelab.run.fanout import FanOutLauncher
 from dtypelab.run.launchers import LAUNCHERS, InlineLauncher, Launcher, OnStep, ProcessLauncher, Work
 from dtypelab.run.messages import Done, Failed, Message, Note, Started, Step
 from dtypelab.run.outcome import Outcome, failure
 from dtypelab.run.script import ScriptLauncher, ScriptRun
+from dtypelab.run.slurm_options import parse_gpus, parse_minutes, parse_slurm_args
 from dtypelab.run.target import Target
 from dtypelab.run.torchrun import Torchrun, TorchrunLauncher
 from dtypelab.run.warm import heavy_modules

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dtypelab.core.results.bench import ScalerStats
+from dtypelab.core.results.parts import ScalerStats
 from dtypelab.core.results.store import Record
 from dtypelab.core.results.trace import Finding
 
