@@ -6,7 +6,6 @@ or a script that never calls ``finish`` becomes a result that says so; the other
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 import time
@@ -34,22 +33,14 @@ from dtypelab.core.results import PolicyResult, Report, RunConfig
 from dtypelab.lint import lint_paths
 from dtypelab.run import Event, Note, OnEvent, Outcome, ScriptLauncher, ScriptRun, Target
 from dtypelab.script.diagnose import Diagnosis
-from dtypelab.script.handle import warmup_steps
-from dtypelab.script.messages import ScriptJob, ScriptResult, ScriptSkip
+from dtypelab.script.messages import ScriptJob
 from dtypelab.script.repeats import repeat_runs
+from dtypelab.script.results import Primary, script_result
 
 # Options of a Task's own loop: a script runs its own (its arguments go after --)
 LOOP_OPTIONS = {"mode": "--mode infer", "steps": "--steps", "batch_size": "--batch-size", "warmup": "--warmup",
                 "per_layer": "--per-layer", "profile": "--profile", "trace_dir": "--profile", "threads": "--threads",
                 "rounds": "--rounds", "plan": "--plan (name the plan file in --policies)", "nproc": "--nproc"}
-NEVER_STARTED = ("the script never created a dtypelab session: add `lab = dtypelab.session()` near its top (or use "
-                 "dtypelab.lightning.Trainer / dtypelab.hf.Trainer)")
-NEVER_FINISHED = ("the script ended without calling lab.finish(...): add `lab.finish(accuracy=...)` (your metric) "
-                  "after its evaluation")
-
-Primary = tuple[str, bool] | None  # the run's primary metric and whether higher is better
-
-
 def job_for(path: str, plan: Plan, seed: int, device: str, mode: str = "bench", diagnosis: Diagnosis | None = None,
             **extra: Any) -> ScriptJob:
     """What a script's session is sent: its policy, what else to do, and bench's pace (``extra``)."""
@@ -63,72 +54,6 @@ def run_script(path: str, args: tuple[str, ...], job: ScriptJob, seed: int, time
     """One run of the script, its session sent ``job``."""
     run = ScriptRun(path, args, seed, job, name=job.plan.get("name") or "plan", on_message=on_message)
     return ScriptLauncher(workdir).run(run, timeout_s, on_step)
-
-
-def script_result(out: Outcome, plan: Plan) -> tuple[PolicyResult, Primary]:
-    """A run's outcome as the policy's result (and its primary metric), or why there is none."""
-    if not out.ok:
-        return PolicyResult(plan.name, out.status, out.reason, wall_s=out.wall_s), None
-    d = out.value
-    if d is None:
-        return PolicyResult(plan.name, "failed", NEVER_FINISHED if out.started else NEVER_STARTED,
-                            wall_s=out.wall_s), None
-    if isinstance(d, ScriptSkip):
-        times = d.step_times_s
-        return PolicyResult(plan.name, "skipped", d.reason, skip=d.skip, wall_s=out.wall_s, step_times_s=times,
-                            warmup=warmup_steps(len(times)) if times else 0, losses=tuple(map(float, d.losses)),
-                            disturbance=d.disturbance), None
-    if not isinstance(d, ScriptResult):
-        return PolicyResult(plan.name, "failed", f"the session sent {type(d).__name__}, not its result",
-                            wall_s=out.wall_s), None
-    if not d.setup_called:
-        return PolicyResult(plan.name, "failed", "the script never called lab.setup(model, optimizer): the policy "
-                                                 "was not applied to its model", wall_s=out.wall_s), None
-    times = d.step_times_s
-    if not times:
-        return PolicyResult(plan.name, "failed", untimed(d), wall_s=out.wall_s, metrics=d.metrics,
-                            info=policy_info(plan)), None
-    losses = tuple(map(float, d.losses))
-    first_bad = d.first_nonfinite_step
-    diverged = first_bad is not None and losses and not math.isfinite(losses[-1])
-    reason = f"loss non-finite from step {first_bad}" if diverged else ""
-    if diverged and d.stopped:
-        reason += f"; {d.stopped}"
-    result = PolicyResult(
-        policy=plan.name, status="diverged" if diverged else "ok", batch_size=d.batch_size, reason=reason,
-        warmup=warmup_steps(len(times)), step_times_s=times, losses=losses, first_nonfinite_step=first_bad,
-        metrics=d.metrics, peak_memory_bytes=d.peak_memory_bytes, load_peak_memory_bytes=d.load_peak_memory_bytes,
-        memory_method=d.memory_method, model_bytes=d.model_bytes, init_fingerprint=d.init_fingerprint,
-        scaler=d.scaler, info=policy_info(plan), wall_s=out.wall_s, disturbance=d.disturbance,
-        notes=tuple(run_notes(d)), memory=d.memory)
-    return result, (d.metric, d.higher_is_better)
-
-
-def untimed(d: ScriptResult) -> str:
-    """Why a run that finished timed no step: what the session saw, and the line that makes it time them."""
-    if not d.forwards:
-        return ("no training step was timed: the model lab.setup returned was never called in training mode with "
-                "gradients on; call the model it returns (model, optimizer = lab.setup(model, optimizer))")
-    return ("no training step was timed: the model ran forward but no step ended (give the optimizer to lab.setup, "
-            "or call lab.step_end() after updating the weights by hand)")
-
-
-def run_notes(d: ScriptResult) -> list[str]:
-    """What a script's run did that the table should say: its own autocast turned off inside the model, its
-    steps timed from one call of the model to the next (weights updated by hand)."""
-    notes = []
-    if d.script_autocast:
-        notes.append(f"the script's own autocast ({', '.join(d.script_autocast)}) was on around the model; "
-                     "dtypelab turned it off inside the model's forward so that each policy runs as named")
-    built = [t for t in d.built_in if t != "float32"]
-    if built:
-        notes.append(f"the script builds its model in {', '.join(built)}; each policy converts it as named (fp32: to "
-                     "float32 weights)")
-    if d.optimizers == 0 and not d.framework and d.step_times_s:
-        notes.append("no optimizer was given to lab.setup (weights updated by hand): each step is timed from one "
-                     "training call of the model to the next, the update and the script's own work between steps "
-                     "included")
-    return notes
 
 
 def pace(fp32: PolicyResult, force: bool) -> dict[str, Any]:

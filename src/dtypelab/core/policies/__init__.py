@@ -8,7 +8,8 @@ from dtypelab.core.policies.configs import Config
 from dtypelab.core.policies.distributed import Distributed
 from dtypelab.core.policies.kinds import TF32, Autocast, Cast, Float8Train, Quantize
 from dtypelab.core.policies.plan import PLAN_SCHEMA, Availability, Plan, single
-from dtypelab.core.policies.precision import Precision, regions
+from dtypelab.core.policies.precision import Precision
+from dtypelab.core.policies.regions import regions
 from dtypelab.core.policies.registry import (
     NOT_IN_DEFAULT_SWEEP,
     REGISTRY,

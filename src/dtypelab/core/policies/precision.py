@@ -14,11 +14,9 @@ floating outputs cast back to what the surrounding model computes in.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,83 +26,8 @@ from dtypelab.core.backends import quiet
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies.configs import Config
 from dtypelab.core.policies.plan import Plan
+from dtypelab.core.policies.regions import Region, RegionModule, floats_to, slot, unwrapped
 from dtypelab.core.scaler import ScalerLog
-from dtypelab.core.task import map_tensors
-from dtypelab.core.wrapping import LabModule, combined
-
-
-def _floats_to(dtype: torch.dtype | None, obj: Any) -> Any:
-    if dtype is None:
-        return obj
-    return map_tensors(lambda t: t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t, obj)
-
-
-@dataclass(frozen=True)
-class Region:
-    """How a module whose config differs from its parent's runs: the router of the wrapper that stands in its
-    parent's slot (``core.wrapping.LabModule``; the module itself is never patched)."""
-
-    device_type: str
-    config: Config
-    input_dtype: torch.dtype | None
-    output_dtype: torch.dtype | None
-    outer: torch.dtype = torch.float32  # what the model around it computes in
-
-    def context(self) -> contextlib.AbstractContextManager[Any]:
-        return self.config.region_context(self.device_type)
-
-    def forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        args, kwargs = _floats_to(self.input_dtype, (args, kwargs))
-        with self.context():
-            out = module(*args, **kwargs)  # through its __call__: the user's own hooks on it still run
-        return _floats_to(self.output_dtype, out)
-
-
-class RegionModule(LabModule):
-    """A layer in a region of its own, as its parent holds it. Pickled (``torch.save`` of the whole model) it is the
-    user's layer, in the dtype of the model around it (a cast is exact), so the file loads, and runs, as plain
-    PyTorch; copied (an EMA), a region around the copy."""
-
-    @staticmethod
-    def wrap(module: nn.Module, lab: Any) -> RegionModule:
-        return combined(RegionModule, type(module))(module, lab)
-
-    def _lab_written(self, inner: nn.Module) -> nn.Module:
-        outer = self.__dict__["_lab"].outer
-        tensors = [*inner.parameters(), *inner.buffers()]
-        if any(t.is_floating_point() and t.dtype != outer for t in tensors) and all(
-                type(t) in (torch.Tensor, nn.Parameter) for t in tensors):
-            return copy.deepcopy(inner).to(outer)
-        return inner
-
-
-def regions(model: nn.Module) -> dict[str, Region]:
-    """Each layer in a region of its own, by its name in the model (as ``named_modules`` names it)."""
-    found: dict[str, Region] = {}
-
-    def walk(module: nn.Module, prefix: str) -> None:
-        for name, child in module._modules.items():
-            if child is None:
-                continue
-            full = f"{prefix}{name}"
-            if isinstance(child, RegionModule):
-                found[full] = child.__dict__["_lab"]
-                child = child.__dict__["_lab_module"]
-            walk(child, full + ".")
-
-    walk(model.__dict__.get("_lab_module", model), "")
-    return found
-
-
-def _slot(model: nn.Module, name: str) -> tuple[nn.Module, str]:
-    """The module that holds layer ``name`` (as it is now, a region's layer itself), and its key there."""
-    parent_name, _, leaf = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    return parent.__dict__.get("_lab_module", parent), leaf
-
-
-def _unwrapped(module: nn.Module) -> nn.Module:
-    return module.__dict__["_lab_module"] if isinstance(module, RegionModule) else module
 
 
 def _merge(conversion: dict[str, Any], report: dict[str, Any]) -> None:
@@ -183,8 +106,8 @@ class Precision:
     def _region(self, model: nn.Module, name: str, config: Config, dtype: torch.dtype, outer: torch.dtype) -> None:
         """Layer ``name`` in ``config``'s region: its weights in ``dtype``, and a wrapper in its parent's slot that
         casts its inputs and runs it under the region's autocast state (the layer itself is not touched)."""
-        parent, leaf = _slot(model, name)
-        module = _unwrapped(parent._modules[leaf])
+        parent, leaf = slot(model, name)
+        module = unwrapped(parent._modules[leaf])
         module.to(dtype)
         # Under an autocast default, autocast itself mixes dtypes; elsewhere the next layer expects `outer`.
         out_dtype = None if self.plan.default.autocast_dtype is not None else outer
@@ -219,7 +142,7 @@ class Precision:
         """Floating inputs (and targets) in the model's dtype under a pure cast; integer ones never change. With
         ``every``, floating inputs of any other dtype go to float32 under a float32 plan too (a script's float64
         data meets its model converted to float32); tasks, whose data is float32, skip that walk every step."""
-        return _floats_to(self.input_dtype if every else self._cast, batch)
+        return floats_to(self.input_dtype if every else self._cast, batch)
 
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         return self.plan.default.forward_context(self.device.type)
