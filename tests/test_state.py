@@ -278,11 +278,12 @@ def test_the_fastest_policy_within_tolerance_that_fits_is_chosen():
 
 def test_a_count_that_fails_loses_neither_the_measurement_nor_the_run(tiny, monkeypatch, tmp_path):
     from dtypelab.sweep import job as job_module
+    from dtypelab.sweep import measures
 
     def broken(*_):
         raise RuntimeError("no storage")
 
-    monkeypatch.setattr(job_module, "state_after", broken)
+    monkeypatch.setattr(measures, "state_after", broken)
     result = job_module.run_job(job_module.Job(tiny, "bf16", "train", 3, 8, 1, 0, "cpu", str(tmp_path)))
     assert result.status == "ok" and result.metrics and result.memory is None
     assert len(result.notes) == 1

@@ -40,24 +40,10 @@ from dtypelab.script.footprint import Footprint
 from dtypelab.script.frameworks import Frameworks, record_metrics
 from dtypelab.script.messages import ScriptJob, ScriptResult, ScriptSkip
 from dtypelab.script.routes import Routes
-from dtypelab.script.state import RunState, StepState
+from dtypelab.script.state import RunState, StepState, lower_is_better, warmup_steps
 from dtypelab.script.wrap import LabOptimizer, LabScaler, unwrap
 
 PROGRESS_EVERY_S = 0.25
-# a metric whose name says it is an error is better lower; anything else is taken as better higher
-LOWER_IS_BETTER = ("loss", "error", "err", "perplexity", "ppl", "mse", "mae", "rmse", "bpc", "bits", "wer", "cer")
-
-
-def lower_is_better(metric: str) -> bool:
-    words = metric.lower().replace("-", "_").split("_")
-    return any(w in LOWER_IS_BETTER for w in words)
-
-
-def warmup_steps(n: int) -> int:
-    """Steps left out of a script run's timing: a tenth, at least 1 and at most 10."""
-    return max(1, min(10, n // 10)) if n > 1 else 0
-
-
 class Session:
     """Measures one training run of a user's script under the policy the parent chose (fp32 when none). Its parts:
     ``routes`` (what the wrapped objects' calls do), ``frameworks`` (what Lightning's and Hugging Face's

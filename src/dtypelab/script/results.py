@@ -8,8 +8,8 @@ import math
 from dtypelab.core.policies import Plan, policy_info
 from dtypelab.core.results import PolicyResult
 from dtypelab.run import Outcome
-from dtypelab.script.handle import warmup_steps
 from dtypelab.script.messages import ScriptResult, ScriptSkip
+from dtypelab.script.state import warmup_steps
 
 NEVER_STARTED = ("the script never created a dtypelab session: add `lab = dtypelab.session()` near its top (or use "
                  "dtypelab.lightning.Trainer / dtypelab.hf.Trainer)")

@@ -1,6 +1,7 @@
 """The script session's state, explicit: the training step in progress (``StepState``) and what the run met and
 measured beyond its steps' times and losses (``RunState``). The session's parts (``routes``, ``frameworks``,
-``footprint``) each take the state they read and write, rather than sharing the session's attributes."""
+``footprint``) each take the state they read and write, rather than sharing the session's attributes. With them, the
+run's conventions: the steps left out of its timing, and whether its metric is better lower."""
 
 from __future__ import annotations
 
@@ -46,4 +47,18 @@ class RunState:
     last_progress: float = 0.0  # when the launcher last heard of a step
 
 
-__all__ = ["RunState", "StepState"]
+# a metric whose name says it is an error is better lower; anything else is taken as better higher
+LOWER_IS_BETTER = ("loss", "error", "err", "perplexity", "ppl", "mse", "mae", "rmse", "bpc", "bits", "wer", "cer")
+
+
+def lower_is_better(metric: str) -> bool:
+    words = metric.lower().replace("-", "_").split("_")
+    return any(w in LOWER_IS_BETTER for w in words)
+
+
+def warmup_steps(n: int) -> int:
+    """Steps left out of a script run's timing: a tenth, at least 1 and at most 10."""
+    return max(1, min(10, n // 10)) if n > 1 else 0
+
+
+__all__ = ["RunState", "StepState", "lower_is_better", "warmup_steps"]

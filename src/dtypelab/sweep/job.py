@@ -23,11 +23,8 @@ from dtypelab.core.loop import (
     fingerprint,
     fit,
     forward,
-    forward_loss,
-    lost_updates,
     make_predict,
     prime,
-    state_after,
     threads,
     to_device,
 )
@@ -38,10 +35,9 @@ from dtypelab.core.stats import summarize
 from dtypelab.core.task import Task, load_task, plain, tensors
 from dtypelab.inference import compare, layer_fidelity, linear_weight_bytes, serialize
 from dtypelab.profiling import Profiler, profile_inference, profile_training, trace_path
-from dtypelab.sweep.kinds import plan_fidelity
+from dtypelab.sweep.measures import counted_state, emulated_layers, model_bytes
 
 Progress = Callable[[int, int], None]  # (steps done, total)
-MAX_UPDATE_ROWS = 64  # parameters whose lost updates a record keeps, worst first
 
 
 @dataclass(frozen=True)
@@ -145,8 +141,8 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         atomic_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, job.reference_weights)
     # after the metric and the reference weights: the counting forward pass may move BatchNorm's statistics, and
     # the lost-update probe trains a few steps more
-    memory, updates, counted = _counted(task, model, precision, optimizer, device, job)
-    emulated = _emulated_layers(task, model, precision, device, job)
+    memory, updates, counted = counted_state(task, model, precision, optimizer, device, job.batch_size, job.steps)
+    emulated = emulated_layers(task, model, precision, device, job.batch_size, job.steps)
     profiler = _profiler(job, device, precision, timer.samples)  # after the metric: it trains a few steps more
     profile = profile_training(task, model, precision, optimizer, profiler, job.batch_size, job.steps) \
         if profiler and job.mode != "reference" else None
@@ -157,45 +153,11 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         policy=job.policy, status="diverged" if run.diverged else "ok", reason=reason, batch_size=job.batch_size,
         warmup=_warmup(job, timer.samples), step_times_s=tuple(timer.samples), losses=tuple(run.losses),
         first_nonfinite_step=run.first_nonfinite, metrics=metrics, peak_memory_bytes=peak,
-        load_peak_memory_bytes=meter.load_peak, memory_method=meter.method, model_bytes=_model_bytes(model),
+        load_peak_memory_bytes=meter.load_peak, memory_method=meter.method, model_bytes=model_bytes(model),
         init_fingerprint=init, scaler=precision.stats(), conversion=precision.conversion(),
         disturbance=disturbance.to_dict() if disturbance else {}, profile=profile, memory=memory,
         updates=tuple(updates), notes=counted, emulated_layers=tuple(emulated),
     )
-
-
-def _model_bytes(model: Any) -> int | None:
-    """The trained model's file size; None when its state cannot be written (a subclass no format takes), which
-    must not lose the run's measurement."""
-    try:
-        return len(serialize(model)[0])
-    except Exception:
-        return None
-
-
-def _emulated_layers(task: Task, model: Any, precision: Precision, device: torch.device, job: Job) -> list[Any]:
-    """An emulated format's per-layer fidelity on one training batch (no step); none for any other plan."""
-    if not job.plan.numerics_only:
-        return []
-    inputs, target = to_device(task.batch(job.steps, job.batch_size), device)
-    with precision.session():
-        return plan_fidelity(precision.plan.configs, model,
-                             lambda: forward_loss(task, model, precision, inputs, target))
-
-
-def _counted(task: Task, model: Any, precision: Precision, optimizer: Any, device: torch.device,
-             job: Job) -> tuple[dict[str, Any] | None, list[dict[str, Any]], tuple[str, ...]]:
-    """The memory breakdown and the lost updates; a count that fails loses neither the measurement nor the run
-    (a note says what went wrong)."""
-    try:
-        memory = state_after(task, model, precision, optimizer, device, job.batch_size, job.steps)
-    except Exception as exc:
-        return None, [], (f"the memory breakdown could not be counted ({describe_exception(exc)})",)
-    try:
-        return memory, lost_updates(task, model, precision, optimizer, device, job.batch_size,
-                                    job.steps)[:MAX_UPDATE_ROWS], ()
-    except Exception as exc:
-        return memory, [], (f"its lost updates could not be counted ({describe_exception(exc)})",)
 
 
 class _Slow(Exception):

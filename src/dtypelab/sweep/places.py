@@ -13,10 +13,20 @@ import torch
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, hardware_for
 from dtypelab.core.policies import BASELINE
-from dtypelab.core.records import load_report
-from dtypelab.core.results import PolicyResult, RunConfig
-from dtypelab.run import LAUNCHERS, FanOutLauncher, Launcher, parse_gpus, parse_minutes, parse_slurm_args
+from dtypelab.core.records import load_report, save_judged
+from dtypelab.core.results import PolicyResult, Report, RunConfig
+from dtypelab.run import (
+    LAUNCHERS,
+    Event,
+    FanOutLauncher,
+    Launcher,
+    Outcome,
+    parse_gpus,
+    parse_minutes,
+    parse_slurm_args,
+)
 from dtypelab.sweep.options import BenchOptions
+from dtypelab.sweep.plans import policy_result
 
 FAN_OUT = ("local-gpus", "slurm")
 
@@ -111,3 +121,28 @@ def finished_before(opts: BenchOptions, config: RunConfig, env: dict[str, Any]) 
     return {name: replace(r, rounds=(), speedup_ci=None, compiled_ci=None, rounds_first_call_s=None,
                           rounds_skip="") for name, r in finished.items()
             if name != BASELINE and name in config.policies}
+
+
+def fanned(report: Report, jobs: list[Any], pending: list[str], steps: int, launcher: FanOutLauncher,
+           opts: BenchOptions, on_event: Any) -> Report:
+    """After fp32 (whose weights, outputs and step the others need), every other learning run at once through the
+    fan-out launcher; each result saved as it comes. ``pending`` loses each name as it finishes, so that Ctrl-C marks
+    only the unfinished ones."""
+    on_event(Event("notice", "", label=f"{len(jobs)} runs fanned out ({launcher.kind}, {slots(launcher)}); "
+                                       "the time budget does not apply to runs that go side by side"))
+    for name in pending:
+        on_event(Event("start", name, 0, steps, label=f"{name}: pending"))
+
+    def on_state(name: str, state: str, done: int, total: int) -> None:
+        if state in ("pending", "running"):
+            on_event(Event("state", name, done, total, label=state))
+
+    def on_outcome(job: Any, out: Outcome) -> None:
+        nonlocal report
+        result = policy_result(out, job.plan)
+        report = save_judged(report.with_result(result), opts.json_path)
+        pending.remove(job.name)
+        on_event(Event("done", job.name, result=result))
+
+    launcher.run_many(jobs, opts.timeout_s, on_state, on_outcome)
+    return report

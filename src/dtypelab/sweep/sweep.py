@@ -38,7 +38,6 @@ from dtypelab.run import (
     Event,
     FanOutLauncher,
     OnEvent,
-    Outcome,
     Target,
     TorchrunLauncher,
 )
@@ -47,7 +46,7 @@ from dtypelab.sweep.budget import budget_plan, over_budget, parse_budget
 from dtypelab.sweep.interleave import interleaved
 from dtypelab.sweep.job import Job
 from dtypelab.sweep.options import BenchOptions
-from dtypelab.sweep.places import FAN_OUT, ProbeWork, finished_before, launcher_for, remote_device, slots
+from dtypelab.sweep.places import FAN_OUT, ProbeWork, fanned, finished_before, launcher_for, remote_device
 from dtypelab.sweep.plans import (
     DEFAULT_ROUNDS,
     DISTRIBUTED_DEFAULTS,
@@ -286,7 +285,8 @@ class _Sweep:
                     pending.clear()
                     break
                 if name == BASELINE and self.fans_out and pending:
-                    report = self._fanned(report, pending, steps, workdir, hardware, base_step)
+                    jobs = [self._job(plans[n], opts.mode, steps, workdir, hardware, base_step) for n in pending]
+                    report = fanned(report, jobs, pending, steps, self.launcher, opts, self.on_event)
                 elif name == BASELINE and self.budget_s is not None and pending:
                     on_event(Event("notice", "", label=budget_plan([plans[n] for n in pending], hardware, base_wall,
                                                                     self.budget_s, time.monotonic() - self.started)))
@@ -296,31 +296,4 @@ class _Sweep:
                                                          info=policy_info(plans[name])))
             save_judged(report, opts.json_path)
             raise
-        return report
-
-    def _fanned(self, report: Report, pending: list[str], steps: int, workdir: str, hardware: HardwareInfo,
-                base_step: tuple[float, float] | None) -> Report:
-        """After fp32 (whose weights, outputs and step the others need), every other learning run at once through
-        the fan-out launcher; each result saved as it comes. ``pending`` loses each name as it finishes, so that
-        Ctrl-C marks only the unfinished ones."""
-        opts, on_event, plans = self.opts, self.on_event, self.plans
-        launcher: FanOutLauncher = self.launcher  # type: ignore[assignment]
-        jobs = [self._job(plans[n], opts.mode, steps, workdir, hardware, base_step) for n in pending]
-        on_event(Event("notice", "", label=f"{len(jobs)} runs fanned out ({launcher.kind}, {slots(launcher)}); "
-                                           "the time budget does not apply to runs that go side by side"))
-        for name in pending:
-            on_event(Event("start", name, 0, steps, label=f"{name}: pending"))
-
-        def on_state(name: str, state: str, done: int, total: int) -> None:
-            if state in ("pending", "running"):
-                on_event(Event("state", name, done, total, label=state))
-
-        def on_outcome(job: Any, out: Outcome) -> None:
-            nonlocal report
-            result = policy_result(out, job.plan)
-            report = save_judged(report.with_result(result), opts.json_path)
-            pending.remove(job.name)
-            on_event(Event("done", job.name, result=result))
-
-        launcher.run_many(jobs, opts.timeout_s, on_state, on_outcome)
         return report
