@@ -274,3 +274,28 @@ def test_a_storage_keeps_its_serial_while_it_lives_and_a_later_one_never_takes_i
     gc.collect()
     assert gone not in ledger._serials  # an id freed may come back for another storage: its serial does not
     assert ledger.serial(torch.empty(4).untyped_storage()) > n
+
+
+def test_a_rowwise_scaled_float8_gemm_of_the_forward_runs_at_the_published_share_of_a_tensorwise_one():
+    from torchao.float8.config import ScalingGranularity
+    from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+    from torchao.float8.float8_training_tensor import GemmInputRole, LinearMMConfig
+
+    from dtypelab.core.speed import ROWWISE_EFFICIENCY
+    from dtypelab.forecasting.ops import _variant
+
+    x = torch.randn(8, 16)
+    rowwise = hp_tensor_to_float8_dynamic(x, torch.float8_e4m3fn, LinearMMConfig(),
+                                          gemm_input_role=GemmInputRole.INPUT,
+                                          scaling_granularity=ScalingGranularity.AXISWISE, axiswise_dim=-1)
+    tensorwise = hp_tensor_to_float8_dynamic(x, torch.float8_e4m3fn, LinearMMConfig(),
+                                             gemm_input_role=GemmInputRole.INPUT)
+    assert _variant("fp8", [rowwise], "forward") == "rowwise"
+    # a tensorwise scale, the backward's slow-accumulating GEMMs (cuBLAS, scales after) and other rates: plain
+    assert _variant("fp8", [tensorwise], "forward") == _variant("fp8", [rowwise], "backward") == ""
+    assert _variant("bfloat16", [x], "forward") == ""
+    h100 = gpu_rates(device_spec("H100"))
+    big = Op("matmuls", "fp8", 2 * 8192**3, work=8192**3)
+    slower = op_time(replace(big, variant="rowwise"), h100)[0]
+    assert slower == pytest.approx(op_time(big, h100)[0] / ROWWISE_EFFICIENCY)
+    assert op_time(replace(big, variant="rowwise"), FLAT)[0] == op_time(big, FLAT)[0]  # no variant known: plain

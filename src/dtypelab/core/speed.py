@@ -37,6 +37,13 @@ GEMM_EFFICIENCY: tuple[tuple[float, float], ...] = (
     (32, 0.479), (33, 0.608), (34, 0.729), (35, 0.732), (36, 0.779), (37, 0.811), (38, 0.797),
 )
 GEMM_SOURCE = "XLA's measured sm_90 matmul table (bfloat16, median per size)"
+# A rowwise-scaled float8 GEMM (torch._scaled_mm with a scale per row and per column: a CUTLASS kernel in PyTorch,
+# where a tensorwise one calls cuBLAS) against a tensorwise one of the same shape, fast accumulation, on an H100:
+# "most shapes are within 90-100% of tensor-wise efficiency, but there's a long tail going down to 50%" (pytorch/
+# pytorch#147971, 2025-02-26, after the tile heuristics of pytorch/pytorch#134781). The low end of "most" is taken.
+# torchao's slow-accumulation backward GEMMs run cuBLAS with the scales applied after (pytorch/ao#1325): their calls
+# carry tensor scales, and are timed as tensorwise ones, with their rescaling as the elementwise ops it is.
+ROWWISE_EFFICIENCY = 0.9
 GROUPS = ("matmuls", "attention", "convolutions", "elementwise", "casts", "optimizer")
 BOUNDS = ("compute", "memory", "overhead")
 
@@ -57,6 +64,7 @@ class Op:
     # a matmul's, attention's or convolution's call as it ran (aten op, overload, its arguments with each tensor as a
     # ``TensorSpec``): a device whose rates time kernels where they run (this CPU) times it at exactly this call
     kernel: tuple = ()
+    variant: str = ""  # a GEMM kernel family slower than the plain one at the same rate ("rowwise": rowwise-scaled)
 
     @property
     def read(self) -> int:
@@ -80,6 +88,8 @@ class Rates:
     curves: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     source: str = ""
     bandwidths: dict[str, float] = field(default_factory=dict)  # bytes/s of an elementwise op per dtype, where measured
+    # each GEMM variant's efficiency against the plain kernel's at the same size (GPU: ROWWISE_EFFICIENCY)
+    variants: dict[str, float] = field(default_factory=dict)
     times_kernels: bool = False  # the device is this machine: its heavy kernels are timed at their own calls
     kernels: dict[tuple, float] = field(default_factory=dict)  # seconds of each kernel timed (``Op.kernel`` -> s)
 
@@ -127,7 +137,7 @@ def op_time(op: Op, rates: Rates) -> tuple[float, str]:
         peak = rates.flops.get(op.rate)
         if not peak:
             raise NoRate(op.rate)
-        compute = op.flops / (peak * rates.efficiency(op.work, op.rate))
+        compute = op.flops / (peak * rates.efficiency(op.work, op.rate) * rates.variants.get(op.variant, 1.0))
     memory = (op.read + op.written) / rates.bandwidths.get(op.dtype, rates.bandwidth)
     t = max(compute, memory, rates.floor_s)
     return t, "compute" if t == compute else "memory" if t == memory else "overhead"
@@ -207,7 +217,8 @@ def gpu_rates(spec: DeviceSpec) -> Rates:
     return Rates(spec.label, {k: v * 1e12 for k, v in peaks.items()}, spec.bandwidth_gbs * 1e9 * GPU_BANDWIDTH_SHARE,
                  GPU_FLOOR_S, {"*": GEMM_EFFICIENCY},
                  f"{source}; {spec.bandwidth_gbs:g} GB/s × {GPU_BANDWIDTH_SHARE} (torchao's achievable share); GEMM "
-                 f"efficiency: {GEMM_SOURCE}; {GPU_FLOOR_S * 1e6:g} µs per kernel at least")
+                 f"efficiency: {GEMM_SOURCE}, rowwise-scaled float8 × {ROWWISE_EFFICIENCY} (pytorch/pytorch#147971); "
+                 f"{GPU_FLOOR_S * 1e6:g} µs per kernel at least", variants={"rowwise": ROWWISE_EFFICIENCY})
 
 
 def cpu_rates(hw: HardwareInfo) -> Rates:
@@ -241,7 +252,7 @@ def float8_layers(ops: Sequence[Op], rates: Rates) -> tuple[list[tuple[str, floa
         if not op.module:
             continue
         if op.group == "matmuls" and op.rate == "fp8":
-            as_bf16 = replace(op, rate="bfloat16", reads=tuple((s, 2 * b) for s, b in op.reads))
+            as_bf16 = replace(op, rate="bfloat16", variant="", reads=tuple((s, 2 * b) for s, b in op.reads))
             saved[op.module] = saved.get(op.module, 0.0) + op_time(as_bf16, rates)[0] - op_time(op, rates)[0]
     for op in ops:
         if op.module in saved and op.group == "casts":

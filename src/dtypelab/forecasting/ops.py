@@ -78,6 +78,18 @@ def _flops(packet: Any, args: Any, kwargs: dict[str, Any], out: Any, ins: list[t
     return 0.0
 
 
+def _variant(rate: str, ins: list[torch.Tensor], phase: str) -> str:
+    """"rowwise" for a float8 GEMM of the forward whose operands carry a scale per row or column (torchao's float8
+    tensors hold their scale beside their data): torchao's rowwise recipe runs that GEMM with fast accumulation, on
+    PyTorch's rowwise CUTLASS kernel; its backward GEMMs, slow-accumulating, run cuBLAS with the scales applied after
+    (pytorch/ao#1325), as a tensorwise GEMM does."""
+    if rate != "fp8" or phase != "forward":
+        return ""
+    scales = [leaf for t in ins for leaf in leaves(t) if isinstance(leaf, torch.Tensor) and leaf is not t
+              and leaf.dtype == torch.float32]
+    return "rowwise" if any(s.numel() > 1 for s in scales) else ""
+
+
 def _returns_views(func: Any) -> bool:
     returns = func._schema.returns
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
@@ -114,6 +126,7 @@ def record(func: Any, args: Any, kwargs: dict[str, Any], out: Any, phase: str,
     # torch.compile fuses the model's elementwise ops, not the optimizer's update (eager, unless compiled itself)
     dtype = str(outs[0].dtype).removeprefix("torch.") if outs else ""
     return Op(group, rate, flops, tuple(_storages(ins, ident).items()), tuple(_storages(outs, ident).items()),
+              variant=_variant(rate, ins, phase) if packet in MATMULS else "",
               work=flops / 2 if packet in MATMULS else 0.0, fusible=not heavy and group != "optimizer", dtype=dtype,
               kernel=signature(func, args, kwargs) if heavy else ())
 

@@ -18,6 +18,7 @@ from dtypelab.core.results import PolicyForecast, TargetDevice, TimeForecast
 from dtypelab.core.speed import (
     GEMM_EFFICIENCY,
     GPU_FLOOR_S,
+    ROWWISE_EFFICIENCY,
     NoRate,
     Op,
     Rates,
@@ -47,8 +48,8 @@ def rates_for(device: TargetDevice) -> tuple[Rates | None, str]:
             if not peaks or not local.bandwidth_gbs:
                 return None, f"no datasheet peaks for {local.device_name}: no time is forecast"
             return Rates(local.device_name, {k: v * 1e12 for k, v in peaks.items()}, local.bandwidth_gbs * 1e9,
-                         GPU_FLOOR_S, {"*": GEMM_EFFICIENCY}, f"{source}; {local.bandwidth_gbs:g} GB/s measured here"
-                         ), ""
+                         GPU_FLOOR_S, {"*": GEMM_EFFICIENCY}, f"{source}; {local.bandwidth_gbs:g} GB/s measured here",
+                         variants={"rowwise": ROWWISE_EFFICIENCY}), ""
         if device.name and device.kind == "cuda":
             try:
                 spec = device_spec(device.name)
