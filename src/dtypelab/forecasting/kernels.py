@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten, tree_map
 
 MAX_BYTES = 1 << 30  # the most a kernel's tensors may take to be timed here (bytes)
@@ -44,7 +45,7 @@ class TensorSpec:
 def _frozen(x: Any) -> Any:
     """A hashable copy of an argument: tensors as their specs, lists as tuples."""
     if isinstance(x, torch.Tensor):
-        if type(x) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer) and not _is_fake(x):
+        if type(x) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer) and not isinstance(x, FakeTensor):
             raise TypeError("a tensor subclass")  # its kernel is its inner tensors' ops (the trace records those)
         return TensorSpec(tuple(x.shape), tuple(x.stride()), x.dtype)
     if isinstance(x, (list, tuple)):
@@ -54,10 +55,6 @@ def _frozen(x: Any) -> Any:
     if isinstance(x, torch.device):
         return None  # replayed on this machine's CPU
     raise TypeError(type(x).__name__)
-
-
-def _is_fake(x: torch.Tensor) -> bool:
-    return type(x).__name__ == "FakeTensor"
 
 
 def signature(func: Any, args: Any, kwargs: dict[str, Any]) -> tuple:

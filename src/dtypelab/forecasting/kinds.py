@@ -10,7 +10,7 @@ from torch import nn
 
 from dtypelab.core.policies import TF32, Autocast, Cast, Quantize
 from dtypelab.core.policies.adapters import Adapter, constant
-from dtypelab.core.policies.kinds.state import BF16Update, LowBitState
+from dtypelab.core.policies.kinds.state import BF16Update
 
 STORED_WEIGHT_BYTES: Adapter[int | None] = Adapter("the bytes a module's weight takes in the kind's layout",
                                                    constant(None))
@@ -25,7 +25,7 @@ def _quantized(config: Quantize, module: nn.Module) -> int | None:
 # conversion beyond their storage and autocast dtypes) share one traced pass per layout: bf16, bf16-sr and
 # bf16-kahan differ only in the update. A kind that registers nothing is traced on its own (safe, only slower).
 PLAIN_PASS: Adapter[bool] = Adapter("whether the kind's passes are the model's own in its dtypes", constant(False))
-PLAIN_PASS.register(Cast, Autocast, TF32, BF16Update, LowBitState)(constant(True))
+PLAIN_PASS.register(Cast, Autocast, TF32, BF16Update)(constant(True))
 
 # How costly a kind's update is to trace, against a plain optimizer's 1 (the forecast hands the costliest families
 # out first): torch-optimi's bf16 updates step one parameter at a time

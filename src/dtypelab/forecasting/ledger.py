@@ -62,9 +62,10 @@ def _storages(t: torch.Tensor) -> Iterator[torch.UntypedStorage]:
 class Ledger(TorchDispatchMode):
     """Counts live storages by category while active (enter it inside the ``FakeTensorMode``, if any)."""
 
-    def __init__(self, round_to: int = 1, ops: list[Any] | None = None) -> None:
+    def __init__(self, round_to: int = 1, ops: list[Any] | None = None, calls: bool = False) -> None:
         super().__init__()
         self.ops = ops  # each op's cost (forecasting.ops.record) in a step's phases, when a list is given
+        self.calls = calls  # and each heavy op's call, to time it here (a forecast for this CPU)
         self.round_to = max(1, round_to)
         self._live: dict[int, list[Any]] = {}  # id(storage) -> [weakref, bytes, category]
         self.current = dict.fromkeys(CATEGORIES, 0)
@@ -177,7 +178,7 @@ class Ledger(TorchDispatchMode):
                     self._add(st, self.default)
         self._update_peak()
         if self.ops is not None and self.phase in RECORDED:
-            op = record(func, args, kwargs or {}, out, self.phase, self.serial)
+            op = record(func, args, kwargs or {}, out, self.phase, self.serial, self.calls)
             if op is not None:
                 parents = [p for p in self._modules.parents if p != "Global"]
                 self.ops.append(replace(op, module=_named(max(parents, key=len))) if parents else op)

@@ -96,9 +96,10 @@ def _returns_views(func: Any) -> bool:
 
 
 def record(func: Any, args: Any, kwargs: dict[str, Any], out: Any, phase: str,
-           ident: Callable[[torch.UntypedStorage], int] = id) -> Op | None:
+           ident: Callable[[torch.UntypedStorage], int] = id, calls: bool = True) -> Op | None:
     """The op as the time model takes it; None for one that runs no kernel (a view, an allocation). ``ident`` numbers
-    storages (the ledger's serials; ``id`` only while no storage the ops name is freed)."""
+    storages (the ledger's serials; ``id`` only while no storage the ops name is freed); ``calls``: keep a heavy op's
+    call (``Op.kernel``), for a device that times its kernels where they run (this CPU)."""
     packet = func._overloadpacket
     if packet in NO_KERNEL or _returns_views(func):
         return None
@@ -128,7 +129,7 @@ def record(func: Any, args: Any, kwargs: dict[str, Any], out: Any, phase: str,
     return Op(group, rate, flops, tuple(_storages(ins, ident).items()), tuple(_storages(outs, ident).items()),
               variant=_variant(rate, ins, phase) if packet in MATMULS else "",
               work=flops / 2 if packet in MATMULS else 0.0, fusible=not heavy and group != "optimizer", dtype=dtype,
-              kernel=signature(func, args, kwargs) if heavy else ())
+              kernel=signature(func, args, kwargs) if heavy and calls else ())
 
 
 __all__ = ["RECORDED", "record"]

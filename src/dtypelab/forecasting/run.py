@@ -27,7 +27,7 @@ from dtypelab.forecasting.answer import answer, device_notes, smallest_device
 from dtypelab.forecasting.job import ForecastJob
 from dtypelab.forecasting.kinds import PLAIN_PASS, UPDATE_COST
 from dtypelab.forecasting.options import ForecastOptions
-from dtypelab.forecasting.timing import rates_for, speed_answer, with_speedups
+from dtypelab.forecasting.timing import rates_for, speed_answer, speed_probe, with_speedups
 from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher, Target
 
 Progress = Callable[[int, int], None]
@@ -110,8 +110,8 @@ def choose_policies(spec: str | None, task: Task, nproc: int) -> list[Plan]:
 
 def _hardware(target: TargetDevice) -> HardwareInfo | None:
     """What the target computes natively, to say which policies can run there (a GPU by its capability)."""
-    if target.kind == "cpu":
-        return hardware_for(torch.device("cpu"), None, budget_s=0.02)
+    if target.kind == "cpu":  # the probe the time model takes its rates from: this CPU probed once
+        return speed_probe("cpu")
     if target.capability is None:
         return None
     return HardwareInfo(device="cuda", device_name=target.label, cpu_name="", cpu_flags=(), cpu_capability="",

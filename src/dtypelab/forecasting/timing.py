@@ -32,7 +32,7 @@ from dtypelab.forecasting.kernels import time_kernels
 
 
 @functools.lru_cache(maxsize=2)
-def _speed_probe(device: str) -> HardwareInfo:
+def speed_probe(device: str) -> HardwareInfo:
     """This machine's rates for the time model, probed once per process (about 1 s on a CPU)."""
     return measured_probe(torch.device(device), budget_s=0.05, speed=True)
 
@@ -41,9 +41,9 @@ def rates_for(device: TargetDevice) -> tuple[Rates | None, str]:
     """The target's rates for the time model, or None and why there are none."""
     try:
         if device.kind == "cpu":
-            return cpu_rates(_speed_probe("cpu")), ""
+            return cpu_rates(speed_probe("cpu")), ""
         if device.name == "cuda":  # this machine's GPU: its datasheet peaks, the bandwidth its probe measured
-            local = _speed_probe("cuda")
+            local = speed_probe("cuda")
             source, peaks = rated_peaks(local.device_name)
             if not peaks or not local.bandwidth_gbs:
                 return None, f"no datasheet peaks for {local.device_name}: no time is forecast"
@@ -158,4 +158,4 @@ def float8_note(ops: Sequence[Op], rates: Rates, compiled: bool) -> str:
             + (f" ({named(pays)})" if pays else "") + f", {len(loses)} lose" + (f" ({named(loses)})" if loses else ""))
 
 
-__all__ = ["KERNEL_BUDGET_S", "StepTimes", "float8_note", "rates_for", "speed_answer", "with_speedups"]
+__all__ = ["KERNEL_BUDGET_S", "StepTimes", "float8_note", "rates_for", "speed_answer", "speed_probe", "with_speedups"]

@@ -87,7 +87,8 @@ class Run:
                 materialize(self.model, mode, torch.device("cpu"))
             if self.wrap is not None:
                 self.model = self.wrap(self.model)
-            ledger = stack.enter_context(Ledger(round_to=self.target.round_to, ops=[] if self.target.timed else None))
+            ledger = stack.enter_context(Ledger(round_to=self.target.round_to, ops=[] if self.target.timed else None,
+                                                      calls=self.target.kind == "cpu"))
             ledger.claim(self.model.parameters(), "parameters")
             ledger.claim(self.model.buffers(), "buffers")
             stack.enter_context(self.precision.session())

@@ -168,8 +168,8 @@ MEMORY_NOTE = ("weights, gradients, optimizer state and master copy (a float32 c
                "training batch keeps for the backward; the train column adds them up; process peak: the run's "
                "measured peak above the memory in use before the model was built.")
 # bench's table spells two of the short names out (it has room: no buffers, no temporaries)
-MEMORY_COLUMNS = (*((({"optimizer_state": "optimizer state", "master_weights": "master copy"}.get(c, MEMORY_LABELS[c])),
-                     c) for c in COUNTED), ("train MiB", "total"))
+_SPELLED = {**MEMORY_LABELS, "optimizer_state": "optimizer state", "master_weights": "master copy"}
+MEMORY_COLUMNS = (*((_SPELLED[c], c) for c in COUNTED), ("train MiB", "total"))
 
 
 def memory_unit(report: Report) -> tuple[str, int]:

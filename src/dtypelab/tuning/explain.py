@@ -22,22 +22,21 @@ NOTHING_CHOSEN = "float32 everywhere: no plan measured was faster than fp32 with
 def finish(report: TuneReport, wall_s: float, searched: bool) -> TuneReport:
     """The record's time, and its decision: use the plan, or keep fp32 (and why)."""
     plan = report.plan
-    try:  # the plan's kinds say whether it converts anything: rules, or a default that is not fp32
-        converts = bool(plan.get("rules")) or Config.from_dict(plan.get("default") or FP32.to_dict()) != FP32
-    except DtypelabError:  # a kind this process does not know (a user's, gone): read from the JSON
-        converts = None
+    default = _default(plan.get("default") or FP32.to_dict())
+    # the plan's kinds say whether it converts anything (rules, or a default that is not fp32) and how it is called
+    # (bf16-kahan, not its kind's name); for a kind this process does not know (a user's, gone), the JSON does
+    converts = None if default is None else bool(plan.get("rules")) or default != FP32
     rec = tune_recommendation(plan, report.speedup, report.explanation, searched, converts)
+    label = default.label if default is not None else default_label(plan.get("default", {}))
     return replace(report, wall_s=wall_s, created=time.strftime("%Y-%m-%dT%H:%M:%S"), recommendation=rec,
-                   plan_default=_label(report.plan.get("default", {})))
+                   plan_default=label)
 
 
-def _label(config: dict) -> str:
-    """The plan's default config by its own label (bf16-kahan, not its kind's name); a record's reader, which may not
-    know every kind, guesses it from the JSON instead (``default_label``)."""
+def _default(config: dict) -> Config | None:
     try:
-        return Config.from_dict(config).label
+        return Config.from_dict(config)
     except DtypelabError:
-        return default_label(config)
+        return None
 
 
 def nothing_to_search(spec: str, task_obj: Task, mode: str, slow: dict[str, str], hw: HardwareInfo,

@@ -13,7 +13,7 @@ from dtypelab.core.judging.memory import over, within_budget
 from dtypelab.core.judging.notes import table_notes
 from dtypelab.core.judging.prefer import safest
 from dtypelab.core.judging.speed import speedup
-from dtypelab.core.judging.verdicts import judged_runs, not_run
+from dtypelab.core.judging.verdicts import judged_runs, metric_text, not_run
 from dtypelab.core.results import (
     Decision,
     PolicyResult,
@@ -29,10 +29,6 @@ from dtypelab.core.text import size_text
 from dtypelab.core.tolerance import delta_text, judge, tolerance_sentence
 
 MEMORY_GAP = 0.95  # a lower peak is worth a sentence below this ratio (smaller gaps are measurement noise)
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.4g}"
 
 
 def disturbed_text(name: str, blocks: tuple[RoundBlock, ...]) -> str:
@@ -150,21 +146,21 @@ def _decision(report: Report, p: Pick, base: PolicyResult, base_metric: float) -
         return Decision.KEEP_BASELINE_BUSY, baseline, (
             f"Keep {baseline}: the machine was busy ({disturbed_text(baseline, base.rounds)}), but no alternative "
             f"within {tol} on {metric} came out faster even so (every 95% interval at or below {1 + MIN_GAIN:.2f}x), "
-            f"so disturbance cannot change this decision ({baseline}: {_fmt(base_metric)}).")
+            f"so disturbance cannot change this decision ({baseline}: {metric_text(base_metric)}).")
     if p.best in (baseline, None):
         measurably = ("measurably faster (95% interval above 1)" if p.paired else
                       "measurably faster (more than one run each)" if cfg.runs else
                       f"measurably faster (its steps faster than {baseline}'s, one-sided Mann-Whitney test at 5%)")
         return Decision.KEEP_BASELINE, baseline, (
             f"Keep {baseline}: no other policy was both {measurably} and within {tol} on {metric} "
-            f"({baseline}: {_fmt(base_metric)}).")
+            f"({baseline}: {metric_text(base_metric)}).")
     b = report.result(p.best)
     ci = (f" (95% interval {b.speedup_ci.low:.2f}–{b.speedup_ci.high:.2f}x over {b.speedup_ci.rounds} paired "
           "rounds)") if p.paired and b.speedup_ci else ""
     value = b.metric(metric)
     return Decision.USE, p.best, (
-        f"Use {p.best}: {speedup(b, base):.2f}x faster than {baseline}{ci}, {metric} {_fmt(value)} vs "
-        f"{_fmt(base_metric)} ({delta_text(value, base_metric, tol)}, "
+        f"Use {p.best}: {speedup(b, base):.2f}x faster than {baseline}{ci}, {metric} {metric_text(value)} vs "
+        f"{metric_text(base_metric)} ({delta_text(value, base_metric, tol)}, "
         f"{judge(value, base_metric, tol, cfg.higher_is_better, baseline)[1]}).")
 
 

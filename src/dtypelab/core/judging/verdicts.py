@@ -13,7 +13,8 @@ from dtypelab.core.results import PolicyResult, PolicyVerdict, Report, Verdict
 from dtypelab.core.tolerance import Tolerance, delta_text, judge
 
 
-def _fmt(x: float) -> str:
+def metric_text(x: float) -> str:
+    """A metric's value as the verdicts and the decision write it."""
     return f"{x:.4g}"
 
 
@@ -76,21 +77,21 @@ def judged_runs(report: Report, base: PolicyResult, base_metric: float, tol: Tol
             kind = Verdict.BETTER if where.startswith("better") else Verdict.EQUAL if where.startswith("equal") \
                 else Verdict.WITHIN if ok else Verdict.OUTSIDE
             verdicts[r.policy] = PolicyVerdict(r.policy, kind, where, **common)
-            notes[r.policy] = f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}, {where})."
+            notes[r.policy] = f"{r.policy}: {speed}, {metric} {metric_text(value)} ({delta}, {where})."
             cos = r.fidelity.get("cos_min") if cfg.mode == "infer" else None
             if ok and cos is not None and cos < cfg.min_cosine:  # the metric can hide drift the outputs show
                 ok = False
                 verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.COSINE, f"cosine {cos:.4f} < {cfg.min_cosine:g}",
                                                    **common)
-                notes[r.policy] = (f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}) but its worst output "
+                notes[r.policy] = (f"{r.policy}: {speed}, {metric} {metric_text(value)} ({delta}) but its worst output "
                                    f"cosine vs {baseline} is {cos:.4f}, below {cfg.min_cosine:g}.")
             if ok and numerics:  # its metric, never its speed
                 ok = False
                 needs = r.info.speed_needs or "hardware that runs its format"
                 verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.NUMERICS_ONLY, f"numerics only: {where}",
                                                    **common)
-                notes[r.policy] = (f"{r.policy}: numerically {where} on {metric} ({_fmt(value)}, {delta}) on this "
-                                   f"model, emulated; its speed needs {needs}.")
+                notes[r.policy] = (f"{r.policy}: numerically {where} on {metric} ({metric_text(value)}, {delta}) on "
+                                   f"this model, emulated; its speed needs {needs}.")
                 if r.conversion and not r.conversion.get("converted"):  # the filter took nothing: say so
                     verdicts[r.policy] = replace(verdicts[r.policy], text="numerics only: no layer converted")
                     notes[r.policy] = (f"{r.policy}: converts no layer of this model (its filter, as on a GPU, left "
@@ -100,7 +101,8 @@ def judged_runs(report: Report, base: PolicyResult, base_metric: float, tol: Tol
             if too_big:  # the fastest policy within tolerance that fits is the answer, not the fastest
                 ok = False
                 verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.OVER_MEMORY, too_big, **common)
-                notes[r.policy] = f"{r.policy}: {speed}, {metric} {_fmt(value)} ({delta}, {where}), but it {too_big}."
+                notes[r.policy] = (f"{r.policy}: {speed}, {metric} {metric_text(value)} ({delta}, {where}), but it "
+                                   f"{too_big}.")
             if ok:
                 accepted.append(r)
     return verdicts, accepted, notes
