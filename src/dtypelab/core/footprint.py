@@ -70,8 +70,10 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
 
 
 def state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
-    """Every tensor of the optimizer's state (its moments, step counters; nested containers searched)."""
-    return _state_tensors(list(optimizer.state.values()))
+    """Every tensor of the optimizer's state (its moments, step counters; nested containers searched), and of its
+    groups' hyperparameters (torchao's Adam keeps each group's lr as a tensor)."""
+    hyper = [v for g in optimizer.param_groups for k, v in g.items() if k != "params" and isinstance(v, torch.Tensor)]
+    return _state_tensors([*optimizer.state.values(), hyper])
 
 
 def _state_tensors(obj: Any) -> Iterator[torch.Tensor]:
@@ -88,7 +90,8 @@ def _state_tensors(obj: Any) -> Iterator[torch.Tensor]:
 def state_memory(model: nn.Module, optimizers: Iterable[torch.optim.Optimizer],
                  masters: Iterable[torch.Tensor] = (), activations: int | None = None,
                  gradients: int | None = None) -> dict[str, int | None]:
-    """The breakdown (bytes) of a model and its optimizers now: parameters, their gradients, the optimizers' state
+    """The breakdown (bytes) of a model and its optimizers now: the frozen weights, the trained ones (parameters), their
+    gradients, the optimizers' state
     less ``masters`` (which a kind keeps as the weights' exact values: ``master_weights``), and ``activations`` as
     measured (``saved_activations``); ``total`` adds them up. ``gradients``: as counted during a step, for a loop
     that sets them to None after its optimizer step."""
@@ -97,7 +100,8 @@ def state_memory(model: nn.Module, optimizers: Iterable[torch.optim.Optimizer],
     masters = list(masters)
     master_ids = {id(t) for t in masters}
     out: dict[str, int | None] = {
-        "parameters": counter.add(params),
+        "frozen_weights": counter.add(p for p in params if not p.requires_grad),
+        "parameters": counter.add(p for p in params if p.requires_grad),
         "gradients": counter.add(p.grad for p in params if p.grad is not None) if gradients is None else gradients,
         "master_weights": counter.add(masters),
         "optimizer_state": counter.add(t for opt in optimizers for t in state_tensors(opt)
@@ -108,24 +112,44 @@ def state_memory(model: nn.Module, optimizers: Iterable[torch.optim.Optimizer],
     return {k: out[k] for k in (*CATEGORIES, "total")}
 
 
+_KEEPERS: list[Any] = []  # the counts in progress (saved_activations): what else a backward keeps is said to them
+
+
+def kept_for_backward(tensors: list[torch.Tensor]) -> None:
+    """Tensors a step keeps for its backward outside autograd's saved-tensor hooks (a checkpointed block's inputs,
+    which its recomputation holds): counted as activations by any count in progress."""
+    for pack in _KEEPERS:
+        for t in tensors:
+            pack(t)
+
+
 @contextlib.contextmanager
-def saved_activations(model: nn.Module) -> Iterator[dict[str, int]]:
+def saved_activations(model: nn.Module, named: dict[str, list[nn.Module]] | None = None,
+                      ) -> Iterator[dict[str, int]]:
     """Inside the block, count the bytes autograd saves for the backward pass (each storage once; the weights
     themselves excluded: they are counted as parameters). ``out["bytes"]`` holds the largest amount saved between two
     backward passes (gradient accumulation: one micro-batch's forward, freed by its backward before the next), which
-    is the activations' peak; ``out["uncounted"]``, tensors it could not read (no storage)."""
+    is the activations' peak; ``out["uncounted"]``, tensors it could not read (no storage). ``named``: modules whose
+    own saves are also counted apart, under their label (a LoRA adapter's input: ``out["adapter_inputs"]``), at the
+    same peak."""
     weights = {leaf.untyped_storage().data_ptr() for p in model.parameters() if p.device.type != "meta"
                for leaf in leaves(p)}
-    live = {"counter": ByteCounter(), "bytes": 0, "backward": False}
-    out = {"bytes": 0}
+    named = named or {}
+    live: dict[str, Any] = {"counter": ByteCounter(), "bytes": 0, "backward": False, **dict.fromkeys(named, 0)}
+    out = {"bytes": 0, **dict.fromkeys(named, 0)}
+    inside: dict[str, int] = dict.fromkeys(named, 0)  # how deep the forward is in each label's modules
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         if live["backward"]:  # a backward pass ran since the last save: this is the next forward, from nothing
-            live.update(counter=ByteCounter(), bytes=0, backward=False)
+            live.update(counter=ByteCounter(), bytes=0, backward=False, **dict.fromkeys(named, 0))
         try:  # whatever the count meets, the training code it runs inside must go on
             if t.device.type == "meta" or t.untyped_storage().data_ptr() not in weights:
-                live["bytes"] += live["counter"].add([t])
-                out["bytes"] = max(out["bytes"], live["bytes"])
+                added = live["counter"].add([t])
+                live["bytes"] += added
+                for label, depth in inside.items():
+                    live[label] += added if depth else 0
+                if live["bytes"] > out["bytes"]:
+                    out.update(bytes=live["bytes"], **{label: live[label] for label in named})
         except Exception:
             out["uncounted"] = out.get("uncounted", 0) + 1
         return t
@@ -134,5 +158,19 @@ def saved_activations(model: nn.Module) -> Iterator[dict[str, int]]:
         live["backward"] = True
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        yield out
+    def enter(label: str) -> Any:
+        return lambda module, args: inside.__setitem__(label, inside[label] + 1)
+
+    def leave(label: str) -> Any:
+        return lambda module, args, output: inside.__setitem__(label, inside[label] - 1)
+
+    handles = [h for label, modules in named.items() for m in modules
+               for h in (m.register_forward_pre_hook(enter(label)), m.register_forward_hook(leave(label)))]
+    _KEEPERS.append(pack)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield out
+    finally:
+        _KEEPERS.remove(pack)
+        for h in handles:
+            h.remove()

@@ -103,5 +103,10 @@ def _warm_constants() -> None:
 
 
 def fresh(model: nn.Module) -> nn.Module:
-    """A copy of a meta-device model to convert and trace (a deep copy of meta tensors costs nothing)."""
-    return copy.deepcopy(model)
+    """A copy of a meta-device model to convert and trace (a deep copy of meta tensors costs nothing). Frozen weights
+    of a tensor subclass are shared, not copied: nothing changes them, and a copy of torchao's NF4 weight quantizes
+    its dequantized values again (on the meta device into another layout: its one-element factor's storage shrinks
+    from the 512 bytes a real one keeps)."""
+    memo: dict[int, Any] = {id(p): p for p in model.parameters()
+                            if not p.requires_grad and is_traceable_wrapper_subclass(p)}
+    return copy.deepcopy(model, memo)

@@ -246,7 +246,14 @@ class Forecaster:
             except (Unsupported, DtypelabError):
                 raise
             except Exception as exc:
-                stand, extra = stand_in(plan, self.meta, exc, self.target.round_to)
+                twin = emulated_version(plan)
+                if twin is not None:  # a GPU format's emulation here stores the same layout
+                    stand, extra = twin, 0
+                    self._conversion_notes[plan.name] = [
+                        f"converted as {twin.name}, its emulation here ({describe_exception(exc)}): the same stored "
+                        "layout; the real kernels' temporaries may differ"]
+                else:
+                    stand, extra = stand_in(plan, self.meta, exc, self.target.round_to)
                 model = Precision(stand, "cpu", traced=True).convert_module(fresh(self.meta))
             self._converted[plan.name] = (model, stand, extra)
         model, stand, extra = self._converted[plan.name]

@@ -32,7 +32,7 @@ def layout(model: nn.Module, plan: Plan) -> tuple[Any, ...]:
     tensors = tuple((n, *tensor(t)) for n, t in [*model.named_parameters(), *model.named_buffers()])
     # a kind whose passes are not the model's own shares them with no other kind
     own = () if PLAIN_PASS(plan.default) else (type(plan.default).__qualname__, plan.default)
-    return (modules, tensors, plan.default.autocast_dtype, plan.default.storage_dtype, *own)
+    return (modules, tensors, plan.default.autocast_dtype, plan.default.storage_dtype, plan.checkpoint, *own)
 
 
 def stand_in(plan: Plan, meta: nn.Module, exc: Exception, round_to: int) -> tuple[Plan, int]:

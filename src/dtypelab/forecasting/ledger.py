@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.module_tracker import ModuleTracker
 
 from dtypelab.core.footprint import leaves
+from dtypelab.core.policies.checkpointing import recomputing
 from dtypelab.core.results import PEAK_CATEGORIES
 from dtypelab.forecasting.ops import RECORDED, record
 
@@ -59,6 +60,20 @@ def _storages(t: torch.Tensor) -> Iterator[torch.UntypedStorage]:
             yield leaf.untyped_storage()
 
 
+class Tracker(ModuleTracker):
+    """torch's ModuleTracker, blind to a checkpointed block's recomputation in the backward: its forward hooks would
+    hang gradient hooks on the recomputed tensors, and the tracker keeps every hook's handle while it is open, so each
+    step's recomputed activations would stay alive into the next (a run without the tracker frees them at once)."""
+
+    def _fw_pre_hook(self, mod: Any, input: Any) -> None:
+        if not recomputing():
+            super()._fw_pre_hook(mod, input)
+
+    def _fw_post_hook(self, mod: Any, input: Any, output: Any) -> None:
+        if not recomputing():
+            super()._fw_post_hook(mod, input, output)
+
+
 class Ledger(TorchDispatchMode):
     """Counts live storages by category while active (enter it inside the ``FakeTensorMode``, if any)."""
 
@@ -75,7 +90,7 @@ class Ledger(TorchDispatchMode):
         self.most = dict.fromkeys(CATEGORIES, 0)  # the most each category held at any one time
         self.phase = ""
         self.default = "temporaries"  # the category of a storage an op creates
-        self._modules = ModuleTracker()
+        self._modules = Tracker()
         # a number per storage for the ops' reads and writes: an id is reused once its storage is freed (the fusion
         # of a compiled step would then join two storages), a serial is not
         self._serials: dict[int, tuple[Any, int]] = {}

@@ -89,7 +89,9 @@ class Run:
                 self.model = self.wrap(self.model)
             ledger = stack.enter_context(Ledger(round_to=self.target.round_to, ops=[] if self.target.timed else None,
                                                       calls=self.target.kind == "cpu"))
-            ledger.claim(self.model.parameters(), "parameters")
+            # the weights that do not train (a fine-tuned model's frozen base) apart from those that do
+            ledger.claim((p for p in self.model.parameters() if not p.requires_grad), "frozen_weights")
+            ledger.claim((p for p in self.model.parameters() if p.requires_grad), "parameters")
             ledger.claim(self.model.buffers(), "buffers")
             stack.enter_context(self.precision.session())
             yield ledger
@@ -118,7 +120,7 @@ class Run:
         Without ``update``, the forward and backward alone (their phases, to be joined to an update traced apart)."""
         ready = fetched(batch, steps)
         with self._counting() as ledger:
-            params = ledger.current["parameters"]
+            params = weights_held(ledger)
             self.model.train()
             optimizer = self._optimizer() if update else None
 
@@ -161,7 +163,7 @@ class Run:
         a forward and backward traced apart; alone, it is the peak of a step whose forward cannot be traced, less
         the activations)."""
         with self._counting() as ledger:
-            params = ledger.current["parameters"]
+            params = weights_held(ledger)
             self.model.train()
             optimizer = self._optimizer()
             with ledger.phase_of("backward", default="gradients"):
@@ -181,13 +183,13 @@ class Run:
     def weights(self) -> Traced:
         """The converted weights and buffers alone: an inference pass that cannot be traced, less what it computes."""
         with self._counting() as ledger:
-            return Traced(ledger.peak, dict(ledger.most), ledger.current["parameters"], dict(ledger.phases))
+            return Traced(ledger.peak, dict(ledger.most), weights_held(ledger), dict(ledger.phases))
 
     def infer(self, batch: BatchShape | Callable[[int], Any], batch_size: int) -> Traced:
         """One forward pass without gradients (the model as the policy serves it)."""
         ready = fetched(batch, 1)
         with self._counting() as ledger:
-            params = ledger.current["parameters"]
+            params = weights_held(ledger)
             self.model.eval()
             with ledger.phase_of("batch"):
                 inputs = self._on_device(batch.build(batch_size) if ready is None else ready[0])
@@ -195,6 +197,11 @@ class Run:
                 out = forward(self.model, self.precision, inputs)
             del out, inputs
             return Traced(ledger.peak, dict(ledger.most), params, dict(ledger.phases), ops=tuple(ledger.ops or ()))
+
+
+def weights_held(ledger: Ledger) -> int:
+    """The bytes of every weight, frozen or trained."""
+    return ledger.current["frozen_weights"] + ledger.current["parameters"]
 
 
 def joined(passes: Traced, update: Traced) -> Traced:

@@ -60,6 +60,7 @@ class Plan:
     compile: bool = False  # run the whole model under torch.compile (a quantize config may also ask for it)
     distributed: Distributed | None = None  # with --nproc: DDP hook / FSDP mixed precision (``+ddp-fp16``)
     state: Config | None = None  # the optimizer state's own format (``+adam8bit``): a kind that converts the optimizer
+    checkpoint: bool = False  # ``+ckpt``: each repeated block recomputed in the backward (``checkpointing``)
 
     def __post_init__(self) -> None:
         rules = tuple((str(p), c) for p, c in (self.rules.items() if isinstance(self.rules, Mapping) else self.rules))
@@ -69,6 +70,7 @@ class Plan:
 
     def _derived_name(self) -> str:
         tail = "+compile" if self.compile and not any(c.compiles for c in self.configs) else ""
+        tail += "+ckpt" if self.checkpoint else ""
         tail += f"+{self.state.label}" if self.state is not None else ""
         tail += f"+{self.distributed.label}" if self.distributed is not None else ""
         if not self.rules:
@@ -94,6 +96,9 @@ class Plan:
             why = config.plan_error(self)
             if why:
                 raise DtypelabError(f"plan {self.name}: {why}")
+        if self.checkpoint and "train" not in self.modes:
+            raise DtypelabError(f"plan {self.name}: +ckpt recomputes activations in the backward; it is for training, "
+                                "and this plan is inference-only")
         if self.distributed is not None and "train" not in self.modes:
             raise DtypelabError(f"plan {self.name}: distributed modifiers are for training; quantized plans are "
                                 "inference-only")
@@ -109,7 +114,7 @@ class Plan:
     @property
     def modes(self) -> tuple[str, ...]:
         modes = tuple(m for m in ("train", "infer") if all(m in c.modes for c in self.configs))
-        return tuple(m for m in modes if m == "train") if self.distributed is not None else modes
+        return tuple(m for m in modes if m == "train") if self.distributed is not None or self.checkpoint else modes
 
     @property
     def gpu_only(self) -> bool:
@@ -139,13 +144,16 @@ class Plan:
         return self.default.compute_dtype
 
     def describe(self) -> str:
-        if self.summary:
-            return self.summary
-        text = self.default.describe()
-        if self.rules:
-            text += "; " + "; ".join(f"{p}: {c.label}" for p, c in self.rules)
-        if self.compile and not any(c.compiles for c in self.configs):
-            text += ", under torch.compile (the first call compiles)"
+        if self.summary:  # a registered policy's words; its modifiers said after them
+            text = self.summary
+        else:
+            text = self.default.describe()
+            if self.rules:
+                text += "; " + "; ".join(f"{p}: {c.label}" for p, c in self.rules)
+            if self.compile and not any(c.compiles for c in self.configs):
+                text += ", under torch.compile (the first call compiles)"
+        if self.checkpoint:
+            text += "; activations checkpointed per repeated block (recomputed in the backward)"
         if self.state is not None:
             text += f"; {self.state.describe()}"
         if self.distributed is not None:
@@ -160,9 +168,19 @@ class Plan:
         swap = {c: replace(c, compile=True) for c in self.configs if "compile" in {f.name for f in fields(c)}}
         if swap:
             return Plan(swap.get(self.default, self.default), tuple((p, swap.get(c, c)) for p, c in self.rules),
-                        name=f"{self.name}+compile", distributed=self.distributed, state=self.state)
+                        name=f"{self.name}+compile", distributed=self.distributed, state=self.state,
+                        checkpoint=self.checkpoint)
         return Plan(self.default, self.rules, name=f"{self.name}+compile", compile=True, distributed=self.distributed,
-                    state=self.state)
+                    state=self.state, checkpoint=self.checkpoint)
+
+    def with_checkpoint(self) -> Plan:
+        """This plan with its repeated blocks checkpointed, named NAME+ckpt (before any state or distributed
+        modifier)."""
+        if self.checkpoint:
+            return self
+        tail = (f"+{self.state.label}" if self.state else "") + (f"+{self.distributed.label}" if self.distributed
+                                                                 else "")
+        return replace(self, checkpoint=True, name=f"{self.name.removesuffix(tail)}+ckpt{tail}")
 
     def with_distributed(self, spec: Distributed | None) -> Plan:
         """This plan with a distributed modifier, named NAME+MODIFIER."""
@@ -241,6 +259,7 @@ class Plan:
                 "default": self.default.to_dict(),
                 "rules": [{"pattern": p, "config": c.to_dict()} for p, c in self.rules],
                 **({"compile": True} if self.compile else {}),
+                **({"checkpoint": True} if self.checkpoint else {}),
                 **({"distributed": self.distributed.to_dict()} if self.distributed is not None else {}),
                 **({"state": self.state.to_dict()} if self.state is not None else {})}
 
@@ -279,7 +298,7 @@ class Plan:
             raise DtypelabError("a plan's 'distributed' must be an object such as {\"strategy\": \"ddp\", "
                                 "\"hook\": \"fp16\"}")
         return cls(config(d["default"]), pairs, name=d.get("name", ""), summary=d.get("summary", ""),
-                   compile=bool(d.get("compile", False)),
+                   compile=bool(d.get("compile", False)), checkpoint=bool(d.get("checkpoint", False)),
                    distributed=Distributed.from_dict(dist) if dist is not None else None,
                    state=config(d["state"]) if d.get("state") is not None else None)
 

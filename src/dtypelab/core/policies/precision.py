@@ -24,6 +24,7 @@ from torch import nn
 
 from dtypelab.core.backends import quiet
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.policies.checkpointing import checkpoint_blocks
 from dtypelab.core.policies.configs import Config
 from dtypelab.core.policies.plan import Plan
 from dtypelab.core.policies.regions import Region, RegionModule, floats_to, slot, unwrapped
@@ -95,6 +96,8 @@ class Precision:
             _merge(self._conversion, report)
         for name, region in placed.items():  # around what the kinds made of each layer (a swapped module too)
             self._region(model, name, region, getattr(torch, region.storage_dtype), outer)
+        if self.plan.checkpoint:  # around the blocks as the kinds left them (a LoRA layer, a region inside)
+            checkpoint_blocks(model, f"{self.plan.name}")
         if self._log is not None:
             self._log.params = list(model.named_parameters())  # to name the parameters on skipped steps
         if self.plan.compiles:

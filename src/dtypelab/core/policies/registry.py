@@ -21,6 +21,7 @@ from dtypelab.core.policies.kinds import (
     BF16Update,
     Cast,
     Float8Train,
+    LoRA,
     LowBitState,
     MXInfer,
     MXTrain,
@@ -79,6 +80,10 @@ register("int4-wo", Quantize("int4-weight-only"))
 register("bf16-sr", BF16Update("stochastic-round"))
 register("bf16-kahan", BF16Update("kahan"))
 STATE_MODIFIERS = {c.label: c for c in (LowBitState("8bit"), LowBitState("4bit"), LowBitState("fp8"))}
+# Fine-tuning: a frozen base, LoRA adapters through peft (--lora-rank, --lora-alpha, --lora-targets set them per
+# command). lora-fp8 needs float8 matmuls; its emulation (float8 storage, bfloat16 matmuls) runs anywhere.
+FINE_TUNING = {c.label: register(c.label, c).name for c in (
+    LoRA("bfloat16"), LoRA("float32"), LoRA("nf4"), LoRA("int8"), LoRA("fp8"), LoRA("fp8", emulate=True))}
 # The numerics of the GPU-only float8 training recipes where they cannot run (bench --emulate picks them): torchao's
 # emulation, numerics only. Same layer filter as on the GPU; the -all variants convert every eligible layer.
 # MX (Blackwell): mxfp8 training, mxfp8 / mxfp4 inference, and their emulated numerics.
@@ -99,9 +104,9 @@ EMULATED = {real.label: register(dataclasses.replace(real, emulate=True).label,
 # pure bf16 loses them): named, not in every sweep.
 # Emulated numerics run with --emulate (or by name), never in a plain sweep.
 NOT_IN_DEFAULT_SWEEP = {"train": frozenset({"fp32+compile", "bf16+compile", "amp-bf16+compile", "bf16-sr",
-                                            "bf16-kahan", *EMULATED.values()}),
+                                            "bf16-kahan", *EMULATED.values(), *FINE_TUNING.values()}),
                         "infer": frozenset({"fp64", "amp-bf16+compile", *EMULATED.values()})}
-NOT_IN_DEFAULT_GPU_SWEEP = {"train": frozenset({"bf16-sr", "bf16-kahan", *EMULATED.values()}),
+NOT_IN_DEFAULT_GPU_SWEEP = {"train": frozenset({"bf16-sr", "bf16-kahan", *EMULATED.values(), *FINE_TUNING.values()}),
                             "infer": frozenset({*NOT_IN_DEFAULT_SWEEP["infer"]})}
 
 
@@ -123,10 +128,11 @@ def emulated_version(plan: Plan) -> Plan | None:
     """The emulated counterpart of a plan in a GPU format (float8 training, MX: the same recipe and layer filter,
     numerics only), or None when it has none: its kind has an ``emulate`` field, and it is off."""
     config = plan.default
-    if plan.rules or plan.distributed or not isinstance(config, Emulable) or config.emulate:
+    if plan.rules or plan.distributed or not isinstance(config, Emulable) or config.emulate or not config.gpu_only:
         return None
     emulated = dataclasses.replace(config, emulate=True)
     base = REGISTRY.get(emulated.label) or single(emulated)
+    base = base.with_checkpoint() if plan.checkpoint else base
     return base.with_state(plan.state) if plan.state is not None else base
 
 
@@ -145,7 +151,8 @@ def _lookup(name: str) -> Plan:
         close = difflib.get_close_matches(name, REGISTRY, n=1, cutoff=0.5)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise DtypelabError(f"unknown policy {name!r}{hint}; known: {', '.join(REGISTRY)}; POLICY+"
-                            f"{'/'.join(STATE_MODIFIERS)} (Adam's state in fewer bits), a plan file "
+                            f"{'/'.join(STATE_MODIFIERS)} (Adam's state in fewer bits), POLICY+ckpt (activation "
+                            "checkpointing), a plan file "
                             "(.json) or your own precision file (FILE.py:NAME)") from None
 
 
@@ -184,6 +191,8 @@ def get_policy(spec: str | Config | Plan) -> Plan:
     if modifier is not None:  # POLICY+ddp-fp16, plan.json+fsdp: the policy with a distributed modifier
         return get_policy(base).with_distributed(modifier)
     head, _, tail = str(spec).rpartition("+")
+    if head and tail == "ckpt":  # POLICY+ckpt: that policy with its repeated blocks checkpointed
+        return get_policy(head).with_checkpoint()
     if head and tail in STATE_MODIFIERS:  # POLICY+adam8bit: that policy with its Adam state in 8 bits
         return get_policy(head).with_state(STATE_MODIFIERS[tail])
     if isinstance(spec, str) and spec.endswith(".json"):

@@ -1,0 +1,325 @@
+"""``LoRA``: fine-tuning with a frozen base and trained low-rank adapters (peft's ``LoraConfig`` /
+``get_peft_model``, the standard), the base in float32, bfloat16, or quantized by torchao: NF4 with double-quantized
+scales (QLoRA, torchtune's ``NF4Tensor``), int8 or float8 weights (``quantize_``).
+
+What each policy is:
+
+- ``lora-fp32``: float32 everywhere;
+- ``lora-bf16``: a bfloat16 base, float32 adapters (peft's ``autocast_adapter_dtype``), autocast bfloat16;
+- ``qlora-nf4``: every Linear of the base but the output head in NF4 (blocks of 64, their scales in int8 per 256:
+  the paper's double quantization), the rest bfloat16, float32 adapters, bfloat16 compute;
+- ``lora-int8``: int8 weights per channel; ``lora-fp8``: float8 e4m3 weights per row with float8 matmuls (compute
+  capability >= 8.9), emulated elsewhere (``lora-fp8-emulated``: float8 storage, bfloat16 matmuls).
+
+Trainable weights are always float32 (the adapters, and the modules trained in full: a new classification head,
+peft's ``modules_to_save``), so no update is rounded away; the optimizer is rebuilt over them alone, each in the
+parameter group of the weight it adapts. ``upcast`` adds what peft's ``prepare_model_for_kbit_training`` does to a
+quantized model's other weights: every bfloat16 weight that is not quantized (norms, embeddings, the head) becomes
+float32 (the GBs users meet, bitsandbytes#1569).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from dtypelab.core.backends import quiet, torchao_missing, torchao_module
+from dtypelab.core.errors import DtypelabError, Unsupported
+from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.policies.configs import Config, Emulable, bf16_missing, cuda_missing
+
+# base -> (label, what the frozen base stores)
+BASES = {"float32": ("lora-fp32", "float32"), "bfloat16": ("lora-bf16", "bfloat16"),
+         "nf4": ("qlora-nf4", "NF4 (4-bit NormalFloat, blocks of 64, double-quantized scales)"),
+         "int8": ("lora-int8", "int8 per output channel"), "fp8": ("lora-fp8", "float8 e4m3 per row")}
+QUANTIZED = ("nf4", "int8", "fp8")
+NF4_BLOCK, NF4_SCALER_BLOCK = 64, 256  # QLoRA's: a scale per 64 weights, those scales quantized per 256
+SAVED = ("classifier", "score")  # peft's modules_to_save for sequence classification: a new head, trained in full
+PEFT = "pip install peft (or dtypelab[finetune])"
+
+
+def nf4_fits(numel: int) -> bool:
+    """Whether torchao's NF4 takes a weight of ``numel`` elements: whole blocks of 64, their scales in whole groups of
+    256 (its copy, which ``deepcopy`` makes, re-quantizes with these sizes whatever the original's were)."""
+    return numel % (NF4_BLOCK * NF4_SCALER_BLOCK) == 0
+
+
+def peft_missing() -> str | None:
+    try:
+        with quiet():
+            import peft  # noqa: F401
+    except Exception as exc:
+        return f"LoRA needs peft ({type(exc).__name__}: {exc}); {PEFT}"
+    return None
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """peft's rule (a module's name, or its last parts: ``q_proj`` matches ``layers.0.attn.q_proj``), a glob, or
+    ``re:`` a regular expression on the whole name."""
+    if pattern.startswith("re:"):
+        return re.fullmatch(pattern[3:], name) is not None
+    if any(c in pattern for c in "*?["):
+        return fnmatch.fnmatchcase(name, pattern)
+    return name == pattern or name.endswith("." + pattern)
+
+
+def output_head(model: nn.Module) -> str | None:
+    """The model's output layer, which LoRA leaves as it is (peft's ``all-linear``): a Hugging Face model's output
+    embeddings, else the last Linear in module order."""
+    modules = dict(model.named_modules())
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if isinstance(head, nn.Linear):
+        return next((n for n, m in modules.items() if m is head), None)
+    linears = [n for n, m in modules.items() if isinstance(m, nn.Linear)]
+    return linears[-1] if linears else None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which Linear layers of a model a LoRA config adapts, trains in full, and (quantized base) quantizes."""
+
+    adapted: tuple[str, ...]
+    saved: tuple[str, ...]
+    quantized: tuple[str, ...]
+    head: str | None
+
+
+@dataclass(frozen=True)
+class LoRA(Emulable, Config):
+    """A frozen base in ``base``'s format with LoRA adapters of rank ``rank`` (scaled ``alpha / rank``) on the
+    Linear layers ``targets`` names (names, globs, ``re:`` patterns; none: every Linear but the output head)."""
+
+    kind: ClassVar[str] = "lora"
+    modes: ClassVar[tuple[str, ...]] = ("train",)
+    base: str = "bfloat16"
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ()
+    dropout: float = 0.0
+    upcast: bool = False
+    emulate: bool = False  # fp8: float8 storage with bfloat16 matmuls, where float8 matmuls cannot run
+
+    def __post_init__(self) -> None:
+        if self.base not in BASES:
+            raise DtypelabError(f"lora: unknown base {self.base!r}; use one of {', '.join(BASES)}")
+        if self.rank < 1 or self.alpha <= 0 or not 0 <= self.dropout < 1:
+            raise DtypelabError(f"lora: rank must be >= 1 and alpha > 0 (got rank {self.rank}, alpha {self.alpha}), "
+                                f"dropout in [0, 1) (got {self.dropout})")
+        if self.emulate and self.base != "fp8":
+            raise DtypelabError("lora: only the fp8 base is emulated (float8 matmuls need a GPU)")
+        object.__setattr__(self, "targets", tuple(self.targets))
+        for t in self.targets:
+            if t.startswith("re:"):
+                try:
+                    re.compile(t[3:])
+                except re.error as exc:
+                    raise DtypelabError(f"--lora-targets: {t!r} is not a valid regular expression: {exc}") from None
+
+    # --- what it is ------------------------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        return BASES[self.base][0] + ("-emulated" if self.emulate else "") + ("-upcast" if self.upcast else "")
+
+    @property
+    def storage_dtype(self) -> str:  # type: ignore[override]
+        return "float32" if self.base == "float32" else "bfloat16"
+
+    @property
+    def autocast_dtype(self) -> str | None:  # type: ignore[override]
+        return None if self.base == "float32" else "bfloat16"
+
+    @property
+    def compute_dtype(self) -> str:  # type: ignore[override]
+        return "float32" if self.base == "float32" else "bfloat16"
+
+    @property
+    def probe_key(self) -> str:
+        return "int8-weight-only" if self.base == "int8" else self.compute_dtype
+
+    @property
+    def backend(self) -> str:  # type: ignore[override]
+        return "peft + torchao" if self.base in QUANTIZED else "peft"
+
+    @property
+    def gpu_only(self) -> bool:  # type: ignore[override]
+        return self.base == "fp8" and not self.emulate
+
+    @property
+    def emulated(self) -> bool:  # type: ignore[override]
+        return self.emulate
+
+    @property
+    def numerics_only(self) -> bool:  # type: ignore[override]
+        return self.emulate
+
+    @property
+    def speed_needs(self) -> str:  # type: ignore[override]
+        return "float8 matmuls (CUDA compute capability >= 8.9)" if self.emulate else ""
+
+    @property
+    def arithmetic(self) -> str:  # type: ignore[override]
+        if self.base in ("nf4", "int8") or self.emulate:
+            return "the frozen weights dequantized to bfloat16 for every matmul"
+        return ""
+
+    def describe(self) -> str:
+        where = ", ".join(self.targets) if self.targets else "every Linear but the output head"
+        what = f"frozen {BASES[self.base][1]} base; LoRA r={self.rank}, alpha={self.alpha:g} on {where} (peft)"
+        if self.base != "float32":
+            what += ", float32 adapters, autocast bfloat16"
+        if self.upcast:
+            what += "; the other bfloat16 weights upcast to float32 (prepare_model_for_kbit_training)"
+        return what + ("; emulated: float8 storage, bfloat16 matmuls" if self.emulate else "")
+
+    def supported(self, hw: HardwareInfo) -> str | None:
+        missing = peft_missing() or (torchao_missing() if self.base in QUANTIZED else None)
+        if missing:
+            return missing
+        if self.base == "fp8" and not self.emulate:
+            return cuda_missing(hw, "lora-fp8's float8 matmuls (torchao Float8DynamicActivationFloat8Weight)", (8, 9))
+        return bf16_missing(hw, self.label) if self.base != "float32" else None
+
+    def plan_error(self, plan: Any) -> str | None:
+        if self is not plan.default or plan.rules:
+            return f"{self.label} fine-tunes the whole model: it is a plan's default, with no per-module rules"
+        return None
+
+    # --- what it does to a model --------------------------------------------------------------------
+    def layout(self, model: nn.Module) -> Layout:
+        """The layers adapted, trained in full and quantized, with a one-line error for targets that match no
+        Linear layer."""
+        modules = dict(model.named_modules())
+        linears = [n for n, m in modules.items() if isinstance(m, nn.Linear) and n]
+        if not linears:
+            raise Unsupported(f"{self.label}: the model has no Linear layers to adapt"
+                              + (" or quantize" if self.base in QUANTIZED else ""))
+        head = output_head(model)
+        saved = tuple(n for n in modules if n and n.rpartition(".")[2] in SAVED)
+        if self.targets:
+            unmatched = [t for t in self.targets if not any(_matches(t, n) for n in linears)]
+            if unmatched:
+                raise DtypelabError(
+                    f"--lora-targets {', '.join(unmatched)} matches no Linear layer (the model's Linear layers: "
+                    f"{', '.join(_short(linears))})")
+            adapted = tuple(n for n in linears if any(_matches(t, n) for t in self.targets))
+        else:
+            adapted = tuple(n for n in linears if n != head)
+        adapted = tuple(n for n in adapted if not any(n == s or n.startswith(s + ".") for s in saved))
+        if not adapted:
+            raise DtypelabError(f"{self.label}: no Linear layer left to adapt (the only one is the output head, {head})")
+        quantized = tuple(n for n in linears if n != head and n not in saved) if self.base in QUANTIZED else ()
+        return Layout(adapted, saved, quantized, head)
+
+    def convert_module(self, model: nn.Module, names: list[str]) -> tuple[nn.Module, dict[str, Any]]:
+        layout = self.layout(model)
+        left_out = self._quantize(model, layout.quantized) if layout.quantized else []
+        if self.upcast:  # prepare_model_for_kbit_training: every weight not quantized to float32
+            for p in model.parameters():
+                if p.dtype in (torch.bfloat16, torch.float16) and type(p) is nn.Parameter:
+                    p.data = p.data.float()
+        with quiet():
+            from peft import LoraConfig, get_peft_model
+
+            config = LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout, bias="none",
+                                # one regular expression of the exact names: peft's list form also matches by suffix
+                                target_modules="|".join(map(re.escape, layout.adapted)),
+                                modules_to_save=list(layout.saved) or None)
+            get_peft_model(model, config)  # adapters injected into the model itself; the rest frozen
+        for p in model.parameters():  # trainable weights in float32: no update rounded away
+            if p.requires_grad and p.dtype != torch.float32:
+                p.data = p.data.float()
+        return model, {"format": self.label, "converted": list(layout.adapted), "left_out": left_out}
+
+    def _quantize(self, model: nn.Module, names: Iterable[str]) -> list[dict[str, str]]:
+        """The layers ``names`` quantized in place; those the format cannot take, with why (left as they are)."""
+        chosen = set(names)
+        if self.base == "nf4":
+            nf4 = torchao_module("quantization").to_nf4
+            left_out = []
+            for name in sorted(chosen):
+                layer = model.get_submodule(name)
+                if not nf4_fits(layer.weight.numel()):
+                    left_out.append({"layer": name, "why": f"{layer.weight.numel():,} weights: torchao's NF4 takes "
+                                     f"whole groups of {NF4_BLOCK * NF4_SCALER_BLOCK:,} ({NF4_BLOCK}-weight blocks, "
+                                     f"their scales in {NF4_SCALER_BLOCK}s); left in bfloat16"})
+                    continue
+                weight = layer.weight.detach().to(torch.bfloat16)
+                layer.weight = nn.Parameter(nf4(weight, NF4_BLOCK, NF4_SCALER_BLOCK), requires_grad=False)
+            return left_out
+        q = torchao_module("quantization")
+        if self.base == "int8":
+            config = q.Int8WeightOnlyConfig(set_inductor_config=False)
+        elif self.emulate:
+            config = q.Float8WeightOnlyConfig(weight_dtype=torch.float8_e4m3fn, set_inductor_config=False)
+        else:
+            config = q.Float8DynamicActivationFloat8WeightConfig(granularity=q.PerRow(), set_inductor_config=False)
+        with quiet():
+            q.quantize_(model, config, filter_fn=lambda m, fqn: fqn in chosen)
+        return []
+
+    def convert_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        return adapters_optimizer(optimizer, model, self.label)
+
+
+def _short(names: list[str], n: int = 8) -> list[str]:
+    return names[:n] + ([f"… ({len(names) - n} more)"] if len(names) > n else [])
+
+
+def _origins(model: nn.Module) -> dict[int, int]:
+    """Each trainable weight's origin: the frozen weight of the layer an adapter adapts, or the original of a weight
+    peft copied to train in full (``modules_to_save``)."""
+    origin: dict[int, int] = {}
+    for module in model.modules():
+        base = getattr(module, "base_layer", None)
+        adapters = [getattr(module, k, None) for k in ("lora_A", "lora_B")]
+        if isinstance(base, nn.Module) and all(isinstance(a, nn.ModuleDict) for a in adapters):
+            weight = getattr(base, "weight", None)
+            for adapter in adapters:
+                for p in adapter.parameters():
+                    origin[id(p)] = id(weight)
+        original = getattr(module, "original_module", None)
+        saved = getattr(module, "modules_to_save", None)
+        if isinstance(original, nn.Module) and isinstance(saved, nn.ModuleDict):
+            by_name = dict(original.named_parameters())
+            for copy in saved.values():
+                for name, p in copy.named_parameters():
+                    if name in by_name:
+                        origin[id(p)] = id(by_name[name])
+    return origin
+
+
+def adapters_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, what: str) -> torch.optim.Optimizer:
+    """The optimizer over the model's trainable weights alone: its own class and hyperparameters, its own group dicts
+    (an LR scheduler made on it still reaches them), each adapter in the group of the weight it adapts."""
+    if any(optimizer.state.values()):
+        raise DtypelabError(f"{what} trains adapters in place of the weights: its optimizer is rebuilt before the first "
+                            f"step, and this {type(optimizer).__name__} has stepped already")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    origin = _origins(model)
+    group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
+    placed: list[list[nn.Parameter]] = [[] for _ in optimizer.param_groups]
+    for p in trainable:
+        placed[group_of.get(id(p), group_of.get(origin.get(id(p), -1), 0))].append(p)
+    groups = []
+    for group, params in zip(optimizer.param_groups, placed, strict=True):
+        if params:
+            group["params"] = params
+            groups.append(group)
+    takes = inspect.signature(type(optimizer).__init__).parameters
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in takes or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values())}
+    try:
+        return type(optimizer)(groups, **defaults)
+    except (TypeError, ValueError) as exc:
+        raise Unsupported(f"{what}: {type(optimizer).__name__} cannot be rebuilt over the adapters ({exc})") from None
+
+
+__all__ = ["BASES", "LoRA", "Layout", "adapters_optimizer", "output_head", "peft_missing"]
