@@ -157,14 +157,15 @@ def state_after(task: Task, model: nn.Module, precision: Precision, optimizer: t
     """Where the training memory goes now (``footprint.state_memory``), the activations counted on one forward pass
     of training batch ``step`` (no step is taken; None under torch.compile, whose graphs save tensors out of the
     hooks' sight)."""
-    activations = None
+    activations, parts = None, {}
     if not precision.plan.compiles:
         inputs, target = to_device(task.batch(step, batch_size), device)
-        with precision.session(), saved_activations(model) as saved:
+        named = precision.activation_parts(model)
+        with precision.session(), saved_activations(model, named) as saved:
             loss = forward_loss(task, model, precision, inputs, target)
         del loss
-        activations = saved["bytes"]
-    return state_memory(model, [optimizer], precision.master_tensors(optimizer), activations)
+        activations, parts = saved["bytes"], {k: saved[k] for k in named}
+    return {**state_memory(model, [optimizer], precision.master_tensors(optimizer), activations), **parts}
 
 
 def lost_updates(task: Task, model: nn.Module, precision: Precision, optimizer: torch.optim.Optimizer,

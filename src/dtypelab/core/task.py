@@ -124,7 +124,9 @@ BUILTIN = {
     "decoder": "dtypelab.core.tasks.decoder:make_task",  # a small Llama-style decoder
     "llama2-7b": "dtypelab.core.tasks.decoder:make_llama2_7b",  # Llama-2-7B's shape, no weights: for forecasts
     "minilm": "dtypelab.core.tasks.minilm:make_task",  # optional extra: dtypelab[minilm]
+    "minilm-ft": "dtypelab.core.tasks.hf:make_minilm_finetune",  # MiniLM fine-tuned on paraphrase pairs
 }
+HF_PREFIX = "hf:"  # hf:ORG/NAME or hf:PATH: a Hugging Face model (core.tasks.hf)
 
 
 # Built-ins at a real model's full size: what a forecast is asked about, and what runs where it fits (a GPU); on
@@ -200,6 +202,8 @@ def is_script(spec: str) -> bool:
 
 def load_task(spec: str) -> Task:
     """Load a task from a built-in name, ``path/file.py:make_task`` or ``pkg.module:make_task``."""
+    if spec.startswith(HF_PREFIX):  # imported by name, as the built-ins are: the tasks import this module
+        return _import_module("dtypelab.core.tasks.hf").make_task(spec)
     target = resolve_spec(spec)
     if ":" not in target:
         if target.endswith(".py"):
@@ -212,7 +216,7 @@ def load_task(spec: str) -> Task:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise TaskError(
                 f"unknown task {spec!r}{hint}: use a built-in ({', '.join(BUILTIN)}), "
-                "path/file.py:make_task or pkg.module:make_task"
+                "path/file.py:make_task, pkg.module:make_task or hf:ORG/NAME (a Hugging Face model)"
             )
     where, _, attr = target.rpartition(":")
     module = import_source(where)

@@ -6,10 +6,10 @@ from typing import Any
 
 from pydantic import Field
 
-from dtypelab.core.options import MemorySize, Options, batch_size_field, json_field
+from dtypelab.core.options import FineTuneOptions, MemorySize, batch_size_field, json_field
 
 
-class ForecastOptions(Options):
+class ForecastOptions(FineTuneOptions):
     policies: str | None = Field(None, description="comma-separated policies, POLICY+adam8bit, plan files or "
                                                    "FILE.py:NAME [default: one of each memory layout; all: every "
                                                    "registered policy]", json_schema_extra={"short": "-p"})

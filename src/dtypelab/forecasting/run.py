@@ -171,7 +171,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     largest batch that fits. ``options`` (``ForecastOptions``) or its fields as keywords."""
     opts = ForecastOptions.build(options, **settings)
     start = time.monotonic()
-    target = Target.of(task)
+    target = Target.of(opts.task_spec(task))
     if target.is_script:
         raise DtypelabError(f"{target.spec} is a training script: forecast traces a task's step on fake tensors "
                             "(a built-in or FILE.py:make_task); a script runs as its own program (bench measures it)")
@@ -181,7 +181,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     if opts.check and device.kind != ("cuda" if torch.cuda.is_available() else "cpu"):
         here = "cuda" if torch.cuda.is_available() else "cpu"
         raise DtypelabError(f"--check runs the steps here ({here}): forecast for --device {here}, or leave out --check")
-    plans = choose_policies(opts.policies, task_obj, opts.nproc)
+    plans = opts.tuned(choose_policies(opts.policies, task_obj, opts.nproc))
     if opts.baseline and opts.baseline not in {p.name for p in plans}:
         raise DtypelabError(f"--baseline {opts.baseline}: not among the policies forecast "
                             f"({', '.join(p.name for p in plans)})")

@@ -168,8 +168,20 @@ MEMORY_NOTE = ("weights, gradients, optimizer state and master copy (a float32 c
                "training batch keeps for the backward; the train column adds them up; process peak: the run's "
                "measured peak above the memory in use before the model was built.")
 # bench's table spells two of the short names out (it has room: no buffers, no temporaries)
-_SPELLED = {**MEMORY_LABELS, "optimizer_state": "optimizer state", "master_weights": "master copy"}
-MEMORY_COLUMNS = (*((_SPELLED[c], c) for c in COUNTED), ("train MiB", "total"))
+_SPELLED = {**MEMORY_LABELS, "frozen_weights": "frozen base", "optimizer_state": "optimizer state",
+            "master_weights": "master copy"}
+MEMORY_COLUMNS = (*((_SPELLED[c], c) for c in COUNTED), ("adapters' inputs", "adapter_inputs"), ("train MiB", "total"))
+# shown only where some run has them (a fine-tuned model's frozen base, LoRA's adapters)
+SOMETIMES = ("frozen_weights", "adapter_inputs")
+FINE_TUNING_NOTE = ("frozen base: the weights that do not train (a quantized base by its inner tensors); weights: "
+                    "those that do (the adapters, a new head); adapters' inputs: of the activations, what LoRA's "
+                    "adapters keep of their inputs, which the frozen layers beside them would not have kept.")
+
+
+def memory_columns(report: Report) -> list[tuple[str, str]]:
+    """The breakdown's columns, those that only some runs have left out when none has them."""
+    counted = [r.memory for r in report.results if r.memory]
+    return [(h, k) for h, k in MEMORY_COLUMNS if k not in SOMETIMES or any(m.get(k) for m in counted)]
 
 
 def memory_unit(report: Report) -> tuple[str, int]:
@@ -186,12 +198,12 @@ def memory_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
     base = report.base
     base_mem = base.memory if base is not None else None
     unit, scale = memory_unit(report)
-    headers = ["policy", *(c if c != "train MiB" else f"train {unit}" for c, _ in MEMORY_COLUMNS),
-               "process peak MiB"]
+    columns = memory_columns(report)
+    headers = ["policy", *(c if c != "train MiB" else f"train {unit}" for c, _ in columns), "process peak MiB"]
     rows = []
     for r in counted:
         cells = []
-        for _, key in MEMORY_COLUMNS:
+        for _, key in columns:
             value = r.memory.get(key)
             cell = num(value / scale if value is not None else None, ".2f")
             ref = base_mem.get(key) if base_mem and r is not base else None
@@ -207,7 +219,8 @@ def memory_sections(report: Report) -> list[Section]:
     title = MEMORY_TITLE.format(unit=memory_unit(report)[0])
     # a narrow terminal keeps the policy, its optimizer state and its total longest
     drop = ("process peak", "gradients", "master copy", "activations", "weights")
-    return [Section(title, *memory, [MEMORY_NOTE], left={0}, wrap={0}, drop=drop)] if memory else []
+    notes = [MEMORY_NOTE] + ([FINE_TUNING_NOTE] if memory and len(memory[0]) > len(COUNTED) + 2 else [])
+    return [Section(title, *memory, notes, left={0}, wrap={0}, drop=drop)] if memory else []
 
 
 EMULATED_TITLE = "emulated layers: each converted layer on one training batch (numerics only)"

@@ -61,6 +61,8 @@ def forecast_doc(report: ForecastReport) -> tuple[str, list[str], list[list[str]
     train = cfg.mode == "train"
     # an inference pass holds weights and temporaries only (no gradient, no state, nothing kept for a backward)
     cats = [c for c in PEAK_CATEGORIES if c != "buffers" and (train or c in ("parameters", "temporaries"))]
+    if not any(p.train and p.train.breakdown.get("frozen_weights") for p in report.policies):
+        cats.remove("frozen_weights")  # a column for fine-tuning's frozen base only where there is one
     headers = ["policy", *(f"{SHORT[c]} {unit}" for c in cats), f"{'train' if train else 'inference'} peak {unit}",
                "peak in"]
     if train:
@@ -97,6 +99,9 @@ def _notes(report: ForecastReport, scale: float, unit: str) -> list[str]:
     for m in methods:
         who = [p.policy for p in report.policies if p.method == m]
         notes.append(f"{METHODS.get(m, m)}: {', '.join(who)}")
+    if any(p.train and p.train.breakdown.get("frozen_weights") for p in report.policies):
+        notes.append("frozen: the weights that do not train (a fine-tuned model's base, a quantized one by its inner "
+                     "tensors: NF4's codes, block scales and their double-quantized scales); weights: those that do")
     notes.append("weights, gradients, optimizer (state), master (a float32 copy, Kahan's compensation), activations "
                  "(what the forward keeps for the backward) and temporaries (the batch, outputs, the backward's and "
                  f"the optimizer's intermediates) at the moment of the peak, in {unit}; weights include buffers; the "

@@ -86,8 +86,8 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
         raise DtypelabError(f"no such script: {path}")
     explicit = opts.policies is not None
     dev = resolve_device(opts.device)
-    plans = {p.name: p for p in (parse_policies(opts.policies) if explicit else
-                                 map(get_policy, default_policies("train", dev.type)))}
+    plans = {p.name: p for p in opts.tuned(parse_policies(opts.policies) if explicit else
+                                           map(get_policy, default_policies("train", dev.type)))}
     named = baseline_policy(opts.baseline) if getattr(opts, "baseline", None) else None
     for plan in [*plans.values(), *([named] if named else [])]:
         wrong = plan.mode_error("train")

@@ -85,8 +85,8 @@ def checkpoint_blocks(model: nn.Module, what: str = "+ckpt") -> list[str]:
     blocks = repeated_blocks(model)
     if not blocks:
         top = [f"{n} ({type(c).__name__})" for n, c in model.named_children()][:6]
-        raise Unsupported(f"{what}: the model has no repeated blocks to checkpoint (a ModuleList or Sequential of two or "
-                          f"more modules of one class); its top-level modules: {', '.join(top) or 'none'}")
+        raise Unsupported(f"{what}: the model has no repeated blocks to checkpoint (a ModuleList or Sequential of two "
+                          f"or more modules of one class); its top-level modules: {', '.join(top) or 'none'}")
     root = model.__dict__.get("_lab_module", model)
     for name in blocks:
         parent_name, _, leaf = name.rpartition(".")

@@ -183,6 +183,11 @@ class Config:
         compensation): what the memory breakdown counts as ``master_weights`` rather than optimizer state."""
         return []
 
+    def activation_parts(self, model: nn.Module) -> dict[str, list[nn.Module]]:
+        """Modules whose saved activations the memory breakdown names apart, by label (LoRA's adapters: what they keep
+        of their inputs)."""
+        return {}
+
     # --- JSON --------------------------------------------------------------------------------------
     def __reduce__(self) -> Any:
         if Config.SOURCES.get(self.kind):  # a user's kind pickles as its JSON: unpickling imports its file first

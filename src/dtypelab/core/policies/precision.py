@@ -196,6 +196,10 @@ class Precision:
         """What the kinds keep beside the weights to hold their exact values (``Config.master_tensors``)."""
         return [t for config in self.plan.configs for t in config.master_tensors(optimizer)]
 
+    def activation_parts(self, model: nn.Module) -> dict[str, list[nn.Module]]:
+        """The modules whose saved activations the kinds name apart (``Config.activation_parts``)."""
+        return {k: v for config in self.plan.configs for k, v in config.activation_parts(model).items()}
+
     def closure_error(self, optimizer: torch.optim.Optimizer) -> str | None:
         """Why this plan cannot step ``optimizer`` with a closure, or None: GradScaler cannot; a kind with its own
         step runs the closure once before it, which an optimizer that evaluates it again (LBFGS) cannot take."""

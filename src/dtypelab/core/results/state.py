@@ -12,11 +12,13 @@ class MemoryBreakdown(TypedDict, total=False):
     float32 master copy, Kahan's compensation), and the activations one forward pass of a training batch keeps
     for the backward (None where they cannot be counted: a compiled model). ``total`` adds them up."""
 
-    parameters: int
+    frozen_weights: int  # the weights that do not train (a fine-tuned model's frozen base); older records: none
+    parameters: int  # the weights that train
     gradients: int
     optimizer_state: int
     master_weights: int
     activations: int | None
+    adapter_inputs: int  # of the activations, what LoRA's adapters keep of their inputs (LoRA policies only)
     total: int
 
 

@@ -159,7 +159,10 @@ def save_text(path: str, text: str) -> None:
 def default_result_path(task: str, kind: str, directory: str = "dtypelab-results") -> str:
     """dtypelab-results/<task>-<kind>-<timestamp>.json, created empty so that a second run started in the same
     second gets ``…-2.json``: every run is kept unless told otherwise."""
-    stem = os.path.splitext(os.path.basename(task.rpartition(":")[0] or task))[0] or "task"
+    if task.startswith("hf:"):  # a Hugging Face model: its name (hf:ORG/NAME, hf:PATH/NAME#seq=N)
+        stem = os.path.basename(task[3:].partition("#")[0].rstrip("/")) or "hf"
+    else:
+        stem = os.path.splitext(os.path.basename(task.rpartition(":")[0] or task))[0] or "task"
     return reserve_path(directory, f"{stem}-{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 

@@ -9,4 +9,5 @@ from dtypelab.core.policies.kinds.quantize import Quantize
 from dtypelab.core.policies.kinds.state import BF16Update, LowBitState
 from dtypelab.core.policies.kinds.tf32 import TF32
 
-__all__ = ["TF32", "Autocast", "BF16Update", "Cast", "Float8Train", "LoRA", "LowBitState", "MXInfer", "MXTrain", "Quantize"]
+__all__ = ["TF32", "Autocast", "BF16Update", "Cast", "Float8Train", "LoRA", "LowBitState", "MXInfer", "MXTrain",
+           "Quantize"]

@@ -214,7 +214,8 @@ class LoRA(Emulable, Config):
             adapted = tuple(n for n in linears if n != head)
         adapted = tuple(n for n in adapted if not any(n == s or n.startswith(s + ".") for s in saved))
         if not adapted:
-            raise DtypelabError(f"{self.label}: no Linear layer left to adapt (the only one is the output head, {head})")
+            raise DtypelabError(f"{self.label}: no Linear layer left to adapt (the only one is the output head, "
+                                f"{head})")
         quantized = tuple(n for n in linears if n != head and n not in saved) if self.base in QUANTIZED else ()
         return Layout(adapted, saved, quantized, head)
 
@@ -268,6 +269,12 @@ class LoRA(Emulable, Config):
     def convert_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
         return adapters_optimizer(optimizer, model, self.label)
 
+    def activation_parts(self, model: nn.Module) -> dict[str, list[nn.Module]]:
+        # an adapter's first matmul keeps its input for its weight's gradient, which the frozen layer beside it would
+        # not have kept: LoRA's own activations (peft#2196)
+        return {"adapter_inputs": [a for m in model.modules() if isinstance(getattr(m, "lora_A", None), nn.ModuleDict)
+                                   for a in m.lora_A.values()]}
+
 
 def _short(names: list[str], n: int = 8) -> list[str]:
     return names[:n] + ([f"… ({len(names) - n} more)"] if len(names) > n else [])
@@ -300,8 +307,8 @@ def adapters_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, what:
     """The optimizer over the model's trainable weights alone: its own class and hyperparameters, its own group dicts
     (an LR scheduler made on it still reaches them), each adapter in the group of the weight it adapts."""
     if any(optimizer.state.values()):
-        raise DtypelabError(f"{what} trains adapters in place of the weights: its optimizer is rebuilt before the first "
-                            f"step, and this {type(optimizer).__name__} has stepped already")
+        raise DtypelabError(f"{what} trains adapters in place of the weights: its optimizer is rebuilt before the "
+                            f"first step, and this {type(optimizer).__name__} has stepped already")
     trainable = [p for p in model.parameters() if p.requires_grad]
     origin = _origins(model)
     group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
@@ -322,4 +329,4 @@ def adapters_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, what:
         raise Unsupported(f"{what}: {type(optimizer).__name__} cannot be rebuilt over the adapters ({exc})") from None
 
 
-__all__ = ["BASES", "LoRA", "Layout", "adapters_optimizer", "output_head", "peft_missing"]
+__all__ = ["BASES", "Layout", "LoRA", "adapters_optimizer", "output_head", "peft_missing"]
