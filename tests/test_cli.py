@@ -215,7 +215,8 @@ def test_readme_commands_are_what_ci_runs():
         commands = [line[6:] for line in f.read().splitlines() if line.startswith("    $ ")]
     assert len(commands) == 2
     assert commands[0].endswith("dtypelab bench digits") and "pip install -c constraints.txt" in commands[0]
-    assert commands[1].endswith("pytest") and ".[test,docs,minilm,lightning,hf]" in commands[1]  # CI runs these paths
+    # CI runs these paths
+    assert commands[1].endswith("pytest") and ".[test,docs,minilm,lightning,hf,finetune]" in commands[1]
     assert "lint-imports" in commands[1] and "mkdocs build --strict" in commands[1]  # layering and docs, checked
     with open(os.path.join(root, ".ci", "run")) as f:
         assert "sed -n 2p" in f.read()  # .ci/run executes the second README command verbatim

@@ -14,7 +14,7 @@ import torch
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies import Plan
-from dtypelab.script import HF_ARGUMENTS, Session
+from dtypelab.script import HF_ARGUMENTS, HF_OPTIM, Session
 
 try:
     import transformers
@@ -22,15 +22,33 @@ except ImportError as exc:  # pragma: no cover - the [hf] extra
     raise DtypelabError("dtypelab.hf needs transformers: pip install 'dtypelab[hf]'") from exc
 
 
+ADAMW = ("adamw_torch", "adamw_torch_fused")  # the Trainer's own AdamW, whose state a modifier stores in fewer bits
+
+
 def training_arguments(plan: Plan, args: Any) -> tuple[Any, str | None]:
     """(TrainingArguments for the policy, the dtype to cast the model to or None); an error for a policy the
-    Trainer cannot express."""
-    mapped = None if plan.rules or plan.state is not None else HF_ARGUMENTS(plan.default)
+    Trainer cannot express. An optimizer-state modifier becomes the Trainer's ``optim`` (``adamw_torch_8bit``,
+    ``adamw_torch_4bit``: torchao's low-bit AdamW), ``+ckpt`` its ``gradient_checkpointing``."""
+    mapped = None if plan.rules else HF_ARGUMENTS(plan.default)
     if mapped is None:
-        why = "per-module plans have" if plan.rules else "an optimizer-state modifier has" if plan.state else "it has"
+        why = "per-module plans have" if plan.rules else "it has"
         raise DtypelabError(f"policy {plan.name}: {why} no TrainingArguments equivalent")
     flags, cast = mapped
-    return dataclasses.replace(args, logging_steps=1, **{"bf16": False, "fp16": False, **flags}), cast
+    flags = {"bf16": False, "fp16": False, **flags}
+    if plan.state is not None:
+        optim = HF_OPTIM(plan.state)
+        if optim is None:
+            raise DtypelabError(f"policy {plan.name}: the Trainer has no optim for {plan.state.label}; it has "
+                                "adamw_torch_8bit and adamw_torch_4bit (+adam8bit, +adam4bit)")
+        given = str(getattr(args.optim, "value", args.optim))
+        if given not in ADAMW:
+            raise DtypelabError(f"policy {plan.name}: {plan.state.label} stores AdamW's state in fewer bits, and this "
+                                f"Trainer's optim is {given}")
+        flags["optim"] = optim
+    if plan.checkpoint:  # transformers 5 renamed gradient_checkpointing to activation_checkpointing
+        name = "activation_checkpointing" if hasattr(args, "activation_checkpointing") else "gradient_checkpointing"
+        flags.update({name: True, f"{name}_kwargs": {"use_reentrant": False}})
+    return dataclasses.replace(args, logging_steps=1, **flags), cast
 
 
 def _on_device(args: Any, device: torch.device) -> Any:

@@ -238,6 +238,19 @@ class Ledger(TorchDispatchMode):
         self.claim([t], "activations", only_from=("temporaries",))
         return t
 
+    def held_by(self, obj: Any) -> dict[str, int]:
+        """The counted storages among the tensors in ``obj`` (nested), each once, by their category now."""
+        seen: set[int] = set()
+        out: dict[str, int] = {}
+        for t in tree_leaves(obj):
+            if isinstance(t, torch.Tensor):
+                for st in _storages(t):
+                    entry = self._live.get(id(st))
+                    if entry is not None and id(st) not in seen:
+                        seen.add(id(st))
+                        out[entry[2]] = out.get(entry[2], 0) + entry[1]
+        return out
+
     def bytes_of(self, tensors: Iterable[Any]) -> int:
         """The bytes of the counted storages among ``tensors`` (each once)."""
         seen: set[int] = set()

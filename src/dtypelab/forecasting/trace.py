@@ -62,6 +62,7 @@ class Traced:
     state: dict[str, int] = field(default_factory=dict)
     gradients: int = 0  # what the backward left in the parameters' gradients
     ops: tuple[Op, ...] = ()  # one step's kernels as the time model takes them (core.speed)
+    held: dict[str, int] = field(default_factory=dict)  # what the step still holds as its update runs (the batch)
 
 
 class Run:
@@ -119,6 +120,7 @@ class Run:
         they run the same forward and backward with the optimizer's state alive throughout, and the same update.
         Without ``update``, the forward and backward alone (their phases, to be joined to an update traced apart)."""
         ready = fetched(batch, steps)
+        held: dict[str, int] = {}
         with self._counting() as ledger:
             params = weights_held(ledger)
             self.model.train()
@@ -143,6 +145,8 @@ class Run:
                                 loss = forward_loss(self.task, self.model, self.precision, inputs, target)
                             with ledger.phase_of("backward"):
                                 self.precision.backward(loss)
+                            # the batch and the loss, alive while the update runs (the loop lets them go after the step)
+                            held = ledger.held_by([loss, inputs, target, data])
                         del loss, inputs, target, data
                         ledger.claim((p.grad for p in self.model.parameters() if p.grad is not None), "gradients",
                                      only_from=("temporaries",))
@@ -156,7 +160,7 @@ class Run:
             gradients = ledger.current["gradients"]
             peak = later(ledger.phases, state, gradients) if steps == 1 and update else ledger.peak
             return Traced(peak, dict(ledger.most), params, dict(ledger.phases), state, gradients,
-                          tuple(ledger.ops or ()) if steps == 1 else ())
+                          tuple(ledger.ops or ()) if steps == 1 else (), held)
 
     def state(self) -> Traced:
         """The update alone: the weights, a gradient for each trainable one, and one optimizer step (its phase joins
@@ -207,7 +211,13 @@ def weights_held(ledger: Ledger) -> int:
 def joined(passes: Traced, update: Traced) -> Traced:
     """A training step from its forward and backward (``passes``, traced at some batch size) and its update
     (``update``, traced apart: the weights, their gradients and the optimizer step, which no batch size changes)."""
-    phases = {**passes.phases, **({"optimizer": update.phases["optimizer"]} if "optimizer" in update.phases else {})}
+    optimizer = update.phases.get("optimizer")
+    if optimizer is not None and passes.held:  # the update runs while the step's batch is still held
+        breakdown = dict(optimizer.breakdown)
+        for k, v in passes.held.items():
+            breakdown[k] += v
+        optimizer = Peak(optimizer.total + sum(passes.held.values()), breakdown, optimizer.phase, optimizer.module)
+    phases = {**passes.phases, **({"optimizer": optimizer} if optimizer is not None else {})}
     most = {k: max(v, update.most.get(k, 0)) for k, v in passes.most.items()}
     return Traced(later(phases, update.state, passes.gradients), most, passes.parameter_bytes, phases,
                   dict(update.state), passes.gradients, passes.ops + update.ops)

@@ -175,7 +175,8 @@ MEMORY_COLUMNS = (*((_SPELLED[c], c) for c in COUNTED), ("adapters' inputs", "ad
 SOMETIMES = ("frozen_weights", "adapter_inputs")
 FINE_TUNING_NOTE = ("frozen base: the weights that do not train (a quantized base by its inner tensors); weights: "
                     "those that do (the adapters, a new head); adapters' inputs: of the activations, what LoRA's "
-                    "adapters keep of their inputs, which the frozen layers beside them would not have kept.")
+                    "adapters keep for their backward (their inputs, which the frozen layers beside them would not "
+                    "have kept, and autocast's copies of their weights).")
 
 
 def memory_columns(report: Report) -> list[tuple[str, str]]:

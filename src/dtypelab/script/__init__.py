@@ -13,12 +13,13 @@ __getattr__, __dir__, __all__ = exports(__name__, {
     "session": "handle", "Session": "handle", "Diagnosis": "diagnose", "bench_script": "runner",
     "diagnose_script": "runner", "script_record": "runner",
     "script_environment": "runner", "baseline_failed": "runner", "ScriptJob": "messages", "ScriptResult": "messages",
-    "ScriptSkip": "messages", "HF_ARGUMENTS": "kinds", "LIGHTNING_PRECISION": "kinds",
+    "ScriptSkip": "messages", "HF_ARGUMENTS": "kinds", "HF_OPTIM": "kinds",
+    "LIGHTNING_PRECISION": "kinds",
 })
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
     from dtypelab.script.diagnose import Diagnosis
     from dtypelab.script.handle import Session, session
-    from dtypelab.script.kinds import HF_ARGUMENTS, LIGHTNING_PRECISION
+    from dtypelab.script.kinds import HF_ARGUMENTS, HF_OPTIM, LIGHTNING_PRECISION
     from dtypelab.script.messages import ScriptJob, ScriptResult, ScriptSkip
     from dtypelab.script.runner import baseline_failed, bench_script, diagnose_script, script_environment, script_record

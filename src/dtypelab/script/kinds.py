@@ -9,6 +9,7 @@ from typing import Any
 
 from dtypelab.core.policies import Autocast, Cast
 from dtypelab.core.policies.adapters import Adapter, constant
+from dtypelab.core.policies.kinds.state import LowBitState
 from dtypelab.core.policies.kinds.tf32 import TF32
 
 LIGHTNING_PRECISION: Adapter[str | None] = Adapter("Lightning's precision= value", constant(None))
@@ -37,4 +38,10 @@ def _autocast_arguments(config: Autocast) -> tuple[dict[str, Any], str | None]:
 
 HF_ARGUMENTS.register(TF32)(constant(({"tf32": True}, None)))
 
-__all__ = ["HF_ARGUMENTS", "LIGHTNING_PRECISION"]
+# An optimizer-state modifier as the Trainer's own ``optim`` name (torchao's low-bit AdamW, transformers#31865):
+# none, the Trainer has no such optimizer
+HF_OPTIM: Adapter[str | None] = Adapter("the Trainer's optim name for an optimizer-state modifier", constant(None))
+HF_OPTIM.register(LowBitState)(lambda config: {"8bit": "adamw_torch_8bit", "4bit": "adamw_torch_4bit"}.get(
+    config.bits))
+
+__all__ = ["HF_ARGUMENTS", "HF_OPTIM", "LIGHTNING_PRECISION"]

@@ -1,0 +1,263 @@
+"""Fine-tuning: the LoRA kinds (peft adapters over a frozen float32, bfloat16, NF4, int8 or float8 base), +ckpt, the
+hf: tasks and what a forecast of them says."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+
+import pytest
+import torch
+from conftest import HERE
+from torch import nn
+
+import dtypelab
+from dtypelab.core.errors import DtypelabError, TaskError, Unsupported
+from dtypelab.core.policies import Precision, get_policy
+from dtypelab.core.policies.checkpointing import CheckpointModule, checkpoint_blocks, repeated_blocks
+from dtypelab.core.policies.kinds.lora import LoRA, adapters_optimizer, nf4_fits
+
+pytest.importorskip("peft")
+ROOT = os.path.dirname(HERE)
+TINY_LLAMA = os.path.join(ROOT, "benchmarks", "configs", "tiny-llama")
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = 128) -> None:
+        super().__init__()
+        self.q_proj, self.up = nn.Linear(d, d), nn.Linear(d, 2 * d)
+        self.down = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(self.q_proj(x))))
+
+
+class Toy(nn.Module):
+    """Embedding, two identical blocks (NF4-sized: 128 x 128 is one group of 16,384), a new classification head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 128)
+        self.layers = nn.ModuleList(Block() for _ in range(2))
+        self.classifier = nn.Linear(128, 3)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for layer in self.layers:
+            x = layer(x)
+        return self.classifier(x.mean(1))
+
+
+def converted(name: str, model: nn.Module | None = None) -> tuple[nn.Module, Precision]:
+    torch.manual_seed(0)
+    precision = Precision(get_policy(name) if isinstance(name, str) else name, "cpu")
+    return precision.convert_module(model or Toy()), precision
+
+
+def steps(model: nn.Module, precision: Precision, n: int = 3) -> tuple[list[float], torch.optim.Optimizer]:
+    optimizer = precision.convert_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), model)
+    losses = []
+    for step in range(n):
+        g = torch.Generator().manual_seed(step)
+        idx, y = torch.randint(0, 50, (4, 6), generator=g), torch.randint(0, 3, (4,), generator=g)
+        optimizer.zero_grad()
+        with precision.forward_context():
+            loss = nn.functional.cross_entropy(model(idx).float(), y)
+        precision.backward(loss)
+        precision.optimizer_step(optimizer)
+        losses.append(loss.item())
+    return losses, optimizer
+
+
+# --- the kinds ------------------------------------------------------------------------------------------------------
+def test_lora_adapts_every_linear_but_the_head_which_a_classifier_trains_in_full():
+    layout = LoRA("bfloat16").layout(Toy())
+    assert layout.adapted == ("layers.0.q_proj", "layers.0.up", "layers.0.down", "layers.1.q_proj", "layers.1.up",
+                              "layers.1.down")
+    assert layout.saved == ("classifier",) and layout.head == "classifier" and layout.quantized == ()
+    assert LoRA("nf4").layout(Toy()).quantized == layout.adapted
+    assert LoRA("bfloat16", targets=("q_proj", "re:layers\\.1\\.up")).layout(Toy()).adapted == (
+        "layers.0.q_proj", "layers.1.q_proj", "layers.1.up")
+
+
+def test_targets_that_match_nothing_and_models_without_linear_layers_are_one_line_errors():
+    with pytest.raises(DtypelabError, match=r"--lora-targets k_proj matches no Linear layer \(the model's Linear "
+                                            r"layers: layers.0.q_proj"):
+        LoRA("bfloat16", targets=("k_proj",)).layout(Toy())
+    with pytest.raises(Unsupported, match="qlora-nf4: the model has no Linear layers to adapt or quantize"):
+        converted("qlora-nf4", nn.Sequential(nn.Conv1d(3, 3, 1), nn.ReLU()))
+    with pytest.raises(DtypelabError, match="not a valid regular expression"):
+        LoRA("bfloat16", targets=("re:(",))
+
+
+@pytest.mark.parametrize("name,frozen", [("lora-fp32", torch.float32), ("lora-bf16", torch.bfloat16),
+                                         ("qlora-nf4", None), ("lora-int8", None), ("lora-fp8-emulated", None)])
+def test_each_base_is_frozen_in_its_format_and_only_float32_adapters_train(name, frozen):
+    model, precision = converted(name)
+    losses, optimizer = steps(model, precision)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert trained and all(p.dtype == torch.float32 for p in trained)
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    assert held == {id(p) for p in trained}  # the optimizer holds the adapters and the head alone
+    base = model.layers[0].up.base_layer.weight
+    assert not base.requires_grad
+    if frozen is not None:
+        assert type(base.data) is torch.Tensor and base.dtype == frozen
+    else:
+        assert type(base.data).__name__ in ("NF4Tensor", "Int8Tensor", "Float8Tensor")
+    # the adapters of the first block learnt through the frozen (quantized) layers after them
+    assert model.layers[0].q_proj.lora_B["default"].weight.abs().sum() > 0
+    assert all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_nf4_takes_whole_groups_and_says_which_layers_it_left_out():
+    assert nf4_fits(128 * 128) and not nf4_fits(128 * 64)
+    model = nn.Sequential(nn.Linear(128, 128), nn.Linear(128, 64), nn.Linear(64, 3))
+    precision = Precision(get_policy("qlora-nf4"), "cpu")
+    model = precision.convert_module(model)
+    assert type(model[0].base_layer.weight.data).__name__ == "NF4Tensor"
+    assert model[1].base_layer.weight.dtype == torch.bfloat16
+    left = precision.conversion()["left_out"]
+    assert [x["layer"] for x in left] == ["1"] and "whole groups of 16,384" in left[0]["why"]
+
+
+def test_the_rebuilt_optimizer_keeps_each_adapter_in_its_weights_group_and_the_schedulers_dicts():
+    torch.manual_seed(0)
+    model = Toy()
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
+    rest = [p for n, p in model.named_parameters() if p.dim() != 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                                  lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    model = Precision(get_policy("lora-bf16"), "cpu").convert_module(model)
+    new = adapters_optimizer(optimizer, model, "lora-bf16")
+    lora = {id(p) for n, p in model.named_parameters() if "lora_" in n}
+    assert lora <= {id(p) for p in new.param_groups[0]["params"]}  # with the weights they adapt
+    assert new.param_groups[0] is optimizer.param_groups[0]  # the scheduler's dicts
+    new.step()
+    scheduler.step()
+    assert new.param_groups[0]["lr"] == pytest.approx(1e-4)
+    optimizer.state[decay[0]] = {"step": torch.tensor(1.0)}
+    with pytest.raises(DtypelabError, match="has stepped already"):
+        adapters_optimizer(optimizer, model, "lora-bf16")
+
+
+def test_lora_names_parse_with_their_modifiers_and_round_trip_through_json():
+    from dtypelab.core.policies import plan_from_dict
+
+    plan = get_policy("qlora-nf4+ckpt+adam8bit")
+    assert plan.name == "qlora-nf4+ckpt+adam8bit" and plan.checkpoint and plan.state.label == "adam8bit"
+    assert plan_from_dict(plan.to_dict()) == plan
+    assert get_policy("fp32+ckpt").modes == ("train",)
+    with pytest.raises(DtypelabError, match="inference-only"):
+        get_policy("int8-wo+ckpt")
+    with pytest.raises(DtypelabError, match="fine-tunes the whole model"):
+        dtypelab.Plan(get_policy("fp32").default, (("layers.0", LoRA("bfloat16")),))
+
+
+# --- +ckpt ----------------------------------------------------------------------------------------------------------
+def test_checkpointed_blocks_compute_the_same_step_and_keep_their_names():
+    plain, precision = converted("fp32")
+    ckpt, precision_ckpt = converted("fp32+ckpt")
+    assert repeated_blocks(Toy()) == ["layers.0", "layers.1"]
+    assert all(isinstance(ckpt.layers[i], CheckpointModule) for i in (0, 1))
+    assert list(ckpt.state_dict()) == list(plain.state_dict())
+    assert steps(plain, precision)[0] == pytest.approx(steps(ckpt, precision_ckpt)[0], rel=1e-6)
+    for a, b in zip(plain.parameters(), ckpt.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    copy.deepcopy(ckpt)
+    assert type(pickle.loads(pickle.dumps(ckpt)).layers[0]) is Block  # a file holds the user's own block
+
+
+def test_ckpt_on_a_model_without_repeated_blocks_says_what_it_would_have_checkpointed():
+    with pytest.raises(Unsupported, match=r"no repeated blocks to checkpoint .* its top-level modules: 0 \(Linear\), "
+                                          r"1 \(ReLU\)"):
+        checkpoint_blocks(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), "fp32+ckpt")
+
+
+def test_bench_counts_the_frozen_base_and_what_the_adapters_keep_of_their_inputs(tiny):
+    from dtypelab.core.footprint import saved_activations, state_memory
+
+    model, precision = converted("lora-bf16")
+    _, optimizer = steps(model, precision, 1)
+    named = precision.activation_parts(model)
+    with saved_activations(model, named) as saved, precision.forward_context():
+        model(torch.randint(0, 50, (4, 6))).sum()
+    memory = state_memory(model, [optimizer], (), saved["bytes"])
+    frozen = sum(p.numel() * 2 for p in model.parameters() if not p.requires_grad)
+    assert memory["frozen_weights"] == frozen and memory["parameters"] > 0
+    # each adapter keeps its input, cast to bfloat16 by autocast (6 adapters x 4 x 6 tokens x width x 2 bytes), and
+    # autocast's bfloat16 copy of its rank-8 weight where the cast is not cached already
+    widths = [128, 128, 256] * 2
+    inputs, copies = sum(4 * 6 * w * 2 for w in widths), sum(8 * w * 2 for w in widths)
+    assert inputs <= saved["adapter_inputs"] <= inputs + copies
+    assert saved["adapter_inputs"] < saved["bytes"]
+
+
+# --- the forecast ---------------------------------------------------------------------------------------------------
+def test_fine_tuning_forecasts_equal_the_steps_run_here_on_a_tiny_llama_config():
+    """The goal: --check exact for every fine-tuning policy, +ckpt and +adam8bit included, on an hf: config."""
+    names = "lora-fp32,lora-bf16,qlora-nf4,lora-int8,lora-fp8-emulated,amp-bf16+ckpt,qlora-nf4+ckpt+adam8bit"
+    report = dtypelab.forecast(f"hf:{TINY_LLAMA}", seq_len=32, policies=names, device="cpu", check=True,
+                               batch_search=False, batch_size=2, launcher="inline")
+    for p in report.policies:
+        assert p.status == "ok", (p.policy, p.reason)
+        assert p.train.peak_bytes == p.check.train_peak_bytes, (p.policy, p.train.peak_bytes, p.check)
+    frozen = {p.policy: p.train.breakdown["frozen_weights"] for p in report.policies}
+    assert frozen["lora-fp32"] == 2 * frozen["lora-bf16"] > 0 and frozen["qlora-nf4"] < frozen["lora-int8"]
+    assert report.result("amp-bf16+ckpt").train.breakdown["frozen_weights"] == 0
+
+
+def test_a_gpu_only_base_is_forecast_by_its_emulation_with_the_same_layout():
+    report = dtypelab.forecast(f"hf:{TINY_LLAMA}", seq_len=16, policies="lora-fp8,lora-fp8-emulated",
+                               device="H100", batch_search=False, batch_size=1, launcher="inline")
+    real, twin = report.result("lora-fp8"), report.result("lora-fp8-emulated")
+    assert real.train.breakdown["frozen_weights"] == twin.train.breakdown["frozen_weights"]
+    assert any("its emulation here" in n for n in real.notes)
+
+
+# --- hf: tasks and the options ------------------------------------------------------------------------------------
+def test_hf_tasks_refuse_in_one_line(tmp_path, monkeypatch):
+    from dtypelab.core.task import load_task
+
+    with pytest.raises(TaskError, match="no such directory, and not a hub id"):
+        load_task(f"hf:{tmp_path}/nothing/here")
+    with pytest.raises(TaskError, match=r"the directory has no config\.json"):
+        load_task(f"hf:{tmp_path}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(TaskError, match=r"hf:some-org/some-model is neither a local directory nor in the Hugging "
+                                        r"Face cache .* and the hub could not be reached"):
+        load_task("hf:some-org/some-model")
+    with pytest.raises(TaskError, match="takes at most 256 tokens"):
+        load_task(f"hf:{TINY_LLAMA}#seq=1024")
+
+
+def test_the_fine_tuning_options_apply_to_lora_policies_and_refuse_elsewhere():
+    with pytest.raises(DtypelabError, match="--seq-len is for a Hugging Face language model"):
+        dtypelab.forecast("digits", seq_len=64, policies="fp32", launcher="inline")
+    with pytest.raises(DtypelabError, match="--lora-rank sets the LoRA policies"):
+        dtypelab.forecast("digits", lora_rank=4, policies="fp32", launcher="inline")
+    report = dtypelab.forecast(f"hf:{TINY_LLAMA}", seq_len=16, policies="lora-bf16", lora_rank=4, lora_alpha=8,
+                               lora_targets="q_proj,v_proj", batch_size=1, launcher="inline")
+    p = report.result("lora-bf16")
+    assert "r=4, alpha=8 on q_proj, v_proj" in p.summary
+    # adapters on q and v of two layers: (128 + 128) x 4 and (128 + 64) x 4 float32 weights, each layer
+    assert p.train.breakdown["parameters"] == 2 * ((128 + 128) * 4 + (128 + 64) * 4) * 4
+
+
+def test_the_hf_trainer_maps_the_state_modifiers_to_its_own_optimizers():
+    transformers = pytest.importorskip("transformers")
+    from dtypelab.hf import training_arguments
+
+    args = transformers.TrainingArguments(output_dir="/tmp/dtypelab-test-hf", report_to=[], use_cpu=True)
+    assert str(training_arguments(get_policy("fp32+adam8bit"), args)[0].optim.value) == "adamw_torch_8bit"
+    assert str(training_arguments(get_policy("fp32+adam4bit"), args)[0].optim.value) == "adamw_torch_4bit"
+    assert training_arguments(get_policy("fp32+ckpt"), args)[0].activation_checkpointing
+    with pytest.raises(DtypelabError, match="the Trainer has no optim for adamfp8"):
+        training_arguments(get_policy("fp32+adamfp8"), args)
+    sgd = transformers.TrainingArguments(output_dir="/tmp/dtypelab-test-hf", report_to=[], use_cpu=True,
+                                         optim="sgd")
+    with pytest.raises(DtypelabError, match="this Trainer's optim is sgd"):
+        training_arguments(get_policy("fp32+adam8bit"), sgd)
