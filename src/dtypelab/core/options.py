@@ -219,34 +219,3 @@ class FineTuneOptions(Options):
                               json_schema_extra=FINE_TUNING)
     seq_len: int | None = Field(None, ge=2, description="tokens per sequence of an hf: language model [default: "
                                                         "512, at most its context]", json_schema_extra=FINE_TUNING)
-
-    def task_spec(self, task: Any) -> Any:
-        """The task as named, with ``seq_len`` for an ``hf:`` language model (a one-line error for any other)."""
-        if self.seq_len is None:
-            return task
-        from dtypelab.core.tasks.hf import with_seq_len
-
-        if not isinstance(task, str):
-            raise DtypelabError("--seq-len is for a Hugging Face language model named hf:ORG/NAME or hf:PATH")
-        return with_seq_len(task, self.seq_len)
-
-    def tuned(self, plans: Any) -> list[Any]:
-        """``plans`` with the LoRA settings given here in each LoRA policy (named as before); a one-line error when
-        settings are given and no policy is LoRA's."""
-        import dataclasses
-
-        from dtypelab.core.policies.kinds.lora import LoRA
-
-        given = {k: v for k, v in (("rank", self.lora_rank), ("alpha", self.lora_alpha),
-                                   ("targets", tuple(t.strip() for t in (self.lora_targets or "").split(",")
-                                                     if t.strip()) or None),
-                                   ("upcast", self.kbit_upcast or None)) if v is not None}
-        plans = list(plans)
-        if not given:
-            return plans
-        if not any(isinstance(p.default, LoRA) for p in plans):
-            flag = {"rank": "--lora-rank", "alpha": "--lora-alpha", "targets": "--lora-targets",
-                    "upcast": "--kbit-upcast"}[next(iter(given))]
-            raise DtypelabError(f"{flag} sets the LoRA policies (lora-bf16, qlora-nf4, …), and none is named")
-        return [dataclasses.replace(p, default=dataclasses.replace(p.default, **given)) if isinstance(
-            p.default, LoRA) else p for p in plans]

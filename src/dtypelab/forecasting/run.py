@@ -20,9 +20,18 @@ from dtypelab.core.devices import GIB, device_spec
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, environment, hardware_for
 from dtypelab.core.options import parse_size
-from dtypelab.core.policies import REGISTRY, STATE_MODIFIERS, Plan, get_policy, parse_policies, policies_for
+from dtypelab.core.policies import (
+    REGISTRY,
+    STATE_MODIFIERS,
+    Plan,
+    get_policy,
+    parse_policies,
+    policies_for,
+    tuned,
+)
 from dtypelab.core.results import ForecastConfig, ForecastReport, PolicyForecast, TargetDevice, check_writable
 from dtypelab.core.task import Task
+from dtypelab.core.tasks.hf import with_seq_len
 from dtypelab.forecasting.answer import answer, device_notes, smallest_device
 from dtypelab.forecasting.job import ForecastJob
 from dtypelab.forecasting.kinds import PLAIN_PASS, UPDATE_COST
@@ -171,7 +180,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     largest batch that fits. ``options`` (``ForecastOptions``) or its fields as keywords."""
     opts = ForecastOptions.build(options, **settings)
     start = time.monotonic()
-    target = Target.of(opts.task_spec(task))
+    target = Target.of(with_seq_len(task, opts.seq_len))
     if target.is_script:
         raise DtypelabError(f"{target.spec} is a training script: forecast traces a task's step on fake tensors "
                             "(a built-in or FILE.py:make_task); a script runs as its own program (bench measures it)")
@@ -181,7 +190,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     if opts.check and device.kind != ("cuda" if torch.cuda.is_available() else "cpu"):
         here = "cuda" if torch.cuda.is_available() else "cpu"
         raise DtypelabError(f"--check runs the steps here ({here}): forecast for --device {here}, or leave out --check")
-    plans = opts.tuned(choose_policies(opts.policies, task_obj, opts.nproc))
+    plans = tuned(choose_policies(opts.policies, task_obj, opts.nproc), opts)
     if opts.baseline and opts.baseline not in {p.name for p in plans}:
         raise DtypelabError(f"--baseline {opts.baseline}: not among the policies forecast "
                             f"({', '.join(p.name for p in plans)})")

@@ -27,6 +27,7 @@ from dtypelab.core.policies import (
     get_policy,
     parse_policies,
     policy_info,
+    tuned,
 )
 from dtypelab.core.records import save_judged
 from dtypelab.core.results import PolicyResult, Report, RunConfig
@@ -86,8 +87,8 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
         raise DtypelabError(f"no such script: {path}")
     explicit = opts.policies is not None
     dev = resolve_device(opts.device)
-    plans = {p.name: p for p in opts.tuned(parse_policies(opts.policies) if explicit else
-                                           map(get_policy, default_policies("train", dev.type)))}
+    plans = {p.name: p for p in tuned(parse_policies(opts.policies) if explicit else
+                                      map(get_policy, default_policies("train", dev.type)), opts)}
     named = baseline_policy(opts.baseline) if getattr(opts, "baseline", None) else None
     for plan in [*plans.values(), *([named] if named else [])]:
         wrong = plan.mode_error("train")

@@ -29,10 +29,12 @@ from dtypelab.core.policies import (
     gpu_only_policies,
     parse_policies,
     policy_info,
+    tuned,
 )
 from dtypelab.core.records import save_judged
 from dtypelab.core.results import PolicyResult, Report, RunConfig
 from dtypelab.core.task import Task
+from dtypelab.core.tasks.hf import with_seq_len
 from dtypelab.distributed import DistributedJob, torchrun_settings, with_scaling
 from dtypelab.run import (
     Event,
@@ -76,7 +78,7 @@ def bench(task: str | Task, policies: Any = None, options: BenchOptions | None =
     if "isolate" in settings:  # the launcher's older spelling
         settings.setdefault("launcher", "process" if settings.pop("isolate") else "inline")
     opts = BenchOptions.build(options, **({"policies": policies} if policies is not None else {}), **settings)
-    target = Target.of(opts.task_spec(task))
+    target = Target.of(with_seq_len(task, opts.seq_len))
     on_event = on_event or (lambda e: None)
     if target.is_script:
         if opts.launcher in FAN_OUT or isinstance(opts.launcher, FanOutLauncher):
@@ -115,7 +117,7 @@ class _Sweep:
             plans = emulate_here(plans, self.explicit, opts.mode, self.dev)
         self.added = {p.name: p for p in parse_policies(opts.plan)} if opts.plan else {}
         plans.update(self.added)
-        plans = {p.name: p for p in opts.tuned(plans.values())}
+        plans = {p.name: p for p in tuned(plans.values(), opts)}
         if self.torchrun is None and any(p.distributed for p in plans.values()):
             raise DtypelabError(f"{next(n for n, p in plans.items() if p.distributed)} runs across processes: give "
                                 "--nproc N")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dtypelab.core.policies.configs import Config
 from dtypelab.core.policies.distributed import Distributed
-from dtypelab.core.policies.kinds import TF32, Autocast, Cast, Float8Train, Quantize
+from dtypelab.core.policies.kinds import TF32, Autocast, Cast, Float8Train, LoRA, Quantize
+from dtypelab.core.policies.kinds.lora import tuned
 from dtypelab.core.policies.plan import PLAN_SCHEMA, Availability, Plan, single
 from dtypelab.core.policies.precision import Precision
 from dtypelab.core.policies.regions import regions
@@ -42,7 +43,7 @@ def policy_info(plan: Plan) -> PolicyInfo:
 
 
 __all__ = ["BASELINE", "COMPILED_BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "STATE_MODIFIERS",
-           "TF32", "Autocast", "Availability", "Cast", "Config", "Distributed", "Float8Train", "Plan", "Precision",
-           "Quantize", "baseline_policy", "default_policies", "emulated_version", "get_policy", "gpu_only_policies",
-           "load_plan", "parse_policies", "plan_from_dict", "policies_for", "policy_info", "regions", "register",
-           "single"]
+           "TF32", "Autocast", "Availability", "Cast", "Config", "Distributed", "Float8Train", "LoRA", "Plan",
+           "Precision", "Quantize", "baseline_policy", "default_policies", "emulated_version", "get_policy",
+           "gpu_only_policies", "load_plan", "parse_policies", "plan_from_dict", "policies_for", "policy_info",
+           "regions", "register", "single", "tuned"]

@@ -50,11 +50,11 @@ def split_spec(spec: str) -> tuple[str, int | None]:
     return where, seq
 
 
-def with_seq_len(spec: str, seq: int | None) -> str:
+def with_seq_len(spec: Any, seq: int | None) -> Any:
     """The spec of an ``hf:`` task with ``seq`` tokens per sequence (``--seq-len``); a one-line error for another."""
     if seq is None:
         return spec
-    if not spec.startswith(PREFIX):
+    if not isinstance(spec, str) or not spec.startswith(PREFIX):
         raise TaskError(f"--seq-len is for a Hugging Face language model (hf:ORG/NAME or hf:PATH); {spec} has its own "
                         "sequence length")
     where, _ = split_spec(spec)
