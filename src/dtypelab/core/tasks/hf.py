@@ -19,6 +19,8 @@ import contextlib
 import json
 import math
 import os
+import socket
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,14 +80,29 @@ def locate(where: str) -> Path:
     cached = try_to_load_from_cache(where, "config.json")
     if isinstance(cached, str):
         return Path(cached).parent
+    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface"
+    missing = f"hf:{where} is neither a local directory nor in the Hugging Face cache ({cache})"
+    unreachable = _unreachable()
+    if unreachable:  # said at once, rather than after the hub client's retries (half a minute)
+        raise TaskError(f"{missing}, and the hub cannot be reached ({unreachable})")
     try:
         with quiet():
             return Path(hf_hub_download(where, "config.json", etag_timeout=5)).parent
     except Exception as exc:
         why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-        raise TaskError(f"hf:{where} is neither a local directory nor in the Hugging Face cache "
-                        f"({os.environ.get('HF_HUB_CACHE') or os.environ.get('HF_HOME') or '~/.cache/huggingface'}), "
-                        f"and the hub could not be reached ({type(exc).__name__}: {why})") from None
+        raise TaskError(f"{missing}, and the hub did not give its config.json ({type(exc).__name__}: {why})") from None
+
+
+def _unreachable() -> str | None:
+    """Why the hub cannot be asked (offline mode, or no connection to its host within 3 s), or None."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((host.hostname or "huggingface.co", host.port or 443), timeout=3).close()
+    except OSError as exc:
+        return f"no connection to {host.hostname}: {exc}"
+    return None
 
 
 def _config(path: Path) -> Any:
