@@ -55,6 +55,10 @@ class Task:
     inference_only: bool = False  # nothing to train on (e.g. a shipped pretrained model)
     description: str = ""
     compute_loss: Callable[[nn.Module, Any], torch.Tensor] | None = None  # instead of loss_fn: loss from the batch
+    # a model of ``blocks`` identical blocks, and its factory at any number of them (an hf: language model): a
+    # forecast traces one and two and reads every quantity off the line through them
+    blocks: int = 0
+    with_blocks: Callable[[int], nn.Module] | None = field(default=None, compare=False, repr=False)
     # (file, first line of the function, line) of the code that built this Task: trace points there when a
     # library function (loss_fn=F.mse_loss) rather than a line of the user's runs the op at fault.
     origin: tuple[str, int, int] | None = field(default=None, compare=False, repr=False)

@@ -26,10 +26,11 @@ from dtypelab.core.errors import DtypelabError, Unsupported, describe_exception
 from dtypelab.core.footprint import tensor_bytes
 from dtypelab.core.policies import Plan, Precision, emulated_version, get_policy
 from dtypelab.core.results import CheckResult, FitForecast, PeakForecast, PolicyForecast, TimeForecast
-from dtypelab.core.speed import Op, Rates
+from dtypelab.core.speed import Rates
 from dtypelab.core.task import Task, load_task
 from dtypelab.forecasting import here
 from dtypelab.forecasting.batch import infer_batch_shape, train_batch_shape
+from dtypelab.forecasting.depth import DEEP_ENOUGH, SHALLOW, linear, linear_time
 from dtypelab.forecasting.fake import fresh, meta_model
 from dtypelab.forecasting.layouts import conversion_notes, layout, stand_in
 from dtypelab.forecasting.ranks import FakeRanks
@@ -118,19 +119,23 @@ class Forecaster:
         self.job, self.task = job, task
         self.target = Target(job.target, timed=job.rates is not None)
         self.meta, self.build_note = meta_model(task, job.seed)
+        # a deep stack of identical blocks: traced with one and two, the rest read off the line (forecasting.depth)
+        self.blocks = task.blocks if task.with_blocks is not None and task.blocks >= DEEP_ENOUGH else 0
+        self._metas: dict[int | None, nn.Module] = {None: self.meta}
         self.trains = not task.inference_only
         self.train_shape = train_batch_shape(task) if self.trains else None
         self.infer_shape = infer_batch_shape(task)
         self._ranks = FakeRanks(job.nproc)
         self._hardware: Any = None
-        self._converted: dict[str, tuple[nn.Module, Plan, int]] = {}  # plan -> (converted meta model, traced, extra)
+        # (plan, depth) -> (converted meta model, the plan traced, extra bytes)
+        self._converted: dict[tuple[str, int | None], tuple[nn.Module, Plan, int]] = {}
         self._conversion_notes: dict[str, list[str]] = {}  # plan -> what its own conversion took and left out
         # what policies share: a forward and backward (training) or a forward (inference) per converted layout and
         # batch size (bf16, bf16-kahan and bf16-sr+adam8bit convert the model alike); each policy's own update
         self._passes: dict[tuple[Any, ...], Traced] = {}
-        self._updates: dict[str, Traced] = {}
+        self._updates: dict[tuple[str, int | None], Traced] = {}
         self._measured: dict[tuple[str, bool], tuple[list[Traced], tuple[int, ...]]] = {}
-        self._ops: dict[tuple[str, bool], tuple[tuple[Op, ...], str]] = {}  # (plan, train) -> its step's ops, method
+        self._ops: dict[tuple[str, bool], Traced] = {}  # (plan, train) -> the step traced for its ops
         self._times = StepTimes(job.rates) if job.rates is not None else None
 
     def hardware_here(self) -> Any:
@@ -191,8 +196,13 @@ class Forecaster:
 
     def time(self, plan: Plan, train: bool) -> TimeForecast | None:
         """The step's predicted time on the target from the ops its trace recorded (None: no rates to time with)."""
-        ops, method = self._ops.get((plan.name, train), ((), ""))
-        return self._times.of(plan, ops, method) if self._times is not None else None
+        traced, method = self._ops.get((plan.name, train), (None, ""))
+        if self._times is None:
+            return None
+        if traced is not None and traced.shallow is not None:
+            one, two, depth = traced.shallow
+            return linear_time(self._times.of(plan, one, method), self._times.of(plan, two, method), depth)
+        return self._times.of(plan, traced.ops if traced is not None else (), method)
 
     def fit(self, plan: Plan, train: bool, peak: PeakForecast, method: str, search: bool = True,
             ) -> FitForecast | None:
@@ -231,18 +241,30 @@ class Forecaster:
         if plan.distributed is not None and plan.distributed.strategy == "ddp":
             traced = shifted(traced, traced.most["gradients"], "gradients")
         if batch_size == (self.job.batch_size if train else self.job.infer_batch_size):
-            self._ops[(plan.name, train)] = (traced.ops, method)
+            self._ops[(plan.name, train)] = (traced, method)
         return peak_forecast(traced, batch_size, train), method
 
-    def converted(self, plan: Plan) -> tuple[nn.Module, Plan, int]:
-        """A copy of the plan's converted meta model, the plan it was converted under (a stand-in's, when this
-        machine cannot make the conversion: the kind's stored dtype in place of its converted weights) and the bytes
-        its converted weights take beyond the stand-in's (``forecasting.kinds.STORED_WEIGHT_BYTES``)."""
-        if plan.name not in self._converted:
+    def meta_at(self, depth: int | None) -> nn.Module:
+        """The model on the meta device, with ``depth`` blocks (None: as the task builds it)."""
+        if depth not in self._metas:
+            torch.manual_seed(self.job.seed)
+            with torch.device("meta"):
+                self._metas[depth] = self.task.with_blocks(depth)
+        return self._metas[depth]
+
+    def converted(self, plan: Plan, depth: int | None = None) -> tuple[nn.Module, Plan, int]:
+        """A copy of the plan's converted meta model (with ``depth`` blocks), the plan it was converted under (a
+        stand-in's, when this machine cannot make the conversion: the kind's stored dtype in place of its converted
+        weights) and the bytes its converted weights take beyond the stand-in's
+        (``forecasting.kinds.STORED_WEIGHT_BYTES``)."""
+        key = (plan.name, depth)
+        if key not in self._converted:
+            meta = self.meta_at(depth)
             try:
                 precision = Precision(plan, "cpu", traced=True)
-                model, stand, extra = precision.convert_module(fresh(self.meta)), plan, 0
-                self._conversion_notes[plan.name] = conversion_notes(precision, plan)
+                model, stand, extra = precision.convert_module(fresh(meta)), plan, 0
+                if depth is None or depth == SHALLOW[-1]:
+                    self._conversion_notes[plan.name] = conversion_notes(precision, plan)
             except (Unsupported, DtypelabError):
                 raise
             except Exception as exc:
@@ -253,17 +275,31 @@ class Forecaster:
                         f"converted as {twin.name}, its emulation here ({describe_exception(exc)}): the same stored "
                         "layout; the real kernels' temporaries may differ"]
                 else:
-                    stand, extra = stand_in(plan, self.meta, exc, self.target.round_to)
-                model = Precision(stand, "cpu", traced=True).convert_module(fresh(self.meta))
-            self._converted[plan.name] = (model, stand, extra)
-        model, stand, extra = self._converted[plan.name]
+                    stand, extra = stand_in(plan, meta, exc, self.target.round_to)
+                model = Precision(stand, "cpu", traced=True).convert_module(fresh(meta))
+            self._converted[key] = (model, stand, extra)
+        model, stand, extra = self._converted[key]
         return fresh(model), stand, extra
 
     def trace(self, plan: Plan, batch_size: int, train: bool) -> tuple[Traced, str]:
-        """The plan's training step (or inference pass) at ``batch_size``, and the method (traced, or a stand-in's):
-        its forward and backward as the converted layout's (traced once per layout and size), joined to its own
-        update (traced once)."""
-        model, stand, extra = self.converted(plan)
+        """The plan's training step (or inference pass) at ``batch_size``, and the method (traced, or a stand-in's);
+        a deep stack of blocks from its traces with one and two (``forecasting.depth``)."""
+        # a checkpointed step is traced whole: where its backward peaks moves along the blocks as they deepen (its
+        # inference pass, without gradients, recomputes nothing)
+        if self.blocks and plan.distributed is None and not (plan.checkpoint and train):
+            one, method, extra_one = self.trace_at(plan, batch_size, train, SHALLOW[0])
+            two, _, extra_two = self.trace_at(plan, batch_size, train, SHALLOW[1])
+            line = linear(one, two, self.blocks, (extra_one, extra_two), train)
+            if line is not None:
+                return line, method
+        traced, method, extra = self.trace_at(plan, batch_size, train, None)
+        return shifted(traced, extra, "parameters"), method
+
+    def trace_at(self, plan: Plan, batch_size: int, train: bool, depth: int | None) -> tuple[Traced, str, int]:
+        """The step with ``depth`` blocks: its forward and backward as the converted layout's (traced once per
+        layout and size), joined to its own update (traced once); and the bytes its weights hold beyond the trace
+        (a stand-in's layout)."""
+        model, stand, extra = self.converted(plan, depth)
         method = "traced" if stand is plan else "stand-in"
         key = (layout(model, stand), plan.distributed, train, batch_size)
         try:
@@ -273,16 +309,16 @@ class Forecaster:
                     run.infer(self.infer_shape, batch_size)
             traced = self._passes[key]
             if train:
-                if plan.name not in self._updates:
-                    model, _, _ = self.converted(plan)
+                if (plan.name, depth) not in self._updates:
+                    model, _, _ = self.converted(plan, depth)
                     run = Run(self.task, stand, model, self.target, wrap=self._ranks.wrap(plan), converted=True)
-                    self._updates[plan.name] = run.state()
-                traced = joined(traced, self._updates[plan.name])
+                    self._updates[(plan.name, depth)] = run.state()
+                traced = joined(traced, self._updates[(plan.name, depth)])
         except (Unsupported, DtypelabError):
             raise
         except Exception as exc:
             raise Untraceable(describe_exception(exc)) from exc
-        return shifted(traced, extra, "parameters"), method
+        return traced, method, extra
 
     # --- when the step cannot be traced ----------------------------------------------------------
     def fallback(self, plan: Plan, batch_size: int, train: bool, why: str, notes: list[str]) -> tuple[Traced, str]:

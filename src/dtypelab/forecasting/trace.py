@@ -63,6 +63,8 @@ class Traced:
     gradients: int = 0  # what the backward left in the parameters' gradients
     ops: tuple[Op, ...] = ()  # one step's kernels as the time model takes them (core.speed)
     held: dict[str, int] = field(default_factory=dict)  # what the step still holds as its update runs (the batch)
+    # read off the line through two shallow traces: their ops, and the depth
+    shallow: tuple[tuple[Op, ...], tuple[Op, ...], int] | None = None
 
 
 class Run:
@@ -89,7 +91,7 @@ class Run:
             if self.wrap is not None:
                 self.model = self.wrap(self.model)
             ledger = stack.enter_context(Ledger(round_to=self.target.round_to, ops=[] if self.target.timed else None,
-                                                      calls=self.target.kind == "cpu"))
+                                                calls=self.target.kind == "cpu"))
             # the weights that do not train (a fine-tuned model's frozen base) apart from those that do
             ledger.claim((p for p in self.model.parameters() if not p.requires_grad), "frozen_weights")
             ledger.claim((p for p in self.model.parameters() if p.requires_grad), "parameters")
@@ -224,35 +226,41 @@ def joined(passes: Traced, update: Traced) -> Traced:
 
 
 def later(phases: dict[str, Peak], state: dict[str, int], gradients: int) -> Peak:
-    """The peak of every step after the first, from the first one's phases: the batch, forward and backward run as
+    """The peak of every step after the first, from the first one's phases (``stepped``): the highest of them."""
+    best = Peak()
+    for peak in stepped(phases, state, gradients).values():
+        if peak.total > best.total:
+            best = peak
+    return best
+
+
+def stepped(phases: dict[str, Peak], state: dict[str, int], gradients: int) -> dict[str, Peak]:
+    """Each phase's peak in every step after the first, from the first one's phases (``after``)."""
+    return {name: after(name, peak, state, gradients) for name, peak in phases.items()}
+
+
+def after(phase: str, peak: Peak, state: dict[str, int], gradients: int) -> Peak:
+    """A moment of the first step's ``phase`` as every later step has it: the batch, forward and backward run as
     they did, now beside the optimizer's state and the master copy (``state``, which the first update made), and the
     batch is fetched while the last step's ``gradients`` are still held (the loop sets them to None as the forward
     starts); the update itself is the same (at its peak the first one's new state was there already: what the
     ledger still called temporaries then is that state)."""
-    best = Peak()
     made = sum(state.values())
-    for name, peak in phases.items():
-        breakdown = dict(peak.breakdown)
-        if name == "batch":
-            breakdown["gradients"] += gradients
-            made_here = made + gradients
-        else:
-            made_here = made
-        if name == "optimizer":
-            moved = min(made, breakdown["temporaries"])
-            breakdown["temporaries"] -= moved
-            for key, held in state.items():
-                share = min(held, moved)
-                breakdown[key] += share
-                moved -= share
-            total = peak.total
-        else:
-            for key, held in state.items():
-                breakdown[key] += held
-            total = peak.total + made_here
-        if total > best.total:
-            best = Peak(total, breakdown, name, peak.module)
-    return best
+    breakdown = dict(peak.breakdown)
+    if phase == "batch":
+        breakdown["gradients"] += gradients
+        made += gradients
+    if phase == "optimizer":
+        moved = min(sum(state.values()), breakdown["temporaries"])
+        breakdown["temporaries"] -= moved
+        for key, held in state.items():
+            share = min(held, moved)
+            breakdown[key] += share
+            moved -= share
+        return Peak(peak.total, breakdown, phase, peak.module)
+    for key, held in state.items():
+        breakdown[key] += held
+    return Peak(peak.total + made, breakdown, phase, peak.module)
 
 
 def peak_forecast(traced: Traced, batch_size: int, activations: bool) -> PeakForecast:
@@ -276,4 +284,4 @@ def shifted(traced: Traced, extra: int, category: str) -> Traced:
                   ops=traced.ops)
 
 
-__all__ = ["Run", "Target", "Traced", "joined", "later"]
+__all__ = ["Run", "Target", "Traced", "joined", "later", "stepped"]

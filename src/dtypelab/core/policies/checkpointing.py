@@ -37,13 +37,13 @@ def repeated_blocks(model: nn.Module) -> list[str]:
     return found
 
 
-_RECOMPUTING = [0]  # how many checkpointed blocks are being recomputed now (in a backward)
+_RECOMPUTING: list[nn.Module] = []  # the checkpointed blocks being recomputed now (in a backward), innermost last
 
 
-def recomputing() -> bool:
-    """Whether a checkpointed block's forward is being run again for the backward (a tracker of modules then sees
-    no new forward)."""
-    return _RECOMPUTING[0] > 0
+def recomputing() -> list[nn.Module]:
+    """The blocks whose forward is being run again for the backward (a tracker of modules then sees no new
+    forward, and a ledger tells which block runs from here)."""
+    return _RECOMPUTING
 
 
 class Recompute:
@@ -62,11 +62,11 @@ class Recompute:
             calls[0] += 1
             if calls[0] == 1:
                 return module(*a, **k)
-            _RECOMPUTING[0] += 1  # the second call is the backward's recomputation
+            _RECOMPUTING.append(module)  # the second call is the backward's recomputation
             try:
                 return module(*a, **k)
             finally:
-                _RECOMPUTING[0] -= 1
+                _RECOMPUTING.pop()
 
         return checkpoint(run, *args, use_reentrant=False, **kwargs)
 

@@ -16,6 +16,7 @@ from its config's initialization, and the description says so).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
@@ -215,6 +216,7 @@ def _causal_task(name: str, path: Path, config: Any, seq: int | None) -> Task:
     params = _parameter_count(config)
     return Task(
         name=name, make_model=_factory(path, config, AutoModelForCausalLM), train_batch=train_batch,
+        blocks=getattr(config, "num_hidden_layers", 0) or 0, with_blocks=lambda n: _with_blocks(config, n),
         compute_loss=compute_loss, evaluate=evaluate, metric="val_loss", higher_is_better=False,
         make_optimizer=lambda p: torch.optim.AdamW(p, lr=2e-4, weight_decay=0.0), steps=20, batch_size=4,
         infer_batch=lambda n: {"input_ids": held[:n, :-1]},
@@ -222,6 +224,18 @@ def _causal_task(name: str, path: Path, config: Any, seq: int | None) -> Task:
                     + (f" ({_count(params)} parameters)" if params else "") + f", {seq} tokens per sequence; "
                     + ("its weights" if has_weights(path) else "no weights there: its config's initialization")
                     + "; gpt2's generated corpus over its vocabulary; held-out loss and perplexity")
+
+
+def _with_blocks(config: Any, n: int) -> nn.Module:
+    """The model with ``n`` of its decoder layers, from its config (untrained: what a forecast traces)."""
+    from transformers import AutoModelForCausalLM
+
+    shallow = copy.deepcopy(config)
+    shallow.num_hidden_layers = n
+    if isinstance(getattr(shallow, "layer_types", None), list):  # per-layer attention kinds, kept in order
+        shallow.layer_types = shallow.layer_types[:n]
+    with quiet(), _hushed():
+        return AutoModelForCausalLM.from_config(shallow, dtype=torch.float32)
 
 
 def _count(n: int) -> str:
