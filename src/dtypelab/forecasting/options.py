@@ -11,8 +11,9 @@ from dtypelab.core.options import FineTuneOptions, MemorySize, batch_size_field,
 
 class ForecastOptions(FineTuneOptions):
     policies: str | None = Field(None, description="comma-separated policies, POLICY+adam8bit, plan files or "
-                                                   "FILE.py:NAME [default: one of each memory layout; all: every "
-                                                   "registered policy]", json_schema_extra={"short": "-p"})
+                                                   "FILE.py:NAME [default: one of each memory layout (an hf: "
+                                                   "model: its fine-tuning policies); all: every registered "
+                                                   "policy]", json_schema_extra={"short": "-p"})
     device: str | None = Field(None, description="the GPU to fit (a name from --devices: H100, A100-40GB, L4, …), "
                                                  "or cpu / cuda for this machine's")
     memory: MemorySize = Field(None, description="the memory to fit instead of the device's (24GiB, 80GB)",

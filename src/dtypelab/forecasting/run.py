@@ -51,6 +51,10 @@ DEFAULT_INFER = ("fp32", "bf16", "int8-dyn", "int8-wo", "fp8-wo", "fp8-dyn-row",
 DEFAULT_DISTRIBUTED = ("fp32+ddp", "amp-bf16+ddp", "fp32+fsdp", "amp-bf16+fsdp", "fp32+fsdp-bf16-params-fp32-reduce",
                        "bf16-sr+fsdp")
 STATE_VARIANTS = ("amp-bf16", "bf16-sr")  # -p all: these with each optimizer-state modifier
+# A pretrained Hugging Face model (hf:) is fine-tuned: full fine-tuning beside each frozen base, with and without
+# activation checkpointing
+DEFAULT_FINE_TUNING = ("amp-bf16", "amp-bf16+ckpt", "lora-bf16", "lora-bf16+ckpt", "qlora-nf4", "qlora-nf4+ckpt",
+                       "lora-int8+ckpt", "lora-fp8+ckpt")
 
 
 def target_device(device: str | None, memory: Any, reserve: Any) -> TargetDevice:
@@ -86,12 +90,14 @@ def target_device(device: str | None, memory: Any, reserve: Any) -> TargetDevice
     return TargetDevice(name, label, kind, total, kept or 0, source, cc)
 
 
-def choose_policies(spec: str | None, task: Task, nproc: int) -> list[Plan]:
+def choose_policies(spec: str | None, task: Task, nproc: int, fine_tuning: bool = False) -> list[Plan]:
     """The plans to forecast: those named ('all': every registered policy and the optimizer-state variants), or one
-    of each memory layout for the task's mode. With several ranks a plan without a distributed modifier is DDP's."""
+    of each memory layout for the task's mode (a pretrained model's, ``fine_tuning``: its fine-tuning policies). With
+    several ranks a plan without a distributed modifier is DDP's."""
     infer_only = task.inference_only
     if spec is None:
         names = DEFAULT_DISTRIBUTED if nproc > 1 and not infer_only else (DEFAULT_INFER if infer_only else
+                                                                            DEFAULT_FINE_TUNING if fine_tuning else
                                                                             DEFAULT_TRAIN)
         plans = [get_policy(n) for n in names]
     elif spec.strip().lower() == "all":
@@ -190,7 +196,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     if opts.check and device.kind != ("cuda" if torch.cuda.is_available() else "cpu"):
         here = "cuda" if torch.cuda.is_available() else "cpu"
         raise DtypelabError(f"--check runs the steps here ({here}): forecast for --device {here}, or leave out --check")
-    plans = tuned(choose_policies(opts.policies, task_obj, opts.nproc), opts)
+    plans = tuned(choose_policies(opts.policies, task_obj, opts.nproc, spec.startswith("hf:")), opts)
     if opts.baseline and opts.baseline not in {p.name for p in plans}:
         raise DtypelabError(f"--baseline {opts.baseline}: not among the policies forecast "
                             f"({', '.join(p.name for p in plans)})")
