@@ -111,6 +111,15 @@ def test_each_base_is_frozen_in_its_format_and_only_float32_adapters_train(name,
     assert all(torch.isfinite(torch.tensor(losses)))
 
 
+def test_kbit_upcast_puts_every_weight_that_is_not_quantized_in_float32():
+    model, _ = converted(dtypelab.Plan(LoRA("nf4", upcast=True)))
+    assert model.embed.weight.dtype == torch.float32  # as prepare_model_for_kbit_training leaves it
+    assert type(model.layers[0].up.base_layer.weight.data).__name__ == "NF4Tensor"  # the 4-bit base untouched
+    plain, _ = converted("qlora-nf4")
+    assert plain.embed.weight.dtype == torch.bfloat16
+    assert get_policy("qlora-nf4").name != dtypelab.Plan(LoRA("nf4", upcast=True)).name == "qlora-nf4-upcast"
+
+
 def test_nf4_takes_whole_groups_and_says_which_layers_it_left_out():
     assert nf4_fits(128 * 128) and not nf4_fits(128 * 64)
     model = nn.Sequential(nn.Linear(128, 128), nn.Linear(128, 64), nn.Linear(64, 3))
@@ -342,3 +351,14 @@ def test_fine_tuning_forecasts_equal_the_cuda_allocators_count():
     for p in report.policies:
         assert p.status == "ok", (p.policy, p.reason)
         assert abs(p.train.peak_bytes / p.check.train_peak_bytes - 1) < 0.01, (p.policy, p.train, p.check)
+
+
+def test_a_forecast_for_no_device_prints_its_peaks_and_says_no_time_is_forecast():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "dtypelab", "forecast", f"hf:{TINY_LLAMA}", "--seq-len", "16",
+                           "-p", "qlora-nf4", "--batch-size", "1", "--json", os.devnull], capture_output=True,
+                          text=True, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr[-800:]
+    assert "qlora-nf4" in done.stdout and "no time is forecast" in done.stdout

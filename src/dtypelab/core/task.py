@@ -128,7 +128,7 @@ BUILTIN = {
     "decoder": "dtypelab.core.tasks.decoder:make_task",  # a small Llama-style decoder
     "llama2-7b": "dtypelab.core.tasks.decoder:make_llama2_7b",  # Llama-2-7B's shape, no weights: for forecasts
     "minilm": "dtypelab.core.tasks.minilm:make_task",  # optional extra: dtypelab[minilm]
-    "minilm-ft": "dtypelab.core.tasks.hf:make_minilm_finetune",  # MiniLM fine-tuned on paraphrase pairs
+    "minilm-ft": "dtypelab.core.tasks.pairs:make_minilm_finetune",  # MiniLM fine-tuned on paraphrase pairs
 }
 HF_PREFIX = "hf:"  # hf:ORG/NAME or hf:PATH: a Hugging Face model (core.tasks.hf)
 

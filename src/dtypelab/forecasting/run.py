@@ -31,7 +31,7 @@ from dtypelab.core.policies import (
 )
 from dtypelab.core.results import ForecastConfig, ForecastReport, PolicyForecast, TargetDevice, check_writable
 from dtypelab.core.task import Task
-from dtypelab.core.tasks.hf import with_seq_len
+from dtypelab.core.tasks.hub import with_seq_len
 from dtypelab.forecasting.answer import answer, device_notes, smallest_device
 from dtypelab.forecasting.job import ForecastJob
 from dtypelab.forecasting.kinds import PLAIN_PASS, UPDATE_COST

@@ -141,6 +141,11 @@ DROP_FIRST = {"layer": ("module", "zero", "range", "min |x|", "non-finite", "max
 def emit(doc: Doc, fmt: str, console: Any, styles: list[str] | None = None, wrap: set[int] | None = None) -> str | None:
     """Print a rich table (fmt 'table', returns None) or return Markdown / HTML text."""
     title, headers, rows, notes = doc
+    if fmt == "table" and not headers:  # a sentence with no table under it (a forecast's speed, without rates)
+        console.print(title, highlight=False)
+        for note in notes:
+            console.print(f"• {note}", highlight=False)
+        return None
     if fmt == "table":
         last = len(headers) - 1
         wrap = wrap or {last}

@@ -34,7 +34,7 @@ from dtypelab.core.policies import (
 from dtypelab.core.records import save_judged
 from dtypelab.core.results import PolicyResult, Report, RunConfig
 from dtypelab.core.task import Task
-from dtypelab.core.tasks.hf import with_seq_len
+from dtypelab.core.tasks.hub import with_seq_len
 from dtypelab.distributed import DistributedJob, torchrun_settings, with_scaling
 from dtypelab.run import (
     Event,

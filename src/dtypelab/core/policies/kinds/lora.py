@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from dtypelab.core.backends import quiet, torchao_missing, torchao_module
 from dtypelab.core.errors import DtypelabError, Unsupported
@@ -189,7 +190,7 @@ class LoRA(Emulable, Config):
         return bf16_missing(hw, self.label) if self.base != "float32" else None
 
     def plan_error(self, plan: Any) -> str | None:
-        if self is not plan.default or plan.rules:
+        if self != plan.default or plan.rules:
             return f"{self.label} fine-tunes the whole model: it is a plan's default, with no per-module rules"
         return None
 
@@ -225,7 +226,7 @@ class LoRA(Emulable, Config):
         left_out = self._quantize(model, layout.quantized) if layout.quantized else []
         if self.upcast:  # prepare_model_for_kbit_training: every weight not quantized to float32
             for p in model.parameters():
-                if p.dtype in (torch.bfloat16, torch.float16) and type(p) is nn.Parameter:
+                if p.dtype in (torch.bfloat16, torch.float16) and not is_traceable_wrapper_subclass(p):
                     p.data = p.data.float()
         with quiet():
             from peft import LoraConfig, get_peft_model
