@@ -153,7 +153,7 @@ def factory(path: Path, config: Any, auto: Any, **extra: Any) -> Any:
                 return auto.from_pretrained(str(path), dtype=torch.float32, **extra)
             for key, value in extra.items():
                 setattr(config, key, value)
-            return auto.fromconfig_of(config, dtype=torch.float32)
+            return auto.from_config(config, dtype=torch.float32)
 
     return make
 
