@@ -362,3 +362,11 @@ def test_a_forecast_for_no_device_prints_its_peaks_and_says_no_time_is_forecast(
                           text=True, env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr[-800:]
     assert "qlora-nf4" in done.stdout and "no time is forecast" in done.stdout
+
+
+def test_the_answer_says_up_to_which_batch_each_policy_fits_and_which_do_not():
+    report = dtypelab.forecast(f"hf:{TINY_LLAMA}", seq_len=32, policies="amp-bf16,qlora-nf4+ckpt", memory="6MiB",
+                               reserve="0", batch_size=1, launcher="inline")
+    fit = report.result("qlora-nf4+ckpt").train_fit
+    assert fit.fits and fit.largest_batch and not report.result("amp-bf16").train_fit.fits
+    assert f"1 of 2 fit (qlora-nf4+ckpt up to batch {fit.largest_batch}); amp-bf16 does not;" in report.answer

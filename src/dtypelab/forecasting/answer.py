@@ -49,8 +49,10 @@ def _sentence(ok: list[PolicyForecast], device: TargetDevice, what: str) -> str:
                     f"{size_text(smallest.peak.peak_bytes)}, {short} more than there is.")
         best = min(fits, key=lambda r: r.peak.peak_bytes)
         cannot = [r.policy for r in ok if r.runs_there]
-        return (f"{head} on {where}: {len(fits)} of {len(ok)} fit ({', '.join(r.policy for r in fits)}); smallest "
-                f"peak: {best.policy} at {size_text(best.peak.peak_bytes)}"
+        short = [r.policy for r in ok if r.peak.peak_bytes > usable and not r.runs_there]
+        return (f"{head} on {where}: {len(fits)} of {len(ok)} fit ({', '.join(_fitting(r) for r in fits)})"
+                + (f"; {', '.join(short)} {'does' if len(short) == 1 else 'do'} not" if short else "")
+                + f"; smallest peak: {best.policy} at {size_text(best.peak.peak_bytes)}"
                 + (f"; {', '.join(cannot)} cannot run there" if cannot else "") + ".")
     if not any(r.smallest_device for r in ok):
         largest = max(DEVICES, key=lambda d: d.memory_bytes)
@@ -60,6 +62,15 @@ def _sentence(ok: list[PolicyForecast], device: TargetDevice, what: str) -> str:
     return (f"{head}: smallest peak: {smallest.policy} at {size_text(smallest.peak.peak_bytes)}"
             + (f" (fits {device_spec(smallest.smallest_device).label} and larger)" if smallest.smallest_device
                else " (no GPU of the table runs it)") + ".")
+
+
+def _fitting(result: PolicyForecast) -> str:
+    """A policy that fits, with the largest batch the search traced to fit (all ranks), where it searched."""
+    fit = result.train_fit if result.train is not None else result.infer_fit
+    if fit is None or fit.largest_batch is None:
+        return result.policy
+    return f"{result.policy} " + (f"at batch {fit.largest_batch} and more" if fit.capped else
+                                  f"up to batch {fit.largest_batch}")
 
 
 def device_notes(device: TargetDevice, nproc: int) -> tuple[str, ...]:
