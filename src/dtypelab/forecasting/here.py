@@ -4,6 +4,7 @@ the memory there is to do it in; and ``--check``'s process peak, measured as ``b
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -14,11 +15,48 @@ from dtypelab.core.policies import Plan
 from dtypelab.core.results import CheckResult
 from dtypelab.core.task import Task
 from dtypelab.forecasting.ledger import Peak
-from dtypelab.forecasting.trace import Traced
+from dtypelab.forecasting.trace import Run, Traced, shifted
 
 CHECK_STEPS = 3  # --check: real steps, the first making the optimizer's state
 TIMED_STEPS = 10  # --check: the steps timed for the measured step time (after WARM_STEPS)
 WARM_STEPS = 3  # caches, the optimizer's state, a compiled policy's graphs
+
+
+def fallback(forecaster: Any, plan: Plan, batch_size: int, train: bool, why: str, notes: list[str],
+             ) -> tuple[Traced, str]:
+    """A step ``forecaster`` (``job.Forecaster``) could not trace on fake tensors: run here on real tensors at one or
+    two small batch sizes (extrapolated along their line) when the model fits this machine, else its state alone."""
+    if room_for(tensor_bytes(forecaster.meta.parameters())) and plan.distributed is None:
+        sizes = (batch_size,) if batch_size <= 4 else (2, 4)
+        key = (plan.name, train)
+        measured = forecaster._measured
+        if key not in measured or (measured[key][1] != sizes and len(sizes) == 1):
+            measured[key] = ([run_here(forecaster, plan, b, train, steps=2) for b in sizes], sizes)
+        runs, sizes = measured[key]
+        notes.append(f"the step could not be traced on fake tensors ({why}); it was run here on real tensors at "
+                     f"batch size {' and '.join(map(str, sizes))}" + (
+                         " and extrapolated along the line through them" if len(sizes) > 1 else ""))
+        return (runs[0] if len(runs) == 1 else extrapolate(runs, sizes, batch_size)), "measured"
+    model, stand, extra = forecaster.converted(plan)
+    run = Run(forecaster.task, stand, model, forecaster.target, wrap=forecaster._ranks.wrap(plan), converted=True)
+    if not train:
+        notes.append(f"the inference pass could not be traced on fake tensors ({why}), and the model is too large "
+                     "to run here: its weights alone are counted, so its peak is at least this")
+        return shifted(run.weights(), extra, "parameters"), "state-only"
+    notes.append(f"the step could not be traced on fake tensors ({why}), and the model is too large to run "
+                 "here: its weights, gradients and optimizer state are traced alone; activations are not "
+                 "counted, so the peak is at least this")
+    return shifted(run.state(), extra, "parameters"), "state-only"
+
+
+def run_here(forecaster: Any, plan: Plan, batch_size: int, train: bool, steps: int, device: str = "cpu") -> Traced:
+    """``steps`` real steps (or an inference pass) of the forecaster's task here, counted by the ledger."""
+    task = forecaster.task
+    torch.manual_seed(forecaster.job.seed)
+    run = Run(task, plan, task.make_model(), replace(forecaster.target, timed=False), fake=False, device=device)
+    if train:
+        return run.train(lambda step: task.train_batch(step, batch_size), batch_size, steps=steps)
+    return run.infer(lambda step: task.inference_inputs(batch_size), batch_size)
 
 
 def extrapolate(runs: list[Traced], sizes: tuple[int, ...], batch_size: int) -> Traced:

@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 from dtypelab.core.errors import DtypelabError, Unsupported, describe_exception
-from dtypelab.core.footprint import tensor_bytes
 from dtypelab.core.policies import Plan, Precision, emulated_version, get_policy
 from dtypelab.core.results import CheckResult, FitForecast, PeakForecast, PolicyForecast, TimeForecast
 from dtypelab.core.speed import Rates
@@ -320,36 +319,12 @@ class Forecaster:
             raise Untraceable(describe_exception(exc)) from exc
         return traced, method, extra
 
-    # --- when the step cannot be traced ----------------------------------------------------------
+    # --- what runs here (forecasting.here) --------------------------------------------------------------------
     def fallback(self, plan: Plan, batch_size: int, train: bool, why: str, notes: list[str]) -> tuple[Traced, str]:
-        if here.room_for(tensor_bytes(self.meta.parameters())) and plan.distributed is None:
-            sizes = (batch_size,) if batch_size <= 4 else (2, 4)
-            key = (plan.name, train)
-            if key not in self._measured or (self._measured[key][1] != sizes and len(sizes) == 1):
-                self._measured[key] = ([self.run_here(plan, b, train, steps=2) for b in sizes], sizes)
-            runs, sizes = self._measured[key]
-            notes.append(f"the step could not be traced on fake tensors ({why}); it was run here on real tensors at "
-                         f"batch size {' and '.join(map(str, sizes))}" + (
-                             " and extrapolated along the line through them" if len(sizes) > 1 else ""))
-            return (runs[0] if len(runs) == 1 else here.extrapolate(runs, sizes, batch_size)), "measured"
-        model, stand, extra = self.converted(plan)
-        run = Run(self.task, stand, model, self.target, wrap=self._ranks.wrap(plan), converted=True)
-        if not train:
-            notes.append(f"the inference pass could not be traced on fake tensors ({why}), and the model is too large "
-                         "to run here: its weights alone are counted, so its peak is at least this")
-            return shifted(run.weights(), extra, "parameters"), "state-only"
-        notes.append(f"the step could not be traced on fake tensors ({why}), and the model is too large to run "
-                     "here: its weights, gradients and optimizer state are traced alone; activations are not "
-                     "counted, so the peak is at least this")
-        return shifted(run.state(), extra, "parameters"), "state-only"
+        return here.fallback(self, plan, batch_size, train, why, notes)
 
     def run_here(self, plan: Plan, batch_size: int, train: bool, steps: int, device: str = "cpu") -> Traced:
-        torch.manual_seed(self.job.seed)
-        model = self.task.make_model()
-        run = Run(self.task, plan, model, replace(self.target, timed=False), fake=False, device=device)
-        if train:
-            return run.train(lambda step: self.task.train_batch(step, batch_size), batch_size, steps=steps)
-        return run.infer(lambda step: self.task.inference_inputs(batch_size), batch_size)
+        return here.run_here(self, plan, batch_size, train, steps, device)
 
     def check(self, plan: Plan, notes: list[str]) -> CheckResult | None:
         return here.check(self, plan, notes)

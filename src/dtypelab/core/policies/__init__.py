@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dtypelab.core.policies.configs import Config
 from dtypelab.core.policies.distributed import Distributed
+from dtypelab.core.policies.finetuning import tuned
 from dtypelab.core.policies.kinds import TF32, Autocast, Cast, Float8Train, LoRA, Quantize
-from dtypelab.core.policies.kinds.lora import tuned
 from dtypelab.core.policies.plan import PLAN_SCHEMA, Availability, Plan, single
 from dtypelab.core.policies.precision import Precision
 from dtypelab.core.policies.regions import regions

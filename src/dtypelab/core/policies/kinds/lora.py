@@ -331,24 +331,4 @@ def adapters_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, what:
         raise Unsupported(f"{what}: {type(optimizer).__name__} cannot be rebuilt over the adapters ({exc})") from None
 
 
-def tuned(plans: Iterable[Any], options: Any) -> list[Any]:
-    """``plans`` with the LoRA settings a command was given (``FineTuneOptions``: --lora-rank, --lora-alpha,
-    --lora-targets, --kbit-upcast) in each LoRA policy, named as before; a one-line error when settings are given and
-    no policy is LoRA's."""
-    import dataclasses
-
-    targets = tuple(t.strip() for t in (options.lora_targets or "").split(",") if t.strip()) or None
-    given = {k: v for k, v in (("rank", options.lora_rank), ("alpha", options.lora_alpha), ("targets", targets),
-                               ("upcast", options.kbit_upcast or None)) if v is not None}
-    plans = list(plans)
-    if not given:
-        return plans
-    if not any(isinstance(p.default, LoRA) for p in plans):
-        flag = {"rank": "--lora-rank", "alpha": "--lora-alpha", "targets": "--lora-targets",
-                "upcast": "--kbit-upcast"}[next(iter(given))]
-        raise DtypelabError(f"{flag} sets the LoRA policies (lora-bf16, qlora-nf4, …), and none is named")
-    return [dataclasses.replace(p, default=dataclasses.replace(p.default, **given)) if isinstance(p.default, LoRA)
-            else p for p in plans]
-
-
-__all__ = ["BASES", "Layout", "LoRA", "adapters_optimizer", "output_head", "peft_missing", "tuned"]
+__all__ = ["BASES", "Layout", "LoRA", "adapters_optimizer", "output_head", "peft_missing"]
