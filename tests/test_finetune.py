@@ -370,3 +370,29 @@ def test_the_answer_says_up_to_which_batch_each_policy_fits_and_which_do_not():
     fit = report.result("qlora-nf4+ckpt").train_fit
     assert fit.fits and fit.largest_batch and not report.result("amp-bf16").train_fit.fits
     assert f"1 of 2 fit (qlora-nf4+ckpt up to batch {fit.largest_batch}); amp-bf16 does not;" in report.answer
+
+
+def test_a_deep_stack_read_off_two_and_three_blocks_is_what_a_whole_trace_gives(tmp_path, monkeypatch):
+    """Six identical decoder layers: each policy's peaks, breakdown and predicted time from traces of two and three
+    layers equal a trace of all six."""
+    import json
+    from pathlib import Path
+
+    from dtypelab.forecasting import job
+
+    config = json.loads(Path(TINY_LLAMA, "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 6}))
+    names = "fp32,qlora-nf4,lora-int8+adam8bit"
+
+    def run():
+        return dtypelab.forecast(f"hf:{tmp_path}", seq_len=16, policies=names, device="H100", batch_search=False,
+                                 batch_size=2, launcher="inline")
+
+    read_off = run()
+    monkeypatch.setattr(job, "DEEP_ENOUGH", 100)
+    whole = run()
+    for a, b in zip(read_off.policies, whole.policies, strict=True):
+        assert a.status == b.status == "ok", (a.policy, a.reason, b.reason)
+        assert a.train.peak_bytes == b.train.peak_bytes and a.train.breakdown == b.train.breakdown, a.policy
+        assert a.infer.peak_bytes == b.infer.peak_bytes, a.policy
+        assert a.time.step_s == pytest.approx(b.time.step_s, rel=1e-9), a.policy

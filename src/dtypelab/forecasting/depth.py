@@ -71,7 +71,7 @@ def _moments(traced: Traced, train: bool) -> dict[str, Peak]:
 
 
 def linear_time(one: TimeForecast, two: TimeForecast, depth: int) -> TimeForecast:
-    """A step's predicted time at ``depth`` blocks from its times with one and two."""
+    """A step's predicted time at ``depth`` blocks from its times with two and three."""
     if one.step_s is None or two.step_s is None:
         return two
     bounds = {k: max(0.0, _at(one.bounds.get(k, 0.0), two.bounds.get(k, 0.0), depth)) for k in two.bounds}
