@@ -128,7 +128,7 @@ def test_nf4_takes_whole_groups_and_says_which_layers_it_left_out():
     assert type(model[0].base_layer.weight.data).__name__ == "NF4Tensor"
     assert model[1].base_layer.weight.dtype == torch.bfloat16
     left = precision.conversion()["left_out"]
-    assert [x["layer"] for x in left] == ["1"] and "whole groups of 16,384" in left[0]["why"]
+    assert left == [{"layer": "1", "why": "64×128: not whole groups of 16,384 weights (torchao's NF4)"}]
 
 
 def test_the_rebuilt_optimizer_keeps_each_adapter_in_its_weights_group_and_the_schedulers_dicts():

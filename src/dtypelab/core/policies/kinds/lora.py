@@ -239,7 +239,10 @@ class LoRA(Emulable, Config):
         for p in model.parameters():  # trainable weights in float32: no update rounded away
             if p.requires_grad and p.dtype != torch.float32:
                 p.data = p.data.float()
-        return model, {"format": self.label, "converted": list(layout.adapted), "left_out": left_out}
+        # what the record says it converted: the layers quantized (a quantized base), else those adapted
+        skipped = {e["layer"] for e in left_out}
+        converted = [n for n in layout.quantized if n not in skipped] if layout.quantized else list(layout.adapted)
+        return model, {"format": self.label, "converted": converted, "left_out": left_out}
 
     def _quantize(self, model: nn.Module, names: Iterable[str]) -> list[dict[str, str]]:
         """The layers ``names`` quantized in place; those the format cannot take, with why (left as they are)."""
@@ -249,10 +252,10 @@ class LoRA(Emulable, Config):
             left_out = []
             for name in sorted(chosen):
                 layer = model.get_submodule(name)
-                if not nf4_fits(layer.weight.numel()):
-                    left_out.append({"layer": name, "why": f"{layer.weight.numel():,} weights: torchao's NF4 takes "
-                                     f"whole groups of {NF4_BLOCK * NF4_SCALER_BLOCK:,} ({NF4_BLOCK}-weight blocks, "
-                                     f"their scales in {NF4_SCALER_BLOCK}s); left in bfloat16"})
+                if not nf4_fits(layer.weight.numel()):  # kept in bfloat16
+                    n, k = layer.weight.shape
+                    left_out.append({"layer": name, "why": f"{n}×{k}: not whole groups of "
+                                     f"{NF4_BLOCK * NF4_SCALER_BLOCK:,} weights (torchao's NF4)"})
                     continue
                 weight = layer.weight.detach().to(torch.bfloat16)
                 layer.weight = nn.Parameter(nf4(weight, NF4_BLOCK, NF4_SCALER_BLOCK), requires_grad=False)
