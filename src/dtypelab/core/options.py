@@ -200,7 +200,7 @@ class TrainingOptions(Options):
     hardware: Any = hardware_field()
 
 
-FINE_TUNING = {"panel": "Fine-tuning (the LoRA policies; hf: tasks)"}
+PANEL_FT = {"panel": "Fine-tuning (the LoRA policies; hf: tasks)"}  # the fine-tuning fields' help panel
 
 
 class FineTuneOptions(Options):
@@ -208,14 +208,14 @@ class FineTuneOptions(Options):
     model's sequence length. Subclasses add theirs after these."""
 
     lora_rank: int | None = Field(None, ge=1, description="the LoRA adapters' rank [default: 8]",
-                                  json_schema_extra=FINE_TUNING)
+                                  json_schema_extra=PANEL_FT)
     lora_alpha: float | None = Field(None, gt=0, description="LoRA's alpha: the adapters are scaled by alpha / rank "
-                                                             "[default: 16]", json_schema_extra=FINE_TUNING)
+                                                             "[default: 16]", json_schema_extra=PANEL_FT)
     lora_targets: str | None = Field(None, description="the Linear layers LoRA adapts, comma-separated: names, a "
                                                        "name's last parts (q_proj), globs, re:PATTERN [default: every "
-                                                       "Linear but the output head]", json_schema_extra=FINE_TUNING)
+                                                       "Linear but the output head]", json_schema_extra=PANEL_FT)
     kbit_upcast: bool = Field(False, description="as peft's prepare_model_for_kbit_training: a quantized base's "
                                                  "other weights (norms, embeddings, head) upcast to float32",
-                              json_schema_extra=FINE_TUNING)
+                              json_schema_extra=PANEL_FT)
     seq_len: int | None = Field(None, ge=2, description="tokens per sequence of an hf: language model [default: "
-                                                        "512, at most its context]", json_schema_extra=FINE_TUNING)
+                                                        "512, at most its context]", json_schema_extra=PANEL_FT)

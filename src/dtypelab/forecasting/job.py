@@ -134,7 +134,7 @@ class Forecaster:
         self._passes: dict[tuple[Any, ...], Traced] = {}
         self._updates: dict[tuple[str, int | None], Traced] = {}
         self._measured: dict[tuple[str, bool], tuple[list[Traced], tuple[int, ...]]] = {}
-        self._ops: dict[tuple[str, bool], Traced] = {}  # (plan, train) -> the step traced for its ops
+        self._timed: dict[tuple[str, bool], tuple[Traced, str]] = {}  # (plan, train) -> its step, the method
         self._times = StepTimes(job.rates) if job.rates is not None else None
 
     def hardware_here(self) -> Any:
@@ -195,7 +195,7 @@ class Forecaster:
 
     def time(self, plan: Plan, train: bool) -> TimeForecast | None:
         """The step's predicted time on the target from the ops its trace recorded (None: no rates to time with)."""
-        traced, method = self._ops.get((plan.name, train), (None, ""))
+        traced, method = self._timed.get((plan.name, train), (None, ""))
         if self._times is None:
             return None
         if traced is not None and traced.shallow is not None:
@@ -240,7 +240,7 @@ class Forecaster:
         if plan.distributed is not None and plan.distributed.strategy == "ddp":
             traced = shifted(traced, traced.most["gradients"], "gradients")
         if batch_size == (self.job.batch_size if train else self.job.infer_batch_size):
-            self._ops[(plan.name, train)] = (traced, method)
+            self._timed[(plan.name, train)] = (traced, method)
         return peak_forecast(traced, batch_size, train), method
 
     def meta_at(self, depth: int | None) -> nn.Module:

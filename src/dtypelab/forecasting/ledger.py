@@ -250,16 +250,3 @@ class Ledger(TorchDispatchMode):
                         seen.add(id(st))
                         out[entry[2]] = out.get(entry[2], 0) + entry[1]
         return out
-
-    def bytes_of(self, tensors: Iterable[Any]) -> int:
-        """The bytes of the counted storages among ``tensors`` (each once)."""
-        seen: set[int] = set()
-        total = 0
-        for t in tensors:
-            if isinstance(t, torch.Tensor):
-                for st in _storages(t):
-                    entry = self._live.get(id(st))
-                    if entry is not None and id(st) not in seen:
-                        seen.add(id(st))
-                        total += entry[1]
-        return total

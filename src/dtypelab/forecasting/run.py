@@ -30,7 +30,7 @@ from dtypelab.core.policies import (
     tuned,
 )
 from dtypelab.core.results import ForecastConfig, ForecastReport, PolicyForecast, TargetDevice, check_writable
-from dtypelab.core.task import Task
+from dtypelab.core.task import HF_PREFIX, Task
 from dtypelab.core.tasks.hub import with_seq_len
 from dtypelab.forecasting.answer import answer, device_notes, smallest_device
 from dtypelab.forecasting.job import ForecastJob
@@ -196,7 +196,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     if opts.check and device.kind != ("cuda" if torch.cuda.is_available() else "cpu"):
         here = "cuda" if torch.cuda.is_available() else "cpu"
         raise DtypelabError(f"--check runs the steps here ({here}): forecast for --device {here}, or leave out --check")
-    plans = tuned(choose_policies(opts.policies, task_obj, opts.nproc, spec.startswith("hf:")), opts)
+    plans = tuned(choose_policies(opts.policies, task_obj, opts.nproc, spec.startswith(HF_PREFIX)), opts)
     if opts.baseline and opts.baseline not in {p.name for p in plans}:
         raise DtypelabError(f"--baseline {opts.baseline}: not among the policies forecast "
                             f"({', '.join(p.name for p in plans)})")

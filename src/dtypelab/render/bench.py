@@ -220,7 +220,8 @@ def memory_sections(report: Report) -> list[Section]:
     title = MEMORY_TITLE.format(unit=memory_unit(report)[0])
     # a narrow terminal keeps the policy, its optimizer state and its total longest
     drop = ("process peak", "gradients", "master copy", "activations", "weights")
-    notes = [MEMORY_NOTE] + ([FINE_TUNING_NOTE] if memory and len(memory[0]) > len(COUNTED) + 2 else [])
+    shown = {key for _, key in memory_columns(report)}
+    notes = [MEMORY_NOTE] + ([FINE_TUNING_NOTE] if shown & set(SOMETIMES) else [])
     return [Section(title, *memory, notes, left={0}, wrap={0}, drop=drop)] if memory else []
 
 

@@ -26,9 +26,8 @@ def repeated_blocks(model: nn.Module) -> list[str]:
     def walk(module: nn.Module, prefix: str) -> None:
         for name, child in module.named_children():
             full = f"{prefix}{name}"
-            kids = [c for c in child.children()] if isinstance(child, (nn.ModuleList, nn.Sequential)) else []
-            if len(kids) >= 2 and len({type(c) for c in kids}) == 1 and any(
-                    True for _ in kids[0].parameters()):
+            kids = list(child.children()) if isinstance(child, (nn.ModuleList, nn.Sequential)) else []
+            if len(kids) >= 2 and len({type(c) for c in kids}) == 1 and next(kids[0].parameters(), None) is not None:
                 found.extend(f"{full}.{n}" for n, _ in child.named_children())
                 continue
             walk(child, full + ".")

@@ -75,7 +75,6 @@ def _causal_task(name: str, path: Path, config: Any, seq: int | None) -> Task:
         nats /= len(held)
         return {"val_loss": nats, "perplexity": math.exp(min(nats, 50.0))}
 
-    params = _parameter_count(config)
     return Task(
         name=name, make_model=factory(path, config, AutoModelForCausalLM), train_batch=train_batch,
         blocks=getattr(config, "num_hidden_layers", 0) or 0, with_blocks=lambda n: _with_blocks(config, n),
@@ -83,7 +82,7 @@ def _causal_task(name: str, path: Path, config: Any, seq: int | None) -> Task:
         make_optimizer=lambda p: torch.optim.AdamW(p, lr=2e-4, weight_decay=0.0), steps=20, batch_size=4,
         infer_batch=lambda n: {"input_ids": held[:n, :-1]},
         description=f"{config.model_type} causal language model from {path}"
-                    + (f" ({_count(params)} parameters)" if params else "") + f", {seq} tokens per sequence; "
+                    + f", {seq} tokens per sequence; "
                     + ("its weights" if has_weights(path) else "no weights there: its config's initialization")
                     + "; gpt2's generated corpus over its vocabulary; held-out loss and perplexity")
 
@@ -98,23 +97,6 @@ def _with_blocks(config: Any, n: int) -> nn.Module:
         shallow.layer_types = shallow.layer_types[:n]
     with quiet(), hushed():
         return AutoModelForCausalLM.from_config(shallow, dtype=torch.float32)
-
-
-def _count(n: int) -> str:
-    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
-
-
-def _parameter_count(config: Any) -> int | None:
-    try:
-        with quiet():
-            from accelerate import init_empty_weights
-            from transformers import AutoModelForCausalLM
-
-            with init_empty_weights():
-                model = AutoModelForCausalLM.from_config(config)
-        return sum(p.numel() for p in model.parameters())
-    except Exception:
-        return None
 
 
 __all__ = ["make_task"]

@@ -18,8 +18,9 @@ from torch import nn
 
 from dtypelab.core.backends import quiet
 from dtypelab.core.errors import TaskError
+from dtypelab.core.task import HF_PREFIX
 
-PREFIX = "hf:"
+PREFIX = HF_PREFIX
 DEFAULT_SEQ = 512
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 EXTRA = "pip install 'dtypelab[hf]' (transformers)"
