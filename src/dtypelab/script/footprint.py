@@ -23,6 +23,7 @@ class Footprint:
         self.bench = bench and not precision.plan.compiles  # torch.compile's graphs save out of the hooks' sight
         self._acts: Any = None  # counting one step's saved activations (core.footprint.saved_activations)
         self._count: dict[str, int] | None = None
+        self._parts: list[str] = []  # what the kinds name apart among the activations
 
     def count_activations(self, start: bool) -> None:
         """Count what the forward passes of step ACTIVATIONS_STEP save for the backward: from the step's start to
@@ -30,7 +31,9 @@ class Footprint:
         if start:
             if (self._acts is None and len(self.timer.samples) == self.ACTIVATIONS_STEP
                     and self.run.model is not None and self.bench):
-                self._acts = saved_activations(self.run.model)
+                parts = self.precision.activation_parts(self.run.model)  # LoRA's adapters
+                self._parts = list(parts)
+                self._acts = saved_activations(self.run.model, parts)
                 self._count = self._acts.__enter__()
         elif self._acts is not None and self._count is not None and "done" not in self._count:
             self._acts.__exit__(None, None, None)
@@ -57,7 +60,8 @@ class Footprint:
         optimizers = self.run.optimizers
         try:  # a count that fails (a tensor without storage) must not lose the run's measurement
             masters = [t for opt in optimizers for t in self.precision.master_tensors(opt)]
-            return state_memory(self.run.model, optimizers, masters, counted["bytes"] if counted else None,
-                                counted.get("gradients") if counted else None)
+            memory = state_memory(self.run.model, optimizers, masters, counted["bytes"] if counted else None,
+                                  counted.get("gradients") if counted else None)
+            return {**memory, **{k: counted[k] for k in self._parts if k in counted}} if counted else memory
         except Exception:
             return None
