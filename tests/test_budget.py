@@ -154,3 +154,19 @@ def test_after_fp32_the_sweep_says_what_the_budget_will_skip():
     assert len(notices) == 1
     assert notices[0].startswith("time budget 100 s: the 2 remaining policies are estimated at ~30 s")
     assert "these will be skipped: int8-dyn (~150 s)" in notices[0]
+
+
+def test_the_compiled_baseline_is_not_run_when_none_of_the_compiled_policies_would_fit_after_it():
+    """fp32+compile is added only to time compiled policies against: when at the estimates none of them fits in the
+    budget after it, its run would buy a comparison never made (the GPU check's 75 s on an H100)."""
+    clock = Clockwork({"fp32": 30.0})
+    report = bench(f"{TINY}:make_task", "bf16,amp-bf16,amp-bf16+compile", launcher=clock, hardware=fake_hardware(),
+                   budget="100s", rounds=0)
+    base = report.result("fp32+compile")
+    assert base.status == "skipped" and base.skip == "budget"
+    assert "the baseline of amp-bf16+compile alone" in base.reason
+    assert "fp32+compile" not in clock.ran and clock.ran[:3] == ["fp32", "bf16", "amp-bf16"]
+    # with room for a compiled policy after it, the baseline runs first
+    roomy = Clockwork({"fp32": 30.0})
+    bench(f"{TINY}:make_task", "amp-bf16+compile", launcher=roomy, hardware=fake_hardware(), budget="300s", rounds=0)
+    assert roomy.ran == ["fp32", "fp32+compile", "amp-bf16+compile"]

@@ -107,10 +107,10 @@ def test_ctrl_c_cancels_every_job_not_finished(tmp_path):
 
 @pytest.mark.e2e
 def test_a_fanned_out_sweep_keeps_what_finished_and_a_rerun_picks_it_up(tmp_path, monkeypatch):
-    # fp64 is timed in the rounds however slow its own run was here (an AVX2 CPU can put it under 0.6x fp32)
-    monkeypatch.setattr("dtypelab.sweep.interleave.clearly_slower", lambda report, ran: set())
     """bf16's job dies without a word (SIGKILL, as the OOM killer or a lost node ends one): the others count, the
     record says where each ran; a re-run with the same --json measures fp32 and bf16 again and keeps fp64."""
+    # fp64 is timed in the rounds however slow its own run was here (an AVX2 CPU can put it under 0.6x fp32)
+    monkeypatch.setattr("dtypelab.sweep.interleave.clearly_slower", lambda report, ran: set())
     path = str(tmp_path / "r.json")
     task = f"{TINY}:make_killed_task"
     monkeypatch.setenv("TINY_KILL", "1")

@@ -281,3 +281,33 @@ def test_a_task_object_is_forecast_in_this_process():
     assert report.config.task == "tiny" and all(p.status == "ok" for p in report.policies)
     with pytest.raises(DtypelabError, match="a Task object is forecast in this process"):
         dtypelab.forecast(make_task(), launcher="process")
+
+
+def test_ctrl_c_keeps_the_policies_forecast_so_far_and_marks_the_rest_interrupted(tmp_path):
+    """What the GPU check's time box relies on: Ctrl-C during a forecast saves the policies already forecast (the
+    workers had reported them) and names the others interrupted; exit 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "f.json"
+    proc = subprocess.Popen([sys.executable, "-m", "dtypelab", "forecast", "digits", "-p", "fp32,bf16,fp64,amp-bf16",
+                             "--device", "cpu", "--check", "--no-batch-search", "--json", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "DTYPELAB_FORK": "0"})
+    seen, deadline = "", time.monotonic() + 120
+    while "1/4 policies" not in seen and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen += line
+    assert "1/4 policies" in seen, seen
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted: the policies forecast so far are saved in" in " ".join(err.split())
+    record = load_record(str(path))
+    status = {p.policy: p.status for p in record.policies}
+    assert status["fp32"] == "ok" and "interrupted" in status.values() and set(status) == {"fp32", "bf16", "fp64",
+                                                                                             "amp-bf16"}

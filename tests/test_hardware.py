@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import fake_hardware
@@ -68,17 +70,49 @@ def test_int8_kernel_probe_follows_torch_int_mm_when_onednn_is_off(monkeypatch):
     assert torch.equal(fn(), exact)  # the probe times the int8 x int8 matmul itself, exactly
     with torch.backends.mkldnn.flags(enabled=False):
         assert torch.equal(fn(), exact)  # the same numbers from the plain loop
-    assert torch.backends.mkldnn.enabled  # the flag is restored
     real, calls = torch._int_mm, []
 
     def spy(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        calls.append((a.dtype, torch.backends.mkldnn.enabled))
+        calls.append((a.dtype, b.dtype, tuple(a.shape), torch.backends.mkldnn.enabled))
         return real(a, b)
 
     monkeypatch.setattr(torch, "_int_mm", spy)
-    assert _timed_gflops(fn, 128, lambda: None, 0.01) > 0
     with torch.backends.mkldnn.flags(enabled=False):
-        fn()
-    # each timed call is torch._int_mm itself, under the flag in force (no CPU flags given: int8 activations)
-    assert {d for d, _ in calls} == {torch.int8} and len(calls) >= 2
-    assert calls[-1][1] is False and all(on for _, on in calls[:-1])
+        assert _timed_gflops(fn, 128, lambda: None, 0.01) > 0
+    # each timed call is torch._int_mm itself on int8 operands of the probe's size, and the probe leaves the oneDNN
+    # flag as the caller set it (no CPU flags given: int8 activations)
+    assert len(calls) >= 2 and set(calls) == {(torch.int8, torch.int8, (128, 128), False)}
+
+
+def test_the_int8_kernels_path_is_read_from_onednns_own_log_and_said_against_the_cpus_int8_units():
+    from dtypelab.core.hardware import kernel_path_text
+    from dtypelab.core.rates_probe import onednn_path, onednn_primitive
+
+    amx = ("onednn_verbose,v1,info,cpu,isa:Intel AVX-512 with AMX\n"
+           "onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src:f32 dst:u8,,256x256,0.01\n"
+           "onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx512_core_amx,undef,src:s8 wei:s8,,256x256,0.02\n")
+    assert onednn_primitive(amx) == "matmul brg_matmul:avx512_core_amx"
+    assert onednn_primitive("onednn_verbose,v1,info,cpu,isa:Intel AVX2\n") == ""
+    xeon = replace(fake_hardware(), cpu_flags=("avx512f", "avx512_vnni", "amx_int8"))
+    assert kernel_path_text(replace(xeon, kernel_paths={"int8": "matmul brg_matmul:avx512_core_amx"}), "int8") == \
+        "on AMX's int8 units (oneDNN matmul brg_matmul:avx512_core_amx)"
+    assert kernel_path_text(replace(xeon, kernel_paths={"int8": "matmul gemm:jit"}), "int8") == \
+        "not on AMX's int8 units (oneDNN matmul gemm:jit)"
+    assert kernel_path_text(replace(xeon, kernel_paths={"int8": ""}), "int8").startswith("not on AMX's int8 units")
+    assert kernel_path_text(xeon, "int8") == ""  # not probed: nothing said
+    # the probe reads the log of a real call: torch.ao's dynamic linear under the oneDNN engine goes through oneDNN
+    import warnings
+
+    previous = torch.backends.quantized.engine
+    if "onednn" not in torch.backends.quantized.supported_engines:
+        pytest.skip("this torch build has no oneDNN quantized engine")
+    try:
+        torch.backends.quantized.engine = "onednn"
+        x = torch.randn(64, 64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            packed = torch.ops.quantized.linear_prepack(torch.quantize_per_tensor(x, 0.05, 0, torch.qint8), None)
+        assert onednn_path(lambda: torch.ops.quantized.linear_dynamic(x, packed)).startswith(("matmul ",
+                                                                                              "inner_product "))
+    finally:
+        torch.backends.quantized.engine = previous

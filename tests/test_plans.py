@@ -57,9 +57,12 @@ def test_files_written_by_version_1_render_as_before(name):
 
 def test_version_1_bench_is_migrated_to_self_describing_fields():
     report = load_record(os.path.join(V1, "bench_train.json"))
-    assert report.schema_version == 4 and report.recommendation.chosen == "fp32"
+    assert report.schema_version == 5 and report.recommendation.chosen == "fp32"
     amp = report.result("amp-fp16")
     assert amp.info.plan["default"] == {"kind": "autocast", "dtype": "float16", "scaler": True}
+    # filled once by the migration from the plan's JSON, so that no reader knows a kind by its name
+    assert amp.info.fp32_weights is True and amp.info.keeps_updates is True
+    assert report.result("bf16").info.fp32_weights is False and report.result("bf16").info.keeps_updates is False
     assert amp.scaler["grad_scale"][0] == 65536.0
     assert report.result("tf32").skip == "unsupported"
     infer = load_record(os.path.join(V1, "bench_infer.json"))
@@ -228,26 +231,21 @@ class Block(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, Block())
 from dtypelab.core.records import load_record
-from dtypelab.core.results import AuditReport, ForecastReport, Report, TraceReport, TuneReport
+from dtypelab.core.results import Report
 from dtypelab.render import report
 from dtypelab.render.bench import render_html, render_markdown
-from dtypelab.render.forecast import forecast_doc
-from dtypelab.render.numeric import audit_doc, emit
-from dtypelab.render.trace import trace_doc
-from dtypelab.render.tune import tune_doc
+from dtypelab.render.drawing import document_of, more_of
+from dtypelab.render.numeric import emit
 
 records = [load_record(p) for p in sys.argv[1:]]
 for r in records:
-    if isinstance(r, ForecastReport):
-        emit(forecast_doc(r), "markdown", None)
-    elif isinstance(r, Report):
+    if isinstance(r, Report):  # bench draws its own table
         render_markdown(r), render_html(r)
-    elif isinstance(r, AuditReport):
-        emit(audit_doc(r, 0)[0], "markdown", None)
-    elif isinstance(r, TraceReport):
-        emit(trace_doc(r), "markdown", None)
-    else:
-        emit(tune_doc(r), "markdown", None)
+        continue
+    doc, styles, wrap = document_of(r)(r, 0)  # whichever kind: its renderer, found as `show` finds it
+    emit(doc, "markdown", None, styles, wrap)
+    for part in more_of(r, 0):
+        emit(part, "markdown", None)
 page = report(records).html
 print(len(records), "records", len(page), "bytes")
 """

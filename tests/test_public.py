@@ -12,7 +12,7 @@ from dtypelab.core.results import KINDS, Record, Report
 
 
 def test_every_record_kind_is_registered_by_its_schema_and_drawn():
-    from dtypelab.render.views import document_of, section_of
+    from dtypelab.render.drawing import document_of, section_of
 
     assert {cls.__name__ for cls in KINDS.values()} == {
         "Report", "AuditReport", "TraceReport", "LintReport", "TuneReport", "AutopilotReport", "ForecastReport"}

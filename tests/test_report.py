@@ -192,19 +192,34 @@ def test_render_has_no_import_circle_and_each_record_kind_is_drawn_by_its_own_mo
 
     import dtypelab.render
     from dtypelab.core.results import AuditReport, ForecastReport, LintReport, Report, TraceReport, TuneReport
-    from dtypelab.render.views import SECTIONS, more_of
+    from dtypelab.render.drawing import more_of
+    from dtypelab.render.views import SECTIONS
 
     root = Path(dtypelab.render.__file__).parent
-    graph: dict[str, set[str]] = {}
-    for path in root.glob("*.py"):
-        tree = ast.parse(path.read_text())
-        graph[path.stem] = {n.module.rsplit(".", 1)[-1] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-                            and n.module and n.module.startswith("dtypelab.render.")}
+    modules = {path.stem for path in root.glob("*.py")}
+
+    def imported(node: ast.AST) -> set[str]:
+        """The render modules one import names: ``from dtypelab.render.x import …``, ``from dtypelab.render import
+        x`` and ``import dtypelab.render.x``."""
+        if isinstance(node, ast.ImportFrom) and node.module == "dtypelab.render":
+            return {a.name for a in node.names if a.name in modules}
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dtypelab.render."):
+            return {node.module.split(".")[2]}
+        if isinstance(node, ast.Import):
+            return {a.name.split(".")[2] for a in node.names if a.name.startswith("dtypelab.render.")}
+        return set()
+
+    graph = {path.stem: set().union(*map(imported, ast.walk(ast.parse(path.read_text()))))
+             for path in root.glob("*.py")}
+    assert "plots" in graph["trace"]  # `from dtypelab.render import plots` is seen
 
     def reaches(start: str, goal: str, seen: set[str]) -> bool:
         return any(m == goal or (m not in seen and reaches(m, goal, seen | {m})) for m in graph.get(start, ()))
 
     assert [m for m in graph if reaches(m, m, set())] == []
+    # the registry imports no renderer, statically or by discovery: they import it
+    assert graph["views"] <= {"__init__"} and "importlib" not in (root / "views.py").read_text()
     more_of(object())  # loads every renderer, and so their registrations
     for kind in (Report, AuditReport, TraceReport, LintReport, TuneReport, ForecastReport):
-        assert SECTIONS[kind].__module__ not in ("dtypelab.render.page", "dtypelab.render.views")
+        assert SECTIONS[kind].__module__ not in ("dtypelab.render.page", "dtypelab.render.views",
+                                                 "dtypelab.render.drawing")

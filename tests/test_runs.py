@@ -129,7 +129,7 @@ def test_a_record_from_before_the_baseline_was_named_is_judged_against_fp32(tmp_
     path = tmp_path / "old.json"
     path.write_text(json.dumps(d))
     old = dtypelab.load_record(str(path))
-    assert old.config.baseline == "fp32" and old.config.runs == 0 and old.schema_version == 4
+    assert old.config.baseline == "fp32" and old.config.runs == 0 and old.schema_version == 5
 
 
 @pytest.mark.slow
@@ -155,3 +155,24 @@ def test_the_repeats_stop_within_the_sweeps_budget():
     assert runs.calls == [] and report.recommendation.decision == Decision.KEEP_BASELINE
     said = "the --budget ended the repeated runs after 1 run each (another round would take about 90 s)"
     assert said in report.result("bf16").notes and said in report.result("fp32").notes
+
+
+def test_every_place_that_means_the_baseline_names_the_records_baseline(monkeypatch):
+    """--baseline names it; the CLI's error, a script's skipped policies and their verdicts say that one, not fp32."""
+    from typer.testing import CliRunner
+
+    from dtypelab.cli import app
+    from dtypelab.script.runner import baseline_failed
+
+    failed = PolicyResult("fp64", "failed", "it broke", info=policy_info(get_policy("fp64")))
+    report = _report([failed], runs=0)
+    report = replace(report, config=replace(report.config, baseline="fp64", policies=("fp64", "bf16")))
+    skipped = judged(baseline_failed(report, {"fp64": get_policy("fp64"), "bf16": get_policy("bf16")}, failed))
+    bf16 = skipped.result("bf16")
+    assert bf16.skip == "baseline" and bf16.reason.startswith("not run: the fp64 baseline failed")
+    verdict = skipped.recommendation.verdicts["bf16"]
+    assert verdict == "not run: fp64 failed"
+    monkeypatch.setattr("dtypelab.sweep.bench", lambda *a, **k: skipped)
+    run = CliRunner().invoke(app, ["bench", "digits", "--baseline", "fp64", "--json", os.devnull])
+    assert run.exit_code == 1
+    assert "the fp64 baseline did not complete (failed: it broke)" in " ".join(run.output.split())

@@ -167,10 +167,21 @@ def test_a_cpu_forecast_times_each_heavy_call_here_and_adds_the_rest_by_the_mode
         return len(done), 0
 
     monkeypatch.setattr(timing, "time_kernels", every_call_a_millisecond)
+    traced: list = []
+    real_step_time = timing.step_time
+
+    def kept(ops, rates, compiled=False):
+        traced.extend(ops)
+        return real_step_time(ops, rates, compiled)
+
+    monkeypatch.setattr(timing, "step_time", kept)
     report = dtypelab.forecast("digits", policies="fp32", device="cpu", batch_search=False, launcher="inline")
     t = report.result("fp32").time
     heavy = t.breakdown["matmuls"] + t.breakdown["convolutions"]
-    assert seen and heavy == pytest.approx(1e-3 * round(heavy / 1e-3)) and heavy >= 1e-3 * len(set(seen))
+    calls = [op for op in traced if op.group in ("matmuls", "convolutions")]
+    # every heavy call of the step was timed here (1 ms each), none by the model; the rest is the model's
+    assert calls and all(op.kernel in seen for op in calls)
+    assert heavy == pytest.approx(1e-3 * len(calls))
     assert t.breakdown["elementwise"] > 0 and t.step_s > heavy
 
 
@@ -206,7 +217,9 @@ def test_each_policy_gets_a_time_a_speedup_and_the_answer_names_the_fastest(tmp_
     again = load_record(str(path))
     assert again.result("tf32").time == t["tf32"] and again.fastest == fastest and "XLA" in again.rates
     shown = run_cli("show", str(path))
-    assert shown.returncode == 0 and "speedup vs fp32" in shown.stdout and report.speed_answer[:40] in shown.stdout
+    flat = " ".join(shown.stdout.split())  # the terminal wraps the answer
+    assert shown.returncode == 0 and "speedup vs fp32" in shown.stdout and report.speed_answer in flat
+    assert f"{t[fastest].speedup:.2f}x" in flat
 
 
 def test_the_baseline_can_be_named_and_a_wrong_one_is_one_line():
@@ -229,8 +242,11 @@ def test_the_cpu_self_check_times_the_same_steps_here():
                                launcher="inline")
     for p in report.policies:
         assert p.time.step_s > 0 and p.time.measured_s > 0
-    assert report.result("fp32").time.measured_speedup == 1.0
-    assert report.result("bf16").time.measured_speedup > 0
+    fp32, bf16 = report.result("fp32").time, report.result("bf16").time
+    assert fp32.measured_speedup == 1.0
+    # the measured speedup is the two measured steps' ratio, beside the predicted one from the predicted steps
+    assert bf16.measured_speedup == pytest.approx(fp32.measured_s / bf16.measured_s)
+    assert bf16.speedup == pytest.approx(fp32.step_s / bf16.step_s)
     assert "measured here" in report.rates
 
 

@@ -263,21 +263,21 @@ def _judged(budget_mb: float, *rows: tuple[str, float, float, float]):
 
 def test_the_fastest_policy_within_tolerance_that_fits_is_chosen():
     rec = _judged(60, ("fp32", 10, 0.9, 100), ("bf16", 3, 0.9, 90), ("amp-bf16", 5, 0.9, 50))
-    assert rec.best == "amp-bf16" and rec.verdicts["bf16"] == "needs 90.0 MiB > 60.0 MiB budget"
-    assert any(s.startswith("bf16: 3.33x faster than fp32") and s.endswith("but it needs 90.0 MiB > 60.0 MiB budget.")
+    assert rec.best == "amp-bf16" and rec.verdicts["bf16"] == "needs 90 MiB > 60 MiB budget"
+    assert any(s.startswith("bf16: 3.33x faster than fp32") and s.endswith("but it needs 90 MiB > 60 MiB budget.")
                for s in rec.sentences)
     # fp32 itself does not fit: the fastest that does, even though it is slower than fp32
     rec = _judged(80, ("fp32", 10, 0.9, 100), ("bf16-kahan", 12, 0.9, 60), ("bf16", 11, 0.5, 50))
     assert rec.best == "bf16-kahan" and rec.decision.value == "use"
-    assert rec.sentences[0] == ("Use bf16-kahan: fp32 needs 100.0 MiB > 80.0 MiB budget, and bf16-kahan is the fastest "
-                                "policy within 1% on acc that fits (60.0 MiB; 1.20x slower than fp32 (0.83x its "
+    assert rec.sentences[0] == ("Use bf16-kahan: fp32 needs 100 MiB > 80 MiB budget, and bf16-kahan is the fastest "
+                                "policy within 1% on acc that fits (60 MiB; 1.20x slower than fp32 (0.83x its "
                                 "speed)).")
     # nothing within the tolerance fits: an answer, with the least memory that keeps the metric
     rec = _judged(40, ("fp32", 10, 0.9, 100), ("bf16-kahan", 12, 0.9, 60), ("bf16", 11, 0.5, 30))
     assert rec.best is None and rec.decision.value == "nothing-fits"
-    assert rec.sentences[0] == ("No recommendation: nothing within 1% on acc fits the 40.0 MiB memory budget (fp32 "
-                                "needs 100.0 MiB > 40.0 MiB budget; the least within tolerance: bf16-kahan at "
-                                "60.0 MiB).")
+    assert rec.sentences[0] == ("No recommendation: nothing within 1% on acc fits the 40 MiB memory budget (fp32 "
+                                "needs 100 MiB > 40 MiB budget; the least within tolerance: bf16-kahan at "
+                                "60 MiB).")
 
 
 def test_a_count_that_fails_loses_neither_the_measurement_nor_the_run(tiny, monkeypatch, tmp_path):

@@ -101,7 +101,9 @@ def test_apply_plan_converts_my_model_and_names_missing_modules():
     x = torch.randn(4, 8)
     ref = model(x)
     mixed = dtypelab.apply_plan(model, {"default": "fp32", "rules": {"0": "int8-dyn"}})
-    assert type(mixed[0]).__name__ != "Linear" or mixed[0].weight.__class__ is not torch.nn.Parameter
+    # the rule's layer holds torchao's int8 weights; the other keeps its float32 Parameter
+    assert type(mixed[0].weight).__name__ == "Int8Tensor" and mixed[0].weight.dtype == torch.float32
+    assert type(mixed[2].weight) is torch.nn.Parameter and mixed[2].weight.dtype == torch.float32
     got = mixed(x)
     assert got.dtype == torch.float32 and torch.nn.functional.cosine_similarity(got, ref).min() > 0.99
     with pytest.raises(dtypelab.DtypelabError, match=r"no module matches 'encoder\.layer\.0'"):

@@ -193,9 +193,9 @@ def events() -> Iterator[Callable[[Any], None]]:
 def emit(record: Any, fmt: str, top: int = 0) -> None:
     """Any record on stdout: a bench report, an audit (``top`` riskiest rows), a trace or a tune record."""
     from dtypelab.render.bench import render, render_table
+    from dtypelab.render.drawing import document_of, more_of
     from dtypelab.render.numeric import emit as emit_doc
     from dtypelab.render.numeric import to_json
-    from dtypelab.render.views import document_of, more_of
 
     draw = document_of(record)
     if draw is not None:  # every kind but a bench report, whose table is its own

@@ -32,10 +32,10 @@ def _bench(opts: BenchOptions, cli: dict[str, Any]) -> None:
     write_html(report, cli["html"])
     rec = report.recommendation
     if rec.no_baseline:
-        base = report.result("fp32")
+        base = report.base
         why = f" ({base.status}: {base.reason})" if base is not None and base.reason else ""
-        err.print(f"[bold red]error:[/] the fp32 baseline did not complete{escape(why)}: nothing to compare the "
-                  "policies with", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] the {escape(report.baseline)} baseline did not complete{escape(why)}: nothing "
+                  "to compare the policies with", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     if rec.no_evidence:
         err.print(f"[bold red]error:[/] {escape(rec.reason)}", highlight=False, soft_wrap=True)
@@ -50,8 +50,8 @@ command(app, "bench", BenchOptions, _bench, arguments=[TASK], takes_rest=True, e
     help="Train TASK under each precision policy (or, with --mode infer, run inference under each, quantized "
          "int8/fp8 policies included); print speed, memory, size, fidelity, metric and a recommendation. TASK may "
          "be your own training script (train.py, using dtypelab.session()); its arguments go after --. Exit 1 when "
-         "the fp32 baseline did not complete (nothing to compare with) or a policy that ran timed no step, 3 with "
-         "--strict when the machine was too busy to decide.")
+         "the baseline (fp32, or --baseline) did not complete (nothing to compare with) or a policy that ran timed no "
+         "step, 3 with --strict when the machine was too busy to decide.")
 
 
 def _report(opts: ReportOptions, cli: dict[str, Any]) -> None:
@@ -108,7 +108,7 @@ command(app, "policies", PoliciesOptions, _policies,
 
 
 def _hardware(opts: HardwareOptions, cli: dict[str, Any]) -> None:
-    from dtypelab.core.hardware import KERNEL_LABELS, measured_probe
+    from dtypelab.core.hardware import KERNEL_LABELS, kernel_path_text, measured_probe
     from dtypelab.core.results import plain_json, save_text
 
     with guarded():
@@ -130,8 +130,9 @@ def _hardware(opts: HardwareOptions, cli: dict[str, Any]) -> None:
         of_rated = (f"{gflops / rated:4.0%} of {rated / 1e3:g} TFLOP/s  " if rated else "") if hw.rated_tflops else ""
         what = KERNEL_LABELS.get(key, "")
         slow = hw.slow_reason(key)
+        path = kernel_path_text(hw, key)
         lines.append(f"  {key:17s} {gflops:9.3g}  {ratio}  {native:10s} {of_rated}{what}"
-                     f"{'  — ' + slow if slow else ''}".rstrip())
+                     f"{'; ' + path if path else ''}{'  — ' + slow if slow else ''}".rstrip())
     if hw.bandwidth_gbs:
         per_dtype = ", ".join(f"{k} {v:g}" for k, v in hw.elementwise_gbs.items())
         lines.append(f"memory      {hw.bandwidth_gbs:g} GB/s a large copy moves (read + written)"

@@ -8,11 +8,8 @@ import typer
 
 from dtypelab.cli._common import app, err, guarded, out
 from dtypelab.cli._options import argument, command
+from dtypelab.core.text import size_text
 from dtypelab.inference import ExportOptions
-
-
-def _bytes(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
 
 
 def _export(opts: ExportOptions, cli: dict[str, Any]) -> None:
@@ -20,10 +17,10 @@ def _export(opts: ExportOptions, cli: dict[str, Any]) -> None:
 
     with guarded(), err.status(f"converting {cli['task']} with {opts.policy}"):
         info = export(cli["task"], opts.policy, opts.output, weights=opts.weights, seed=opts.seed)
-    lines = [f"wrote {info.path} ({info.format}): {_bytes(info.file_bytes)}, "
-             f"{info.file_bytes / info.fp32_file_bytes:.2f}x fp32's {_bytes(info.fp32_file_bytes)}"]
+    lines = [f"wrote {info.path} ({info.format}): {size_text(info.file_bytes)}, "
+             f"{info.file_bytes / info.fp32_file_bytes:.2f}x fp32's {size_text(info.fp32_file_bytes)}"]
     if info.fp32_linear_weight_bytes:
-        lines.append(f"linear-layer weights: {_bytes(info.linear_weight_bytes)}, "
+        lines.append(f"linear-layer weights: {size_text(info.linear_weight_bytes)}, "
                      f"{info.linear_weight_bytes / info.fp32_linear_weight_bytes:.2f}x fp32")
     same = "identical" if info.roundtrip_max_abs_diff == 0 else f"max abs difference {info.roundtrip_max_abs_diff:.3g}"
     lines.append(f"weights: {info.weights}; reloaded from the file: outputs {same}")

@@ -77,7 +77,8 @@ def _forecast(opts: ForecastOptions, cli: dict[str, Any]) -> None:
             raise DtypelabError("give a TASK (a built-in such as gpt2-full or llama2-7b, or FILE.py:make_task), or "
                                 "--devices to list the GPUs")
     path = opts.json_path or default_result_path(cli["task"], "forecast")
-    with guarded(), _progress(f"forecasting {cli['task']}") as progress:
+    with guarded(f"the policies forecast so far are saved in {path}"), \
+            _progress(f"forecasting {cli['task']}") as progress:
         report = forecast(cli["task"], opts.but(json_path=path), progress=progress)
     emit(report, fmt)
     saved(path)

@@ -20,6 +20,7 @@ from dtypelab.core.rates_probe import (
     elementwise_gbs,
     kernel_call,
     matmul_gflops,
+    onednn_path,
     op_floor_us,
     timed_gflops,
 )
@@ -36,6 +37,7 @@ PROBE_DTYPES = ("float64", "float32", "bfloat16", "float16")
 # "int8-fbgemm": torch.ao's packed dynamic linear; the weight-only ones: weights converted to float32 for
 # every call, then a float32 matmul, as torchao 0.18 runs them on CPU.
 KERNEL_PROBES = ("fp8", "int8", "int8-fbgemm", "int8-weight-only", "fp8-weight-only")
+INT8_KERNELS = ("int8", "int8-fbgemm")  # a CPU's: which oneDNN primitive (if any) runs each is probed
 KERNEL_LABELS = {
     "fp8": "float8 e4m3 × e4m3 matmul (torch._scaled_mm: tensor cores, bfloat16 out)",
     "int8": "int8 × int8 matmul (torch._int_mm, torchao's eager path)",
@@ -75,6 +77,9 @@ class HardwareInfo:
     # a CPU's elementwise GB/s per dtype (an add's bytes read and written): a bfloat16 op does not move its half-size
     # elements twice as fast there when the CPU converts them to compute
     elementwise_gbs: dict[str, float] = field(default_factory=dict)
+    # a CPU's int8 kernels (a KERNEL_PROBES key): the oneDNN primitive that ran it ("matmul brg_matmul:avx512_core_amx":
+    # its name says whether AMX's or VNNI's int8 units did the work), or "" when none did (torch's loop, fbgemm)
+    kernel_paths: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_cuda(self) -> bool:
@@ -215,11 +220,14 @@ def probe(device: str | torch.device | None = None, budget_s: float = 0.1, speed
         finally:
             torch.backends.cuda.matmul.fp32_precision = prev
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    paths: dict[str, str] = {}
     for key in KERNEL_PROBES:
         try:
             fn = kernel_call(key, dev, n, flags)
             if fn is not None:
                 gflops[key] = timed_gflops(fn, n, sync, budget_s)
+                if dev.type == "cpu" and key in INT8_KERNELS:  # one call, its log read
+                    paths[key] = onednn_path(fn)
         except (RuntimeError, NotImplementedError, AttributeError):
             pass  # this torch build lacks the kernel (no quantized engine, no _int_mm): the policy says so itself
     source, rated = rated_peaks(name) if dev.type == "cuda" else ("", {})
@@ -230,8 +238,21 @@ def probe(device: str | torch.device | None = None, budget_s: float = 0.1, speed
         rated_tflops=rated, rated_source=source,
         bandwidth_gbs=round(bandwidth_gbs(dev, sync, budget_s), 2) if speed else None,
         op_floor_us=round(op_floor_us(dev, sync), 3) if speed else None, small_gflops=small,
-        elementwise_gbs=elementwise,
+        elementwise_gbs=elementwise, kernel_paths=paths,
     )
+
+
+def kernel_path_text(hw: HardwareInfo, key: str) -> str:
+    """Whether a CPU's int8 kernel reached its int8 units, in words ("" when it was not probed)."""
+    if key not in hw.kernel_paths:
+        return ""
+    path, flags = hw.kernel_paths[key], set(hw.cpu_flags)
+    units = "AMX" if "amx" in path else "VNNI" if "vnni" in path else ""
+    if units:
+        return f"on {units}'s int8 units (oneDNN {path})"
+    missed = "AMX" if "amx_int8" in flags else "VNNI" if flags & {"avx512_vnni", "avx_vnni"} else ""
+    ran = f"oneDNN {path}" if path else "no oneDNN primitive: torch's own loop or fbgemm"
+    return f"not on {missed}'s int8 units ({ran})" if missed else f"no int8 units here ({ran})"
 
 
 PROBE_RETRIES = 2  # re-probes while other processes disturb it

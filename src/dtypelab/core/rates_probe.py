@@ -142,3 +142,41 @@ def kernel_call(key: str, dev: torch.device, n: int, flags: tuple[str, ...]) -> 
         w = x.to(torch.float8_e4m3fn)
         return lambda: x @ (w.to(torch.float32) * scales.unsqueeze(1)).t()
     return None
+
+
+def onednn_path(fn: Callable[[], Any]) -> str:
+    """Which oneDNN primitive runs ``fn`` (a CPU kernel call), from oneDNN's own verbose log: "matmul
+    brg_matmul:avx512_core_amx" (its implementation names the instructions: amx, vnni, avx2…), or "" when no
+    oneDNN primitive ran (torch's own loop, or fbgemm). The log goes to the process's stdout, so that descriptor is
+    redirected to a file for the one call."""
+    import os
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+b") as log:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:
+            os.dup2(log.fileno(), 1)
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                fn()
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        log.seek(0)
+        text = log.read().decode(errors="replace")
+    return onednn_primitive(text)
+
+
+def onednn_primitive(log: str) -> str:
+    """The heaviest primitive a oneDNN verbose log shows executed: a matmul or inner product (else the last
+    primitive), as "KIND IMPLEMENTATION"; "" when it shows none."""
+    ran = []
+    for line in log.splitlines():
+        fields = line.split(",")
+        # onednn_verbose,v1,primitive,exec,cpu,KIND,IMPLEMENTATION,...
+        if len(fields) > 6 and fields[0] == "onednn_verbose" and fields[2:4] == ["primitive", "exec"]:
+            ran.append((fields[5], fields[6]))
+    heavy = [r for r in ran if r[0] in ("matmul", "inner_product", "convolution")] or ran
+    return " ".join(heavy[-1]) if heavy else ""

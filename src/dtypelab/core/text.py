@@ -36,8 +36,11 @@ def pct(x: float) -> str:
 KIB, MIB, GIB = 2**10, 2**20, 2**30  # bytes: dtypelab's one unit of memory, binary as torch and nvidia-smi report it
 
 
-def size_text(n: int) -> str:
-    """A size in a sentence, in binary units as torch and nvidia-smi report memory: 100.4 GiB, 54.0 MiB, 18.0 KiB."""
+def size_text(n: float | None) -> str:
+    """A number of bytes with its unit named, binary as torch and nvidia-smi report memory: 100.4 GiB, 54 MiB,
+    18 KiB ("unknown" for None). dtypelab's one byte formatter: sentences, cells and messages alike."""
+    if n is None:
+        return "unknown"
     if abs(n) >= GIB:
         return f"{n / GIB:.4g} GiB"
     return f"{n / MIB:.3g} MiB" if abs(n) >= MIB else f"{n / KIB:.3g} KiB"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -15,21 +15,56 @@ from dtypelab.core.policies import Plan
 from dtypelab.core.results import CheckResult
 from dtypelab.core.task import Task
 from dtypelab.forecasting.ledger import Peak
-from dtypelab.forecasting.trace import Run, Traced, shifted
+from dtypelab.forecasting.trace import Run, Target, Traced, shifted
 
 CHECK_STEPS = 3  # --check: real steps, the first making the optimizer's state
 TIMED_STEPS = 10  # --check: the steps timed for the measured step time (after WARM_STEPS)
 WARM_STEPS = 3  # caches, the optimizer's state, a compiled policy's graphs
 
 
-def fallback(forecaster: Any, plan: Plan, batch_size: int, train: bool, why: str, notes: list[str],
+class HostJob(Protocol):
+    """What this module reads of a forecaster's job (``job.ForecastJob``)."""
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def infer_batch_size(self) -> int: ...
+
+    @property
+    def check_device(self) -> str: ...
+
+
+class Host(Protocol):
+    """What this module asks of a forecaster (``job.Forecaster``): its public state and methods, nothing private."""
+
+    job: HostJob
+    task: Task
+    target: Target
+    meta: nn.Module
+    trains: bool
+    measured: dict[tuple[str, bool], tuple[list[Traced], tuple[int, ...]]]
+
+    def converted(self, plan: Plan, depth: int | None = None) -> tuple[nn.Module, Plan, int]: ...
+
+    def wrap(self, plan: Plan) -> Any: ...
+
+    def hardware_here(self) -> Any: ...
+
+    def run_here(self, plan: Plan, batch_size: int, train: bool, steps: int, device: str = "cpu") -> Traced: ...
+
+
+def fallback(forecaster: Host, plan: Plan, batch_size: int, train: bool, why: str, notes: list[str],
              ) -> tuple[Traced, str]:
     """A step ``forecaster`` (``job.Forecaster``) could not trace on fake tensors: run here on real tensors at one or
     two small batch sizes (extrapolated along their line) when the model fits this machine, else its state alone."""
     if room_for(tensor_bytes(forecaster.meta.parameters())) and plan.distributed is None:
         sizes = (batch_size,) if batch_size <= 4 else (2, 4)
         key = (plan.name, train)
-        measured = forecaster._measured
+        measured = forecaster.measured
         if key not in measured or (measured[key][1] != sizes and len(sizes) == 1):
             measured[key] = ([run_here(forecaster, plan, b, train, steps=2) for b in sizes], sizes)
         runs, sizes = measured[key]
@@ -38,7 +73,7 @@ def fallback(forecaster: Any, plan: Plan, batch_size: int, train: bool, why: str
                          " and extrapolated along the line through them" if len(sizes) > 1 else ""))
         return (runs[0] if len(runs) == 1 else extrapolate(runs, sizes, batch_size)), "measured"
     model, stand, extra = forecaster.converted(plan)
-    run = Run(forecaster.task, stand, model, forecaster.target, wrap=forecaster._ranks.wrap(plan), converted=True)
+    run = Run(forecaster.task, stand, model, forecaster.target, wrap=forecaster.wrap(plan), converted=True)
     if not train:
         notes.append(f"the inference pass could not be traced on fake tensors ({why}), and the model is too large "
                      "to run here: its weights alone are counted, so its peak is at least this")
@@ -49,7 +84,7 @@ def fallback(forecaster: Any, plan: Plan, batch_size: int, train: bool, why: str
     return shifted(run.state(), extra, "parameters"), "state-only"
 
 
-def run_here(forecaster: Any, plan: Plan, batch_size: int, train: bool, steps: int, device: str = "cpu") -> Traced:
+def run_here(forecaster: Host, plan: Plan, batch_size: int, train: bool, steps: int, device: str = "cpu") -> Traced:
     """``steps`` real steps (or an inference pass) of the forecaster's task here, counted by the ledger."""
     task = forecaster.task
     torch.manual_seed(forecaster.job.seed)
@@ -154,7 +189,7 @@ def step_seconds(task: Task, plan: Plan, device: str, batch_size: int, train: bo
     return statistics.median(times)
 
 
-def check(forecaster: Any, plan: Plan, notes: list[str]) -> CheckResult | None:
+def check(forecaster: Host, plan: Plan, notes: list[str]) -> CheckResult | None:
     """--check, for ``forecaster`` (``job.Forecaster``): the same steps on real tensors here, the ledger's peak over
     CHECK_STEPS steps, and the process peak as bench measures it."""
     if plan.distributed is not None:

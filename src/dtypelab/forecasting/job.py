@@ -133,7 +133,8 @@ class Forecaster:
         # batch size (bf16, bf16-kahan and bf16-sr+adam8bit convert the model alike); each policy's own update
         self._passes: dict[tuple[Any, ...], Traced] = {}
         self._updates: dict[tuple[str, int | None], Traced] = {}
-        self._measured: dict[tuple[str, bool], tuple[list[Traced], tuple[int, ...]]] = {}
+        # (plan, train) -> steps run here when one could not be traced, and their batch sizes (``here.fallback``)
+        self.measured: dict[tuple[str, bool], tuple[list[Traced], tuple[int, ...]]] = {}
         self._timed: dict[tuple[str, bool], tuple[Traced, str]] = {}  # (plan, train) -> its step, the method
         self._times = StepTimes(job.rates) if job.rates is not None else None
 
@@ -146,6 +147,10 @@ class Forecaster:
 
     def close(self) -> None:
         self._ranks.close()
+
+    def wrap(self, plan: Plan) -> Any:
+        """How ``plan``'s model is wrapped for its ranks (FSDP2 on a fake process group), or None."""
+        return self._ranks.wrap(plan)
 
     # --- one policy ---------------------------------------------------------------------------------
     def policy(self, plan: Plan) -> PolicyForecast:
@@ -303,14 +308,14 @@ class Forecaster:
         key = (layout(model, stand), plan.distributed, train, batch_size)
         try:
             if key not in self._passes:
-                run = Run(self.task, stand, model, self.target, wrap=self._ranks.wrap(plan), converted=True)
+                run = Run(self.task, stand, model, self.target, wrap=self.wrap(plan), converted=True)
                 self._passes[key] = run.train(self.train_shape, batch_size, update=False) if train else \
                     run.infer(self.infer_shape, batch_size)
             traced = self._passes[key]
             if train:
                 if (plan.name, depth) not in self._updates:
                     model, _, _ = self.converted(plan, depth)
-                    run = Run(self.task, stand, model, self.target, wrap=self._ranks.wrap(plan), converted=True)
+                    run = Run(self.task, stand, model, self.target, wrap=self.wrap(plan), converted=True)
                     self._updates[(plan.name, depth)] = run.state()
                 traced = joined(traced, self._updates[(plan.name, depth)])
         except (Unsupported, DtypelabError):

@@ -37,7 +37,7 @@ from dtypelab.forecasting.job import ForecastJob
 from dtypelab.forecasting.kinds import PLAIN_PASS, UPDATE_COST
 from dtypelab.forecasting.options import ForecastOptions
 from dtypelab.forecasting.timing import rates_for, speed_answer, speed_probe, with_speedups
-from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher, Target
+from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher, Target, stop_in_flight
 
 Progress = Callable[[int, int], None]
 GPU_RESERVE = "0.5GiB"  # the CUDA context and the libraries' workspaces: outside torch's allocator, not traced
@@ -236,8 +236,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
         progress(0, len(plans))
     cuda_guard_here()
     try:
-        with ThreadPoolExecutor(len(jobs)) as pool:
-            outcomes = list(pool.map(run, range(len(jobs))))
+        outcomes, interrupted = _follow(run, len(jobs))
     finally:
         if claims is not None:
             shutil.rmtree(claims, ignore_errors=True)
@@ -252,7 +251,9 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
             found[result.policy] = result
     died = "; ".join(dict.fromkeys(out.reason or out.status for out in outcomes if out.status != "ok"))
     for plan in plans:  # a worker that died: the policies it took and did not report fail with its reason
-        found.setdefault(plan.name, PolicyForecast(plan.name, plan.describe(), "failed", reason=died or "not reported"))
+        found.setdefault(plan.name, PolicyForecast(plan.name, plan.describe(), "interrupted", reason=INTERRUPTED)
+                         if interrupted else PolicyForecast(plan.name, plan.describe(), "failed",
+                                                            reason=died or "not reported"))
     here = hw if device.kind == "cpu" and hw is not None else hardware_for(torch.device("cpu"), None, budget_s=0.02)
     results = []
     for plan in plans:
@@ -272,4 +273,24 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
                             rates=rates.source if rates is not None else "", fastest=fastest, speed_answer=said)
     if opts.json_path:
         report.save(opts.json_path)
+    if interrupted:  # what finished is saved: the caller says so
+        raise KeyboardInterrupt
     return report
+
+
+INTERRUPTED = "interrupted before it finished"
+
+
+def _follow(run: Callable[[int], Outcome], n: int) -> tuple[list[Outcome], bool]:
+    """The outcomes of ``run(0)`` … ``run(n - 1)``, each followed from a thread of its own; (outcomes, whether Ctrl-C
+    stopped them). Ctrl-C reaches the main thread only: it stops every run in flight, and each still returns what its
+    workers reported before."""
+    pool = ThreadPoolExecutor(n)
+    futures = [pool.submit(run, i) for i in range(n)]
+    try:
+        return [f.result() for f in futures], False
+    except KeyboardInterrupt:
+        stop_in_flight()
+        return [f.result() for f in futures], True
+    finally:
+        pool.shutdown(wait=False)

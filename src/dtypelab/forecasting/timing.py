@@ -13,7 +13,7 @@ import torch
 from dtypelab.core.devices import device_spec, rated_peaks
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, measured_probe
-from dtypelab.core.policies import Plan
+from dtypelab.core.policies import BASELINE, Plan
 from dtypelab.core.results import PolicyForecast, TargetDevice, TimeForecast
 from dtypelab.core.speed import (
     GEMM_EFFICIENCY,
@@ -62,9 +62,10 @@ def rates_for(device: TargetDevice) -> tuple[Rates | None, str]:
 
 
 def with_speedups(results: list[PolicyForecast], baseline: str | None) -> tuple[list[PolicyForecast], str]:
-    """Each policy's time with its speedup against the baseline's (fp32 when forecast, else the first timed)."""
+    """Each policy's time with its speedup against the baseline's (the one named, else the default baseline when
+    forecast, else the first timed)."""
     timed = {r.policy: r.time for r in results if r.time is not None and r.time.step_s}
-    base = baseline or ("fp32" if "fp32" in timed else next(iter(timed), ""))
+    base = baseline or (BASELINE if BASELINE in timed else next(iter(timed), ""))
     ref = timed.get(base)
     if ref is None:
         return results, base
@@ -85,7 +86,7 @@ def speed_answer(results: list[PolicyForecast], device: TargetDevice, baseline: 
     if rates is None:
         return "", no_rates[:1].upper() + no_rates[1:] + "." if no_rates else ""
     fit = [r for r in results if r.status == "ok" and r.time is not None and r.time.step_s and not r.runs_there
-           and "stand-in" not in r.time.reason
+           and r.method != "stand-in"  # its time is the stand-in's kernels', not the policy's
            and all(f is None or f.fits for f in (r.train_fit if r.train is not None else r.infer_fit,))]
     if not fit:
         return "", f"No policy is predicted to fit and run on {rates.device}."

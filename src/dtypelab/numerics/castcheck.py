@@ -105,6 +105,7 @@ class CastReport:
     bytes_before: int = 0
     bytes_after: int = 0
     note: str = ""
+    skipped: bool = False  # not a numeric tensor (complex, bool): nothing was cast
 
     @property
     def sqnr_db(self) -> float | None:
@@ -149,7 +150,8 @@ def cast_report(tensor: torch.Tensor, dtype: str | torch.dtype | Format, name: s
     fmt = dtype if isinstance(dtype, Format) else get_format(str(dtype))
     src = str(tensor.dtype).removeprefix("torch.")
     if tensor.is_complex() or tensor.dtype == torch.bool:
-        return CastReport(name, src, fmt.name, tuple(tensor.shape), tensor.numel(), {}, note=f"skipped: {src}")
+        return CastReport(name, src, fmt.name, tuple(tensor.shape), tensor.numel(), {}, note=f"skipped: {src}",
+                          skipped=True)
     x, y, _, masks = classify(tensor, fmt)
     x, y = x.reshape(-1), y.reshape(-1)
     finite_in = torch.isfinite(x)
@@ -241,7 +243,7 @@ def cast_file(path: str, to: str, progress: Callable[[int, int], None] | None = 
         if progress:
             progress(done, total_elements)
     rows = tuple(rows_list)
-    ran = [r for r in rows if not r.note.startswith("skipped")]
+    ran = [r for r in rows if not r.skipped]
     counts: dict[str, int] = {}
     for r in ran:
         for k, v in r.counts.items():

@@ -46,7 +46,7 @@ def values_doc(casts: list[ValueCast]) -> Doc:
 
 # --- cast --------------------------------------------------------------------------------------
 def _cast_row(r: CastReport, is_float: bool) -> list[str]:
-    if r.note.startswith("skipped"):
+    if r.skipped:
         return [r.name, r.source, "×".join(map(str, r.shape)), f"{r.numel:,}"] + ["—"] * 7 + [r.note]
     c = r.counts
     lost = (c.get("overflow_inf", 0) + c.get("overflow_nan", 0) + c.get("saturated", 0)) if is_float else (

@@ -4,15 +4,10 @@ then the scaling estimate, labelled as the estimate it is."""
 from __future__ import annotations
 
 from dtypelab.core.results import Report
-from dtypelab.core.text import MIB, num
+from dtypelab.core.text import num, size_text
 from dtypelab.render.profile import Section
 
-MB = MIB
 SHOWN_RANKS = (8, 64)
-
-
-def _mb(n: float | None) -> str:
-    return num(n / MB if n is not None else None, ".3g")
 
 
 def distributed_sections(report: Report) -> list[Section]:
@@ -23,17 +18,17 @@ def distributed_sections(report: Report) -> list[Section]:
     base_wire = base.distributed.wire_bytes if base is not None and base.distributed else None
     d0 = ran[0].distributed
     world = d0.nproc * d0.nnodes
-    headers = ["policy", "how", "payload MiB/step", "wire MiB/step/rank", "bytes vs fp32", "collectives",
-               "comm in flight ms", "compute ms (1 rank)", "step ms (slowest)", "peak MiB per rank"]
+    headers = ["policy", "how", "payload/step", "wire/step/rank", f"bytes vs {report.baseline}", "collectives",
+               "comm in flight ms", "compute ms (1 rank)", "step ms (slowest)", "peak per rank"]
     rows = []
     for r in ran:
         d = r.distributed
-        payload = ", ".join(f"{k} {_mb(v)}" for k, v in d.payload_bytes.items()) or "—"
+        payload = ", ".join(f"{k} {size_text(v)}" for k, v in d.payload_bytes.items()) or "—"
         ratio = f"{d.wire_bytes / base_wire:.3g}x" if base_wire else "—"
-        rows.append([r.policy, d.modifier, payload, _mb(d.wire_bytes), ratio, str(d.collectives),
+        rows.append([r.policy, d.modifier, payload, size_text(d.wire_bytes), ratio, str(d.collectives),
                      num(d.comm_in_flight_s * 1e3, ".3g"), num(d.compute_s * 1e3, ".3g"),
                      num(r.timing.median * 1e3 if r.timing else None, ".3g"),
-                     " / ".join(_mb(p) for p in d.rank_peak_bytes) or "—"])
+                     " / ".join(size_text(p) for p in d.rank_peak_bytes) or "—"])
     notes = [
         f"{world} ranks ({d0.nproc} per node × {d0.nnodes} node{'s' if d0.nnodes > 1 else ''}, torchrun, "
         f"{d0.backend}); each rank trains on its 1/{world} slice of the same global batch of "
@@ -44,7 +39,7 @@ def distributed_sections(report: Report) -> list[Section]:
         "comm in flight: from each collective's issue to its completion, summed (it overlaps the backward pass); "
         "compute: the same step on a one-rank group per rank (hooks and casts, no peer).",
         f"link between these ranks, measured: {d0.link_latency_s * 1e6:.3g} µs per all-reduce, "
-        f"{d0.link_gbps:.3g} Gbit/s for a {d0.link_probe_bytes / MB:.0f} MiB all-reduce.",
+        f"{d0.link_gbps:.3g} Gbit/s for a {size_text(d0.link_probe_bytes)} all-reduce.",
     ]
     out = [Section("distributed: bytes, communication and memory per step", headers, rows, notes, left={0, 1, 2})]
     est = report.scaling

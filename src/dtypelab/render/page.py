@@ -15,8 +15,8 @@ from typing import Any
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.records import load_record
 from dtypelab.core.results.store import save_text
+from dtypelab.render.drawing import section_of
 from dtypelab.render.html import CSS, esc
-from dtypelab.render.views import section_of
 
 
 def _render(record: Any, key: str, layers: str | None) -> str:

@@ -1,11 +1,10 @@
 """How each record kind is drawn, registered by the function that draws it: ``@section(Kind)`` for its part of the
 report page, ``@document(Kind)`` for its terminal document. A new record kind is drawn by adding those two functions
-next to its renderer; nothing else lists the kinds."""
+next to its renderer; nothing else lists the kinds. This module is the registry alone: it imports no renderer (they
+import it); ``drawing`` loads them and looks a record's functions up."""
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -44,32 +43,3 @@ def more(kind: type) -> Callable[[F], F]:
         return fn
 
     return register
-
-
-def more_of(record: Any, top: int = 0) -> list[Any]:
-    _loaded()
-    fn = next((MORE[c] for c in type(record).__mro__ if c in MORE), None)
-    return fn(record, top) if fn is not None else []
-
-
-def _loaded() -> None:
-    """Every renderer module, and so every registration (each registers its record kinds; nothing lists them)."""
-    import dtypelab.render as package
-
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.name not in ("views", "page"):
-            importlib.import_module(f"dtypelab.render.{info.name}")
-
-
-def section_of(record: Any) -> Callable[[Any, str, str | None], str]:
-    _loaded()
-    for cls in type(record).__mro__:
-        if cls in SECTIONS:
-            return SECTIONS[cls]
-    raise TypeError(f"not a dtypelab record: {type(record).__name__}")
-
-
-def document_of(record: Any) -> Callable[[Any, int], tuple[Any, Any, set[int]]] | None:
-    """The record's terminal document, or None for a bench report (its own table)."""
-    _loaded()
-    return next((DOCUMENTS[c] for c in type(record).__mro__ if c in DOCUMENTS), None)

@@ -6,7 +6,15 @@ none of them knows how processes are made."""
 from dtypelab.run.channel import Reporter, connect, launched, watch_parent
 from dtypelab.run.events import Event, OnEvent
 from dtypelab.run.fanout import FanOutLauncher
-from dtypelab.run.launchers import LAUNCHERS, InlineLauncher, Launcher, OnStep, ProcessLauncher, Work
+from dtypelab.run.launchers import (
+    LAUNCHERS,
+    InlineLauncher,
+    Launcher,
+    OnStep,
+    ProcessLauncher,
+    Work,
+    stop_in_flight,
+)
 from dtypelab.run.messages import Done, Failed, Message, Note, Started, Step
 from dtypelab.run.outcome import Outcome, failure
 from dtypelab.run.script import ScriptLauncher, ScriptRun
@@ -19,4 +27,4 @@ __all__ = ["LAUNCHERS", "Done", "Event", "Failed", "FanOutLauncher", "InlineLaun
            "OnEvent", "OnStep", "Outcome", "Started", "Step",
            "ProcessLauncher", "Reporter", "ScriptLauncher", "ScriptRun", "Target", "Torchrun", "TorchrunLauncher",
            "Work", "connect", "failure", "heavy_modules", "launched", "parse_gpus", "parse_minutes",
-           "parse_slurm_args", "watch_parent"]
+           "parse_slurm_args", "stop_in_flight", "watch_parent"]

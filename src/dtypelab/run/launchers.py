@@ -86,6 +86,17 @@ def kill_pids(pids: list[int], marker: bytes = b"dtypelab.run") -> list[int]:
     return killed
 
 
+# When stop_in_flight() was last called: every Watch started before then stops its tree and returns what its
+# workers reported (a caller that follows runs from threads stops them on Ctrl-C, which reaches the main thread only)
+_STOPPED_AT: list[float] = []
+
+
+def stop_in_flight() -> None:
+    """Stop every run this process is following now (from other threads): each returns an "interrupted" outcome with
+    the messages its workers sent before; runs started later are not affected."""
+    _STOPPED_AT.append(time.monotonic())
+
+
 @dataclass
 class Watch:
     """A started process tree and the channel its workers talk over, followed to its end."""
@@ -124,6 +135,9 @@ class Watch:
             while self.proc.poll() is None:
                 if time.monotonic() - start > self.timeout_s:
                     status, reason = "timeout", f"stopped after the {self.timeout_s:g} s time limit"
+                    break
+                if _STOPPED_AT and _STOPPED_AT[-1] >= start:
+                    status, reason = "interrupted", "interrupted before it finished"
                     break
                 msg = self.channel.get(POLL_S)
                 if msg is not None:

@@ -20,8 +20,9 @@ Primary = tuple[str, bool] | None  # the run's primary metric and whether higher
 
 
 
-def script_result(out: Outcome, plan: Plan) -> tuple[PolicyResult, Primary]:
-    """A run's outcome as the policy's result (and its primary metric), or why there is none."""
+def script_result(out: Outcome, plan: Plan, own_precision: bool = False) -> tuple[PolicyResult, Primary]:
+    """A run's outcome as the policy's result (and its primary metric), or why there is none. ``own_precision``:
+    this policy is the baseline because it is the precision the script builds its model in (fp64)."""
     if not out.ok:
         return PolicyResult(plan.name, out.status, out.reason, wall_s=out.wall_s), None
     d = out.value
@@ -55,7 +56,7 @@ def script_result(out: Outcome, plan: Plan) -> tuple[PolicyResult, Primary]:
         metrics=d.metrics, peak_memory_bytes=d.peak_memory_bytes, load_peak_memory_bytes=d.load_peak_memory_bytes,
         memory_method=d.memory_method, model_bytes=d.model_bytes, init_fingerprint=d.init_fingerprint,
         scaler=d.scaler, info=policy_info(plan), wall_s=out.wall_s, disturbance=d.disturbance,
-        notes=tuple(run_notes(d)), memory=d.memory)
+        notes=tuple(run_notes(d, own_precision)), memory=d.memory)
     return result, (d.metric, d.higher_is_better)
 
 
@@ -68,15 +69,22 @@ def untimed(d: ScriptResult) -> str:
             "or call lab.step_end() after updating the weights by hand)")
 
 
-def run_notes(d: ScriptResult) -> list[str]:
-    """What a script's run did that the table should say: its own autocast turned off inside the model, its
+FLOAT64_NOTE = ("the script builds its model in float64, so fp64 (its own precision) is the baseline every policy is "
+                "judged against (--baseline NAME names another)")
+
+
+def run_notes(d: ScriptResult, own_precision: bool = False) -> list[str]:
+    """What a script's run did that the table should say: its own autocast turned off inside the model, the dtype
+    it builds its model in (the baseline's reason when that is float64 and the baseline ``own_precision``), its
     steps timed from one call of the model to the next (weights updated by hand)."""
     notes = []
     if d.script_autocast:
         notes.append(f"the script's own autocast ({', '.join(d.script_autocast)}) was on around the model; "
                      "dtypelab turned it off inside the model's forward so that each policy runs as named")
     built = [t for t in d.built_in if t != "float32"]
-    if built:
+    if own_precision and "float64" in built:
+        notes.append(FLOAT64_NOTE)
+    elif built:
         notes.append(f"the script builds its model in {', '.join(built)}; each policy converts it as named (fp32: to "
                      "float32 weights)")
     if d.optimizers == 0 and not d.framework and d.step_times_s:
@@ -86,4 +94,4 @@ def run_notes(d: ScriptResult) -> list[str]:
     return notes
 
 
-__all__ = ["NEVER_FINISHED", "NEVER_STARTED", "Primary", "run_notes", "script_result", "untimed"]
+__all__ = ["FLOAT64_NOTE", "NEVER_FINISHED", "NEVER_STARTED", "Primary", "run_notes", "script_result", "untimed"]

@@ -36,7 +36,7 @@ from dtypelab.run import Event, Note, OnEvent, Outcome, ScriptLauncher, ScriptRu
 from dtypelab.script.diagnose import Diagnosis
 from dtypelab.script.messages import ScriptJob
 from dtypelab.script.repeats import repeat_runs
-from dtypelab.script.results import Primary, script_result
+from dtypelab.script.results import FLOAT64_NOTE, Primary, script_result
 
 # Options of a Task's own loop: a script runs its own (its arguments go after --)
 LOOP_OPTIONS = {"mode": "--mode infer", "steps": "--steps", "batch_size": "--batch-size", "warmup": "--warmup",
@@ -109,7 +109,7 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
     report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     for name, plan in plans.items():  # every refusal before the first run, so that an error stays one line
         avail = plan.availability(hardware)
-        if not avail.ok and (explicit or plan is named) and name != BASELINE:
+        if not avail.ok and (explicit or plan is named) and name != base.name:
             raise DtypelabError(f"policy {name} cannot run here: {avail.reason}")
     if probe_notice(hardware) and not opts.force:
         on_event(Event("notice", "", label=probe_notice(hardware)))
@@ -128,9 +128,11 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
                     on_event(Event("skip", name, result=result))
                     continue
                 result, primary, built = run.once(plan)
-                if named is None and name == BASELINE == report.baseline and "float64" in built:
+                if named is None and name == report.baseline and plan.default.storage_dtype == "float32" \
+                        and "float64" in built:
                     # the script's own precision is float64: that is what every policy is judged against
                     plans, pending, report = _float64_baseline(plans, pending, report, on_event)
+                    run.own_precision = report.baseline
                 report = _with(report, result, opts.json_path, primary)
                 if name == report.baseline:
                     run.extra = pace(result, opts.force)
@@ -150,19 +152,14 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
     return report
 
 
-FLOAT64_NOTE = ("the script builds its model in float64, so fp64 (its own precision) is the baseline every policy is "
-                "judged against (--baseline NAME names another)")
-
-
 def _float64_baseline(plans: dict[str, Plan], pending: list[str], report: Report, on_event: OnEvent
                       ) -> tuple[dict[str, Plan], list[str], Report]:
-    """fp32 ran first and found a float64 model: fp64 becomes the baseline and runs next; fp32 is a policy like
-    the others."""
-    fp64 = plans.get("fp64") or get_policy("fp64")
-    plans = {BASELINE: plans[BASELINE], "fp64": fp64, **{k: v for k, v in plans.items() if k not in (BASELINE,
-                                                                                                   "fp64")}}
-    pending = ["fp64", *[n for n in pending if n != "fp64"]]
-    config = replace(report.config, baseline="fp64", policies=tuple(plans))
+    """The baseline (fp32) ran first and found a float64 model: fp64 becomes the baseline and runs next; the first
+    is a policy like the others."""
+    first, fp64 = report.baseline, plans.get("fp64") or get_policy("fp64")
+    plans = {first: plans[first], fp64.name: fp64, **{k: v for k, v in plans.items() if k not in (first, fp64.name)}}
+    pending = [fp64.name, *[n for n in pending if n != fp64.name]]
+    config = replace(report.config, baseline=fp64.name, policies=tuple(plans))
     on_event(Event("notice", "", label=FLOAT64_NOTE))
     return plans, pending, replace(report, config=config)
 
@@ -175,6 +172,7 @@ class _Runs:
         self.target, self.opts, self.dev, self.on_event = target, opts, dev, on_event
         self.extra: dict[str, Any] = {}
         self.workdir = ""
+        self.own_precision = ""  # the baseline that is the script's own precision (fp64 for a float64 model)
 
     def once(self, plan: Plan, label: str = "") -> tuple[PolicyResult, Primary, tuple[str, ...]]:
         """(the run's result, its primary metric, the dtypes the script built its model in)."""
@@ -183,13 +181,11 @@ class _Runs:
         job = job_for(self.target.path, plan, opts.seed, str(self.dev), **self.extra)
         out = run_script(self.target.path, tuple(opts.script_args), job, opts.seed, opts.timeout_s, self.workdir,
                          lambda d, t: self.on_event(Event("step", name, d, t)))
-        result, primary = script_result(out, plan)
+        result, primary = script_result(out, plan, own_precision=name == self.own_precision)
         result = result if result.info else replace(result, info=policy_info(plan))
         built = tuple(out.messages.get("built_in", ((),))[0])
-        if result.status == "failed" and "dtype" in result.reason:
+        if result.status == "failed" and plan.default.storage_dtype != "float32":  # it changed the model's dtype
             result = replace(result, reason=result.reason + fixed_dtype_lines(self.target.path))
-        if name == "fp64" and "float64" in built:  # this note says more than run_notes' "builds its model in"
-            result = replace(result, notes=(FLOAT64_NOTE, *(n for n in result.notes if "builds its model" not in n)))
         self.on_event(Event("done", name, result=result, label=label))
         return result, primary, built
 
@@ -207,9 +203,9 @@ def fixed_dtype_lines(path: str) -> str:
 
 
 def baseline_failed(report: Report, plans: dict[str, Plan], base: PolicyResult) -> Report:
-    """fp32 failed: nothing to compare the others with, so those not run yet are not run (``--keep-going`` runs
+    """The baseline failed: nothing to compare the others with, so those not run yet are not run (``--keep-going`` runs
     them): each recorded as skipped, saying why."""
-    reason = f"not run: the {BASELINE} baseline {base.status}, so there is nothing to compare with"
+    reason = f"not run: the {base.policy} baseline {base.status}, so there is nothing to compare with"
     for name, plan in plans.items():
         if report.result(name) is None:
             report = report.with_result(PolicyResult(name, "skipped", reason, info=policy_info(plan),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.options import parse_duration
-from dtypelab.core.policies import BASELINE, Plan
+from dtypelab.core.policies import BASELINE, COMPILED_BASELINE, Plan
 
 DEFAULT_BUDGET_S = 900.0
 # A compiled policy's first call: inductor's compile of a small transformer took 32 s on 2 cores with an
@@ -58,16 +58,44 @@ def over_budget(plan: Plan, hw: HardwareInfo, base_wall: float | None, budget_s:
             f"{budget_text(budget_s)}")
 
 
-def budget_plan(plans: list[Plan], hw: HardwareInfo, base_wall: float, budget_s: float, elapsed: float) -> str:
-    """One line, after the fp32 run: what the rest of the sweep is estimated to take and, at those estimates,
-    which policies will not fit (each is judged again, on the time really left, when its turn comes)."""
-    left, total, dropped = budget_s - elapsed, 0.0, []
+def _in_order(plans: list[Plan], hw: HardwareInfo, base_wall: float, left: float
+              ) -> tuple[list[str], list[str], float]:
+    """Taken in order at their estimates: (the names that fit in ``left`` seconds, "NAME (~N s)" of those that do
+    not, the seconds of those that fit)."""
+    total, kept, dropped = 0.0, [], []
     for plan in plans:
         seconds = estimate(plan, hw, base_wall).seconds
         if total + seconds > left:
             dropped.append(f"{plan.name} (~{seconds:.0f} s)")
         else:
             total += seconds
+            kept.append(plan.name)
+    return kept, dropped, total
+
+
+def budget_plan(plans: list[Plan], hw: HardwareInfo, base_wall: float, budget_s: float, elapsed: float) -> str:
+    """One line, after the fp32 run: what the rest of the sweep is estimated to take and, at those estimates,
+    which policies will not fit (each is judged again, on the time really left, when its turn comes)."""
+    left = budget_s - elapsed
+    _, dropped, total = _in_order(plans, hw, base_wall, left)
     text = (f"time budget {budget_text(budget_s)}: the {len(plans)} remaining polic{'ies' if len(plans) > 1 else 'y'} "
             f"{'are' if len(plans) > 1 else 'is'} estimated at ~{total:.0f} s, {max(0.0, left):.0f} s left")
     return text + (f"; at those estimates these will be skipped: {', '.join(dropped)}" if dropped else "")
+
+
+def baseline_unneeded(pending: list[Plan], hw: HardwareInfo, base_wall: float | None, budget_s: float | None,
+                      elapsed: float) -> str:
+    """Why the compiled baseline (``pending[0]``) is not worth its run, or "": it is there only to time compiled
+    policies against, and at the estimates none of them would fit in the budget after it (its run would be spent on
+    a comparison that is never made)."""
+    if budget_s is None or base_wall is None or not pending or pending[0].name != COMPILED_BASELINE:
+        return ""
+    dependents = [p.name for p in pending[1:] if p.compiles]
+    if not dependents:
+        return ""
+    left = budget_s - elapsed
+    kept, _, _ = _in_order(pending, hw, base_wall, left)
+    if kept[:1] != [COMPILED_BASELINE] or set(dependents) & set(kept):
+        return ""
+    return (f"over the time budget: it is the baseline of {', '.join(dependents)} alone, and none of them is "
+            f"estimated to fit in the {max(0.0, left):.0f} s left of {budget_text(budget_s)} after it")

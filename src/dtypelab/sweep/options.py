@@ -51,7 +51,7 @@ class BenchOptions(FineTuneOptions):
     device: str | None = device_field()
     seed: int = Field(0, description="seed of the initial weights, batches and dropout (a script: of its process)")
     force: bool = Field(False, description="run policies measured to be pathologically slow here")
-    keep_going: bool = Field(False, description="run the other policies even when the fp32 baseline failed "
+    keep_going: bool = Field(False, description="run the other policies even when the baseline failed "
                                                 "(their results then have nothing to be compared with)")
     timeout_s: float = Field(600.0, gt=0, description="time limit per policy, seconds",
                              json_schema_extra={"flag": "--timeout"})

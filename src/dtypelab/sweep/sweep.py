@@ -44,7 +44,7 @@ from dtypelab.run import (
     TorchrunLauncher,
 )
 from dtypelab.script import baseline_failed, bench_script
-from dtypelab.sweep.budget import budget_plan, over_budget, parse_budget
+from dtypelab.sweep.budget import baseline_unneeded, budget_plan, over_budget, parse_budget
 from dtypelab.sweep.interleave import interleaved
 from dtypelab.sweep.job import Job
 from dtypelab.sweep.options import BenchOptions
@@ -267,7 +267,9 @@ class _Sweep:
         try:
             while pending:
                 name = pending[0]
-                over = over_budget(plans[name], hardware, base_wall, self.budget_s, time.monotonic() - self.started)
+                elapsed = time.monotonic() - self.started
+                over = over_budget(plans[name], hardware, base_wall, self.budget_s, elapsed) or baseline_unneeded(
+                    [plans[n] for n in pending], hardware, base_wall, self.budget_s, elapsed)
                 if over:
                     result = PolicyResult(name, "skipped", over, info=policy_info(plans[name]), skip="budget")
                 else:

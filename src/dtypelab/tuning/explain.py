@@ -24,8 +24,8 @@ def finish(report: TuneReport, wall_s: float, searched: bool) -> TuneReport:
     plan = report.plan
     default = _default(plan.get("default") or FP32.to_dict())
     # the plan's kinds say whether it converts anything (rules, or a default that is not fp32) and how it is called
-    # (bf16-kahan, not its kind's name); for a kind this process does not know (a user's, gone), the JSON does
-    converts = None if default is None else bool(plan.get("rules")) or default != FP32
+    # (bf16-kahan, not its kind's name); a kind this process does not know (a user's, gone) is not fp32's
+    converts = default is None or bool(plan.get("rules")) or default != FP32
     rec = tune_recommendation(plan, report.speedup, report.explanation, searched, converts)
     label = default.label if default is not None else default_label(plan.get("default", {}))
     return replace(report, wall_s=wall_s, created=time.strftime("%Y-%m-%dT%H:%M:%S"), recommendation=rec,

@@ -10,21 +10,15 @@ from dtypelab.core.results import PolicyResult
 
 def keeps_fp32_weights(r: PolicyResult) -> bool:
     """Whether the policy trains float32 (or wider) weights: autocast and tf32 do, a pure low-precision cast does
-    not (every update is rounded into its weights)."""
-    if r.info is None:
-        return False
-    if r.info.fp32_weights is not None:  # the kind's own answer (its storage dtype), kept in the record
-        return r.info.fp32_weights
-    # a record written before the answer was kept: its plan's JSON, read as the built-in kinds wrote it then
-    default = r.info.plan.get("default") or {}
-    return default.get("kind") in ("autocast", "tf32") or default.get("dtype") in ("float32", "float64")
+    not (every update is rounded into its weights). The kind's own answer, kept in the record (filled in when an
+    older record is read)."""
+    return bool(r.info is not None and r.info.fp32_weights)
 
 
 def keeps_updates(r: PolicyResult) -> bool:
     """Whether every weight keeps its small updates: float32 weights, or low-precision ones with a master copy,
-    compensation or stochastic rounding (as the record says; older records: float32 weights)."""
-    kept = r.info.keeps_updates if r.info else None
-    return keeps_fp32_weights(r) if kept is None else kept
+    compensation or stochastic rounding (as the record says)."""
+    return bool(r.info is not None and r.info.keeps_updates)
 
 
 def safest(faster: list[PolicyResult], metric: str, higher: bool) -> tuple[PolicyResult, str]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from dtypelab.core.disturbance import describe, was_disturbed
 from dtypelab.core.judging.explain import why
-from dtypelab.core.judging.memory import over, within_budget
+from dtypelab.core.judging.memory import budget_verdicts, over, within_budget
 from dtypelab.core.judging.notes import table_notes
 from dtypelab.core.judging.prefer import safest
 from dtypelab.core.judging.speed import speedup
@@ -193,12 +193,17 @@ def _no_gain(report: Report, p: Pick, base: PolicyResult) -> list[str]:
     return out
 
 
-def _memory_sentence(report: Report, lowest: str | None, best: str | None) -> str:
+def _notable_lowest(report: Report, lowest: str | None, best: str | None) -> str | None:
+    """The policy with the lowest peak within tolerance, when it is not the one chosen and needs measurably less
+    (below ``MEMORY_GAP`` of the chosen policy's peak); else None."""
     if not lowest or lowest == best:
-        return ""
+        return None
     low, b = report.result(lowest), report.result(best or report.baseline)
-    if low.peak_memory_bytes >= MEMORY_GAP * (b.peak_memory_bytes or 0):
-        return ""
+    return lowest if low.peak_memory_bytes < MEMORY_GAP * (b.peak_memory_bytes or 0) else None
+
+
+def _memory_sentence(report: Report, lowest: str, best: str | None) -> str:
+    low, b = report.result(lowest), report.result(best or report.baseline)
     return (f"Lowest peak memory within tolerance: {lowest} ({size_text(low.peak_memory_bytes)} vs "
             f"{size_text(b.peak_memory_bytes)} for {b.policy}).")
 
@@ -233,15 +238,17 @@ def recommend(report: Report) -> Recommendation:
                               notes=tuple(table_notes(report, verdicts)))
     p = pick(report, base, accepted)
     decision, best, first = _decision(report, p, base, base_metric)
+    budgeted = best == baseline and bool(over(base, cfg.memory_budget_bytes))
+    if budgeted:  # the baseline it would keep does not fit --memory-budget: the budget decides instead
+        decision, best, first = within_budget(report, accepted, verdicts)
+        verdicts.update(budget_verdicts(report, best, verdicts))
     sentences = [first]
-    if decision == Decision.USE:
+    if decision == Decision.USE and not budgeted:
         _marked(verdicts, [best], Verdict.RECOMMENDED, "recommended")
         noisy = [r.policy for r in (report.result(best), base) if r.timing.noisy] if not p.paired else []
         sentences += [p.preferred] if p.preferred else []
         sentences += [f"Timings of {' and '.join(noisy)} were noisy: re-run before trusting a small gap."] if noisy \
             else []
-    if best == baseline and over(base, cfg.memory_budget_bytes):
-        decision, best = within_budget(report, accepted, verdicts, sentences)
     _marked(verdicts, [r.policy for r in p.unsure + p.unclear], Verdict.NO_GAIN, "no measurable gain",
             only=(Verdict.BETTER, Verdict.EQUAL, Verdict.WITHIN))
     sentences += _no_gain(report, p, base)
@@ -249,11 +256,11 @@ def recommend(report: Report) -> Recommendation:
     sentences += [note for name, note in notes.items() if name != best]
     sentences += [tolerance_sentence(cfg.metric, cfg.tolerance, cfg.higher_is_better, baseline)] if notes else []
     sentences += _details(report, {name: v.speedup for name, v in verdicts.items()}) + run_notes(report)
-    memory = _memory_sentence(report, p.lowest, best)
-    if memory:
-        v = verdicts[p.lowest]
-        verdicts[p.lowest] = replace(v, text=v.text + ", lowest memory", lowest_memory=True)
-    sentences += [memory] if memory else []
+    lowest = _notable_lowest(report, p.lowest, best)
+    if lowest is not None:
+        v = verdicts[lowest]
+        verdicts[lowest] = replace(v, text=v.text + ", lowest memory", lowest_memory=True)
+        sentences.append(_memory_sentence(report, lowest, best))
     sentences += _skip_sentences(skipped)
     return Recommendation(decision, best, sentences[0], _ordered(report, {**unrun, **verdicts}), p.lowest,
                           tuple(sentences), tuple(table_notes(report, verdicts)))

@@ -21,7 +21,7 @@ def metric_text(x: float) -> str:
 _NOT_RUN = {"skipped": {"slow": (Verdict.SKIPPED_SLOW, "too slow here"),
                         "budget": (Verdict.SKIPPED_BUDGET, "over budget"),
                         "inapplicable": (Verdict.SKIPPED_INAPPLICABLE, "does not apply"),
-                        "baseline": (Verdict.SKIPPED_BASELINE, "not run: fp32 failed")},
+                        "baseline": (Verdict.SKIPPED_BASELINE, "not run: {baseline} failed")},
             "failed": Verdict.FAILED, "timeout": Verdict.TIMEOUT, "oom": Verdict.OOM,
             "interrupted": Verdict.INTERRUPTED}
 
@@ -29,7 +29,7 @@ _NOT_RUN = {"skipped": {"slow": (Verdict.SKIPPED_SLOW, "too slow here"),
 def not_run(r: PolicyResult, baseline: str) -> PolicyVerdict:
     if r.status == "skipped":
         verdict, text = _NOT_RUN["skipped"].get(r.skip, (Verdict.SKIPPED_UNSUPPORTED, "not on this hardware"))
-        text = text.replace("fp32", baseline) if r.skip == "baseline" else text
+        text = text.format(baseline=baseline)
     else:
         verdict = _NOT_RUN.get(r.status, Verdict.FAILED)
         text = r.reason if len(r.reason) <= 60 else r.reason[:57] + "..."

@@ -31,8 +31,9 @@ from dtypelab.core.tolerance import Tolerance
 
 SCHEMA = "dtypelab.report"
 # 2: self-describing (policy info, structured skips, typed measurements); 3: the typed tolerance and the
-# recommendation in the record
-BENCH_VERSION = 4
+# recommendation in the record; 4: the baseline named in the config; 5: every policy says whether it trains
+# float32 weights and keeps its updates (filled from the plan's JSON for records written before)
+BENCH_VERSION = 5
 PER_LAYER_SAMPLES = 8  # --per-layer compares the first samples of the batch (every layer's output is held)
 
 # Outcome of one policy. "ok" and "diverged" ran to the end; the rest have a reason and maybe no numbers.
@@ -219,6 +220,23 @@ def _migrate_v3(d: dict[str, Any]) -> dict[str, Any]:
     return {**d, "config": {"baseline": "fp32", "runs": 0, **(d.get("config") or {})}}
 
 
+def _v4_info(info: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Whether a policy of a version-4 record (or older) trains float32 weights, read from its plan's JSON as the
+    built-in kinds wrote it then (autocast and tf32 keep float32 weights; a cast keeps its dtype's), and whether it
+    keeps its updates (then: exactly when its weights are float32)."""
+    if not info or info.get("fp32_weights") is not None:
+        return info
+    default = (info.get("plan") or {}).get("default") or {}
+    fp32 = default.get("kind") in ("autocast", "tf32") or default.get("dtype") in ("float32", "float64")
+    kept = info.get("keeps_updates")
+    return {**info, "fp32_weights": fp32, "keeps_updates": fp32 if kept is None else kept}
+
+
+def _migrate_v4(d: dict[str, Any]) -> dict[str, Any]:
+    return {**d, "results": [{**r, "info": _v4_info(r.get("info"))} if "info" in r else r
+                             for r in d.get("results", [])]}
+
+
 @dataclass(frozen=True)
 class Report(Record):
     config: RunConfig
@@ -233,7 +251,7 @@ class Report(Record):
 
     schema = SCHEMA
     version = BENCH_VERSION
-    migrations: ClassVar[dict[int, Any]] = {1: _migrate_v1, 2: _migrate_v2, 3: _migrate_v3}
+    migrations: ClassVar[dict[int, Any]] = {1: _migrate_v1, 2: _migrate_v2, 3: _migrate_v3, 4: _migrate_v4}
 
     def with_result(self, result: PolicyResult) -> Report:
         """A new report with ``result`` added (or replaced), kept in the config's policy order."""

@@ -99,11 +99,9 @@ def default_label(config: dict[str, Any]) -> str:
 
 
 def tune_recommendation(plan: dict[str, Any], speedup: float, explanation: str, searched: bool,
-                        converts: bool | None = None) -> Recommendation:
+                        converts: bool) -> Recommendation:
     """The tune record's decision: use the plan (it converts something and was measured faster), or keep fp32.
-    ``converts``: the plan's own answer (tune asks its kinds); None for a record written before, read from its JSON."""
-    if converts is None:
-        converts = bool(plan.get("rules")) or default_label(plan.get("default", {})) != BASELINE
+    ``converts``: the plan's own answer (tune asks its kinds; a record written before, its migration)."""
     if converts:
         name = plan.get("name") or "the plan"
         return Recommendation(Decision.USE, name, f"Use {name}: {speedup:.2f}x fp32's speed, measured end to end.")
@@ -118,7 +116,9 @@ def _migrate_v2(d: dict[str, Any]) -> dict[str, Any]:
         parsed = Tolerance.parse(tol) if tol else None
         config["tolerance"] = {"value": parsed.value, "relative": parsed.relative} if parsed else None
     plan = d.get("plan") or {}
-    rec = tune_recommendation(plan, float(d.get("speedup", 1.0)), d.get("explanation", ""), True)
+    # a version-2 record kept no answer of its kinds: read from its JSON as the built-in kinds wrote it then
+    converts = bool(plan.get("rules")) or default_label(plan.get("default", {})) != BASELINE
+    rec = tune_recommendation(plan, float(d.get("speedup", 1.0)), d.get("explanation", ""), True, converts)
     return {**d, "config": config, "plan_default": default_label(plan.get("default", {})),
             "recommendation": {"decision": rec.decision.value, "chosen": rec.chosen, "reason": rec.reason}}
 
