@@ -151,6 +151,16 @@ def test_an_untraceable_step_is_measured_here_and_extrapolated_or_else_state_onl
     p = forecast(gated, policies="fp32", device="cpu", batch_search=False).result("fp32")
     assert p.method == "state-only" and p.train.breakdown["activations"] == 0
     assert any("activations are not counted" in n for n in p.notes)
+    # its state alone is a lower bound: it never fits, has no time, and the answer says so rather than "fits"
+    report = forecast(gated, policies="fp32", device="H100", batch_search=False)
+    p = report.result("fp32")
+    assert p.untraced and p.train_fit is None and p.infer_fit is None and p.time.step_s is None
+    assert "fit" not in report.answer.split(":")[0] and "no peak, fit or time" in report.answer
+    assert report.fastest == "" and not report.speed_answer.startswith("Fastest")
+    from dtypelab.render.forecast import forecast_doc
+
+    _, headers, rows, _ = forecast_doc(report)
+    assert rows[0][headers.index("fits")] == "not traced" and rows[0][headers.index("train peak MiB")].startswith("≥")
 
 
 # --- the largest batch ------------------------------------------------------------------------------------------------

@@ -171,10 +171,11 @@ def test_a_cpu_forecast_times_each_heavy_call_here_and_adds_the_rest_by_the_mode
     real_step_time = timing.step_time
 
     def kept(ops, rates, compiled=False):
-        traced.extend(ops)
+        traced[:] = list(ops)  # the last time made: after every kernel was timed again
         return real_step_time(ops, rates, compiled)
 
     monkeypatch.setattr(timing, "step_time", kept)
+    monkeypatch.setattr(timing, "retime", lambda done, budget_s: (1, None))  # the rounds keep the 1 ms
     report = dtypelab.forecast("digits", policies="fp32", device="cpu", batch_search=False, launcher="inline")
     t = report.result("fp32").time
     heavy = t.breakdown["matmuls"] + t.breakdown["convolutions"]
@@ -315,3 +316,74 @@ def test_a_rowwise_scaled_float8_gemm_of_the_forward_runs_at_the_published_share
     slower = op_time(replace(big, variant="rowwise"), h100)[0]
     assert slower == pytest.approx(op_time(big, h100)[0] / ROWWISE_EFFICIENCY)
     assert op_time(replace(big, variant="rowwise"), FLAT)[0] == op_time(big, FLAT)[0]  # no variant known: plain
+
+
+def test_a_cpu_forecast_beside_a_busy_process_times_in_rounds_and_says_it_could_not_time(monkeypatch):
+    """Every kernel (and --check's steps) timed again in interleaved rounds, each keeping its fastest; when every round
+    was disturbed the record says so for each policy and the answer names no fastest policy."""
+    from dtypelab.core import disturbance
+
+    class Busy:
+        def start(self):
+            pass
+
+        def stop(self):
+            return disturbance.Disturbance(wall_s=1.0, other_cpu_s=0.9, steal_s=0.0, pressure_s=0.8,
+                                           involuntary_switches=50, raw_other_cpu_s=0.9)
+
+    monkeypatch.setattr(disturbance, "CpuMeter", Busy)
+    monkeypatch.setattr("dtypelab.forecasting.kernels.CpuMeter", Busy)
+    report = dtypelab.forecast("digits", policies="fp32,bf16", device="cpu", check=True, batch_search=False,
+                               launcher="inline")
+    for p in report.policies:
+        assert p.time.step_s > 0 and p.time.measured_s > 0
+        assert p.time.disturbed.startswith("the machine was busy in every round of timing its kernels (other "
+                                           "processes used 0.90 of a core")
+    assert report.fastest == "" and report.speed_answer.startswith("No fastest policy is named: the machine was busy")
+    # a quiet round: nothing said, and a fastest policy named
+    class Quiet(Busy):
+        def stop(self):
+            return None
+
+    monkeypatch.setattr(disturbance, "CpuMeter", Quiet)
+    monkeypatch.setattr("dtypelab.forecasting.kernels.CpuMeter", Quiet)
+    quiet = dtypelab.forecast("digits", policies="fp32,bf16", device="cpu", batch_search=False, launcher="inline")
+    assert all(p.time.disturbed == "" for p in quiet.policies) and quiet.fastest in ("fp32", "bf16")
+
+
+def test_retiming_keeps_each_kernels_fastest_call_and_stops_after_a_quiet_round(monkeypatch):
+    from dtypelab.forecasting import kernels
+
+    x = torch.randn(64, 64)
+    key = kernels.signature(torch.ops.aten.mm.default, (x, x), {})
+    done = {key: 10.0}  # as if the first timing fell in a long burst
+    rounds, busy = kernels.retime(done, budget_s=5.0)
+    assert done[key] < 0.1 and rounds >= 1
+    assert busy is None or rounds == kernels.ROUNDS  # stopped at the first quiet round, or every one was busy
+
+
+def test_predicted_speedups_carry_the_validated_band_and_overlapping_ones_are_a_tie_broken_by_safer_numerics():
+    from dtypelab.core.policies import get_policy
+    from dtypelab.forecasting.timing import safer
+
+    # float32 weights before a wider compute format, before speed (as bench breaks ties)
+    assert safer(get_policy("amp-bf16")) > safer(get_policy("bf16")) and safer(get_policy("tf32")) > \
+        safer(get_policy("fp8-tensorwise"))
+    report = dtypelab.forecast("gpt2", policies="fp32,bf16,fp8-tensorwise", device="H100", batch_search=False,
+                               launcher="inline")
+    t = {p.policy: p.time for p in report.policies}
+    assert report.speed_error == 0.15
+    fastest = min(t, key=lambda n: t[n].step_s)
+    close = [n for n in t if n != fastest and t[n].step_s * 0.85 <= t[fastest].step_s * 1.15]
+    # the reduced gpt2's step is overhead-bound on an H100: bf16 and fp8-tensorwise within ±15% of each other
+    assert fastest == "fp8-tensorwise" and close == ["bf16"]
+    assert report.fastest == "fp8-tensorwise"  # the safer: float32 weights
+    assert "Within that error of it: bf16" in report.speed_answer
+    assert "a tie, broken by the safer numerics (fp8-tensorwise keeps float32 weights)" in report.speed_answer
+    assert "±15%" in report.speed_answer
+    from dtypelab.render.forecast import time_docs
+
+    (_, headers, rows, notes), = time_docs(report)
+    row = next(r for r in rows if r[0] == "bf16")
+    s = t["bf16"].speedup
+    assert row[headers.index("speedup vs fp32")] == f"{s:.2f}x ({s * 0.85:.2f}–{s * 1.15:.2f})"

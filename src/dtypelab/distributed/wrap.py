@@ -20,6 +20,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 from dtypelab.core.policies import Distributed
+from dtypelab.core.policies.checkpointing import repeated_blocks
 
 
 def bf16_allreduce_hook(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -75,12 +76,23 @@ def wrap_ddp(model: nn.Module, spec: Distributed, device: torch.device, group: A
     return ddp
 
 
+def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """The modules FSDP2 shards as units of their own, before the root: each repeated block (a ``ModuleList`` or
+    ``Sequential`` of blocks of one class, wherever it sits: ``layers.0`` … ``layers.31``), as torchtitan and
+    accelerate wrap a transformer's blocks, so that one block's weights are gathered at a time; a model that repeats
+    nothing: each top-level child that holds parameters. A unit that shares a parameter with another (tied
+    embeddings) stays in the root's, since FSDP2 refuses a parameter that two units hold."""
+    inner = model.__dict__.get("_lab_module", model)
+    blocks = [inner.get_submodule(name) for name in repeated_blocks(inner)]
+    units = blocks or [c for c in model.children() if any(True for _ in c.parameters())]
+    holders = Counter(id(p) for u in units for p in u.parameters())
+    return [u for u in units if all(holders[id(p)] == 1 for p in u.parameters())]
+
+
 def wrap_fsdp(model: nn.Module, spec: Distributed, device: torch.device, group: Any = None,
               mesh: Any = None) -> nn.Module:
-    """FSDP2 units: one per top-level child that holds parameters, then the root. A child that shares a parameter
-    with another (tied embeddings: the output layer's weight is the input embedding's) stays in the root's unit,
-    since FSDP2 refuses a parameter that two units hold. ``mesh``: a device mesh made beforehand (the forecast makes
-    it outside its fake tensors); else one over ``group`` or the whole world."""
+    """FSDP2: a unit per repeated block (``fsdp_units``), then the root. ``mesh``: a device mesh made beforehand
+    (the forecast makes it outside its fake tensors); else one over ``group`` or the whole world."""
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -89,11 +101,8 @@ def wrap_fsdp(model: nn.Module, spec: Distributed, device: torch.device, group: 
                 else DeviceMesh.from_group(group, device.type))
     mp = MixedPrecisionPolicy(param_dtype=getattr(torch, spec.param_dtype) if spec.param_dtype else None,
                               reduce_dtype=getattr(torch, spec.reduce_dtype) if spec.reduce_dtype else None)
-    children = [c for c in model.children() if any(True for _ in c.parameters())]
-    holders = Counter(id(p) for c in children for p in c.parameters())
-    for child in children:
-        if all(holders[id(p)] == 1 for p in child.parameters()):
-            fully_shard(child, mesh=mesh, mp_policy=mp)
+    for unit in fsdp_units(model):
+        fully_shard(unit, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
 

@@ -13,7 +13,7 @@ from dtypelab.core.text import GIB, size_text
 def smallest_device(result: PolicyForecast, plan: Plan, reserve: int) -> str | None:
     """The smallest GPU of the table whose memory holds the decisive peak and that runs the policy; "" for none."""
     peak = result.peak
-    if peak is None:
+    if peak is None or result.untraced:
         return None
     for spec in sorted(DEVICES, key=lambda d: d.memory_bytes):
         hw = HardwareInfo(device="cuda", device_name=spec.label, cpu_name="", cpu_flags=(), cpu_capability="",
@@ -27,13 +27,18 @@ def answer(results: list[PolicyForecast], device: TargetDevice) -> str:
     """The forecast in a sentence: for training (an inference-only task: inference), what fits the device, or the
     smallest GPU each needs, or, when nothing fits, the smallest peak and by how much it misses; then the same of
     the inference-only formats, in a clause of their own."""
-    ok = [r for r in results if r.status == "ok" and r.peak is not None]
+    untraced = [r for r in results if r.status == "ok" and r.peak is not None and r.untraced]
+    ok = [r for r in results if r.status == "ok" and r.peak is not None and not r.untraced]
+    said = (f" {', '.join(r.policy for r in untraced)}: the step could not be traced, so no peak, fit or time is "
+            f"forecast (its state alone takes at least {size_text(min(r.peak.peak_bytes for r in untraced))})."
+            if untraced else "")
     if not ok:
-        return "Nothing was forecast: every policy was skipped or failed (see each one's reason)."
+        return "Nothing was forecast: every policy was skipped, failed or could not be traced (see each one's " \
+               "reason)." + said
     trained = [r for r in ok if r.train is not None]
     first = _sentence(trained or ok, device, "training" if trained else "inference")
     served = [r for r in ok if r.train is None]
-    return first if not (trained and served) else f"{first} {_sentence(served, device, 'inference')}"
+    return (first if not (trained and served) else f"{first} {_sentence(served, device, 'inference')}") + said
 
 
 def _sentence(ok: list[PolicyForecast], device: TargetDevice, what: str) -> str:

@@ -156,9 +156,9 @@ def process_peak(task: Task, plan: Plan, device: str, batch_size: int, train: bo
 
 
 def step_seconds(task: Task, plan: Plan, device: str, batch_size: int, train: bool, seed: int) -> float:
-    """--check's measured step time: the median of TIMED_STEPS training steps (or inference passes) after
-    WARM_STEPS, on real tensors, timed as bench times them (the device synchronized around each)."""
-    import statistics
+    """--check's measured step time: the fastest of TIMED_STEPS training steps (or inference passes) after
+    WARM_STEPS, on real tensors, the device synchronized around each (another process's burst slows steps, never
+    speeds one: the fastest is the least disturbed)."""
     import time
 
     from dtypelab.core.loop import build_model, build_trainable, forward, to_device, train_step
@@ -186,7 +186,38 @@ def step_seconds(task: Task, plan: Plan, device: str, batch_size: int, train: bo
             sync()
             if step >= WARM_STEPS:
                 times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
+
+
+MEASURE_ROUNDS = 3  # --check on this CPU: rounds of every policy's steps, interleaved, at most
+
+
+def interleaved_steps(measure: dict[str, Any], rounds: int = MEASURE_ROUNDS) -> tuple[dict[str, float], str]:
+    """Each policy's measured step (``measure[name]()`` runs its ``step_seconds``), in rounds over all of them in
+    turn, each keeping its fastest: no policy is timed in a burst while another is timed in quiet. Stops after a round
+    in which the machine was quiet; returns (seconds per policy, "" or what kept it busy in every round)."""
+    from dtypelab.core.disturbance import CpuMeter, describe
+
+    best: dict[str, float] = {}
+    quietest: Any = None
+    failed: set[str] = set()
+    for _ in range(rounds):
+        meter = CpuMeter()
+        meter.start()
+        for name, run in measure.items():
+            if name in failed:
+                continue
+            try:
+                seconds = run()
+            except Exception:  # its check's note says why its steps could not run here; no measured time
+                failed.add(name)
+                continue
+            best[name] = min(best.get(name, seconds), seconds)
+        busy = meter.stop()
+        if busy is None or not busy.disturbed:
+            return best, ""
+        quietest = busy if quietest is None or busy.other_cores < quietest.other_cores else quietest
+    return best, f"the machine was busy in every round of --check's steps ({describe(quietest)})"
 
 
 def check(forecaster: Host, plan: Plan, notes: list[str]) -> CheckResult | None:

@@ -8,12 +8,15 @@ speed on a CPU depends on its shape and dtype far more than one rate says (a bfl
 fusion, the per-kernel floor) is what the CPU check then checks.
 
 A call is timed once per process, whichever policy's trace saw it; calls whose tensors would not fit in ``MAX_BYTES``
-and any left when the time budget runs out keep the rate model's time (the caller says how many).
+and any left when the time budget runs out keep the rate model's time (the caller says how many). Once every policy
+is traced, ``retime`` times them all again in interleaved rounds under a ``CpuMeter``: each keeps its fastest call
+(another process's burst slows calls, never speeds one), and no policy's kernels are timed in one burst while
+another's are timed in quiet; the rounds say whether the machine stayed too busy to time at all.
 """
 
 from __future__ import annotations
 
-import statistics
+import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,8 +26,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten, tree_map
 
+from dtypelab.core.disturbance import CpuMeter, Disturbance
+
 MAX_BYTES = 1 << 30  # the most a kernel's tensors may take to be timed here (bytes)
-REPEATS = 5  # timed calls per kernel, at most (the median is kept)
+REPEATS = 5  # timed calls per kernel, at most (the fastest is kept)
+ROUNDS = 3  # ``retime``'s interleaved rounds over every kernel, at most
 ENOUGH_S = 0.05  # fewer calls once this much time was spent on one kernel
 
 
@@ -102,7 +108,7 @@ def _thawed(x: Any) -> Any:
 
 
 def time_kernels(keys: Iterable[tuple], done: dict[tuple, float], budget_s: float) -> tuple[int, int]:
-    """Time each key not already in ``done`` (seconds per call, the median of up to ``REPEATS`` after one warm-up),
+    """Time each key not already in ``done`` (seconds per call, the fastest of up to ``REPEATS`` after one warm-up),
     until ``budget_s`` is spent. Returns (timed now, left untimed)."""
     start = time.perf_counter()
     timed = left = 0
@@ -123,11 +129,41 @@ def time_kernels(keys: Iterable[tuple], done: dict[tuple, float], budget_s: floa
                     t0 = time.perf_counter()
                     call()
                     runs.append(time.perf_counter() - t0)
-                done[key] = statistics.median(runs or [first])
+                done[key] = min(runs or [first])
                 timed += 1
             except Exception:  # a call that cannot run again here: the rate model times it
                 left += 1
     return timed, left
 
 
-__all__ = ["TensorSpec", "replay", "signature", "time_kernels"]
+def retime(done: dict[tuple, float], budget_s: float, rounds: int = ROUNDS, seed: int = 0,
+           ) -> tuple[int, Disturbance | None]:
+    """Every kernel of ``done`` timed again, once a round in a shuffled order, for up to ``rounds`` rounds within
+    ``budget_s``; each keeps its fastest call. Returns (the rounds done, the disturbance of the quietest round: None
+    when one was quiet, or when none could be watched)."""
+    start, order = time.perf_counter(), list(done)
+    rng, quietest, finished = random.Random(seed), None, 0
+    with torch.no_grad():
+        for _ in range(rounds):
+            if time.perf_counter() - start > budget_s:
+                break
+            rng.shuffle(order)
+            meter = CpuMeter()
+            meter.start()
+            for key in order:
+                try:
+                    call = replay(key)  # the tensors made outside the timed call
+                    t0 = time.perf_counter()
+                    call()
+                    done[key] = min(done[key], time.perf_counter() - t0)
+                except Exception:  # timed once already; it cannot run again now: its first time stands
+                    continue
+            busy = meter.stop()
+            finished += 1
+            if busy is None or not busy.disturbed:
+                return finished, None  # a quiet round: every kernel had a call timed without interference
+            quietest = busy if quietest is None or busy.other_cores < quietest.other_cores else quietest
+    return finished, quietest
+
+
+__all__ = ["ROUNDS", "TensorSpec", "replay", "retime", "signature", "time_kernels"]

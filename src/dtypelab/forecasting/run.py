@@ -36,7 +36,7 @@ from dtypelab.forecasting.answer import answer, device_notes, smallest_device
 from dtypelab.forecasting.job import ForecastJob
 from dtypelab.forecasting.kinds import PLAIN_PASS, UPDATE_COST
 from dtypelab.forecasting.options import ForecastOptions
-from dtypelab.forecasting.timing import rates_for, speed_answer, speed_probe, with_speedups
+from dtypelab.forecasting.timing import rates_for, speed_answer, speed_probe, speedup_error, with_speedups
 from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher, Target, stop_in_flight
 
 Progress = Callable[[int, int], None]
@@ -266,11 +266,12 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
                             parameters=counted, infer_batch_size=batch // opts.nproc,
                             mode="infer" if task_obj.inference_only else "train")
     results, base = with_speedups(results, opts.baseline)
-    fastest, said = speed_answer(results, device, base, spec, rates, no_rates)
+    fastest, said = speed_answer(results, device, base, spec, rates, no_rates, {p.name: p for p in plans})
     report = ForecastReport(config, tuple(results), environment(here), answer(results, device),
                             notes=device_notes(device, opts.nproc), seconds=time.monotonic() - start,
                             created=time.strftime("%Y-%m-%dT%H:%M:%S"), baseline=base,
-                            rates=rates.source if rates is not None else "", fastest=fastest, speed_answer=said)
+                            rates=rates.source if rates is not None else "", fastest=fastest, speed_answer=said,
+                            speed_error=speedup_error(device) if rates is not None else 0.0)
     if opts.json_path:
         report.save(opts.json_path)
     if interrupted:  # what finished is saved: the caller says so

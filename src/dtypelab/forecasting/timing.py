@@ -4,6 +4,7 @@ policy's speedup against the baseline, and the fastest policy predicted to fit, 
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -11,6 +12,7 @@ from dataclasses import replace
 import torch
 
 from dtypelab.core.devices import device_spec, rated_peaks
+from dtypelab.core.disturbance import describe
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, measured_probe
 from dtypelab.core.policies import BASELINE, Plan
@@ -28,7 +30,7 @@ from dtypelab.core.speed import (
     gpu_rates,
     step_time,
 )
-from dtypelab.forecasting.kernels import time_kernels
+from dtypelab.forecasting.kernels import retime, time_kernels
 
 
 @functools.lru_cache(maxsize=2)
@@ -80,23 +82,77 @@ def with_speedups(results: list[PolicyForecast], baseline: str | None) -> tuple[
     return out, base
 
 
+# The error of a predicted speedup the validation supports (benchmarks/speed_forecast.py, docs/guide/forecast.md):
+# on a GPU, the largest of the published comparisons (float8 rowwise on Llama-3-8B: 1.24x predicted, 1.10x
+# published, 13%); on this CPU, the self-check's bound (20%). Two predictions whose bands overlap are a tie.
+SPEEDUP_ERROR = {"cuda": 0.15, "cpu": 0.20}
+
+
+def speedup_error(device: TargetDevice) -> float:
+    return SPEEDUP_ERROR.get(device.kind, 0.20)
+
+
+def _mantissa(dtype: str) -> int:
+    """The bits a compute format keeps of each value's mantissa (tf32: 10): the safer numerics keep more."""
+    if dtype == "tf32":
+        return 10
+    try:
+        return round(-math.log2(torch.finfo(getattr(torch, dtype)).eps))  # eps = 2^-mantissa bits
+    except (AttributeError, TypeError):  # not a floating format (an int8 kernel's float32 policy): float32's
+        return 23
+
+
+def safer(plan: Plan) -> tuple[bool, int]:
+    """How bench breaks a tie between policies whose speeds cannot be told apart (the metric aside, which a forecast
+    has not): float32 weights first, then the wider compute format."""
+    return plan.default.storage_dtype in ("float32", "float64"), _mantissa(plan.compute_dtype)
+
+
 def speed_answer(results: list[PolicyForecast], device: TargetDevice, baseline: str, task: str, rates: Rates | None,
-                 no_rates: str) -> tuple[str, str]:
-    """(the fastest policy predicted to fit and run there, that answer in a sentence)."""
+                 no_rates: str, plans: dict[str, Plan] | None = None) -> tuple[str, str]:
+    """(the fastest policy predicted to fit and run there, that answer in a sentence). Predictions within each
+    other's band (``speedup_error``) are a tie, broken by the safer numerics (``safer``), and the answer says so."""
     if rates is None:
         return "", no_rates[:1].upper() + no_rates[1:] + "." if no_rates else ""
+    busy = next((r.time.disturbed for r in results if r.time is not None and r.time.disturbed), "")
+    if busy:
+        return "", (f"No fastest policy is named: {busy}, so the times here say nothing reliable; re-run the "
+                    "forecast on a quiet machine.")
     fit = [r for r in results if r.status == "ok" and r.time is not None and r.time.step_s and not r.runs_there
            and r.method != "stand-in"  # its time is the stand-in's kernels', not the policy's
            and all(f is None or f.fits for f in (r.train_fit if r.train is not None else r.infer_fit,))]
     if not fit:
         return "", f"No policy is predicted to fit and run on {rates.device}."
-    best = min(fit, key=lambda r: r.time.step_s)
+    error = speedup_error(device)
+    fastest = min(fit, key=lambda r: r.time.step_s)
+    # bands of step time: [t (1 - e), t (1 + e)]; a tie where they overlap the fastest's
+    tied = [r for r in fit if r is not fastest and r.time.step_s * (1 - error) <= fastest.time.step_s * (1 + error)]
+    best = fastest
+    if tied and plans:
+        best = max([fastest, *tied], key=lambda r: (*safer(plans[r.policy]), -r.time.step_s))
     t = best.time
     against = f"{t.speedup:.2f}x {baseline}'s speed" if t.speedup and best.policy != baseline else "the baseline"
-    return best.policy, (f"Fastest predicted on {rates.device}: {best.policy}, {against} "
-                         f"({t.step_s * 1e3:.3g} ms a step, {t.bound}-bound). Its numerics are not forecast: "
-                         f"`dtypelab bench {task} -p {best.policy}` measures them (with --emulate where this machine "
-                         "cannot run it).")
+    head = (f"Fastest predicted on {rates.device}: {best.policy}, {against} ({t.step_s * 1e3:.3g} ms a step, "
+            f"{t.bound}-bound; the forecast's error: ±{error:.0%}).")
+    if tied:
+        others = [r for r in (fastest, *tied) if r is not best]
+        head += (f" Within that error of it: {', '.join(_speed(r, baseline) for r in others)}: a tie"
+                 + (f", broken by the safer numerics ({_why_safer(best, others, plans)})" if plans else "") + ".")
+    return best.policy, (head + f" Its numerics are not forecast: `dtypelab bench {task} -p {best.policy}` measures "
+                         "them (with --emulate where this machine cannot run it).")
+
+
+def _speed(r: PolicyForecast, baseline: str) -> str:
+    return f"{r.policy} ({r.time.speedup:.2f}x)" if r.time is not None and r.time.speedup else r.policy
+
+
+def _why_safer(best: PolicyForecast, others: list[PolicyForecast], plans: dict[str, Plan]) -> str:
+    mine = safer(plans[best.policy])
+    if any(not safer(plans[r.policy])[0] for r in others) and mine[0]:
+        return f"{best.policy} keeps float32 weights"
+    if any(safer(plans[r.policy])[1] < mine[1] for r in others):
+        return f"{best.policy} computes in a wider format ({plans[best.policy].compute_dtype})"
+    return f"as safe as each other: the faster, {best.policy}"
 
 
 KERNEL_BUDGET_S = 60.0  # the most a forecast spends timing its kernels here (this CPU), over all its policies
@@ -110,6 +166,19 @@ class StepTimes:
         self.rates = rates
         self._kernel_s: dict[tuple, float] = {}  # a heavy call -> its time here (rates that time kernels)
         self._spent = 0.0  # seconds spent timing them
+        self.disturbed = ""  # after ``settle``: what kept the machine busy through every round ("" if quiet)
+
+    def settle(self) -> str:
+        """Every kernel timed so far, timed again in interleaved rounds (``kernels.retime``): the policies' times
+        then rest on the same quiet moments. Returns, and keeps, what kept the machine busy through every round."""
+        if not (self.rates.times_kernels and self._kernel_s):
+            return ""
+        started = time.perf_counter()
+        _, busy = retime(self._kernel_s, max(KERNEL_BUDGET_S - self._spent, KERNEL_BUDGET_S / 4))
+        self._spent += time.perf_counter() - started
+        self.disturbed = "" if busy is None else (
+            f"the machine was busy in every round of timing its kernels ({describe(busy)})")
+        return self.disturbed
 
     def of(self, plan: Plan, ops: Sequence[Op], method: str) -> TimeForecast:
         if plan.numerics_only:
@@ -141,7 +210,7 @@ class StepTimes:
                                                                       plan.compiles))
         return TimeForecast(timing.step_s, bound=timing.bound, breakdown=dict(timing.groups),
                             bounds=dict(timing.bounds), kernels=timing.kernels,
-                            reason="; ".join(n for n in (note, untimed) if n))
+                            reason="; ".join(n for n in (note, untimed) if n), disturbed=self.disturbed)
 
 
 def float8_note(ops: Sequence[Op], rates: Rates, compiled: bool) -> str:

@@ -41,6 +41,8 @@ def _fit(p: PolicyForecast, scale: float) -> list[str]:
     fit = p.train_fit or p.infer_fit
     if p.runs_there:
         return ["cannot run", "—", "—"]
+    if p.untraced:
+        return ["not traced", "—", "—"]
     if fit is None:
         return ["—", "—", "—"]
     largest = "—" if not (p.train_fit or p.infer_fit) else (
@@ -78,7 +80,8 @@ def forecast_doc(report: ForecastReport) -> tuple[str, list[str], list[list[str]
         if peak is not None and (p.train is not None or not train):
             b = peak.breakdown
             cells += [_size(b.get(c, 0) + (b.get("buffers", 0) if c == "parameters" else 0), scale) for c in cats]
-            cells += [_size(peak.peak_bytes, scale), _where(p)]
+            cells += ["≥ " + _size(peak.peak_bytes, scale) if p.untraced else _size(peak.peak_bytes, scale),
+                      "not traced" if p.untraced else _where(p)]
         else:  # an inference format in a training task: its pass has no training columns
             cells += ["—"] * len(cats) + ["—", "inference only"]
         if train:
@@ -86,8 +89,8 @@ def forecast_doc(report: ForecastReport) -> tuple[str, list[str], list[list[str]
         if dev.memory_bytes is not None:
             cells += _fit(p, scale)
         else:
-            cells.append("cannot run anywhere in the table" if p.smallest_device == "" and p.peak else
-                         (p.smallest_device or "none in the table"))
+            cells.append("not traced" if p.untraced else "cannot run anywhere in the table"
+                         if p.smallest_device == "" and p.peak else (p.smallest_device or "none in the table"))
         rows.append(cells)
     return title, headers, rows, _notes(report, scale, unit)
 
@@ -162,6 +165,14 @@ def _ms(seconds: float) -> str:
     return f"{ms:,.0f}" if ms >= 1000 else f"{ms:.3g}"
 
 
+def _band(speedup: float | None, error: float, baseline: bool) -> str:
+    if not speedup:
+        return "—"
+    if not error or baseline:
+        return f"{speedup:.2f}x"
+    return f"{speedup:.2f}x ({speedup * (1 - error):.2f}–{speedup * (1 + error):.2f})"
+
+
 @more(ForecastReport)
 def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
     """Each policy's predicted step time on the target, its speedup against the baseline, what bounds it and where it
@@ -181,7 +192,7 @@ def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
             rows.append([p.policy, "—", "—", "—", t.reason, "—", *(["—"] * 3 if checked else [])])
             continue
         shares = sorted(((v / t.step_s, k) for k, v in t.breakdown.items() if v), reverse=True)[:3]
-        cells = [p.policy, _ms(t.step_s), f"{t.speedup:.2f}x" if t.speedup else "—", t.bound,
+        cells = [p.policy, _ms(t.step_s), _band(t.speedup, report.speed_error, p.policy == report.baseline), t.bound,
                  ", ".join(f"{k} {s:.0%}" for s, k in shares), str(t.kernels)]
         if checked:
             m, ms = t.measured_s, t.measured_speedup
@@ -192,9 +203,16 @@ def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
              f"max(FLOPs at its dtype's rate × a GEMM's size efficiency, bytes at the bandwidth, a per-kernel floor), "
              f"summed; a compiled policy's elementwise runs fused: {report.rates}",
              "bound: what most of the step's time is bound by (compute, memory, or the per-kernel floor: overhead)"]
+    if report.speed_error:
+        notes.append(f"speedup: predicted, ± {report.speed_error:.0%}, the error the forecast's validation supports "
+                     "(docs/guide/forecast.md); two predictions within each other's band are a tie")
     if checked:
-        notes.append("measured: the same step on real tensors here, median of 10 after 3 warm-up steps; one run of "
-                     "each, so the measured speedups carry that run's noise (bench's paired rounds decide speed)")
+        notes.append("measured: the same step on real tensors here, the fastest of 10 after 3 warm-up steps (a "
+                     "busy machine slows steps, never speeds one; on this CPU every policy's steps in rounds, in "
+                     "turn); bench's paired rounds decide speed")
+    busy = next((p.time.disturbed for p in timed if p.time.disturbed), "")
+    if busy:
+        notes.append(f"not reliable: {busy}")
     notes += [f"{p.policy}: {p.time.reason}" for p in timed if p.time.step_s is not None and p.time.reason]
     title = report.speed_answer or "dtypelab forecast: predicted step times"
     return [(title, headers, rows, notes)]

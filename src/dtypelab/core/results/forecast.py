@@ -87,6 +87,9 @@ class TimeForecast:
     reason: str = ""  # why there is none, or what to keep in mind about it (a stand-in's kernels)
     measured_s: float | None = None  # --check: the same step timed here (median)
     measured_speedup: float | None = None  # --check: the baseline's measured step over this one's
+    # what other processes did while this machine's kernels (or --check's steps) were timed, when they stayed busy
+    # through every round: then its time and speedup are not reliable and no fastest policy is named ("" if quiet)
+    disturbed: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,12 @@ class PolicyForecast:
     def peak(self) -> PeakForecast | None:
         """The peak that decides: training's, else inference's."""
         return self.train or self.infer
+
+    @property
+    def untraced(self) -> bool:
+        """Its step could not be traced nor run here: its peak counts the state alone (a lower bound), and it has
+        no fit and no time."""
+        return self.method == "state-only"
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,9 @@ class ForecastReport(Record):
     rates: str = ""  # where the time model's rates come from (datasheet, measured here)
     fastest: str = ""  # the fastest policy predicted to fit ("" when no time was forecast)
     speed_answer: str = ""  # that answer in a sentence
+    # the error the validation supports for a predicted speedup (0.15: ±15%; 0 in records written before): each
+    # speedup's band, and predictions whose bands overlap are a tie (``forecasting.timing.SPEEDUP_ERROR``)
+    speed_error: float = 0.0
 
     schema_version: int = FORECAST_VERSION
 
