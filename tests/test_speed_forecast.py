@@ -384,6 +384,7 @@ def test_predicted_speedups_carry_the_validated_band_and_overlapping_ones_are_a_
     from dtypelab.render.forecast import time_docs
 
     (_, headers, rows, notes), = time_docs(report)
+    assert any(n.startswith("speedup: predicted, ± 15%") for n in notes)
     row = next(r for r in rows if r[0] == "bf16")
     s = t["bf16"].speedup
     assert row[headers.index("speedup vs fp32")] == f"{s:.2f}x ({s * 0.85:.2f}–{s * 1.15:.2f})"
