@@ -1,5 +1,6 @@
 """Tasks for the forecast's tests: a model whose forward cannot be traced on fake tensors (its output's shape depends
-on its values), and one with frozen weights (nothing to keep for them)."""
+on its values), one with frozen weights (nothing to keep for them), and one whose repeated blocks sit two levels down
+(``encoder.stack.layers``, as Hugging Face nests them)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,33 @@ class Frozen(nn.Module):
         return self.head(self.body(x))
 
 
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(64, 256), nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Nested(nn.Module):
+    """An embedding, four blocks in ``encoder.stack.layers`` (a ModuleList two levels down), a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(16, 64)
+        self.encoder = nn.Module()
+        self.encoder.stack = nn.Module()
+        self.encoder.stack.layers = nn.ModuleList(Block() for _ in range(4))
+        self.head = nn.Linear(64, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for layer in self.encoder.stack.layers:
+            h = layer(h)
+        return self.head(h)
+
+
 def _task(name: str, make) -> Task:
     def batch(step: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.arange(step * n, (step + 1) * n) % len(X)
@@ -58,3 +86,7 @@ def gated() -> Task:
 
 def frozen() -> Task:
     return _task("frozen", Frozen)
+
+
+def nested() -> Task:
+    return _task("nested", Nested)

@@ -321,3 +321,29 @@ def test_ctrl_c_keeps_the_policies_forecast_so_far_and_marks_the_rest_interrupte
     status = {p.policy: p.status for p in record.policies}
     assert status["fp32"] == "ok" and "interrupted" in status.values() and set(status) == {"fp32", "bf16", "fp64",
                                                                                              "amp-bf16"}
+
+
+@pytest.mark.parametrize("task", ["decoder", f"{TASKS}:nested"])
+def test_fsdp_shards_each_repeated_block_and_the_forecast_equals_a_real_two_rank_run(task, tmp_path):
+    """One FSDP2 unit per block, wherever the blocks sit (the decoder's top-level ModuleList; a list two levels
+    down), then the root: the peak traced on fake tensors over a fake process group is the one a real 2-rank gloo run
+    here holds, counted step by step on real tensors."""
+    import subprocess
+    import sys
+
+    from dtypelab.core.task import load_task
+    from dtypelab.distributed.wrap import fsdp_units
+
+    model = load_task(task).make_model()
+    units = fsdp_units(model)
+    assert len(units) == 4 and len({type(u) for u in units}) == 1  # the blocks, not the top-level children
+    out = tmp_path / "real.json"
+    script = os.path.join(HERE, "scripts", "fsdp_peak.py")
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", script, task, "8",
+                          str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    real = json.loads(out.read_text())
+    p = forecast(task, nproc=2, policies="fp32+fsdp", device="cpu", batch_size=8, batch_search=False).result(
+        "fp32+fsdp")
+    assert p.status == "ok", p.reason
+    assert p.train.peak_bytes == real["peak_bytes"] and p.train.breakdown == real["breakdown"]
