@@ -18,7 +18,8 @@ from dtypelab.forecasting.ledger import Peak
 from dtypelab.forecasting.trace import Run, Target, Traced, shifted
 
 CHECK_STEPS = 3  # --check: real steps, the first making the optimizer's state
-TIMED_STEPS = 10  # --check: the steps timed for the measured step time (after WARM_STEPS)
+TIMED_STEPS = 10  # --check: the steps timed for the measured step time (after WARM_STEPS), at least
+TIMED_S, MORE_STEPS = 0.5, 100  # and fast steps until this much of them is timed, at most this many
 WARM_STEPS = 3  # caches, the optimizer's state, a compiled policy's graphs
 
 
@@ -169,9 +170,12 @@ def step_seconds(task: Task, plan: Plan, device: str, batch_size: int, train: bo
     sync = device_sync(dev) or (lambda: None)
     precision = Precision(plan, dev)
     model, optimizer = build_trainable(task, precision, dev, model=build_model(task, seed), train=train)
-    times = []
+    times: list[float] = []
+    step = 0
     with precision.session():
-        for step in range(WARM_STEPS + TIMED_STEPS):
+        # TIMED_STEPS at least; fast steps until TIMED_S of them (at most MORE_STEPS): the fastest of few
+        # millisecond steps moves with the machine's moment more than the fastest of many
+        while len(times) < TIMED_STEPS or (sum(times) < TIMED_S and len(times) < MORE_STEPS):
             if train:
                 inputs, target = to_device(task.batch(step, batch_size), dev)
             else:
@@ -186,6 +190,7 @@ def step_seconds(task: Task, plan: Plan, device: str, batch_size: int, train: bo
             sync()
             if step >= WARM_STEPS:
                 times.append(time.perf_counter() - start)
+            step += 1
     return min(times)
 
 

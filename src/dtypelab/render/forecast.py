@@ -207,9 +207,9 @@ def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
         notes.append(f"speedup: predicted, ± {report.speed_error:.0%}, the error the forecast's validation supports "
                      "(docs/guide/forecast.md); two predictions within each other's band are a tie")
     if checked:
-        notes.append("measured: the same step on real tensors here, the fastest of 10 after 3 warm-up steps (a "
-                     "busy machine slows steps, never speeds one; on this CPU every policy's steps in rounds, in "
-                     "turn); bench's paired rounds decide speed")
+        notes.append("measured: the same step on real tensors here, the fastest of 10 or more (0.5 s of fast ones) "
+                     "after 3 warm-up steps (a busy machine slows steps, never speeds one; on this CPU every "
+                     "policy's steps in rounds, in turn); bench's paired rounds decide speed")
     busy = next((p.time.disturbed for p in timed if p.time.disturbed), "")
     if busy:
         notes.append(f"not reliable: {busy}")
