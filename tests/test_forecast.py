@@ -323,6 +323,7 @@ def test_ctrl_c_keeps_the_policies_forecast_so_far_and_marks_the_rest_interrupte
                                                                                              "amp-bf16"}
 
 
+@pytest.mark.e2e  # torchrun with two ranks: CI's second step, with the other torchrun runs
 @pytest.mark.parametrize("task", ["decoder", f"{TASKS}:nested"])
 def test_fsdp_shards_each_repeated_block_and_the_forecast_equals_a_real_two_rank_run(task, tmp_path):
     """One FSDP2 unit per block, wherever the blocks sit (the decoder's top-level ModuleList; a list two levels
@@ -347,3 +348,16 @@ def test_fsdp_shards_each_repeated_block_and_the_forecast_equals_a_real_two_rank
         "fp32+fsdp")
     assert p.status == "ok", p.reason
     assert p.train.peak_bytes == real["peak_bytes"] and p.train.breakdown == real["breakdown"]
+
+
+def test_fsdp_units_are_the_repeated_blocks_wherever_they_sit_and_forecast_under_fsdp():
+    from dtypelab.core.task import load_task
+    from dtypelab.distributed.wrap import fsdp_units
+
+    for task in ("decoder", f"{TASKS}:nested", "gpt2"):
+        model = load_task(task).make_model()
+        units = fsdp_units(model)
+        assert len(units) >= 2 and len({type(u) for u in units}) == 1, task
+        assert all(not any(u is v for v in model.children()) for u in units), task  # blocks, not the children
+    p = forecast("decoder", nproc=2, policies="fp32+fsdp", batch_size=8, batch_search=False).result("fp32+fsdp")
+    assert p.status == "ok", p.reason  # a top-level ModuleList once failed: fully_shard cannot take a container

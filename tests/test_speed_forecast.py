@@ -333,7 +333,7 @@ def test_a_cpu_forecast_beside_a_busy_process_times_in_rounds_and_says_it_could_
 
     monkeypatch.setattr(disturbance, "CpuMeter", Busy)
     monkeypatch.setattr("dtypelab.forecasting.kernels.CpuMeter", Busy)
-    report = dtypelab.forecast("digits", policies="fp32,bf16", device="cpu", check=True, batch_search=False,
+    report = dtypelab.forecast("digits", policies="fp32,fp64", device="cpu", check=True, batch_search=False,
                                launcher="inline")
     for p in report.policies:
         assert p.time.step_s > 0 and p.time.measured_s > 0
@@ -347,8 +347,8 @@ def test_a_cpu_forecast_beside_a_busy_process_times_in_rounds_and_says_it_could_
 
     monkeypatch.setattr(disturbance, "CpuMeter", Quiet)
     monkeypatch.setattr("dtypelab.forecasting.kernels.CpuMeter", Quiet)
-    quiet = dtypelab.forecast("digits", policies="fp32,bf16", device="cpu", batch_search=False, launcher="inline")
-    assert all(p.time.disturbed == "" for p in quiet.policies) and quiet.fastest in ("fp32", "bf16")
+    quiet = dtypelab.forecast("digits", policies="fp32,fp64", device="cpu", batch_search=False, launcher="inline")
+    assert all(p.time.disturbed == "" for p in quiet.policies) and quiet.fastest in ("fp32", "fp64")
 
 
 def test_retiming_keeps_each_kernels_fastest_call_and_stops_after_a_quiet_round(monkeypatch):
