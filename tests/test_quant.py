@@ -242,3 +242,26 @@ def test_default_inference_sweep_leaves_fp64_out_but_runs_it_by_name(tiny, monke
     assert "not in the default infer sweep" in rows["fp64"]
     report = bench(tiny, "fp64", mode="infer", steps=2, warmup=1, isolate=False, hardware=fake_hardware())
     assert report.result("fp64").status == "ok"
+
+
+def test_an_int8_policys_notes_say_whether_its_matmul_reached_the_cpus_int8_units():
+    """The probe's record names the oneDNN primitive each int8 kernel ran; the table's notes say it per policy: on
+    AMX's units, or not (on an AMX Xeon where the eager path reached neither)."""
+    from dataclasses import replace
+
+    from dtypelab.core.judging.notes import table_notes
+    from dtypelab.core.policies import policy_info
+    from dtypelab.core.results import PolicyResult, Report, RunConfig
+
+    xeon = replace(fake_hardware(int8=500.0), cpu_flags=("avx512f", "avx512_vnni", "amx_int8"),
+                   kernel_paths={"int8": "matmul brg_matmul:avx512_core_amx", "int8-fbgemm": ""})
+    config = RunConfig(task="t", mode="infer", policies=("fp32", "int8-dyn", "int8-dyn-legacy"), steps=4,
+                       batch_size=8, warmup=1, seed=0, tolerance="1%", device="cpu", force=False, timeout_s=60,
+                       metric="accuracy", higher_is_better=True)
+    results = tuple(PolicyResult(n, "ok", step_times_s=(0.01,) * 4, warmup=1, info=policy_info(get_policy(n)),
+                                 batch_size=8, metrics={"accuracy": 0.9}) for n in config.policies)
+    notes = table_notes(Report(config, {"hardware": xeon.to_dict()}, results=results))
+    assert "int8-dyn: int8 matmuls on AMX's int8 units (oneDNN matmul brg_matmul:avx512_core_amx)." in notes
+    assert ("int8-dyn-legacy: int8 matmuls not on AMX's int8 units (no oneDNN primitive: torch's own loop or "
+            "fbgemm).") in notes
+    assert not any(n.startswith("fp32: int8") for n in notes)

@@ -4,7 +4,7 @@ the policies the interleaved rounds left out."""
 
 from __future__ import annotations
 
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.hardware import HardwareInfo, kernel_path_text
 from dtypelab.core.judging.prefer import keeps_updates
 from dtypelab.core.results import COMPILED_BASELINE, PolicyResult, PolicyVerdict, Report, Verdict
 from dtypelab.core.stats import CLEARLY_SLOWER, MIN_GAIN
@@ -116,6 +116,11 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
         if info and info.compute_dtype == "int8" and hw and hw.native("int8") is False:
             notes.append(f"{r.policy}: this {hw.device_name or 'device'} has no int8 dot-product instructions "
                          "(VNNI/AMX), so its int8 matmuls are not native here.")
+        elif info and info.compute_dtype == "int8" and hw:
+            # which oneDNN primitive ran the kernel the policy calls (the probe's record): AMX's, VNNI's, or none
+            path = kernel_path_text(hw, "int8-fbgemm" if info.backend.startswith("torch.ao") else "int8")
+            if path:
+                notes.append(f"{r.policy}: int8 matmuls {path}.")
         conversion = _conversion_text(r, report)
         if conversion:
             notes.append(conversion)
