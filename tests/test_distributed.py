@@ -118,7 +118,7 @@ def test_the_html_report_shows_the_distributed_tables(sweep, tmp_path):
     sweep.save(str(record))
     dtypelab.report([str(record)], str(page))
     html = page.read_text()
-    wire = {r.policy: f"{r.distributed.wire_bytes / 2**20:.3g}" for r in sweep.results}
+    wire = {r.policy: size_text(r.distributed.wire_bytes) for r in sweep.results}
     assert all(f">{w}</td>" in html for w in wire.values()), wire  # the record's bytes, in the page's table
     shown = [p for p in sweep.scaling.points if p.nproc in (8, 64)]
     assert shown and all(f">{p.speedup:.2f}x</td>" in html for p in shown)

@@ -184,7 +184,8 @@ class _Runs:
         result, primary = script_result(out, plan, own_precision=name == self.own_precision)
         result = result if result.info else replace(result, info=policy_info(plan))
         built = tuple(out.messages.get("built_in", ((),))[0])
-        if result.status == "failed" and plan.default.storage_dtype != "float32":  # it changed the model's dtype
+        # a run that failed after converting the model's floats to another dtype than the script built it in
+        if result.status == "failed" and plan.default.storage_dtype not in (built or ("float32",)):
             result = replace(result, reason=result.reason + fixed_dtype_lines(self.target.path))
         self.on_event(Event("done", name, result=result, label=label))
         return result, primary, built
