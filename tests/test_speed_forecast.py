@@ -331,8 +331,7 @@ def test_a_cpu_forecast_beside_a_busy_process_times_in_rounds_and_says_it_could_
             return disturbance.Disturbance(wall_s=1.0, other_cpu_s=0.9, steal_s=0.0, pressure_s=0.8,
                                            involuntary_switches=50, raw_other_cpu_s=0.9)
 
-    monkeypatch.setattr(disturbance, "CpuMeter", Busy)
-    monkeypatch.setattr("dtypelab.forecasting.kernels.CpuMeter", Busy)
+    monkeypatch.setattr(disturbance, "CpuMeter", Busy)  # every round, the kernels' and the steps'
     report = dtypelab.forecast("digits", policies="fp32,fp64", device="cpu", check=True, batch_search=False,
                                launcher="inline")
     for p in report.policies:
@@ -346,7 +345,6 @@ def test_a_cpu_forecast_beside_a_busy_process_times_in_rounds_and_says_it_could_
             return None
 
     monkeypatch.setattr(disturbance, "CpuMeter", Quiet)
-    monkeypatch.setattr("dtypelab.forecasting.kernels.CpuMeter", Quiet)
     quiet = dtypelab.forecast("digits", policies="fp32,fp64", device="cpu", batch_search=False, launcher="inline")
     assert all(p.time.disturbed == "" for p in quiet.policies) and quiet.fastest in ("fp32", "fp64")
 

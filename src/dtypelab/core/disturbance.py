@@ -156,3 +156,23 @@ class CpuMeter:
                            steal_s=max(0.0, end.steal_s - a.steal_s - res), pressure_s=pressure,
                            involuntary_switches=end.involuntary - a.involuntary, raw_other_cpu_s=raw,
                            resolution_s=res)
+
+
+def until_quiet(one_round: Callable[[], None], rounds: int, budget_s: float | None = None
+                ) -> tuple[int, Disturbance | None]:
+    """``one_round()`` up to ``rounds`` times, each watched by a ``CpuMeter``, stopping after the first round in which
+    the machine was quiet (or once ``budget_s`` is spent): what re-timing in interleaved rounds rests on, since
+    another process's burst slows a timed call and never speeds one. Returns (the rounds run, the least disturbed
+    round's disturbance: None when one was quiet, or when none could be watched)."""
+    start, quietest = time.monotonic(), None
+    for done in range(1, rounds + 1):
+        meter = CpuMeter()
+        meter.start()
+        one_round()
+        busy = meter.stop()
+        if busy is None or not busy.disturbed:
+            return done, None
+        quietest = busy if quietest is None or busy.other_cores < quietest.other_cores else quietest
+        if budget_s is not None and time.monotonic() - start > budget_s:
+            return done, quietest
+    return rounds, quietest

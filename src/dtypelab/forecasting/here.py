@@ -201,14 +201,12 @@ def interleaved_steps(measure: dict[str, Any], rounds: int = MEASURE_ROUNDS) -> 
     """Each policy's measured step (``measure[name]()`` runs its ``step_seconds``), in rounds over all of them in
     turn, each keeping its fastest: no policy is timed in a burst while another is timed in quiet. Stops after a round
     in which the machine was quiet; returns (seconds per policy, "" or what kept it busy in every round)."""
-    from dtypelab.core.disturbance import CpuMeter, describe
+    from dtypelab.core.disturbance import describe, until_quiet
 
     best: dict[str, float] = {}
-    quietest: Any = None
     failed: set[str] = set()
-    for _ in range(rounds):
-        meter = CpuMeter()
-        meter.start()
+
+    def one_round() -> None:
         for name, run in measure.items():
             if name in failed:
                 continue
@@ -218,11 +216,9 @@ def interleaved_steps(measure: dict[str, Any], rounds: int = MEASURE_ROUNDS) -> 
                 failed.add(name)
                 continue
             best[name] = min(best.get(name, seconds), seconds)
-        busy = meter.stop()
-        if busy is None or not busy.disturbed:
-            return best, ""
-        quietest = busy if quietest is None or busy.other_cores < quietest.other_cores else quietest
-    return best, f"the machine was busy in every round of --check's steps ({describe(quietest)})"
+
+    _, busy = until_quiet(one_round, rounds)
+    return best, "" if busy is None else f"the machine was busy in every round of --check's steps ({describe(busy)})"
 
 
 def check(forecaster: Host, plan: Plan, notes: list[str]) -> CheckResult | None:

@@ -181,12 +181,13 @@ class Forecaster:
                 # the largest batch for serving: asked of the inference formats; a training policy's is its training's
                 infer_fit = self.fit(plan, False, infer, infer_method, search=train is None)
             notes += self._conversion_notes.get(plan.name, [])
-            timed = self.time(plan, train is not None) if train is not None or not self.trains else (
-                None if self.job.rates is None else
-                TimeForecast(None, reason="an inference format: its pass is not a training step to compare"))
             if method == "state-only":  # a lower bound of the peak: no fit, no time can be said from it
                 train_fit = infer_fit = None
                 timed = None if self.job.rates is None else TimeForecast(None, reason=UNTRACED)
+            else:
+                timed = self.time(plan, train is not None) if train is not None or not self.trains else (
+                    None if self.job.rates is None else
+                    TimeForecast(None, reason="an inference format: its pass is not a training step to compare"))
             check = None
             if self.job.check:
                 try:  # a check that fails keeps the forecast it was checking

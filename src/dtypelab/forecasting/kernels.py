@@ -26,7 +26,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten, tree_map
 
-from dtypelab.core.disturbance import CpuMeter, Disturbance
+from dtypelab.core.disturbance import Disturbance, until_quiet
 
 MAX_BYTES = 1 << 30  # the most a kernel's tensors may take to be timed here (bytes)
 REPEATS = 5  # timed calls per kernel, at most (the fastest is kept)
@@ -141,29 +141,21 @@ def retime(done: dict[tuple, float], budget_s: float, rounds: int = ROUNDS, seed
     """Every kernel of ``done`` timed again, once a round in a shuffled order, for up to ``rounds`` rounds within
     ``budget_s``; each keeps its fastest call. Returns (the rounds done, the disturbance of the quietest round: None
     when one was quiet, or when none could be watched)."""
-    start, order = time.perf_counter(), list(done)
-    rng, quietest, finished = random.Random(seed), None, 0
+    order, rng = list(done), random.Random(seed)
+
+    def one_round() -> None:
+        rng.shuffle(order)
+        for key in order:
+            try:
+                call = replay(key)  # the tensors made outside the timed call
+                t0 = time.perf_counter()
+                call()
+                done[key] = min(done[key], time.perf_counter() - t0)
+            except Exception:  # timed once already; it cannot run again now: its first time stands
+                continue
+
     with torch.no_grad():
-        for _ in range(rounds):
-            if time.perf_counter() - start > budget_s:
-                break
-            rng.shuffle(order)
-            meter = CpuMeter()
-            meter.start()
-            for key in order:
-                try:
-                    call = replay(key)  # the tensors made outside the timed call
-                    t0 = time.perf_counter()
-                    call()
-                    done[key] = min(done[key], time.perf_counter() - t0)
-                except Exception:  # timed once already; it cannot run again now: its first time stands
-                    continue
-            busy = meter.stop()
-            finished += 1
-            if busy is None or not busy.disturbed:
-                return finished, None  # a quiet round: every kernel had a call timed without interference
-            quietest = busy if quietest is None or busy.other_cores < quietest.other_cores else quietest
-    return finished, quietest
+        return until_quiet(one_round, rounds, budget_s)
 
 
 __all__ = ["ROUNDS", "TensorSpec", "replay", "retime", "signature", "time_kernels"]

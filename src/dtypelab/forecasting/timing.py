@@ -136,13 +136,13 @@ def speed_answer(results: list[PolicyForecast], device: TargetDevice, baseline: 
             f"{t.bound}-bound; the forecast's error: ±{error:.0%}).")
     if tied:
         others = [r for r in (fastest, *tied) if r is not best]
-        head += (f" Within that error of it: {', '.join(_speed(r, baseline) for r in others)}: a tie"
+        head += (f" Within that error of it: {', '.join(_speed(r) for r in others)}: a tie"
                  + (f", broken by the safer numerics ({_why_safer(best, others, plans)})" if plans else "") + ".")
     return best.policy, (head + f" Its numerics are not forecast: `dtypelab bench {task} -p {best.policy}` measures "
                          "them (with --emulate where this machine cannot run it).")
 
 
-def _speed(r: PolicyForecast, baseline: str) -> str:
+def _speed(r: PolicyForecast) -> str:
     return f"{r.policy} ({r.time.speedup:.2f}x)" if r.time is not None and r.time.speedup else r.policy
 
 
