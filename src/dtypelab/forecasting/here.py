@@ -12,7 +12,7 @@ from torch import nn
 
 from dtypelab.core.footprint import tensor_bytes
 from dtypelab.core.policies import Plan
-from dtypelab.core.results import CheckResult
+from dtypelab.core.results import CheckResult, PolicyForecast
 from dtypelab.core.task import Task
 from dtypelab.forecasting.ledger import Peak
 from dtypelab.forecasting.trace import Run, Target, Traced, shifted
@@ -38,6 +38,12 @@ class HostJob(Protocol):
     @property
     def check_device(self) -> str: ...
 
+    @property
+    def check(self) -> bool: ...
+
+    @property
+    def plans(self) -> tuple[Plan, ...]: ...
+
 
 class Host(Protocol):
     """What this module asks of a forecaster (``job.Forecaster``): its public state and methods, nothing private."""
@@ -48,6 +54,12 @@ class Host(Protocol):
     meta: nn.Module
     trains: bool
     measured: dict[tuple[str, bool], tuple[list[Traced], tuple[int, ...]]]
+    times: Any  # timing.StepTimes, or None without rates
+
+    @property
+    def times_here(self) -> bool: ...
+
+    def time(self, plan: Plan, train: bool) -> Any: ...
 
     def converted(self, plan: Plan, depth: int | None = None) -> tuple[nn.Module, Plan, int]: ...
 
@@ -244,3 +256,33 @@ def check(forecaster: Host, plan: Plan, notes: list[str]) -> CheckResult | None:
     return CheckResult(CHECK_STEPS if train is not None else 1,
                        train.peak.total if train is not None else None,
                        infer.peak.total if infer is not None else None, process, method)
+
+
+def retimed(forecaster: Host, results: list[PolicyForecast]) -> list[PolicyForecast]:
+    """Where this machine's kernels were timed policy by policy: all of them again in interleaved rounds (and
+    --check's steps likewise), and each policy's time made anew from those, its measured step beside it; else
+    ``results`` as they are."""
+    if not forecaster.times_here or forecaster.times is None:
+        return results
+    job = forecaster.job
+    busy = forecaster.times.settle()
+    plans = {p.name: p for p in job.plans}
+    timed = [r for r in results if r.time is not None and r.time.step_s is not None and r.method != "state-only"]
+    measured: dict[str, float] = {}
+    if job.check:  # this CPU's steps, in interleaved rounds as its kernels were
+        measured, steps_busy = interleaved_steps({r.policy: _step_timer(forecaster, plans[r.policy], r)
+                                                  for r in timed if r.check is not None})
+        busy = busy or steps_busy
+    out = []
+    for r in results:
+        if r in timed:
+            again = forecaster.time(plans[r.policy], r.train is not None) or r.time
+            r = replace(r, time=replace(again, measured_s=measured.get(r.policy), disturbed=busy))
+        out.append(r)
+    return out
+
+
+def _step_timer(forecaster: Host, plan: Plan, result: PolicyForecast) -> Any:
+    job, train = forecaster.job, result.train is not None
+    batch = job.batch_size if train else job.infer_batch_size
+    return lambda: step_seconds(forecaster.task, plan, job.check_device, batch, train, job.seed)

@@ -85,7 +85,7 @@ class ForecastJob:
                     report.send(f"policy:{plan.name}", result)  # kept by the launcher even if a later one crashes
                     out.append(result)
                     report.step(len(out), len(self.plans))
-            out = forecaster.settled(out)
+            out = here.retimed(forecaster, out)  # this CPU's kernels and steps again, in rounds
             for result in out:
                 report.send(f"policy:{result.policy}", result)
         finally:
@@ -142,7 +142,7 @@ class Forecaster:
         # (plan, train) -> steps run here when one could not be traced, and their batch sizes (``here.fallback``)
         self.measured: dict[tuple[str, bool], tuple[list[Traced], tuple[int, ...]]] = {}
         self._timed: dict[tuple[str, bool], tuple[Traced, str]] = {}  # (plan, train) -> its step, the method
-        self._times = StepTimes(job.rates) if job.rates is not None else None
+        self.times = StepTimes(job.rates) if job.rates is not None else None
 
     def hardware_here(self) -> Any:
         if self._hardware is None:
@@ -192,7 +192,7 @@ class Forecaster:
             if self.job.check:
                 try:  # a check that fails keeps the forecast it was checking
                     check = self.check(plan, notes)
-                    if timed is not None and timed.step_s is not None and not self._times_here:
+                    if timed is not None and timed.step_s is not None and not self.times_here:
                         timed = replace(timed, measured_s=here.step_seconds(
                             self.task, plan, self.job.check_device, self.job.batch_size if train is not None
                             else self.job.infer_batch_size, train is not None, self.job.seed))
@@ -208,46 +208,20 @@ class Forecaster:
                               train=train, infer=infer, train_fit=train_fit, infer_fit=infer_fit, check=check,
                               seconds=time.perf_counter() - start, time=timed)
 
-    def settled(self, results: list[PolicyForecast]) -> list[PolicyForecast]:
-        """Where this machine's kernels were timed policy by policy: all of them again in interleaved rounds, and
-        each policy's time made anew from those (its measured step kept); else ``results`` as they are."""
-        if not self._times_here or self._times is None:
-            return results
-        busy = self._times.settle()
-        plans = {p.name: p for p in self.job.plans}
-        timed = [r for r in results if r.time is not None and r.time.step_s is not None and r.method != "state-only"]
-        measured: dict[str, float] = {}
-        if self.job.check:  # this CPU's steps, in interleaved rounds as its kernels were
-            measured, steps_busy = here.interleaved_steps({r.policy: self._step_timer(plans[r.policy], r)
-                                                           for r in timed if r.check is not None})
-            busy = busy or steps_busy
-        out = []
-        for r in results:
-            if r in timed:
-                again = self.time(plans[r.policy], r.train is not None) or r.time
-                r = replace(r, time=replace(again, measured_s=measured.get(r.policy), disturbed=busy))
-            out.append(r)
-        return out
-
     @property
-    def _times_here(self) -> bool:
+    def times_here(self) -> bool:
         """The target is this machine: its kernels (and --check's steps) are timed here, where others may run."""
         return self.job.rates is not None and self.job.rates.times_kernels
-
-    def _step_timer(self, plan: Plan, result: PolicyForecast) -> Any:
-        train = result.train is not None
-        batch = self.job.batch_size if train else self.job.infer_batch_size
-        return lambda: here.step_seconds(self.task, plan, self.job.check_device, batch, train, self.job.seed)
 
     def time(self, plan: Plan, train: bool) -> TimeForecast | None:
         """The step's predicted time on the target from the ops its trace recorded (None: no rates to time with)."""
         traced, method = self._timed.get((plan.name, train), (None, ""))
-        if self._times is None:
+        if self.times is None:
             return None
         if traced is not None and traced.shallow is not None:
             one, two, depth = traced.shallow
-            return linear_time(self._times.of(plan, one, method), self._times.of(plan, two, method), depth)
-        return self._times.of(plan, traced.ops if traced is not None else (), method)
+            return linear_time(self.times.of(plan, one, method), self.times.of(plan, two, method), depth)
+        return self.times.of(plan, traced.ops if traced is not None else (), method)
 
     def fit(self, plan: Plan, train: bool, peak: PeakForecast, method: str, search: bool = True,
             ) -> FitForecast | None:
