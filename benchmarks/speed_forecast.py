@@ -96,30 +96,52 @@ def _seconds(fc, name: str, left_out: list[str]) -> float | None:
     return t.step_s - sum(t.breakdown.get(g, 0.0) for g in left_out)
 
 
+def _forecast(case: dict, stem: str, policies: list[str], batch: int | None, out: Path):
+    """The case's forecast of ``policies`` at ``batch`` (the task's own when None); None when it failed."""
+    fc_json = out / f"{stem}-b{batch or 'task'}-forecast.json"
+    task_file, _, factory = case["task"].partition(":")
+    args = ["forecast", f"{CASES / task_file}:{factory or 'make_task'}", "-p", ",".join(policies), "--device",
+            case["device"], "--no-batch-search", "--json", str(fc_json)]
+    if case["baseline"] in policies:
+        args += ["--baseline", case["baseline"]]
+    done = dtypelab(*args, *(["-b", str(batch)] if batch else []))
+    if done.returncode != 0:
+        print(f"{stem}: forecast failed: {done.stderr[-800:]}", file=sys.stderr)
+        return None
+    from dtypelab.core.records import load_record
+
+    return load_record(str(fc_json))
+
+
+def _throughputs(case: dict, stem: str, out: Path) -> dict[str, float | None]:
+    """Samples a second per policy, predicted: each policy at its own batch where the published runs differed
+    ("batches": the largest that fitted each, as Lambda's benchmark runs them), else at the case's "batch"."""
+    policies = [case["baseline"], *case["ratios"]]
+    batches = case.get("batches") or dict.fromkeys(policies, case.get("batch"))
+    left_out = case.get("exclude", [])  # groups the published measurement did not time (an optimizer step)
+    rates: dict[str, float | None] = {}
+    for batch in sorted(set(batches.values()), key=lambda b: b or 0):
+        group = [p for p in policies if batches[p] == batch]
+        fc = _forecast(case, stem, group, batch, out)
+        for policy in group:
+            seconds = _seconds(fc, policy, left_out) if fc is not None else None
+            rates[policy] = (batch or fc.result(policy).train.batch_size) / seconds if seconds else None
+    return rates
+
+
 def published(out: Path) -> list[dict]:
     rows = []
     for case_file in sorted(CASES.glob("*.json")):
         case = json.loads(case_file.read_text())
-        fc_json = out / f"{case_file.stem}-forecast.json"
-        pols = ",".join([case["baseline"], *case["ratios"]])
         start = time.monotonic()
-        task_file, _, factory = case["task"].partition(":")
-        done = dtypelab("forecast", f"{CASES / task_file}:{factory or 'make_task'}", "-p", pols, "--device",
-                        case["device"], "--baseline", case["baseline"], "--no-batch-search", "--json", str(fc_json))
-        if done.returncode != 0:
-            print(f"{case_file.stem}: forecast failed: {done.stderr[-800:]}", file=sys.stderr)
-            continue
-        from dtypelab.core.records import load_record
-
-        fc = load_record(str(fc_json))
-        left_out = case.get("exclude", [])  # groups the published measurement did not time (an optimizer step)
-        base_s = _seconds(fc, case["baseline"], left_out)
+        rates = _throughputs(case, case_file.stem, out)
+        base = rates[case["baseline"]]
         for policy, ratio in case["ratios"].items():
-            mine = _seconds(fc, policy, left_out)
-            predicted = base_s / mine if base_s and mine else None
-            rows.append({"case": case_file.stem, "policy": policy, "published": ratio, "predicted": predicted,
-                         "ratio": predicted / ratio if predicted else None, "seconds": time.monotonic() - start,
-                         "source": case["source"]})
+            mine = rates[policy]
+            predicted = mine / base if base and mine else None
+            rows.append({"case": case_file.stem, "device": case["device"], "policy": policy, "published": ratio,
+                         "predicted": predicted, "ratio": predicted / ratio if predicted else None,
+                         "seconds": time.monotonic() - start, "source": case["source"]})
     return rows
 
 
@@ -161,8 +183,13 @@ def main() -> int:
         for r in rows:
             pred = f"{r['predicted']:.2f}x" if r["predicted"] else "—"
             ratio = f"{r['ratio']:.2f}" if r["ratio"] else "—"
-            print(f"  {r['case']}: {r['policy']} predicted {pred}, published {r['published']:.2f}x, "
-                  f"predicted/published {ratio} ({r['source']})")
+            print(f"  {r['case']} ({r['device']}): {r['policy']} predicted {pred}, published {r['published']:.2f}x, "
+                  f"predicted/published {ratio}, {r['seconds']:.0f} s ({r['source']})")
+        errors = sorted(abs(r["ratio"] - 1) for r in rows if r["ratio"])
+        if errors:
+            print(f"  {len(errors)} of {len(rows)} predicted; within 15%: {sum(e <= 0.15 for e in errors)}, "
+                  f"within 20%: {sum(e <= 0.20 for e in errors)}; median error {errors[len(errors) // 2]:.0%}, "
+                  f"largest {errors[-1]:.0%}")
     if "far" in parts:
         f = far(out)
         print(f"\nfar: llama2-7b, {len(FAR.split(','))} policies on an H100: {f['seconds']:.0f} s "

@@ -38,7 +38,8 @@ def test_the_ledger_on_real_tensors_counts_what_torchs_memtracker_counts():
     task = load_task("gpt2")
     for name in ("fp32", "amp-bf16"):
         plan = get_policy(name)
-        report = forecast("gpt2", policies=name, device="cpu", check=True, batch_search=False, batch_size=4)
+        report = forecast("gpt2", policies=name, device="cpu", check=True, batch_search=False, batch_size=4,
+                          speed=False)
         ours = report.result(name).check.train_peak_bytes
         precision = Precision(plan, "cpu")
         model, optimizer = build_trainable(task, precision, torch.device("cpu"))
@@ -63,8 +64,11 @@ def test_one_traced_step_forecasts_the_peak_of_the_steps_run_for_real(task, poli
     backward): against three real steps counted by the same ledger, within 1% (the acceptance bar is 10%; the
     benchmark benchmarks/forecast.py checks more models, policies and sizes). Small batches: a real bf16 step is
     ~100x slower on a CPU without bf16 arithmetic."""
-    report = forecast(task, policies=policies, device="cpu", check=True, batch_search=False, batch_size=batch)
+    report = forecast(task, policies=policies, device="cpu", check=True, batch_search=False, batch_size=batch,
+                      speed=False)
+    assert report.speed_answer.startswith("--no-speed: memory alone, no time is forecast")
     for p in report.policies:
+        assert p.time is None  # --no-speed: memory alone, and the answer says so
         assert p.status == "ok", (p.policy, p.reason)
         # a training policy is compared in training and inference, an inference-only one (int8-wo) in inference
         pairs = [(p.infer, p.check.infer_peak_bytes), *([(p.train, p.check.train_peak_bytes)] if p.train else [])]

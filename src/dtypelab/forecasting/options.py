@@ -28,6 +28,9 @@ class ForecastOptions(FineTuneOptions):
     batch_search: bool = Field(True, description="with a memory limit, also find the largest batch size that fits")
     check: bool = Field(False, description="also run the steps here on real tensors and show the measured peaks "
                                            "and step times beside the forecast (where the model fits this machine)")
+    speed: bool = Field(True, description="also forecast each policy's step time (for --device cpu this times "
+                                          "this CPU's kernels, and --check times its steps): --no-speed for memory "
+                                          "alone, in a fraction of the time")
     baseline: str | None = Field(None, description="the policy speedups are against [default: fp32 when forecast, "
                                                    "else the first policy]")
     workers: int | None = Field(None, ge=1, le=64, description="processes tracing at once [default: the CPU cores, "

@@ -208,7 +208,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     launcher = _launcher(opts.launcher, target)
     grouped = families(plans)
     hw = _hardware(device)
-    rates, no_rates = rates_for(device)
+    rates, no_rates = rates_for(device) if opts.speed else (None, "--no-speed: memory alone, no time is forecast")
     # kernels timed here (this CPU's rates, --check's steps) are timed by one worker, with nothing beside it
     alone = opts.check or (rates is not None and rates.times_kernels)
     parts = 1 if getattr(launcher, "name", "") == "inline" or alone else min(len(grouped), opts.workers or min(

@@ -83,9 +83,10 @@ def with_speedups(results: list[PolicyForecast], baseline: str | None) -> tuple[
 
 
 # The error of a predicted speedup the validation supports (benchmarks/speed_forecast.py, docs/guide/forecast.md):
-# on a GPU, the largest of the published comparisons (float8 rowwise on Llama-3-8B: 1.24x predicted, 1.10x
-# published, 13%); on this CPU, the self-check's bound (20%). Two predictions whose bands overlap are a tie.
-SPEEDUP_ERROR = {"cuda": 0.15, "cpu": 0.20}
+# on a GPU, the largest of the ten published comparisons, rounded up (BERT-large mixed precision against TF32 on
+# an H100 PCIe: 1.74x predicted, 2.09x published, 17%); on this CPU, the self-check's bound (20%). Two predictions
+# whose bands overlap are a tie.
+SPEEDUP_ERROR = {"cuda": 0.20, "cpu": 0.20}
 
 
 def speedup_error(device: TargetDevice) -> float:
