@@ -331,3 +331,25 @@ def test_a_kind_defined_in_the_script_that_calls_bench(tmp_path, guard):
         assert results["my-half"] == "ok:"
     else:
         assert results["my-half"].startswith("failed:") and "under if __name__ == '__main__'" in results["my-half"]
+
+
+def test_a_kind_dropped_into_the_kinds_package_as_one_file_is_listed_with_no_other_file_touched():
+    """The example's kind, copied as it is into core/policies/kinds/: a fresh process lists its policy (the
+    package imports every module in it once the registry exists); without the file it is not there."""
+    import shutil
+
+    from dtypelab.core.policies import kinds
+
+    dropped = os.path.join(os.path.dirname(kinds.__file__), f"dropped_{os.getpid()}.py")
+    listing = [sys.executable, "-m", "dtypelab", "policies"]
+    env = {**os.environ, "COLUMNS": "250"}
+    shutil.copyfile(EXAMPLE, dropped)
+    try:
+        with_it = subprocess.run(listing, capture_output=True, text=True, env=env, timeout=120)
+    finally:
+        os.remove(dropped)
+    names = "from dtypelab.core.policies import REGISTRY; print(sorted(REGISTRY))"
+    without = subprocess.run([sys.executable, "-c", names], capture_output=True, text=True, timeout=120)
+    assert with_it.returncode == 0, with_it.stderr[-1500:]
+    assert "bf16-master" in with_it.stdout and "float32 master copy" in with_it.stdout
+    assert without.returncode == 0 and "'fp32'" in without.stdout and "bf16-master" not in without.stdout

@@ -35,42 +35,52 @@ def meta_model(task: Task, seed: int) -> tuple[nn.Module, str]:
         raise TaskError(f"building the model raised {describe_exception(exc)}") from exc
 
 
+class _Twins:
+    """Each real tensor's fake twin, made once: shared tensors stay shared. The originals are kept alive until the
+    end, so that no id is reused for another tensor."""
+
+    def __init__(self, mode: Any, device: torch.device) -> None:
+        self.mode, self.device = mode, device
+        self.memo: dict[int, torch.Tensor] = {}
+        self.keep: list[Any] = []
+
+    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        if id(t) in self.memo:
+            return self.memo[id(t)]
+        self.keep.append(t)
+        if is_traceable_wrapper_subclass(t):  # a tensor subclass (torchao's quantized weights): fake inner tensors
+            names, ctx = t.__tensor_flatten__()
+            inner = {n: self.tensor(getattr(t, n)) for n in names}
+            out = type(t).__tensor_unflatten__(inner, ctx, t.size(), t.stride())
+        elif t.device.type == "meta":
+            out = self.mode.fake_tensor_converter.from_meta_and_device(self.mode, t, self.device)
+        else:
+            out = self.mode.from_tensor(t)
+        self.memo[id(t)] = out
+        return out
+
+    def parameter(self, p: nn.Parameter) -> torch.Tensor:
+        if id(p) not in self.memo:
+            self.keep.append(p)
+            inner = p if is_traceable_wrapper_subclass(p) else p.detach()
+            self.memo[id(p)] = nn.Parameter(self.tensor(inner), requires_grad=p.requires_grad)
+        return self.memo[id(p)]
+
+
 def materialize(model: nn.Module, mode: Any, device: torch.device) -> None:
     """Give every parameter, buffer and tensor attribute of ``model`` a fake twin on ``device`` (in place): shared
     tensors stay shared, a tensor subclass (torchao's quantized weights) gets fake inner tensors."""
-    memo: dict[int, torch.Tensor] = {}
-    keep: list[Any] = []  # the originals, alive until the end, so that no id is reused for another tensor
-
-    def fake(t: torch.Tensor) -> torch.Tensor:
-        if id(t) in memo:
-            return memo[id(t)]
-        keep.append(t)
-        if is_traceable_wrapper_subclass(t):
-            names, ctx = t.__tensor_flatten__()
-            inner = {n: fake(getattr(t, n)) for n in names}
-            out = type(t).__tensor_unflatten__(inner, ctx, t.size(), t.stride())
-        elif t.device.type == "meta":
-            out = mode.fake_tensor_converter.from_meta_and_device(mode, t, device)
-        else:
-            out = mode.from_tensor(t)
-        memo[id(t)] = out
-        return out
-
+    twins = _Twins(mode, device)
     for module in model.modules():
         for name, p in list(module._parameters.items()):
-            if p is None:
-                continue
-            if id(p) not in memo:
-                keep.append(p)
-                inner = p if is_traceable_wrapper_subclass(p) else p.detach()
-                memo[id(p)] = nn.Parameter(fake(inner), requires_grad=p.requires_grad)
-            module._parameters[name] = memo[id(p)]
+            if p is not None:
+                module._parameters[name] = twins.parameter(p)
         for name, b in list(module._buffers.items()):
             if b is not None:
-                module._buffers[name] = fake(b)
+                module._buffers[name] = twins.tensor(b)
         for name, value in list(vars(module).items()):  # tensors kept as plain attributes (a mask, a table)
             if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
-                setattr(module, name, fake(value))
+                setattr(module, name, twins.tensor(value))
 
 
 @contextmanager

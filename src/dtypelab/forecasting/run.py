@@ -179,6 +179,66 @@ def cuda_guard_here() -> None:
         torch._C._ensureCUDADeviceGuardSet()
 
 
+def _checked(opts: ForecastOptions, target: Target, device: TargetDevice, task_obj: Task) -> list[Plan]:
+    """The plans to forecast, once the options are known to make sense together; a one-line error otherwise."""
+    spec = target.spec
+    if opts.check and device.kind != ("cuda" if torch.cuda.is_available() else "cpu"):
+        here = "cuda" if torch.cuda.is_available() else "cpu"
+        raise DtypelabError(f"--check runs the steps here ({here}): forecast for --device {here}, or leave out --check")
+    plans = tuned(choose_policies(opts.policies, task_obj, opts.nproc, spec.startswith(HF_PREFIX)), opts)
+    if opts.baseline and opts.baseline not in {p.name for p in plans}:
+        raise DtypelabError(f"--baseline {opts.baseline}: not among the policies forecast "
+                            f"({', '.join(p.name for p in plans)})")
+    batch = opts.batch_size or task_obj.batch_size
+    if batch % opts.nproc:
+        raise DtypelabError(f"the batch size {batch} does not split over {opts.nproc} ranks: give --batch-size a "
+                            f"multiple of {opts.nproc}")
+    check_writable(opts.json_path)
+    return plans
+
+
+def _found(outcomes: list[Outcome], plans: list[Plan], interrupted: bool) -> tuple[int, dict[str, PolicyForecast]]:
+    """(the parameters counted, each policy's forecast) from the workers' outcomes; a policy a dead worker took and
+    did not report fails with its reason (or is marked interrupted)."""
+    found: dict[str, PolicyForecast] = {}
+    counted = 0
+    for out in outcomes:
+        if out.value is not None:
+            counted, results = out.value
+        else:  # the worker died: what it had reported before stays
+            results = [m[0] for k, m in out.messages.items() if k.startswith("policy:")]
+        for result in results:
+            found[result.policy] = result
+    died = "; ".join(dict.fromkeys(out.reason or out.status for out in outcomes if out.status != "ok"))
+    for plan in plans:
+        found.setdefault(plan.name, PolicyForecast(plan.name, plan.describe(), "interrupted", reason=INTERRUPTED)
+                         if interrupted else PolicyForecast(plan.name, plan.describe(), "failed",
+                                                            reason=died or "not reported"))
+    return counted, found
+
+
+def _run_jobs(jobs: list[ForecastJob], launcher: Any, progress: Progress | None, total: int) -> tuple[list[Outcome],
+                                                                                                     bool]:
+    """Each job on its launcher, followed from threads (a zygote forks one worker at a time: parts after the first
+    get a process launcher of their own); (outcomes, whether Ctrl-C stopped them)."""
+    done = [0] * len(jobs)
+    launchers = [launcher if i == 0 or not isinstance(launcher, ProcessLauncher) else ProcessLauncher()
+                 for i in range(len(jobs))]
+
+    def run(i: int) -> Outcome:
+        def step(n: int, _total: int) -> None:
+            done[i] = n
+            if progress is not None:
+                progress(sum(done), total)
+
+        return launchers[i].run(jobs[i], timeout_s=24 * 3600, on_step=step)
+
+    if progress is not None:
+        progress(0, total)
+    cuda_guard_here()
+    return _follow(run, len(jobs))
+
+
 def forecast(task: str | Task, options: ForecastOptions | None = None, *, progress: Progress | None = None,
              **settings: Any) -> ForecastReport:
     """Each policy's peak training memory (by category) and inference peak for ``task``, traced on fake tensors
@@ -193,18 +253,8 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     device = target_device(opts.device, opts.memory, opts.reserve)
     task_obj = target.task()
     spec = target.spec
-    if opts.check and device.kind != ("cuda" if torch.cuda.is_available() else "cpu"):
-        here = "cuda" if torch.cuda.is_available() else "cpu"
-        raise DtypelabError(f"--check runs the steps here ({here}): forecast for --device {here}, or leave out --check")
-    plans = tuned(choose_policies(opts.policies, task_obj, opts.nproc, spec.startswith(HF_PREFIX)), opts)
-    if opts.baseline and opts.baseline not in {p.name for p in plans}:
-        raise DtypelabError(f"--baseline {opts.baseline}: not among the policies forecast "
-                            f"({', '.join(p.name for p in plans)})")
+    plans = _checked(opts, target, device, task_obj)
     batch = opts.batch_size or task_obj.batch_size
-    if batch % opts.nproc:
-        raise DtypelabError(f"the batch size {batch} does not split over {opts.nproc} ranks: give --batch-size a "
-                            f"multiple of {opts.nproc}")
-    check_writable(opts.json_path)
     launcher = _launcher(opts.launcher, target)
     grouped = families(plans)
     hw = _hardware(device)
@@ -219,41 +269,12 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
                         device.usable_bytes, opts.batch_search, opts.check, "cuda" if device.kind == "cuda" else "cpu",
                         part=i, groups=tuple(map(len, grouped)), claims=claims, task=target.given, rates=rates)
             for i in range(parts)]
-    done = [0] * len(jobs)
-    # a zygote forks one worker at a time: parts after the first get a process launcher (and a zygote) of their own
-    launchers = [launcher if i == 0 or not isinstance(launcher, ProcessLauncher) else ProcessLauncher()
-                 for i in range(len(jobs))]
-
-    def run(i: int) -> Outcome:
-        def step(n: int, total: int) -> None:
-            done[i] = n
-            if progress is not None:
-                progress(sum(done), len(plans))
-
-        return launchers[i].run(jobs[i], timeout_s=24 * 3600, on_step=step)
-
-    if progress is not None:
-        progress(0, len(plans))
-    cuda_guard_here()
     try:
-        outcomes, interrupted = _follow(run, len(jobs))
+        outcomes, interrupted = _run_jobs(jobs, launcher, progress, len(plans))
     finally:
         if claims is not None:
             shutil.rmtree(claims, ignore_errors=True)
-    found: dict[str, PolicyForecast] = {}
-    counted = 0
-    for out in outcomes:
-        if out.value is not None:
-            counted, results = out.value
-        else:  # the worker died: what it had reported before stays
-            results = [m[0] for k, m in out.messages.items() if k.startswith("policy:")]
-        for result in results:
-            found[result.policy] = result
-    died = "; ".join(dict.fromkeys(out.reason or out.status for out in outcomes if out.status != "ok"))
-    for plan in plans:  # a worker that died: the policies it took and did not report fail with its reason
-        found.setdefault(plan.name, PolicyForecast(plan.name, plan.describe(), "interrupted", reason=INTERRUPTED)
-                         if interrupted else PolicyForecast(plan.name, plan.describe(), "failed",
-                                                            reason=died or "not reported"))
+    counted, found = _found(outcomes, plans, interrupted)
     here = hw if device.kind == "cpu" and hw is not None else hardware_for(torch.device("cpu"), None, budget_s=0.02)
     results = []
     for plan in plans:

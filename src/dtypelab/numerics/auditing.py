@@ -25,6 +25,27 @@ from dtypelab.script import diagnose_script, script_environment, script_record
 Progress = Callable[[int, int], None]
 
 
+def _audit_script(target: Target, opts: AuditOptions, fmts: tuple[str, ...], progress: Progress | None,
+                  environment: dict[str, Any] | None) -> AuditReport:
+    """A training script's audit: its own loop, in a process of its own, for ``opts.steps`` steps."""
+    diagnosis = AuditDiagnosis(opts.steps, opts.every, opts.layers, fmts, opts.updates)
+    text, out = diagnose_script(target, opts.policy, diagnosis, args=tuple(opts.script_args), device=opts.device,
+                                seed=opts.seed, on_step=progress)
+    env = script_environment(environment, opts.device, opts.hardware)
+    if text is None:
+        raise DtypelabError(f"the audit of {target.spec} gave no record: {out.reason or out.status}")
+    report = script_record(AuditReport, text, target.spec, env)
+    if opts.json_path:
+        report.save(opts.json_path)
+    return report
+
+
+def _count_updates(counter: UpdateCounter | None, active: bool, skipped: bool) -> None:
+    """The update counter's reading after a recorded step (a step GradScaler skipped updated nothing)."""
+    if counter is not None and active:
+        counter.after(skipped=skipped)
+
+
 def audit(task: str | Task, options: AuditOptions | None = None, *, progress: Progress | None = None,
           environment: dict[str, Any] | None = None, **settings: Any) -> AuditReport:
     """Train ``steps`` steps under ``policy`` and measure ranges every ``every`` steps (``AuditOptions``, or its
@@ -40,16 +61,7 @@ def audit(task: str | Task, options: AuditOptions | None = None, *, progress: Pr
     check_writable(opts.json_path)
     target = Target.of(task)
     if target.is_script:
-        diagnosis = AuditDiagnosis(opts.steps, opts.every, opts.layers, fmts, opts.updates)
-        text, out = diagnose_script(target, opts.policy, diagnosis, args=tuple(opts.script_args), device=opts.device,
-                                    seed=opts.seed, on_step=progress)
-        env = script_environment(environment, opts.device, opts.hardware)
-        if text is None:
-            raise DtypelabError(f"the audit of {target.spec} gave no record: {out.reason or out.status}")
-        report = script_record(AuditReport, text, target.spec, env)
-        if opts.json_path:
-            report.save(opts.json_path)
-        return report
+        return _audit_script(target, opts, fmts, progress, environment)
     spec, task_obj, dev, pol, hardware = prepare(target.given or target.spec, opts.policy, opts.device, opts.hardware,
                                                  opts.force)
     bs = opts.batch_size or task_obj.batch_size
@@ -81,8 +93,7 @@ def audit(task: str | Task, options: AuditOptions | None = None, *, progress: Pr
                     scale = pol.grad_scale()
                     loss = train_step(task_obj, model, pol, optimizer, inputs, target_,
                                       after_backward=after_backward if rec.active else None)
-                    if counter is not None and rec.active:  # a step GradScaler skipped updated nothing
-                        counter.after(skipped=pol.grad_scale() < scale)
+                    _count_updates(counter, rec.active, pol.grad_scale() < scale)
                     losses.append(float(loss.detach()))
                     progress(step + 1, opts.steps)
         except KeyboardInterrupt:

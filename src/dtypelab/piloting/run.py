@@ -9,6 +9,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -85,6 +86,49 @@ def _script(target: Target, opts: AutopilotOptions, progress: Progress | None,
     return report
 
 
+@dataclass
+class _Flight:
+    """The training loop's position: the step next to run and the steps lost to rollbacks."""
+
+    pilot: Pilot
+    guard: Guard
+    one_step: Callable[..., torch.Tensor]
+    task: Task
+    n: int
+    batch_size: int
+    dev: torch.device
+    progress: Progress
+    step: int = 0
+    lost: int = 0
+
+    def one(self) -> bool:
+        """One step (a rollback after a non-finite one); False when the pilot stops."""
+        step = self.step
+        batch = to_device(self.task.batch(step, self.batch_size), self.dev)
+        sample = self.pilot.sampled(step)
+        t0 = time.perf_counter()
+        try:
+            if sample:
+                with self.pilot.monitor.reading():
+                    self.guard.step(self.one_step, *batch, after_backward=self.pilot.monitor.after_backward)
+            else:
+                self.guard.step(self.one_step, *batch)
+        except NonFiniteError as exc:
+            back = self.guard.rollback()  # a task's step replays: the steps since are trained again
+            self.lost += step + 1 - back
+            if not self.pilot.nonfinite(step, back, exc.finding.trigger, exc.finding, f"rolled back to step {back}"):
+                return False
+            self.guard.checkpoint()  # replays from here run in the configuration now in force
+            self.step = back
+            self.progress(back, self.n)
+            return True
+        if self.pilot.stepped(step, time.perf_counter() - t0, sample, self.guard.scaler is not None):
+            self.guard.checkpoint()  # a rollback must restore weights of the dtypes they have now
+        self.step += 1
+        self.progress(self.step, self.n)
+        return True
+
+
 def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, progress: Progress | None = None,
               on_move: Callable[[Move], None] | None = None, environment: dict[str, Any] | None = None,
               **settings: Any) -> AutopilotReport:
@@ -107,7 +151,6 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
     settings = opts.model_dump()
     progress = progress or (lambda done, total: None)
     metrics: dict[str, float] = {}
-    lost = 0
     start = time.perf_counter()
     with torch_threads(opts.threads):
         model, optimizer = build_trainable(task_obj, precision, dev, opts.seed)
@@ -124,38 +167,17 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
             return train_step(task_obj, model, precision, optimizer, inputs, target, after_backward=after_backward)
 
         torch.manual_seed(opts.seed)  # same dropout masks as bench
-        step, loop_start = 0, time.perf_counter()
+        flight = _Flight(pilot, guard, one_step, task_obj, n, bs, dev, progress)
+        loop_start = time.perf_counter()
         try:
             with precision.session(), guard:
-                while step < n:
-                    batch = to_device(task_obj.batch(step, bs), dev)
-                    sample = pilot.sampled(step)
-                    t0 = time.perf_counter()
-                    try:
-                        if sample:
-                            with pilot.monitor.reading():
-                                guard.step(one_step, *batch, after_backward=pilot.monitor.after_backward)
-                        else:
-                            guard.step(one_step, *batch)
-                    except NonFiniteError as exc:
-                        back = guard.rollback()  # a task's step replays: the steps since are trained again
-                        lost += step + 1 - back
-                        if not pilot.nonfinite(step, back, exc.finding.trigger, exc.finding,
-                                               f"rolled back to step {back}"):
-                            break
-                        guard.checkpoint()  # replays from here run in the configuration now in force
-                        step = back
-                        progress(step, n)
-                        continue
-                    if pilot.stepped(step, time.perf_counter() - t0, sample, guard.scaler is not None):
-                        guard.checkpoint()  # a rollback must restore weights of the dtypes they have now
-                    step += 1
-                    progress(step, n)
+                while flight.step < n and flight.one():
+                    pass
             train_s = time.perf_counter() - loop_start
             if pilot.status == "ok":
                 metrics = evaluate(task_obj, model, precision, dev)
         except KeyboardInterrupt:
-            pilot.status, pilot.reason = "interrupted", f"interrupted after {step} steps"
+            pilot.status, pilot.reason = "interrupted", f"interrupted after {flight.step} steps"
             train_s = time.perf_counter() - loop_start
         except DtypelabError:
             raise
@@ -164,7 +186,7 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
             train_s = time.perf_counter() - loop_start
     report = pilot.report(
         config, environment if environment is not None else current_environment(hardware), tuple(guard.losses),
-        metrics=metrics, steps_rolled_back=lost, steps_skipped=guard.log.skipped if guard.log else 0,
+        metrics=metrics, steps_rolled_back=flight.lost, steps_skipped=guard.log.skipped if guard.log else 0,
         checkpoint_every=guard.every, checkpoint_s=guard.checkpoint_s,
         scaler=guard.log.stats() if guard.log else {}, train_s=train_s, wall_s=time.perf_counter() - start)
     write_outputs(report, opts.json_path, opts.plan_out)

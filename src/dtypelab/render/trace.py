@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dtypelab.core.results import OpEvent, TensorSummary, TraceReport
 from dtypelab.core.scaler import scaler_notes
 from dtypelab.core.text import num
@@ -41,6 +43,55 @@ def _short(o: OpEvent) -> str:
     return f"{o.op or 'input'} ({o.phase}{where}, {o.source or 'no source line'}): {o.diagnosis}"
 
 
+def _how_traced(report: TraceReport, f: Any) -> list[str]:
+    """The row that says how the step was traced: live (one run or two) or replayed from a checkpoint."""
+    if report.live and f.replayed_steps:
+        return ["traced", f"live, two runs: the first, untraced, went non-finite at step {f.step}; the second ran "
+                          f"the script again from the same seed, its first {f.replayed_steps} step(s) untraced; step "
+                          f"{f.step}: {f.ops_traced} ops in {f.trace_s:.2f} s"]
+    if report.live:
+        return ["traced", f"live: every step of the script ran under the op tracer; step {f.step}: {f.ops_traced} "
+                          f"ops in {f.trace_s:.2f} s"]
+    return ["replay", f"restored the checkpoint of step {f.checkpoint_step}, re-ran {f.replayed_steps} step(s), "
+                      f"traced step {f.step}: {f.ops_traced} ops in {f.trace_s:.2f} s"]
+
+
+def _finding_rows(report: TraceReport, f: Any) -> list[list[str]]:
+    rows = [["step", str(f.step)], ["detected", f.trigger]]
+    if f.origin is not None:
+        rows += event_rows(f.origin)
+    if f.reached:
+        more = f" and {len(f.reached) - 6} more" if len(f.reached) > 6 else ""
+        rows.append(["reached", ", ".join(f.reached[:6]) + more])
+    if f.path:
+        rows.append(["then", " → ".join(f.path)])
+    if len(f.weight_max) > 1:
+        (s0, w0), (s1, w1) = f.weight_max[0], f.weight_max[-1]
+        rows.append(["weights", f"max |w| {num(w0, '.4g')} at step {s0} → {num(w1, '.4g')} at step {s1}"])
+    return [*rows, _how_traced(report, f)]
+
+
+def _finding_notes(f: Any) -> list[str]:
+    notes = []
+    if not f.reproduced:
+        notes.append("the replay did not reproduce a non-finite loss, gradient or weight (non-deterministic "
+                     "kernels?); the origin shown is the first non-finite value the replay created"
+                     if f.origin else "the replay did not reproduce the non-finite value (non-deterministic "
+                     "kernels?); nothing to blame")
+    same = [o for o in f.others if f.origin and (o.op, o.phase) == (f.origin.op, f.origin.phase)]
+    if same:
+        names = [o.tensor or o.module for o in same if o.tensor or o.module]
+        listed = f": {', '.join(names[:4])}{', …' if len(names) > 4 else ''}" if names else ""
+        notes.append(f"{f.origin.op} created non-finite values in {len(same)} more tensor"
+                     f"{'s' if len(same) > 1 else ''} in this step{listed}")
+    notes += [f"also created in this step, not what reached the detector: {_short(o)}"
+              for o in f.others if o not in same][:3]
+    if f.masks:
+        notes.append(f"{f.masks} intentional infinit{'ies' if f.masks > 1 else 'y'} (−inf masks) seen and "
+                     "not reported as errors")
+    return notes
+
+
 @document(TraceReport, wrap={1})
 def trace_doc(report: TraceReport) -> Doc:
     cfg, f = report.config, report.finding
@@ -48,43 +99,7 @@ def trace_doc(report: TraceReport) -> Doc:
     notes: list[str] = []
     if report.status == "found" and f is not None:
         title = f"{head} · first non-finite value at step {f.step}"
-        rows = [["step", str(f.step)], ["detected", f.trigger]]
-        if f.origin is not None:
-            rows += event_rows(f.origin)
-        if f.reached:
-            more = f" and {len(f.reached) - 6} more" if len(f.reached) > 6 else ""
-            rows.append(["reached", ", ".join(f.reached[:6]) + more])
-        if f.path:
-            rows.append(["then", " → ".join(f.path)])
-        if len(f.weight_max) > 1:
-            (s0, w0), (s1, w1) = f.weight_max[0], f.weight_max[-1]
-            rows.append(["weights", f"max |w| {num(w0, '.4g')} at step {s0} → {num(w1, '.4g')} at step {s1}"])
-        if report.live and f.replayed_steps:
-            rows.append(["traced", f"live, two runs: the first, untraced, went non-finite at step {f.step}; the "
-                                   f"second ran the script again from the same seed, its first {f.replayed_steps} "
-                                   f"step(s) untraced; step {f.step}: {f.ops_traced} ops in {f.trace_s:.2f} s"])
-        elif report.live:
-            rows.append(["traced", f"live: every step of the script ran under the op tracer; step {f.step}: "
-                                   f"{f.ops_traced} ops in {f.trace_s:.2f} s"])
-        else:
-            rows.append(["replay", f"restored the checkpoint of step {f.checkpoint_step}, re-ran {f.replayed_steps} "
-                                   f"step(s), traced step {f.step}: {f.ops_traced} ops in {f.trace_s:.2f} s"])
-        if not f.reproduced:
-            notes.append("the replay did not reproduce a non-finite loss, gradient or weight (non-deterministic "
-                         "kernels?); the origin shown is the first non-finite value the replay created"
-                         if f.origin else "the replay did not reproduce the non-finite value (non-deterministic "
-                         "kernels?); nothing to blame")
-        same = [o for o in f.others if f.origin and (o.op, o.phase) == (f.origin.op, f.origin.phase)]
-        if same:
-            names = [o.tensor or o.module for o in same if o.tensor or o.module]
-            listed = f": {', '.join(names[:4])}{', …' if len(names) > 4 else ''}" if names else ""
-            notes.append(f"{f.origin.op} created non-finite values in {len(same)} more tensor"
-                         f"{'s' if len(same) > 1 else ''} in this step{listed}")
-        notes += [f"also created in this step, not what reached the detector: {_short(o)}"
-                  for o in f.others if o not in same][:3]
-        if f.masks:
-            notes.append(f"{f.masks} intentional infinit{'ies' if f.masks > 1 else 'y'} (−inf masks) seen and "
-                         "not reported as errors")
+        rows, notes = _finding_rows(report, f), _finding_notes(f)
     else:
         steps = len(report.losses)
         title = f"{head} · {'no NaN/Inf in ' if report.status == 'clean' else ''}{steps} steps"

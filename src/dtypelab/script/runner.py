@@ -69,15 +69,9 @@ def pace(fp32: PolicyResult, force: bool) -> dict[str, Any]:
     return extra
 
 
-def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None = None) -> Report:
-    """Run a training script once per policy and measure each run: the same record as ``bench`` gives a task, with
-    the same protections: the hardware probe's skips (never on a disturbed probe), a run 10x slower per step than
-    the baseline stopped after a few steps, a run whose loss stays non-finite stopped. The baseline is fp32, the
-    one named (``--baseline``), or fp64 for a script that builds its model in float64 (its own precision). Then the
-    baseline and the policies that could be the answer run again, in ABBA order, until their run-level speeds
-    separate or ``--runs`` is spent (``repeat_runs``). ``opts`` is a ``BenchOptions``."""
-    target = Target.of(target)
-    path = target.spec
+def _script_plans(path: str, opts: Options, dev: Any) -> tuple[dict[str, Plan], Plan | None, bool]:
+    """(the plans to run, the baseline first; the baseline named, if any; whether the policies were named), once the
+    options are known to suit a script: a one-line error otherwise."""
     refused = list(dict.fromkeys(flag for name, flag in LOOP_OPTIONS.items() if name in opts.model_fields_set
                                  and getattr(opts, name) not in (None, False, "train", ())))
     if refused:
@@ -86,7 +80,6 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
     if not os.path.isfile(path):
         raise DtypelabError(f"no such script: {path}")
     explicit = opts.policies is not None
-    dev = resolve_device(opts.device)
     plans = {p.name: p for p in tuned(parse_policies(opts.policies) if explicit else
                                       map(get_policy, default_policies("train", dev.type)), opts)}
     named = baseline_policy(opts.baseline) if getattr(opts, "baseline", None) else None
@@ -97,7 +90,70 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
         if plan.compiles and (explicit or plan is named):
             raise DtypelabError(f"policy {plan.name}: compiled policies are not supported for scripts yet")
     base = named or get_policy(BASELINE)
-    plans = {base.name: base, **{k: v for k, v in plans.items() if not v.compiles and k != base.name}}
+    return {base.name: base, **{k: v for k, v in plans.items() if not v.compiles and k != base.name}}, named, explicit
+
+
+def _first_pass(run: _Runs, plans: dict[str, Plan], report: Report, hardware: Any, named: Plan | None,
+                opts: Options) -> tuple[dict[str, Plan], Report, bool]:
+    """Every policy once, the baseline first: (the plans, the record, whether the sweep goes on to the repeated
+    runs). A float64 script's own precision becomes the baseline; a failed baseline stops the sweep."""
+    pending = list(plans)
+    try:
+        return _each_once(run, plans, pending, report, hardware, named, opts)
+    except KeyboardInterrupt:
+        _interrupted(run.report_so_far or report, run.plans_so_far or plans, opts.json_path)
+        raise
+
+
+def _interrupted(report: Report, plans: dict[str, Plan], json_path: str | None) -> Report:
+    """Ctrl-C: the policies without a result marked interrupted, what finished kept (and saved)."""
+    for name in plans:
+        if report.result(name) is None:
+            report = _with(report, PolicyResult(name, "interrupted", "interrupted before it finished",
+                                                info=policy_info(plans[name])), json_path, None)
+    return report
+
+
+def _each_once(run: _Runs, plans: dict[str, Plan], pending: list[str], report: Report, hardware: Any,
+               named: Plan | None, opts: Options) -> tuple[dict[str, Plan], Report, bool]:
+    while pending:
+        run.report_so_far, run.plans_so_far = report, plans
+        name = pending.pop(0)
+        plan = plans[name]
+        avail = plan.availability(hardware)
+        if not avail.ok or (avail.slow and not opts.force):
+            result = PolicyResult(name, "skipped", avail.reason, info=policy_info(plan),
+                                  skip="slow" if avail.ok else "unsupported")
+            report = _with(report, result, opts.json_path, None)
+            run.on_event(Event("skip", name, result=result))
+            continue
+        result, primary, built = run.once(plan)
+        if named is None and name == report.baseline and plan.default.storage_dtype == "float32" \
+                and "float64" in built:
+            # the script's own precision is float64: that is what every policy is judged against
+            plans, pending, report = _float64_baseline(plans, pending, report, run.on_event)
+            run.own_precision = report.baseline
+        report = _with(report, result, opts.json_path, primary)
+        if name == report.baseline:
+            run.extra = pace(result, opts.force)
+            if result.status != "ok" and not opts.keep_going:
+                return plans, save_judged(baseline_failed(report, plans, result), opts.json_path), False
+    run.report_so_far = report
+    return plans, report, True
+
+
+def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None = None) -> Report:
+    """Run a training script once per policy and measure each run: the same record as ``bench`` gives a task, with
+    the same protections: the hardware probe's skips (never on a disturbed probe), a run 10x slower per step than
+    the baseline stopped after a few steps, a run whose loss stays non-finite stopped. The baseline is fp32, the
+    one named (``--baseline``), or fp64 for a script that builds its model in float64 (its own precision). Then the
+    baseline and the policies that could be the answer run again, in ABBA order, until their run-level speeds
+    separate or ``--runs`` is spent (``repeat_runs``). ``opts`` is a ``BenchOptions``."""
+    target = Target.of(target)
+    path = target.spec
+    dev = resolve_device(opts.device)
+    plans, named, explicit = _script_plans(path, opts, dev)
+    base = next(iter(plans.values()))
     on_event = on_event or (lambda e: None)
     if opts.hardware is None:
         on_event(Event("probe", "", label="probing hardware"))
@@ -114,41 +170,17 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
     if probe_notice(hardware) and not opts.force:
         on_event(Event("notice", "", label=probe_notice(hardware)))
     run = _Runs(target, opts, dev, on_event)
-    pending, started = list(plans), time.monotonic()
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="dtypelab-script-") as run.workdir:
-        try:
-            while pending:
-                name = pending.pop(0)
-                plan = plans[name]
-                avail = plan.availability(hardware)
-                if not avail.ok or (avail.slow and not opts.force):
-                    result = PolicyResult(name, "skipped", avail.reason, info=policy_info(plan),
-                                          skip="slow" if avail.ok else "unsupported")
-                    report = _with(report, result, opts.json_path, None)
-                    on_event(Event("skip", name, result=result))
-                    continue
-                result, primary, built = run.once(plan)
-                if named is None and name == report.baseline and plan.default.storage_dtype == "float32" \
-                        and "float64" in built:
-                    # the script's own precision is float64: that is what every policy is judged against
-                    plans, pending, report = _float64_baseline(plans, pending, report, on_event)
-                    run.own_precision = report.baseline
-                report = _with(report, result, opts.json_path, primary)
-                if name == report.baseline:
-                    run.extra = pace(result, opts.force)
-                    if result.status != "ok" and not opts.keep_going:
-                        report = save_judged(baseline_failed(report, plans, result), opts.json_path)
-                        break
-            if report.base is not None and report.base.status == "ok":
-                budget = parse_duration(opts.budget, "budget")  # the whole sweep's: what the first pass left
-                left = None if budget is None else budget - (time.monotonic() - started)
+        plans, report, go_on = _first_pass(run, plans, report, hardware, named, opts)  # Ctrl-C: keeps what ran
+        if go_on and report.base is not None and report.base.status == "ok":
+            budget = parse_duration(opts.budget, "budget")  # the whole sweep's: what the first pass left
+            left = None if budget is None else budget - (time.monotonic() - started)
+            try:
                 report = repeat_runs(report, plans, run, opts.json_path, left)
-        except KeyboardInterrupt:
-            for name in plans:
-                if report.result(name) is None:
-                    report = _with(report, PolicyResult(name, "interrupted", "interrupted before it finished",
-                                                        info=policy_info(plans[name])), opts.json_path, None)
-            raise
+            except KeyboardInterrupt:
+                _interrupted(report, plans, opts.json_path)
+                raise
     return report
 
 
@@ -170,6 +202,9 @@ class _Runs:
 
     def __init__(self, target: Target, opts: Options, dev: Any, on_event: OnEvent) -> None:
         self.target, self.opts, self.dev, self.on_event = target, opts, dev, on_event
+        # the first pass's record and plans as they grow: what Ctrl-C keeps
+        self.report_so_far: Report | None = None
+        self.plans_so_far: dict[str, Plan] | None = None
         self.extra: dict[str, Any] = {}
         self.workdir = ""
         self.own_precision = ""  # the baseline that is the script's own precision (fp64 for a float64 model)

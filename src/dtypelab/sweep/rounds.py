@@ -87,60 +87,76 @@ def run_rounds(job: RoundsJob, progress: Callable[[int, int], None] | None = Non
     return RoundsResult("ok", blocks=blocks, wall_s=time.perf_counter() - start, first_call_s=first)
 
 
-def _rounds(job: RoundsJob, progress: Callable[[int, int], None]
-            ) -> tuple[dict[str, tuple[RoundBlock, ...]], dict[str, float]]:
-    task = load_task(job.task_spec)
-    device = torch.device(job.device)
-    sync = device_sync(device)
-    train = job.mode == "train"
-    runs = []
-    for plan in job.plans:
-        precision = Precision(plan, job.device)
-        model, optimizer = build_trainable(task, precision, device, model=build_model(task, job.seed, job.weights),
-                                           train=train)
-        runs.append((plan.name, precision, model, optimizer))
-    inputs = None if train else to_device(task.inference_inputs(job.batch_size), device)
+class _Stepper:
+    """One job's policies, built, and a step (or inference pass) of any of them, timed or not."""
 
-    def step(precision: Precision, model: Any, optimizer: Any, index: int, timer: StepTimer | None) -> None:
-        if train:
-            x, y = to_device(task.batch(index % task.steps, job.batch_size), device)
+    def __init__(self, job: RoundsJob) -> None:
+        self.job, self.task = job, load_task(job.task_spec)
+        self.device = torch.device(job.device)
+        self.sync = device_sync(self.device)
+        self.train = job.mode == "train"
+        self.runs: list[tuple[str, Precision, Any, Any]] = []
+        for plan in job.plans:
+            precision = Precision(plan, job.device)
+            model, optimizer = build_trainable(self.task, precision, self.device,
+                                               model=build_model(self.task, job.seed, job.weights), train=self.train)
+            self.runs.append((plan.name, precision, model, optimizer))
+        self.inputs = None if self.train else to_device(self.task.inference_inputs(job.batch_size), self.device)
+
+    def step(self, precision: Precision, model: Any, optimizer: Any, index: int, timer: StepTimer | None) -> None:
+        if self.train:
+            x, y = to_device(self.task.batch(index % self.task.steps, self.job.batch_size), self.device)
             if timer:
                 timer.start()
-            train_step(task, model, precision, optimizer, x, y)
+            train_step(self.task, model, precision, optimizer, x, y)
         else:
             if timer:
                 timer.start()
             with torch.no_grad():
-                forward(model, precision, inputs)
+                forward(model, precision, self.inputs)
         if timer:
             timer.stop()
 
-    torch.manual_seed(job.seed)
-    first: dict[str, float] = {}
-    for name, precision, model, optimizer in runs:
+    def warm(self) -> dict[str, float]:
+        """The warmup steps of every policy; each one's first call's time (compiling, where it compiles)."""
+        first: dict[str, float] = {}
+        for name, precision, model, optimizer in self.runs:
+            with precision.session():
+                for i in range(self.job.warmup):
+                    timer = StepTimer(sync=self.sync) if i == 0 else None
+                    self.step(precision, model, optimizer, i, timer)
+                    if timer:
+                        first[name] = timer.samples[0]
+        return first
+
+    def block(self, run: tuple[str, Precision, Any, Any], r: int) -> RoundBlock:
+        """Round ``r``'s block of steps of one policy, timed and watched."""
+        _, precision, model, optimizer = run
+        timer, cpu = StepTimer(sync=self.sync), CpuMeter()
         with precision.session():
-            for i in range(job.warmup):
-                timer = StepTimer(sync=sync) if i == 0 else None
-                step(precision, model, optimizer, i, timer)
-                if timer:
-                    first[name] = timer.samples[0]
+            cpu.start()
+            for k in range(self.job.block):  # the same batches for every policy of a round: paired blocks
+                self.step(precision, model, optimizer, r * self.job.block + k, timer)
+            d = cpu.stop()
+        return RoundBlock(round=r, median_s=statistics.median(timer.samples), n=len(timer.samples),
+                          other_cores=d.other_cores if d else 0.0, pressure_s=d.pressure_s if d else None,
+                          disturbed=bool(d and d.disturbed))
+
+
+def _rounds(job: RoundsJob, progress: Callable[[int, int], None]
+            ) -> tuple[dict[str, tuple[RoundBlock, ...]], dict[str, float]]:
+    stepper = _Stepper(job)
+    runs = stepper.runs
+    torch.manual_seed(job.seed)
+    first = stepper.warm()
     out: dict[str, list[RoundBlock]] = {name: [] for name, *_ in runs}
     total, done = job.rounds * len(runs), 0
     first_s = 0.0  # the planned rounds' time: the extra rounds may take as long again, no longer
     start = time.perf_counter()
     r, active = 0, runs
     while active:
-        for name, precision, model, optimizer in (active if r % 2 == 0 else active[::-1]):
-            timer, cpu = StepTimer(sync=sync), CpuMeter()
-            with precision.session():
-                cpu.start()
-                for k in range(job.block):  # the same batches for every policy of a round: paired blocks
-                    step(precision, model, optimizer, r * job.block + k, timer)
-                d = cpu.stop()
-            other = d.other_cores if d else 0.0
-            out[name].append(RoundBlock(round=r, median_s=statistics.median(timer.samples), n=len(timer.samples),
-                                        other_cores=other, pressure_s=d.pressure_s if d else None,
-                                        disturbed=bool(d and d.disturbed)))
+        for run in (active if r % 2 == 0 else active[::-1]):
+            out[run[0]].append(stepper.block(run, r))
             done += 1
             progress(min(done, total), total)
         r += 1

@@ -108,6 +108,48 @@ def _nan_from_inf(base: str, args: tuple, masks: list[OpEvent]) -> str:
     return text
 
 
+def _of_its_input(base: str, x: torch.Tensor, made_nan: bool, dtype: str, fmax: float) -> str:
+    """What an op outside its input's range did (exp past its overflow, log of a negative, …), or ""."""
+    if base in EXP:
+        limit = math.log(fmax) / math.log(EXP[base])
+        sym = "log2" if base == "exp2" else "ln"
+        return f"{base} input {_finite_max(x):.4g} > {sym}({fmax:g}) = {limit:.4g} in {dtype}"
+    if base in LOG:
+        low = -1.0 if base == "log1p" else 0.0
+        neg, zero = int((x < low).sum()), int((x == low).sum())
+        if made_nan and neg:
+            return f"{base} of a value below {low:g}: {neg} of them (min {float(x.min()):.4g}) → NaN"
+        if zero:
+            return f"{base} of {'−1' if low else 'zero'} → −inf ({zero} value{'s' if zero > 1 else ''})"
+    if base in ("sqrt", "rsqrt"):
+        neg, zero = int((x < 0).sum()), int((x == 0).sum())
+        if made_nan and neg:
+            return f"{base} of a negative: {neg} value{'s' if neg > 1 else ''} < 0 (min {float(x.min()):.4g})"
+        if base == "rsqrt" and zero:
+            return f"rsqrt of zero → inf ({zero} values)"
+    if base in DOMAIN:
+        lo, hi = DOMAIN[base]
+        bad = int(((x < lo) | (x > hi)).sum())
+        if bad:
+            return f"{base} outside its domain [{lo:g}, {hi:g}]: {bad} values (min {float(x.min()):.4g}, " \
+                   f"max {float(x.max()):.4g})"
+    return ""
+
+
+def _of_its_result(func: Any, args: tuple, kwargs: dict, made_nan: bool, dtype: str, fmax: float) -> str:
+    """The op recomputed in float64: an overflow of the result, or of an intermediate only."""
+    exact = _recompute64(func, args, kwargs)
+    if exact and all(bool(torch.isfinite(t).all()) for t in exact):
+        m = max(_finite_max(t, absolute=True) for t in exact)
+        if m > fmax:
+            low = dtype in ("float16", "bfloat16") and m < torch.finfo(torch.float32).max
+            return f"overflow: the exact result reaches {m:.4g}, past the {dtype} max {fmax:g}" + (
+                " (fits in float32)" if low else "")
+        return (f"non-finite only in {dtype}: an intermediate overflowed; in float64 the result is finite "
+                f"(max |x| {m:.4g})")
+    return f"{'NaN' if made_nan else 'inf'} from finite inputs"
+
+
 def explain(name: str, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
             flags: list[tuple[bool, bool]], outputs: list[torch.Tensor], out_flags: list[tuple[bool, bool]],
             masks: list[OpEvent]) -> str:
@@ -120,49 +162,17 @@ def explain(name: str, func: Any, args: tuple, kwargs: dict, inputs: list[torch.
     if made_nan and any(i for _, i in flags):
         return _nan_from_inf(base, args, masks)
     x = args[0] if args and isinstance(args[0], torch.Tensor) else (inputs[0] if inputs else None)
-    if base in EXP and x is not None:
-        limit = math.log(fmax) / math.log(EXP[base])
-        sym = "log2" if base == "exp2" else "ln"
-        return f"{base} input {_finite_max(x):.4g} > {sym}({fmax:g}) = {limit:.4g} in {dtype}"
-    if base in LOG and x is not None:
-        low = -1.0 if base == "log1p" else 0.0
-        neg, zero = int((x < low).sum()), int((x == low).sum())
-        if made_nan and neg:
-            return f"{base} of a value below {low:g}: {neg} of them (min {float(x.min()):.4g}) → NaN"
-        if zero:
-            return f"{base} of {'−1' if low else 'zero'} → −inf ({zero} value{'s' if zero > 1 else ''})"
-    if base in ("sqrt", "rsqrt") and x is not None:
-        neg, zero = int((x < 0).sum()), int((x == 0).sum())
-        if made_nan and neg:
-            return f"{base} of a negative: {neg} value{'s' if neg > 1 else ''} < 0 (min {float(x.min()):.4g})"
-        if base == "rsqrt" and zero:
-            return f"rsqrt of zero → inf ({zero} values)"
-    if base in DOMAIN and x is not None:
-        lo, hi = DOMAIN[base]
-        bad = int(((x < lo) | (x > hi)).sum())
-        if bad:
-            return f"{base} outside its domain [{lo:g}, {hi:g}]: {bad} values (min {float(x.min()):.4g}, " \
-                   f"max {float(x.max()):.4g})"
-    if base in DIV:
-        text = _division(base, args, made_nan)
-        if text:
-            return f"{text} ({dtype})"
+    text = _of_its_input(base, x, made_nan, dtype, fmax) if x is not None else ""
+    if text:
+        return text
+    text = _division(base, args, made_nan) if base in DIV else ""
+    if text:
+        return f"{text} ({dtype})"
     if base == "pow" and x is not None and made_nan and bool((x < 0).any()):
         return "a negative base raised to a fractional power → NaN"
-    if base in CAST and x is not None:
-        m = _finite_max(x, absolute=True)
-        if m > fmax:
-            return f"cast to {dtype} overflows: input max |x| {m:.4g} > {fmax:g}"
-    exact = _recompute64(func, args, kwargs)
-    if exact and all(bool(torch.isfinite(t).all()) for t in exact):
-        m = max(_finite_max(t, absolute=True) for t in exact)
-        if m > fmax:
-            low = dtype in ("float16", "bfloat16") and m < torch.finfo(torch.float32).max
-            return f"overflow: the exact result reaches {m:.4g}, past the {dtype} max {fmax:g}" + (
-                " (fits in float32)" if low else "")
-        return (f"non-finite only in {dtype}: an intermediate overflowed; in float64 the result is finite "
-                f"(max |x| {m:.4g})")
-    return f"{'NaN' if made_nan else 'inf'} from finite inputs"
+    if base in CAST and x is not None and _finite_max(x, absolute=True) > fmax:
+        return f"cast to {dtype} overflows: input max |x| {_finite_max(x, absolute=True):.4g} > {fmax:g}"
+    return _of_its_result(func, args, kwargs, made_nan, dtype, fmax)
 
 
 # Root causes the lint rules also know, recognised from how an op's input was made (``made``: objects with the

@@ -81,6 +81,41 @@ def _told(evaluate: Callable[[frozenset[str]], Evaluation], budget: int | None, 
 
     return told
 
+def _candidate_error(plan: Plan, mode: str) -> str | None:
+    """Why ``plan`` cannot be a candidate of a ``mode`` search, or None."""
+    # float8 training compiles by its nature (torchao needs it); any other compiled candidate is a plan choice
+    if plan.rules or (plan.compiles and not plan.default.always_compiles):
+        return f"candidate {plan.name}: a candidate is one whole-model config, not a plan"
+    if plan.numerics_only:  # tune chooses for speed; an emulation has none of its format's
+        return (f"candidate {plan.name}: emulated numerics only, no speed to tune for; bench it (bench --emulate) to "
+                "see whether the model keeps its metric in that format")
+    if plan.state is not None:
+        return (f"candidate {plan.name}: a candidate is a config for layers; the optimizer's state "
+                f"(+{plan.state.label}) is the whole optimizer's (bench it as a policy)")
+    if mode == "train" and ("train" not in TUNES(plan.default) or plan.default == FP32):
+        return (f"candidate {plan.name}: training plans take a whole-model cast, autocast or float8 training (bf16, "
+                "fp16, amp-bf16, amp-fp16, bf16-sr, bf16-kahan, fp8-tensorwise), kept in fp32 on chosen layers")
+    return None
+
+
+def _candidates(candidates: Any, mode: str) -> tuple[list[Plan], list[str]]:
+    """The candidates to search (a one-line error for one that cannot be), and the notes on those left out."""
+    cands = parse_policies(candidates or DEFAULT_CANDIDATES[mode])
+    for plan in cands:
+        wrong = _candidate_error(plan, mode)
+        if wrong:
+            raise DtypelabError(wrong)
+    notes: list[str] = []
+    same = [p.name for p in cands if p.default == FP32]
+    if same:  # fp32 is every plan's default: "converting" a layer to it changes nothing
+        notes.append(f"{', '.join(same)}: left out of the candidates, fp32 is the plan's default (no conversion)")
+        cands = [p for p in cands if p.default != FP32]
+        if not cands:
+            raise DtypelabError("no candidate to convert to: fp32 is the default every plan starts from; give "
+                                "e.g. --candidates int8-dyn (infer) or bf16 (train)")
+    return cands, notes
+
+
 def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Progress | None = None,
          **settings: Any) -> TuneReport:
     """Choose, per layer, the precision each layer runs in so that the model is as fast as measured possible while
@@ -110,29 +145,7 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
     task_obj = target.task()
     if mode == "train" and task_obj.inference_only:
         raise DtypelabError(f"task {task_obj.name} is inference-only: nothing to train (use --mode infer)")
-    cands = parse_policies(candidates or DEFAULT_CANDIDATES[mode])
-    for plan in cands:
-        # float8 training compiles by its nature (torchao needs it); any other compiled candidate is a plan choice
-        if plan.rules or (plan.compiles and not plan.default.always_compiles):
-            raise DtypelabError(f"candidate {plan.name}: a candidate is one whole-model config, not a plan")
-        if plan.numerics_only:  # tune chooses for speed; an emulation has none of its format's
-            raise DtypelabError(f"candidate {plan.name}: emulated numerics only, no speed to tune for; bench it "
-                                "(bench --emulate) to see whether the model keeps its metric in that format")
-        if plan.state is not None:
-            raise DtypelabError(f"candidate {plan.name}: a candidate is a config for layers; the optimizer's state "
-                                f"(+{plan.state.label}) is the whole optimizer's (bench it as a policy)")
-        if mode == "train" and ("train" not in TUNES(plan.default) or plan.default == FP32):
-            raise DtypelabError(f"candidate {plan.name}: training plans take a whole-model cast, autocast or float8 "
-                                "training (bf16, fp16, amp-bf16, amp-fp16, bf16-sr, bf16-kahan, fp8-tensorwise), "
-                                "kept in fp32 on chosen layers")
-    notes: list[str] = []
-    same = [p.name for p in cands if p.default == FP32]
-    if same:  # fp32 is every plan's default: "converting" a layer to it changes nothing
-        notes.append(f"{', '.join(same)}: left out of the candidates, fp32 is the plan's default (no conversion)")
-        cands = [p for p in cands if p.default != FP32]
-        if not cands:
-            raise DtypelabError("no candidate to convert to: fp32 is the default every plan starts from; give "
-                                "e.g. --candidates int8-dyn (infer) or bf16 (train)")
+    cands, notes = _candidates(candidates, mode)
     hw = hardware_for(opts.device, opts.hardware, budget_s=0.02)
     for plan in cands:
         avail = plan.availability(hw)

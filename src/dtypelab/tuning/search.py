@@ -140,6 +140,78 @@ class Limit:
                 "limit.",)
 
 
+@dataclass
+class _State:
+    """The evaluations made so far, within the budget, and the best plan among them."""
+
+    evaluate: Callable[[frozenset[str]], Evaluation]
+    budget: int
+    stop: Callable[[], bool] | None
+    done: dict[frozenset[str], Evaluation] = field(default_factory=dict)
+    best: Evaluation | None = None
+    late: bool = False
+
+    def run(self, chosen: frozenset[str], why: str) -> Evaluation | None:
+        """``chosen`` evaluated (once); None when the budget or the time is spent."""
+        if chosen in self.done:
+            return self.done[chosen]
+        if len(self.done) >= self.budget:
+            return None
+        if self.done and self.stop is not None and self.stop():
+            self.late = True
+            return None
+        e = replace(self.evaluate(chosen), why=why)
+        self.done[chosen] = e
+        return self.consider(e)
+
+    def consider(self, e: Evaluation) -> Evaluation:
+        # only a plan measurably faster than the unconverted model is worth choosing
+        if e.feasible and e.faster and (self.best is None or e.speedup > self.best.speedup):
+            self.best = e
+        return e
+
+    def longest_feasible_prefix(self, order: tuple[str, ...]) -> int:
+        """Binary search over [0, len - 1] for the longest prefix of the ranking that keeps the constraints."""
+        lo, hi = 0, len(order) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            e = self.run(frozenset(order[:mid]), f"binary search: the first {mid} of the ranking")
+            if e is None:
+                break
+            if e.feasible:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def refine(self, names: Sequence[str], by_name: Mapping[str, LayerScore],
+               alternatives: Mapping[str, Sequence[LayerScore]]) -> None:
+        """Greedy: add each layer to the best plan so far (or, with none yet, to nothing), trying its alternatives
+        where its first choice did not pay."""
+        current = self.best.layers if self.best is not None else frozenset()
+        for name in names:
+            if name in current:
+                continue
+            e = self.run(current | {name}, f"refine: add {name}")
+            if e is None:
+                return
+            if self.best is not None and self.best.layers == e.layers:
+                current = e.layers
+                continue
+            first = by_name[name]
+            # an alternative is worth a full evaluation only where it could fix what failed: less harm when the
+            # first choice broke the constraint, more gain when it kept it but did not pay
+            options = [a for a in alternatives.get(name, ())
+                       if (a.sensitivity < first.sensitivity if not e.feasible else a.gain > first.gain)]
+            for alt in sorted(options, key=lambda a, e=e: a.sensitivity if not e.feasible else -a.gain):
+                tried = self.run(current | {alt.name}, f"refine: {name} as {alt.config or alt.name}")
+                if tried is None:
+                    return
+                if self.best is not None and self.best.layers == tried.layers:
+                    current = tried.layers
+                    break
+
+
 def search(layers: Sequence[LayerScore], evaluate: Callable[[frozenset[str]], Evaluation],
            budget: int | None = None, alternatives: Mapping[str, Sequence[LayerScore]] | None = None,
            stop: Callable[[], bool] | None = None) -> SearchResult:
@@ -147,81 +219,18 @@ def search(layers: Sequence[LayerScore], evaluate: Callable[[frozenset[str]], Ev
     asked before each one after the first, and True ends the search (a time budget: see ``Limit.stop``).
     ``alternatives[name]``: other ways to convert that layer, each under its own unique name (which ``evaluate``
     then receives in place of ``name``), tried in refinement where the layer's first choice did not pay."""
-    alternatives = alternatives or {}
     # Layers that gain nothing alone still take part, last (by sensitivity): timed alone, a small layer's
     # conversion overhead can hide what it saves inside the whole model, and only full evaluations decide.
     ranked = sorted(layers, key=lambda s: (s.gain <= 0, s.ratio if s.gain > 0 else s.sensitivity, -s.gain))
     order = tuple(s.name for s in ranked)
-    by_name = {s.name: s for s in layers}
-    budget = budget if budget is not None else budget_for(len(layers))
-    done: dict[frozenset[str], Evaluation] = {}
-    late = [False]
-
-    def run(chosen: frozenset[str], why: str) -> Evaluation | None:
-        if chosen in done:
-            return done[chosen]
-        if len(done) >= budget:
-            return None
-        if done and stop is not None and stop():
-            late[0] = True
-            return None
-        e = replace(evaluate(chosen), why=why)
-        done[chosen] = e
-        return e
-
-    def prefix(k: int) -> frozenset[str]:
-        return frozenset(order[:k])
-
-    best: Evaluation | None = None
-
-    def consider(e: Evaluation | None) -> None:
-        nonlocal best
-        # only a plan measurably faster than the unconverted model is worth choosing
-        if e is not None and e.feasible and e.faster and (best is None or e.speedup > best.speedup):
-            best = e
-
+    state = _State(evaluate, budget if budget is not None else budget_for(len(layers)), stop)
     if not order:
-        return SearchResult(None, order, (), budget)
-    whole = run(prefix(len(order)), "every layer")
-    consider(whole)
-    k = len(order) if best is not None else 0
-    if whole is not None and not whole.feasible:  # binary search: the longest feasible prefix in [0, L - 1]
-        lo, hi = 0, len(order) - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            e = run(prefix(mid), f"binary search: the first {mid} of the ranking")
-            if e is None:
-                break
-            consider(e)
-            if e.feasible:
-                lo = mid
-            else:
-                hi = mid - 1
-        k = lo
-    current = best.layers if best is not None else frozenset()
+        return SearchResult(None, order, (), state.budget)
+    whole = state.run(frozenset(order), "every layer")
+    k = len(order) if state.best is not None else 0
+    if whole is not None and not whole.feasible:
+        k = state.longest_feasible_prefix(order)
     # greedy refinement on top of the best plan so far; with none faster than fp32 yet, from nothing, over every
     # layer (a feasible prefix may still be slower than fp32 as a whole while some of its layers pay)
-    for name in order[k:] if best is not None else order:
-        if name in current:
-            continue
-        first = by_name[name]
-        e = run(current | {name}, f"refine: add {name}")
-        if e is None:
-            break
-        consider(e)
-        if best is not None and best.layers == e.layers:
-            current = e.layers
-            continue
-        # an alternative is worth a full evaluation only where it could fix what failed: less harm when the
-        # first choice broke the constraint, more gain when it kept it but did not pay
-        options = [a for a in alternatives.get(name, ())
-                   if (a.sensitivity < first.sensitivity if not e.feasible else a.gain > first.gain)]
-        for alt in sorted(options, key=lambda a: a.sensitivity if not e.feasible else -a.gain):
-            e = run(current | {alt.name}, f"refine: {name} as {alt.config or alt.name}")
-            if e is None:
-                return SearchResult(best, order, tuple(done.values()), budget, late[0])
-            consider(e)
-            if best is not None and best.layers == e.layers:
-                current = e.layers
-                break
-    return SearchResult(best, order, tuple(done.values()), budget, late[0])
+    state.refine(order[k:] if state.best is not None else order, {s.name: s for s in layers}, alternatives or {})
+    return SearchResult(state.best, order, tuple(state.done.values()), state.budget, state.late)

@@ -96,42 +96,35 @@ def _lost_text(r: PolicyResult, report: Report, verdicts: dict[str, PolicyVerdic
             "format.")
 
 
-def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None) -> list[str]:
-    """The footnotes under the table: how each policy computes, compiled baselines, emulated formats, what the
-    columns mean, policies left out of the rounds (by their ``verdicts``), noisy timings."""
-    notes: list[str] = []
-    ran = [r for r in report.results if r.ran]
-    try:
-        hw = HardwareInfo.from_dict(report.environment["hardware"])
-    except (KeyError, TypeError):  # a record without (a whole) hardware description
-        hw = None
-    for r in ran:
-        v = verdicts.get(r.policy) if verdicts else None
-        lost = _lost_text(r, report, verdicts) if r.updates and v and v.verdict in REJECTED else ""
-        if lost:
-            notes.append(lost)
-        info = r.info
-        if info and info.arithmetic:
-            notes.append(f"{r.policy} ({info.backend}): {info.arithmetic}.")
-        if info and info.compute_dtype == "int8" and hw and hw.native("int8") is False:
-            notes.append(f"{r.policy}: this {hw.device_name or 'device'} has no int8 dot-product instructions "
-                         "(VNNI/AMX), so its int8 matmuls are not native here.")
-        elif info and info.compute_dtype == "int8" and hw:
-            # which oneDNN primitive ran the kernel the policy calls (the probe's record): AMX's, VNNI's, or none
-            path = kernel_path_text(hw, "int8-fbgemm" if info.backend.startswith("torch.ao") else "int8")
-            if path:
-                notes.append(f"{r.policy}: int8 matmuls {path}.")
-        conversion = _conversion_text(r, report)
-        if conversion:
-            notes.append(conversion)
-        fair = _compiled_text(r, report)
-        if fair:
-            notes.append(fair)
-        cold, warm = _compile_s(r)
-        if cold:
-            again = f"; {warm:.1f} s when the rounds compiled it again from that cache" if warm else ""
-            notes.append(f"{r.policy}: the first call took {cold:.1f} s (compilation, which inductor caches on disk "
-                         f"for later runs{again}), outside the latency.")
+def _int8_text(r: PolicyResult, hw: HardwareInfo | None) -> str:
+    """Whether an int8 policy's matmuls are native here, and which oneDNN primitive ran them (the probe's record)."""
+    info = r.info
+    if not (info and info.compute_dtype == "int8" and hw):
+        return ""
+    if hw.native("int8") is False:
+        return (f"{r.policy}: this {hw.device_name or 'device'} has no int8 dot-product instructions (VNNI/AMX), so "
+                "its int8 matmuls are not native here.")
+    path = kernel_path_text(hw, "int8-fbgemm" if info.backend.startswith("torch.ao") else "int8")
+    return f"{r.policy}: int8 matmuls {path}." if path else ""
+
+
+def _policy_notes(r: PolicyResult, report: Report, verdicts: dict[str, PolicyVerdict] | None,
+                  hw: HardwareInfo | None) -> list[str]:
+    """One policy's own notes: lost updates, its arithmetic, int8's path, its conversion, compiling."""
+    v = verdicts.get(r.policy) if verdicts else None
+    lost = _lost_text(r, report, verdicts) if r.updates and v and v.verdict in REJECTED else ""
+    arithmetic = f"{r.policy} ({r.info.backend}): {r.info.arithmetic}." if r.info and r.info.arithmetic else ""
+    cold, warm = _compile_s(r)
+    again = f"; {warm:.1f} s when the rounds compiled it again from that cache" if warm else ""
+    compiled = (f"{r.policy}: the first call took {cold:.1f} s (compilation, which inductor caches on disk for later "
+                f"runs{again}), outside the latency.") if cold else ""
+    texts = (lost, arithmetic, _int8_text(r, hw), _conversion_text(r, report), _compiled_text(r, report), compiled)
+    return [t for t in texts if t]
+
+
+def _format_notes(ran: list[PolicyResult]) -> list[str]:
+    """The sweep's compile time saved by the cache, emulated formats, the size columns."""
+    notes = []
     times = [_compile_s(r) for r in ran]
     cold_all, warm_all = sum(c for c, w in times if c and w), sum(w for c, w in times if c and w)
     if cold_all - warm_all >= COLD_CACHE_NOTE_S:
@@ -148,22 +141,32 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
     if any(_linear_bytes(r) for r in ran):
         notes.append("size MiB: the converted model's file (safetensors, or torch.save for torch.ao's packed "
                      "modules); linear W: bytes of linear-layer weights incl. scales, vs fp32.")
+    return notes
+
+
+def _speedup_method_text(report: Report) -> str:
+    """How the speedups and their intervals were measured: rounds in one process, or whole runs of a script."""
     cfg = report.config
-    if any(r.speedup_ci for r in report.results):
-        most = max((len(r.rounds) for r in report.results), default=0)
-        more = (f" (up to {most} for a policy whose interval still reached below the {1 + MIN_GAIN:.2f}x band "
-                "while its point lay above it)") if most > cfg.rounds else ""
-        steps = f"{cfg.rounds_block} step{'s' if cfg.rounds_block != 1 else ''}"
-        runs = {r.policy: len(r.rounds) for r in report.results if r.speedup_ci or r.policy == report.baseline}
-        if cfg.runs > 1:  # a script's policies: whole runs, each in its own process, are the replicates
-            counts = ", ".join(f"{name} {n}" for name, n in runs.items())
-            notes.append(f"speedup: geometric mean of {report.baseline}'s median step over the policy's, run by run "
-                         f"(each run its own process, in ABBA order), with a 95% Student-t interval over the runs "
-                         f"(runs: {counts}); step ms is from each policy's first run.")
-        else:
-            notes.append(f"speedup: geometric mean of {report.baseline}'s block median over the policy's, over "
-                         f"{cfg.rounds} interleaved rounds{more} of {steps} in one process (paired: the same round, "
-                         "the same batches), with a 95% Student-t interval; step ms is from each policy's own run.")
+    if not any(r.speedup_ci for r in report.results):
+        return ""
+    runs = {r.policy: len(r.rounds) for r in report.results if r.speedup_ci or r.policy == report.baseline}
+    if cfg.runs > 1:  # a script's policies: whole runs, each in its own process, are the replicates
+        counts = ", ".join(f"{name} {n}" for name, n in runs.items())
+        return (f"speedup: geometric mean of {report.baseline}'s median step over the policy's, run by run (each run "
+                f"its own process, in ABBA order), with a 95% Student-t interval over the runs (runs: {counts}); "
+                "step ms is from each policy's first run.")
+    most = max((len(r.rounds) for r in report.results), default=0)
+    more = (f" (up to {most} for a policy whose interval still reached below the {1 + MIN_GAIN:.2f}x band "
+            "while its point lay above it)") if most > cfg.rounds else ""
+    steps = f"{cfg.rounds_block} step{'s' if cfg.rounds_block != 1 else ''}"
+    return (f"speedup: geometric mean of {report.baseline}'s block median over the policy's, over {cfg.rounds} "
+            f"interleaved rounds{more} of {steps} in one process (paired: the same round, the same batches), with a "
+            "95% Student-t interval; step ms is from each policy's own run.")
+
+
+def _rounds_notes(report: Report, ran: list[PolicyResult], verdicts: dict[str, PolicyVerdict] | None) -> list[str]:
+    """Policies left out of the rounds and why, where each run went, noisy timings."""
+    notes = []
     settled = [r.policy for r in ran if r.timing and not r.speedup_ci and verdicts and r.policy in verdicts
                and verdicts[r.policy].verdict.settled and not (r.info and r.info.numerics_only)]
     if settled and any(r.speedup_ci for r in report.results):
@@ -183,3 +186,16 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
     if any(r.timing and r.timing.noisy for r in report.results):
         notes.append("* noisy timing: IQR above 10% of the median; compare such policies with care.")
     return notes
+
+
+def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None) -> list[str]:
+    """The footnotes under the table: how each policy computes, compiled baselines, emulated formats, what the
+    columns mean, policies left out of the rounds (by their ``verdicts``), noisy timings."""
+    ran = [r for r in report.results if r.ran]
+    try:
+        hw = HardwareInfo.from_dict(report.environment["hardware"])
+    except (KeyError, TypeError):  # a record without (a whole) hardware description
+        hw = None
+    notes = [text for r in ran for text in _policy_notes(r, report, verdicts, hw)]
+    method = _speedup_method_text(report)
+    return [*notes, *_format_notes(ran), *([method] if method else []), *_rounds_notes(report, ran, verdicts)]

@@ -5,7 +5,8 @@ whether it fits the memory budget (``judged_runs``). ``recommend`` decides among
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass
+from typing import Any
 
 from dtypelab.core.judging.memory import over
 from dtypelab.core.judging.speed import speed_text, speedup
@@ -37,72 +38,102 @@ def not_run(r: PolicyResult, baseline: str) -> PolicyVerdict:
     return PolicyVerdict(r.policy, verdict, text)
 
 
+@dataclass(frozen=True)
+class _Judging:
+    """What every policy is judged against: the record, its baseline's result and metric, the tolerance."""
+
+    report: Report
+    base: PolicyResult
+    base_metric: float
+    tol: Tolerance
+
+
+def _unfinished(r: PolicyResult, j: _Judging, value: float | None, speed: str, common: dict[str, Any]
+                ) -> tuple[PolicyVerdict, str] | None:
+    """A run with no metric to judge: diverged, a non-finite loss, no (finite) metric; None otherwise."""
+    if r.status == "diverged":
+        return (PolicyVerdict(r.policy, Verdict.DIVERGED, f"diverged at step {r.first_nonfinite_step}", **common),
+                f"{r.policy}: {speed} but diverged ({r.reason}).")
+    if r.first_nonfinite_step is not None:
+        return (PolicyVerdict(r.policy, Verdict.NONFINITE, f"non-finite loss at step {r.first_nonfinite_step}",
+                              **common),
+                f"{r.policy}: {speed} but the loss went non-finite at step {r.first_nonfinite_step}.")
+    if value is None or not math.isfinite(value):
+        return (PolicyVerdict(r.policy, Verdict.NO_METRIC, "no metric", **common),
+                f"{r.policy}: {speed} but its {j.report.config.metric} is {value}.")
+    return None
+
+
+def _vetoed(r: PolicyResult, j: _Judging, value: float, speed: str, where: str, numerics: bool,
+            common: dict[str, Any]) -> tuple[PolicyVerdict, str] | None:
+    """A policy within the tolerance that is still not accepted: its outputs drift (cosine), it is emulated (numerics
+    only) or it does not fit the memory budget; None when nothing vetoes it."""
+    cfg, baseline = j.report.config, j.report.baseline
+    metric, delta = cfg.metric, delta_text(value, j.base_metric, j.tol)
+    cos = r.fidelity.get("cos_min") if cfg.mode == "infer" else None
+    if cos is not None and cos < cfg.min_cosine:  # the metric can hide drift the outputs show
+        return (PolicyVerdict(r.policy, Verdict.COSINE, f"cosine {cos:.4f} < {cfg.min_cosine:g}", **common),
+                f"{r.policy}: {speed}, {metric} {metric_text(value)} ({delta}) but its worst output cosine vs "
+                f"{baseline} is {cos:.4f}, below {cfg.min_cosine:g}.")
+    if numerics:  # its metric, never its speed
+        if r.conversion and not r.conversion.get("converted"):  # the filter took nothing: say so
+            return (PolicyVerdict(r.policy, Verdict.NUMERICS_ONLY, "numerics only: no layer converted", **common),
+                    f"{r.policy}: converts no layer of this model (its filter, as on a GPU, left every Linear out), "
+                    "so it ran as its float part alone; the -all variant emulates every layer whose shape the format "
+                    "takes.")
+        needs = (r.info.speed_needs if r.info else "") or "hardware that runs its format"
+        return (PolicyVerdict(r.policy, Verdict.NUMERICS_ONLY, f"numerics only: {where}", **common),
+                f"{r.policy}: numerically {where} on {metric} ({metric_text(value)}, {delta}) on this model, "
+                f"emulated; its speed needs {needs}.")
+    too_big = over(r, cfg.memory_budget_bytes)
+    if too_big:  # the fastest policy within tolerance that fits is the answer, not the fastest
+        return (PolicyVerdict(r.policy, Verdict.OVER_MEMORY, too_big, **common),
+                f"{r.policy}: {speed}, {metric} {metric_text(value)} ({delta}, {where}), but it {too_big}.")
+    return None
+
+
+def _judged(r: PolicyResult, j: _Judging) -> tuple[PolicyVerdict, str | None, bool]:
+    """One policy that ran: (its verdict, its sentence or None, whether it is accepted)."""
+    cfg, baseline = j.report.config, j.report.baseline
+    value = r.metric(cfg.metric)
+    numerics = r.info is not None and r.info.numerics_only  # emulated: its steps' time is not its format's
+    sp = None if numerics else speedup(r, j.base)
+    ci = None if numerics else r.speedup_ci
+    finite = value is not None and math.isfinite(value) and r.policy != baseline
+    common = {"speedup": sp, "speedup_low": ci.low if ci else None, "speedup_high": ci.high if ci else None,
+              "metric": value, "delta": delta_text(value, j.base_metric, j.tol) if finite else ""}
+    speed = "emulated (numerics only)" if numerics else speed_text(sp, baseline) if sp else "no timing"
+    failed = _unfinished(r, j, value, speed, common)
+    if failed is not None:
+        return failed[0], failed[1], False
+    assert value is not None
+    ok, where = judge(value, j.base_metric, j.tol, cfg.higher_is_better, baseline)
+    if r.policy == baseline:
+        return PolicyVerdict(r.policy, Verdict.BASELINE, "baseline", **common), None, True
+    kind = Verdict.BETTER if where.startswith("better") else Verdict.EQUAL if where.startswith("equal") \
+        else Verdict.WITHIN if ok else Verdict.OUTSIDE
+    delta = delta_text(value, j.base_metric, j.tol)
+    note = f"{r.policy}: {speed}, {cfg.metric} {metric_text(value)} ({delta}, {where})."
+    vetoed = _vetoed(r, j, value, speed, where, numerics, common) if ok else None
+    if vetoed is not None:
+        return vetoed[0], vetoed[1], False
+    return PolicyVerdict(r.policy, kind, where, **common), note, ok
+
+
 def judged_runs(report: Report, base: PolicyResult, base_metric: float, tol: Tolerance
-                 ) -> tuple[dict[str, PolicyVerdict], list[PolicyResult], dict[str, str]]:
+                ) -> tuple[dict[str, PolicyVerdict], list[PolicyResult], dict[str, str]]:
     """Each policy that ran, judged on its own: (verdicts, the accepted results, a sentence per policy)."""
-    cfg, baseline = report.config, report.baseline
-    metric, higher = cfg.metric, cfg.higher_is_better
+    j = _Judging(report, base, base_metric, tol)
     verdicts: dict[str, PolicyVerdict] = {}
     accepted: list[PolicyResult] = []
     notes: dict[str, str] = {}
     for r in report.results:
         if not r.ran:
             continue
-        value = r.metric(metric)
-        numerics = r.info is not None and r.info.numerics_only  # emulated: its steps' time is not its format's
-        sp = None if numerics else speedup(r, base)
-        ci = None if numerics else r.speedup_ci
-        finite = value is not None and math.isfinite(value) and r.policy != baseline
-        common = {"speedup": sp, "speedup_low": ci.low if ci else None, "speedup_high": ci.high if ci else None,
-                  "metric": value, "delta": delta_text(value, base_metric, tol) if finite else ""}
-        speed = "emulated (numerics only)" if numerics else speed_text(sp, baseline) if sp else "no timing"
-        if r.status == "diverged":
-            verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.DIVERGED, f"diverged at step {r.first_nonfinite_step}",
-                                               **common)
-            notes[r.policy] = f"{r.policy}: {speed} but diverged ({r.reason})."
-        elif r.first_nonfinite_step is not None:
-            verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.NONFINITE,
-                                               f"non-finite loss at step {r.first_nonfinite_step}", **common)
-            notes[r.policy] = f"{r.policy}: {speed} but the loss went non-finite at step {r.first_nonfinite_step}."
-        elif value is None or not math.isfinite(value):
-            verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.NO_METRIC, "no metric", **common)
-            notes[r.policy] = f"{r.policy}: {speed} but its {metric} is {value}."
-        else:
-            ok, where = judge(value, base_metric, tol, higher, baseline)
-            delta = delta_text(value, base_metric, tol)
-            if r.policy == baseline:
-                verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.BASELINE, "baseline", **common)
-                accepted.append(r)
-                continue
-            kind = Verdict.BETTER if where.startswith("better") else Verdict.EQUAL if where.startswith("equal") \
-                else Verdict.WITHIN if ok else Verdict.OUTSIDE
-            verdicts[r.policy] = PolicyVerdict(r.policy, kind, where, **common)
-            notes[r.policy] = f"{r.policy}: {speed}, {metric} {metric_text(value)} ({delta}, {where})."
-            cos = r.fidelity.get("cos_min") if cfg.mode == "infer" else None
-            if ok and cos is not None and cos < cfg.min_cosine:  # the metric can hide drift the outputs show
-                ok = False
-                verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.COSINE, f"cosine {cos:.4f} < {cfg.min_cosine:g}",
-                                                   **common)
-                notes[r.policy] = (f"{r.policy}: {speed}, {metric} {metric_text(value)} ({delta}) but its worst output "
-                                   f"cosine vs {baseline} is {cos:.4f}, below {cfg.min_cosine:g}.")
-            if ok and numerics:  # its metric, never its speed
-                ok = False
-                needs = r.info.speed_needs or "hardware that runs its format"
-                verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.NUMERICS_ONLY, f"numerics only: {where}",
-                                                   **common)
-                notes[r.policy] = (f"{r.policy}: numerically {where} on {metric} ({metric_text(value)}, {delta}) on "
-                                   f"this model, emulated; its speed needs {needs}.")
-                if r.conversion and not r.conversion.get("converted"):  # the filter took nothing: say so
-                    verdicts[r.policy] = replace(verdicts[r.policy], text="numerics only: no layer converted")
-                    notes[r.policy] = (f"{r.policy}: converts no layer of this model (its filter, as on a GPU, left "
-                                       "every Linear out), so it ran as its float part alone; the -all variant "
-                                       "emulates every layer whose shape the format takes.")
-            too_big = over(r, cfg.memory_budget_bytes) if ok else ""
-            if too_big:  # the fastest policy within tolerance that fits is the answer, not the fastest
-                ok = False
-                verdicts[r.policy] = PolicyVerdict(r.policy, Verdict.OVER_MEMORY, too_big, **common)
-                notes[r.policy] = (f"{r.policy}: {speed}, {metric} {metric_text(value)} ({delta}, {where}), but it "
-                                   f"{too_big}.")
-            if ok:
-                accepted.append(r)
+        verdict, note, ok = _judged(r, j)
+        verdicts[r.policy] = verdict
+        if note is not None:
+            notes[r.policy] = note
+        if ok:
+            accepted.append(r)
     return verdicts, accepted, notes

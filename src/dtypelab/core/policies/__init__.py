@@ -7,7 +7,7 @@ from __future__ import annotations
 from dtypelab.core.policies.configs import Config
 from dtypelab.core.policies.distributed import Distributed
 from dtypelab.core.policies.finetuning import tuned
-from dtypelab.core.policies.kinds import TF32, Autocast, Cast, Float8Train, LoRA, Quantize
+from dtypelab.core.policies.kinds import TF32, Autocast, Cast, Float8Train, LoRA, Quantize, import_all
 from dtypelab.core.policies.plan import PLAN_SCHEMA, Availability, Plan, single
 from dtypelab.core.policies.precision import Precision
 from dtypelab.core.policies.regions import regions
@@ -41,6 +41,8 @@ def policy_info(plan: Plan) -> PolicyInfo:
                       fp32_weights=plan.default.storage_dtype in ("float32", "float64"),
                       speed_needs="; ".join(dict.fromkeys(c.speed_needs for c in plan.configs if c.speed_needs)))
 
+
+import_all()  # a kind dropped into kinds/ as one file: its module registers its kind and policies, the registry exists
 
 __all__ = ["BASELINE", "COMPILED_BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "STATE_MODIFIERS",
            "TF32", "Autocast", "Availability", "Cast", "Config", "Distributed", "Float8Train", "LoRA", "Plan",
