@@ -83,14 +83,15 @@ def test_one_traced_step_forecasts_the_peak_of_the_steps_run_for_real(task, poli
 def test_what_each_category_holds_is_exact():
     """fp32 AdamW: the state is two moments per weight plus a step per tensor; bf16 halves the weights; Kahan's
     compensation is one bf16 copy; frozen weights have no gradient and no state."""
-    report = forecast("digits", policies="fp32,bf16,bf16-kahan", device="cpu", batch_search=False)
+    report = forecast("digits", policies="fp32,bf16,bf16-kahan", device="cpu", batch_search=False, speed=False)
     fp32, bf16, kahan = (report.result(n).train for n in ("fp32", "bf16", "bf16-kahan"))
     params = report.config.parameters
     assert fp32.parameter_bytes == 4 * params and bf16.parameter_bytes == 2 * params
     tensors = 8  # digits: 4 layers with weight and bias
     assert fp32.breakdown["optimizer_state"] == 8 * params + 4 * tensors
     assert kahan.breakdown["master_weights"] == 2 * params
-    frozen = forecast(f"{TASKS}:frozen", policies="fp32", device="cpu", batch_search=False).result("fp32").train
+    frozen = forecast(f"{TASKS}:frozen", policies="fp32", device="cpu", batch_search=False,
+                      speed=False).result("fp32").train
     head = 256 * 2 + 2
     assert frozen.breakdown["optimizer_state"] == 8 * head + 4 * 2
 
@@ -148,11 +149,12 @@ def test_gpu_only_formats_are_forecast_with_stand_ins_of_their_layout():
 
 def test_an_untraceable_step_is_measured_here_and_extrapolated_or_else_state_only(monkeypatch):
     gated = f"{TASKS}:gated"
-    p = forecast(gated, policies="fp32", device="cpu", batch_size=16, batch_search=False).result("fp32")
+    p = forecast(gated, policies="fp32", device="cpu", batch_size=16, batch_search=False,
+                 speed=False).result("fp32")
     assert p.status == "ok" and p.method == "measured" and p.train.activations_bytes > 0
     assert any("could not be traced on fake tensors" in n and "extrapolated" in n for n in p.notes), p.notes
     monkeypatch.setattr("dtypelab.forecasting.here.available_bytes", lambda: 0)  # as if far too big for here
-    p = forecast(gated, policies="fp32", device="cpu", batch_search=False).result("fp32")
+    p = forecast(gated, policies="fp32", device="cpu", batch_search=False, speed=False).result("fp32")
     assert p.method == "state-only" and p.train.breakdown["activations"] == 0
     assert any("activations are not counted" in n for n in p.notes)
     # its state alone is a lower bound: it never fits, has no time, and the answer says so rather than "fits"
@@ -307,7 +309,7 @@ def test_ctrl_c_keeps_the_policies_forecast_so_far_and_marks_the_rest_interrupte
 
     path = tmp_path / "f.json"
     proc = subprocess.Popen([sys.executable, "-m", "dtypelab", "forecast", "digits", "-p", "fp32,bf16,fp64,amp-bf16",
-                             "--device", "cpu", "--check", "--no-batch-search", "--json", str(path)],
+                             "--device", "cpu", "--check", "--no-speed", "--no-batch-search", "--json", str(path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "DTYPELAB_FORK": "0"})
     seen, deadline = "", time.monotonic() + 120
@@ -348,8 +350,8 @@ def test_fsdp_shards_each_repeated_block_and_the_forecast_equals_a_real_two_rank
                           str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     real = json.loads(out.read_text())
-    p = forecast(task, nproc=2, policies="fp32+fsdp", device="cpu", batch_size=8, batch_search=False).result(
-        "fp32+fsdp")
+    p = forecast(task, nproc=2, policies="fp32+fsdp", device="cpu", batch_size=8, batch_search=False,
+                 speed=False).result("fp32+fsdp")
     assert p.status == "ok", p.reason
     assert p.train.peak_bytes == real["peak_bytes"] and p.train.breakdown == real["breakdown"]
 

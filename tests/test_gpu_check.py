@@ -216,7 +216,8 @@ def test_inline_forecasts_one_after_another_do_not_crash(tmp_path):
     runs in a fresh pool thread, and FakeTensorMode sets the fake CUDA device guard from each. A CPU build of torch
     never takes that path; `scripts/check-torch` runs this on 2.11's CUDA build."""
     code = ("from dtypelab import forecast\nfor name in ('fp32', 'amp-bf16'):\n"
-            "    forecast('gpt2', policies=name, device='cpu', batch_search=False, batch_size=2, launcher='inline')\n"
+            "    forecast('gpt2', policies=name, device='cpu', batch_search=False, batch_size=2, launcher='inline', "
+            "speed=False)\n"
             "print('both')")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "both", run.stderr[-2000:]

@@ -213,8 +213,12 @@ def test_each_policy_gets_a_time_a_speedup_and_the_answer_names_the_fastest(tmp_
     assert t["amp-bf16+compile"].kernels < t["bf16"].kernels  # fused
     assert all(math.isclose(sum(x.breakdown.values()), x.step_s) for x in t.values())
     fastest = min(t, key=lambda n: t[n].step_s)
-    assert report.fastest == fastest and report.speed_answer.startswith(f"Fastest predicted on NVIDIA H100 80GB: "
-                                                                       f"{fastest}, ")
+    err = report.speed_error  # a rival within each other's band is a tie, named by the safer numerics instead
+    tied = [n for n in t if n != fastest and t[n].step_s * (1 - err) <= t[fastest].step_s * (1 + err)]
+    named = report.fastest
+    assert named == fastest if not tied else named in [fastest, *tied] and "a tie" in report.speed_answer
+    assert report.speed_answer.startswith(f"Fastest predicted on NVIDIA H100 80GB: {named}, ")
+    fastest = named
     again = load_record(str(path))
     assert again.result("tf32").time == t["tf32"] and again.fastest == fastest and "XLA" in again.rates
     shown = run_cli("show", str(path))
