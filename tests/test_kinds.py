@@ -353,3 +353,22 @@ def test_a_kind_dropped_into_the_kinds_package_as_one_file_is_listed_with_no_oth
     assert with_it.returncode == 0, with_it.stderr[-1500:]
     assert "bf16-master" in with_it.stdout and "float32 master copy" in with_it.stdout
     assert without.returncode == 0 and "'fp32'" in without.stdout and "bf16-master" not in without.stdout
+
+
+def test_the_type_checkers_baseline_only_shrinks():
+    """scripts/typecheck fails a file with more mypy errors than typecheck-baseline.json records for it, and a file
+    the baseline does not name is allowed none; fewer passes. The baseline names real files of the package."""
+    import importlib.machinery
+    import importlib.util
+    import json
+
+    loader = importlib.machinery.SourceFileLoader("typecheck", os.path.join(ROOT, "scripts", "typecheck"))
+    gate = importlib.util.module_from_spec(importlib.util.spec_from_loader("typecheck", loader))
+    loader.exec_module(gate)
+    baseline = {"src/dtypelab/a.py": 3, "src/dtypelab/b.py": 1}
+    assert gate.grown({"src/dtypelab/a.py": 3, "src/dtypelab/b.py": 0}, baseline) == {}
+    assert gate.grown({"src/dtypelab/a.py": 4}, baseline) == {"src/dtypelab/a.py": 4}
+    assert gate.grown({"src/dtypelab/new.py": 1}, baseline) == {"src/dtypelab/new.py": 1}
+    with open(os.path.join(ROOT, "typecheck-baseline.json")) as f:
+        recorded = json.load(f)
+    assert recorded and all(os.path.isfile(os.path.join(ROOT, path)) for path in recorded)
