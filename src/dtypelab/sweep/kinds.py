@@ -11,15 +11,32 @@ from torch import nn
 
 from dtypelab.core.policies import Config, Float8Train
 from dtypelab.core.policies.adapters import Adapter, constant
-from dtypelab.core.policies.kinds.mx import MXTrain
+from dtypelab.core.policies.kinds.mx import MXTrain, mx_roundtrip
 
 LAYER_FIDELITY: Adapter[list[dict[str, Any]]] = Adapter("an emulated format's fidelity per converted layer",
                                                         constant([]))
 
 
-@LAYER_FIDELITY.register(Float8Train, MXTrain)
-def _emulated(config: Float8Train | MXTrain, model: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
-    return config.layer_fidelity(model, run)
+@LAYER_FIDELITY.register(Float8Train)
+def _float8(config: Float8Train, model: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
+    """Emulated float8 training: each converted layer's float8 numerics against bfloat16, on ``run``'s inputs."""
+    if not config.emulate:
+        return []
+    from dtypelab.core.emulation import emulated_layers
+
+    return emulated_layers(model, run, config.recipe)
+
+
+@LAYER_FIDELITY.register(MXTrain)
+def _mx(config: MXTrain, model: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
+    """Emulated mxfp8 training: the layers torchao wrapped, their mxfp8 numerics against bfloat16."""
+    if not config.emulate:
+        return []
+    from dtypelab.core.emulation import emulated_layers
+
+    converted = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)
+                 and type(m.weight).__name__ == "MXFP8TrainingWeightWrapperTensor"]
+    return emulated_layers(model, run, "mxfp8", names=converted, roundtrip=mx_roundtrip)
 
 
 def plan_fidelity(configs: tuple[Config, ...], model: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:

@@ -115,13 +115,6 @@ class Float8Train(Emulable, Config):
             return f"{n}×{k}: too small to pay (rowwise gains need out > 2048 and in > 1024, and more than 4096×2048)"
         return None
 
-    def layer_fidelity(self, model: nn.Module, run: Any) -> list[dict[str, Any]]:
-        if not self.emulate:
-            return []
-        from dtypelab.core.emulation import emulated_layers
-
-        return emulated_layers(model, run, self.recipe)
-
     def region(self, parent: Config, outer: Any) -> Config | None:
         return None  # a float8 layer takes whatever its neighbours compute in
 

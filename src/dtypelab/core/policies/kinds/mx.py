@@ -127,14 +127,6 @@ class MXTrain(_MX):
         config = moe.MXFP8TrainingOpConfig.from_recipe(recipe)
         return _convert(model, names, config, "mxfp8 training" + (" (emulated)" if self.emulate else ""))
 
-    def layer_fidelity(self, model: nn.Module, run: Any) -> list[dict[str, Any]]:
-        if not self.emulate:
-            return []
-        from dtypelab.core.emulation import emulated_layers
-
-        converted = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)
-                     and type(m.weight).__name__ == "MXFP8TrainingWeightWrapperTensor"]
-        return emulated_layers(model, run, "mxfp8", names=converted, roundtrip=mx_roundtrip)
 
 
 @dataclass(frozen=True)

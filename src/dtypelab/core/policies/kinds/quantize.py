@@ -227,24 +227,6 @@ class Quantize(Config):
                 tq.default_dynamic_qconfig
             return tq.quantize_dynamic(model, dict.fromkeys(names, qconfig), dtype=torch.qint8), report
 
-    def stored_weight_bytes(self, module: nn.Module) -> int | None:
-        """The converted layer's weight by torchao's layouts (``Int4TilePackedTo4dTensor``: int4 codes packed in
-        int32, the input width padded to 1024 and the outputs to 8, bfloat16 scale and zero point per group of 128;
-        ``Float8Tensor``: e4m3 codes and a float32 scale per row or per tensor) and fbgemm's packed int8 weight
-        (int8 codes, a float32 scale and an int32 zero point per output channel or per tensor)."""
-        if not isinstance(module, nn.Linear) or (self.gpu_only and self.unfit(module)):
-            return None
-        n, k = module.out_features, module.in_features
-        if self.scheme == "int4-weight-only":
-            n_pad, k_pad = -(-n // 8) * 8, -(-k // 1024) * 1024
-            return n_pad * k_pad // 2 + (k_pad // INT4_GROUP) * n_pad * 2 * 2
-        per_channel = self.granularity == "per-channel"
-        if self.scheme == "fp8-dynamic":
-            return n * k + (4 * n if per_channel else 4)
-        if self.library == "torch.ao":
-            return n * k + (8 * n if per_channel else 8)
-        return None  # torchao's CPU formats convert anywhere: traced
-
     def unfit(self, layer: nn.Linear) -> str | None:
         """Why a GPU format's kernel cannot take this layer (torchao would leave it as it is, silently), or None."""
         n, k = layer.out_features, layer.in_features
