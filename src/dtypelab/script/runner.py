@@ -96,13 +96,18 @@ def _script_plans(path: str, opts: Options, dev: Any) -> tuple[dict[str, Plan], 
 def _first_pass(run: _Runs, plans: dict[str, Plan], report: Report, hardware: Any, named: Plan | None,
                 opts: Options) -> tuple[dict[str, Plan], Report, bool]:
     """Every policy once, the baseline first: (the plans, the record, whether the sweep goes on to the repeated
-    runs). A float64 script's own precision becomes the baseline; a failed baseline stops the sweep."""
+    runs). A float64 script's own precision becomes the baseline; a failed baseline stops the sweep. Ctrl-C marks
+    the policies not finished interrupted and keeps (and saves) the rest."""
     pending = list(plans)
     try:
-        return _each_once(run, plans, pending, report, hardware, named, opts)
+        while pending:
+            plans, pending, report, go_on = _next_policy(run, plans, pending, report, hardware, named, opts)
+            if not go_on:
+                return plans, report, False
     except KeyboardInterrupt:
-        _interrupted(run.report_so_far or report, run.plans_so_far or plans, opts.json_path)
+        _interrupted(report, plans, opts.json_path)
         raise
+    return plans, report, True
 
 
 def _interrupted(report: Report, plans: dict[str, Plan], json_path: str | None) -> Report:
@@ -114,32 +119,29 @@ def _interrupted(report: Report, plans: dict[str, Plan], json_path: str | None) 
     return report
 
 
-def _each_once(run: _Runs, plans: dict[str, Plan], pending: list[str], report: Report, hardware: Any,
-               named: Plan | None, opts: Options) -> tuple[dict[str, Plan], Report, bool]:
-    while pending:
-        run.report_so_far, run.plans_so_far = report, plans
-        name = pending.pop(0)
-        plan = plans[name]
-        avail = plan.availability(hardware)
-        if not avail.ok or (avail.slow and not opts.force):
-            result = PolicyResult(name, "skipped", avail.reason, info=policy_info(plan),
-                                  skip="slow" if avail.ok else "unsupported")
-            report = _with(report, result, opts.json_path, None)
-            run.on_event(Event("skip", name, result=result))
-            continue
-        result, primary, built = run.once(plan)
-        if named is None and name == report.baseline and plan.default.storage_dtype == "float32" \
-                and "float64" in built:
-            # the script's own precision is float64: that is what every policy is judged against
-            plans, pending, report = _float64_baseline(plans, pending, report, run.on_event)
-            run.own_precision = report.baseline
-        report = _with(report, result, opts.json_path, primary)
-        if name == report.baseline:
-            run.extra = pace(result, opts.force)
-            if result.status != "ok" and not opts.keep_going:
-                return plans, save_judged(baseline_failed(report, plans, result), opts.json_path), False
-    run.report_so_far = report
-    return plans, report, True
+def _next_policy(run: _Runs, plans: dict[str, Plan], pending: list[str], report: Report, hardware: Any,
+                 named: Plan | None, opts: Options) -> tuple[dict[str, Plan], list[str], Report, bool]:
+    """The first pending policy run (or skipped): (the plans, what is still pending, the record, whether to go on)."""
+    name, pending = pending[0], pending[1:]
+    plan = plans[name]
+    avail = plan.availability(hardware)
+    if not avail.ok or (avail.slow and not opts.force):
+        result = PolicyResult(name, "skipped", avail.reason, info=policy_info(plan),
+                              skip="slow" if avail.ok else "unsupported")
+        run.on_event(Event("skip", name, result=result))
+        return plans, pending, _with(report, result, opts.json_path, None), True
+    result, primary, built = run.once(plan)
+    if named is None and name == report.baseline and plan.default.storage_dtype == "float32" \
+            and "float64" in built:
+        # the script's own precision is float64: that is what every policy is judged against
+        plans, pending, report = _float64_baseline(plans, pending, report, run.on_event)
+        run.own_precision = report.baseline
+    report = _with(report, result, opts.json_path, primary)
+    if name == report.baseline:
+        run.extra = pace(result, opts.force)
+        if result.status != "ok" and not opts.keep_going:
+            return plans, pending, save_judged(baseline_failed(report, plans, result), opts.json_path), False
+    return plans, pending, report, True
 
 
 def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None = None) -> Report:
@@ -202,9 +204,6 @@ class _Runs:
 
     def __init__(self, target: Target, opts: Options, dev: Any, on_event: OnEvent) -> None:
         self.target, self.opts, self.dev, self.on_event = target, opts, dev, on_event
-        # the first pass's record and plans as they grow: what Ctrl-C keeps
-        self.report_so_far: Report | None = None
-        self.plans_so_far: dict[str, Plan] | None = None
         self.extra: dict[str, Any] = {}
         self.workdir = ""
         self.own_precision = ""  # the baseline that is the script's own precision (fp64 for a float64 model)
