@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from dtypelab.core.footprint import tensor_bytes
+from dtypelab.core.measure import young_heap
 from dtypelab.core.policies import Plan
 from dtypelab.core.results import CheckResult, PolicyForecast
 from dtypelab.core.task import Task
@@ -251,8 +252,9 @@ def check(forecaster: Host, plan: Plan, notes: list[str]) -> CheckResult | None:
         "train" in plan.modes else None
     infer = forecaster.run_here(plan, forecaster.job.infer_batch_size, False, 1, device) if "infer" in plan.modes or \
         train is not None else None
-    process, method = process_peak(forecaster.task, plan, device, forecaster.job.batch_size, train is not None,
-                                   forecaster.job.seed)
+    with young_heap():
+        process, method = process_peak(forecaster.task, plan, device, forecaster.job.batch_size, train is not None,
+                                       forecaster.job.seed)
     return CheckResult(CHECK_STEPS if train is not None else 1,
                        train.peak.total if train is not None else None,
                        infer.peak.total if infer is not None else None, process, method)

@@ -28,7 +28,7 @@ from dtypelab.core.loop import (
     threads,
     to_device,
 )
-from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync, slow_verdict
+from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync, slow_verdict, young_heap
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy, policy_info
 from dtypelab.core.results import PolicyResult
 from dtypelab.core.stats import summarize
@@ -271,7 +271,7 @@ def run_job(job: Job, progress: Progress | None = None, task: Task | None = None
     try:
         task = task or load_task(job.task_spec)
         precision = Precision(job.plan, job.device)
-        with threads(job.threads):
+        with threads(job.threads), young_heap():
             result = (infer if job.mode == "infer" else train)(task, job, precision, progress)
     except Unsupported as exc:  # the policy means nothing for this task (no low-bit variant of its optimizer)
         result = PolicyResult(job.policy, "skipped", str(exc), skip="inapplicable")
