@@ -117,22 +117,23 @@ def release_free_memory() -> None:
 
 @contextlib.contextmanager
 def young_heap() -> Iterator[None]:
-    """One full collection, then the objects alive now are left out of the collections that follow (gc.freeze)
-    until the block ends.
+    """The objects alive now are left out of the garbage collections inside the block (gc.freeze).
 
     Each memory window collects garbage so that RSS is what is in use. In a large process (a notebook with
     transformers loaded, the test suite) a full collection walks every object, 0.1-0.4 s a time: most of a small
-    run. What was alive before the run is not the run's garbage. A freeze already in place (the zygote's, for its
-    forked workers) is left as it is; ours is undone on exit, so the caller's collector is as it was.
+    run. What was alive before the run is not the run's garbage: left uncollected, it is part of the baseline and of
+    every reading alike. On exit the block's own garbage is collected while the rest is still frozen (a walk of the
+    run's objects only), then the freeze is undone, so the caller's collector is as it was. A freeze already in
+    place (the zygote's, for its forked workers) is left as it is.
     """
     if gc.get_freeze_count():
         yield
         return
-    gc.collect()
     gc.freeze()
     try:
         yield
     finally:
+        gc.collect()
         gc.unfreeze()
 
 
