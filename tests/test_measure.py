@@ -131,3 +131,48 @@ def test_a_tick_of_rounding_in_a_short_block_is_not_another_process():
     hog = meter(CpuReading(10.0, 500.00, 20.00, 0.0, 5.0, 0), CpuReading(10.037, 500.10, 20.07, 0.0, 5.033, 9)).stop()
     assert hog.other_cores < 0.25 and hog.stalled > 0.5 and hog.disturbed
     assert hog.to_dict()["disturbed"] is True and tick.to_dict()["disturbed"] is False
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_a_measured_run_leaves_what_was_alive_out_of_its_collections_and_collects_its_own_garbage():
+    import gc
+    import weakref
+
+    from dtypelab.core.measure import release_free_memory, young_heap
+
+    before = _Cycle()
+    gone_before = weakref.ref(before)
+    del before  # cyclic garbage from before the run: frozen with the rest, not the run's to collect
+    with young_heap():
+        assert gc.get_freeze_count() > 0
+        mine = _Cycle()
+        gone_mine = weakref.ref(mine)
+        del mine
+        release_free_memory()  # a window's collection walks the run's own objects
+        assert gone_mine() is None and gone_before() is not None
+        left = _Cycle()
+        left_ref = weakref.ref(left)
+        del left
+    assert left_ref() is None  # the run's garbage is collected on the way out
+    assert gc.get_freeze_count() == 0  # and the collector is as it was
+    gc.collect()
+    assert gone_before() is None
+
+
+def test_a_freeze_already_in_place_is_left_as_it_is():
+    import gc
+
+    from dtypelab.core.measure import young_heap
+
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with young_heap():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

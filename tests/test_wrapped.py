@@ -221,6 +221,32 @@ def test_run_alone_setup_hands_back_the_very_same_objects():
     assert run.stdout.strip() == "True", run.stderr
 
 
+def test_run_alone_a_session_leaves_the_scripts_garbage_and_heap_alone():
+    import gc
+
+    env = {k: v for k, v in os.environ.items() if k.startswith("DTYPELAB_")}
+    for k in env:
+        os.environ.pop(k)
+    collections: list[int] = []
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.disable()  # only a collection the session asks for is seen
+    gc.callbacks.append(seen)
+    try:
+        lab = dtypelab.session()
+        model = lab.setup(Net())
+        lab.backward(model(torch.randn(4, 8)).sum())
+        lab.finish(loss=1.0)
+    finally:
+        gc.callbacks.remove(seen)
+        gc.enable()
+        os.environ.update(env)
+    assert collections == []
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [

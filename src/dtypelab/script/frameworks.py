@@ -37,7 +37,7 @@ class Frameworks:
         if self.run.model is None:
             self.run.init = fingerprint(model)
             self.run.model = model
-            self.lab.meter.open_window()
+            self.lab.open_memory_window()
 
     def count_samples(self, batch: Any) -> None:
         """A framework's training batch: its leading dimension is added to this step's samples."""

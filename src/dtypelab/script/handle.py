@@ -75,7 +75,8 @@ class Session:
         self._globals = self.precision.session()
         self._globals.__enter__()  # tf32 flags and the like, restored at finish()
         self.meter = MemoryMeter(self.device)
-        self.meter.start()
+        if self.driven:  # only a driven run reports its peak; run alone, the script's memory is left as it is
+            self.meter.start()
         self.timer = StepTimer(sync=device_sync(self.device))
         self.losses: list[float] = []
         self.step_samples: list[int] = []
@@ -138,8 +139,13 @@ class Session:
         front = LabModule.wrap(model, self.routes)
         if first:  # the diagnosis replays forwards as the script makes them: through the wrapper, under the policy
             self.diag.setup(front, list(run.optimizers), self.precision, self._emit if self.driven else None)
-            self.meter.open_window()  # building and converting the model is not the run's peak
+            self.open_memory_window()
         return (front, *wrapped) if wrapped else front
+
+    def open_memory_window(self) -> None:
+        """The model is built and converted: that is not the run's peak (a driven run's; alone, nothing is read)."""
+        if self.driven:
+            self.meter.open_window()
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()``, scaled under a GradScaler policy; the loss is recorded for the loss curve (a step's
