@@ -152,7 +152,8 @@ def test_one_module_kept_fp32_under_amp_bf16_on_digits():
         loss = task.loss_fn(model(x), y)
     assert seen == {"head.1": torch.bfloat16, "head.3": torch.float32}
     assert not torch.is_autocast_enabled("cpu")  # the region's own autocast state was restored
-    report = dtypelab.bench("digits", ["amp-bf16", plan], steps=12, isolate=False, hardware=fake_hardware())
+    report = dtypelab.bench("digits", ["amp-bf16", plan], steps=12, rounds=0, isolate=False,
+                            hardware=fake_hardware())
     r = report.result("amp-bf16-head32")
     assert r.status == "ok" and r.info.plan["rules"] == [{"pattern": "head.3", "config": {"kind": "cast",
                                                                                         "dtype": "float32"}}]
@@ -169,7 +170,8 @@ def test_two_int8_configs_on_two_linears(tiny):
     legacy = Plan(Cast("float32"), {"net.2": Quantize("int8-dynamic", library="torch.ao", granularity="per-tensor")})
     model = Precision(legacy).convert_module(dtypelab.load_task(tiny).make_model())
     assert type(model.net[0]) is torch.nn.Linear and "quantized" in type(model.net[2]).__module__
-    report = dtypelab.bench(tiny, [plan], mode="infer", steps=3, warmup=1, isolate=False, hardware=fake_hardware())
+    report = dtypelab.bench(tiny, [plan], mode="infer", steps=3, warmup=1, rounds=0, isolate=False,
+                            hardware=fake_hardware())
     r = report.result("mixed-int8")
     assert r.status == "ok" and r.fidelity["sqnr_db"] > 25 and r.size["linear_weight_bytes"] < \
         report.result("fp32").size["linear_weight_bytes"]
@@ -198,7 +200,7 @@ def test_peak_memory_excludes_loading_and_converting(monkeypatch):
     monkeypatch.setenv("DTYPELAB_FORK", "0")
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
     task = TINY + ":make_big_task"
-    report = dtypelab.bench(task, "bf16,int8-wo", mode="infer", steps=2, warmup=1, force=True,
+    report = dtypelab.bench(task, "bf16,int8-wo", mode="infer", steps=2, warmup=1, rounds=0, force=True,
                             hardware=fake_hardware())
     fp32 = report.result("fp32")
     weights = 8 * 1024 * 1024 * 4
