@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import dtypelab
 from dtypelab import DtypelabError
 from dtypelab.cli import app
-from dtypelab.core.policies import REGISTRY, Config, parse_policies, plan_from_dict
+from dtypelab.core.policies import KINDS, REGISTRY, SOURCES, parse_policies, plan_from_dict
 from dtypelab.core.policies.registry import NAMED_ONLY
 from dtypelab.core.records import load_record
 
@@ -55,8 +55,8 @@ def planted(tmp_path):
     # what the file registered when a test imported it, forgotten: the registry is the process's
     REGISTRY.pop(path.stem, None)
     NAMED_ONLY.discard(path.stem)
-    Config.KINDS.pop(path.stem, None)
-    Config.SOURCES.pop(path.stem, None)
+    KINDS.pop(path.stem, None)
+    SOURCES.pop(path.stem, None)
 
 
 def _plan(path) -> dict:

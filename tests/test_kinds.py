@@ -16,9 +16,9 @@ from conftest import HERE, fake_hardware
 from torch import nn
 
 import dtypelab
-from dtypelab import Cast, Config, DtypelabError, Precision, get_policy
+from dtypelab import Cast, DtypelabError, Precision, get_policy
 from dtypelab.core.loop import build_trainable, train_step
-from dtypelab.core.policies import REGISTRY, Plan
+from dtypelab.core.policies import KINDS, REGISTRY, SOURCES, Plan, config_from_dict
 
 ROOT = os.path.dirname(HERE)
 EXAMPLE = os.path.join(ROOT, "examples", "custom_precision.py")
@@ -36,18 +36,18 @@ def _forget_the_example():
     for name in NAMED_ONLY:
         REGISTRY.pop(name, None)
     NAMED_ONLY.clear()
-    for kind in [k for k, source in Config.SOURCES.items() if source == os.path.abspath(EXAMPLE)]:
-        Config.KINDS.pop(kind, None)
-        Config.SOURCES.pop(kind, None)
+    for kind in [k for k, source in SOURCES.items() if source == os.path.abspath(EXAMPLE)]:
+        KINDS.pop(kind, None)
+        SOURCES.pop(kind, None)
     sys.modules.pop("dtypelab_user_custom_precision", None)
 
 
 def test_the_example_kind_is_one_file_and_one_registration():
     plan = get_policy(MASTER)
     kind = type(plan.default)
-    assert plan.name == "bf16-master" and kind.kind == "bf16-master" and Config.KINDS["bf16-master"] is kind
+    assert plan.name == "bf16-master" and kind.kind == "bf16-master" and KINDS["bf16-master"] is kind
     assert plan.modes == ("train",) and plan.compute_dtype == "bfloat16"
-    assert Config.SOURCES["bf16-master"] == os.path.abspath(EXAMPLE)
+    assert SOURCES["bf16-master"] == os.path.abspath(EXAMPLE)
     assert get_policy(MASTER) is plan  # the file is imported once per process
     # its JSON says where it comes from, so that another process can read it
     assert plan.to_dict()["default"] == {"kind": "bf16-master", "source": os.path.abspath(EXAMPLE)}
@@ -179,7 +179,7 @@ def test_bad_plugins_are_one_line_errors(tmp_path):
     with pytest.raises(DtypelabError, match=r"defines no policy 'bf16-mastr'.*registers bf16-master"):
         get_policy(f"{EXAMPLE}:bf16-mastr")
     with pytest.raises(DtypelabError, match="unknown config kind 'nope'"):
-        Config.from_dict({"kind": "nope"})
+        config_from_dict({"kind": "nope"})
     twice = tmp_path / "twice.py"
     twice.write_text("from dataclasses import dataclass\nfrom typing import ClassVar\nfrom dtypelab import Config\n"
                      "@dataclass(frozen=True)\nclass Other(Config):\n    kind: ClassVar[str] = 'cast'\n")

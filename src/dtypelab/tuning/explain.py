@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import KERNEL_LABELS, HardwareInfo, environment
-from dtypelab.core.policies import Config, Plan, get_policy
+from dtypelab.core.policies import Config, Plan, config_from_dict, config_to_dict, get_policy
 from dtypelab.core.results import PlanEvaluation, TuneConfig, TuneReport, default_label, tune_recommendation
 from dtypelab.core.task import Task
 from dtypelab.core.tolerance import Tolerance
@@ -22,7 +22,7 @@ NOTHING_CHOSEN = "float32 everywhere: no plan measured was faster than fp32 with
 def finish(report: TuneReport, wall_s: float, searched: bool) -> TuneReport:
     """The record's time, and its decision: use the plan, or keep fp32 (and why)."""
     plan = report.plan
-    default = _default(plan.get("default") or FP32.to_dict())
+    default = _default(plan.get("default") or config_to_dict(FP32))
     # the plan's kinds say whether it converts anything (rules, or a default that is not fp32) and how it is called
     # (bf16-kahan, not its kind's name); a kind this process does not know (a user's, gone) is not fp32's
     converts = default is None or bool(plan.get("rules")) or default != FP32
@@ -34,7 +34,7 @@ def finish(report: TuneReport, wall_s: float, searched: bool) -> TuneReport:
 
 def _default(config: dict) -> Config | None:
     try:
-        return Config.from_dict(config)
+        return config_from_dict(config)
     except DtypelabError:
         return None
 

@@ -4,7 +4,7 @@ names (``registry``) and a user's own kinds and policies (``plugins``)."""
 
 from __future__ import annotations
 
-from dtypelab.core.policies.configs import Config
+from dtypelab.core.policies.configs import KINDS, SOURCES, Config, config_from_dict, config_to_dict
 from dtypelab.core.policies.distributed import Distributed
 from dtypelab.core.policies.finetuning import tuned
 from dtypelab.core.policies.kinds import TF32, Autocast, Cast, Float8Train, LoRA, Quantize, import_all
@@ -44,8 +44,8 @@ def policy_info(plan: Plan) -> PolicyInfo:
 
 import_all()  # a kind dropped into kinds/ as one file: its module registers its kind and policies, the registry exists
 
-__all__ = ["BASELINE", "COMPILED_BASELINE", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "STATE_MODIFIERS",
-           "TF32", "Autocast", "Availability", "Cast", "Config", "Distributed", "Float8Train", "LoRA", "Plan",
-           "Precision", "Quantize", "baseline_policy", "default_policies", "emulated_version", "get_policy",
-           "gpu_only_policies", "load_plan", "parse_policies", "plan_from_dict", "policies_for", "policy_info",
-           "regions", "register", "single", "tuned"]
+__all__ = ["BASELINE", "COMPILED_BASELINE", "KINDS", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "SOURCES",
+           "STATE_MODIFIERS", "TF32", "Autocast", "Availability", "Cast", "Config", "Distributed", "Float8Train",
+           "LoRA", "Plan", "Precision", "Quantize", "baseline_policy", "config_from_dict", "config_to_dict",
+           "default_policies", "emulated_version", "get_policy", "gpu_only_policies", "load_plan", "parse_policies",
+           "plan_from_dict", "policies_for", "policy_info", "regions", "register", "single", "tuned"]

@@ -92,21 +92,11 @@ class Config:
     # rounding): a bench run does not count the updates its weights lose
     keeps_updates: ClassVar[bool] = False
     process_wide: ClassVar[bool] = False  # a process-wide setting (tf32): only a plan's default, alone
-    KINDS: ClassVar[dict[str, type[Config]]] = {}  # every kind by its JSON name, filled as subclasses are defined
-    SOURCES: ClassVar[dict[str, str]] = {}  # a user's kind: the file or module that defines it (see plugins.py)
-    load_source: ClassVar[Callable[[str], Any] | None] = None  # plugins.load_source, set when it is imported
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "kind" in cls.__dict__:
-            known = Config.KINDS.get(cls.kind)
-            if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
-                raise DtypelabError(f"precision kind {cls.kind!r} is defined twice ({known.__module__}."
-                                    f"{known.__qualname__} and {cls.__module__}.{cls.__qualname__})")
-            Config.KINDS[cls.kind] = cls  # a module loaded again (a file named twice) redefines its own kind
-            source = source_of(cls.__module__)
-            if source:
-                Config.SOURCES[cls.kind] = source
+            _register(cls)
 
     @property
     def label(self) -> str:
@@ -188,35 +178,10 @@ class Config:
         of their inputs)."""
         return {}
 
-    # --- JSON --------------------------------------------------------------------------------------
     def __reduce__(self) -> Any:
-        if Config.SOURCES.get(self.kind):  # a user's kind pickles as its JSON: unpickling imports its file first
-            return (config_from_dict, (self.to_dict(),))
+        if SOURCES.get(self.kind):  # a user's kind pickles as its JSON: unpickling imports its file first
+            return (_unpickled, (config_to_dict(self),))
         return super().__reduce__()
-
-    def to_dict(self) -> dict[str, Any]:
-        source = Config.SOURCES.get(self.kind)
-        return {"kind": self.kind, **asdict(self), **({"source": source} if source else {})}
-
-    @staticmethod
-    def from_dict(d: dict[str, Any], *, load_source: bool = False) -> Config:
-        """A config from ``to_dict``'s shape. A user's kind names the file that defines it (``source``); that file is
-        imported only with ``load_source`` (a job this run built, handed to its own worker), never for a file read
-        from disk: a plan, record or exported model is data, and reading one runs no code."""
-        kinds = Config.KINDS  # the package imports every built-in kind before any lookup
-        d = dict(d)
-        name, source = d.pop("kind", None), d.pop("source", None)
-        if name not in kinds and source:
-            if not load_source or Config.load_source is None:
-                raise DtypelabError(
-                    f"precision kind {name!r} is defined in {source}, which dtypelab does not import because a file "
-                    f"names it (reading a file never runs code): name it yourself, e.g. --policies {source}:NAME")
-            Config.load_source(source)  # a user's kind, in a worker that has not loaded its file yet
-        kind = kinds.get(name)
-        if kind is None:
-            raise DtypelabError(f"unknown config kind {name!r} in {d!r}: use one of {', '.join(kinds)}, or load "
-                                "the file that defines it (--policies FILE.py:NAME)")
-        return from_fields(kind, d, f"{kind.kind} config")
 
 
 class Emulable:
@@ -244,9 +209,56 @@ class Emulable:
         return self.needs if self.emulate else ""
 
 
-def config_from_dict(d: dict[str, Any]) -> Config:
+# --- the registry and the JSON, outside the class (torchao's shape: a config is data) -------------------------------
+KINDS: dict[str, type[Config]] = {}  # every kind by its JSON name, filled as subclasses are defined
+SOURCES: dict[str, str] = {}  # a user's kind: the file or module that defines it (see plugins.py)
+_loader: list[Callable[[str], Any]] = []  # plugins.load_source, once plugins is imported
+
+
+def _register(cls: type[Config]) -> None:
+    known = KINDS.get(cls.kind)
+    if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise DtypelabError(f"precision kind {cls.kind!r} is defined twice ({known.__module__}."
+                            f"{known.__qualname__} and {cls.__module__}.{cls.__qualname__})")
+    KINDS[cls.kind] = cls  # a module loaded again (a file named twice) redefines its own kind
+    source = source_of(cls.__module__)
+    if source:
+        SOURCES[cls.kind] = source
+
+
+def set_source_loader(load: Callable[[str], Any]) -> None:
+    """How ``config_from_dict`` imports a user's kind's file (plugins.load_source: plugins sits above this module)."""
+    _loader[:] = [load]
+
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    """A config's JSON: its kind's name, its fields, and the file that defines a user's kind."""
+    source = SOURCES.get(config.kind)
+    return {"kind": config.kind, **asdict(config), **({"source": source} if source else {})}
+
+
+def config_from_dict(d: dict[str, Any], *, load_source: bool = False) -> Config:
+    """A config from ``config_to_dict``'s shape. A user's kind names the file that defines it (``source``); that file
+    is imported only with ``load_source`` (a job this run built, handed to its own worker), never for a file read from
+    disk: a plan, record or exported model is data, and reading one runs no code."""
+    d = dict(d)  # the package imports every built-in kind before any lookup
+    name, source = d.pop("kind", None), d.pop("source", None)
+    if name not in KINDS and source:
+        if not load_source or not _loader:
+            raise DtypelabError(
+                f"precision kind {name!r} is defined in {source}, which dtypelab does not import because a file "
+                f"names it (reading a file never runs code): name it yourself, e.g. --policies {source}:NAME")
+        _loader[0](source)  # a user's kind, in a worker that has not loaded its file yet
+    kind = KINDS.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise DtypelabError(f"unknown config kind {name!r} in {d!r}: use one of {', '.join(KINDS)}, or load "
+                            "the file that defines it (--policies FILE.py:NAME)")
+    return from_fields(kind, d, f"{kind.kind} config")
+
+
+def _unpickled(d: dict[str, Any]) -> Config:
     """Unpickling a user's kind (``__reduce__``): a pickle is code already, sent by this run to its own worker."""
-    return Config.from_dict(d, load_source=True)
+    return config_from_dict(d, load_source=True)
 
 
 def from_fields(cls: type[T], d: dict[str, Any], what: str) -> T:

@@ -23,7 +23,7 @@ from torch import nn
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies.configs import Config
+from dtypelab.core.policies.configs import Config, config_from_dict, config_to_dict
 from dtypelab.core.policies.distributed import Distributed
 
 PLAN_SCHEMA = "dtypelab.plan"
@@ -256,19 +256,19 @@ class Plan:
     # --- JSON -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"schema": PLAN_SCHEMA, "schema_version": PLAN_VERSION, "name": self.name, "summary": self.summary,
-                "default": self.default.to_dict(),
-                "rules": [{"pattern": p, "config": c.to_dict()} for p, c in self.rules],
+                "default": config_to_dict(self.default),
+                "rules": [{"pattern": p, "config": config_to_dict(c)} for p, c in self.rules],
                 **({"compile": True} if self.compile else {}),
                 **({"checkpoint": True} if self.checkpoint else {}),
                 **({"distributed": self.distributed.to_dict()} if self.distributed is not None else {}),
-                **({"state": self.state.to_dict()} if self.state is not None else {})}
+                **({"state": config_to_dict(self.state)} if self.state is not None else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], lookup: Callable[[str], Config] | None = None, *,
                   load_source: bool = False) -> Plan:
         """From ``to_dict``'s shape. ``lookup`` turns a registered policy's name into its config, so plan files
         may say ``"default": "amp-bf16"`` and ``{"pattern": "head", "config": "fp32"}``. ``load_source``: see
-        ``Config.from_dict`` (only for a plan this run built)."""
+        ``config_from_dict`` (only for a plan this run built)."""
         if d.get("schema", PLAN_SCHEMA) != PLAN_SCHEMA:
             raise DtypelabError(f"not a dtypelab plan (schema {d.get('schema')!r})")
         if d.get("schema_version", PLAN_VERSION) > PLAN_VERSION:
@@ -281,7 +281,7 @@ class Plan:
                     raise DtypelabError(f"plan names policy {x!r}, but no registry was given to look it up")
                 return lookup(x)
             if isinstance(x, dict):
-                return Config.from_dict(x, load_source=load_source)
+                return config_from_dict(x, load_source=load_source)
             raise DtypelabError(f"a plan config must be a policy name or an object with a 'kind', not {x!r}")
 
         if "default" not in d:

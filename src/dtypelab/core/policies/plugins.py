@@ -1,7 +1,7 @@
 """A user's own precision kinds and policies, in their own file: ``--policies my_precision.py:NAME`` (or
 ``pkg.module:NAME``) imports the file once per process, where its ``Config`` subclasses register themselves and its
 ``register(...)`` calls name its policies; NAME is then a policy the file registered, or a ``Config`` / ``Plan`` it
-defines. A kind remembers the file that defined it (``Config.SOURCES``), and its configs carry it in their JSON, so
+defines. A kind remembers the file that defined it (``configs.SOURCES``), and its configs carry it in their JSON, so
 that a child process, a script's session or a torchrun rank reading the plan imports the same file first."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from dtypelab.core.errors import DtypelabError, TaskError
-from dtypelab.core.policies.configs import Config
+from dtypelab.core.policies.configs import SOURCES, Config, set_source_loader
 from dtypelab.core.policies.plan import Plan, single
 from dtypelab.core.task import import_source, user_module_name
 
@@ -43,9 +43,9 @@ def lookup(spec: str, registry: dict[str, Plan]) -> Plan:
         return single(value, name=name)
     defined = sorted(n for n, v in vars(module).items() if isinstance(v, (Config, Plan)))
     here = {os.path.abspath(getattr(module, "__file__", "") or ""), where}
-    registered = [n for n, p in registry.items() if any(Config.SOURCES.get(c.kind) in here for c in p.configs)]
+    registered = [n for n, p in registry.items() if any(SOURCES.get(c.kind) in here for c in p.configs)]
     raise DtypelabError(f"{where} defines no policy {name!r}; it registers {', '.join(registered) or 'none'} and "
                         f"defines {', '.join(defined) or 'no config or plan'}")
 
 
-Config.load_source = staticmethod(load_source)  # Config.from_dict imports a user's kind through it
+set_source_loader(load_source)  # config_from_dict imports a user's kind through it

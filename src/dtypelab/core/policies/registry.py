@@ -177,7 +177,7 @@ def load_plan(path: str) -> Plan:
 
 def plan_from_dict(d: dict[str, Any], *, load_source: bool = False) -> Plan:
     """A plan from ``Plan.to_dict()`` (a job handed to another process, a record), names resolved here;
-    ``load_source`` only for a plan this run built (see ``Config.from_dict``)."""
+    ``load_source`` only for a plan this run built (see ``config_from_dict``)."""
     return Plan.from_dict(d, lookup=_config_named, load_source=load_source)
 
 

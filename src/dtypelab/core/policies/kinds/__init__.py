@@ -1,4 +1,4 @@
-"""The built-in precision kinds, one module each; importing this package registers them all (``Config.KINDS``).
+"""The built-in precision kinds, one module each; importing this package registers them all (``configs.KINDS``).
 
 A new built-in kind is one file dropped here: ``import_all`` (run once the registry exists, at the end of
 ``dtypelab.core.policies``) imports every module of this package, and a module's ``register(...)`` calls name its
