@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import warnings
 
 import pytest
 import torch
-from conftest import fake_hardware
+from conftest import TINY, fake_hardware
 from torch._inductor import config as inductor
 
 from dtypelab.core.policies import REGISTRY, Precision, get_policy, parse_policies, policies_for
@@ -41,12 +42,20 @@ def global_state() -> dict:
 CPU_POLICIES = {n: plan for n, plan in REGISTRY.items() if not plan.gpu_only}
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> str:
+    """The fp32 reference run's folder (its weights and outputs), once: inference policies start from a copy."""
+    wd = str(tmp_path_factory.mktemp("reference"))
+    assert run_job(Job(f"{TINY}:make_task", "fp32", "reference", 3, 8, 1, 0, "cpu", wd)).ran
+    return wd
+
+
 @pytest.mark.parametrize(("name", "mode"), [(n, m) for n, plan in CPU_POLICIES.items() for m in plan.modes])
-def test_every_policy_restores_globals(name, mode, tiny):
+def test_every_policy_restores_globals(name, mode, tiny, request):
     before = global_state()
     with tempfile.TemporaryDirectory() as wd:
         if mode == "infer":  # inference needs the fp32 reference weights first
-            run_job(Job(tiny, "fp32", "reference", 3, 8, 1, 0, "cpu", wd))
+            shutil.copytree(request.getfixturevalue("reference"), wd, dirs_exist_ok=True)
         result = run_job(Job(tiny, name, mode, 3, 8, 1, 0, "cpu", wd, threads=1))
     assert result.ran, result.reason  # pure fp16 + Adam may diverge (eps=1e-8 is 0 in fp16): still ran
     assert global_state() == before
