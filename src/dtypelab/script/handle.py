@@ -184,9 +184,6 @@ class Session:
         self._done(ScriptSkip(reason, "inapplicable"))
         raise SystemExit(0)
 
-    def step_begin(self) -> None:
-        self.begin_step()
-
     def step_end(self, loss: float | None = None) -> None:
         """The step ends here: a script that updates its weights by hand (no optimizer given to ``lab.setup``) may
         call it after the update; without it such a step ends where the model is next called."""
@@ -194,7 +191,7 @@ class Session:
             self.step_state.pending.append(loss)
         self.end_step()
 
-    def begin_step(self) -> None:
+    def step_begin(self) -> None:
         """A training step begins here, unless one is in progress: the timer starts."""
         step, run = self.step_state, self.run_state
         if not step.active:

@@ -103,7 +103,7 @@ class Routes:
         flat = not kwargs and all(isinstance(a, torch.Tensor) for a in args)
         found = list(args) if flat else tensors((args, kwargs))
         if module.training and torch.is_grad_enabled():
-            self.lab.begin_step()
+            self.lab.step_begin()
             self.run.forwards += 1
             self.step.samples += next((int(t.shape[0]) for t in found if t.dim() > 0), 0)
         source = found[0].device if found else None
@@ -129,7 +129,7 @@ class Routes:
         return to_device(out, source) if source is not None and source != self.lab.device else out
 
     def _closure_step(self, opt: torch.optim.Optimizer, closure: Any) -> Any:
-        self.lab.begin_step()
+        self.lab.step_begin()
         self.step.in_closure = True
         returned: list[float] = []
 
@@ -151,7 +151,7 @@ class Routes:
     def note_loss(self, loss: torch.Tensor) -> None:
         if not self.run.optimizers:
             self._by_hand()
-        self.lab.begin_step()
+        self.lab.step_begin()
         self.step.pending.append(float(loss.detach()))
 
     def _by_hand(self) -> None:

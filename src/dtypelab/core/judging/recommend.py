@@ -88,8 +88,8 @@ class Pick:
     paired: bool  # decided from paired rounds' intervals
     best: str | None  # the fastest safe policy by the evidence (the baseline when none is measurably faster)
     preferred: str = ""  # why ``best`` is not simply the fastest (speeds that cannot be told apart)
-    unclear: list[PolicyResult] = field(default_factory=list)  # intervals that include no gain
-    unsure: list[PolicyResult] = field(default_factory=list)  # faster by medians, not measurably
+    gain_not_shown: list[PolicyResult] = field(default_factory=list)  # intervals that include no gain
+    by_median_only: list[PolicyResult] = field(default_factory=list)  # faster by medians, not measurably
     contenders: list[PolicyResult] = field(default_factory=list)  # might win on a quiet machine
     busy: bool = False  # most of the baseline's rounds were disturbed
     lowest: str | None = None  # the lowest peak memory within tolerance
@@ -104,16 +104,17 @@ def pick(report: Report, base: PolicyResult, accepted: list[PolicyResult]) -> Pi
     out = Pick(paired, baseline if base.timing or paired else None)
     if paired:  # decide from the intervals of paired rounds, not from medians
         faster = [r for r in accepted if r.speedup_ci and r.speedup_ci.low > 1 + MIN_GAIN]
-        out.unclear = [r for r in accepted if r.speedup_ci and r.speedup_ci.low <= 1 + MIN_GAIN <= r.speedup_ci.high]
+        out.gain_not_shown = [r for r in accepted
+                              if r.speedup_ci and r.speedup_ci.low <= 1 + MIN_GAIN <= r.speedup_ci.high]
         if faster:
             chosen, out.preferred = safest(faster, cfg.metric, cfg.higher_is_better)
             out.best = chosen.policy
     elif cfg.runs:  # a script's runs, not repeated: one run per policy says nothing of run-to-run variation
-        out.unsure = [r for r in timed if r.policy != baseline and (speedup(r, base) or 0) > 1 + MIN_GAIN]
+        out.by_median_only = [r for r in timed if r.policy != baseline and (speedup(r, base) or 0) > 1 + MIN_GAIN]
     else:  # separate runs (a task without rounds): the medians decide only where the steps' spreads say they differ
         faster = [r for r in timed if r.policy != baseline and unpaired_faster(_timed(base), _timed(r))]
-        out.unsure = [r for r in timed if r.policy != baseline and r not in faster
-                      and speedup(r, base) > 1 + MIN_GAIN]
+        out.by_median_only = [r for r in timed if r.policy != baseline and r not in faster
+                              and speedup(r, base) > 1 + MIN_GAIN]
         if faster:
             out.best = min(faster, key=lambda r: r.timing.median).policy
     with_mem = [r for r in accepted if r.peak_memory_bytes is not None]
@@ -174,21 +175,21 @@ def _marked(verdicts: dict[str, PolicyVerdict], names: list[str], verdict: Verdi
 def _no_gain(report: Report, p: Pick, base: PolicyResult) -> list[str]:
     """The sentences for policies faster by their medians or intervals, but not measurably."""
     baseline, out = report.baseline, []
-    if p.unsure and report.config.runs:
+    if p.by_median_only and report.config.runs:
         out.append(f"Not measurably faster than {baseline}: " + ", ".join(
-            f"{r.policy} {speedup(r, base):.2f}x by one run's median step" for r in p.unsure)
+            f"{r.policy} {speedup(r, base):.2f}x by one run's median step" for r in p.by_median_only)
             + f" (each policy ran once, in its own process: the steps of one run are not replicates of another, so "
               f"a gap between two runs cannot be told from run-to-run variation; --runs N repeats them); the safer "
               f"{baseline} numerics are kept.")
-    elif p.unsure:
+    elif p.by_median_only:
         out.append(f"Not measurably faster than {baseline} (their steps' spread overlaps {baseline}'s: one-sided "
                    f"Mann-Whitney test, {1 - CONFIDENCE:.0%} level): " + ", ".join(
                        f"{r.policy} {speedup(r, base):.2f}x by medians over {len(_timed(r))} steps"
-                       for r in p.unsure) + "; the safer " + baseline + " numerics are kept.")
-    if p.unclear:
+                       for r in p.by_median_only) + "; the safer " + baseline + " numerics are kept.")
+    if p.gain_not_shown:
         out.append("No measurable speed difference from " + baseline + ": " + ", ".join(
             f"{r.policy} {r.speedup_ci.point:.2f}x ({r.speedup_ci.low:.2f}–{r.speedup_ci.high:.2f})"
-            for r in p.unclear) + "; the interval includes no gain, so the safer " + baseline + " numerics are "
+            for r in p.gain_not_shown) + "; the interval includes no gain, so the safer " + baseline + " numerics are "
             "preferred.")
     return out
 
@@ -249,7 +250,7 @@ def recommend(report: Report) -> Recommendation:
         sentences += [p.preferred] if p.preferred else []
         sentences += [f"Timings of {' and '.join(noisy)} were noisy: re-run before trusting a small gap."] if noisy \
             else []
-    _marked(verdicts, [r.policy for r in p.unsure + p.unclear], Verdict.NO_GAIN, "no measurable gain",
+    _marked(verdicts, [r.policy for r in p.by_median_only + p.gain_not_shown], Verdict.NO_GAIN, "no measurable gain",
             only=(Verdict.BETTER, Verdict.EQUAL, Verdict.WITHIN))
     sentences += _no_gain(report, p, base)
     sentences += [t for t in [rounds_sentence(report) if p.paired else disturbed_sentence(report, best)] if t]
