@@ -433,7 +433,7 @@ def test_a_deep_stack_read_off_two_and_three_blocks_is_what_a_whole_trace_gives(
     import json
     from pathlib import Path
 
-    from dtypelab.forecasting import job
+    from dtypelab.forecasting import forecaster
 
     config = json.loads(Path(TINY_LLAMA, "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 6}))
@@ -444,7 +444,7 @@ def test_a_deep_stack_read_off_two_and_three_blocks_is_what_a_whole_trace_gives(
                                  batch_size=2, launcher="inline")
 
     read_off = run()
-    monkeypatch.setattr(job, "DEEP_ENOUGH", 100)
+    monkeypatch.setattr(forecaster, "DEEP_ENOUGH", 100)
     whole = run()
     for a, b in zip(read_off.policies, whole.policies, strict=True):
         assert a.status == b.status == "ok", (a.policy, a.reason, b.reason)

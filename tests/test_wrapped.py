@@ -221,12 +221,11 @@ def test_run_alone_setup_hands_back_the_very_same_objects():
     assert run.stdout.strip() == "True", run.stderr
 
 
-def test_run_alone_a_session_leaves_the_scripts_garbage_and_heap_alone():
+def test_run_alone_a_session_leaves_the_scripts_garbage_and_heap_alone(monkeypatch):
     import gc
 
-    env = {k: v for k, v in os.environ.items() if k.startswith("DTYPELAB_")}
-    for k in env:
-        os.environ.pop(k)
+    for k in [k for k in os.environ if k.startswith("DTYPELAB_")]:
+        monkeypatch.delenv(k)
     collections: list[int] = []
 
     def seen(phase: str, info: dict) -> None:
@@ -243,7 +242,6 @@ def test_run_alone_a_session_leaves_the_scripts_garbage_and_heap_alone():
     finally:
         gc.callbacks.remove(seen)
         gc.enable()
-        os.environ.update(env)
     assert collections == []
 
 

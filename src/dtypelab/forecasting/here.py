@@ -47,9 +47,11 @@ class HostJob(Protocol):
 
 
 class Host(Protocol):
-    """What this module asks of a forecaster (``job.Forecaster``): its public state and methods, nothing private."""
+    """What this module asks of a ``forecaster.Forecaster``: its public state and methods, nothing private."""
 
-    job: HostJob
+    @property
+    def job(self) -> HostJob: ...
+
     task: Task
     target: Target
     meta: nn.Module
@@ -73,8 +75,8 @@ class Host(Protocol):
 
 def fallback(forecaster: Host, plan: Plan, batch_size: int, train: bool, why: str, notes: list[str],
              ) -> tuple[Traced, str]:
-    """A step ``forecaster`` (``job.Forecaster``) could not trace on fake tensors: run here on real tensors at one or
-    two small batch sizes (extrapolated along their line) when the model fits this machine, else its state alone."""
+    """A step ``forecaster`` (a ``Forecaster``) could not trace on fake tensors: run here on real tensors at one or two
+    small batch sizes (extrapolated along their line) when the model fits this machine, else its state alone."""
     if room_for(tensor_bytes(forecaster.meta.parameters())) and plan.distributed is None:
         sizes = (batch_size,) if batch_size <= 4 else (2, 4)
         key = (plan.name, train)
@@ -235,7 +237,7 @@ def interleaved_steps(measure: dict[str, Any], rounds: int = MEASURE_ROUNDS) -> 
 
 
 def check(forecaster: Host, plan: Plan, notes: list[str]) -> CheckResult | None:
-    """--check, for ``forecaster`` (``job.Forecaster``): the same steps on real tensors here, the ledger's peak over
+    """--check, for ``forecaster`` (a ``Forecaster``): the same steps on real tensors here, the ledger's peak over
     CHECK_STEPS steps, and the process peak as bench measures it."""
     if plan.distributed is not None:
         notes.append("--check: a distributed policy is measured by bench --nproc, not here")

@@ -212,7 +212,7 @@ class Emulable:
 # --- the registry and the JSON, outside the class (torchao's shape: a config is data) -------------------------------
 KINDS: dict[str, type[Config]] = {}  # every kind by its JSON name, filled as subclasses are defined
 SOURCES: dict[str, str] = {}  # a user's kind: the file or module that defines it (see plugins.py)
-_loader: list[Callable[[str], Any]] = []  # plugins.load_source, once plugins is imported
+_loader: Callable[[str], Any] | None = None  # plugins.load_source, once plugins is imported
 
 
 def _register(cls: type[Config]) -> None:
@@ -228,7 +228,8 @@ def _register(cls: type[Config]) -> None:
 
 def set_source_loader(load: Callable[[str], Any]) -> None:
     """How ``config_from_dict`` imports a user's kind's file (plugins.load_source: plugins sits above this module)."""
-    _loader[:] = [load]
+    global _loader
+    _loader = load
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:
@@ -244,11 +245,11 @@ def config_from_dict(d: dict[str, Any], *, load_source: bool = False) -> Config:
     d = dict(d)  # the package imports every built-in kind before any lookup
     name, source = d.pop("kind", None), d.pop("source", None)
     if name not in KINDS and source:
-        if not load_source or not _loader:
+        if not load_source or _loader is None:
             raise DtypelabError(
                 f"precision kind {name!r} is defined in {source}, which dtypelab does not import because a file "
                 f"names it (reading a file never runs code): name it yourself, e.g. --policies {source}:NAME")
-        _loader[0](source)  # a user's kind, in a worker that has not loaded its file yet
+        _loader(source)  # a user's kind, in a worker that has not loaded its file yet
     kind = KINDS.get(name) if isinstance(name, str) else None
     if kind is None:
         raise DtypelabError(f"unknown config kind {name!r} in {d!r}: use one of {', '.join(KINDS)}, or load "
