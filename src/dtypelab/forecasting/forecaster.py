@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -24,6 +24,7 @@ from torch import nn
 from dtypelab.core.errors import DtypelabError, Unsupported, describe_exception
 from dtypelab.core.policies import Plan, Precision, emulated_version
 from dtypelab.core.results import CheckResult, FitForecast, PeakForecast, PolicyForecast, TimeForecast
+from dtypelab.core.speed import Rates
 from dtypelab.core.task import Task
 from dtypelab.forecasting import here
 from dtypelab.forecasting.batch import infer_batch_shape, train_batch_shape
@@ -35,8 +36,21 @@ from dtypelab.forecasting.search import largest_batch
 from dtypelab.forecasting.timing import StepTimes
 from dtypelab.forecasting.trace import Run, Target, Traced, joined, peak_forecast, shifted
 
-if TYPE_CHECKING:
-    from dtypelab.forecasting.job import ForecastJob
+
+class Job(here.HostJob, Protocol):
+    """What a forecaster reads of its job (``forecasting.job.ForecastJob``), named here so that the job imports the
+    forecaster and not the other way round."""
+
+    @property
+    def target(self) -> str: ...
+    @property
+    def rates(self) -> Rates | None: ...
+    @property
+    def nproc(self) -> int: ...
+    @property
+    def limit(self) -> int | None: ...
+    @property
+    def search(self) -> bool: ...
 
 
 class Untraceable(Exception):
@@ -50,7 +64,7 @@ class Forecaster:
     """One task's forecasts: its model built once on the meta device; each policy's converted once and copied for
     each trace; an inference pass traced once for policies whose converted models are the same."""
 
-    def __init__(self, job: ForecastJob, task: Task) -> None:
+    def __init__(self, job: Job, task: Task) -> None:
         self.job, self.task = job, task
         self.target = Target(job.target, timed=job.rates is not None)
         self.meta, self.build_note = meta_model(task, job.seed)
