@@ -8,7 +8,8 @@ state in float32); the bfloat16 weight is that copy, rounded, after every step.
     dtypelab bench digits --policies fp32,bf16,examples/custom_precision.py:bf16-master
     dtypelab bench train.py --policies fp32,examples/custom_precision.py:bf16-master
 
-The kind is a frozen ``dtypelab.Config`` subclass with a ``kind`` name, which registers it; ``register`` names a
+The kind is a frozen ``dtypelab.Config`` subclass with a ``kind`` name, which registers it, and its ``facts`` (what
+it is, as data); ``register`` names a
 policy that uses it. The hooks it overrides are the ones it needs (see the guide, "Your own precision"); what a
 capability asks beyond them (here `tune`) is registered with that capability's adapters.
 """
@@ -23,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from dtypelab import Config, register
+from dtypelab import Config, Facts, register
 from dtypelab.tuning import RANGE_DTYPE, TUNES
 
 # each bfloat16 weight's float32 master copy, by the weight's identity; weak, so it goes with the model
@@ -33,10 +34,12 @@ _MASTERS = WeakIdKeyDictionary()
 @dataclass(frozen=True)
 class BF16Master(Config):
     kind: ClassVar[str] = "bf16-master"
-    modes: ClassVar[tuple[str, ...]] = ("train",)
-    storage_dtype: ClassVar[str] = "bfloat16"  # the model's weights and inputs are cast to it
-    compute_dtype: ClassVar[str] = "bfloat16"  # the hardware probe's speed verdict for bfloat16 applies
-    keeps_updates: ClassVar[bool] = True  # small updates add up in the master copy: none is lost
+
+    @property
+    def facts(self) -> Facts:
+        # the model's weights and inputs are cast to bfloat16, whose speed verdict (the hardware probe's) applies;
+        # small updates add up in the master copy: none is lost
+        return Facts(modes=("train",), storage_dtype="bfloat16", compute_dtype="bfloat16", keeps_updates=True)
 
     def describe(self) -> str:
         return "bfloat16 weights and activations, updates applied to a float32 master copy (float32 optimizer state)"

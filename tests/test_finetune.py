@@ -202,8 +202,8 @@ def test_bench_counts_the_frozen_base_and_what_the_adapters_keep_of_their_inputs
     # autocast's bfloat16 copy of its rank-8 weight where the cast is not cached already
     widths = [128, 128, 256] * 2
     inputs, copies = sum(4 * 6 * w * 2 for w in widths), sum(8 * w * 2 for w in widths)
-    assert inputs <= saved["adapter_inputs"] <= inputs + copies
-    assert saved["adapter_inputs"] < saved["bytes"]
+    assert inputs <= saved["adapters' inputs"] <= inputs + copies
+    assert saved["adapters' inputs"] < saved["bytes"]
 
 
 # --- the forecast ---------------------------------------------------------------------------------------------------
@@ -320,7 +320,9 @@ def test_bench_fine_tunes_the_pretrained_minilm_and_splits_its_memory(fast_bf16_
     assert all(r.status == "ok" for r in report.results), [(r.policy, r.reason) for r in report.results]
     full, lora, ckpt = (report.result(n).memory for n in ("fp32", "lora-bf16", "lora-bf16+ckpt"))
     assert full["frozen_weights"] == 0 and lora["frozen_weights"] > 0 and lora["parameters"] < full["parameters"] / 20
-    assert 0 < lora["adapter_inputs"] < lora["activations"] and ckpt["activations"] < lora["activations"]
+    (part,) = lora["parts"]
+    assert part["label"] == "adapters' inputs" and "LoRA's adapters keep for their backward" in part["note"]
+    assert 0 < part["bytes"] < lora["activations"] and ckpt["activations"] < lora["activations"]
     assert report.result("qlora-nf4").memory["frozen_weights"] < lora["frozen_weights"]
     rec, base = report.recommendation, report.result("fp32").metric("accuracy")
     # the decision holds its own promise: a policy chosen is within the 1% tolerance of fp32's accuracy

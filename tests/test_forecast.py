@@ -153,7 +153,7 @@ def test_an_untraceable_step_is_measured_here_and_extrapolated_or_else_state_onl
                  speed=False).result("fp32")
     assert p.status == "ok" and p.method == "measured" and p.train.activations_bytes > 0
     assert any("could not be traced on fake tensors" in n and "extrapolated" in n for n in p.notes), p.notes
-    monkeypatch.setattr("dtypelab.forecasting.here.available_bytes", lambda: 0)  # as if far too big for here
+    monkeypatch.setattr("dtypelab.forecasting.local_run.available_bytes", lambda: 0)  # as if far too big for here
     p = forecast(gated, policies="fp32", device="cpu", batch_search=False, speed=False).result("fp32")
     assert p.method == "state-only" and p.train.breakdown["activations"] == 0
     assert any("activations are not counted" in n for n in p.notes)
@@ -280,8 +280,26 @@ def test_the_command_prints_the_table_and_saves_the_record(tmp_path):
     assert "bf16 cannot run on NVIDIA T4: bfloat16 needs compute capability >= 8.0 (this GPU is 7.5)" in run.stdout
     assert load_record(str(path)).result("bf16").runs_there
     listed = CliRunner().invoke(app, ["forecast", "--devices"], env={"COLUMNS": "200"})
-    for name in ("H100", "H200", "A100-80GB", "A100-40GB", "L40S", "L4", "A10", "RTX4090"):
+    for name in ("H100", "H200", "H100-NVL", "A100-80GB", "A100-40GB", "L40S", "L4", "A10", "RTX4090"):
         assert f"│ {name} " in listed.stdout
+
+
+def test_a_gpu_is_one_row_of_one_table(monkeypatch):
+    """A card added as one ``DeviceSpec`` row is a --device, gives a lent card of its name its rates, and is listed
+    with them: nothing else names it."""
+    from dtypelab.core import devices
+    from dtypelab.core.devices import DeviceSpec, device_spec, rated_peaks
+    from dtypelab.render.forecast import devices_table
+
+    row = DeviceSpec("B42", "NVIDIA B42", "99 GB HBM9", (10, 0), r"\bB42\b", {"float32": 7.5, "bfloat16": 1234.5},
+                     nvml_mib=101376, aliases=("b42-99gb",), bandwidth_gbs=9000)
+    monkeypatch.setattr(devices, "DEVICES", (*devices.DEVICES, row))
+    assert device_spec("b42-99GB") is row and device_spec("NVIDIA B42") is row
+    assert rated_peaks("NVIDIA B42") == ("NVIDIA B42 (NVIDIA datasheet, dense)", {"float32": 7.5, "bfloat16": 1234.5})
+    _, headers, rows, _ = devices_table()
+    listed = dict(zip(headers, next(r for r in rows if r[0] == "B42"), strict=True))
+    assert (listed["usable GiB"], listed["bf16"], listed["fp8"], listed["memory GB/s"]) == ("98.45", "1234.5", "—",
+                                                                                             "9000")
 
 
 def test_a_bad_option_value_in_python_is_one_error():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -86,7 +87,7 @@ def test_configs_round_trip_and_are_named_by_what_they_do():
     assert Quantize("fp8-dynamic", granularity="per-tensor").label == "fp8-dyn-tensor"
     assert Float8Train("rowwise", "none").label == "fp8-rowwise-all"
     assert get_policy("fp8-tensorwise").modes == ("train",) and get_policy("int4-wo").modes == ("infer",)
-    assert get_policy("int4-wo").default.storage_dtype == "bfloat16"
+    assert get_policy("int4-wo").default.facts.storage_dtype == "bfloat16"
     with pytest.raises(DtypelabError, match="unknown recipe"):
         Float8Train("blockwise")
     with pytest.raises(DtypelabError, match="share no mode"):
@@ -165,6 +166,20 @@ def test_rated_peaks_by_device_name():
     assert rated_peaks("NVIDIA H200")[1]["fp8"] == 1979
     assert "fp8" not in rated_peaks("NVIDIA A100-SXM4-80GB")[1]
     assert rated_peaks("NVIDIA A10G") == ("", {}) and rated_peaks("AMD EPYC") == ("", {})
+    # torch's names for the cards (as their records and nvidia-smi show them): each is one row's, and only one's
+    names = {"NVIDIA H100 80GB HBM3": "H100", "NVIDIA H100 PCIe": "H100-PCIe", "NVIDIA H100 NVL": "H100-NVL",
+             "NVIDIA H200 NVL": "H100-NVL", "NVIDIA H200": "H200", "NVIDIA GH200 480GB": "H200",
+             "NVIDIA A100-SXM4-80GB": "A100-80GB", "NVIDIA A100 80GB PCIe": "A100-80GB",
+             "NVIDIA A100-SXM4-40GB": "A100-40GB", "NVIDIA A100-PCIE-40GB": "A100-40GB", "NVIDIA L40S": "L40S",
+             "NVIDIA L4": "L4", "NVIDIA A10": "A10", "Tesla T4": "T4", "NVIDIA GeForce RTX 4090": "RTX4090",
+             "NVIDIA GeForce RTX 3090": "RTX3090"}
+    from dtypelab.core.devices import DEVICES
+
+    for name, row in names.items():
+        matched = [d.name for d in DEVICES if re.search(d.matches, name)]
+        assert matched == [row], (name, matched)
+        assert rated_peaks(name) == next(d for d in DEVICES if d.name == row).peaks
+    assert {d.name for d in DEVICES} <= set(names.values())  # every row is a name's
     hw = dataclasses.replace(_hw("cuda:0", (9, 0), "NVIDIA H100"), rated_tflops={"bfloat16": 989.5})
     assert hw.rated("bfloat16") == 989.5e3 and hw.rated("fp8") is None
     assert HardwareInfo.from_dict(hw.to_dict()) == hw

@@ -372,3 +372,73 @@ def test_the_type_checkers_baseline_only_shrinks():
     with open(os.path.join(ROOT, "typecheck-baseline.json")) as f:
         recorded = json.load(f)
     assert recorded and all(os.path.isfile(os.path.join(ROOT, path)) for path in recorded)
+
+
+def test_a_config_is_fields_hooks_and_one_record_of_facts():
+    """A kind's class holds its fields and hooks; what it *is* is one frozen ``Facts`` record, so a capability's
+    question does not grow the base class (it was 36 public members, then 31 before ``Facts``)."""
+    from dtypelab.core.policies import Config, Facts
+
+    public = [n for n in dir(Config) if not n.startswith("_")]
+    assert "facts" in public and len(public) <= 20, public
+    assert not {f for f in Facts.__dataclass_fields__} & set(public)  # no fact is also a member
+    for plan in REGISTRY.values():
+        for config in plan.configs:
+            assert isinstance(config.facts, Facts) and not set(type(config).__dict__) & set(Facts.__dataclass_fields__)
+
+
+def test_a_kind_written_before_facts_keeps_its_class_attributes_and_properties():
+    """A user's kind that states its facts the old way (class attributes, or properties from its fields) is read
+    through ``facts``; so is a subclass of a built-in kind that overrides one fact, on top of its base's."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from dtypelab.core.policies import Config
+
+    @dataclass(frozen=True)
+    class Old(Config):
+        modes: ClassVar[tuple[str, ...]] = ("train",)
+        storage_dtype: ClassVar[str] = "bfloat16"
+        wide: bool = False
+
+        @property
+        def compute_dtype(self) -> str:
+            return "float32" if self.wide else "bfloat16"
+
+        @property
+        def probe_key(self) -> str:
+            return "int8"
+
+    facts = Old().facts
+    assert (facts.modes, facts.storage_dtype, facts.compute_dtype, facts.probe_key) == \
+        (("train",), "bfloat16", "bfloat16", "int8")
+    assert Old(wide=True).facts.compute_dtype == "float32" and facts.autocast_dtype is None
+
+    @dataclass(frozen=True)
+    class Legacy16(Cast):
+        keeps_updates: ClassVar[bool] = True
+
+    assert (Legacy16("float16").facts.storage_dtype, Legacy16("float16").facts.keeps_updates) == ("float16", True)
+    assert Cast("float16").facts.keeps_updates is False  # the base is untouched
+
+
+def test_every_built_in_policys_facts_are_as_recorded():
+    """``tests/data/kind_facts.json`` holds each built-in policy's configs' facts as the kinds stated them before they
+    were one record (class attributes and properties): the move changed none, and a later change shows here."""
+    import json
+    from dataclasses import asdict
+
+    with open(os.path.join(HERE, "data", "kind_facts.json")) as f:
+        recorded = json.load(f)
+    from dtypelab.core.policies.registry import NAMED_ONLY
+
+    current = {}
+    for name, plan in sorted(REGISTRY.items()):
+        if plan.default.kind in SOURCES or name in NAMED_ONLY:
+            continue  # a user's kind or policy another test loaded
+        for i, config in enumerate(plan.configs):
+            facts = asdict(config.facts)
+            facts["probe_key"], facts["modes"] = config.facts.probe_key, list(facts["modes"])
+            del facts["probe"]
+            current[f"{name}/{i}/{config.label}"] = facts
+    assert current == recorded

@@ -206,7 +206,7 @@ def test_int8_without_vnni_is_called_not_native(tiny):
 
 
 def test_quantized_policies_are_judged_by_the_kernel_they_run():
-    keys = {name: get_policy(name).default.probe_key for name in QUANT}
+    keys = {name: get_policy(name).default.facts.probe_key for name in QUANT}
     assert keys == {"int8-dyn": "int8", "int8-dyn-compile": "int8", "int8-wo": "int8-weight-only",
                     "fp8-wo": "fp8-weight-only", "int8-dyn-legacy": "int8-fbgemm", "int8-dyn-legacy-pc": "int8-fbgemm",
                     "mxfp8-dyn-emu": "float32", "mxfp4-dyn-emu": "float32"}  # emulated: float32 matmuls

@@ -333,3 +333,45 @@ def test_on_an_avx2_cpu_the_bf16_state_policies_are_slow_and_the_audit_counts_al
     fast = dtypelab.audit(LOST, steps=4, every=2, updates=True, hardware=fake_hardware())
     slow = dtypelab.audit(LOST, steps=4, every=2, updates=True, hardware=hw)
     assert fast.updates == slow.updates and fast.updates[0]["lost"]["bfloat16"] == 1.0
+
+
+def test_a_kinds_own_memory_part_reaches_the_record_and_the_table_with_no_other_change(tiny):
+    """A memory part is labelled data: a kind that counts what its first Linear keeps for the backward says so in
+    ``activation_parts`` alone, and the breakdown, the record (through JSON) and bench's table carry it as it came."""
+    from dataclasses import dataclass
+
+    from dtypelab.core.footprint import ActivationPart
+    from dtypelab.core.loop import build_trainable, state_after
+    from dtypelab.core.policies import Cast, single
+    from dtypelab.core.results import PolicyResult, Report, RunConfig
+    from dtypelab.render.bench import render
+
+    @dataclass(frozen=True)
+    class FirstSaves(Cast):
+        def activation_parts(self, model: nn.Module) -> list[ActivationPart]:
+            first = next(m for m in model.modules() if isinstance(m, nn.Linear))
+            return [ActivationPart("first layer's saves", "what the first Linear keeps for its backward", (first,))]
+
+    task, device = load_task(tiny), torch.device("cpu")
+    memories = {}
+    for name, config in (("fp32", Cast("float32")), ("mine", FirstSaves("float32"))):
+        precision = Precision(single(config, name=name), "cpu")
+        model, optimizer = build_trainable(task, precision, device)
+        memories[name] = state_after(task, model, precision, optimizer, device, 8, 0)
+    assert "parts" not in memories["fp32"]
+    (part,) = memories["mine"]["parts"]
+    first = next(m for m in task.make_model().modules() if isinstance(m, nn.Linear))
+    assert part["label"] == "first layer's saves" and part["bytes"] == 8 * first.in_features * 4  # its float32 input
+    assert 0 < part["bytes"] < memories["mine"]["activations"] == memories["fp32"]["activations"]
+    cfg = RunConfig("t", "train", ("fp32", "mine"), 4, 8, 1, 0, "1%", "cpu", False, 60, "acc", True)
+    report = Report(cfg, {}, tuple(PolicyResult(n, "ok", step_times_s=(0.01,) * 3, memory=m)
+                                   for n, m in memories.items()))
+    report = Report.from_dict(report.to_dict())  # as a file holds it
+    text = render(report, "md")
+    assert "first layer's saves: what the first Linear keeps for its backward." in text  # its note
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if "first layer's saves" in line and line.startswith("|"))
+    column = [c.strip() for c in lines[header].split("|")].index("first layer's saves")
+    rows = {cells[1]: cells for cells in ([c.strip() for c in line.split("|")] for line in lines[header + 2:])
+            if len(cells) > column}
+    assert rows["mine"][column] == f"{part['bytes'] / 1024:.2f}" and rows["fp32"][column] == "—"

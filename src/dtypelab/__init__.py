@@ -32,7 +32,9 @@ _PUBLIC = {
     "DtypelabError": "dtypelab.core.errors", "TaskError": "dtypelab.core.errors",
     "HardwareInfo": "dtypelab.core.hardware", "probe": "dtypelab.core.hardware",
     "TF32": "dtypelab.core.policies", "Autocast": "dtypelab.core.policies", "Cast": "dtypelab.core.policies",
-    "Config": "dtypelab.core.policies", "Plan": "dtypelab.core.policies", "Precision": "dtypelab.core.policies",
+    "Config": "dtypelab.core.policies", "Facts": "dtypelab.core.policies", "Plan": "dtypelab.core.policies",
+    "ActivationPart": "dtypelab.core.policies",
+    "Precision": "dtypelab.core.policies",
     "Quantize": "dtypelab.core.policies", "get_policy": "dtypelab.core.policies",
     "load_plan": "dtypelab.core.policies", "register": "dtypelab.core.policies",
     "Tolerance": "dtypelab.core.judging", "Recommendation": "dtypelab.core.judging",
@@ -57,9 +59,11 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on 
     from dtypelab.core.judging import Recommendation, Tolerance, recommend
     from dtypelab.core.policies import (
         TF32,
+        ActivationPart,
         Autocast,
         Cast,
         Config,
+        Facts,
         Float8Train,
         Plan,
         Precision,

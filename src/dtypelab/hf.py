@@ -96,9 +96,9 @@ def Trainer(*args: Any, metric: str | None = None, higher_is_better: bool | None
             kwargs["model"] = kwargs["model"].to(getattr(torch, cast))
     kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), DtypelabCallback(lab, metric, higher_is_better)]
     trainer = transformers.Trainer(*args, **kwargs)
-    if lab.driven and lab.plan.default.autocast_dtype and not trainer.accelerator.native_amp:
+    if lab.driven and lab.plan.default.facts.autocast_dtype and not trainer.accelerator.native_amp:
         # accelerate accepts fp16=True on a CPU but runs plain float32: measuring that as amp-fp16 would lie
-        lab.unsupported(f"the Hugging Face Trainer does not autocast to {lab.plan.default.autocast_dtype} on "
+        lab.unsupported(f"the Hugging Face Trainer does not autocast to {lab.plan.default.facts.autocast_dtype} on "
                         f"{lab.device.type} (accelerate's native_amp is off): {lab.plan.name} cannot run through it "
                         "here")
     return trainer

@@ -34,31 +34,10 @@ def _progress(label: str) -> Iterator[Callable[[int, int], None]]:
 
 
 def _devices(fmt: str) -> None:
-    from dtypelab.core.devices import DEVICES, GIB
+    from dtypelab.render.forecast import devices_table
     from dtypelab.render.numeric import emit as emit_table
 
-    keys = ("float32", "tf32", "bfloat16", "fp8", "int8")
-
-    def peak(d: Any, key: str) -> str:
-        return f"{d.peaks[1][key]:g}" if key in d.peaks[1] else "—"
-
-    rows = [[d.name, d.label, d.datasheet, f"{d.memory_bytes / GIB:.2f}",
-             ".".join(map(str, d.capability)), ", ".join(f for f, cc in (("bf16", (8, 0)), ("fp8", (8, 9)))
-                                                        if d.capability >= cc) or "—",
-             "torch's report" if d.torch_gib is not None else "NVML less 0.55 GiB",
-             *(peak(d, k) for k in keys), f"{d.bandwidth_gbs:g}" if d.bandwidth_gbs else "—"]
-            for d in DEVICES]
-    headers = ["--device", "GPU", "datasheet", "usable GiB", "compute capability", "native", "from",
-               "fp32 TFLOP/s", "tf32", "bf16", "fp8", "int8 TOPS", "memory GB/s"]
-    notes = ["usable: what torch.cuda.get_device_properties().total_memory reports (the total capacity CUDA's "
-             "out-of-memory message quotes), where such a report was found; else NVML's total less the 0.55 GiB "
-             "the driver keeps on the cards that have both; sources in dtypelab/core/devices.py",
-             "a forecast keeps 0.5 GiB of it aside for the CUDA context and libraries (--reserve changes that); "
-             "--memory SIZE forecasts for any other size",
-             "peaks: dense (no structured sparsity), from NVIDIA's datasheets (the GeForce cards: the architecture "
-             "whitepapers, with FP32 accumulation); memory GB/s: the datasheet's bandwidth; what a forecast of "
-             "speed is made from; —: no such tensor cores"]
-    text = emit_table(("GPUs a forecast can be made for", headers, rows, notes), fmt, out)
+    text = emit_table(devices_table(), fmt, out)
     if text is not None:
         sys.stdout.write(text)
 

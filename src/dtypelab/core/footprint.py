@@ -9,7 +9,8 @@ weights) is counted once.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -112,6 +113,21 @@ def state_memory(model: nn.Module, optimizers: Iterable[torch.optim.Optimizer],
     return {k: out[k] for k in (*CATEGORIES, "total")}
 
 
+@dataclass(frozen=True)
+class ActivationPart:
+    """Of a training step's activations, what some modules keep for their backward, counted apart (a kind's
+    ``activation_parts``): its ``label`` is a column of bench's memory table and ``note`` says there what it is."""
+
+    label: str
+    note: str
+    modules: tuple[nn.Module, ...]
+
+
+def part_records(parts: Sequence[ActivationPart], saved: dict[str, int]) -> list[dict[str, Any]]:
+    """The parts as a record holds them (``MemoryBreakdown.parts``), with the bytes ``saved_activations`` counted."""
+    return [{"label": p.label, "bytes": saved.get(p.label, 0), "note": p.note} for p in parts]
+
+
 _KEEPERS: list[Any] = []  # the counts in progress (saved_activations): what else a backward keeps is said to them
 
 
@@ -124,17 +140,16 @@ def kept_for_backward(tensors: list[torch.Tensor]) -> None:
 
 
 @contextlib.contextmanager
-def saved_activations(model: nn.Module, named: dict[str, list[nn.Module]] | None = None,
-                      ) -> Iterator[dict[str, int]]:
+def saved_activations(model: nn.Module, parts: Sequence[ActivationPart] = ()) -> Iterator[dict[str, int]]:
     """Inside the block, count the bytes autograd saves for the backward pass (each storage once; the weights
     themselves excluded: they are counted as parameters). ``out["bytes"]`` holds the largest amount saved between two
     backward passes (gradient accumulation: one micro-batch's forward, freed by its backward before the next), which
-    is the activations' peak; ``out["uncounted"]``, tensors it could not read (no storage). ``named``: modules whose
-    own saves are also counted apart, under their label (a LoRA adapter's input: ``out["adapter_inputs"]``), at the
+    is the activations' peak; ``out["uncounted"]``, tensors it could not read (no storage). ``parts``: modules whose
+    own saves are also counted apart, under their label (a LoRA adapter's input: ``out["adapters' inputs"]``), at the
     same peak."""
     weights = {leaf.untyped_storage().data_ptr() for p in model.parameters() if p.device.type != "meta"
                for leaf in leaves(p)}
-    named = named or {}
+    named = {p.label: p.modules for p in parts}
     live: dict[str, Any] = {"counter": ByteCounter(), "bytes": 0, "backward": False, **dict.fromkeys(named, 0)}
     out = {"bytes": 0, **dict.fromkeys(named, 0)}
     inside: dict[str, int] = dict.fromkeys(named, 0)  # how deep the forward is in each label's modules

@@ -49,7 +49,7 @@ KERNEL_LABELS = {
 SLOW_RATIO = 0.1
 
 # the datasheets' dense peaks (what the probe and --profile report achieved FLOP/s against: MFU) live with the device
-# table: core.devices.RATED_TFLOPS
+# table: core.devices.DEVICES (each row's rates)
 
 
 @dataclass(frozen=True)

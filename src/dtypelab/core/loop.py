@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dtypelab.core.errors import DtypelabError, TaskError, describe_exception
-from dtypelab.core.footprint import saved_activations, state_memory
+from dtypelab.core.footprint import part_records, saved_activations, state_memory
 from dtypelab.core.hardware import HardwareInfo, hardware_for, resolve_device
 from dtypelab.core.policies import Plan, Precision, get_policy
 from dtypelab.core.task import Task, call_model, load_task, map_tensors, plain
@@ -157,15 +157,16 @@ def state_after(task: Task, model: nn.Module, precision: Precision, optimizer: t
     """Where the training memory goes now (``footprint.state_memory``), the activations counted on one forward pass
     of training batch ``step`` (no step is taken; None under torch.compile, whose graphs save tensors out of the
     hooks' sight)."""
-    activations, parts = None, {}
+    activations, parts = None, []
     if not precision.plan.compiles:
         inputs, target = to_device(task.batch(step, batch_size), device)
         named = precision.activation_parts(model)
         with precision.session(), saved_activations(model, named) as saved:
             loss = forward_loss(task, model, precision, inputs, target)
         del loss
-        activations, parts = saved["bytes"], {k: saved[k] for k in named}
-    return {**state_memory(model, [optimizer], precision.master_tensors(optimizer), activations), **parts}
+        activations, parts = saved["bytes"], part_records(named, saved)
+    memory: dict[str, Any] = state_memory(model, [optimizer], precision.master_tensors(optimizer), activations)
+    return {**memory, "parts": parts} if parts else memory
 
 
 def lost_updates(task: Task, model: nn.Module, precision: Precision, optimizer: torch.optim.Optimizer,
@@ -173,7 +174,7 @@ def lost_updates(task: Task, model: nn.Module, precision: Precision, optimizer: 
     """For a run whose weights are bfloat16 / float16 with nothing to keep their small updates: ``steps`` more
     training steps (batches from ``start``), counting per parameter the share of elements whose weight stayed the
     same though its gradient was not zero (``updates.UpdateCounter``), worst first. Empty for any other run."""
-    if any(c.keeps_updates for c in precision.plan.configs) or not any(
+    if any(c.facts.keeps_updates for c in precision.plan.configs) or not any(
             p.dtype in LOW_FLOATS for p in model.parameters()):
         return []
     counter = UpdateCounter([(n, p) for n, p in model.named_parameters() if p.dtype in LOW_FLOATS], formats=None)

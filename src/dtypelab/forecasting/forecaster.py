@@ -5,7 +5,7 @@ When a trace cannot be made, what is said instead is stated in the record (``met
 
 - ``stand-in``: a conversion that needs hardware this machine lacks (fp8 and int4 inference need CUDA) is traced
   with its stored dtype in place of the converted weights, whose bytes come from the kind's layout
-  (``forecasting.kinds.STORED_WEIGHT_BYTES``);
+  (``forecasting.adapters.STORED_WEIGHT_BYTES``);
 - ``measured``: a step that cannot be traced on fake tensors (a data-dependent op: ``.item()``, ``nonzero``) is run
   here at two small batch sizes, counted by the same ledger, and extrapolated along the line through them, when the
   model fits this machine;
@@ -26,7 +26,7 @@ from dtypelab.core.policies import Plan, Precision, emulated_version
 from dtypelab.core.results import CheckResult, FitForecast, PeakForecast, PolicyForecast, TimeForecast
 from dtypelab.core.speed import Rates
 from dtypelab.core.task import Task
-from dtypelab.forecasting import here
+from dtypelab.forecasting import local_run
 from dtypelab.forecasting.batch import infer_batch_shape, train_batch_shape
 from dtypelab.forecasting.depth import DEEP_ENOUGH, SHALLOW, linear, linear_time
 from dtypelab.forecasting.fake import fresh, meta_model
@@ -37,7 +37,7 @@ from dtypelab.forecasting.timing import StepTimes
 from dtypelab.forecasting.trace import Run, Target, Traced, joined, peak_forecast, shifted
 
 
-class Job(here.HostJob, Protocol):
+class Job(local_run.HostJob, Protocol):
     """What a forecaster reads of its job (``forecasting.job.ForecastJob``), named here so that the job imports the
     forecaster and not the other way round."""
 
@@ -83,7 +83,7 @@ class Forecaster:
         # batch size (bf16, bf16-kahan and bf16-sr+adam8bit convert the model alike); each policy's own update
         self._passes: dict[tuple[Any, ...], Traced] = {}
         self._updates: dict[tuple[str, int | None], Traced] = {}
-        # (plan, train) -> steps run here when one could not be traced, and their batch sizes (``here.fallback``)
+        # (plan, train) -> steps run here when one could not be traced, and their batch sizes (``local_run.fallback``)
         self.measured: dict[tuple[str, bool], tuple[list[Traced], tuple[int, ...]]] = {}
         self._timed: dict[tuple[str, bool], tuple[Traced, str]] = {}  # (plan, train) -> its step, the method
         self.times = StepTimes(job.rates) if job.rates is not None else None
@@ -137,7 +137,7 @@ class Forecaster:
                 try:  # a check that fails keeps the forecast it was checking
                     check = self.check(plan, notes)
                     if timed is not None and timed.step_s is not None and not self.times_here:
-                        timed = replace(timed, measured_s=here.step_seconds(
+                        timed = replace(timed, measured_s=local_run.step_seconds(
                             self.task, plan, self.job.check_device, self.job.batch_size if train is not None
                             else self.job.infer_batch_size, train is not None, self.job.seed))
                 except Exception as exc:
@@ -219,7 +219,7 @@ class Forecaster:
         """A copy of the plan's converted meta model (with ``depth`` blocks), the plan it was converted under (a
         stand-in's, when this machine cannot make the conversion: the kind's stored dtype in place of its converted
         weights) and the bytes its converted weights take beyond the stand-in's
-        (``forecasting.kinds.STORED_WEIGHT_BYTES``)."""
+        (``forecasting.adapters.STORED_WEIGHT_BYTES``)."""
         key = (plan.name, depth)
         if key not in self._converted:
             meta = self.meta_at(depth)
@@ -283,15 +283,15 @@ class Forecaster:
             raise Untraceable(describe_exception(exc)) from exc
         return traced, method, extra
 
-    # --- what runs here (forecasting.here) --------------------------------------------------------------------
+    # --- what runs here (forecasting.local_run) --------------------------------------------------------------------
     def fallback(self, plan: Plan, batch_size: int, train: bool, why: str, notes: list[str]) -> tuple[Traced, str]:
-        return here.fallback(self, plan, batch_size, train, why, notes)
+        return local_run.fallback(self, plan, batch_size, train, why, notes)
 
     def run_here(self, plan: Plan, batch_size: int, train: bool, steps: int, device: str = "cpu") -> Traced:
-        return here.run_here(self, plan, batch_size, train, steps, device)
+        return local_run.run_here(self, plan, batch_size, train, steps, device)
 
     def check(self, plan: Plan, notes: list[str]) -> CheckResult | None:
-        return here.check(self, plan, notes)
+        return local_run.check(self, plan, notes)
 
 
 __all__ = ["Forecaster", "Untraceable"]

@@ -12,7 +12,7 @@ from dtypelab.core.policies import Plan, get_policy
 from dtypelab.core.results import PolicyForecast
 from dtypelab.core.speed import Rates
 from dtypelab.core.task import Task, load_task
-from dtypelab.forecasting import here
+from dtypelab.forecasting import local_run
 from dtypelab.forecasting.forecaster import Forecaster
 
 
@@ -59,7 +59,7 @@ class ForecastJob:
                     report.send(f"policy:{plan.name}", result)  # kept by the launcher even if a later one crashes
                     out.append(result)
                     report.step(len(out), len(self.plans))
-            out = here.retimed(forecaster, out)  # this CPU's kernels and steps again, in rounds
+            out = local_run.retimed(forecaster, out)  # this CPU's kernels and steps again, in rounds
             for result in out:
                 report.send(f"policy:{result.policy}", result)
         finally:

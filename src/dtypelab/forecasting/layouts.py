@@ -12,8 +12,8 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.policies import Cast, Plan, Precision, regions
+from dtypelab.forecasting.adapters import PLAIN_PASS, STORED_WEIGHT_BYTES
 from dtypelab.forecasting.fake import fresh
-from dtypelab.forecasting.kinds import PLAIN_PASS, STORED_WEIGHT_BYTES
 
 
 def layout(model: nn.Module, plan: Plan) -> tuple[Any, ...]:
@@ -32,7 +32,8 @@ def layout(model: nn.Module, plan: Plan) -> tuple[Any, ...]:
     tensors = tuple((n, *tensor(t)) for n, t in [*model.named_parameters(), *model.named_buffers()])
     # a kind whose passes are not the model's own shares them with no other kind
     own = () if PLAIN_PASS(plan.default) else (type(plan.default).__qualname__, plan.default)
-    return (modules, tensors, plan.default.autocast_dtype, plan.default.storage_dtype, plan.checkpoint, *own)
+    facts = plan.default.facts
+    return (modules, tensors, facts.autocast_dtype, facts.storage_dtype, plan.checkpoint, *own)
 
 
 def stand_in(plan: Plan, meta: nn.Module, exc: Exception, round_to: int) -> tuple[Plan, int]:
@@ -41,7 +42,7 @@ def stand_in(plan: Plan, meta: nn.Module, exc: Exception, round_to: int) -> tupl
     layout = [c for c in plan.configs if STORED_WEIGHT_BYTES.registered(c)]
     if not layout:
         raise DtypelabError(f"converting the model failed: {describe_exception(exc)}") from exc
-    swap = {c: Cast(c.storage_dtype) for c in layout}
+    swap = {c: Cast(c.facts.storage_dtype) for c in layout}
     stand = Plan(swap.get(plan.default, plan.default), tuple((p, swap.get(c, c)) for p, c in plan.rules),
                  name=plan.name, distributed=plan.distributed, state=plan.state)
     model = fresh(meta)
@@ -52,7 +53,7 @@ def stand_in(plan: Plan, meta: nn.Module, exc: Exception, round_to: int) -> tupl
         stored = STORED_WEIGHT_BYTES(config, modules[name]) if config in swap else None
         if stored is not None:
             weight = modules[name].weight
-            extra += stored - weight.numel() * getattr(torch, config.storage_dtype).itemsize
+            extra += stored - weight.numel() * getattr(torch, config.facts.storage_dtype).itemsize
             if round_to > 1:  # each of the layout's tensors is a block of its own
                 extra += round_to
     return stand, extra

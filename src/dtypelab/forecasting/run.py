@@ -32,9 +32,9 @@ from dtypelab.core.policies import (
 from dtypelab.core.results import ForecastConfig, ForecastReport, PolicyForecast, TargetDevice, check_writable
 from dtypelab.core.task import HF_PREFIX, Task
 from dtypelab.core.tasks.hub import with_seq_len
+from dtypelab.forecasting.adapters import PLAIN_PASS, UPDATE_COST
 from dtypelab.forecasting.answer import answer, device_notes, smallest_device
 from dtypelab.forecasting.job import ForecastJob
-from dtypelab.forecasting.kinds import PLAIN_PASS, UPDATE_COST
 from dtypelab.forecasting.options import ForecastOptions
 from dtypelab.forecasting.timing import rates_for, speed_answer, speed_probe, speedup_error, with_speedups
 from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher, Target, stop_in_flight
@@ -155,7 +155,7 @@ def families(plans: list[Plan]) -> list[list[Plan]]:
     parameter at a time, slowest), so that whichever worker is free takes the next."""
     def key(p: Plan) -> tuple[Any, ...]:
         d = p.default
-        return d.storage_dtype, d.autocast_dtype, p.rules, p.distributed, "" if PLAIN_PASS(d) else p.name
+        return d.facts.storage_dtype, d.facts.autocast_dtype, p.rules, p.distributed, "" if PLAIN_PASS(d) else p.name
 
     def cost(p: Plan) -> int:
         if "train" not in p.modes:

@@ -106,7 +106,7 @@ def _mantissa(dtype: str) -> int:
 def safer(plan: Plan) -> tuple[bool, int]:
     """How bench breaks a tie between policies whose speeds cannot be told apart (the metric aside, which a forecast
     has not): float32 weights first, then the wider compute format."""
-    return plan.default.storage_dtype in ("float32", "float64"), _mantissa(plan.compute_dtype)
+    return plan.default.facts.storage_dtype in ("float32", "float64"), _mantissa(plan.compute_dtype)
 
 
 def speed_answer(results: list[PolicyForecast], device: TargetDevice, baseline: str, task: str, rates: Rates | None,
@@ -189,7 +189,7 @@ class StepTimes:
             why = {"measured": "the step could not be traced (it was measured here): no ops to time",
                    "state-only": "the step could not be traced: no ops to time"}.get(method, "no ops were traced")
             return TimeForecast(None, reason=why)
-        if any(c.process_wide and c.compute_dtype == "tf32" for c in plan.configs):
+        if any(c.facts.process_wide and c.facts.compute_dtype == "tf32" for c in plan.configs):
             # TF32 is a process-wide flag, not a layout: the trace it shares with fp32 shows float32 matmuls
             ops = tuple(replace(op, rate="tf32") if op.rate == "float32" else op for op in ops)
         rates, untimed = self.rates, ""

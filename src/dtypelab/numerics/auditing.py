@@ -6,12 +6,16 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.hardware import environment as current_environment
 from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
+from dtypelab.core.policies import Precision
 from dtypelab.core.results import AuditConfig, AuditReport, check_writable
 from dtypelab.core.task import Task
 from dtypelab.core.updates import UpdateCounter
@@ -46,6 +50,39 @@ def _count_updates(counter: UpdateCounter | None, active: bool, skipped: bool) -
         counter.after(skipped=skipped)
 
 
+@dataclass
+class _Watch:
+    """What the audit watches in a step: the ranges (``rec``), the parameters' gradients and their lost updates."""
+
+    rec: Recorder
+    params: list[tuple[str, torch.nn.Parameter]]
+    counter: UpdateCounter | None
+
+    def after_backward(self) -> None:
+        for name, p in self.params:
+            if p.grad is not None:
+                self.rec.record(name, "parameter", "param_grad", p.grad)
+        if self.counter is not None:
+            self.counter.before()
+
+
+def _train(task: Task, model: torch.nn.Module, pol: Precision, optimizer: torch.optim.Optimizer,
+           opts: AuditOptions, watch: _Watch, batch: tuple[int, torch.device], losses: list[float],
+           progress: Progress) -> None:
+    """The audited steps: every ``every``-th step records ranges; each step's loss goes to ``losses``."""
+    bs, dev = batch
+    with pol.session():
+        for step in range(opts.steps):
+            watch.rec.new_step(step % opts.every == 0, pol.grad_scale())
+            inputs, target = to_device(task.batch(step, bs), dev)
+            scale = pol.grad_scale()
+            loss = train_step(task, model, pol, optimizer, inputs, target,
+                              after_backward=watch.after_backward if watch.rec.active else None)
+            _count_updates(watch.counter, watch.rec.active, pol.grad_scale() < scale)
+            losses.append(float(loss.detach()))
+            progress(step + 1, opts.steps)
+
+
 def audit(task: str | Task, options: AuditOptions | None = None, *, progress: Progress | None = None,
           environment: dict[str, Any] | None = None, **settings: Any) -> AuditReport:
     """Train ``steps`` steps under ``policy`` and measure ranges every ``every`` steps (``AuditOptions``, or its
@@ -78,24 +115,8 @@ def audit(task: str | Task, options: AuditOptions | None = None, *, progress: Pr
 
         counter = UpdateCounter(params) if opts.updates else None
 
-        def after_backward() -> None:
-            for name, p in params:
-                if p.grad is not None:
-                    rec.record(name, "parameter", "param_grad", p.grad)
-            if counter is not None:
-                counter.before()
-
         try:
-            with pol.session():
-                for step in range(opts.steps):
-                    rec.new_step(step % opts.every == 0, pol.grad_scale())
-                    inputs, target_ = to_device(task_obj.batch(step, bs), dev)
-                    scale = pol.grad_scale()
-                    loss = train_step(task_obj, model, pol, optimizer, inputs, target_,
-                                      after_backward=after_backward if rec.active else None)
-                    _count_updates(counter, rec.active, pol.grad_scale() < scale)
-                    losses.append(float(loss.detach()))
-                    progress(step + 1, opts.steps)
+            _train(task_obj, model, pol, optimizer, opts, _Watch(rec, params, counter), (bs, dev), losses, progress)
         except KeyboardInterrupt:
             status, reason = "interrupted", f"interrupted after {len(losses)} steps"
         except Exception as exc:

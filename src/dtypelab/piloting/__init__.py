@@ -12,8 +12,8 @@ __getattr__, __dir__, __all__ = exports(__name__, {"autopilot": "run", "Autopilo
                                                    "PROMOTABLE": "kinds", "PROMOTION": "kinds"})
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
+    from dtypelab.piloting.adapters import PROMOTABLE, PROMOTION
     from dtypelab.piloting.handle import session
-    from dtypelab.piloting.kinds import PROMOTABLE, PROMOTION
     from dtypelab.piloting.options import AutopilotOptions
     from dtypelab.piloting.run import autopilot
     from dtypelab.piloting.script import PilotDiagnosis

@@ -12,8 +12,8 @@ import torch
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies import Autocast, Cast, Config, Plan, Precision, plan_from_dict
 from dtypelab.core.results import AutopilotReport, Finding, Move, save_text
+from dtypelab.piloting.adapters import PROMOTABLE, PROMOTION
 from dtypelab.piloting.controller import Controller
-from dtypelab.piloting.kinds import PROMOTABLE, PROMOTION
 from dtypelab.piloting.monitor import Reading
 
 WIDE = ("float32", "float64")

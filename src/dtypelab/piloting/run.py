@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.hardware import environment as current_environment
 from dtypelab.core.hardware import hardware_for, resolve_device
 from dtypelab.core.loop import build_trainable, evaluate, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
-from dtypelab.core.policies import get_policy
+from dtypelab.core.policies import Precision, get_policy
 from dtypelab.core.results import AutopilotConfig, AutopilotReport, Move, Rollback, check_writable
 from dtypelab.core.source import Sites
 from dtypelab.core.task import Task
@@ -128,6 +129,28 @@ class _Flight:
         self.progress(self.step, self.n)
         return True
 
+    def fly(self, precision: Precision, model: nn.Module) -> tuple[float, dict[str, float]]:
+        """Every step until the end or the pilot stops, then the metrics of a flight that ended well: (the loop's
+        seconds, the metrics). Ctrl-C and a failure end it with the pilot's status saying why."""
+        metrics: dict[str, float] = {}
+        loop_start = time.perf_counter()
+        try:
+            with precision.session(), self.guard:
+                while self.step < self.n and self.one():
+                    pass
+            train_s = time.perf_counter() - loop_start
+            if self.pilot.status == "ok":
+                metrics = evaluate(self.task, model, precision, self.dev)
+        except KeyboardInterrupt:
+            self.pilot.status, self.pilot.reason = "interrupted", f"interrupted after {self.step} steps"
+            train_s = time.perf_counter() - loop_start
+        except DtypelabError:
+            raise
+        except Exception as exc:
+            self.pilot.status, self.pilot.reason = "failed", describe_exception(exc)
+            train_s = time.perf_counter() - loop_start
+        return train_s, metrics
+
 
 def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, progress: Progress | None = None,
               on_move: Callable[[Move], None] | None = None, environment: dict[str, Any] | None = None,
@@ -150,7 +173,6 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
     n, bs = opts.steps or task_obj.steps, opts.batch_size or task_obj.batch_size
     settings = opts.model_dump()
     progress = progress or (lambda done, total: None)
-    metrics: dict[str, float] = {}
     start = time.perf_counter()
     with torch_threads(opts.threads):
         model, optimizer = build_trainable(task_obj, precision, dev, opts.seed)
@@ -168,22 +190,7 @@ def autopilot(task: str | Task, options: AutopilotOptions | None = None, *, prog
 
         torch.manual_seed(opts.seed)  # same dropout masks as bench
         flight = _Flight(pilot, guard, one_step, task_obj, n, bs, dev, progress)
-        loop_start = time.perf_counter()
-        try:
-            with precision.session(), guard:
-                while flight.step < n and flight.one():
-                    pass
-            train_s = time.perf_counter() - loop_start
-            if pilot.status == "ok":
-                metrics = evaluate(task_obj, model, precision, dev)
-        except KeyboardInterrupt:
-            pilot.status, pilot.reason = "interrupted", f"interrupted after {flight.step} steps"
-            train_s = time.perf_counter() - loop_start
-        except DtypelabError:
-            raise
-        except Exception as exc:
-            pilot.status, pilot.reason = "failed", describe_exception(exc)
-            train_s = time.perf_counter() - loop_start
+        train_s, metrics = flight.fly(precision, model)
     report = pilot.report(
         config, environment if environment is not None else current_environment(hardware), tuple(guard.losses),
         metrics=metrics, steps_rolled_back=flight.lost, steps_skipped=guard.log.skipped if guard.log else 0,

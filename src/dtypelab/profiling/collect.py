@@ -116,8 +116,8 @@ class Profiler:
             dtypes = None if not events or hasattr(events[0], "input_dtypes") else input_dtypes(prof)
             summary = summarise(
                 events, dtypes=dtypes, mode=mode, steps=self.steps, walls=walls, phases=dict(marks.seconds), cuda=cuda,
-                peaks=self.peaks, tf32=any(c.compute_dtype == "tf32" for c in plan.configs),
-                autocast=any(c.autocast_dtype for c in plan.configs),
+                peaks=self.peaks, tf32=any(c.facts.compute_dtype == "tf32" for c in plan.configs),
+                autocast=any(c.facts.autocast_dtype for c in plan.configs),
                 wants_fp64=plan.compute_dtype == "float64", timed_step_s=self.timed_step_s, warned=warned[:5],
                 rated=self.rated)
             if summary.fp64_ops:  # one more step under a dispatch mode to find where float64 came in

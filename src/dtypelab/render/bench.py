@@ -8,6 +8,7 @@ from dtypelab.core.results import (
     COUNTED,
     MEMORY_LABELS,
     PER_LAYER_SAMPLES,
+    MemoryBreakdown,
     PolicyResult,
     PolicyVerdict,
     Recommendation,
@@ -170,19 +171,31 @@ MEMORY_NOTE = ("weights, gradients, optimizer state and master copy (a float32 c
 # bench's table spells two of the short names out (it has room: no buffers, no temporaries)
 _SPELLED = {**MEMORY_LABELS, "frozen_weights": "frozen base", "optimizer_state": "optimizer state",
             "master_weights": "master copy"}
-MEMORY_COLUMNS = (*((_SPELLED[c], c) for c in COUNTED), ("adapters' inputs", "adapter_inputs"), ("train MiB", "total"))
-# shown only where some run has them (a fine-tuned model's frozen base, LoRA's adapters)
-SOMETIMES = ("frozen_weights", "adapter_inputs")
-FINE_TUNING_NOTE = ("frozen base: the weights that do not train (a quantized base by its inner tensors); weights: "
-                    "those that do (the adapters, a new head); adapters' inputs: of the activations, what LoRA's "
-                    "adapters keep for their backward (their inputs, which the frozen layers beside them would not "
-                    "have kept, and autocast's copies of their weights).")
+MEMORY_COLUMNS = tuple((_SPELLED[c], c) for c in COUNTED)
+FROZEN_NOTE = ("frozen base: the weights that do not train (a quantized base by its inner tensors); weights: those "
+               "that do (the adapters, a new head).")
+PART = "part:"  # a column key: a part of the activations a kind counted apart, by its label
+
+
+def memory_parts(report: Report) -> dict[str, str]:
+    """The parts of the activations the runs' kinds counted apart (``MemoryBreakdown.parts``), label: note, in the
+    order met: drawn as they come, whatever kind named them."""
+    return {p["label"]: p["note"] for r in report.results if r.memory for p in r.memory.get("parts", ())}
 
 
 def memory_columns(report: Report) -> list[tuple[str, str]]:
-    """The breakdown's columns, those that only some runs have left out when none has them."""
+    """The breakdown's columns: the frozen base where some run has one, each part some run counted, the total."""
     counted = [r.memory for r in report.results if r.memory]
-    return [(h, k) for h, k in MEMORY_COLUMNS if k not in SOMETIMES or any(m.get(k) for m in counted)]
+    fixed = [(h, k) for h, k in MEMORY_COLUMNS if k != "frozen_weights" or any(m.get(k) for m in counted)]
+    return [*fixed, *((label, PART + label) for label in memory_parts(report)), ("train MiB", "total")]
+
+
+def memory_value(memory: MemoryBreakdown, key: str) -> int | None:
+    """A column's bytes in one run's breakdown (a part it did not count: None)."""
+    if key.startswith(PART):
+        return next((p["bytes"] for p in memory.get("parts", ()) if p["label"] == key[len(PART):]), None)
+    value = memory.get(key)
+    return value if isinstance(value, int) else None
 
 
 def memory_unit(report: Report) -> tuple[str, int]:
@@ -205,9 +218,9 @@ def memory_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
     for r in counted:
         cells = []
         for _, key in columns:
-            value = r.memory.get(key)
+            value = memory_value(r.memory, key)
             cell = num(value / scale if value is not None else None, ".2f")
-            ref = base_mem.get(key) if base_mem and r is not base else None
+            ref = memory_value(base_mem, key) if base_mem and r is not base else None
             cells.append(f"{cell} ({value / ref:.2f}x)" if value is not None and ref else cell)
         peak = r.peak_memory_bytes
         rows.append([r.policy, *cells, num(peak / MB if peak is not None else None, ".1f")])
@@ -221,7 +234,8 @@ def memory_sections(report: Report) -> list[Section]:
     # a narrow terminal keeps the policy, its optimizer state and its total longest
     drop = ("process peak", "gradients", "master copy", "activations", "weights")
     shown = {key for _, key in memory_columns(report)}
-    notes = [MEMORY_NOTE] + ([FINE_TUNING_NOTE] if shown & set(SOMETIMES) else [])
+    notes = [MEMORY_NOTE, *([FROZEN_NOTE] if "frozen_weights" in shown else []),
+             *(f"{label}: {note}." for label, note in memory_parts(report).items())]
     return [Section(title, *memory, notes, left={0}, wrap={0}, drop=drop)] if memory else []
 
 

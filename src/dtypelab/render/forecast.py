@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dtypelab.core import devices
 from dtypelab.core.results import MEMORY_LABELS, METHODS, PEAK_CATEGORIES, ForecastReport, PolicyForecast
 from dtypelab.core.text import GIB, MIB, size_text
 from dtypelab.render import plots
@@ -13,6 +14,31 @@ from dtypelab.render.tables import html_fragment
 from dtypelab.render.views import document, more, section
 
 SHORT = MEMORY_LABELS
+# the rate keys the device table shows, with their headings (the table's rows are core.devices.DEVICES as they are)
+RATE_COLUMNS = (("float32", "fp32 TFLOP/s"), ("tf32", "tf32"), ("bfloat16", "bf16"), ("fp8", "fp8"),
+                ("int8", "int8 TOPS"))
+DEVICE_NOTES = (
+    "usable: what torch.cuda.get_device_properties().total_memory reports (the total capacity CUDA's out-of-memory "
+    "message quotes), where such a report was found; else NVML's total less the {keeps} GiB the driver keeps on the "
+    "cards that have both; sources in dtypelab/core/devices.py",
+    "a forecast keeps 0.5 GiB of it aside for the CUDA context and libraries (--reserve changes that); --memory SIZE "
+    "forecasts for any other size",
+    "peaks: dense (no structured sparsity), from NVIDIA's datasheets (the GeForce cards: the architecture whitepapers, "
+    "with FP32 accumulation); memory GB/s: the datasheet's bandwidth; what a forecast of speed is made from; —: no "
+    "such tensor cores")
+
+
+def devices_table() -> tuple[str, list[str], list[list[str]], list[str]]:
+    """``forecast --devices``: every row of the device table, each column drawn from a field of its row."""
+    rows = [[d.name, d.label, d.datasheet, f"{d.memory_bytes / GIB:.2f}", ".".join(map(str, d.capability)),
+             ", ".join(f for f, cc in (("bf16", (8, 0)), ("fp8", (8, 9))) if d.capability >= cc) or "—",
+             "torch's report" if d.torch_gib is not None else f"NVML less {devices.DRIVER_KEEPS_GIB} GiB",
+             *(f"{d.rates[k]:g}" if k in d.rates else "—" for k, _ in RATE_COLUMNS),
+             f"{d.bandwidth_gbs:g}" if d.bandwidth_gbs else "—"] for d in devices.DEVICES]
+    headers = ["--device", "GPU", "datasheet", "usable GiB", "compute capability", "native", "from",
+               *(h for _, h in RATE_COLUMNS), "memory GB/s"]
+    notes = [n.format(keeps=devices.DRIVER_KEEPS_GIB) for n in DEVICE_NOTES]
+    return "GPUs a forecast can be made for", headers, rows, notes
 
 
 def unit_of(report: ForecastReport) -> tuple[float, str]:

@@ -14,9 +14,17 @@ ENV_SEED = "DTYPELAB_SEED"  # the seed a script's RNGs get before its first line
 # before it forks the next one (between workers, never while one runs). Only these: a user's modules never run there.
 # torch._dynamo: every optimizer's constructor imports it (about 0.7 s of a tiny policy's 1 s run on 2 cores)
 WARM = ("torch._dynamo", "numpy", "safetensors", "torchao", "transformers", "tokenizers", "accelerate", "ml_dtypes",
-        "lightning", "sklearn", "pydantic")
+        "lightning", "sklearn", "pydantic", "peft")
+
+
+# Of those, the packages that import their parts lazily (transformers' models, peft's tuners): the parts a worker
+# imported are loaded too, or each worker pays for them again (BERT's modeling and activations: about 5 s on 2 cores)
+DEEP = ("transformers", "peft")
 
 
 def heavy_modules() -> list[str]:
-    """Which of ``WARM`` this process has imported: a worker (or a script's session) says so at its end."""
-    return [m for m in WARM if m in sys.modules]
+    """Which of ``WARM`` this process has imported, with the parts of ``DEEP``'s it used: a worker (or a script's
+    session) says so at its end."""
+    deep = sorted(m for m, mod in list(sys.modules.items()) if mod is not None and m.partition(".")[0] in DEEP
+                  and "." in m)
+    return [m for m in WARM if m in sys.modules] + deep

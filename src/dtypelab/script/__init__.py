@@ -18,8 +18,8 @@ __getattr__, __dir__, __all__ = exports(__name__, {
 })
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
+    from dtypelab.script.adapters import HF_ARGUMENTS, HF_OPTIM, LIGHTNING_PRECISION
     from dtypelab.script.diagnose import Diagnosis
     from dtypelab.script.handle import Session, session
-    from dtypelab.script.kinds import HF_ARGUMENTS, HF_OPTIM, LIGHTNING_PRECISION
     from dtypelab.script.messages import ScriptJob, ScriptResult, ScriptSkip
     from dtypelab.script.runner import baseline_failed, bench_script, diagnose_script, script_environment, script_record

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtypelab.core.footprint import saved_activations, state_memory, tensor_bytes
+from dtypelab.core.footprint import ActivationPart, part_records, saved_activations, state_memory, tensor_bytes
 from dtypelab.core.measure import StepTimer
 from dtypelab.core.policies import Precision
-from dtypelab.script.state import RunState
+from dtypelab.script.session_state import RunState
 
 
 class Footprint:
@@ -23,7 +23,7 @@ class Footprint:
         self.bench = bench and not precision.plan.compiles  # torch.compile's graphs save out of the hooks' sight
         self._acts: Any = None  # counting one step's saved activations (core.footprint.saved_activations)
         self._count: dict[str, int] | None = None
-        self._parts: list[str] = []  # what the kinds name apart among the activations
+        self._parts: list[ActivationPart] = []  # what the kinds count apart among the activations
 
     def count_activations(self, start: bool) -> None:
         """Count what the forward passes of step ACTIVATIONS_STEP save for the backward: from the step's start to
@@ -31,9 +31,8 @@ class Footprint:
         if start:
             if (self._acts is None and len(self.timer.samples) == self.ACTIVATIONS_STEP
                     and self.run.model is not None and self.bench):
-                parts = self.precision.activation_parts(self.run.model)  # LoRA's adapters
-                self._parts = list(parts)
-                self._acts = saved_activations(self.run.model, parts)
+                self._parts = self.precision.activation_parts(self.run.model)  # LoRA's adapters
+                self._acts = saved_activations(self.run.model, self._parts)
                 self._count = self._acts.__enter__()
         elif self._acts is not None and self._count is not None and "done" not in self._count:
             self._acts.__exit__(None, None, None)
@@ -62,6 +61,7 @@ class Footprint:
             masters = [t for opt in optimizers for t in self.precision.master_tensors(opt)]
             memory = state_memory(self.run.model, optimizers, masters, counted["bytes"] if counted else None,
                                   counted.get("gradients") if counted else None)
-            return {**memory, **{k: counted[k] for k in self._parts if k in counted}} if counted else memory
+            parts = part_records(self._parts, counted) if counted and self._parts else []
+            return {**memory, "parts": parts} if parts else memory
         except Exception:
             return None

@@ -40,7 +40,7 @@ from dtypelab.script.footprint import Footprint
 from dtypelab.script.frameworks import Frameworks, record_metrics
 from dtypelab.script.messages import ScriptJob, ScriptResult, ScriptSkip
 from dtypelab.script.routes import Routes
-from dtypelab.script.state import RunState, StepState, lower_is_better, warmup_steps
+from dtypelab.script.session_state import RunState, StepState, lower_is_better, warmup_steps
 from dtypelab.script.wrap import LabOptimizer, LabScaler, unwrap
 
 PROGRESS_EVERY_S = 0.25

@@ -9,7 +9,7 @@ from dtypelab.core.policies import Plan, policy_info
 from dtypelab.core.results import PolicyResult
 from dtypelab.run import Outcome
 from dtypelab.script.messages import ScriptResult, ScriptSkip
-from dtypelab.script.state import warmup_steps
+from dtypelab.script.session_state import warmup_steps
 
 NEVER_STARTED = ("the script never created a dtypelab session: add `lab = dtypelab.session()` near its top (or use "
                  "dtypelab.lightning.Trainer / dtypelab.hf.Trainer)")

@@ -21,7 +21,7 @@ from dtypelab.script.wrap import unwrap
 
 class Routes:
     """The session's side of the wrappers: ``setup`` hands this part to them as their ``lab``. It reads and writes
-    the step's and the run's state (``script.state``) and calls the session to begin and end a step."""
+    the step's and the run's state (``script.session_state``) and calls the session to begin and end a step."""
 
     def __init__(self, lab: Any) -> None:  # the Session (script.handle), which composes this part
         self.lab, self.precision = lab, lab.precision

@@ -131,7 +131,7 @@ def _next_policy(run: _Runs, plans: dict[str, Plan], pending: list[str], report:
         run.on_event(Event("skip", name, result=result))
         return plans, pending, _with(report, result, opts.json_path, None), True
     result, primary, built = run.once(plan)
-    if named is None and name == report.baseline and plan.default.storage_dtype == "float32" \
+    if named is None and name == report.baseline and plan.default.facts.storage_dtype == "float32" \
             and "float64" in built:
         # the script's own precision is float64: that is what every policy is judged against
         plans, pending, report = _float64_baseline(plans, pending, report, run.on_event)
@@ -219,7 +219,7 @@ class _Runs:
         result = result if result.info else replace(result, info=policy_info(plan))
         built = tuple(out.messages.get("built_in", ((),))[0])
         # a run that failed after converting the model's floats to another dtype than the script built it in
-        if result.status == "failed" and plan.default.storage_dtype not in (built or ("float32",)):
+        if result.status == "failed" and plan.default.facts.storage_dtype not in (built or ("float32",)):
             result = replace(result, reason=result.reason + fixed_dtype_lines(self.target.path))
         self.on_event(Event("done", name, result=result, label=label))
         return result, primary, built

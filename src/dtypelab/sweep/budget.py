@@ -36,7 +36,7 @@ def estimate(plan: Plan, hw: HardwareInfo, baseline_wall_s: float) -> Estimate:
     compile allowance for compiled policies. An upper bound for compute-bound models; small models are
     dominated by overheads and run closer to fp32's time."""
     ref = None if hw.disturbed else hw.gflops.get("float32")  # a disturbed probe's ratios estimate nothing
-    ratios = [ref / hw.gflops[c.probe_key] for c in plan.configs if ref and hw.gflops.get(c.probe_key)]
+    ratios = [ref / hw.gflops[c.facts.probe_key] for c in plan.configs if ref and hw.gflops.get(c.facts.probe_key)]
     ratio = max(ratios, default=1.0)
     seconds = baseline_wall_s * max(1.0, ratio)
     why = f"fp32 took {baseline_wall_s:.0f} s" + (f"; its kernel measured {ratio:.1f}x slower" if ratio > 1 else "")

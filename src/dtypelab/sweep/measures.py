@@ -13,7 +13,7 @@ from dtypelab.core.loop import forward_loss, lost_updates, state_after, to_devic
 from dtypelab.core.policies import Precision
 from dtypelab.core.task import Task
 from dtypelab.inference import serialize
-from dtypelab.sweep.kinds import plan_fidelity
+from dtypelab.sweep.adapters import emulation_fidelity
 
 MAX_UPDATE_ROWS = 64  # parameters whose lost updates a record keeps, worst first
 
@@ -35,7 +35,7 @@ def emulated_layers(task: Task, model: Any, precision: Precision, device: torch.
         return []
     inputs, target = to_device(task.batch(step, batch_size), device)
     with precision.session():
-        return plan_fidelity(precision.plan.configs, model,
+        return emulation_fidelity(precision.plan.configs, model,
                              lambda: forward_loss(task, model, precision, inputs, target))
 
 

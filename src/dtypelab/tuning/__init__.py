@@ -13,7 +13,7 @@ __getattr__, __dir__, __all__ = exports(__name__, {
 })
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
-    from dtypelab.tuning.kinds import LAYER_TYPES, RANGE_DTYPE, TUNES
+    from dtypelab.tuning.adapters import LAYER_TYPES, RANGE_DTYPE, TUNES
     from dtypelab.tuning.options import TuneOptions
     from dtypelab.tuning.run import apply_plan, tune
     from dtypelab.tuning.search import Evaluation, LayerScore, SearchResult, budget_for

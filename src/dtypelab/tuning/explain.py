@@ -97,7 +97,8 @@ def none_found(uniform: tuple[PlanEvaluation, ...], evaluations: tuple[PlanEvalu
         parts.append(f"The fastest plan that kept it ran at {top.speedup:.2f}x ({top.why}).")
     base = hw.gflops.get("float32")
     # each candidate's own kernel (fbgemm's int8 linear is not torchao's int8 matmul)
-    for key in dict.fromkeys(c.probe_key for u in uniform if u.candidate for c in get_policy(u.candidate).configs):
+    configs = [c for u in uniform if u.candidate for c in get_policy(u.candidate).configs]
+    for key in dict.fromkeys(c.facts.probe_key for c in configs):
         if base and hw.gflops.get(key) and key != "float32":
             what = KERNEL_LABELS.get(key, f"{key} matmuls")
             parts.append(f"The hardware probe measures {what} at {hw.gflops[key] / base:.2f}x "

@@ -20,7 +20,7 @@ from dtypelab.core.loop import forward, to_device
 from dtypelab.core.policies import Cast, Plan, Precision, get_policy
 from dtypelab.core.task import call_model, map_tensors
 from dtypelab.inference import compare, flat
-from dtypelab.tuning.kinds import LAYER_TYPES
+from dtypelab.tuning.adapters import LAYER_TYPES
 from dtypelab.tuning.search import Evaluation, LayerScore
 from dtypelab.tuning.timing import REPS, Paired, paired
 

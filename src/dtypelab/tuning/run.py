@@ -36,6 +36,7 @@ from dtypelab.core.tolerance import Tolerance
 from dtypelab.core.wrapping import LabModule
 from dtypelab.numerics import audit
 from dtypelab.run import Target
+from dtypelab.tuning.adapters import RANGE_DTYPE, TUNES
 from dtypelab.tuning.explain import (
     NOTHING_CHOSEN,
     disturbance_note,
@@ -55,7 +56,6 @@ from dtypelab.tuning.infer import (
     layer_plan,
     targets,
 )
-from dtypelab.tuning.kinds import RANGE_DTYPE, TUNES
 from dtypelab.tuning.options import DEFAULT_CANDIDATES, TuneOptions
 from dtypelab.tuning.search import Evaluation, LayerScore, Limit, budget_for, pareto, search
 from dtypelab.tuning.train import TrainBench, island_plan, train_evaluator, train_targets
@@ -84,7 +84,7 @@ def _told(evaluate: Callable[[frozenset[str]], Evaluation], budget: int | None, 
 def _candidate_error(plan: Plan, mode: str) -> str | None:
     """Why ``plan`` cannot be a candidate of a ``mode`` search, or None."""
     # float8 training compiles by its nature (torchao needs it); any other compiled candidate is a plan choice
-    if plan.rules or (plan.compiles and not plan.default.always_compiles):
+    if plan.rules or (plan.compiles and not plan.default.facts.always_compiles):
         return f"candidate {plan.name}: a candidate is one whole-model config, not a plan"
     if plan.numerics_only:  # tune chooses for speed; an emulation has none of its format's
         return (f"candidate {plan.name}: emulated numerics only, no speed to tune for; bench it (bench --emulate) to "

@@ -27,8 +27,8 @@ from dtypelab.core.policies import Cast, Plan, Precision, single
 from dtypelab.core.results import AuditReport
 from dtypelab.core.task import Task, call_model
 from dtypelab.core.tolerance import Tolerance, judge
+from dtypelab.tuning.adapters import RANGE_DTYPE
 from dtypelab.tuning.infer import evaluation
-from dtypelab.tuning.kinds import RANGE_DTYPE
 from dtypelab.tuning.search import Evaluation, LayerScore
 from dtypelab.tuning.timing import REPS, Paired, paired
 

@@ -4,7 +4,15 @@ names (``registry``) and a user's own kinds and policies (``plugins``)."""
 
 from __future__ import annotations
 
-from dtypelab.core.policies.configs import KINDS, SOURCES, Config, config_from_dict, config_to_dict
+from dtypelab.core.policies.configs import (
+    KINDS,
+    SOURCES,
+    ActivationPart,
+    Config,
+    Facts,
+    config_from_dict,
+    config_to_dict,
+)
 from dtypelab.core.policies.distributed import Distributed
 from dtypelab.core.policies.finetuning import tuned
 from dtypelab.core.policies.kinds import TF32, Autocast, Cast, Float8Train, LoRA, Quantize, import_all
@@ -33,19 +41,21 @@ from dtypelab.core.tolerance import BASELINE, COMPILED_BASELINE
 def policy_info(plan: Plan) -> PolicyInfo:
     """A plan's description for the record: what it was when measured, whatever the registry says later."""
     return PolicyInfo(name=plan.name, summary=plan.describe(), plan=plan.to_dict(), compute_dtype=plan.compute_dtype,
-                      backend=" + ".join(dict.fromkeys(c.backend for c in plan.configs)),
-                      arithmetic="; ".join(c.arithmetic for c in plan.configs if c.arithmetic),
+                      backend=" + ".join(dict.fromkeys(c.facts.backend for c in plan.configs)),
+                      arithmetic="; ".join(c.facts.arithmetic for c in plan.configs if c.facts.arithmetic),
                       emulated=plan.emulated, compiles=plan.compiles, modes=plan.modes,
-                      keeps_updates=all(c.keeps_updates or c.storage_dtype in ("float32", "float64")
+                      keeps_updates=all(c.facts.keeps_updates or c.facts.storage_dtype in ("float32", "float64")
                                         for c in plan.configs), numerics_only=plan.numerics_only,
-                      fp32_weights=plan.default.storage_dtype in ("float32", "float64"),
-                      speed_needs="; ".join(dict.fromkeys(c.speed_needs for c in plan.configs if c.speed_needs)))
+                      fp32_weights=plan.default.facts.storage_dtype in ("float32", "float64"),
+                      speed_needs="; ".join(dict.fromkeys(c.facts.speed_needs for c in plan.configs
+                                                          if c.facts.speed_needs)))
 
 
 import_all()  # a kind dropped into kinds/ as one file: its module registers its kind and policies, the registry exists
 
 __all__ = ["BASELINE", "COMPILED_BASELINE", "KINDS", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "SOURCES",
-           "STATE_MODIFIERS", "TF32", "Autocast", "Availability", "Cast", "Config", "Distributed", "Float8Train",
-           "LoRA", "Plan", "Precision", "Quantize", "baseline_policy", "config_from_dict", "config_to_dict",
+           "STATE_MODIFIERS", "TF32", "ActivationPart", "Autocast", "Availability", "Cast", "Config", "Distributed",
+           "Facts", "Float8Train", "LoRA", "Plan", "Precision", "Quantize", "baseline_policy", "config_from_dict",
+           "config_to_dict",
            "default_policies", "emulated_version", "get_policy", "gpu_only_policies", "load_plan", "parse_policies",
            "plan_from_dict", "policies_for", "policy_info", "regions", "register", "single", "tuned"]

@@ -14,13 +14,14 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import nn
 
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.footprint import ActivationPart as ActivationPart  # a kind's hook returns them
 from dtypelab.core.hardware import HardwareInfo
 
 FLOAT_DTYPES = ("float64", "float32", "bfloat16", "float16")
@@ -67,52 +68,68 @@ def _guarded(path: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Config:
-    """One way to run a module's numerics. Subclasses are frozen dataclasses; ``kind`` names them in JSON."""
+class Facts:
+    """What a kind is, as data (torchao's shape: a config is data, its behaviour the hooks): one frozen record that
+    the capabilities read, so that the kind's class holds fields and hooks only. A kind whose facts depend on its
+    fields builds its record from them (``Config.facts``)."""
 
-    kind: ClassVar[str]
-    modes: ClassVar[tuple[str, ...]] = ("train", "infer")
-    # Defaults that kinds override (with a property where the value depends on the fields):
-    compute_dtype: ClassVar[str] = "float32"  # what the matmuls run in: the hardware probe's throughput key
-    backend: ClassVar[str] = "torch"
-    arithmetic: ClassVar[str] = ""  # for formats that need saying: what the hardware really computes in
-    emulated: ClassVar[bool] = False  # stored in the format, computed in a wider one: its speed is not its own
+    modes: tuple[str, ...] = ("train", "infer")
+    compute_dtype: str = "float32"  # what the matmuls run in: the hardware probe's throughput key
+    storage_dtype: str = "float32"  # what the model's floats (and its inputs) are cast to
+    autocast_dtype: str | None = None  # the forward's autocast dtype, when the config runs one
+    scales_loss: bool = False  # the backward runs through a GradScaler
+    backend: str = "torch"
+    arithmetic: str = ""  # for formats that need saying: what the hardware really computes in
+    # the hardware probe's throughput entry that decides whether this config is pathologically slow here: the
+    # kernel a quantized config runs ("": its compute dtype)
+    probe: str = ""
+    emulated: bool = False  # stored in the format, computed in a wider one: its speed is not its own
     # the numerics of a format this hardware cannot run (float8 training emulated): no speed verdict, never chosen
     # for speed, only said to keep the metric or not
-    numerics_only: ClassVar[bool] = False
-    speed_needs: ClassVar[str] = ""  # numerics_only: the hardware its speed needs, in words
-    compiles: ClassVar[bool] = False
-    always_compiles: ClassVar[bool] = False  # compiling is part of the kind (torchao's float8), not a plan's choice
-    storage_dtype: ClassVar[str] = "float32"  # what the model's floats (and its inputs) are cast to
-    autocast_dtype: ClassVar[str | None] = None  # the forward's autocast dtype, when the config runs one
+    numerics_only: bool = False
+    speed_needs: str = ""  # numerics_only: the hardware its speed needs, in words
+    compiles: bool = False
+    always_compiles: bool = False  # compiling is part of the kind (torchao's float8), not a plan's choice
     # a GPU format with no CPU path at all: a CPU run's default sweep leaves it out (tf32 stays in: it is the
     # first question on a GPU, and its one skipped row says where it runs)
-    gpu_only: ClassVar[bool] = False
+    gpu_only: bool = False
     # low-precision weights whose small updates the kind keeps anyway (a master copy, compensation, stochastic
     # rounding): a bench run does not count the updates its weights lose
-    keeps_updates: ClassVar[bool] = False
-    process_wide: ClassVar[bool] = False  # a process-wide setting (tf32): only a plan's default, alone
+    keeps_updates: bool = False
+    process_wide: bool = False  # a process-wide setting (tf32): only a plan's default, alone
+
+    @property
+    def probe_key(self) -> str:
+        """The probe's throughput entry for this config: its kernel, or its compute dtype."""
+        return self.probe or self.compute_dtype
+
+
+# the names a kind written before Facts gave its facts (the probe's entry was ``probe_key``)
+FACT_NAMES = (*(f.name for f in fields(Facts) if f.name != "probe"), "probe_key")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way to run a module's numerics. Subclasses are frozen dataclasses; ``kind`` names them in JSON; what the
+    kind is lives in one ``Facts`` record (``facts``), what it does in the hooks below."""
+
+    kind: ClassVar[str]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        _fold_legacy_facts(cls)
         if "kind" in cls.__dict__:
             _register(cls)
+
+    @property
+    def facts(self) -> Facts:
+        """What this config is (the default: float32, both modes, plain torch)."""
+        return Facts()
 
     @property
     def label(self) -> str:
         """A short name for a config that is not registered under one."""
         return self.kind
-
-    @property
-    def probe_key(self) -> str:
-        """The hardware probe's throughput entry that decides whether this config is pathologically slow here:
-        its compute dtype, or the kernel a quantized config runs."""
-        return self.compute_dtype
-
-    @property
-    def scales_loss(self) -> bool:
-        """Whether the backward pass runs through a GradScaler."""
-        return False
 
     def describe(self) -> str:
         """One line for the table and the record: what this config does to the model."""
@@ -139,8 +156,9 @@ class Config:
 
     def region_context(self, device_type: str) -> contextlib.AbstractContextManager[Any]:
         """The autocast state inside a region of this config."""
-        if self.autocast_dtype is not None:
-            return torch.autocast(device_type, dtype=getattr(torch, self.autocast_dtype))
+        dtype = self.facts.autocast_dtype
+        if dtype is not None:
+            return torch.autocast(device_type, dtype=getattr(torch, dtype))
         return torch.autocast(device_type, enabled=False)
 
     def convert_module(self, model: nn.Module, names: list[str]) -> tuple[nn.Module, dict[str, Any]]:
@@ -150,8 +168,9 @@ class Config:
 
     def forward_context(self, device_type: str) -> contextlib.AbstractContextManager[Any]:
         """The context of the forward pass and the loss, when this config is the plan's default."""
-        if self.autocast_dtype is not None:
-            return torch.autocast(device_type, dtype=getattr(torch, self.autocast_dtype))
+        dtype = self.facts.autocast_dtype
+        if dtype is not None:
+            return torch.autocast(device_type, dtype=getattr(torch, dtype))
         return contextlib.nullcontext()
 
     def convert_output(self, output: Any) -> Any:
@@ -173,15 +192,35 @@ class Config:
         compensation): what the memory breakdown counts as ``master_weights`` rather than optimizer state."""
         return []
 
-    def activation_parts(self, model: nn.Module) -> dict[str, list[nn.Module]]:
-        """Modules whose saved activations the memory breakdown names apart, by label (LoRA's adapters: what they keep
-        of their inputs)."""
-        return {}
+    def activation_parts(self, model: nn.Module) -> list[ActivationPart]:
+        """Modules whose saved activations the memory breakdown counts apart, each part labelled (LoRA's adapters:
+        what they keep of their inputs); the record and the table take them as they come."""
+        return []
 
     def __reduce__(self) -> Any:
         if SOURCES.get(self.kind):  # a user's kind pickles as its JSON: unpickling imports its file first
             return (_unpickled, (config_to_dict(self),))
         return super().__reduce__()
+
+
+def _fold_legacy_facts(cls: type[Config]) -> None:
+    """A user's kind written before ``Facts`` (its facts as class attributes or properties: ``compute_dtype =
+    "bfloat16"``) keeps working: its ``facts`` are its parent's with those values read from the config."""
+    own = []  # the classes below the nearest one that states its facts
+    for k in cls.__mro__:
+        if "facts" in k.__dict__:
+            break
+        own.append(k)
+    names = tuple(n for n in FACT_NAMES if any(n in k.__dict__ for k in own))
+    if not names:
+        return
+    inherited = cls.facts
+
+    def facts(self: Config) -> Facts:
+        assert isinstance(inherited, property) and inherited.fget is not None
+        return replace(inherited.fget(self), **{("probe" if n == "probe_key" else n): getattr(self, n) for n in names})
+
+    cls.facts = property(facts)  # type: ignore[method-assign,assignment]
 
 
 class Emulable:
@@ -192,21 +231,10 @@ class Emulable:
     emulate: bool
     needs: ClassVar[str] = "a GPU"
 
-    @property
-    def gpu_only(self) -> bool:
-        return not self.emulate
-
-    @property
-    def emulated(self) -> bool:
-        return self.emulate
-
-    @property
-    def numerics_only(self) -> bool:
-        return self.emulate
-
-    @property
-    def speed_needs(self) -> str:
-        return self.needs if self.emulate else ""
+    def emulable(self, facts: Facts) -> Facts:
+        """``facts`` with what emulating changes: GPU-only off, emulated and numerics-only on, what speed needs."""
+        return replace(facts, gpu_only=not self.emulate, emulated=self.emulate, numerics_only=self.emulate,
+                       speed_needs=self.needs if self.emulate else "")
 
 
 # --- the registry and the JSON, outside the class (torchao's shape: a config is data) -------------------------------

@@ -69,7 +69,7 @@ class Plan:
         self._check()
 
     def _derived_name(self) -> str:
-        tail = "+compile" if self.compile and not any(c.compiles for c in self.configs) else ""
+        tail = "+compile" if self.compile and not any(c.facts.compiles for c in self.configs) else ""
         tail += "+ckpt" if self.checkpoint else ""
         tail += f"+{self.state.label}" if self.state is not None else ""
         tail += f"+{self.distributed.label}" if self.distributed is not None else ""
@@ -79,17 +79,18 @@ class Plan:
 
     def _check(self) -> None:
         """Refuse combinations that have no meaning, before any model is built."""
-        if not any(all(m in c.modes for c in self.configs) for m in ("train", "infer")):
+        if not any(all(m in c.facts.modes for c in self.configs) for m in ("train", "infer")):
             raise DtypelabError(f"plan {self.name}: its configs share no mode (" + "; ".join(
-                f"{c.label}: {'/'.join(c.modes)}" for c in self.configs) + ")")
+                f"{c.label}: {'/'.join(c.facts.modes)}" for c in self.configs) + ")")
         for pattern, config in self.rules:
             if pattern.startswith("re:"):
                 try:
                     re.compile(pattern[3:])
                 except re.error as exc:
                     raise DtypelabError(f"plan pattern {pattern!r} is not a valid regular expression: {exc}") from None
-            if config.process_wide or (self.default.process_wide and config != self.default):
-                raise DtypelabError(f"plan {self.name}: {config.label if config.process_wide else self.default.label}"
+            if config.facts.process_wide or (self.default.facts.process_wide and config != self.default):
+                wide = config if config.facts.process_wide else self.default
+                raise DtypelabError(f"plan {self.name}: {wide.label}"
                                     " is a process-wide setting; it can only be the plan's default, alone (rule "
                                     f"{pattern!r})")
         for config in self.configs:
@@ -113,35 +114,35 @@ class Plan:
 
     @property
     def modes(self) -> tuple[str, ...]:
-        modes = tuple(m for m in ("train", "infer") if all(m in c.modes for c in self.configs))
+        modes = tuple(m for m in ("train", "infer") if all(m in c.facts.modes for c in self.configs))
         return tuple(m for m in modes if m == "train") if self.distributed is not None or self.checkpoint else modes
 
     @property
     def gpu_only(self) -> bool:
         """Some config has no CPU path (fp8 training, fp8 dynamic, int4): a CPU sweep leaves the plan out unless
         it is named."""
-        return any(c.gpu_only for c in self.configs)
+        return any(c.facts.gpu_only for c in self.configs)
 
     @property
     def uses_scaler(self) -> bool:
-        return any(c.scales_loss for c in self.configs)
+        return any(c.facts.scales_loss for c in self.configs)
 
     @property
     def compiles(self) -> bool:
-        return self.compile or any(c.compiles for c in self.configs)
+        return self.compile or any(c.facts.compiles for c in self.configs)
 
     @property
     def emulated(self) -> bool:
-        return any(c.emulated for c in self.configs)
+        return any(c.facts.emulated for c in self.configs)
 
     @property
     def numerics_only(self) -> bool:
         """Some config only emulates its format's numerics here: the run says nothing of speed."""
-        return any(c.numerics_only for c in self.configs)
+        return any(c.facts.numerics_only for c in self.configs)
 
     @property
     def compute_dtype(self) -> str:
-        return self.default.compute_dtype
+        return self.default.facts.compute_dtype
 
     def describe(self) -> str:
         if self.summary:  # a registered policy's words; its modifiers said after them
@@ -150,7 +151,7 @@ class Plan:
             text = self.default.describe()
             if self.rules:
                 text += "; " + "; ".join(f"{p}: {c.label}" for p, c in self.rules)
-            if self.compile and not any(c.compiles for c in self.configs):
+            if self.compile and not any(c.facts.compiles for c in self.configs):
                 text += ", under torch.compile (the first call compiles)"
         if self.checkpoint:
             text += "; activations checkpointed per repeated block (recomputed in the backward)"
@@ -236,10 +237,10 @@ class Plan:
             if why_not:
                 return Availability(False, why_not)
         fsdp_dtype = self.distributed.compute_dtype if self.distributed is not None else None
-        for key in [c.probe_key for c in self.configs] + ([fsdp_dtype] if fsdp_dtype else []):
+        for key in [c.facts.probe_key for c in self.configs] + ([fsdp_dtype] if fsdp_dtype else []):
             slow = hw.slow_reason(key)
             if slow and not hw.disturbed:  # a disturbed probe skips nothing: the in-run check decides
-                if self.compile or any(c.compiles for c in self.configs):
+                if self.compile or any(c.facts.compiles for c in self.configs):
                     slow += "; compiling does not change that"
                 return Availability(True, slow, slow=True)
         return Availability(True)

@@ -25,7 +25,7 @@ from torch import nn
 from dtypelab.core.backends import quiet
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies.checkpointing import checkpoint_blocks
-from dtypelab.core.policies.configs import Config
+from dtypelab.core.policies.configs import ActivationPart, Config
 from dtypelab.core.policies.plan import Plan
 from dtypelab.core.policies.regions import Region, RegionModule, floats_to, slot, unwrapped
 from dtypelab.core.scaler import ScalerLog
@@ -50,7 +50,7 @@ class Precision:
         self.device = torch.device(device)
         default = plan.default
         # a pure cast, or a quantized model whose kernels take bfloat16 activations (fp8 dynamic, int4)
-        self._cast = getattr(torch, default.storage_dtype) if default.storage_dtype != "float32" else None
+        self._cast = getattr(torch, default.facts.storage_dtype) if default.facts.storage_dtype != "float32" else None
         self._conversion: dict[str, Any] = {}
         self._scaler = torch.amp.GradScaler(self.device.type) if plan.uses_scaler and not traced else None
         self._log = ScalerLog() if self._scaler is not None else None
@@ -89,13 +89,13 @@ class Precision:
             parent = assigned.get(name.rpartition(".")[0]) if name else self.plan.default
             region = config.region(parent, outer) if name and config != parent else None
             if region is not None:  # weights in the region's dtype before the kinds convert them (int8 from bf16)
-                modules[name].to(getattr(torch, region.storage_dtype))
+                modules[name].to(getattr(torch, region.facts.storage_dtype))
                 placed[name] = region
         for config in self.plan.configs:
             model, report = config.convert_module(model, [n for n, c in assigned.items() if c == config])
             _merge(self._conversion, report)
         for name, region in placed.items():  # around what the kinds made of each layer (a swapped module too)
-            self._region(model, name, region, getattr(torch, region.storage_dtype), outer)
+            self._region(model, name, region, getattr(torch, region.facts.storage_dtype), outer)
         if self.plan.checkpoint:  # around the blocks as the kinds left them (a LoRA layer, a region inside)
             checkpoint_blocks(model, f"{self.plan.name}")
         if self._log is not None:
@@ -113,18 +113,18 @@ class Precision:
         module = unwrapped(parent._modules[leaf])
         module.to(dtype)
         # Under an autocast default, autocast itself mixes dtypes; elsewhere the next layer expects `outer`.
-        out_dtype = None if self.plan.default.autocast_dtype is not None else outer
+        out_dtype = None if self.plan.default.facts.autocast_dtype is not None else outer
         parent._modules[leaf] = RegionModule.wrap(module, Region(self.device.type, config, dtype, out_dtype, outer))
 
     def promote(self, model: nn.Module, name: str, config: Config,
                 optimizer: torch.optim.Optimizer | None = None) -> Plan:
         """Run module ``name`` of a model this precision converted in ``config`` (a cast or an autocast: the
-        autopilot asks a kind whether it may be, ``piloting.kinds.PROMOTABLE``) from now on, while training goes
+        autopilot asks a kind whether it may be, ``piloting.adapters.PROMOTABLE``) from now on, while training goes
         on: its weights take the config's dtype and their optimizer state follows them (Adam's moments), its inputs
         are cast to it and its outputs back to what the next layer expects. Returns the plan now in force (the old
         one with a rule for ``name``), which this precision also adopts."""
         module = model.get_submodule(name)
-        self._region(model, name, config, getattr(torch, config.storage_dtype), self._cast or torch.float32)
+        self._region(model, name, config, getattr(torch, config.facts.storage_dtype), self._cast or torch.float32)
         if optimizer is not None:  # Adam's moments in the old dtype would not match the weights any more
             owned = {id(p) for p in module.parameters()}
             for p, state in optimizer.state.items():
@@ -196,9 +196,9 @@ class Precision:
         """What the kinds keep beside the weights to hold their exact values (``Config.master_tensors``)."""
         return [t for config in self.plan.configs for t in config.master_tensors(optimizer)]
 
-    def activation_parts(self, model: nn.Module) -> dict[str, list[nn.Module]]:
-        """The modules whose saved activations the kinds name apart (``Config.activation_parts``)."""
-        return {k: v for config in self.plan.configs for k, v in config.activation_parts(model).items()}
+    def activation_parts(self, model: nn.Module) -> list[ActivationPart]:
+        """The parts of the activations the kinds count apart (``Config.activation_parts``)."""
+        return [part for config in self.plan.configs for part in config.activation_parts(model)]
 
     def closure_error(self, optimizer: torch.optim.Optimizer) -> str | None:
         """Why this plan cannot step ``optimizer`` with a closure, or None: GradScaler cannot; a kind with its own

@@ -128,7 +128,8 @@ def emulated_version(plan: Plan) -> Plan | None:
     """The emulated counterpart of a plan in a GPU format (float8 training, MX: the same recipe and layer filter,
     numerics only), or None when it has none: its kind has an ``emulate`` field, and it is off."""
     config = plan.default
-    if plan.rules or plan.distributed or not isinstance(config, Emulable) or config.emulate or not config.gpu_only:
+    if plan.rules or plan.distributed or not isinstance(config, Emulable) or config.emulate or \
+            not config.facts.gpu_only:
         return None
     emulated = dataclasses.replace(config, emulate=True)
     base = REGISTRY.get(emulated.label) or single(emulated)

@@ -45,7 +45,6 @@ from dtypelab.core.results.forecast import (
 from dtypelab.core.results.lint import LINT_SCHEMA, LintFinding, LintReport
 from dtypelab.core.results.memory import COUNTED, MEMORY_CATEGORIES, MEMORY_LABELS
 from dtypelab.core.results.profile import CATEGORIES, CATEGORY_LABELS, PHASES, OpStat, ProfileSummary, SourceOp
-from dtypelab.core.results.state import MemoryBreakdown, UpdateLoss
 from dtypelab.core.results.store import (
     Record,
     check_writable,
@@ -58,6 +57,7 @@ from dtypelab.core.results.store import (
     save_text,
 )
 from dtypelab.core.results.trace import TRACE_SCHEMA, Finding, OpEvent, TensorSummary, TraceConfig, TraceReport
+from dtypelab.core.results.training_state import MemoryBreakdown, MemoryPart, UpdateLoss
 from dtypelab.core.results.tune import (
     TUNE_SCHEMA,
     LayerChoice,
@@ -73,6 +73,7 @@ KINDS = Record.KINDS  # every record kind by its "schema" field: each registers 
 
 __all__ = [
     "MemoryBreakdown",
+    "MemoryPart",
     "UpdateLoss",
     "AUTOPILOT_SCHEMA",
     "AutopilotConfig",

@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 
 from typing_extensions import TypedDict
 
-from dtypelab.core.results.state import UpdateLoss
 from dtypelab.core.results.store import Record
+from dtypelab.core.results.training_state import UpdateLoss
 
 AUDIT_SCHEMA = "dtypelab.audit"
 AUDIT_VERSION = 3  # 3: typed verdicts (risk and severity), the formats' limits in the config

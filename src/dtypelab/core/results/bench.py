@@ -24,16 +24,17 @@ from dtypelab.core.results.parts import (
     SpeedupInterval,
 )
 from dtypelab.core.results.profile import ProfileSummary
-from dtypelab.core.results.state import MemoryBreakdown, UpdateLoss
 from dtypelab.core.results.store import Record
+from dtypelab.core.results.training_state import MemoryBreakdown, UpdateLoss
 from dtypelab.core.stats import Summary, summarize
 from dtypelab.core.tolerance import Tolerance
 
 SCHEMA = "dtypelab.report"
 # 2: self-describing (policy info, structured skips, typed measurements); 3: the typed tolerance and the
 # recommendation in the record; 4: the baseline named in the config; 5: every policy says whether it trains
-# float32 weights and keeps its updates (filled from the plan's JSON for records written before)
-BENCH_VERSION = 5
+# float32 weights and keeps its updates (filled from the plan's JSON for records written before); 6: the memory
+# breakdown's parts of the activations as labelled data (``parts``), not a field per kind
+BENCH_VERSION = 6
 PER_LAYER_SAMPLES = 8  # --per-layer compares the first samples of the batch (every layer's output is held)
 
 # Outcome of one policy. "ok" and "diverged" ran to the end; the rest have a reason and maybe no numbers.
@@ -237,6 +238,25 @@ def _migrate_v4(d: dict[str, Any]) -> dict[str, Any]:
                              for r in d.get("results", [])]}
 
 
+# the one part of the activations records before version 6 had a field for: LoRA's, as its kind labels it now
+_V5_PART = ("adapter_inputs", "adapters' inputs", "of the activations, what LoRA's adapters keep for their backward "
+            "(their inputs, which the frozen layers beside them would not have kept, and autocast's copies of their "
+            "weights)")
+
+
+def _v5_memory(memory: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not memory or _V5_PART[0] not in memory:
+        return memory
+    memory = dict(memory)
+    return {**memory, "parts": [{"label": _V5_PART[1], "bytes": memory.pop(_V5_PART[0]), "note": _V5_PART[2]}]}
+
+
+def _migrate_v5(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 5 held LoRA's adapters' inputs as a field of its own; version 6 holds any kind's parts as a list."""
+    return {**d, "results": [{**r, "memory": _v5_memory(r.get("memory"))} if "memory" in r else r
+                             for r in d.get("results", [])]}
+
+
 @dataclass(frozen=True)
 class Report(Record):
     config: RunConfig
@@ -251,7 +271,8 @@ class Report(Record):
 
     schema = SCHEMA
     version = BENCH_VERSION
-    migrations: ClassVar[dict[int, Any]] = {1: _migrate_v1, 2: _migrate_v2, 3: _migrate_v3, 4: _migrate_v4}
+    migrations: ClassVar[dict[int, Any]] = {1: _migrate_v1, 2: _migrate_v2, 3: _migrate_v3, 4: _migrate_v4,
+                                            5: _migrate_v5}
 
     def with_result(self, result: PolicyResult) -> Report:
         """A new report with ``result`` added (or replaced), kept in the config's policy order."""

@@ -10,7 +10,7 @@ import torch
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies.configs import SHORT, Config, _float_dtype, bf16_missing
+from dtypelab.core.policies.configs import SHORT, Config, Facts, _float_dtype, bf16_missing
 from dtypelab.core.task import map_tensors
 
 
@@ -34,16 +34,8 @@ class Autocast(Config):
         object.__setattr__(self, "dtype", dtype)
 
     @property
-    def compute_dtype(self) -> str:
-        return self.dtype
-
-    @property
-    def autocast_dtype(self) -> str:
-        return self.dtype
-
-    @property
-    def scales_loss(self) -> bool:
-        return self.scaler
+    def facts(self) -> Facts:
+        return Facts(compute_dtype=self.dtype, autocast_dtype=self.dtype, scales_loss=self.scaler)
 
     @property
     def label(self) -> str:

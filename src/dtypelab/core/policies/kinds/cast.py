@@ -9,7 +9,7 @@ from typing import ClassVar
 import torch
 
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies.configs import SHORT, Config, _float_dtype, bf16_missing
+from dtypelab.core.policies.configs import SHORT, Config, Facts, _float_dtype, bf16_missing
 
 
 @dataclass(frozen=True)
@@ -23,12 +23,8 @@ class Cast(Config):
         object.__setattr__(self, "dtype", _float_dtype(self.dtype, "cast"))
 
     @property
-    def compute_dtype(self) -> str:
-        return self.dtype
-
-    @property
-    def storage_dtype(self) -> str:
-        return self.dtype
+    def facts(self) -> Facts:
+        return Facts(compute_dtype=self.dtype, storage_dtype=self.dtype)
 
     @property
     def label(self) -> str:
@@ -44,6 +40,6 @@ class Cast(Config):
         return bf16_missing(hw, "bfloat16") if self.dtype == "bfloat16" else None
 
     def region(self, parent: Config, outer: torch.dtype) -> Config | None:
-        if getattr(torch, self.dtype) == outer and parent.autocast_dtype is None:
+        if getattr(torch, self.dtype) == outer and parent.facts.autocast_dtype is None:
             return None  # runs as its parent does already (e.g. a layer excluded from quantization)
         return self

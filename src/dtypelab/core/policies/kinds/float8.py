@@ -12,7 +12,7 @@ from torch import nn
 from dtypelab.core.backends import quiet, torchao_missing, torchao_module
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies.configs import Config, Emulable, cuda_missing
+from dtypelab.core.policies.configs import Config, Emulable, Facts, cuda_missing
 
 
 def float8_unfit(out_features: int, in_features: int) -> str | None:
@@ -45,10 +45,6 @@ class Float8Train(Emulable, Config):
     dimensions are multiples of 16 (the hardware's requirement)."""
 
     kind: ClassVar[str] = "float8-train"
-    modes: ClassVar[tuple[str, ...]] = ("train",)
-    compute_dtype: ClassVar[str] = "float8_e4m3fn"
-    backend: ClassVar[str] = "torchao"
-    autocast_dtype: ClassVar[str] = "bfloat16"
     needs: ClassVar[str] = "a GPU with float8 tensor cores (compute capability 8.9+: Ada, Hopper)"
     recipe: str = "tensorwise"
     min_size: str = "auto"
@@ -63,24 +59,19 @@ class Float8Train(Emulable, Config):
             raise DtypelabError(f"float8-train: min_size must be auto or none, not {self.min_size!r}")
 
     @property
-    def probe_key(self) -> str:
-        return "float32" if self.emulate else "fp8"
+    def facts(self) -> Facts:
+        # torchao fuses the casts under compile; emulation is about numbers, not speed
+        return self.emulable(Facts(
+            modes=("train",), compute_dtype="float8_e4m3fn", autocast_dtype="bfloat16", backend="torchao",
+            arithmetic=self._arithmetic(), probe="float32" if self.emulate else "fp8", compiles=not self.emulate,
+            always_compiles=not self.emulate))
 
     @property
     def label(self) -> str:
         recipe = self.recipe.replace("_with_", "-").replace("_", "-")  # rowwise_with_gw_hp: rowwise-gw-hp
         return f"fp8-{recipe}" + ("-all" if self.min_size == "none" else "") + ("-emu" if self.emulate else "")
 
-    @property
-    def compiles(self) -> bool:  # type: ignore[override]
-        return not self.emulate  # torchao fuses the casts under compile; emulation is about numbers, not speed
-
-    @property
-    def always_compiles(self) -> bool:  # type: ignore[override]
-        return not self.emulate
-
-    @property
-    def arithmetic(self) -> str:
+    def _arithmetic(self) -> str:
         scales = {"tensorwise": "one scale per tensor", "rowwise": "scales per row",
                   "rowwise_with_gw_hp": "scales per row, the weight gradient in high precision"}[self.recipe]
         if self.emulate:

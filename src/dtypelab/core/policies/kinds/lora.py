@@ -24,7 +24,7 @@ import fnmatch
 import inspect
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from dtypelab.core.backends import quiet, torchao_missing, torchao_module
 from dtypelab.core.errors import DtypelabError, Unsupported
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies.configs import Config, Emulable, bf16_missing, cuda_missing
+from dtypelab.core.policies.configs import ActivationPart, Config, Emulable, Facts, bf16_missing, cuda_missing
 
 # base -> (label, what the frozen base stores)
 BASES = {"float32": ("lora-fp32", "float32"), "bfloat16": ("lora-bf16", "bfloat16"),
@@ -44,6 +44,9 @@ QUANTIZED = ("nf4", "int8", "fp8")
 NF4_BLOCK, NF4_SCALER_BLOCK = 64, 256  # QLoRA's: a scale per 64 weights, those scales quantized per 256
 SAVED = ("classifier", "score")  # peft's modules_to_save for sequence classification: a new head, trained in full
 PEFT = "pip install peft (or dtypelab[finetune])"
+# what bench's memory table says of the adapters' inputs (an ActivationPart's note)
+ADAPTER_INPUTS = ("of the activations, what LoRA's adapters keep for their backward (their inputs, which the frozen "
+                  "layers beside them would not have kept, and autocast's copies of their weights)")
 
 
 def nf4_fits(numel: int) -> bool:
@@ -53,12 +56,16 @@ def nf4_fits(numel: int) -> bool:
 
 
 def peft_missing() -> str | None:
+    """Why LoRA cannot run for want of peft, or None. Found, not imported: importing peft (and transformers under it)
+    costs the process asking about 5 s on 2 cores; the worker that converts a model imports it, and says so if that
+    fails."""
+    import importlib.util
+
     try:
-        with quiet():
-            import peft  # noqa: F401
-    except Exception as exc:
+        found = importlib.util.find_spec("peft") is not None
+    except (ImportError, ValueError) as exc:
         return f"LoRA needs peft ({type(exc).__name__}: {exc}); {PEFT}"
-    return None
+    return None if found else f"LoRA needs peft (it is not installed); {PEFT}"
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -99,8 +106,7 @@ class LoRA(Emulable, Config):
     Linear layers ``targets`` names (names, globs, ``re:`` patterns; none: every Linear but the output head)."""
 
     kind: ClassVar[str] = "lora"
-    modes: ClassVar[tuple[str, ...]] = ("train",)
-    keeps_updates: ClassVar[bool] = True  # the weights that train are float32
+    needs: ClassVar[str] = "float8 matmuls (CUDA compute capability >= 8.9)"
     base: str = "bfloat16"
     rank: int = 8
     alpha: float = 16.0
@@ -131,46 +137,15 @@ class LoRA(Emulable, Config):
         return BASES[self.base][0] + ("-emulated" if self.emulate else "") + ("-upcast" if self.upcast else "")
 
     @property
-    def storage_dtype(self) -> str:  # type: ignore[override]
-        return "float32" if self.base == "float32" else "bfloat16"
-
-    @property
-    def autocast_dtype(self) -> str | None:  # type: ignore[override]
-        return None if self.base == "float32" else "bfloat16"
-
-    @property
-    def compute_dtype(self) -> str:  # type: ignore[override]
-        return "float32" if self.base == "float32" else "bfloat16"
-
-    @property
-    def probe_key(self) -> str:
-        return "int8-weight-only" if self.base == "int8" else self.compute_dtype
-
-    @property
-    def backend(self) -> str:  # type: ignore[override]
-        return "peft + torchao" if self.base in QUANTIZED else "peft"
-
-    @property
-    def gpu_only(self) -> bool:  # type: ignore[override]
-        return self.base == "fp8" and not self.emulate
-
-    @property
-    def emulated(self) -> bool:  # type: ignore[override]
-        return self.emulate
-
-    @property
-    def numerics_only(self) -> bool:  # type: ignore[override]
-        return self.emulate
-
-    @property
-    def speed_needs(self) -> str:  # type: ignore[override]
-        return "float8 matmuls (CUDA compute capability >= 8.9)" if self.emulate else ""
-
-    @property
-    def arithmetic(self) -> str:  # type: ignore[override]
-        if self.base in ("nf4", "int8") or self.emulate:
-            return "the frozen weights dequantized to bfloat16 for every matmul"
-        return ""
+    def facts(self) -> Facts:
+        dtype = "float32" if self.base == "float32" else "bfloat16"
+        arithmetic = "the frozen weights dequantized to bfloat16 for every matmul" \
+            if self.base in ("nf4", "int8") or self.emulate else ""
+        return replace(self.emulable(Facts(
+            modes=("train",), storage_dtype=dtype, compute_dtype=dtype, autocast_dtype=None if dtype == "float32"
+            else dtype, probe="int8-weight-only" if self.base == "int8" else "", arithmetic=arithmetic,
+            backend="peft + torchao" if self.base in QUANTIZED else "peft", keeps_updates=True)),  # float32 adapters
+            gpu_only=self.base == "fp8" and not self.emulate)
 
     def describe(self) -> str:
         where = ", ".join(self.targets) if self.targets else "every Linear but the output head"
@@ -229,7 +204,11 @@ class LoRA(Emulable, Config):
                 if p.dtype in (torch.bfloat16, torch.float16) and not is_traceable_wrapper_subclass(p):
                     p.data = p.data.float()
         with quiet():
-            from peft import LoraConfig, get_peft_model
+            try:
+                from peft import LoraConfig, get_peft_model
+            except Exception as exc:  # found (peft_missing) but broken: an install for another transformers
+                raise Unsupported(f"LoRA needs peft, which cannot be imported ({type(exc).__name__}: {exc}); "
+                                  f"{PEFT}") from None
 
             config = LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout, bias="none",
                                 # one regular expression of the exact names: peft's list form also matches by suffix
@@ -274,11 +253,12 @@ class LoRA(Emulable, Config):
     def convert_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
         return adapters_optimizer(optimizer, model, self.label)
 
-    def activation_parts(self, model: nn.Module) -> dict[str, list[nn.Module]]:
+    def activation_parts(self, model: nn.Module) -> list[ActivationPart]:
         # an adapter's first matmul keeps its input for its weight's gradient, which the frozen layer beside it would
         # not have kept: LoRA's own activations (peft#2196)
-        return {"adapter_inputs": [a for m in model.modules() if isinstance(getattr(m, "lora_A", None), nn.ModuleDict)
-                                   for a in m.lora_A.values()]}
+        adapters = tuple(a for m in model.modules() if isinstance(getattr(m, "lora_A", None), nn.ModuleDict)
+                         for a in m.lora_A.values())
+        return [ActivationPart("adapters' inputs", ADAPTER_INPUTS, adapters)]
 
 
 def _short(names: list[str], n: int = 8) -> list[str]:

@@ -16,7 +16,7 @@ from torch import nn
 from dtypelab.core.backends import quiet, torchao_missing, torchao_module
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies.configs import Config, Emulable, cuda_missing
+from dtypelab.core.policies.configs import Config, Emulable, Facts, cuda_missing
 
 MX_BLOCK = 32  # values sharing one scale; a Linear's dimensions must be multiples of it
 MX_FLOOR = (10, 0)  # Blackwell: MX tensor cores
@@ -70,18 +70,21 @@ def _mx_training_torch() -> str | None:
 class _MX(Emulable, Config):
     """What the MX kinds share: torchao's kernels on Blackwell, or their emulation anywhere (``emulate``)."""
 
-    backend: ClassVar[str] = "torchao"
     needs: ClassVar[str] = NEEDS
-    runs: ClassVar[str] = "MX"  # what it runs, for the line that says why it cannot run here
 
-    @property
-    def compute_dtype(self) -> str:  # type: ignore[override]
-        return "float32" if self.emulate else "float8_e4m3fn"
+    def _facts(self, modes: tuple[str, ...], arithmetic: str) -> Facts:
+        # torchao's MX layers take bfloat16 operands: the model is stored in bfloat16, as its examples run it
+        return self.emulable(Facts(modes=modes, storage_dtype="bfloat16", backend="torchao", arithmetic=arithmetic,
+                                   compute_dtype="float32" if self.emulate else "float8_e4m3fn"))
+
+    def _runs(self) -> str:
+        """What it runs, for the line that says why it cannot run here."""
+        return "MX"
 
     def supported(self, hw: HardwareInfo) -> str | None:
         if self.emulate:
             return torchao_missing()
-        return torchao_missing() or cuda_missing(hw, f"{self.runs} runs MX tensor-core matmuls: it", MX_FLOOR)
+        return torchao_missing() or cuda_missing(hw, f"{self._runs()} runs MX tensor-core matmuls: it", MX_FLOOR)
 
 
 @dataclass(frozen=True)
@@ -91,9 +94,6 @@ class MXTrain(_MX):
     operands), as its examples train it."""
 
     kind: ClassVar[str] = "mx-train"
-    modes: ClassVar[tuple[str, ...]] = ("train",)
-    storage_dtype: ClassVar[str] = "bfloat16"
-    runs: ClassVar[str] = "mxfp8 training"
     recipe: str = "mxfp8"
     emulate: bool = False
 
@@ -109,10 +109,14 @@ class MXTrain(_MX):
         return "mxfp8" + ("-emu" if self.emulate else "")
 
     @property
-    def arithmetic(self) -> str:  # type: ignore[override]
+    def facts(self) -> Facts:
         how = ("emulated: operands quantized and dequantized as MX tensor cores would, multiplied in float32; "
                "numerics only" if self.emulate else "MX tensor-core matmuls")
-        return f"mxfp8 (e4m3, a power-of-two scale per {MX_BLOCK} values) in the converted Linear layers, {how}"
+        return self._facts(("train",), f"mxfp8 (e4m3, a power-of-two scale per {MX_BLOCK} values) in the converted "
+                                       f"Linear layers, {how}")
+
+    def _runs(self) -> str:
+        return "mxfp8 training"
 
     def describe(self) -> str:
         tail = " emulated: numerics only, no speed" if self.emulate else ""
@@ -135,8 +139,6 @@ class MXInfer(_MX):
     values, bfloat16 elsewhere."""
 
     kind: ClassVar[str] = "mx-infer"
-    modes: ClassVar[tuple[str, ...]] = ("infer",)
-    storage_dtype: ClassVar[str] = "bfloat16"  # torchao's MX linear takes bfloat16 activations
     elements: str = "mxfp8"
     emulate: bool = False
 
@@ -149,13 +151,13 @@ class MXInfer(_MX):
         return f"{self.elements}-dyn" + ("-emu" if self.emulate else "")
 
     @property
-    def arithmetic(self) -> str:  # type: ignore[override]
+    def facts(self) -> Facts:
         bits = "e4m3" if self.elements == "mxfp8" else "e2m1"
         how = "emulated: dequantized, multiplied in float32; numerics only" if self.emulate else "MX tensor cores"
-        return f"{self.elements} ({bits}, a power-of-two scale per {MX_BLOCK} values) weights and activations, {how}"
+        return self._facts(("infer",), f"{self.elements} ({bits}, a power-of-two scale per {MX_BLOCK} values) weights "
+                                       f"and activations, {how}")
 
-    @property
-    def runs(self) -> str:  # type: ignore[override]
+    def _runs(self) -> str:
         return f"{self.elements} inference"
 
     def describe(self) -> str:

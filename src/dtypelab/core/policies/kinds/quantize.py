@@ -15,7 +15,7 @@ from torch import nn
 from dtypelab.core.backends import quiet, torchao_missing, torchao_module
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies.configs import Config, cuda_missing
+from dtypelab.core.policies.configs import Config, Facts, cuda_missing
 from dtypelab.core.policies.kinds.cast import Cast
 from dtypelab.core.policies.kinds.float8 import float8_unfit
 
@@ -49,7 +49,6 @@ class Quantize(Config):
     """
 
     kind: ClassVar[str] = "quantize"
-    modes: ClassVar[tuple[str, ...]] = ("infer",)
     scheme: str = "int8-dynamic"
     library: str = "torchao"
     granularity: str = "per-channel"
@@ -69,19 +68,13 @@ class Quantize(Config):
                                 "per-tensor is for fp8-dynamic and the torch.ao backend")
 
     @property
-    def compute_dtype(self) -> str:
-        return SCHEMES[self.scheme][1]
+    def facts(self) -> Facts:
+        return Facts(modes=("infer",), compute_dtype=SCHEMES[self.scheme][1], storage_dtype="bfloat16" if self.scheme
+                     in GPU_SCHEMES else "float32", gpu_only=self.scheme in GPU_SCHEMES, probe=self._probe(),
+                     backend="torchao" if self.library == "torchao" else "torch.ao.quantization (deprecated)",
+                     arithmetic=self._arithmetic(), emulated=SCHEMES[self.scheme][2], compiles=self.compile)
 
-    @property
-    def storage_dtype(self) -> str:
-        return "bfloat16" if self.scheme in GPU_SCHEMES else "float32"
-
-    @property
-    def gpu_only(self) -> bool:
-        return self.scheme in GPU_SCHEMES
-
-    @property
-    def probe_key(self) -> str:
+    def _probe(self) -> str:
         if self.scheme == "fp8-dynamic":
             return "fp8"  # the probe's torch._scaled_mm
         if self.library == "torch.ao":
@@ -93,25 +86,12 @@ class Quantize(Config):
             return "int8"
         return self.scheme
 
-    @property
-    def backend(self) -> str:
-        return "torchao" if self.library == "torchao" else "torch.ao.quantization (deprecated)"
-
-    @property
-    def arithmetic(self) -> str:
+    def _arithmetic(self) -> str:
         if self.library == "torch.ao":
             if self.granularity == "per-channel":
                 return "int8 × int8 matmul (fbgemm/x86), per-channel weights, per-tensor activations"
             return "int8 × int8 matmul (fbgemm/x86), activations quantized per tensor at run time"
         return SCHEMES[self.scheme][0]
-
-    @property
-    def emulated(self) -> bool:
-        return SCHEMES[self.scheme][2]
-
-    @property
-    def compiles(self) -> bool:
-        return self.compile
 
     @property
     def label(self) -> str:
@@ -136,7 +116,7 @@ class Quantize(Config):
                 "one scale per tensor")
             return f"int8 weights + activations, {scales}, torch.ao.quantization (deprecated), CPU"
         tail = " under torch.compile (inductor fuses the quantize/scale steps); first call compiles" if self.compile \
-            else (", torchao (emulated: fp8 storage only)" if self.emulated else ", torchao")
+            else (", torchao (emulated: fp8 storage only)" if SCHEMES[self.scheme][2] else ", torchao")
         return what + tail
 
     def supported(self, hw: HardwareInfo) -> str | None:
@@ -161,7 +141,7 @@ class Quantize(Config):
             return f"torch.ao quantization needs float32 layers; the default is {plan.default.label} (rule {rule!r})"
         if rule is not None and self.compile != plan.compiles:
             return "compile applies to the whole model; give every quantize config the same compile setting"
-        if plan.default == self and any(c.autocast_dtype for c in plan.configs):
+        if plan.default == self and any(c.facts.autocast_dtype for c in plan.configs):
             return "autocast rules need an unquantized default"
         return None
 
@@ -195,8 +175,9 @@ class Quantize(Config):
         return stack
 
     def region(self, parent: Config, outer: torch.dtype) -> Config | None:
-        if self.storage_dtype != "float32" and getattr(torch, self.storage_dtype) != outer:
-            return Cast(self.storage_dtype)  # its kernel takes bfloat16 activations: the layer in bfloat16
+        stored = self.facts.storage_dtype
+        if stored != "float32" and getattr(torch, stored) != outer:
+            return Cast(stored)  # its kernel takes bfloat16 activations: the layer in bfloat16
         return None
 
     def convert_module(self, model: nn.Module, names: list[str]) -> tuple[nn.Module, dict[str, Any]]:
@@ -205,7 +186,7 @@ class Quantize(Config):
         modules = dict(model.named_modules())
         names = [n for n in names if isinstance(modules[n], nn.Linear)]
         report: dict[str, Any] = {}
-        if self.gpu_only:
+        if self.facts.gpu_only:
             unfit = {n: why for n in names if (why := self.unfit(modules[n]))}
             names = [n for n in names if n not in unfit]
             report = {"format": self.label, "converted": list(names),

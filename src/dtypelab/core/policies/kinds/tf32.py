@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import torch
 
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies.configs import Config
+from dtypelab.core.policies.configs import Config, Facts
 
 
 @contextlib.contextmanager
@@ -30,9 +30,11 @@ class TF32(Config):
     """float32 storage, matmuls and convolutions on tensor cores with a 10-bit mantissa (CUDA only)."""
 
     kind: ClassVar[str] = "tf32"
-    compute_dtype: ClassVar[str] = "tf32"
     label: ClassVar[str] = "tf32"
-    process_wide: ClassVar[bool] = True
+
+    @property
+    def facts(self) -> Facts:
+        return Facts(compute_dtype="tf32", process_wide=True)
 
     def describe(self) -> str:
         return "float32 tensors, TF32 tensor-core matmuls and convolutions"

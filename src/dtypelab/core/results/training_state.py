@@ -6,6 +6,15 @@ from __future__ import annotations
 from typing_extensions import TypedDict
 
 
+class MemoryPart(TypedDict):
+    """Of the activations, what some modules keep, counted apart by the kind that names them
+    (``Config.activation_parts``): its label (a column of the table), bytes, and what it is (the table's note)."""
+
+    label: str
+    bytes: int
+    note: str
+
+
 class MemoryBreakdown(TypedDict, total=False):
     """Bytes, counted from the tensors after the run's steps (a quantized state by its inner tensors, shared storage
     once): the weights, their gradients, the optimizer's state, what a kind keeps as the weights' exact values (a
@@ -18,7 +27,7 @@ class MemoryBreakdown(TypedDict, total=False):
     optimizer_state: int
     master_weights: int
     activations: int | None
-    adapter_inputs: int  # of the activations, what LoRA's adapters keep of their inputs (LoRA policies only)
+    parts: list[MemoryPart]  # of the activations, the parts a kind counts apart (LoRA: its adapters' inputs)
     total: int
 
 

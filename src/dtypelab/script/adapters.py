@@ -9,8 +9,8 @@ from typing import Any
 
 from dtypelab.core.policies import Autocast, Cast
 from dtypelab.core.policies.adapters import Adapter, constant
-from dtypelab.core.policies.kinds.state import LowBitState
 from dtypelab.core.policies.kinds.tf32 import TF32
+from dtypelab.core.policies.kinds.training_state import LowBitState
 
 LIGHTNING_PRECISION: Adapter[str | None] = Adapter("Lightning's precision= value", constant(None))
 HF_ARGUMENTS: Adapter[tuple[dict[str, Any], str | None] | None] = Adapter(

@@ -11,7 +11,7 @@ from torch import nn
 from dtypelab.core.policies import TF32, Autocast, Cast, Quantize
 from dtypelab.core.policies.adapters import Adapter, constant
 from dtypelab.core.policies.kinds.quantize import INT4_GROUP
-from dtypelab.core.policies.kinds.state import BF16Update
+from dtypelab.core.policies.kinds.training_state import BF16Update
 
 STORED_WEIGHT_BYTES: Adapter[int | None] = Adapter("the bytes a module's weight takes in the kind's layout",
                                                    constant(None))
@@ -23,7 +23,7 @@ def _quantized(config: Quantize, module: nn.Module) -> int | None:
     the input width padded to 1024 and the outputs to 8, bfloat16 scale and zero point per group of 128;
     ``Float8Tensor``: e4m3 codes and a float32 scale per row or per tensor) and fbgemm's packed int8 weight (int8
     codes, a float32 scale and an int32 zero point per output channel or per tensor)."""
-    if not isinstance(module, nn.Linear) or (config.gpu_only and config.unfit(module)):
+    if not isinstance(module, nn.Linear) or (config.facts.gpu_only and config.unfit(module)):
         return None
     n, k = module.out_features, module.in_features
     if config.scheme == "int4-weight-only":

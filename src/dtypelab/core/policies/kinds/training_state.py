@@ -22,7 +22,7 @@ from torch import nn
 from dtypelab.core.backends import quiet
 from dtypelab.core.errors import DtypelabError, Unsupported
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies.configs import Config, bf16_missing, cuda_missing
+from dtypelab.core.policies.configs import Config, Facts, bf16_missing, cuda_missing
 
 METHODS = {"stochastic-round": "bf16-sr", "kahan": "bf16-kahan"}
 BITS = {"8bit": "8-bit", "4bit": "4-bit", "fp8": "float8"}
@@ -139,10 +139,6 @@ class BF16Update(Config):
     next step (torch-optimi)."""
 
     kind: ClassVar[str] = "bf16-update"
-    modes: ClassVar[tuple[str, ...]] = ("train",)
-    storage_dtype: ClassVar[str] = "bfloat16"
-    compute_dtype: ClassVar[str] = "bfloat16"
-    keeps_updates: ClassVar[bool] = True
     method: str = "stochastic-round"
 
     def __post_init__(self) -> None:
@@ -154,8 +150,9 @@ class BF16Update(Config):
         return METHODS[self.method]
 
     @property
-    def backend(self) -> str:  # type: ignore[override]
-        return "torchao" if self.method == "stochastic-round" else "torch-optimi"
+    def facts(self) -> Facts:
+        return Facts(modes=("train",), storage_dtype="bfloat16", compute_dtype="bfloat16", keeps_updates=True,
+                     backend="torchao" if self.method == "stochastic-round" else "torch-optimi")
 
     def describe(self) -> str:
         how = ("updates stochastically rounded (torchao _AdamW, bf16_stochastic_round)" if self.method ==
@@ -166,7 +163,7 @@ class BF16Update(Config):
         return bf16_missing(hw, self.label)
 
     def region(self, parent: Config, outer: torch.dtype) -> Config | None:
-        if outer == torch.bfloat16 and parent.autocast_dtype is None:
+        if outer == torch.bfloat16 and parent.facts.autocast_dtype is None:
             return None  # inside a bfloat16 model already: only the optimizer differs
         return self
 
@@ -194,8 +191,6 @@ class LowBitState(Config):
     plan whose optimizer is Adam or AdamW. torchao leaves tensors under 4096 elements in full precision."""
 
     kind: ClassVar[str] = "optimizer-state"
-    modes: ClassVar[tuple[str, ...]] = ("train",)
-    backend: ClassVar[str] = "torchao"
     bits: str = "8bit"
 
     def __post_init__(self) -> None:
@@ -207,8 +202,8 @@ class LowBitState(Config):
         return f"adam{self.bits}"
 
     @property
-    def gpu_only(self) -> bool:  # type: ignore[override]
-        return self.bits == "fp8"
+    def facts(self) -> Facts:
+        return Facts(modes=("train",), backend="torchao", gpu_only=self.bits == "fp8")
 
     def describe(self) -> str:
         return f"Adam state in {BITS[self.bits]} (torchao {'AdamWFp8' if self.bits == 'fp8' else self.label})"

@@ -1,5 +1,5 @@
 """What bench asks of a precision kind beyond its hooks: for an emulated format, what its numerics did to each layer
-it converted on the inputs one forward pass gives it (``LAYER_FIDELITY``: SQNR against bfloat16, values flushed to
+it converted on the inputs one forward pass gives it (``EMULATION_FIDELITY``: SQNR against bfloat16, values flushed to
 zero; none by default). A kind of your own registers its answer in its file (``core.policies.adapters``)."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from dtypelab.core.policies import Config, Float8Train
 from dtypelab.core.policies.adapters import Adapter, constant
 from dtypelab.core.policies.kinds.mx import MXTrain, mx_roundtrip
 
-LAYER_FIDELITY: Adapter[list[dict[str, Any]]] = Adapter("an emulated format's fidelity per converted layer",
+EMULATION_FIDELITY: Adapter[list[dict[str, Any]]] = Adapter("an emulated format's fidelity per converted layer",
                                                         constant([]))
 
 
-@LAYER_FIDELITY.register(Float8Train)
+@EMULATION_FIDELITY.register(Float8Train)
 def _float8(config: Float8Train, model: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
     """Emulated float8 training: each converted layer's float8 numerics against bfloat16, on ``run``'s inputs."""
     if not config.emulate:
@@ -27,7 +27,7 @@ def _float8(config: Float8Train, model: nn.Module, run: Callable[[], Any]) -> li
     return emulated_layers(model, run, config.recipe)
 
 
-@LAYER_FIDELITY.register(MXTrain)
+@EMULATION_FIDELITY.register(MXTrain)
 def _mx(config: MXTrain, model: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
     """Emulated mxfp8 training: the layers torchao wrapped, their mxfp8 numerics against bfloat16."""
     if not config.emulate:
@@ -39,9 +39,9 @@ def _mx(config: MXTrain, model: nn.Module, run: Callable[[], Any]) -> list[dict[
     return emulated_layers(model, run, "mxfp8", names=converted, roundtrip=mx_roundtrip)
 
 
-def plan_fidelity(configs: tuple[Config, ...], model: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
+def emulation_fidelity(configs: tuple[Config, ...], model: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
     """Every config of a plan's rows, in the plan's order."""
-    return [row for config in configs for row in LAYER_FIDELITY(config, model, run)]
+    return [row for config in configs for row in EMULATION_FIDELITY(config, model, run)]
 
 
-__all__ = ["LAYER_FIDELITY", "plan_fidelity"]
+__all__ = ["EMULATION_FIDELITY", "emulation_fidelity"]

@@ -12,7 +12,7 @@ from dtypelab.core.policies.adapters import Adapter, constant
 from dtypelab.core.policies.kinds.float8 import Float8Train
 from dtypelab.core.policies.kinds.mx import MXInfer, MXTrain
 from dtypelab.core.policies.kinds.quantize import Quantize
-from dtypelab.core.policies.kinds.state import BF16Update
+from dtypelab.core.policies.kinds.training_state import BF16Update
 
 TUNES: Adapter[tuple[str, ...]] = Adapter("the modes in which tune may give single layers this kind", constant(()))
 LAYER_TYPES: Adapter[tuple[type[nn.Module], ...]] = Adapter(
