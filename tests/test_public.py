@@ -41,6 +41,23 @@ def test_the_public_names_are_one_list_and_the_type_checking_imports_agree():
     assert set(dir(dtypelab)) >= set(dtypelab.__all__)
 
 
+def test_every_packages_lazy_public_names_resolve():
+    """A package's public names are loaded on first use from a table of module names (``core.lazy.exports``): each
+    must name a module that exists and holds it, or the first caller fails (a renamed module did)."""
+    import importlib
+
+    import dtypelab
+
+    packages = [m.name for m in pkgutil.walk_packages(dtypelab.__path__, "dtypelab.") if m.ispkg]
+    checked = 0
+    for name in packages:
+        module = importlib.import_module(name)
+        for public in getattr(module, "__all__", ()):
+            assert getattr(module, public) is not None, f"{name}.{public}"
+            checked += 1
+    assert checked > 200 and "dtypelab.script" in packages
+
+
 def test_a_required_option_is_required_on_the_command_line():
     """export's --policy and --output once showed [default: PydanticUndefined] and failed later, confusingly."""
     import inspect

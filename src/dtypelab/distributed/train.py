@@ -179,12 +179,8 @@ def train_distributed(task: Task, job: Job, device: torch.device, progress: Call
     mean_losses = tuple(statistics.fmean(g["losses"][i] for g in gathered) for i in range(len(losses)))
     bad = next((i for i, v in enumerate(mean_losses) if not math.isfinite(v)), None)
     diverged = bad is not None and not math.isfinite(mean_losses[-1])
-    metrics: dict[str, float] = {}
-    if not diverged:
-        model = precision.convert_module(build_model(task, job.seed).to(device))
-        model.load_state_dict(state)
-        with precision.session():
-            metrics = evaluate(task, model, precision, device)
+    assert state is not None  # rank 0's, whole
+    metrics = {} if diverged else _metrics(task, job, precision, state, device)
     wire = sum(int(wire_factor(kind, world) * n) for kind, n in comm["bytes"].items())
     stats = DistStats(
         nproc=world // max(nnodes, 1), nnodes=nnodes, backend=dist.get_backend(), strategy=spec.strategy,
@@ -200,6 +196,15 @@ def train_distributed(task: Task, job: Job, device: torch.device, progress: Call
         first_nonfinite_step=bad, metrics=metrics, peak_memory_bytes=max(int(g["peak"] or 0) for g in gathered),
         memory_method=f"{meter.method}; the largest of {world} ranks", init_fingerprint=init,
         scaler=precision.stats(), distributed=stats)
+
+
+def _metrics(task: Task, job: Job, precision: Precision, state: dict[str, torch.Tensor], device: torch.device,
+             ) -> dict[str, float]:
+    """The task's metrics of the trained weights (rank 0's, gathered whole), on one model as a single process."""
+    model = precision.convert_module(build_model(task, job.seed).to(device))
+    model.load_state_dict(state)
+    with precision.session():
+        return evaluate(task, model, precision, device)
 
 
 def _compute_time(task: Task, job: Job, precision: Precision, spec: Distributed, device: torch.device,

@@ -9,7 +9,7 @@ from dtypelab.core.lazy import exports
 
 __getattr__, __dir__, __all__ = exports(__name__, {"autopilot": "run", "AutopilotOptions": "options",
                                                    "session": "handle", "PilotDiagnosis": "script",
-                                                   "PROMOTABLE": "kinds", "PROMOTION": "kinds"})
+                                                   "PROMOTABLE": "adapters", "PROMOTION": "adapters"})
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
     from dtypelab.piloting.adapters import PROMOTABLE, PROMOTION

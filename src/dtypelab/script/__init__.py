@@ -13,8 +13,8 @@ __getattr__, __dir__, __all__ = exports(__name__, {
     "session": "handle", "Session": "handle", "Diagnosis": "diagnose", "bench_script": "runner",
     "diagnose_script": "runner", "script_record": "runner",
     "script_environment": "runner", "baseline_failed": "runner", "ScriptJob": "messages", "ScriptResult": "messages",
-    "ScriptSkip": "messages", "HF_ARGUMENTS": "kinds", "HF_OPTIM": "kinds",
-    "LIGHTNING_PRECISION": "kinds",
+    "ScriptSkip": "messages", "HF_ARGUMENTS": "adapters", "HF_OPTIM": "adapters",
+    "LIGHTNING_PRECISION": "adapters",
 })
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use

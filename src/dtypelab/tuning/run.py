@@ -172,6 +172,19 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
     return report
 
 
+def _infer_layers(scored: list[tuple[LayerScore, Any]], configs: dict[str, Plan], found: bool) -> list[LayerChoice]:
+    """Each scored layer's choice as the record says it: what it was scored in, or the alternative the refinement
+    converted it with."""
+    layers = []
+    for s, tried in scored:
+        taken = configs.get(s.name)
+        if taken is not None and taken.name != s.config:  # converted by an alternative the refinement tried
+            s = next(LayerScore(s.name, max(sens, 0.0), gain, c) for c, sens, gain in tried if c == taken.name)
+        layers.append(LayerChoice(s.name, s.config, s.sensitivity, s.gain, taken is not None,
+                                  layer_why(s, taken is not None, found, "per call, cosine cost"), tuple(tried)))
+    return layers
+
+
 def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, min_cosine: float,
                 batch_size: int | None, weights: str | None, seed: int, progress: Progress,
                 limit: Limit) -> TuneReport:
@@ -214,14 +227,7 @@ def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
     configs = chosen_configs(best.layers, choice) if best is not None else {}
     plan = replace(layer_plan(configs), name=f"{task_obj.name}-tuned",  # named even when it is fp32 throughout
                    summary="" if configs else NOTHING_CHOSEN)
-    layers = []
-    for s, tried in scored:
-        taken = configs.get(s.name)
-        if taken is not None and taken.name != s.config:  # converted by an alternative the refinement tried
-            s = next(LayerScore(s.name, max(sens, 0.0), gain, c) for c, sens, gain in tried if c == taken.name)
-        layers.append(LayerChoice(s.name, s.config, s.sensitivity, s.gain, taken is not None,
-                                  layer_why(s, taken is not None, best is not None, "per call, cosine cost"),
-                                  tuple(tried)))
+    layers = _infer_layers(scored, configs, best is not None)
     evaluations = tuple(evaluation_record(e) for e in result.evaluations)
     return TuneReport(
         config=TuneConfig(task=spec, mode="infer", candidates=tuple(c.name for c in cands), min_cosine=min_cosine,
