@@ -9,7 +9,8 @@ from dtypelab.core.lazy import exports
 
 __getattr__, __dir__, __all__ = exports(__name__, {
     "tune": "run", "apply_plan": "run", "TuneOptions": "options", "Evaluation": "search", "LayerScore": "search",
-    "SearchResult": "search", "budget_for": "search", "TUNES": "adapters", "LAYER_TYPES": "adapters", "RANGE_DTYPE": "adapters",
+    "SearchResult": "search", "budget_for": "search", "TUNES": "adapters", "LAYER_TYPES": "adapters",
+    "RANGE_DTYPE": "adapters",
 })
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
