@@ -187,6 +187,30 @@ def test_ckpt_on_a_model_without_repeated_blocks_says_what_it_would_have_checkpo
         checkpoint_blocks(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), "fp32+ckpt")
 
 
+def test_checkpointed_blocks_read_no_key_value_cache_and_train_as_without(monkeypatch):
+    """A Phi-3 (or Gemma-2) block appends to the key/value cache its model makes when ``use_cache`` is on; under
+    +ckpt its recomputation appended them again and the step failed ("size of tensor a (47) must match … b (32)").
+    The checkpointed blocks run without the cache, as Hugging Face's own checkpointing does: the same loss and
+    gradients as without checkpointing."""
+    from dtypelab.core.loop import build_trainable, to_device, train_step
+    from dtypelab.core.task import load_task
+
+    task = load_task(f"hf:{os.path.join(HERE, 'data', 'phi3-tiny')}#seq=32")  # longer than its 16-token window
+    grads = {}
+    for name in ("fp32", "fp32+ckpt"):
+        precision = Precision(get_policy(name), "cpu")
+        model, optimizer = build_trainable(task, precision, torch.device("cpu"), 0)
+        assert model.config.use_cache  # the model's own setting, untouched
+        inputs, target = to_device(task.batch(0, 2), torch.device("cpu"))
+        optimizer.zero_grad()
+        loss = train_step(task, model, precision, optimizer, inputs, target)
+        grads[name] = (float(loss), [p.grad.clone() for p in model.parameters() if p.grad is not None])
+    (full, full_grads), (ckpt, ckpt_grads) = grads["fp32"], grads["fp32+ckpt"]
+    assert ckpt == pytest.approx(full, rel=1e-6) and len(full_grads) == len(ckpt_grads) > 0
+    for a, b in zip(full_grads, ckpt_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_bench_counts_the_frozen_base_and_what_the_adapters_keep_of_their_inputs(tiny):
     from dtypelab.core.footprint import saved_activations, state_memory
 

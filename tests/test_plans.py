@@ -20,6 +20,7 @@ from dtypelab import TF32, Autocast, Cast, DtypelabError, Plan, Precision, Quant
 from dtypelab.core.policies import REGISTRY, register
 from dtypelab.core.records import load_record
 from dtypelab.core.results import Report, default_result_path
+from dtypelab.core.results.bench import BENCH_VERSION
 from dtypelab.render.bench import render_html, render_markdown
 from dtypelab.sweep.job import Job, run_job
 
@@ -57,7 +58,7 @@ def test_files_written_by_version_1_render_as_before(name):
 
 def test_version_1_bench_is_migrated_to_self_describing_fields():
     report = load_record(os.path.join(V1, "bench_train.json"))
-    assert report.schema_version == 5 and report.recommendation.chosen == "fp32"
+    assert report.schema_version == BENCH_VERSION and report.recommendation.chosen == "fp32"
     amp = report.result("amp-fp16")
     assert amp.info.plan["default"] == {"kind": "autocast", "dtype": "float16", "scaler": True}
     # filled once by the migration from the plan's JSON, so that no reader knows a kind by its name

@@ -16,6 +16,7 @@ import dtypelab
 from dtypelab.core.judging import judged
 from dtypelab.core.policies import get_policy, policy_info
 from dtypelab.core.results import Decision, PolicyResult, Report, RunConfig, Verdict
+from dtypelab.core.results.bench import BENCH_VERSION
 from dtypelab.core.stats import unpaired_faster
 from dtypelab.script.repeats import abba, repeat_runs
 
@@ -129,7 +130,7 @@ def test_a_record_from_before_the_baseline_was_named_is_judged_against_fp32(tmp_
     path = tmp_path / "old.json"
     path.write_text(json.dumps(d))
     old = dtypelab.load_record(str(path))
-    assert old.config.baseline == "fp32" and old.config.runs == 0 and old.schema_version == 5
+    assert old.config.baseline == "fp32" and old.config.runs == 0 and old.schema_version == BENCH_VERSION
 
 
 @pytest.mark.slow

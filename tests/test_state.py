@@ -341,6 +341,7 @@ def test_a_kinds_own_memory_part_reaches_the_record_and_the_table_with_no_other_
     from dataclasses import dataclass
 
     from dtypelab.core.footprint import ActivationPart
+    from dtypelab.core.judging import judged
     from dtypelab.core.loop import build_trainable, state_after
     from dtypelab.core.policies import Cast, single
     from dtypelab.core.results import PolicyResult, Report, RunConfig
@@ -366,8 +367,8 @@ def test_a_kinds_own_memory_part_reaches_the_record_and_the_table_with_no_other_
     cfg = RunConfig("t", "train", ("fp32", "mine"), 4, 8, 1, 0, "1%", "cpu", False, 60, "acc", True)
     report = Report(cfg, {}, tuple(PolicyResult(n, "ok", step_times_s=(0.01,) * 3, memory=m)
                                    for n, m in memories.items()))
-    report = Report.from_dict(report.to_dict())  # as a file holds it
-    text = render(report, "md")
+    report = judged(Report.from_dict(report.to_dict()))  # as a file holds it, judged as it is loaded
+    text = render(report, "markdown")
     assert "first layer's saves: what the first Linear keeps for its backward." in text  # its note
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if "first layer's saves" in line and line.startswith("|"))

@@ -45,6 +45,22 @@ def recomputing() -> list[nn.Module]:
     return _RECOMPUTING
 
 
+# a block's key/value cache, as Hugging Face's decoder layers take it (a Cache they append to in place)
+CACHE_ARGUMENTS = ("past_key_value", "past_key_values", "layer_past")
+
+
+def without_cache(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A checkpointed block's keyword arguments with no key/value cache: its recomputation would append the keys to
+    the cache a second time (a Phi-3 or Gemma-2 block then attends over more keys than its mask has), and a training
+    step reads no cache. Hugging Face's own checkpointing turns ``use_cache`` off for the same reason."""
+    if not any(kwargs.get(k) is not None for k in CACHE_ARGUMENTS) and not kwargs.get("use_cache"):
+        return kwargs
+    out = {k: (None if k in CACHE_ARGUMENTS else v) for k, v in kwargs.items()}
+    if "use_cache" in out:
+        out["use_cache"] = False
+    return out
+
+
 class Recompute:
     """The router of a checkpointed block: under grad mode, the block's forward through ``torch.utils.checkpoint``
     (its inputs kept, everything inside recomputed in the backward); a plain call otherwise."""
@@ -52,6 +68,7 @@ class Recompute:
     def forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not torch.is_grad_enabled():
             return module(*args, **kwargs)
+        kwargs = without_cache(kwargs)
         # what the checkpoint keeps for the backward (its inputs) is held outside autograd's saved-tensor hooks:
         # said to whoever counts the saved activations
         kept_for_backward([t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)])
