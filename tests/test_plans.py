@@ -56,6 +56,31 @@ def test_files_written_by_version_1_render_as_before(name):
         assert got == expected
 
 
+def test_a_version_5_records_adapters_inputs_become_a_labelled_part_and_render_as_before(tmp_path):
+    """Version 5 held LoRA's adapters' inputs as a field of the memory breakdown; version 6 holds every kind's parts
+    as labelled data. A version-5 record reads as a part and its table keeps the column and its note."""
+    import json
+
+    from dtypelab.render.bench import render
+
+    d = load_record(os.path.join(V1, "bench_train.json")).to_dict()
+    memory = {"frozen_weights": 4096, "parameters": 512, "gradients": 512, "optimizer_state": 1024,
+              "master_weights": 0, "activations": 2048, "adapter_inputs": 768, "total": 8192}
+    for r in d["results"]:
+        r["memory"] = {**memory, "frozen_weights": 0, "adapter_inputs": 0} if r["policy"] == "fp32" else memory
+    d["schema_version"] = 5
+    path = tmp_path / "v5.json"
+    path.write_text(json.dumps(d))
+    report = load_record(str(path))
+    part = report.result("bf16").memory["parts"]
+    assert part == [{"label": "adapters' inputs", "bytes": 768, "note": part[0]["note"]}]
+    assert "adapter_inputs" not in report.result("bf16").memory and "LoRA's adapters keep" in part[0]["note"]
+    text = render(report, "markdown")
+    assert "adapters' inputs: of the activations, what LoRA's adapters keep for their backward" in text
+    header = next(line for line in text.splitlines() if line.startswith("|") and "adapters' inputs" in line)
+    assert "frozen base" in header and "train KiB" in header  # beside the fixed columns, before the total
+
+
 def test_version_1_bench_is_migrated_to_self_describing_fields():
     report = load_record(os.path.join(V1, "bench_train.json"))
     assert report.schema_version == BENCH_VERSION and report.recommendation.chosen == "fp32"
