@@ -187,6 +187,34 @@ def test_ckpt_on_a_model_without_repeated_blocks_says_what_it_would_have_checkpo
         checkpoint_blocks(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), "fp32+ckpt")
 
 
+def test_a_model_with_its_own_peft_adapters_keeps_them_under_the_base_precisions():
+    """A script that applies peft's LoRA itself (q_proj only) under lora-bf16 once got dtypelab's adapters on every
+    other Linear too, silently, and --lora-targets q_proj was refused; its own adapters are measured as they are."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    def users_model() -> nn.Module:
+        torch.manual_seed(0)
+        model = get_peft_model(Toy(), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
+        return model
+
+    own = sum(p.numel() for p in users_model().parameters() if p.requires_grad)
+    assert own == 2 * (128 * 4 + 4 * 128)  # two q_proj layers, rank 4
+    for name in ("lora-bf16", "qlora-nf4"):
+        model, precision = converted(name, users_model())
+        trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+        assert sum(p.numel() for p in model.parameters() if p.requires_grad) == own, trainable
+        assert all(".lora_" in n and "q_proj" in n for n in trainable)
+        assert all(p.dtype == torch.float32 for p in model.parameters() if p.requires_grad)
+        losses, _ = steps(model, precision)
+        assert all(math.isfinite(v) for v in losses)
+    base = dict(converted("qlora-nf4", users_model())[0].named_modules())
+    assert type(base["base_model.model.layers.0.q_proj.base_layer"].weight).__name__ == "NF4Tensor"
+    assert type(base["base_model.model.layers.0.up"].weight).__name__ == "NF4Tensor"  # not adapted, still frozen
+    with pytest.raises(DtypelabError, match=r"--lora-targets: the model has LoRA adapters of its own .* leave it out"):
+        converted(get_policy(LoRA(base="bfloat16", targets=("q_proj",))), users_model())
+
+
 def test_checkpointed_blocks_read_no_key_value_cache_and_train_as_without(monkeypatch):
     """A Phi-3 (or Gemma-2) block appends to the key/value cache its model makes when ``use_cache`` is on; under
     +ckpt its recomputation appended them again and the step failed ("size of tensor a (47) must match … b (32)").
@@ -275,6 +303,56 @@ def test_hf_tasks_refuse_in_one_line(tmp_path, monkeypatch):
         load_task("hf:some-org/some-model")
     with pytest.raises(TaskError, match="takes at most 256 tokens"):
         load_task(f"hf:{TINY_LLAMA}#seq=1024")
+
+
+def test_hf_configs_a_task_cannot_be_made_of_are_named_in_one_whole_line(tmp_path):
+    """Tried as a new user would: the config.json file itself is its folder's model; a T5 or ViT config is said to be
+    neither kind of hf: task (it once asked for a tokenizer.json); an unknown model_type is said whole."""
+    import json
+
+    from dtypelab.core.task import load_task
+
+    assert load_task(f"hf:{TINY_LLAMA}/config.json#seq=32").name == "tiny-llama"
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(TaskError, match=r"is a file: give the directory that holds the model's config\.json"):
+        load_task(f"hf:{tmp_path}/notes.txt")
+    configs = {"t5": ({"model_type": "t5", "d_model": 32, "num_layers": 1, "num_heads": 2, "d_ff": 64,
+                       "vocab_size": 100}, "t5 is an encoder-decoder model; hf: tasks are causal language models"),
+               "vit": ({"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                        "intermediate_size": 64}, r"vit has no vocabulary \(a vision or audio model\)"),
+               "new": ({"model_type": "llama9000", "hidden_size": 32},
+                       "model_type 'llama9000' is not one transformers .* knows \\(a newer transformers, or a model "
+                       "whose code is its own: hf: tasks load only transformers' own models\\)$")}
+    for name, (config, message) in configs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        with pytest.raises(TaskError, match=message) as caught:
+            load_task(f"hf:{tmp_path / name}")
+        assert "\n" not in str(caught.value)
+
+
+def test_fine_tuning_settings_that_would_do_nothing_or_harm_are_refused():
+    from types import SimpleNamespace
+
+    from dtypelab.core.policies import parse_policies, tuned
+
+    def opts(**kw):
+        return SimpleNamespace(**{"lora_rank": None, "lora_alpha": None, "lora_targets": None, "kbit_upcast": False,
+                                  **kw})
+
+    plans = [get_policy(n) for n in ("fp32", "lora-bf16", "qlora-nf4")]
+    with pytest.raises(DtypelabError, match="--lora-targets is empty"):
+        tuned(plans, opts(lora_targets=" , "))
+    with pytest.raises(DtypelabError, match=r"--kbit-upcast upcasts the weights a quantized base leaves .* lora-bf16 "
+                                            "quantize nothing"):
+        tuned(plans[:2], opts(kbit_upcast=True))
+    upcast = {p.name: p.default for p in tuned(plans, opts(kbit_upcast=True)) if isinstance(p.default, LoRA)}
+    assert upcast["qlora-nf4"].upcast and not upcast["lora-bf16"].upcast  # the bfloat16 base is not upcast whole
+    with pytest.raises(DtypelabError, match="lora: upcast is for a quantized base"):
+        LoRA(base="bfloat16", upcast=True)
+    with pytest.raises(DtypelabError, match=r"\+ckpt is given twice"):
+        get_policy("lora-bf16+ckpt+ckpt")
+    assert parse_policies("lora-bf16+ckpt")[0].checkpoint
 
 
 def test_minilm_ft_pairs_the_shipped_sentences_deterministically_and_scores_held_out_ones():

@@ -56,6 +56,20 @@ def test_files_written_by_version_1_render_as_before(name):
         assert got == expected
 
 
+def test_show_prints_every_table_a_record_kind_registers(capsys):
+    """A forecast registers two tables under its own (--check's beside the measured steps, and the times): `show`
+    prints both (the second registration once replaced the first, and --check's table was in the JSON alone)."""
+    from dtypelab.cli._common import emit
+    from dtypelab.render.drawing import more_of
+    from dtypelab.render.forecast import check_docs
+
+    record = load_record(os.path.join(V1, "forecast_check.json"))
+    titles = [doc[0] for doc in more_of(record)]
+    assert check_docs(record)[0][0] in titles
+    emit(record, "markdown")
+    assert "dtypelab forecast --check: the forecast beside the same steps run here" in capsys.readouterr().out
+
+
 def test_a_version_5_records_adapters_inputs_become_a_labelled_part_and_render_as_before(tmp_path):
     """Version 5 held LoRA's adapters' inputs as a field of the memory breakdown; version 6 holds every kind's parts
     as labelled data. A version-5 record reads as a part and its table keeps the column and its note."""

@@ -212,3 +212,40 @@ def test_the_entry_modules_run_with_python_m_without_runpy_warnings(monkeypatch)
     run = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "dtypelab.run.worker"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "started by a dtypelab launcher" in run.stderr and "Warning" not in run.stderr
+
+
+def test_a_failure_names_the_users_line_never_one_of_dtypelabs_own():
+    """An error raised inside dtypelab (any package of it, not only core/) is not "at job.py:264": the location
+    names the innermost frame of the user's own code, and none when there is none."""
+    import os
+
+    import dtypelab
+    from dtypelab.core.errors import describe_exception
+
+    def raised(filename: str) -> BaseException:  # raised and caught in a frame of ``filename`` alone
+        space: dict = {}
+        code = "try:\n    raise ValueError('layout: no such layer')\nexcept ValueError as exc:\n    caught = exc\n"
+        exec(compile(code, filename, "exec"), space)
+        return space["caught"]
+
+    package = os.path.dirname(dtypelab.__file__)
+    for inner in ("sweep/job.py", "forecasting/forecaster.py", "core/loop.py"):
+        assert describe_exception(raised(os.path.join(package, inner))) == "ValueError: layout: no such layer"
+    mine = describe_exception(raised("/home/me/train.py"))
+    assert mine == "ValueError: layout: no such layer (at train.py:2 in <module>)"
+
+
+def test_a_worker_names_the_parts_of_lazily_importing_libraries_it_used():
+    """transformers and peft import their models on first use: the zygote is told those parts too, or each worker
+    imports BERT's modeling again (seconds on 2 cores)."""
+    pytest.importorskip("transformers")
+    import importlib
+
+    from dtypelab.run import heavy_modules
+
+    importlib.import_module("transformers.models.bert.modeling_bert")
+    named = heavy_modules()
+    assert "transformers" in named and "transformers.models.bert.modeling_bert" in named
+    assert not any(m.startswith("dtypelab") for m in named)  # never a module of dtypelab's or the user's
+    deep = [m for m in named if "." in m and m != "torch._dynamo"]
+    assert deep and all(m.partition(".")[0] in ("transformers", "peft") for m in deep)

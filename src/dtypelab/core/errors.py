@@ -19,7 +19,7 @@ class TaskError(DtypelabError):
     """The user's task could not be loaded, or its code raised."""
 
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # dtypelab/, not dtypelab/core/
 
 
 def _is_library_frame(filename: str) -> bool:

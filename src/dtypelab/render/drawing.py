@@ -27,8 +27,8 @@ def _loaded() -> None:
 
 def more_of(record: Any, top: int = 0) -> list[Any]:
     _loaded()
-    fn = next((MORE[c] for c in type(record).__mro__ if c in MORE), None)
-    return fn(record, top) if fn is not None else []
+    fns = next((MORE[c] for c in type(record).__mro__ if c in MORE), [])
+    return [doc for fn in fns for doc in fn(record, top)]
 
 
 def section_of(record: Any) -> Callable[[Any, str, str | None], str]:

@@ -13,8 +13,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 SECTIONS: dict[type, Callable[[Any, str, str | None], str]] = {}
 # record type -> fn(record, top) -> (doc, styles, wrapped columns): what `show` prints (bench draws its own table)
 DOCUMENTS: dict[type, Callable[[Any, int], tuple[Any, Any, set[int]]]] = {}
-# record type -> fn(record, top) -> more tables printed under the document (title, headers, rows, notes) each
-MORE: dict[type, Callable[[Any, int], list[Any]]] = {}
+# record type -> fns(record, top) -> more tables printed under the document (title, headers, rows, notes) each, in the
+# order registered: a kind may have several (a forecast's --check table and its time table)
+MORE: dict[type, list[Callable[[Any, int], list[Any]]]] = {}
 
 
 def section(kind: type) -> Callable[[F], F]:
@@ -39,7 +40,8 @@ def more(kind: type) -> Callable[[F], F]:
     """``fn(record, top) -> [doc, ...]``: tables printed under the record's document (none when the list is empty;
     ``top`` > 0: that many rows of each)."""
     def register(fn: F) -> F:
-        MORE[kind] = fn
+        if fn not in MORE.setdefault(kind, []):
+            MORE[kind].append(fn)
         return fn
 
     return register

@@ -193,7 +193,10 @@ def get_policy(spec: str | Config | Plan) -> Plan:
         return get_policy(base).with_distributed(modifier)
     head, _, tail = str(spec).rpartition("+")
     if head and tail == "ckpt":  # POLICY+ckpt: that policy with its repeated blocks checkpointed
-        return get_policy(head).with_checkpoint()
+        plan = get_policy(head)
+        if plan.checkpoint:
+            raise DtypelabError(f"policy {spec}: +ckpt is given twice ({plan.name} checkpoints its blocks already)")
+        return plan.with_checkpoint()
     if head and tail in STATE_MODIFIERS:  # POLICY+adam8bit: that policy with its Adam state in 8 bits
         return get_policy(head).with_state(STATE_MODIFIERS[tail])
     if isinstance(spec, str) and spec.endswith(".json"):

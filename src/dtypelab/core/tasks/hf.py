@@ -41,12 +41,25 @@ def make_task(spec: str) -> Task:
     where, seq = split_spec(spec)
     path = locate(where)
     config = config_of(path)
-    name = where.rstrip("/").rpartition("/")[2] or where
+    name = (path.name if where.endswith("config.json") else where.rstrip("/").rpartition("/")[2]) or where
     if causal(config):
         return _causal_task(name, path, config, seq)
+    not_text = _not_a_text_encoder(config)
+    if not_text:
+        raise TaskError(f"hf:{where}: {not_text}; hf: tasks are causal language models and text encoders (BERT-like, "
+                        "fine-tuned on sentence pairs): write a task of your own for it (docs: Tasks)")
     if seq is not None:
         raise TaskError(f"--seq-len: {where} is not a causal language model (its sequences are the task's own)")
     return pairs_task(name, path, config)
+
+
+def _not_a_text_encoder(config: Any) -> str | None:
+    """Why a model that is no causal language model is no text encoder either, or None."""
+    if getattr(config, "is_encoder_decoder", False):
+        return f"{config.model_type} is an encoder-decoder model"
+    if getattr(config, "vocab_size", None) is None:
+        return f"{config.model_type} has no vocabulary (a vision or audio model)"
+    return None
 
 
 def _causal_task(name: str, path: Path, config: Any, seq: int | None) -> Task:

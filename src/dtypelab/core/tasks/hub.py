@@ -53,6 +53,10 @@ def locate(where: str) -> Path:
     """The directory holding the model's ``config.json``: ``where`` itself, or the hub cache's snapshot of the id
     ``where``; the config alone is fetched when neither has it and the hub answers."""
     path = Path(where).expanduser()
+    if path.is_file() and path.name == "config.json":  # the file itself: its folder is the model's
+        path = path.parent
+    elif path.is_file():
+        raise TaskError(f"hf:{where} is a file: give the directory that holds the model's config.json")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise TaskError(f"hf:{where}: the directory has no config.json")
@@ -97,12 +101,39 @@ def config_of(path: Path) -> Any:
             from transformers import AutoConfig
     except ImportError:
         raise TaskError(f"an hf: task needs transformers: {EXTRA}") from None
+    unknown = _unknown_model_type(path)
+    if unknown:
+        raise TaskError(unknown)
     try:
         with quiet():
             return AutoConfig.from_pretrained(str(path))
     except Exception as exc:
         raise TaskError(f"{path}/config.json: transformers cannot read it ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0][:160]})") from None
+                        f"{_first_sentence(str(exc))})") from None
+
+
+def _first_sentence(text: str, most: int = 240) -> str:
+    """An exception's first sentence, whole (cut at a word, with an ellipsis, only past ``most`` characters)."""
+    line = (text.strip().splitlines() or [""])[0]
+    first = line.split(". ")[0].rstrip(".")
+    return first if len(first) <= most else first[:most].rsplit(" ", 1)[0] + " …"
+
+
+def _unknown_model_type(path: Path) -> str | None:
+    """Why the config's ``model_type`` is one this transformers does not know, in one line, or None."""
+    import json
+
+    from transformers import __version__
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None  # transformers says what is wrong with the file
+    if not isinstance(model_type, str) or model_type in CONFIG_MAPPING_NAMES:
+        return None
+    return (f"{path}/config.json: model_type {model_type!r} is not one transformers {__version__} knows (a newer "
+            "transformers, or a model whose code is its own: hf: tasks load only transformers' own models)")
 
 
 def causal(config: Any) -> bool:

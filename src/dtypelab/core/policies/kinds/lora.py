@@ -98,6 +98,18 @@ class Layout:
     saved: tuple[str, ...]
     quantized: tuple[str, ...]
     head: str | None
+    own: tuple[str, ...] = ()  # the layers with adapters of the model's own (a peft model the user made): kept
+
+
+def own_adapters(model: nn.Module) -> tuple[str, ...]:
+    """The layers that carry LoRA adapters already (peft's ``lora_A``), none for a plain model."""
+    return tuple(n for n, m in model.named_modules() if isinstance(getattr(m, "lora_A", None), nn.ModuleDict)
+                 and len(m.lora_A))
+
+
+def _adapter_part(name: str) -> bool:
+    """Whether a Linear is part of an adapter (peft's ``lora_A`` / ``lora_B``), not a layer of the base."""
+    return any(f".{part}." in f".{name}." for part in ("lora_A", "lora_B"))
 
 
 @dataclass(frozen=True)
@@ -121,6 +133,9 @@ class LoRA(Emulable, Config):
         if self.rank < 1 or self.alpha <= 0 or not 0 <= self.dropout < 1:
             raise DtypelabError(f"lora: rank must be >= 1 and alpha > 0 (got rank {self.rank}, alpha {self.alpha}), "
                                 f"dropout in [0, 1) (got {self.dropout})")
+        if self.upcast and self.base not in QUANTIZED:
+            raise DtypelabError(f"lora: upcast is for a quantized base ({', '.join(QUANTIZED)}); a {self.base} base "
+                                "would be upcast whole")
         if self.emulate and self.base != "fp8":
             raise DtypelabError("lora: only the fp8 base is emulated (float8 matmuls need a GPU)")
         object.__setattr__(self, "targets", tuple(self.targets))
@@ -172,7 +187,10 @@ class LoRA(Emulable, Config):
     # --- what it does to a model --------------------------------------------------------------------
     def layout(self, model: nn.Module) -> Layout:
         """The layers adapted, trained in full and quantized, with a one-line error for targets that match no
-        Linear layer."""
+        Linear layer. A model with adapters of its own keeps them: none is added, its base takes the format."""
+        own = own_adapters(model)
+        if own:
+            return self._own_layout(model, own)
         modules = dict(model.named_modules())
         linears = [n for n, m in modules.items() if isinstance(m, nn.Linear) and n]
         if not linears:
@@ -196,8 +214,22 @@ class LoRA(Emulable, Config):
         quantized = tuple(n for n in linears if n != head and n not in saved) if self.base in QUANTIZED else ()
         return Layout(adapted, saved, quantized, head)
 
+    def _own_layout(self, model: nn.Module, own: tuple[str, ...]) -> Layout:
+        """A peft model the user made: its adapters (and what it trains in full) as they are, its base's Linear
+        layers quantized by a quantized base; ``--lora-targets`` has nothing to choose."""
+        if self.targets:
+            raise DtypelabError(f"--lora-targets: the model has LoRA adapters of its own (on {len(own)} layers: "
+                                f"{', '.join(_short(list(own), 3))}), which are measured as they are; leave it out")
+        head = output_head(model)
+        trained = {n.rpartition(".")[0] for n, p in model.named_parameters() if p.requires_grad}
+        linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n and not _adapter_part(n)
+                   and n != head and n not in trained]
+        return Layout((), (), tuple(linears) if self.base in QUANTIZED else (), head, own)
+
     def convert_module(self, model: nn.Module, names: list[str]) -> tuple[nn.Module, dict[str, Any]]:
         layout = self.layout(model)
+        if layout.own:
+            return self._keep_own(model, layout)
         left_out = self._quantize(model, layout.quantized) if layout.quantized else []
         if self.upcast:  # prepare_model_for_kbit_training: every weight not quantized to float32
             for p in model.parameters():
@@ -222,6 +254,18 @@ class LoRA(Emulable, Config):
         skipped = {e["layer"] for e in left_out}
         converted = [n for n in layout.quantized if n not in skipped] if layout.quantized else list(layout.adapted)
         return model, {"format": self.label, "converted": converted, "left_out": left_out}
+
+    def _keep_own(self, model: nn.Module, layout: Layout) -> tuple[nn.Module, dict[str, Any]]:
+        """The model's own adapters kept, trained in float32 like dtypelab's; its base in this config's format."""
+        left_out = self._quantize(model, layout.quantized) if layout.quantized else []
+        for p in model.parameters():
+            if p.requires_grad and p.dtype != torch.float32:
+                p.data = p.data.float()
+        skipped = {e["layer"] for e in left_out}
+        converted = [n for n in layout.quantized if n not in skipped] if layout.quantized else list(layout.own)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return model, {"format": f"{self.label} (the model's own adapters: {trainable:,} trainable)",
+                       "converted": converted, "left_out": left_out}
 
     def _quantize(self, model: nn.Module, names: Iterable[str]) -> list[dict[str, str]]:
         """The layers ``names`` quantized in place; those the format cannot take, with why (left as they are)."""
