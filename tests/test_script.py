@@ -163,6 +163,9 @@ def test_hf_example_is_measured_per_policy():
     fp32, amp = report.result("fp32"), report.result("amp-bf16")
     assert fp32.status == amp.status == "ok" and report.config.metric == "eval_accuracy"
     assert len(fp32.losses) == len(fp32.step_times_s) > 10 and fp32.batch_size == 32
+    # the Trainer's own optimizer and the step's gradients are counted (they once read 0.00)
+    memory = fp32.memory
+    assert memory["gradients"] == memory["parameters"] > 0 and memory["optimizer_state"] >= 2 * memory["parameters"]
     if not torch.cuda.is_available():  # accelerate does not autocast to float16 on a CPU: skipped, not faked
         assert report.result("amp-fp16").status == "skipped"
 

@@ -62,7 +62,11 @@ class DtypelabCallback(transformers.TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
         if model is not None:
-            self.lab.frameworks.attach(model)
+            self.lab.frameworks.attach(model, kw.get("optimizer"))
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        # the step's gradients, before the Trainer's optimizer consumes them and its zero_grad drops them
+        self.lab.footprint.before_zero_grad()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.lab.step_begin()

@@ -56,7 +56,7 @@ class Footprint:
             return None
         self.count_activations(start=False)  # a run that ended inside the counted step: what it saved so far
         counted = self._count if self._count and "done" in self._count else None
-        optimizers = self.run.optimizers
+        optimizers = [*self.run.optimizers, *self.run.watched]
         try:  # a count that fails (a tensor without storage) must not lose the run's measurement
             masters = [t for opt in optimizers for t in self.precision.master_tensors(opt)]
             memory = state_memory(self.run.model, optimizers, masters, counted["bytes"] if counted else None,

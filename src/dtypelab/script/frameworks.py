@@ -27,9 +27,13 @@ class Frameworks:
     def metrics(self) -> dict[str, float]:
         return dict(self.run.metrics)
 
-    def attach(self, model: nn.Module) -> None:
+    def attach(self, model: nn.Module, optimizer: Any = None) -> None:
         """A model the framework converted itself (Lightning, Hugging Face): sized and fingerprinted, and the
-        memory window opened, as ``setup`` does."""
+        memory window opened, as ``setup`` does; ``optimizer``, one it made and steps itself, whose state the
+        memory breakdown counts (accelerate's wrapper: the optimizer inside it)."""
+        inner = getattr(optimizer, "optimizer", optimizer)
+        if isinstance(inner, torch.optim.Optimizer) and all(inner is not o for o in self.run.watched):
+            self.run.watched.append(inner)
         refused = self.lab.diag.refuses_framework()
         if refused:
             self.lab.unsupported(refused)

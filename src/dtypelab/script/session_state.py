@@ -36,6 +36,8 @@ class RunState:
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)  # as the kinds' hook made them
     converted: dict[int, torch.optim.Optimizer] = field(default_factory=dict)  # the script's optimizer -> its own
     framework: bool = False  # a framework's Trainer runs the loop (attach), not the script's own code
+    # the optimizers a framework made and steps itself (the Hugging Face Trainer's): counted, never stepped here
+    watched: list[torch.optim.Optimizer] = field(default_factory=list)
     forwards: int = 0  # training forwards through the wrapped model
     script_autocast: set[str] = field(default_factory=set)  # the script's own autocast, found around the forward
     metrics: dict[str, float] = field(default_factory=dict)
