@@ -170,6 +170,19 @@ def test_hf_example_is_measured_per_policy():
         assert report.result("amp-fp16").status == "skipped"
 
 
+def test_a_policy_the_trainer_cannot_express_is_refused_before_anything_runs(tmp_path):
+    """A script on dtypelab.hf.Trainer named with a LoRA policy (or a per-module plan): one line, non-zero, before the
+    baseline runs (it was refused inside its own run after fp32's, and bench exited 0). A plain loop takes LoRA."""
+    hf_script = os.path.join(EXAMPLES, "train_hf.py")
+    with pytest.raises(dtypelab.DtypelabError, match=r"policy lora-bf16: train_hf\.py trains with dtypelab\.hf\."
+                                                     r"Trainer, which has no TrainingArguments equivalent of "
+                                                     r"lora-bf16; name the others"):
+        dtypelab.bench(hf_script, "fp32,lora-bf16", json_path=str(tmp_path / "r.json"))
+    assert not (tmp_path / "r.json").exists()  # nothing ran
+    run = cli("bench", hf_script, "-p", "fp32,lora-bf16")
+    assert run.returncode != 0 and "name the others" in run.stderr and "Traceback" not in run.stderr
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_trace_and_audit_arm_on_the_scripts_own_loop(tmp_path):

@@ -17,7 +17,7 @@ from dtypelab.run.launchers import (
 )
 from dtypelab.run.messages import Done, Failed, Message, Note, Started, Step
 from dtypelab.run.outcome import Outcome, failure
-from dtypelab.run.script import ScriptLauncher, ScriptRun
+from dtypelab.run.script import ScriptLauncher, ScriptRun, imported_modules
 from dtypelab.run.slurm_options import parse_gpus, parse_minutes, parse_slurm_args
 from dtypelab.run.target import Target
 from dtypelab.run.torchrun import Torchrun, TorchrunLauncher
@@ -26,5 +26,5 @@ from dtypelab.run.warm import heavy_modules
 __all__ = ["LAUNCHERS", "Done", "Event", "Failed", "FanOutLauncher", "InlineLauncher", "Launcher", "Message", "Note",
            "OnEvent", "OnStep", "Outcome", "Started", "Step",
            "ProcessLauncher", "Reporter", "ScriptLauncher", "ScriptRun", "Target", "Torchrun", "TorchrunLauncher",
-           "Work", "connect", "failure", "heavy_modules", "launched", "parse_gpus", "parse_minutes",
+           "Work", "connect", "failure", "heavy_modules", "imported_modules", "launched", "parse_gpus", "parse_minutes",
            "parse_slurm_args", "stop_in_flight", "watch_parent"]

@@ -10,6 +10,7 @@ script that never created a session from one that never finished it).
 
 from __future__ import annotations
 
+import ast
 import atexit
 import functools
 import os
@@ -53,27 +54,46 @@ def _zygote() -> Zygote:
 _IMPLIED = {"dtypelab.lightning": ("lightning",), "dtypelab.hf": ("transformers", "accelerate")}
 
 
-def named_heavy_modules(path: str) -> tuple[str, ...]:
-    """The heavy libraries (``warm.WARM``) a script's source imports, read, never run: the zygote loads them once
-    before the script's first run instead of every run paying them (Lightning: about 8 s on 2 cores)."""
-    import ast
-
+def imported_modules(path: str) -> set[str]:
+    """The modules a script's source imports, read, never run (``from a.b import c``: ``a.b`` and ``a.b.c``), and the
+    dotted names it reaches from an imported package (``import dtypelab`` then ``dtypelab.hf.Trainer``:
+    ``dtypelab.hf`` and ``dtypelab.hf.Trainer``); none for a file that cannot be read or parsed."""
     try:
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read())
     except (OSError, SyntaxError, ValueError):
-        return ()
+        return set()
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found = [a.name for a in node.names]
+            names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        else:
-            continue
-        for name in found:
-            names.add(name.split(".")[0])
-            names.update(_IMPLIED.get(name, ()))
+            names.update([node.module, *(f"{node.module}.{a.name}" for a in node.names)])
+    roots = {n.split(".")[0] for n in names}
+    for node in ast.walk(tree):
+        dotted = _dotted(node) if isinstance(node, ast.Attribute) else None
+        if dotted and dotted.split(".")[0] in roots:
+            parts = dotted.split(".")
+            names.update(".".join(parts[:i]) for i in range(2, len(parts) + 1))
+    return names
+
+
+def _dotted(node: Any) -> str | None:
+    """``a.b.c`` for an attribute chain on a plain name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def named_heavy_modules(path: str) -> tuple[str, ...]:
+    """The heavy libraries (``warm.WARM``) a script's source imports, read, never run: the zygote loads them once
+    before the script's first run instead of every run paying them (Lightning: about 8 s on 2 cores)."""
+    names: set[str] = set()
+    for name in imported_modules(path):
+        names.add(name.split(".")[0])
+        names.update(_IMPLIED.get(name, ()))
     return tuple(m for m in WARM if m in names)
 
 

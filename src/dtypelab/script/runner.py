@@ -32,7 +32,8 @@ from dtypelab.core.policies import (
 from dtypelab.core.records import save_judged
 from dtypelab.core.results import PolicyResult, Report, RunConfig
 from dtypelab.lint import lint_paths
-from dtypelab.run import Event, Note, OnEvent, Outcome, ScriptLauncher, ScriptRun, Target
+from dtypelab.run import Event, Note, OnEvent, Outcome, ScriptLauncher, ScriptRun, Target, imported_modules
+from dtypelab.script.adapters import HF_ARGUMENTS
 from dtypelab.script.diagnose import Diagnosis
 from dtypelab.script.messages import ScriptJob
 from dtypelab.script.repeats import repeat_runs
@@ -89,8 +90,22 @@ def _script_plans(path: str, opts: Options, dev: Any) -> tuple[dict[str, Plan], 
             raise DtypelabError(wrong)
         if plan.compiles and (explicit or plan is named):
             raise DtypelabError(f"policy {plan.name}: compiled policies are not supported for scripts yet")
+    _trainer_refusals(path, [*(plans.values() if explicit else ()), *([named] if named else [])])
     base = named or get_policy(BASELINE)
     return {base.name: base, **{k: v for k, v in plans.items() if not v.compiles and k != base.name}}, named, explicit
+
+
+def _trainer_refusals(path: str, plans: list[Plan]) -> None:
+    """A script that trains with ``dtypelab.hf.Trainer`` (its source read, never run) and a policy the Trainer has no
+    TrainingArguments for (a per-module plan, LoRA): a one-line error before anything runs, not a refusal inside
+    that policy's run after the baseline's."""
+    if "dtypelab.hf" not in imported_modules(path):
+        return
+    for plan in plans:
+        if plan.rules or HF_ARGUMENTS(plan.default) is None:
+            what = "a per-module plan" if plan.rules else plan.default.label
+            raise DtypelabError(f"policy {plan.name}: {os.path.basename(path)} trains with dtypelab.hf.Trainer, which "
+                                f"has no TrainingArguments equivalent of {what}; name the others")
 
 
 def _first_pass(run: _Runs, plans: dict[str, Plan], report: Report, hardware: Any, named: Plan | None,
