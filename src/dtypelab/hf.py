@@ -14,7 +14,7 @@ import torch
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies import Plan
-from dtypelab.script import HF_ARGUMENTS, HF_OPTIM, Session
+from dtypelab.script import HF_OPTIM, Session, trainer_arguments
 
 try:
     import transformers
@@ -29,7 +29,7 @@ def training_arguments(plan: Plan, args: Any) -> tuple[Any, str | None]:
     """(TrainingArguments for the policy, the dtype to cast the model to or None); an error for a policy the
     Trainer cannot express. An optimizer-state modifier becomes the Trainer's ``optim`` (``adamw_torch_8bit``,
     ``adamw_torch_4bit``: torchao's low-bit AdamW), ``+ckpt`` its ``gradient_checkpointing``."""
-    mapped = None if plan.rules else HF_ARGUMENTS(plan.default)
+    mapped = trainer_arguments(plan)
     if mapped is None:
         why = "per-module plans have" if plan.rules else "it has"
         raise DtypelabError(f"policy {plan.name}: {why} no TrainingArguments equivalent")

@@ -38,6 +38,12 @@ def _autocast_arguments(config: Autocast) -> tuple[dict[str, Any], str | None]:
 
 HF_ARGUMENTS.register(TF32)(constant(({"tf32": True}, None)))
 
+
+def trainer_arguments(plan: Any) -> tuple[dict[str, Any], str | None] | None:
+    """A plan's ``HF_ARGUMENTS`` (its default's), or None where the Trainer cannot run it: a per-module plan, a kind
+    without an answer (LoRA)."""
+    return None if plan.rules else HF_ARGUMENTS(plan.default)
+
 # An optimizer-state modifier as the Trainer's own ``optim`` name (torchao's low-bit AdamW, transformers#31865):
 # none, the Trainer has no such optimizer
 HF_OPTIM: Adapter[str | None] = Adapter("the Trainer's optim name for an optimizer-state modifier", constant(None))

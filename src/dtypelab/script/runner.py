@@ -33,7 +33,7 @@ from dtypelab.core.records import save_judged
 from dtypelab.core.results import PolicyResult, Report, RunConfig
 from dtypelab.lint import lint_paths
 from dtypelab.run import Event, Note, OnEvent, Outcome, ScriptLauncher, ScriptRun, Target, imported_modules
-from dtypelab.script.adapters import HF_ARGUMENTS
+from dtypelab.script.adapters import trainer_arguments
 from dtypelab.script.diagnose import Diagnosis
 from dtypelab.script.messages import ScriptJob
 from dtypelab.script.repeats import repeat_runs
@@ -102,7 +102,7 @@ def _trainer_refusals(path: str, plans: list[Plan]) -> None:
     if "dtypelab.hf" not in imported_modules(path):
         return
     for plan in plans:
-        if plan.rules or HF_ARGUMENTS(plan.default) is None:
+        if trainer_arguments(plan) is None:
             what = "a per-module plan" if plan.rules else plan.default.label
             raise DtypelabError(f"policy {plan.name}: {os.path.basename(path)} trains with dtypelab.hf.Trainer, which "
                                 f"has no TrainingArguments equivalent of {what}; name the others")

@@ -104,6 +104,8 @@ class Facts:
         return self.probe or self.compute_dtype
 
 
+PLAIN = Facts()
+
 # the names a kind written before Facts gave its facts (the probe's entry was ``probe_key``)
 FACT_NAMES = (*(f.name for f in fields(Facts) if f.name != "probe"), "probe_key")
 
@@ -118,13 +120,14 @@ class Config:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _fold_legacy_facts(cls)
+        _cache_facts(cls)
         if "kind" in cls.__dict__:
             _register(cls)
 
     @property
     def facts(self) -> Facts:
         """What this config is (the default: float32, both modes, plain torch)."""
-        return Facts()
+        return PLAIN
 
     @property
     def label(self) -> str:
@@ -221,6 +224,24 @@ def _fold_legacy_facts(cls: type[Config]) -> None:
         return replace(inherited.fget(self), **{("probe" if n == "probe_key" else n): getattr(self, n) for n in names})
 
     cls.facts = property(facts)  # type: ignore[method-assign,assignment]
+
+
+def _cache_facts(cls: type[Config]) -> None:
+    """A kind's ``facts``, built once per config: a config is frozen, and a region's forward reads them on every call.
+    Kept in the instance under the defining class's name (a subclass's facts may start from its base's)."""
+    prop = cls.__dict__.get("facts")
+    if not isinstance(prop, property) or prop.fget is None:
+        return
+    compute, key = prop.fget, f"{cls.__module__}.{cls.__qualname__}"
+
+    def facts(self: Config) -> Facts:
+        cache = self.__dict__.setdefault("_facts_built", {})  # the instance's own dict: frozen fields untouched
+        if key not in cache:
+            cache[key] = compute(self)
+        result: Facts = cache[key]
+        return result
+
+    cls.facts = property(facts, doc=prop.__doc__)  # type: ignore[method-assign,assignment]
 
 
 class Emulable:

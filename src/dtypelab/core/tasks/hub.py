@@ -101,15 +101,12 @@ def config_of(path: Path) -> Any:
             from transformers import AutoConfig
     except ImportError:
         raise TaskError(f"an hf: task needs transformers: {EXTRA}") from None
-    unknown = _unknown_model_type(path)
-    if unknown:
-        raise TaskError(unknown)
     try:
         with quiet():
             return AutoConfig.from_pretrained(str(path))
-    except Exception as exc:
-        raise TaskError(f"{path}/config.json: transformers cannot read it ({type(exc).__name__}: "
-                        f"{_first_sentence(str(exc))})") from None
+    except Exception as exc:  # an unknown model_type said as such, else transformers' own first sentence
+        raise TaskError(_unknown_model_type(path) or f"{path}/config.json: transformers cannot read it "
+                        f"({type(exc).__name__}: {_first_sentence(str(exc))})") from None
 
 
 def _first_sentence(text: str, most: int = 240) -> str:

@@ -228,9 +228,24 @@ class LoRA(Emulable, Config):
 
     def convert_module(self, model: nn.Module, names: list[str]) -> tuple[nn.Module, dict[str, Any]]:
         layout = self.layout(model)
-        if layout.own:
-            return self._keep_own(model, layout)
         left_out = self._quantize(model, layout.quantized) if layout.quantized else []
+        if layout.own:  # the model's own adapters, kept
+            trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            form = f"{self.label} (the model's own adapters: {trainable:,} trainable)"
+        else:
+            self._inject(model, layout)
+            form = self.label
+        for p in model.parameters():  # trainable weights in float32: no update rounded away
+            if p.requires_grad and p.dtype != torch.float32:
+                p.data = p.data.float()
+        # what the record says it converted: the layers quantized (a quantized base), else those with adapters
+        skipped = {e["layer"] for e in left_out}
+        converted = [n for n in layout.quantized if n not in skipped] if layout.quantized else \
+            list(layout.own or layout.adapted)
+        return model, {"format": form, "converted": converted, "left_out": left_out}
+
+    def _inject(self, model: nn.Module, layout: Layout) -> None:
+        """peft's adapters injected into the model itself (the rest frozen), after --kbit-upcast's float32 weights."""
         if self.upcast:  # prepare_model_for_kbit_training: every weight not quantized to float32
             for p in model.parameters():
                 if p.dtype in (torch.bfloat16, torch.float16) and not is_traceable_wrapper_subclass(p):
@@ -246,26 +261,7 @@ class LoRA(Emulable, Config):
                                 # one regular expression of the exact names: peft's list form also matches by suffix
                                 target_modules="|".join(map(re.escape, layout.adapted)),
                                 modules_to_save=list(layout.saved) or None)
-            get_peft_model(model, config)  # adapters injected into the model itself; the rest frozen
-        for p in model.parameters():  # trainable weights in float32: no update rounded away
-            if p.requires_grad and p.dtype != torch.float32:
-                p.data = p.data.float()
-        # what the record says it converted: the layers quantized (a quantized base), else those adapted
-        skipped = {e["layer"] for e in left_out}
-        converted = [n for n in layout.quantized if n not in skipped] if layout.quantized else list(layout.adapted)
-        return model, {"format": self.label, "converted": converted, "left_out": left_out}
-
-    def _keep_own(self, model: nn.Module, layout: Layout) -> tuple[nn.Module, dict[str, Any]]:
-        """The model's own adapters kept, trained in float32 like dtypelab's; its base in this config's format."""
-        left_out = self._quantize(model, layout.quantized) if layout.quantized else []
-        for p in model.parameters():
-            if p.requires_grad and p.dtype != torch.float32:
-                p.data = p.data.float()
-        skipped = {e["layer"] for e in left_out}
-        converted = [n for n in layout.quantized if n not in skipped] if layout.quantized else list(layout.own)
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        return model, {"format": f"{self.label} (the model's own adapters: {trainable:,} trainable)",
-                       "converted": converted, "left_out": left_out}
+            get_peft_model(model, config)
 
     def _quantize(self, model: nn.Module, names: Iterable[str]) -> list[dict[str, str]]:
         """The layers ``names`` quantized in place; those the format cannot take, with why (left as they are)."""
