@@ -345,6 +345,7 @@ def test_ctrl_c_keeps_the_policies_forecast_so_far_and_marks_the_rest_interrupte
     status = {p.policy: p.status for p in record.policies}
     assert status["fp32"] == "ok" and "interrupted" in status.values() and set(status) == {"fp32", "bf16", "fp64",
                                                                                              "amp-bf16"}
+    assert record.config.parameters == 151306  # counted before the first policy (an H200 record said 0 parameters)
 
 
 @pytest.mark.e2e  # torchrun with two ranks: CI's second step, with the other torchrun runs

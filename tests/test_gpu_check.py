@@ -106,6 +106,57 @@ def test_what_a_record_holds_in_a_few_words(tmp_path):
     assert check.record_words(str(tmp_path / "none.json")) == "no record"
 
 
+def test_each_check_starts_with_what_no_earlier_loan_measured(tmp_path):
+    h100, h200 = tmp_path / "nvidia-h100", tmp_path / "nvidia-h200"
+    h100.mkdir()
+    h200.mkdir()
+    (h100 / "train.json").write_text(json.dumps({"results": [{"policy": "fp32", "status": "ok"},
+                                                             {"policy": "amp-bf16", "status": "ok"},
+                                                             {"policy": "fp8-rowwise", "status": "skipped"}]}))
+    (h200 / "train.json").write_text(json.dumps({"results": [{"policy": "fp8-tensorwise", "status": "error"}]}))
+    (h200 / "forecast.json").write_text(json.dumps({"policies": [{"policy": "fp8-rowwise", "status": "ok"}]}))
+    (h200 / "cuda-tests.xml").write_text(
+        '<testsuites><testsuite tests="3"><testcase classname="tests.test_cuda" name="test_a[x]"/>'
+        '<testcase classname="tests.test_cuda" name="test_b"><failure message="no"/></testcase>'
+        '<testcase classname="tests.test_fanout" name="test_c"><skipped/></testcase></testsuite></testsuites>')
+    assert check.done_before("train.json", str(tmp_path)) == {"fp32", "amp-bf16"}
+    assert check.done_before("cuda-tests.xml", str(tmp_path)) == {"tests/test_cuda.py::test_a[x]"}
+    assert check.done_before("infer.json", str(tmp_path)) == set()
+    # the baseline stays first; what no loan measured (skipped and failed ones too) comes before what one did
+    assert check.fresh_first("fp32,amp-bf16,fp8-tensorwise,fp8-rowwise", {"fp32", "amp-bf16"}) == \
+        "fp32,fp8-tensorwise,fp8-rowwise,amp-bf16"
+    train = next(p for p in check.PARTS if p.name == "train")
+    args = check.ordered_args(train, str(tmp_path))
+    assert args[args.index("-p") + 1] == "fp32,fp8-tensorwise,fp8-rowwise,amp-bf16"
+    assert check.ordered_args(train, str(tmp_path / "none")) == train.args
+
+
+def test_a_rerun_of_one_part_gets_the_whole_budget_left():
+    infer = next(p for p in check.PARTS if p.name == "infer")
+    assert check.part_box(infer, 150.0, alone=True) == 150.0
+    assert check.part_box(infer, 150.0, alone=False) == infer.box_s < 150
+    assert check.part_box(infer, 20.0, alone=False) == 20.0
+
+
+def test_the_cuda_tests_that_passed_on_an_earlier_loan_run_last(tmp_path):
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    # the project's own hook, loaded under another name (two modules called conftest would clash)
+    (tests / "conftest.py").write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('project_conftest', {os.path.join(HERE, 'conftest.py')!r})\n"
+        "module = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(module)\n"
+        "pytest_collection_modifyitems = module.pytest_collection_modifyitems\n")
+    (tests / "test_x.py").write_text("def test_a(): pass\ndef test_b(): pass\ndef test_c(): pass\n")
+    passed = tmp_path / "passed.txt"
+    passed.write_text("tests/test_x.py::test_a\ntests/test_x.py::test_b\n")
+    env = {**os.environ, "DTYPELAB_PASSED_BEFORE": str(passed)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    assert ids == ["tests/test_x.py::test_c", "tests/test_x.py::test_a", "tests/test_x.py::test_b"], done.stdout
+
+
 def test_unknown_parts_and_a_missing_gpu_are_one_line(tmp_path, capsys):
     assert check.main(["--only", "train,bogus", "--out", str(tmp_path)]) == 2
     assert "unknown part(s) bogus" in capsys.readouterr().err

@@ -49,6 +49,7 @@ class ForecastJob:
         """(the model's parameter count, each policy's forecast)."""
         forecaster = Forecaster(self, self.task or load_task(self.task_spec))
         count = sum(p.numel() for p in forecaster.meta.parameters())  # shared (tied) parameters once
+        report.send("parameters", count)  # kept if the run is stopped before it returns
         out: list[PolicyForecast] = []
         try:
             for family in self._families():

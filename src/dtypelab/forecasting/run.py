@@ -205,8 +205,9 @@ def _found(outcomes: list[Outcome], plans: list[Plan], interrupted: bool) -> tup
     for out in outcomes:
         if out.value is not None:
             counted, results = out.value
-        else:  # the worker died: what it had reported before stays
+        else:  # the worker died or was stopped: what it had reported before stays
             results = [m[0] for k, m in out.messages.items() if k.startswith("policy:")]
+            counted = counted or next(iter(out.messages.get("parameters", ())), 0)
         for result in results:
             found[result.policy] = result
     died = "; ".join(dict.fromkeys(out.reason or out.status for out in outcomes if out.status != "ok"))
