@@ -120,7 +120,16 @@ class ActivationPart:
 
     label: str
     note: str
-    modules: tuple[nn.Module, ...]
+    modules: tuple[nn.Module, ...] = ()
+    width: int = 0  # also what is saved as wide as this (a language model's logits: ``loss_part``), wherever it runs
+
+
+def loss_part(width: int) -> list[ActivationPart]:
+    """The loss's share of the activations: what is saved as wide as a language model's logits (``width``, its
+    vocabulary; none for 0): the float32 log-probabilities its cross-entropy keeps for the backward."""
+    return [ActivationPart("loss", "the loss's logits and log-probabilities kept for the backward (as wide as the "
+                                   "vocabulary; POLICY+chunked-ce computes them a chunk at a time)", (), width)] \
+        if width else []
 
 
 def part_records(parts: Sequence[ActivationPart], saved: dict[str, int]) -> list[dict[str, Any]]:
@@ -150,6 +159,7 @@ def saved_activations(model: nn.Module, parts: Sequence[ActivationPart] = ()) ->
     weights = {leaf.untyped_storage().data_ptr() for p in model.parameters() if p.device.type != "meta"
                for leaf in leaves(p)}
     named = {p.label: p.modules for p in parts}
+    widths = {p.label: p.width for p in parts}
     live: dict[str, Any] = {"counter": ByteCounter(), "bytes": 0, "backward": False, **dict.fromkeys(named, 0)}
     out = {"bytes": 0, **dict.fromkeys(named, 0)}
     inside: dict[str, int] = dict.fromkeys(named, 0)  # how deep the forward is in each label's modules
@@ -162,7 +172,7 @@ def saved_activations(model: nn.Module, parts: Sequence[ActivationPart] = ()) ->
                 added = live["counter"].add([t])
                 live["bytes"] += added
                 for label, depth in inside.items():
-                    live[label] += added if depth else 0
+                    live[label] += added if depth or (t.dim() >= 2 and t.shape[-1] == widths[label] > 0) else 0
                 if live["bytes"] > out["bytes"]:
                     out.update(bytes=live["bytes"], **{label: live[label] for label in named})
         except Exception:

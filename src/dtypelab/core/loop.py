@@ -14,10 +14,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from dtypelab.core.errors import DtypelabError, TaskError, describe_exception
-from dtypelab.core.footprint import part_records, saved_activations, state_memory
+from dtypelab.core.errors import DtypelabError, TaskError, Unsupported, describe_exception
+from dtypelab.core.footprint import loss_part, part_records, saved_activations, state_memory
 from dtypelab.core.hardware import HardwareInfo, hardware_for, resolve_device
 from dtypelab.core.policies import Plan, Precision, get_policy
+from dtypelab.core.policies.loss import logit_width, loss_choice
 from dtypelab.core.task import Task, call_model, load_task, map_tensors, plain
 from dtypelab.core.updates import UpdateCounter
 
@@ -143,9 +144,19 @@ def forward_loss(task: Task, model: nn.Module, precision: Precision, inputs: Any
     """The training forward pass and its loss under the precision (no backward)."""
     inputs, target = precision.convert_input(inputs), precision.convert_input(target)
     with precision.forward_context():
+        if precision.plan.loss:  # a loss choice: computed from the model's last hidden states (policies.loss)
+            return chosen_loss(task, precision.plan.loss)(task.head_inputs(model, inputs))  # type: ignore[misc]
         if task.compute_loss is not None:
             return task.compute_loss(model, inputs)
         return task.loss_fn(call_model(model, inputs), target)
+
+
+def chosen_loss(task: Task, label: str) -> Callable[[Any], torch.Tensor]:
+    """The loss ``label`` names, for a task that offers the loss's inputs; one line for one that does not."""
+    if task.head_inputs is None:
+        raise Unsupported(f"+{label}: task {task.name!r} gives no output projection to compute its loss from (an hf: "
+                          "causal language model does; a task of your own sets Task.head_inputs)")
+    return loss_choice(label)
 
 
 LOW_FLOATS = (torch.bfloat16, torch.float16)
@@ -160,7 +171,7 @@ def state_after(task: Task, model: nn.Module, precision: Precision, optimizer: t
     activations, parts = None, []
     if not precision.plan.compiles:
         inputs, target = to_device(task.batch(step, batch_size), device)
-        named = precision.activation_parts(model)
+        named = precision.activation_parts(model) + loss_part(logit_width(model))
         with precision.session(), saved_activations(model, named) as saved:
             loss = forward_loss(task, model, precision, inputs, target)
         del loss

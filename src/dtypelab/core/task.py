@@ -57,6 +57,9 @@ class Task:
     compute_loss: Callable[[nn.Module, Any], torch.Tensor] | None = None  # instead of loss_fn: loss from the batch
     # a model of ``blocks`` identical blocks, and its factory at any number of them (an hf: language model): a
     # forecast traces one and two and reads every quantity off the line through them
+    # the loss's inputs (last hidden states, output projection, targets) for a loss choice (``+chunked-ce``,
+    # ``policies.loss``): a language model's; None: the task's loss is the only one
+    head_inputs: Callable[[nn.Module, Any], Any] | None = field(default=None, compare=False, repr=False)
     blocks: int = 0
     with_blocks: Callable[[int], nn.Module] | None = field(default=None, compare=False, repr=False)
     # (file, first line of the function, line) of the code that built this Task: trace points there when a

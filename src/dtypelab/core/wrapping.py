@@ -47,7 +47,11 @@ class Transparent:
         d = object.__getattribute__(self, "__dict__")
         return type(d[type(self)._lab_key]) if d.pop("_lab_pickling", False) else type(self)
 
-    __class__ = property(_lab_class)  # type: ignore[assignment]
+    def _lab_set_class(self, cls: type) -> None:
+        # the wrapper's own class, swapped by whoever swaps it (FSDP2's fully_shard makes it an FSDP class)
+        object.__dict__["__class__"].__set__(self, cls)
+
+    __class__ = property(_lab_class, _lab_set_class)  # type: ignore[assignment]
 
 
 @functools.cache
@@ -93,6 +97,8 @@ class LabModule(Transparent, nn.Module):
     def __setattr__(self, name: str, value: Any) -> None:
         if name in LabModule._OWN:
             self.__dict__[name] = value
+        elif name == "__class__":  # FSDP2's fully_shard swaps the class of the module it shards: the wrapper's
+            object.__setattr__(self, name, value)
         elif name == "training":
             self.__dict__["training"] = value
             self.__dict__["_lab_module"].training = value

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dtypelab.core.devices import DEVICES, device_spec
 from dtypelab.core.hardware import HardwareInfo
-from dtypelab.core.policies import Plan
+from dtypelab.core.policies import Plan, get_policy
 from dtypelab.core.results import PolicyForecast, TargetDevice
 from dtypelab.core.text import GIB, size_text
 
@@ -36,7 +36,7 @@ def answer(results: list[PolicyForecast], device: TargetDevice) -> str:
         return "Nothing was forecast: every policy was skipped, failed or could not be traced (see each one's " \
                "reason)." + said
     trained = [r for r in ok if r.train is not None]
-    first = _sentence(trained or ok, device, "training" if trained else "inference")
+    first = _sentence(trained or ok, device, "training" if trained else "inference") + _loss_clause(trained, device)
     served = [r for r in ok if r.train is None]
     return (first if not (trained and served) else f"{first} {_sentence(served, device, 'inference')}") + said
 
@@ -67,6 +67,29 @@ def _sentence(ok: list[PolicyForecast], device: TargetDevice, what: str) -> str:
     return (f"{head}: smallest peak: {smallest.policy} at {size_text(smallest.peak.peak_bytes)}"
             + (f" (fits {device_spec(smallest.smallest_device).label} and larger)" if smallest.smallest_device
                else " (no GPU of the table runs it)") + ".")
+
+
+def _loss_clause(trained: list[PolicyForecast], device: TargetDevice) -> str:
+    """When a language model's loss holds the peak (more than the activations, and a tenth of it at least): how much,
+    and what its chunked computation (``+chunked-ce``) makes of the peak where it was forecast, or how to see it."""
+    by_name = {r.policy: r for r in trained}
+    heavy = [r for r in trained if r.train is not None and not get_policy(r.policy).loss
+             and r.train.breakdown.get("loss", 0) >= max(r.train.breakdown.get("activations", 0),
+                                                         r.train.peak_bytes / 10)]
+    if not heavy:
+        return ""
+    worst = max(heavy, key=lambda r: r.train.breakdown["loss"])  # type: ignore[union-attr]
+    peak = worst.train.peak_bytes  # type: ignore[union-attr]
+    held = worst.train.breakdown["loss"]  # type: ignore[union-attr]
+    text = (f" The loss holds {size_text(held)} of {worst.policy}'s {size_text(peak)} peak ({held / peak:.0%}: its "
+            "logits as wide as the vocabulary, all upcast to float32 at once)")
+    chunked_name = get_policy(worst.policy).with_loss("chunked-ce").name
+    chunked = by_name.get(chunked_name)
+    if chunked is None or chunked.train is None:
+        return text + f"; {chunked_name} computes it in chunks: forecast that policy to see its peak."
+    fits = "" if device.usable_bytes is None else (
+        " and fits" if chunked.train.peak_bytes <= device.usable_bytes else " and does not fit either")
+    return text + f"; {chunked_name} computes it in chunks: {size_text(chunked.train.peak_bytes)}{fits}."
 
 
 def _fitting(result: PolicyForecast) -> str:

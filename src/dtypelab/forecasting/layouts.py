@@ -33,7 +33,7 @@ def layout(model: nn.Module, plan: Plan) -> tuple[Any, ...]:
     # a kind whose passes are not the model's own shares them with no other kind
     own = () if PLAIN_PASS(plan.default) else (type(plan.default).__qualname__, plan.default)
     facts = plan.default.facts
-    return (modules, tensors, facts.autocast_dtype, facts.storage_dtype, plan.checkpoint, *own)
+    return (modules, tensors, facts.autocast_dtype, facts.storage_dtype, plan.checkpoint, plan.loss, *own)
 
 
 def stand_in(plan: Plan, meta: nn.Module, exc: Exception, round_to: int) -> tuple[Plan, int]:

@@ -5,9 +5,10 @@ every op's outputs, under ``FakeTensorMode`` (the forecast: nothing is allocated
 the same count on this machine). Each storage is counted once, from its creation to its release, in one category:
 ``parameters`` and ``buffers`` (the model's), ``gradients`` (as each parameter's gradient is accumulated),
 ``optimizer_state`` and ``master_weights`` (as the optimizer step leaves them), ``activations`` (what autograd saves
-for the backward) and ``temporaries`` (everything else: the batch, outputs, the backward's and the optimizer's
-intermediates). ``round_to``: the allocator's granularity (CUDA's caching allocator rounds every block up to 512
-bytes, which ``torch.cuda.max_memory_allocated`` counts; 1 on the CPU).
+for the backward), ``loss`` (a language model's logits and what is as wide: ``loss_width``) and ``temporaries``
+(everything else: the batch, outputs, the backward's and the optimizer's intermediates). ``round_to``: the
+allocator's granularity (CUDA's caching allocator rounds every block up to 512 bytes, which
+``torch.cuda.max_memory_allocated`` counts; 1 on the CPU).
 
 Unlike MemTracker it keeps counting across iterations (the peak is in the second step, once the optimizer's state
 exists), names master weights (a kind's ``master_tensors``), and says where the peak came: the phase of the step and
@@ -90,6 +91,7 @@ class Ledger(TorchDispatchMode):
         self.most = dict.fromkeys(CATEGORIES, 0)  # the most each category held at any one time
         self.phase = ""
         self.default = "temporaries"  # the category of a storage an op creates
+        self.loss_width = 0  # a language model's vocabulary: what is as wide is the loss's (0: no loss counted apart)
         self._modules = Tracker()
         # a number per storage for the ops' reads and writes: an id is reused once its storage is freed (the fusion
         # of a compiled step would then join two storages), a serial is not
@@ -189,8 +191,9 @@ class Ledger(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
+                category = self._category(t)
                 for st in _storages(t):
-                    self._add(st, self.default)
+                    self._add(st, category)
         self._update_peak()
         if self.ops is not None and self.phase in RECORDED:
             op = record(func, args, kwargs or {}, out, self.phase, self.serial, self.calls)
@@ -198,6 +201,13 @@ class Ledger(TorchDispatchMode):
                 parents = [p for p in self._modules.parents if p != "Global"]
                 self.ops.append(replace(op, module=_named(max(parents, key=len))) if parents else op)
         return out
+
+    def _category(self, t: torch.Tensor) -> str:
+        """A new storage's category: the step's default, or ``loss`` for a tensor as wide as the logits (``loss_width``)
+        made where a temporary would be (the logits, their float32 copy, the log-probabilities, their gradients)."""
+        if self.loss_width and self.default == "temporaries" and t.dim() >= 2 and t.shape[-1] == self.loss_width:
+            return "loss"
+        return self.default
 
     def __enter__(self) -> Ledger:
         # FSDP2 frees and re-allocates its unsharded parameters with UntypedStorage.resize_, which no dispatch mode

@@ -22,6 +22,7 @@ from torch import nn
 from dtypelab.core.footprint import state_tensors
 from dtypelab.core.loop import forward, forward_loss, train_step
 from dtypelab.core.policies import Plan, Precision
+from dtypelab.core.policies.loss import logit_width
 from dtypelab.core.results import PeakForecast
 from dtypelab.core.speed import Op
 from dtypelab.core.task import Task, map_tensors
@@ -92,6 +93,7 @@ class Run:
                 self.model = self.wrap(self.model)
             ledger = stack.enter_context(Ledger(round_to=self.target.round_to, ops=[] if self.target.timed else None,
                                                 calls=self.target.kind == "cpu"))
+            ledger.loss_width = logit_width(self.model)  # the logits and what is as wide: the loss's share
             # the weights that do not train (a fine-tuned model's frozen base) apart from those that do
             ledger.claim((p for p in self.model.parameters() if not p.requires_grad), "frozen_weights")
             ledger.claim((p for p in self.model.parameters() if p.requires_grad), "parameters")

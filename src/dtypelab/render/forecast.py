@@ -91,6 +91,8 @@ def forecast_doc(report: ForecastReport) -> tuple[str, list[str], list[list[str]
     cats = [c for c in PEAK_CATEGORIES if c != "buffers" and (train or c in ("parameters", "temporaries"))]
     if not any(p.train and p.train.breakdown.get("frozen_weights") for p in report.policies):
         cats.remove("frozen_weights")  # a column for fine-tuning's frozen base only where there is one
+    if not any(p.train and p.train.breakdown.get("loss") for p in report.policies) and "loss" in cats:
+        cats.remove("loss")  # a column for a language model's loss only where one was counted
     headers = ["policy", *(f"{SHORT[c]} {unit}" for c in cats), f"{'train' if train else 'inference'} peak {unit}",
                "peak in"]
     if train:
@@ -135,6 +137,10 @@ def _notes(report: ForecastReport, scale: float, unit: str) -> list[str]:
                  "(what the forward keeps for the backward) and temporaries (the batch, outputs, the backward's and "
                  f"the optimizer's intermediates) at the moment of the peak, in {unit}; weights include buffers; the "
                  "peak is every step's after the first (the optimizer's state exists by then)")
+    if any(p.train and p.train.breakdown.get("loss") for p in report.policies):
+        notes.append("loss: the language model's logits and every tensor as wide (their float32 copy, the "
+                     "log-probabilities the cross-entropy keeps for the backward, their gradients), apart from the "
+                     "activations and temporaries; POLICY+chunked-ce computes them a chunk of the positions at a time")
     dev = cfg.device
     if dev.memory_bytes is not None:
         notes.append(f"fits: the peak within the {size_text(dev.memory_bytes - dev.reserve_bytes)} usable "

@@ -25,6 +25,7 @@ from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies.configs import Config, config_from_dict, config_to_dict
 from dtypelab.core.policies.distributed import Distributed
+from dtypelab.core.policies.loss import loss_choice
 
 PLAN_SCHEMA = "dtypelab.plan"
 PLAN_VERSION = 1
@@ -61,6 +62,7 @@ class Plan:
     distributed: Distributed | None = None  # with --nproc: DDP hook / FSDP mixed precision (``+ddp-fp16``)
     state: Config | None = None  # the optimizer state's own format (``+adam8bit``): a kind that converts the optimizer
     checkpoint: bool = False  # ``+ckpt``: each repeated block recomputed in the backward (``checkpointing``)
+    loss: str = ""  # ``+chunked-ce``: the loss computed the way it names (``loss``); "": the task's own
 
     def __post_init__(self) -> None:
         rules = tuple((str(p), c) for p, c in (self.rules.items() if isinstance(self.rules, Mapping) else self.rules))
@@ -71,6 +73,7 @@ class Plan:
     def _derived_name(self) -> str:
         tail = "+compile" if self.compile and not any(c.facts.compiles for c in self.configs) else ""
         tail += "+ckpt" if self.checkpoint else ""
+        tail += f"+{self.loss}" if self.loss else ""
         tail += f"+{self.state.label}" if self.state is not None else ""
         tail += f"+{self.distributed.label}" if self.distributed is not None else ""
         if not self.rules:
@@ -103,6 +106,11 @@ class Plan:
         if self.distributed is not None and "train" not in self.modes:
             raise DtypelabError(f"plan {self.name}: distributed modifiers are for training; quantized plans are "
                                 "inference-only")
+        if self.loss:
+            loss_choice(self.loss)  # a name it does not know is one line
+            if "train" not in self.modes:
+                raise DtypelabError(f"plan {self.name}: +{self.loss} is how the training loss is computed, and this "
+                                    "plan is inference-only")
 
     # --- what the plan holds ----------------------------------------------------------------------
     @property
@@ -115,7 +123,8 @@ class Plan:
     @property
     def modes(self) -> tuple[str, ...]:
         modes = tuple(m for m in ("train", "infer") if all(m in c.facts.modes for c in self.configs))
-        return tuple(m for m in modes if m == "train") if self.distributed is not None or self.checkpoint else modes
+        only_train = self.distributed is not None or self.checkpoint or self.loss
+        return tuple(m for m in modes if m == "train") if only_train else modes
 
     @property
     def gpu_only(self) -> bool:
@@ -155,6 +164,8 @@ class Plan:
                 text += ", under torch.compile (the first call compiles)"
         if self.checkpoint:
             text += "; activations checkpointed per repeated block (recomputed in the backward)"
+        if self.loss:
+            text += f"; the loss's {loss_choice(self.loss).describe()}"
         if self.state is not None:
             text += f"; {self.state.describe()}"
         if self.distributed is not None:
@@ -170,9 +181,9 @@ class Plan:
         if swap:
             return Plan(swap.get(self.default, self.default), tuple((p, swap.get(c, c)) for p, c in self.rules),
                         name=f"{self.name}+compile", distributed=self.distributed, state=self.state,
-                        checkpoint=self.checkpoint)
+                        checkpoint=self.checkpoint, loss=self.loss)
         return Plan(self.default, self.rules, name=f"{self.name}+compile", compile=True, distributed=self.distributed,
-                    state=self.state, checkpoint=self.checkpoint)
+                    state=self.state, checkpoint=self.checkpoint, loss=self.loss)
 
     def with_checkpoint(self) -> Plan:
         """This plan with its repeated blocks checkpointed, named NAME+ckpt (before any state or distributed
@@ -182,6 +193,16 @@ class Plan:
         tail = (f"+{self.state.label}" if self.state else "") + (f"+{self.distributed.label}" if self.distributed
                                                                  else "")
         return replace(self, checkpoint=True, name=f"{self.name.removesuffix(tail)}+ckpt{tail}")
+
+    def with_loss(self, label: str) -> Plan:
+        """This plan with its loss computed as ``label`` says (``loss``), named NAME+LABEL (before any state or
+        distributed modifier)."""
+        if self.loss:
+            raise DtypelabError(f"policy {self.name}+{label}: a loss is named twice ({self.name} computes its loss as "
+                                f"{self.loss} already)")
+        tail = (f"+{self.state.label}" if self.state else "") + (f"+{self.distributed.label}" if self.distributed
+                                                                 else "")
+        return replace(self, loss=label, name=f"{self.name.removesuffix(tail)}+{label}{tail}")
 
     def with_distributed(self, spec: Distributed | None) -> Plan:
         """This plan with a distributed modifier, named NAME+MODIFIER."""
@@ -261,6 +282,7 @@ class Plan:
                 "rules": [{"pattern": p, "config": config_to_dict(c)} for p, c in self.rules],
                 **({"compile": True} if self.compile else {}),
                 **({"checkpoint": True} if self.checkpoint else {}),
+                **({"loss": self.loss} if self.loss else {}),
                 **({"distributed": self.distributed.to_dict()} if self.distributed is not None else {}),
                 **({"state": config_to_dict(self.state)} if self.state is not None else {})}
 
@@ -300,6 +322,7 @@ class Plan:
                                 "\"hook\": \"fp16\"}")
         return cls(config(d["default"]), pairs, name=d.get("name", ""), summary=d.get("summary", ""),
                    compile=bool(d.get("compile", False)), checkpoint=bool(d.get("checkpoint", False)),
+                   loss=str(d.get("loss") or ""),
                    distributed=Distributed.from_dict(dist) if dist is not None else None,
                    state=config(d["state"]) if d.get("state") is not None else None)
 

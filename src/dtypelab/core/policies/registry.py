@@ -27,6 +27,7 @@ from dtypelab.core.policies.kinds import (
     MXTrain,
     Quantize,
 )
+from dtypelab.core.policies.loss import is_loss_label
 from dtypelab.core.policies.plan import Plan, single
 from dtypelab.core.policies.plugins import lookup
 from dtypelab.core.results.store import read_json
@@ -83,7 +84,8 @@ STATE_MODIFIERS = {c.label: c for c in (LowBitState("8bit"), LowBitState("4bit")
 # Fine-tuning: a frozen base, LoRA adapters through peft (--lora-rank, --lora-alpha, --lora-targets set them per
 # command). lora-fp8 needs float8 matmuls; its emulation (float8 storage, bfloat16 matmuls) runs anywhere.
 FINE_TUNING = {c.label: register(c.label, c).name for c in (
-    LoRA("bfloat16"), LoRA("float32"), LoRA("nf4"), LoRA("int8"), LoRA("fp8"), LoRA("fp8", emulate=True))}
+    LoRA("bfloat16"), LoRA("float32"), LoRA("nf4"), LoRA("int8"), LoRA("fp8"), LoRA("fp8", emulate=True),
+    LoRA("bfloat16", adapters="bfloat16"), LoRA("nf4", adapters="bfloat16"))}
 # The numerics of the GPU-only float8 training recipes where they cannot run (bench --emulate picks them): torchao's
 # emulation, numerics only. Same layer filter as on the GPU; the -all variants convert every eligible layer.
 # MX (Blackwell): mxfp8 training, mxfp8 / mxfp4 inference, and their emulated numerics.
@@ -134,6 +136,7 @@ def emulated_version(plan: Plan) -> Plan | None:
     emulated = dataclasses.replace(config, emulate=True)
     base = REGISTRY.get(emulated.label) or single(emulated)
     base = base.with_checkpoint() if plan.checkpoint else base
+    base = base.with_loss(plan.loss) if plan.loss else base
     return base.with_state(plan.state) if plan.state is not None else base
 
 
@@ -153,7 +156,7 @@ def _lookup(name: str) -> Plan:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise DtypelabError(f"unknown policy {name!r}{hint}; known: {', '.join(REGISTRY)}; POLICY+"
                             f"{'/'.join(STATE_MODIFIERS)} (Adam's state in fewer bits), POLICY+ckpt (activation "
-                            "checkpointing), a plan file "
+                            "checkpointing), POLICY+chunked-ce (the loss in chunks), a plan file "
                             "(.json) or your own precision file (FILE.py:NAME)") from None
 
 
@@ -197,6 +200,8 @@ def get_policy(spec: str | Config | Plan) -> Plan:
         if plan.checkpoint:
             raise DtypelabError(f"policy {spec}: +ckpt is given twice ({plan.name} checkpoints its blocks already)")
         return plan.with_checkpoint()
+    if head and is_loss_label(tail):  # POLICY+chunked-ce: that policy with its loss computed in chunks
+        return get_policy(head).with_loss(tail)
     if head and tail in STATE_MODIFIERS:  # POLICY+adam8bit: that policy with its Adam state in 8 bits
         return get_policy(head).with_state(STATE_MODIFIERS[tail])
     if isinstance(spec, str) and spec.endswith(".json"):

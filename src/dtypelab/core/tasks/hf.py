@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 from dtypelab.core.backends import quiet
 from dtypelab.core.errors import TaskError
+from dtypelab.core.policies.loss import HeadInputs, language_model
 from dtypelab.core.task import Task
 from dtypelab.core.tasks.gpt2 import EVAL_SEQUENCES, HELD_OUT_SEED, Chain
 from dtypelab.core.tasks.hub import (
@@ -51,6 +52,31 @@ def make_task(spec: str) -> Task:
     if seq is not None:
         raise TaskError(f"--seq-len: {where} is not a causal language model (its sequences are the task's own)")
     return pairs_task(name, path, config)
+
+
+def head_inputs(model: nn.Module, batch: dict[str, torch.Tensor]) -> HeadInputs:
+    """A causal language model's loss inputs (``policies.loss``): its last hidden states at every position but the
+    last, the output projection with what the model does to its logits after it (Gemma-2's soft-capping, Cohere's
+    scale), and the next token of each position: what its own loss (``labels=input_ids``) computes from. The model is
+    called whole (its wrappers' and FSDP2's hooks run, as they would for its own loss), projecting no position."""
+    ids = batch["input_ids"]
+    lm = language_model(model)
+    if lm is None:
+        raise TaskError(f"{type(model).__name__}: no causal language model with an output projection inside it")
+    none = torch.empty(0, dtype=torch.long, device=ids.device)  # no position projected: no logits made here
+    out = model(input_ids=ids, output_hidden_states=True, logits_to_keep=none)
+    hidden = out.hidden_states[-1][:, :-1]  # after the final norm, as the output projection takes it
+    del out  # the other layers' outputs: what the backward keeps of them is kept anyway
+    head = lm.get_output_embeddings()
+    cap = getattr(lm.config, "final_logit_softcapping", None)
+    scale = getattr(lm, "logit_scale", None)
+
+    def project(h: torch.Tensor) -> torch.Tensor:
+        out = head(h)
+        out = out * scale if isinstance(scale, (int, float)) else out
+        return torch.tanh(out / cap) * cap if cap else out
+
+    return HeadInputs(hidden, project, ids[:, 1:])
 
 
 def _not_a_text_encoder(config: Any) -> str | None:
@@ -91,8 +117,9 @@ def _causal_task(name: str, path: Path, config: Any, seq: int | None) -> Task:
     return Task(
         name=name, make_model=factory(path, config, AutoModelForCausalLM), train_batch=train_batch,
         blocks=getattr(config, "num_hidden_layers", 0) or 0, with_blocks=lambda n: _with_blocks(config, n),
-        compute_loss=compute_loss, evaluate=evaluate, metric="val_loss", higher_is_better=False,
-        make_optimizer=lambda p: torch.optim.AdamW(p, lr=2e-4, weight_decay=0.0), steps=20, batch_size=4,
+        compute_loss=compute_loss, head_inputs=head_inputs, evaluate=evaluate, metric="val_loss",
+        higher_is_better=False, make_optimizer=lambda p: torch.optim.AdamW(p, lr=2e-4, weight_decay=0.0), steps=20,
+        batch_size=4,
         infer_batch=lambda n: {"input_ids": held[:n, :-1]},
         description=f"{config.model_type} causal language model from {path}"
                     + f", {seq} tokens per sequence; "

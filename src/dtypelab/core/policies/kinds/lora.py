@@ -11,7 +11,10 @@ What each policy is:
 - ``lora-int8``: int8 weights per channel; ``lora-fp8``: float8 e4m3 weights per row with float8 matmuls (compute
   capability >= 8.9), emulated elsewhere (``lora-fp8-emulated``: float8 storage, bfloat16 matmuls).
 
-Trainable weights are always float32 (the adapters, and the modules trained in full: a new classification head,
+- ``lora-bf16-pure``, ``qlora-nf4-pure``: the same bases trained in pure bfloat16, as torchtune trains (its
+  ``dtype: bf16``): the adapters and their Adam state in bfloat16, half their bytes, small updates rounded away.
+
+Trainable weights are otherwise float32 (the adapters, and the modules trained in full: a new classification head,
 peft's ``modules_to_save``), so no update is rounded away; the optimizer is rebuilt over them alone, each in the
 parameter group of the weight it adapts. ``upcast`` adds what peft's ``prepare_model_for_kbit_training`` does to a
 quantized model's other weights: every bfloat16 weight that is not quantized (norms, embeddings, the head) becomes
@@ -126,8 +129,16 @@ class LoRA(Emulable, Config):
     dropout: float = 0.0
     upcast: bool = False
     emulate: bool = False  # fp8: float8 storage with bfloat16 matmuls, where float8 matmuls cannot run
+    # what the trained weights (adapters, modules trained in full) and so their optimizer state are kept in: float32
+    # (peft's default), or bfloat16 (pure bfloat16, as torchtune trains: ``-pure``)
+    adapters: str = "float32"
 
     def __post_init__(self) -> None:
+        if self.adapters not in ("float32", "bfloat16"):
+            raise DtypelabError(f"lora: adapters are float32 or bfloat16, not {self.adapters!r}")
+        if self.adapters == "bfloat16" and self.base == "float32":
+            raise DtypelabError("lora: bfloat16 adapters are for a bfloat16 or quantized base (lora-fp32 is float32 "
+                                "throughout)")
         if self.base not in BASES:
             raise DtypelabError(f"lora: unknown base {self.base!r}; use one of {', '.join(BASES)}")
         if self.rank < 1 or self.alpha <= 0 or not 0 <= self.dropout < 1:
@@ -149,7 +160,8 @@ class LoRA(Emulable, Config):
     # --- what it is ------------------------------------------------------------------------------
     @property
     def label(self) -> str:
-        return BASES[self.base][0] + ("-emulated" if self.emulate else "") + ("-upcast" if self.upcast else "")
+        return BASES[self.base][0] + ("-emulated" if self.emulate else "") + ("-upcast" if self.upcast else "") \
+            + ("-pure" if self.adapters == "bfloat16" else "")
 
     @property
     def facts(self) -> Facts:
@@ -159,13 +171,16 @@ class LoRA(Emulable, Config):
         return replace(self.emulable(Facts(
             modes=("train",), storage_dtype=dtype, compute_dtype=dtype, autocast_dtype=None if dtype == "float32"
             else dtype, probe="int8-weight-only" if self.base == "int8" else "", arithmetic=arithmetic,
-            backend="peft + torchao" if self.base in QUANTIZED else "peft", keeps_updates=True)),  # float32 adapters
+            backend="peft + torchao" if self.base in QUANTIZED else "peft",
+            keeps_updates=self.adapters == "float32")),  # float32 adapters keep every update
             gpu_only=self.base == "fp8" and not self.emulate)
 
     def describe(self) -> str:
         where = ", ".join(self.targets) if self.targets else "every Linear but the output head"
         what = f"frozen {BASES[self.base][1]} base; LoRA r={self.rank}, alpha={self.alpha:g} on {where} (peft)"
-        if self.base != "float32":
+        if self.adapters == "bfloat16":
+            what += ", bfloat16 adapters and Adam state (pure bfloat16, as torchtune trains)"
+        elif self.base != "float32":
             what += ", float32 adapters, autocast bfloat16"
         if self.upcast:
             what += "; the other bfloat16 weights upcast to float32 (prepare_model_for_kbit_training)"
@@ -235,9 +250,10 @@ class LoRA(Emulable, Config):
         else:
             self._inject(model, layout)
             form = self.label
-        for p in model.parameters():  # trainable weights in float32: no update rounded away
-            if p.requires_grad and p.dtype != torch.float32:
-                p.data = p.data.float()
+        trained = getattr(torch, self.adapters)  # float32: no update rounded away; bfloat16: pure bfloat16
+        for p in model.parameters():
+            if p.requires_grad and p.dtype != trained:
+                p.data = p.data.to(trained)
         # what the record says it converted: the layers quantized (a quantized base), else those with adapters
         skipped = {e["layer"] for e in left_out}
         converted = [n for n in layout.quantized if n not in skipped] if layout.quantized else \
