@@ -167,3 +167,35 @@ def test_checkpointed_blocks_and_the_chunked_loss_trace_under_fsdp2():
                                batch_size=4, nproc=2, launcher="inline", speed=False)
     for p in report.policies:
         assert p.status == "ok" and not p.untraced and p.method == "traced", (p.policy, p.reason, p.notes)
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", [(torch.float32, 1e-5, 1e-6), (torch.bfloat16, 1.6e-2, 1e-3)])
+def test_the_compiled_chunks_cross_entropy_equals_torchs(dtype, rtol, atol):
+    """FusedChunk (what a compiled plan's chunk computes): the summed cross-entropy over the positions with a target
+    and its gradient, as F.cross_entropy on the upcast logits gives them, to the logits' dtype's rounding."""
+    from dtypelab.core.policies.loss import FusedChunk
+
+    torch.manual_seed(0)
+    logits = (torch.randn(12, 300) * 3).to(dtype).requires_grad_()
+    targets = torch.randint(0, 300, (12,))
+    targets[[2, 7]] = IGNORE_INDEX
+    expected = F.cross_entropy(logits.float(), targets, reduction="sum", ignore_index=IGNORE_INDEX)
+    (expected * 0.5).backward()
+    want = logits.grad.clone()
+    logits.grad = None
+    got = FusedChunk.apply(logits, targets)
+    (got * 0.5).backward()
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-5)
+    assert logits.grad.dtype == dtype and not logits.grad[[2, 7]].any()
+    torch.testing.assert_close(logits.grad.float(), want.float(), rtol=rtol, atol=atol)
+
+
+def test_a_compiled_plans_chunks_keep_their_logits_and_a_log_sum_exp_not_float32_log_probabilities():
+    report = dtypelab.forecast(f"hf:{WIDE}", seq_len=64, policies="amp-bf16+chunked-ce,amp-bf16+compile+chunked-ce",
+                               device="cpu", batch_search=False, batch_size=2, launcher="inline", speed=False)
+    eager, compiled = report.result("amp-bf16+chunked-ce"), report.result("amp-bf16+compile+chunked-ce")
+    assert eager.status == compiled.status == "ok", (eager.reason, compiled.reason)
+    # what the backward keeps of the loss: 2 x 63 positions x 4,096 logits, float32 log-probabilities (4 bytes) in
+    # the eager chunks, the bfloat16 logits (2 bytes) and a float32 log-sum-exp a position in the compiled ones
+    assert compiled.train.peak_bytes < eager.train.peak_bytes
+    assert compiled.train.breakdown["loss"] < eager.train.breakdown["loss"]

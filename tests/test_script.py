@@ -171,16 +171,35 @@ def test_hf_example_is_measured_per_policy():
 
 
 def test_a_policy_the_trainer_cannot_express_is_refused_before_anything_runs(tmp_path):
-    """A script on dtypelab.hf.Trainer named with a LoRA policy (or a per-module plan): one line, non-zero, before the
-    baseline runs (it was refused inside its own run after fp32's, and bench exited 0). A plain loop takes LoRA."""
+    """A script on dtypelab.hf.Trainer named with a policy the Trainer has no equivalent of (a loss choice: it computes
+    the model's own loss; a per-module plan): one line, non-zero, before the baseline runs. A plain loop takes them."""
     hf_script = os.path.join(EXAMPLES, "train_hf.py")
-    with pytest.raises(dtypelab.DtypelabError, match=r"policy lora-bf16: train_hf\.py trains with dtypelab\.hf\."
+    with pytest.raises(dtypelab.DtypelabError, match=r"policy fp32\+chunked-ce: train_hf\.py trains with dtypelab\.hf\."
                                                      r"Trainer, which has no TrainingArguments equivalent of "
-                                                     r"lora-bf16; name the others"):
-        dtypelab.bench(hf_script, "fp32,lora-bf16", json_path=str(tmp_path / "r.json"))
+                                                     r"\+chunked-ce; name the others"):
+        dtypelab.bench(hf_script, "fp32,fp32+chunked-ce", json_path=str(tmp_path / "r.json"))
     assert not (tmp_path / "r.json").exists()  # nothing ran
-    run = cli("bench", hf_script, "-p", "fp32,lora-bf16")
+    run = cli("bench", hf_script, "-p", "fp32,fp32+chunked-ce")
     assert run.returncode != 0 and "name the others" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.e2e
+def test_a_peft_model_under_the_trainer_is_measured_with_its_own_adapters_under_base_precisions():
+    """A script that applies peft's LoRA itself and trains with dtypelab.hf.Trainer: every LoRA policy keeps its
+    adapters (the same trainable weights) and puts its base in the policy's format (bfloat16 halves it, int8 and NF4
+    shrink it), the Trainer autocasting to bfloat16 where the policy computes in it; the metric judged as for any."""
+    script = os.path.join(HERE, "scripts", "peft_trainer.py")
+    report = dtypelab.bench(script, "fp32,lora-bf16-pure,lora-int8,qlora-nf4", runs=1,
+                            hardware=fake_hardware(fp16_gflops=200.0))
+    runs = {r.policy: r for r in report.results}
+    assert all(r.status == "ok" for r in runs.values()), {r.policy: r.reason for r in runs.values()}
+    frozen = {name: r.memory["frozen_weights"] for name, r in runs.items()}
+    trainable = {name: r.memory["parameters"] for name, r in runs.items()}
+    assert frozen["fp32"] == 2 * frozen["lora-bf16-pure"] > frozen["lora-int8"] > frozen["qlora-nf4"] > 0
+    # the script's own 14,336 float32 adapter weights (rank 4 on q and v of two layers); pure bfloat16 halves them
+    assert trainable["fp32"] == trainable["lora-int8"] == trainable["qlora-nf4"] == 2 * trainable["lora-bf16-pure"]
+    for r in runs.values():
+        assert r.metrics["eval_loss"] == pytest.approx(runs["fp32"].metrics["eval_loss"], rel=0.01)
 
 
 @pytest.mark.e2e

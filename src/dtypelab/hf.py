@@ -1,7 +1,8 @@
 """dtypelab for the Hugging Face Trainer: ``trainer = dtypelab.hf.Trainer(..., metric="eval_accuracy")`` in
 place of ``transformers.Trainer(...)`` — the one changed line. Run normally it is the Trainer as given; run by
 ``dtypelab bench train.py``, the policy is mapped onto ``TrainingArguments`` (``bf16`` / ``fp16`` for autocast,
-``tf32``) or applied to the model (a pure bf16 / fp16 / fp64 cast, as loading with that ``torch_dtype`` would),
+``tf32``) or applied to the model (a pure bf16 / fp16 / fp64 cast, as loading with that ``torch_dtype`` would; a
+LoRA policy's adapters, or a peft model's own kept, and its base in the policy's format),
 every step's loss is logged, and a callback times each step and keeps the evaluation metrics (the last
 ``trainer.evaluate()`` before the script ends counts)."""
 
@@ -14,7 +15,7 @@ import torch
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies import Plan
-from dtypelab.script import HF_OPTIM, Session, trainer_arguments
+from dtypelab.script import HF_CONVERTS, HF_OPTIM, Session, trainer_arguments
 
 try:
     import transformers
@@ -31,7 +32,7 @@ def training_arguments(plan: Plan, args: Any) -> tuple[Any, str | None]:
     ``adamw_torch_4bit``: torchao's low-bit AdamW), ``+ckpt`` its ``gradient_checkpointing``."""
     mapped = trainer_arguments(plan)
     if mapped is None:
-        why = "per-module plans have" if plan.rules else "it has"
+        why = "per-module plans have" if plan.rules else f"+{plan.loss} has" if plan.loss else "it has"
         raise DtypelabError(f"policy {plan.name}: {why} no TrainingArguments equivalent")
     flags, cast = mapped
     flags = {"bf16": False, "fp16": False, **flags}
@@ -98,6 +99,8 @@ def Trainer(*args: Any, metric: str | None = None, higher_is_better: bool | None
         kwargs["args"], cast = training_arguments(lab.plan, _on_device(kwargs["args"], lab.device))
         if cast is not None:
             kwargs["model"] = kwargs["model"].to(getattr(torch, cast))
+        if HF_CONVERTS(lab.plan.default):  # LoRA: the adapters (or the model's own) and the base in its format
+            kwargs["model"], _ = lab.plan.default.convert_module(kwargs["model"], [])
     kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), DtypelabCallback(lab, metric, higher_is_better)]
     trainer = transformers.Trainer(*args, **kwargs)
     if lab.driven and lab.plan.default.facts.autocast_dtype and not trainer.accelerator.native_amp:

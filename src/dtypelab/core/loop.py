@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dtypelab.core.errors import DtypelabError, TaskError, Unsupported, describe_exception
-from dtypelab.core.footprint import loss_part, part_records, saved_activations, state_memory
+from dtypelab.core.footprint import leaves, loss_part, part_records, saved_activations, state_memory
 from dtypelab.core.hardware import HardwareInfo, hardware_for, resolve_device
 from dtypelab.core.policies import Plan, Precision, get_policy
 from dtypelab.core.policies.loss import logit_width, loss_choice
@@ -52,7 +52,10 @@ def fingerprint(model: nn.Module) -> str:
     for key, t in sorted(model.state_dict().items()):
         h.update(key.encode())
         h.update(str(t.dtype).encode())
-        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        for leaf in leaves(t):  # a quantized weight (NF4, int8) by its inner tensors: it has no bytes of its own
+            flat = leaf.detach().to("cpu").reshape(-1)
+            flat = flat.new_empty(flat.shape).copy_(flat)  # stride 1 (a one-element view may keep another stride)
+            h.update(flat.view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -145,18 +148,19 @@ def forward_loss(task: Task, model: nn.Module, precision: Precision, inputs: Any
     inputs, target = precision.convert_input(inputs), precision.convert_input(target)
     with precision.forward_context():
         if precision.plan.loss:  # a loss choice: computed from the model's last hidden states (policies.loss)
-            return chosen_loss(task, precision.plan.loss)(task.head_inputs(model, inputs))  # type: ignore[misc]
+            return chosen_loss(task, precision.plan)(task.head_inputs(model, inputs))  # type: ignore[misc]
         if task.compute_loss is not None:
             return task.compute_loss(model, inputs)
         return task.loss_fn(call_model(model, inputs), target)
 
 
-def chosen_loss(task: Task, label: str) -> Callable[[Any], torch.Tensor]:
-    """The loss ``label`` names, for a task that offers the loss's inputs; one line for one that does not."""
+def chosen_loss(task: Task, plan: Plan) -> Callable[[Any], torch.Tensor]:
+    """The loss the plan names, for a task that offers the loss's inputs; one line for one that does not."""
+    label = plan.loss
     if task.head_inputs is None:
         raise Unsupported(f"+{label}: task {task.name!r} gives no output projection to compute its loss from (an hf: "
                           "causal language model does; a task of your own sets Task.head_inputs)")
-    return loss_choice(label)
+    return loss_choice(label, compiled=plan.compiles)
 
 
 LOW_FLOATS = (torch.bfloat16, torch.float16)

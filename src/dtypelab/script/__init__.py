@@ -13,13 +13,13 @@ __getattr__, __dir__, __all__ = exports(__name__, {
     "session": "handle", "Session": "handle", "Diagnosis": "diagnose", "bench_script": "runner",
     "diagnose_script": "runner", "script_record": "runner",
     "script_environment": "runner", "baseline_failed": "runner", "ScriptJob": "messages", "ScriptResult": "messages",
-    "ScriptSkip": "messages", "HF_ARGUMENTS": "adapters", "HF_OPTIM": "adapters",
+    "ScriptSkip": "messages", "HF_ARGUMENTS": "adapters", "HF_CONVERTS": "adapters", "HF_OPTIM": "adapters",
     "trainer_arguments": "adapters",
     "LIGHTNING_PRECISION": "adapters",
 })
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
-    from dtypelab.script.adapters import HF_ARGUMENTS, HF_OPTIM, LIGHTNING_PRECISION, trainer_arguments
+    from dtypelab.script.adapters import HF_ARGUMENTS, HF_CONVERTS, HF_OPTIM, LIGHTNING_PRECISION, trainer_arguments
     from dtypelab.script.diagnose import Diagnosis
     from dtypelab.script.handle import Session, session
     from dtypelab.script.messages import ScriptJob, ScriptResult, ScriptSkip

@@ -9,6 +9,7 @@ from typing import Any
 
 from dtypelab.core.policies import Autocast, Cast
 from dtypelab.core.policies.adapters import Adapter, constant
+from dtypelab.core.policies.kinds.lora import LoRA
 from dtypelab.core.policies.kinds.tf32 import TF32
 from dtypelab.core.policies.kinds.training_state import LowBitState
 
@@ -39,10 +40,23 @@ def _autocast_arguments(config: Autocast) -> tuple[dict[str, Any], str | None]:
 HF_ARGUMENTS.register(TF32)(constant(({"tf32": True}, None)))
 
 
+@HF_ARGUMENTS.register(LoRA)
+def _lora_arguments(config: LoRA) -> tuple[dict[str, Any], str | None]:
+    # the model the Trainer is given is cast to the base's storage dtype, then converted by the kind (HF_CONVERTS); a
+    # bfloat16 or quantized base computes under the Trainer's bf16 autocast, as the kind does
+    return ({}, None) if config.base == "float32" else ({"bf16": True}, "bfloat16")
+
+
+# Whether a kind converts the model before the Trainer gets it (LoRA: peft's adapters injected, or a peft model's own
+# kept, the base in its format); the Trainer then builds its optimizer over what trains
+HF_CONVERTS: Adapter[bool] = Adapter("whether the kind converts the model the Trainer is given", constant(False))
+HF_CONVERTS.register(LoRA)(constant(True))
+
+
 def trainer_arguments(plan: Any) -> tuple[dict[str, Any], str | None] | None:
-    """A plan's ``HF_ARGUMENTS`` (its default's), or None where the Trainer cannot run it: a per-module plan, a kind
-    without an answer (LoRA)."""
-    return None if plan.rules else HF_ARGUMENTS(plan.default)
+    """A plan's ``HF_ARGUMENTS`` (its default's), or None where the Trainer cannot run it: a per-module plan, a loss
+    choice (the Trainer computes the model's own loss), a kind without an answer."""
+    return None if plan.rules or plan.loss else HF_ARGUMENTS(plan.default)
 
 # An optimizer-state modifier as the Trainer's own ``optim`` name (torchao's low-bit AdamW, transformers#31865):
 # none, the Trainer has no such optimizer
@@ -50,4 +64,4 @@ HF_OPTIM: Adapter[str | None] = Adapter("the Trainer's optim name for an optimiz
 HF_OPTIM.register(LowBitState)(lambda config: {"8bit": "adamw_torch_8bit", "4bit": "adamw_torch_4bit"}.get(
     config.bits))
 
-__all__ = ["HF_ARGUMENTS", "HF_OPTIM", "LIGHTNING_PRECISION"]
+__all__ = ["HF_ARGUMENTS", "HF_CONVERTS", "HF_OPTIM", "LIGHTNING_PRECISION"]

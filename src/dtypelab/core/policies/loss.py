@@ -7,7 +7,9 @@ computed, which decides in which dtype its logits live and how many of them exis
 - ``+chunked-ce`` (``+chunked-ceN``: N chunks, 8 by default): torchtune's ``LinearCrossEntropyLoss``. The positions
   are split into N chunks; each chunk is projected and its logits upcast to float32 and summed into the
   cross-entropy on their own, so that only one chunk's logits and their float32 copy exist at a time. What autograd
-  keeps (each chunk's float32 log-probabilities) is the same; the transients are a chunk's.
+  keeps (each chunk's float32 log-probabilities) is the same; the transients are a chunk's. Under a plan that
+  compiles (``+compile``), each chunk's cross-entropy is the one torch.compile makes (``FusedChunk``): it keeps the
+  logits in their own dtype and a log-sum-exp per position instead of float32 log-probabilities.
 
 A task offers the loss's inputs through ``Task.head_inputs`` (the last hidden states, the output projection and the
 targets each position predicts); a task without it cannot take a loss choice, said in one line.
@@ -44,9 +46,11 @@ class HeadInputs:
 
 @dataclass(frozen=True)
 class LossChoice:
-    """A loss computed from ``HeadInputs`` in ``chunks`` chunks of the positions with a target."""
+    """A loss computed from ``HeadInputs`` in ``chunks`` chunks of the positions; ``compiled``: each chunk's
+    cross-entropy as torch.compile makes it (``FusedChunk``), for a plan that compiles."""
 
     chunks: int = DEFAULT_CHUNKS
+    compiled: bool = False
 
     @property
     def label(self) -> str:
@@ -57,7 +61,7 @@ class LossChoice:
                 "on their own (torchtune's LinearCrossEntropyLoss)")
 
     def __call__(self, inputs: HeadInputs) -> torch.Tensor:
-        return chunked_cross_entropy(inputs, self.chunks)
+        return chunked_cross_entropy(inputs, self.chunks, self.compiled)
 
 
 def language_model(model: nn.Module) -> Any:
@@ -94,22 +98,47 @@ def logit_width(model: nn.Module) -> int:
     return width if width > features else 0
 
 
-def loss_choice(label: str) -> LossChoice:
-    """``chunked-ce`` or ``chunked-ceN`` as a LossChoice; anything else is one line."""
+def loss_choice(label: str, compiled: bool = False) -> LossChoice:
+    """``chunked-ce`` or ``chunked-ceN`` as a LossChoice (``compiled``: for a plan that compiles); anything else is
+    one line."""
     m = _LABEL.fullmatch(label)
     if m is None:
         raise DtypelabError(f"unknown loss {label!r}: chunked-ce (8 chunks) or chunked-ceN (N chunks)")
     chunks = int(m.group(1) or DEFAULT_CHUNKS)
     if not 1 <= chunks <= 1024:
         raise DtypelabError(f"+{label}: the number of chunks is 1 to 1024")
-    return LossChoice(chunks)
+    return LossChoice(chunks, compiled)
 
 
 def is_loss_label(label: str) -> bool:
     return _LABEL.fullmatch(label) is not None
 
 
-def chunked_cross_entropy(inputs: HeadInputs, chunks: int) -> torch.Tensor:
+class FusedChunk(torch.autograd.Function):
+    """One chunk's summed cross-entropy as torch.compile makes it: for the backward it keeps the logits in their own
+    dtype and one float32 log-sum-exp per position, and recomputes the float32 softmax there (inductor's partitioner
+    recomputes the upcast and the exponentials rather than keep float32 log-probabilities: half the bytes at bfloat16).
+    Run eagerly (a forecast's trace), each float32 intermediate lives one chunk's step, as chunking bounds it."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        wide = logits.float()
+        lse = torch.logsumexp(wide, dim=-1)
+        valid = targets != IGNORE_INDEX
+        picked = wide.gather(-1, targets.clamp(min=0)[:, None])[:, 0]
+        ctx.save_for_backward(logits, lse, targets)
+        return ((lse - picked) * valid).sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        logits, lse, targets = ctx.saved_tensors
+        probs = torch.exp(logits.float() - lse[:, None])
+        probs.scatter_add_(-1, targets.clamp(min=0)[:, None], -torch.ones_like(lse)[:, None])  # less the one-hot
+        probs *= ((targets != IGNORE_INDEX) * grad)[:, None]
+        return probs.to(logits.dtype), None
+
+
+def chunked_cross_entropy(inputs: HeadInputs, chunks: int, compiled: bool = False) -> torch.Tensor:
     """The mean cross-entropy over the positions with a target, computed chunk by chunk along the positions
     (``tensor_split`` into ``chunks``, torchtune's split). Positions without a target are left to ``ignore_index``
     rather than dropped first as torchtune does: the same value, and a shape that does not depend on the data, which
@@ -118,9 +147,11 @@ def chunked_cross_entropy(inputs: HeadInputs, chunks: int) -> torch.Tensor:
     hidden = inputs.hidden.reshape(-1, inputs.hidden.shape[-1])
     total: Any = 0.0
     for h, t in zip(hidden.tensor_split(chunks), targets.tensor_split(chunks), strict=True):
-        total = total + F.cross_entropy(inputs.project(h).float(), t, reduction="sum", ignore_index=IGNORE_INDEX)
+        logits = inputs.project(h)
+        total = total + (FusedChunk.apply(logits, t) if compiled else
+                         F.cross_entropy(logits.float(), t, reduction="sum", ignore_index=IGNORE_INDEX))
     return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
 
-__all__ = ["DEFAULT_CHUNKS", "IGNORE_INDEX", "HeadInputs", "LossChoice", "chunked_cross_entropy", "is_loss_label",
-           "language_model", "logit_width", "loss_choice"]
+__all__ = ["DEFAULT_CHUNKS", "IGNORE_INDEX", "FusedChunk", "HeadInputs", "LossChoice", "chunked_cross_entropy",
+           "is_loss_label", "language_model", "logit_width", "loss_choice"]
