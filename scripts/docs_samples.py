@@ -47,8 +47,8 @@ COMMANDS: dict[str, tuple[str, int]] = {
     "forecast-finetune": ("dtypelab forecast hf:benchmarks/configs/llama3-8b --seq-len 2048 --device RTX4090 "
                           "-p amp-bf16,lora-bf16,qlora-nf4,lora-bf16+ckpt,qlora-nf4+ckpt", 0),
     "forecast-loss": ("dtypelab forecast hf:benchmarks/configs/llama3.1-8b --seq-len 2048 --batch-size 2 "
-                      "--device RTX4090 -p lora-bf16+ckpt,lora-bf16+ckpt+chunked-ce,qlora-nf4-pure+compile+ckpt+chunked-ce "
-                      "--no-batch-search --no-speed", 0),
+                      "--device RTX4090 -p lora-bf16+ckpt,lora-bf16+ckpt+chunked-ce,"
+                      "qlora-nf4-pure+compile+ckpt+chunked-ce --no-batch-search --no-speed", 0),
     "forecast-check": ("dtypelab forecast gpt2 --device cpu --check -p fp32,amp-bf16,bf16-kahan,bf16-sr+adam8bit "
                        "--no-batch-search", 0),
 }
