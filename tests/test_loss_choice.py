@@ -199,3 +199,13 @@ def test_a_compiled_plans_chunks_keep_their_logits_and_a_log_sum_exp_not_float32
     # the eager chunks, the bfloat16 logits (2 bytes) and a float32 log-sum-exp a position in the compiled ones
     assert compiled.train.peak_bytes < eager.train.peak_bytes
     assert compiled.train.breakdown["loss"] < eager.train.breakdown["loss"]
+
+
+def test_the_batch_search_counts_the_loss_among_what_each_sample_adds():
+    """The search's first jump goes where the traced peak's per-sample bytes meet the limit: with the loss counted
+    apart, those bytes include it (they once did not, and a loss-heavy model's search overshot and traced more)."""
+    report = dtypelab.forecast(f"hf:{WIDE}", seq_len=64, policies="fp32", device="H100", memory="40MiB", reserve="0",
+                               batch_size=2, launcher="inline", speed=False)
+    fit = report.result("fp32").train_fit
+    assert fit.largest_batch is not None and fit.largest_batch > 4
+    assert fit.traces == 2  # the estimate fits and the size after it does not (without the loss: 3 traces)

@@ -181,9 +181,10 @@ class Forecaster:
         def peak_at(b: int) -> int:
             return self.peak(plan, b, train, [])[0].peak_bytes
 
-        grows = None  # what each sample adds, by the traced peak: its activations and temporaries, when it is in a pass
+        # what each sample adds, by the traced peak: its activations, loss and temporaries, when it is in a pass
+        grows = None
         if peak.phase in ("batch", "forward", "backward"):
-            grows = (peak.breakdown["activations"] + peak.breakdown["temporaries"]) / peak.batch_size
+            grows = sum(peak.breakdown.get(k, 0) for k in ("activations", "loss", "temporaries")) / peak.batch_size
         found = largest_batch(peak_at, limit, peak.batch_size, known={peak.batch_size: peak.peak_bytes},
                               per_sample=grows)
         largest = None if found.largest is None else found.largest * self.job.nproc
