@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import subprocess
 import sys
@@ -171,16 +172,26 @@ def test_hf_example_is_measured_per_policy():
 
 
 def test_a_policy_the_trainer_cannot_express_is_refused_before_anything_runs(tmp_path):
-    """A script on dtypelab.hf.Trainer named with a policy the Trainer has no equivalent of (a loss choice: it computes
-    the model's own loss; a per-module plan): one line, non-zero, before the baseline runs. A plain loop takes them."""
+    """A script on dtypelab.hf.Trainer named with a policy the Trainer has no equivalent of (a per-module plan): one
+    line, non-zero, before the baseline runs. A plain loop takes it."""
     hf_script = os.path.join(EXAMPLES, "train_hf.py")
-    with pytest.raises(dtypelab.DtypelabError, match=r"policy fp32\+chunked-ce: train_hf\.py trains with dtypelab\.hf\."
-                                                     r"Trainer, which has no TrainingArguments equivalent of "
-                                                     r"\+chunked-ce; name the others"):
-        dtypelab.bench(hf_script, "fp32,fp32+chunked-ce", json_path=str(tmp_path / "r.json"))
+    plan = tmp_path / "mixed.json"
+    plan.write_text(json.dumps({"default": "fp32", "rules": {"classifier": "bf16"}}))
+    with pytest.raises(dtypelab.DtypelabError, match=r"policy mixed: train_hf\.py trains with dtypelab\.hf\.Trainer, "
+                                                     r"which has no TrainingArguments equivalent of a per-module plan; "
+                                                     r"name the others"):
+        dtypelab.bench(hf_script, f"fp32,{plan}", json_path=str(tmp_path / "r.json"))
     assert not (tmp_path / "r.json").exists()  # nothing ran
-    run = cli("bench", hf_script, "-p", "fp32,fp32+chunked-ce")
+    run = cli("bench", hf_script, "-p", f"fp32,{plan}")
     assert run.returncode != 0 and "name the others" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_loss_choice_is_refused_for_a_script_which_computes_its_own_loss(tmp_path):
+    for script in ("train_loop.py", "train_hf.py"):
+        with pytest.raises(dtypelab.DtypelabError, match=r"policy fp32\+chunked-ce: \+chunked-ce computes a task's "
+                                                         r"loss, and a script computes its own"):
+            dtypelab.bench(os.path.join(EXAMPLES, script), "fp32,fp32+chunked-ce", json_path=str(tmp_path / "r.json"))
+    assert not (tmp_path / "r.json").exists()
 
 
 @pytest.mark.e2e

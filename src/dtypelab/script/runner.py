@@ -90,6 +90,9 @@ def _script_plans(path: str, opts: Options, dev: Any) -> tuple[dict[str, Plan], 
             raise DtypelabError(wrong)
         if plan.compiles and (explicit or plan is named):
             raise DtypelabError(f"policy {plan.name}: compiled policies are not supported for scripts yet")
+        if plan.loss:  # the script's own code computes its loss: a loss choice would be a name over its loss
+            raise DtypelabError(f"policy {plan.name}: +{plan.loss} computes a task's loss, and a script computes its "
+                                "own (for a Hugging Face model, bench hf:MODEL takes it)")
     _trainer_refusals(path, [*(plans.values() if explicit else ()), *([named] if named else [])])
     base = named or get_policy(BASELINE)
     return {base.name: base, **{k: v for k, v in plans.items() if not v.compiles and k != base.name}}, named, explicit
