@@ -32,7 +32,7 @@ def training_arguments(plan: Plan, args: Any) -> tuple[Any, str | None]:
     ``adamw_torch_4bit``: torchao's low-bit AdamW), ``+ckpt`` its ``gradient_checkpointing``."""
     mapped = trainer_arguments(plan)
     if mapped is None:
-        why = "per-module plans have" if plan.rules else f"+{plan.loss} has" if plan.loss else "it has"
+        why = "per-module plans have" if plan.rules else "it has"
         raise DtypelabError(f"policy {plan.name}: {why} no TrainingArguments equivalent")
     flags, cast = mapped
     flags = {"bf16": False, "fp16": False, **flags}

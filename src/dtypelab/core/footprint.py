@@ -124,6 +124,12 @@ class ActivationPart:
     width: int = 0  # also what is saved as wide as this (a language model's logits: ``loss_part``), wherever it runs
 
 
+def as_wide(t: torch.Tensor, width: int) -> bool:
+    """Whether ``t`` is as wide as a language model's logits (``width``, its vocabulary; never for 0): the logits,
+    their float32 copy, the log-probabilities, their gradients."""
+    return width > 0 and t.dim() >= 2 and t.shape[-1] == width
+
+
 def loss_part(width: int) -> list[ActivationPart]:
     """The loss's share of the activations: what is saved as wide as a language model's logits (``width``, its
     vocabulary; none for 0): the float32 log-probabilities its cross-entropy keeps for the backward."""
@@ -172,7 +178,7 @@ def saved_activations(model: nn.Module, parts: Sequence[ActivationPart] = ()) ->
                 added = live["counter"].add([t])
                 live["bytes"] += added
                 for label, depth in inside.items():
-                    live[label] += added if depth or (t.dim() >= 2 and t.shape[-1] == widths[label] > 0) else 0
+                    live[label] += added if depth or as_wide(t, widths[label]) else 0
                 if live["bytes"] > out["bytes"]:
                     out.update(bytes=live["bytes"], **{label: live[label] for label in named})
         except Exception:

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from dtypelab.core.errors import DtypelabError, TaskError, Unsupported, describe_exception
-from dtypelab.core.footprint import leaves, loss_part, part_records, saved_activations, state_memory
+from dtypelab.core.footprint import leaves, part_records, saved_activations, state_memory
 from dtypelab.core.hardware import HardwareInfo, hardware_for, resolve_device
 from dtypelab.core.policies import Plan, Precision, get_policy
-from dtypelab.core.policies.loss import logit_width, loss_choice
+from dtypelab.core.policies.loss import loss_choice
 from dtypelab.core.task import Task, call_model, load_task, map_tensors, plain
 from dtypelab.core.updates import UpdateCounter
 
@@ -54,7 +54,8 @@ def fingerprint(model: nn.Module) -> str:
         h.update(str(t.dtype).encode())
         for leaf in leaves(t):  # a quantized weight (NF4, int8) by its inner tensors: it has no bytes of its own
             flat = leaf.detach().to("cpu").reshape(-1)
-            flat = flat.new_empty(flat.shape).copy_(flat)  # stride 1 (a one-element view may keep another stride)
+            if flat.numel() and flat.stride(0) != 1:  # a one-element view may keep another stride: bytes need 1
+                flat = flat.clone(memory_format=torch.contiguous_format)
             h.update(flat.view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
@@ -175,7 +176,7 @@ def state_after(task: Task, model: nn.Module, precision: Precision, optimizer: t
     activations, parts = None, []
     if not precision.plan.compiles:
         inputs, target = to_device(task.batch(step, batch_size), device)
-        named = precision.activation_parts(model) + loss_part(logit_width(model))
+        named = precision.activation_parts(model)
         with precision.session(), saved_activations(model, named) as saved:
             loss = forward_loss(task, model, precision, inputs, target)
         del loss

@@ -146,7 +146,11 @@ class LabModule(Transparent, nn.Module):
         return self.__dict__["_lab_module"].named_children()
 
     def named_modules(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Module]]:
-        return self.__dict__["_lab_module"].named_modules(*args, **kwargs)
+        # the wrapped module's modules under their names, itself as this wrapper (what its parent holds and calls):
+        # FSDP2 shards a wrapped block as a unit and finds the unit's state again by walking the root's modules
+        inner = self.__dict__["_lab_module"]
+        for name, module in inner.named_modules(*args, **kwargs):
+            yield name, (self if module is inner else module)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self.__dict__["_lab_module"].state_dict(*args, **kwargs)

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.module_tracker import ModuleTracker
 
-from dtypelab.core.footprint import leaves
+from dtypelab.core.footprint import as_wide, leaves
 from dtypelab.core.policies.checkpointing import recomputing
 from dtypelab.core.results import PEAK_CATEGORIES
 from dtypelab.forecasting.ops import RECORDED, record
@@ -205,7 +205,7 @@ class Ledger(TorchDispatchMode):
     def _category(self, t: torch.Tensor) -> str:
         """A new storage's category: the step's default, or ``loss`` for a tensor as wide as the logits (``loss_width``)
         made where a temporary would be (the logits, their float32 copy, the log-probabilities, their gradients)."""
-        if self.loss_width and self.default == "temporaries" and t.dim() >= 2 and t.shape[-1] == self.loss_width:
+        if self.default == "temporaries" and as_wide(t, self.loss_width):
             return "loss"
         return self.default
 

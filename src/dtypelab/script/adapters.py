@@ -54,9 +54,9 @@ HF_CONVERTS.register(LoRA)(constant(True))
 
 
 def trainer_arguments(plan: Any) -> tuple[dict[str, Any], str | None] | None:
-    """A plan's ``HF_ARGUMENTS`` (its default's), or None where the Trainer cannot run it: a per-module plan, a loss
-    choice (the Trainer computes the model's own loss), a kind without an answer."""
-    return None if plan.rules or plan.loss else HF_ARGUMENTS(plan.default)
+    """A plan's ``HF_ARGUMENTS`` (its default's), or None where the Trainer cannot run it: a per-module plan, a kind
+    without an answer. (A loss choice is refused for every script first: the runner's.)"""
+    return None if plan.rules else HF_ARGUMENTS(plan.default)
 
 # An optimizer-state modifier as the Trainer's own ``optim`` name (torchao's low-bit AdamW, transformers#31865):
 # none, the Trainer has no such optimizer

@@ -7,17 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtypelab.core.footprint import (
-    ActivationPart,
-    loss_part,
-    part_records,
-    saved_activations,
-    state_memory,
-    tensor_bytes,
-)
+from dtypelab.core.footprint import ActivationPart, part_records, saved_activations, state_memory, tensor_bytes
 from dtypelab.core.measure import StepTimer
 from dtypelab.core.policies import Precision
-from dtypelab.core.policies.loss import logit_width
 from dtypelab.script.session_state import RunState
 
 
@@ -39,8 +31,7 @@ class Footprint:
         if start:
             if (self._acts is None and len(self.timer.samples) == self.ACTIVATIONS_STEP
                     and self.run.model is not None and self.bench):
-                # LoRA's adapters, a language model's loss
-                self._parts = self.precision.activation_parts(self.run.model) + loss_part(logit_width(self.run.model))
+                self._parts = self.precision.activation_parts(self.run.model)  # LoRA's adapters, the loss
                 self._acts = saved_activations(self.run.model, self._parts)
                 self._count = self._acts.__enter__()
         elif self._acts is not None and self._count is not None and "done" not in self._count:

@@ -106,7 +106,7 @@ def _trainer_refusals(path: str, plans: list[Plan]) -> None:
         return
     for plan in plans:
         if trainer_arguments(plan) is None:
-            what = "a per-module plan" if plan.rules else f"+{plan.loss}" if plan.loss else plan.default.label
+            what = "a per-module plan" if plan.rules else plan.default.label
             raise DtypelabError(f"policy {plan.name}: {os.path.basename(path)} trains with dtypelab.hf.Trainer, which "
                                 f"has no TrainingArguments equivalent of {what}; name the others")
 

@@ -94,13 +94,6 @@ class CheckpointModule(LabModule):
     def wrap(module: nn.Module, lab: Recompute | None = None) -> CheckpointModule:
         return combined(CheckpointModule, type(module))(module, lab or Recompute())
 
-    def named_modules(self, *args: Any, **kwargs: Any) -> Any:
-        """The block's modules under their names, the block itself as this wrapper (what its parent holds and calls):
-        FSDP2 shards the block as a unit and finds that unit's state again by walking the root's modules."""
-        inner = self.__dict__["_lab_module"]
-        for name, module in inner.named_modules(*args, **kwargs):
-            yield name, (self if module is inner else module)
-
 
 def checkpoint_blocks(model: nn.Module, what: str = "+ckpt") -> list[str]:
     """Wrap each repeated block of ``model`` (in place, in its parent's slot); their names. A model that repeats

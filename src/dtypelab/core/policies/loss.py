@@ -17,6 +17,7 @@ targets each position predicts); a task without it cannot take a loss choice, sa
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,19 +65,24 @@ class LossChoice:
         return chunked_cross_entropy(inputs, self.chunks, self.compiled)
 
 
+def _inside(module: Any) -> Any:
+    """What a wrapper holds: dtypelab's (``_lab_module``), peft's (its base model), torch.compile's (``_orig_mod``);
+    None for a module that wraps nothing."""
+    base = getattr(module, "get_base_model", None)
+    if callable(base) and base() is not module:
+        return base()
+    return module.__dict__.get("_lab_module") or module.__dict__.get("_modules", {}).get("_orig_mod")
+
+
 def language_model(model: nn.Module) -> Any:
     """The Hugging Face language model inside what dtypelab, peft and torch.compile wrapped it in (what has an output
     projection: ``get_output_embeddings``), or None."""
     seen: Any = model
-    for _ in range(6):
-        if seen is None:
-            return None
+    while seen is not None:
         heads = getattr(seen, "get_output_embeddings", None)
         if hasattr(seen, "get_decoder") and callable(heads) and heads() is not None:
             return seen
-        base = getattr(seen, "get_base_model", None)
-        seen = base() if callable(base) and base() is not seen else \
-            seen.__dict__.get("_lab_module") or seen.__dict__.get("_modules", {}).get("_orig_mod")
+        seen = _inside(seen)
     return None
 
 
@@ -86,11 +92,11 @@ def logit_width(model: nn.Module) -> int:
     ``output`` Linear wider than its input)."""
     lm = language_model(model)
     head = lm.get_output_embeddings() if lm is not None else None
-    if head is None:
-        inner = model.__dict__.get("_lab_module", model)
-        inner = inner.__dict__.get("_modules", {}).get("_orig_mod", inner)
+    inner: Any = model
+    while head is None and inner is not None:
         head = next((getattr(inner, n) for n in ("lm_head", "head", "output")
                      if isinstance(getattr(inner, n, None), nn.Module)), None)
+        inner = _inside(inner)
     weight = getattr(head, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return 0
@@ -98,6 +104,7 @@ def logit_width(model: nn.Module) -> int:
     return width if width > features else 0
 
 
+@functools.cache
 def loss_choice(label: str, compiled: bool = False) -> LossChoice:
     """``chunked-ce`` or ``chunked-ceN`` as a LossChoice (``compiled``: for a plan that compiles); anything else is
     one line."""

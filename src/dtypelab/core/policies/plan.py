@@ -190,9 +190,7 @@ class Plan:
         modifier)."""
         if self.checkpoint:
             return self
-        tail = (f"+{self.state.label}" if self.state else "") + (f"+{self.distributed.label}" if self.distributed
-                                                                 else "")
-        return replace(self, checkpoint=True, name=f"{self.name.removesuffix(tail)}+ckpt{tail}")
+        return replace(self, checkpoint=True, name=self._named_with("ckpt"))
 
     def with_loss(self, label: str) -> Plan:
         """This plan with its loss computed as ``label`` says (``loss``), named NAME+LABEL (before any state or
@@ -200,9 +198,13 @@ class Plan:
         if self.loss:
             raise DtypelabError(f"policy {self.name}+{label}: a loss is named twice ({self.name} computes its loss as "
                                 f"{self.loss} already)")
+        return replace(self, loss=label, name=self._named_with(label))
+
+    def _named_with(self, modifier: str) -> str:
+        """This plan's name with ``+modifier`` before its state and distributed modifiers, which the name ends with."""
         tail = (f"+{self.state.label}" if self.state else "") + (f"+{self.distributed.label}" if self.distributed
                                                                  else "")
-        return replace(self, loss=label, name=f"{self.name.removesuffix(tail)}+{label}{tail}")
+        return f"{self.name.removesuffix(tail)}+{modifier}{tail}"
 
     def with_distributed(self, spec: Distributed | None) -> Plan:
         """This plan with a distributed modifier, named NAME+MODIFIER."""
@@ -218,8 +220,7 @@ class Plan:
             return self
         if self.state is not None:
             raise DtypelabError(f"plan {self.name} has an optimizer-state modifier already ({self.state.label})")
-        tail = f"+{self.distributed.label}" if self.distributed else ""
-        return replace(self, state=state, name=f"{self.name.removesuffix(tail)}+{state.label}{tail}")
+        return replace(self, state=state, name=self._named_with(state.label))
 
     def config_for(self, name: str, parent: Config | None = None) -> Config:
         """The config of the module called ``name`` whose parent runs in ``parent`` (None: the root)."""

@@ -24,8 +24,10 @@ from torch import nn
 
 from dtypelab.core.backends import quiet
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.footprint import loss_part
 from dtypelab.core.policies.checkpointing import checkpoint_blocks
 from dtypelab.core.policies.configs import ActivationPart, Config
+from dtypelab.core.policies.loss import logit_width
 from dtypelab.core.policies.plan import Plan
 from dtypelab.core.policies.regions import Region, RegionModule, floats_to, slot, unwrapped
 from dtypelab.core.scaler import ScalerLog
@@ -197,8 +199,10 @@ class Precision:
         return [t for config in self.plan.configs for t in config.master_tensors(optimizer)]
 
     def activation_parts(self, model: nn.Module) -> list[ActivationPart]:
-        """The parts of the activations the kinds count apart (``Config.activation_parts``)."""
-        return [part for config in self.plan.configs for part in config.activation_parts(model)]
+        """The parts of the activations counted apart: the kinds' (``Config.activation_parts``), and a language
+        model's loss (``footprint.loss_part``)."""
+        return [part for config in self.plan.configs for part in config.activation_parts(model)] + \
+            loss_part(logit_width(model))
 
     def closure_error(self, optimizer: torch.optim.Optimizer) -> str | None:
         """Why this plan cannot step ``optimizer`` with a closure, or None: GradScaler cannot; a kind with its own
