@@ -26,6 +26,7 @@ class Work:
     name: str = "work"
 
     def __call__(self, report):
+        had_wave = "wave" in sys.modules  # a module nothing here imports: only a zygote's preload puts it there
         report.step(1, 2)
         if self.how == "raise":
             raise ValueError("planted")
@@ -40,7 +41,7 @@ class Work:
         report.step(2, 2)
         if self.how == "numpy":
             import numpy  # noqa: F401
-        return {"value": 42, "pid": os.getpid(), "ppid": os.getppid()}
+        return {"value": 42, "pid": os.getpid(), "ppid": os.getppid(), "had_wave": had_wave}
 
 
 @pytest.fixture(autouse=True)
@@ -120,6 +121,25 @@ def test_cpu_work_forks_from_a_warm_zygote_that_keeps_heavy_libraries(tmp_path, 
     monkeypatch.setenv("DTYPELAB_FORK", "0")
     fresh = launcher.run(Work("ok"), 60, lambda d, t: None)
     assert fresh.ok and fresh.value["ppid"] == os.getpid()
+    zygote.close()
+
+
+def test_a_zygote_started_early_imports_ahead_and_outlives_torchs_own_settings(tmp_path, monkeypatch):
+    """``prestart`` starts the zygote and has it import what the first worker will need while the caller works on;
+    torch's writing its inductor cache folder into the environment (as it does once imported) does not make that
+    zygote stale (it did: the warm zygote was killed and started again, 5 s of a forecast's start)."""
+    monkeypatch.delenv("DTYPELAB_FORK", raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    launcher = ProcessLauncher(str(tmp_path))
+    launcher.prestart(("wave",))
+    zygote = launcher._zygote
+    assert zygote is not None and zygote.proc is not None
+    early = zygote.proc.pid
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    out = launcher.run(Work("ok"), 60, lambda d, t: None)
+    assert out.ok and out.value["ppid"] == early and out.value["had_wave"]
+    plain = ProcessLauncher(str(tmp_path)).run(Work("ok"), 60, lambda d, t: None)  # no preload: not there
+    assert plain.ok and not plain.value["had_wave"]
     zygote.close()
 
 

@@ -1,15 +1,21 @@
 """A deep model's step from two shallow ones: a transformer repeats one block, so each of its step's quantities (the
 peak and its breakdown, each phase's peak, the state, the ops' times) is a + b·L in its number of blocks L. A task
 that can build its model with any number of blocks (``Task.with_blocks``: an ``hf:`` language model) is traced with
-two blocks and with three, and the line through them is read at L: the same numbers a trace of all L blocks gives
-(the blocks are identical), in a fraction of its time (the 32 blocks of an 8B model: traces of two and three).
+three blocks and with four, and the line through them is read at L: the same numbers a trace of all L blocks gives
+(the blocks are identical), in a fraction of its time (the 32 blocks of an 8B model: traces of three and four). One
+exception, in time alone: an op over every block's parameters at once (the update's multi-tensor kernels) can sit at
+the per-kernel floor in a shallow stack and above it in the whole one (0.02% of a tiny model's step).
 
-Each phase of the step (batch, forward, backward, update) peaks at the same moment of it at every depth (the end of
-the forward, the start of the backward, the update), so each phase's peak is read off its own line, and the step's
-peak is the highest of them at L (a shallow model may peak in its update and the deep one in its backward). Traces
-without the same phases are not joined (``linear`` is None), and a checkpointed step is traced whole: its backward
-peaks while some block is recomputed, and which one moves as the stack deepens (checked against whole traces: a
-line through two and three blocks of an 8B model was 0.3-4% under the whole trace)."""
+A phase's peak can fall at a different moment as the stack deepens (a checkpointed backward peaks while the last
+blocks are recomputed beside every block's kept input, or in the first beside every block's gradient, which one
+depending on the depth), so the ledger keeps each phase's peak by where in the stack it fell (``Ledger.moments``:
+before the blocks, at the stack's low end (its first two blocks), at its high end (its last two)). Each moment's
+bytes are a + b·L, so each is read off its own line, and the step's peak is the highest of them at L (a shallow
+model may peak in its update and the deep one in its backward). A block between two others holds bytes linear in its
+index, so none between peaks above both ends' (those moments are left out); the first block (in a LoRA step its
+input needs no gradient) and the last (beside the head) differ from their neighbours by what no depth changes, so
+each end holds two. Three blocks are the fewest with one between two others. Traces without the same moments are not
+joined (``linear`` is None)"""
 
 from __future__ import annotations
 
@@ -20,8 +26,8 @@ from dtypelab.core.results import TimeForecast
 from dtypelab.forecasting.ledger import Peak
 from dtypelab.forecasting.trace import Traced, after
 
-SHALLOW = (2, 3)  # the depths traced (two at least: a single block is no repeated one for +ckpt)
-DEEP_ENOUGH = 4  # a model with fewer blocks is traced whole: little to gain
+SHALLOW = (3, 4)  # the depths traced: the least at which a block sits between two others (Ledger.moments)
+DEEP_ENOUGH = 10  # a model with fewer blocks is traced whole: little to gain
 
 
 def _at(a: float, b: float, depth: int) -> float:
@@ -45,13 +51,15 @@ def _peak(a: Peak, b: Peak, depth: int) -> Peak:
 
 def linear(one: Traced, two: Traced, depth: int, extras: tuple[int, int] = (0, 0),
            train: bool = True) -> Traced | None:
-    """The step of ``depth`` blocks from its traces with two and three blocks (``extras``: the bytes each holds
+    """The step of ``depth`` blocks from its traces with three and four blocks (``extras``: the bytes each holds
     beyond its trace, a stand-in's layout; None: they have not the same phases)."""
     a, b = _moments(one, train), _moments(two, train)
     if set(a) != set(b) or not b:
         return None
-    # each phase's peak (in a training step: as every step after the first has it) on its own line: which phase
-    # peaks highest can change with depth (the update in a shallow model, the backward in a deep one)
+    # each moment's peak (in a training step: as every step after the first has it) on its own line: which one
+    # peaks highest can change with depth (the update in a shallow model, the backward in a deep one; in a
+    # checkpointed backward, the last block recomputed beside every block's kept input, or the first beside every
+    # block's gradient)
     peak = max((_peak(a[k], b[k], depth) for k in b), key=lambda p: p.total)
     extra = round(_at(*extras, depth))
     if extra:
@@ -66,12 +74,15 @@ def linear(one: Traced, two: Traced, depth: int, extras: tuple[int, int] = (0, 0
 
 
 def _moments(traced: Traced, train: bool) -> dict[str, Peak]:
-    """Each phase's peak, as every step after the first has it in a training step."""
-    return {k: after(k, p, traced.state, traced.gradients) if train else p for k, p in traced.phases.items()}
+    """Each moment's peak (``Ledger.moments``: a phase's, before, in the first, in the last and after the blocks;
+    the blocks between never peak above both ends), or each phase's where those were not kept; in a training step
+    as every step after the first has it."""
+    kept = {k: p for k, p in traced.moments.items() if not k.endswith("@between")} or traced.phases
+    return {k: after(k.partition("@")[0], p, traced.state, traced.gradients) if train else p for k, p in kept.items()}
 
 
 def linear_time(one: TimeForecast, two: TimeForecast, depth: int) -> TimeForecast:
-    """A step's predicted time at ``depth`` blocks from its times with two and three."""
+    """A step's predicted time at ``depth`` blocks from its times with three and four."""
     if one.step_s is None or two.step_s is None:
         return two
     bounds = {k: max(0.0, _at(one.bounds.get(k, 0.0), two.bounds.get(k, 0.0), depth)) for k in two.bounds}

@@ -138,8 +138,8 @@ class Forecaster:
                     check = self.check(plan, notes)
                     if timed is not None and timed.step_s is not None and not self.times_here:
                         timed = replace(timed, measured_s=local_run.step_seconds(
-                            self.task, plan, self.job.check_device, self.job.batch_size if train is not None
-                            else self.job.infer_batch_size, train is not None, self.job.seed))
+                            self.task, plan, self.job.check_device, self.job_size(train is not None),
+                            train is not None, self.job.seed))
                 except Exception as exc:
                     notes.append(f"--check: running the steps here failed ({describe_exception(exc)})")
         except Unsupported as exc:  # no variant of the task's optimizer: the policy means nothing here
@@ -204,9 +204,13 @@ class Forecaster:
                              "kernels' temporaries may differ")
         if plan.distributed is not None and plan.distributed.strategy == "ddp":
             traced = shifted(traced, traced.most["gradients"], "gradients")
-        if batch_size == (self.job.batch_size if train else self.job.infer_batch_size):
+        if batch_size == self.job_size(train):
             self._timed[(plan.name, train)] = (traced, method)
         return peak_forecast(traced, batch_size, train), method
+
+    def job_size(self, train: bool) -> int:
+        """The batch size per rank the job forecasts (the search traces others)."""
+        return self.job.batch_size if train else self.job.infer_batch_size
 
     def meta_at(self, depth: int | None) -> nn.Module:
         """The model on the meta device, with ``depth`` blocks (None: as the task builds it)."""
@@ -247,10 +251,8 @@ class Forecaster:
 
     def trace(self, plan: Plan, batch_size: int, train: bool) -> tuple[Traced, str]:
         """The plan's training step (or inference pass) at ``batch_size``, and the method (traced, or a stand-in's);
-        a deep stack of blocks from its traces with one and two (``forecasting.depth``)."""
-        # a checkpointed step is traced whole: where its backward peaks moves along the blocks as they deepen (its
-        # inference pass, without gradients, recomputes nothing)
-        if self.blocks and plan.distributed is None and not (plan.checkpoint and train):
+        a deep stack of blocks from its traces with three and four (``forecasting.depth``)."""
+        if self.blocks and plan.distributed is None:
             one, method, extra_one = self.trace_at(plan, batch_size, train, SHALLOW[0])
             two, _, extra_two = self.trace_at(plan, batch_size, train, SHALLOW[1])
             line = linear(one, two, self.blocks, (extra_one, extra_two), train)
@@ -268,7 +270,8 @@ class Forecaster:
         key = (layout(model, stand), plan.distributed, train, batch_size)
         try:
             if key not in self._passes:
-                run = Run(self.task, stand, model, self.target, wrap=self.wrap(plan), converted=True)
+                run = Run(self.task, stand, model, self.target, wrap=self.wrap(plan), converted=True,
+                          moments=depth is not None, timed=batch_size == self.job_size(train))
                 self._passes[key] = run.train(self.train_shape, batch_size, update=False) if train else \
                     run.infer(self.infer_shape, batch_size)
             traced = self._passes[key]

@@ -55,6 +55,12 @@ def _named(tracked: str) -> str:
     return name.removeprefix("_orig_mod.").removeprefix("_orig_mod") or "the whole model"
 
 
+def _prefix_ends(name: str) -> Iterator[int]:
+    """Where each dotted prefix of ``name`` ends, itself last."""
+    yield from (i for i, c in enumerate(name) if c == ".")
+    yield len(name)
+
+
 def _storages(t: torch.Tensor) -> Iterator[torch.UntypedStorage]:
     for leaf in leaves(t):
         if isinstance(leaf, torch.Tensor):
@@ -93,6 +99,12 @@ class Ledger(TorchDispatchMode):
         self.default = "temporaries"  # the category of a storage an op creates
         self.loss_width = 0  # a language model's vocabulary: what is as wide is the loss's (0: no loss counted apart)
         self._modules = Tracker()
+        # a stack's repeated blocks (name -> index, as the tracker names them): when given, each phase's peak is also
+        # kept by where in the stack it fell (``moments``), which a deep stack's line is read from (forecasting.depth)
+        self.blocks: dict[str, int] = {}
+        self.moments: dict[str, Peak] = {}
+        self._started: dict[str, list[int]] = {}  # each phase's blocks, in the order they started running
+        self._tracked: dict[str, int | None] = {}
         # a number per storage for the ops' reads and writes: an id is reused once its storage is freed (the fusion
         # of a compiled step would then join two storages), a serial is not
         self._serials: dict[int, tuple[Any, int]] = {}
@@ -162,15 +174,54 @@ class Ledger(TorchDispatchMode):
             if held > self.most[category]:
                 self.most[category] = held
         phase = self.phases.get(self.phase)
-        if self.total > self.peak.total or (self.phase and (phase is None or self.total > phase.total)):
-            # the deepest module running: names nest (blocks, blocks.0, blocks.0.mlp), so the longest
-            parents = [p for p in self._modules.parents if p != "Global"]
-            module = _named(max(parents, key=len)) if parents and self.phase in ("forward", "backward") else ""
-            now = Peak(self.total, dict(self.current), self.phase, module)
-            if self.phase and (phase is None or self.total > phase.total):  # "": bookkeeping between phases
-                self.phases[self.phase] = now
-            if self.total > self.peak.total:
-                self.peak = now
+        new_phase = bool(self.phase) and (phase is None or self.total > phase.total)  # "": between phases
+        moments = [m for m in (self._moments_now() if self.blocks and self.phase else ())
+                   if m not in self.moments or self.total > self.moments[m].total]
+        if not (self.total > self.peak.total or new_phase or moments):
+            return
+        now = Peak(self.total, dict(self.current), self.phase, self._innermost())
+        if new_phase:
+            self.phases[self.phase] = now
+        for moment in moments:
+            self.moments[moment] = now
+        if self.total > self.peak.total:
+            self.peak = now
+
+    def _innermost(self) -> str:
+        """The deepest module running, in a forward or backward ("" otherwise): names nest (blocks, blocks.0,
+        blocks.0.mlp), so the longest."""
+        if self.phase not in ("forward", "backward"):
+            return ""
+        parents = [p for p in self._modules.parents if p != "Global"]
+        return _named(max(parents, key=len)) if parents else ""
+
+    def _moments_now(self) -> tuple[str, ...]:
+        """``phase@where``: in a pass, before any block ran, or in the block that ran last: at the stack's low end
+        (its first two blocks), its high end (its last two), or between. A block between two others is like every
+        such block and its bytes are linear in its index, so none between peaks above both ends; the first block
+        (its input needs no gradient) and the last (beside the head) differ from their neighbours by what no depth
+        changes. The block running is the one whose name joined the running modules last: the tracker can keep a
+        module it saw in a backward among them after that backward ended."""
+        if self.phase not in ("forward", "backward"):
+            return (self.phase,)
+        started = self._started.setdefault(self.phase, [])
+        for parent in self._modules.parents:
+            index = self._block_of(parent)
+            if index is not None and index not in started:
+                started.append(index)
+        if not started:
+            return (f"{self.phase}@before",)
+        index, depth = started[-1], len(self.blocks)
+        ends = (*(("low",) if index <= 1 else ()), *(("high",) if index >= depth - 2 else ()))
+        return tuple(f"{self.phase}@{end}" for end in ends or ("between",))
+
+    def _block_of(self, tracked: str) -> int | None:
+        """The index of the block a module (as the tracker names it) is or sits in (None: none)."""
+        if tracked not in self._tracked:
+            name = _named(tracked)
+            self._tracked[tracked] = next((self.blocks[name[:end]] for end in _prefix_ends(name)
+                                           if name[:end] in self.blocks), None)
+        return self._tracked[tracked]
 
     def _resized(self, st: torch.UntypedStorage) -> None:
         entry = self._live.get(id(st))

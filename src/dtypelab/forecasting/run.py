@@ -40,6 +40,8 @@ from dtypelab.forecasting.timing import rates_for, speed_answer, speed_probe, sp
 from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher, Target, stop_in_flight
 
 Progress = Callable[[int, int], None]
+# what a worker forecasting a Hugging Face model imports first (transformers' model code: seconds on 2 cores)
+HF_PRELOAD = ("transformers.modeling_utils",)
 GPU_RESERVE = "0.5GiB"  # the CUDA context and the libraries' workspaces: outside torch's allocator, not traced
 # One policy of each memory layout (all: every registered policy): float32; bfloat16 autocast over float32 weights;
 # bfloat16 weights, then with Kahan's compensation, then with stochastic rounding and 8-bit Adam state, the
@@ -218,6 +220,14 @@ def _found(outcomes: list[Outcome], plans: list[Plan], interrupted: bool) -> tup
     return counted, found
 
 
+def _prestart(launcher: Launcher, target: Target) -> None:
+    """Start the first worker's process early, with the forecast's modules and, for a Hugging Face model, the
+    library's model code imported (about 8 s of a forecast's start on 2 cores, otherwise paid by this process and
+    then by the worker, one after the other)."""
+    if isinstance(launcher, ProcessLauncher):
+        launcher.prestart((ForecastJob.__module__, *(HF_PRELOAD if target.spec.startswith(HF_PREFIX) else ())))
+
+
 def _run_jobs(jobs: list[ForecastJob], launcher: Any, progress: Progress | None, total: int) -> tuple[list[Outcome],
                                                                                                      bool]:
     """Each job on its launcher, followed from threads (a zygote forks one worker at a time: parts after the first
@@ -252,11 +262,12 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
         raise DtypelabError(f"{target.spec} is a training script: forecast traces a task's step on fake tensors "
                             "(a built-in or FILE.py:make_task); a script runs as its own program (bench measures it)")
     device = target_device(opts.device, opts.memory, opts.reserve)
+    launcher = _launcher(opts.launcher, target)
+    _prestart(launcher, target)  # the worker's imports run while this process reads the task
     task_obj = target.task()
     spec = target.spec
     plans = _checked(opts, target, device, task_obj)
     batch = opts.batch_size or task_obj.batch_size
-    launcher = _launcher(opts.launcher, target)
     grouped = families(plans)
     hw = _hardware(device)
     rates, no_rates = rates_for(device) if opts.speed else (None, "--no-speed: memory alone, no time is forecast")

@@ -22,6 +22,7 @@ from torch import nn
 from dtypelab.core.footprint import state_tensors
 from dtypelab.core.loop import forward, forward_loss, train_step
 from dtypelab.core.policies import Plan, Precision
+from dtypelab.core.policies.checkpointing import repeated_blocks
 from dtypelab.core.policies.loss import logit_width
 from dtypelab.core.results import PeakForecast
 from dtypelab.core.speed import Op
@@ -64,6 +65,8 @@ class Traced:
     gradients: int = 0  # what the backward left in the parameters' gradients
     ops: tuple[Op, ...] = ()  # one step's kernels as the time model takes them (core.speed)
     held: dict[str, int] = field(default_factory=dict)  # what the step still holds as its update runs (the batch)
+    # each phase's peak by where in a stack of blocks it fell (Ledger.moments; empty: not kept)
+    moments: dict[str, Peak] = field(default_factory=dict)
     # read off the line through two shallow traces: their ops, and the depth
     shallow: tuple[tuple[Op, ...], tuple[Op, ...], int] | None = None
 
@@ -73,10 +76,13 @@ class Run:
 
     def __init__(self, task: Task, plan: Plan, model: nn.Module, target: Target, *, fake: bool = True,
                  wrap: Callable[[nn.Module], nn.Module] | None = None, device: str = "cpu",
-                 converted: bool = False) -> None:
+                 converted: bool = False, moments: bool = False, timed: bool = True) -> None:
         """Converts ``model`` (on the meta device for a fake run, else real) as the plan says, unless ``converted``
-        (a copy of one converted before): a conversion that cannot be made here raises from this constructor."""
+        (a copy of one converted before): a conversion that cannot be made here raises from this constructor.
+        ``moments``: keep each phase's peak by where in the stack of blocks it fell (``Ledger.moments``);
+        ``timed``: record the ops for the time model, where the target has one (not for a size only searched)."""
         self.task, self.plan, self.target, self.fake, self.wrap = task, plan, target, fake, wrap
+        self.moments, self.timed = moments, timed and target.timed
         self.device = torch.device("cpu" if fake else device)
         self.precision = Precision(plan, self.device, traced=fake)
         model = model if fake else model.to(self.device)
@@ -91,8 +97,10 @@ class Run:
                 materialize(self.model, mode, torch.device("cpu"))
             if self.wrap is not None:
                 self.model = self.wrap(self.model)
-            ledger = stack.enter_context(Ledger(round_to=self.target.round_to, ops=[] if self.target.timed else None,
+            ledger = stack.enter_context(Ledger(round_to=self.target.round_to, ops=[] if self.timed else None,
                                                 calls=self.target.kind == "cpu"))
+            if self.moments:
+                ledger.blocks = {name: i for i, name in enumerate(repeated_blocks(self.model))}
             ledger.loss_width = logit_width(self.model)  # the logits and what is as wide: the loss's share
             # the weights that do not train (a fine-tuned model's frozen base) apart from those that do
             ledger.claim((p for p in self.model.parameters() if not p.requires_grad), "frozen_weights")
@@ -164,7 +172,7 @@ class Run:
             gradients = ledger.current["gradients"]
             peak = later(ledger.phases, state, gradients) if steps == 1 and update else ledger.peak
             return Traced(peak, dict(ledger.most), params, dict(ledger.phases), state, gradients,
-                          tuple(ledger.ops or ()) if steps == 1 else (), held)
+                          tuple(ledger.ops or ()) if steps == 1 else (), held, moments=dict(ledger.moments))
 
     def state(self) -> Traced:
         """The update alone: the weights, a gradient for each trainable one, and one optimizer step (its phase joins
@@ -221,10 +229,12 @@ def joined(passes: Traced, update: Traced) -> Traced:
         for k, v in passes.held.items():
             breakdown[k] += v
         optimizer = Peak(optimizer.total + sum(passes.held.values()), breakdown, optimizer.phase, optimizer.module)
-    phases = {**passes.phases, **({"optimizer": optimizer} if optimizer is not None else {})}
+    with_update = {"optimizer": optimizer} if optimizer is not None else {}
+    phases = {**passes.phases, **with_update}
     most = {k: max(v, update.most.get(k, 0)) for k, v in passes.most.items()}
     return Traced(later(phases, update.state, passes.gradients), most, passes.parameter_bytes, phases,
-                  dict(update.state), passes.gradients, passes.ops + update.ops)
+                  dict(update.state), passes.gradients, passes.ops + update.ops,
+                  moments={**passes.moments, **with_update} if passes.moments else {})
 
 
 def later(phases: dict[str, Peak], state: dict[str, int], gradients: int) -> Peak:

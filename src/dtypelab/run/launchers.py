@@ -222,6 +222,20 @@ class ProcessLauncher:
         device = str(getattr(work, "device", "cpu") or "cpu")
         return sys.platform == "linux" and device.startswith("cpu") and os.environ.get(ENV_FORK, "1") != "0"
 
+    def zygote(self) -> Zygote:
+        if self._zygote is None:
+            self._zygote = Zygote()
+            atexit.register(self._zygote.close)
+        return self._zygote
+
+    def prestart(self, preload: tuple[str, ...]) -> None:
+        """Start the zygote now, importing ``preload`` (dtypelab's job modules and libraries, never a user's) while
+        the caller does its own work: the first CPU worker then forks from it ready. A zygote that cannot start now
+        is started again by ``run``, which says why if it fails there too."""
+        if self.forks(None):
+            with contextlib.suppress(OSError):
+                self.zygote().begin(preload)
+
     def run(self, work: Any, timeout_s: float, on_step: OnStep) -> Outcome:
         import tempfile
 
@@ -230,10 +244,7 @@ class ProcessLauncher:
             log = log_path(logs, f"{work.name}-{os.getpid()}")
             zygote, module = None, type(work).__module__  # a capability's job module; never a user's module
             if self.forks(work):
-                if self._zygote is None:
-                    self._zygote = Zygote()
-                    atexit.register(self._zygote.close)
-                zygote = self._zygote
+                zygote = self.zygote()
             proc = launch([sys.executable, "-m", "dtypelab.run.worker"], channel, log, zygote=zygote,
                           preload=(module,) if module.startswith("dtypelab.") else ())
             out = Watch(proc, channel, log, timeout_s, on_step).follow()

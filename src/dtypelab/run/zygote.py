@@ -13,8 +13,9 @@ would run it, down to its exit code, its ``atexit`` hooks and its threads joined
 
 Protocol, one line each way: the launcher writes a JSON request (``env``, ``cwd``, ``log``, ``preload``, and
 ``argv`` for a script) on the zygote's stdin; the zygote answers ``pid N`` once the worker exists and ``exit CODE``
-when it has ended (a negative code: the signal that ended it, as ``subprocess`` reports it). Its stdin closing (the
-launcher gone) ends the zygote and any worker still running.
+when it has ended (a negative code: the signal that ended it, as ``subprocess`` reports it). A request with
+``warm`` only imports its ``preload`` (answered ``warm``): the launcher starts the zygote early that way. Its stdin
+closing (the launcher gone) ends the zygote and any worker still running.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ import traceback
 from typing import Any
 
 POLL_S = 0.05
+# read at run time, not at import (the terminal's size), or written by torch itself once imported (inductor's cache
+# folder, its default): a change in these does not make the zygote's imports stale
+RUN_TIME_ENV = ("COLUMNS", "LINES", "TORCHINDUCTOR_CACHE_DIR")
 READY_TIMEOUT_S = 120.0  # importing torch on a loaded 2-core machine can take tens of seconds
 
 
@@ -137,6 +141,9 @@ def main() -> int:
         for name in req.get("preload", ()):
             with contextlib.suppress(Exception):  # the worker will say what is wrong, in its own log
                 importlib.import_module(name)
+        if req.get("warm"):  # the imports alone, ahead of the first worker, while the launcher does its own work
+            _reply("warm")
+            continue
         gc.collect()
         gc.freeze()  # the inherited objects stay out of the worker's collections: none of their pages copied
         pid = os.fork()
@@ -161,26 +168,50 @@ class Zygote:
         self._buf = b""
         self._lock = threading.Lock()
         self.warm: set[str] = set()  # heavy libraries a worker imported: loaded in the zygote before the next one
+        self._owed: list[str] = []  # the replies due before the next request's (``_settle``)
 
     @staticmethod
     def _import_key() -> tuple[Any, ...]:
         # what decides how modules import: the interpreter, the directory, and the environment (dtypelab's own
-        # settings and the terminal's size are read at run time, not at import)
+        # settings and RUN_TIME_ENV are not)
         env = tuple(sorted((k, v) for k, v in os.environ.items()
-                           if not k.startswith("DTYPELAB_") and k not in ("COLUMNS", "LINES")))
+                           if not k.startswith("DTYPELAB_") and k not in RUN_TIME_ENV))
         return sys.executable, os.getcwd(), env
 
-    def _start(self) -> None:
+    def _spawn(self) -> None:
+        """The zygote's process, started; its "ready" is read before the first request's answer (``_settle``)."""
         self.close()
         log = os.path.join(tempfile.gettempdir(), f"dtypelab-zygote-{os.getpid()}.log")
         with open(log, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "dtypelab.run.zygote"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=out, cwd=os.getcwd(),
                                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-        self._key, self._buf, self.warm = self._import_key(), b"", set()
-        if self._line(READY_TIMEOUT_S) != "ready":
-            self.close()
-            raise OSError("the worker zygote did not start")
+        self._key, self._buf, self.warm, self._owed = self._import_key(), b"", set(), ["ready"]
+
+    def _settle(self) -> None:
+        """Read the replies owed before the next one (its "ready", and "warm" for each ``begin``)."""
+        while self._owed:
+            expected = self._owed.pop(0)
+            if self._line(READY_TIMEOUT_S) != expected:
+                self.close()
+                raise OSError("the worker zygote did not start")
+
+    def _started(self) -> None:
+        if self.proc is None or self.proc.poll() is not None or self._key != self._import_key():
+            self._spawn()
+
+    def _send(self, req: dict[str, Any]) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def begin(self, preload: tuple[str, ...]) -> None:
+        """Start the zygote now and have it import ``preload`` (libraries, dtypelab's job modules) while the caller
+        goes on: the first worker then forks from a zygote that has them. Returns at once."""
+        with self._lock:
+            self._started()
+            self._send({"warm": True, "preload": list(preload)})
+            self._owed.append("warm")
 
     def _line(self, timeout: float | None) -> str | None:
         """The zygote's next reply line; None when none came in ``timeout`` or the zygote has gone."""
@@ -204,14 +235,12 @@ class Zygote:
         """A worker forked from the zygote, with ``env`` and the current directory, its output to ``log``; with
         ``argv`` (a script and its arguments), that script run as ``dtypelab.run.boot`` runs it."""
         with self._lock:
-            if self.proc is None or self.proc.poll() is not None or self._key != self._import_key():
-                self._start()
-            assert self.proc is not None and self.proc.stdin is not None
+            self._started()
+            self._settle()
             req = {"env": env, "cwd": os.getcwd(), "log": log, "preload": [*preload, *sorted(self.warm)]}
             if argv is not None:
                 req["argv"] = argv
-            self.proc.stdin.write((json.dumps(req) + "\n").encode())
-            self.proc.stdin.flush()
+            self._send(req)
             reply = self._line(READY_TIMEOUT_S)
             if not reply or not reply.startswith("pid "):
                 self.close()

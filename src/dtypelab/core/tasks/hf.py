@@ -3,7 +3,7 @@
 - A causal language model (``*ForCausalLM``): sequences of ``seq`` tokens (``hf:PATH#seq=N``, what ``--seq-len``
   writes; default 512, at most the model's context) from gpt2's generated corpus over the model's vocabulary, the
   model's own causal-LM loss (``labels=input_ids``), held-out loss and perplexity. Its decoder layers are a stack of
-  identical blocks (``Task.with_blocks``): a forecast traces two and three of them.
+  identical blocks (``Task.with_blocks``): a forecast traces three and four of them.
 - An encoder (BERT-like): fine-tuned on sentence pairs (``pairs``).
 """
 
