@@ -36,6 +36,8 @@ class Work:
             ctypes.string_at(0)
         if self.how == "hang":
             time.sleep(60)
+        if self.how == "nap":
+            time.sleep(2)
         if self.how == "oom":
             raise MemoryError
         report.step(2, 2)
@@ -140,6 +142,27 @@ def test_a_zygote_started_early_imports_ahead_and_outlives_torchs_own_settings(t
     assert out.ok and out.value["ppid"] == early and out.value["had_wave"]
     plain = ProcessLauncher(str(tmp_path)).run(Work("ok"), 60, lambda d, t: None)  # no preload: not there
     assert plain.ok and not plain.value["had_wave"]
+    zygote.close()
+
+
+def test_a_zygote_keeps_a_request_that_comes_while_its_worker_runs(tmp_path, monkeypatch):
+    """A warm-up sent while a worker runs is answered after it (it used to be read and dropped: the next worker then
+    waited two minutes for its answer and started fresh)."""
+    import threading
+
+    monkeypatch.delenv("DTYPELAB_FORK", raising=False)
+    launcher = ProcessLauncher(str(tmp_path))
+    outs = []
+    running = threading.Thread(target=lambda: outs.append(launcher.run(Work("nap"), 60, lambda d, t: None)))
+    running.start()
+    time.sleep(1.0)  # the worker is forked and napping
+    launcher.prestart(("wave",))
+    running.join()
+    start = time.monotonic()
+    after = launcher.run(Work("ok"), 60, lambda d, t: None)
+    zygote = launcher._zygote
+    assert outs[0].ok and after.ok and after.value["had_wave"] and time.monotonic() - start < 30
+    assert after.value["ppid"] == outs[0].value["ppid"] == zygote.proc.pid  # the same zygote throughout
     zygote.close()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -182,6 +183,10 @@ def test_a_policy_the_trainer_cannot_express_is_refused_before_anything_runs(tmp
                                                      r"name the others"):
         dtypelab.bench(hf_script, f"fp32,{plan}", json_path=str(tmp_path / "r.json"))
     assert not (tmp_path / "r.json").exists()  # nothing ran
+    sft_script = os.path.join(HERE, "scripts", "sft_trainer.py")  # TRL's SFTTrainer: the same, by its name
+    with pytest.raises(dtypelab.DtypelabError, match=r"policy mixed: sft_trainer\.py trains with "
+                                                     r"dtypelab\.hf\.SFTTrainer, which has no TrainingArguments"):
+        dtypelab.bench(sft_script, f"fp32,{plan}", json_path=str(tmp_path / "r.json"))
     run = cli("bench", hf_script, "-p", f"fp32,{plan}")
     assert run.returncode != 0 and "name the others" in run.stderr and "Traceback" not in run.stderr
 
@@ -195,20 +200,29 @@ def test_a_loss_choice_is_refused_for_a_script_which_computes_its_own_loss(tmp_p
 
 
 @pytest.mark.e2e
-def test_a_peft_model_under_the_trainer_is_measured_with_its_own_adapters_under_base_precisions():
-    """A script that applies peft's LoRA itself and trains with dtypelab.hf.Trainer: every LoRA policy keeps its
-    adapters (the same trainable weights) and puts its base in the policy's format (bfloat16 halves it, int8 and NF4
-    shrink it), the Trainer autocasting to bfloat16 where the policy computes in it; the metric judged as for any."""
-    script = os.path.join(HERE, "scripts", "peft_trainer.py")
+@pytest.mark.parametrize("name", ["peft_trainer.py", "sft_trainer.py"])
+def test_a_peft_model_under_the_trainer_is_measured_with_its_own_adapters_under_base_precisions(name):
+    """A script whose adapters are peft's (applied by the script, or by TRL's SFTTrainer from its ``peft_config``),
+    trained with dtypelab.hf.Trainer or dtypelab.hf.SFTTrainer: run alone it trains as without dtypelab; under bench
+    every LoRA policy keeps those adapters (the same trainable weights) and puts the base in the policy's format
+    (bfloat16 halves it, int8 and NF4 shrink it), the Trainer autocasting to bfloat16 where the policy computes in it;
+    the metric judged as for any, fp32's equal to the script's own run."""
+    script = os.path.join(HERE, "scripts", name)
+    alone = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    own = float(re.findall(r"'eval_loss': ([0-9.]+)", alone.stdout)[-1])
     report = dtypelab.bench(script, "fp32,lora-bf16-pure,lora-int8,qlora-nf4", runs=1,
                             hardware=fake_hardware(fp16_gflops=200.0))
     runs = {r.policy: r for r in report.results}
     assert all(r.status == "ok" for r in runs.values()), {r.policy: r.reason for r in runs.values()}
+    # the same training: equal to float32's rounding (sums split differently among the worker's threads)
+    assert runs["fp32"].metrics["eval_loss"] == pytest.approx(own, rel=1e-5)
     frozen = {name: r.memory["frozen_weights"] for name, r in runs.items()}
     trainable = {name: r.memory["parameters"] for name, r in runs.items()}
     assert frozen["fp32"] == 2 * frozen["lora-bf16-pure"] > frozen["lora-int8"] > frozen["qlora-nf4"] > 0
-    # the script's own 14,336 float32 adapter weights (rank 4 on q and v of two layers); pure bfloat16 halves them
+    # the script's own 14,336 bytes of float32 adapter weights (rank 4 on q and v of two layers); pure bfloat16 halves
     assert trainable["fp32"] == trainable["lora-int8"] == trainable["qlora-nf4"] == 2 * trainable["lora-bf16-pure"]
+    assert trainable["fp32"] == 14_336
     for r in runs.values():
         assert r.metrics["eval_loss"] == pytest.approx(runs["fp32"].metrics["eval_loss"], rel=0.01)
 

@@ -92,20 +92,50 @@ def Trainer(*args: Any, metric: str | None = None, higher_is_better: bool | None
     """``transformers.Trainer(*args, **kwargs)`` measured by dtypelab (keyword ``model=`` and ``args=``).
     ``metric``: the evaluation metric to judge policies by (e.g. "eval_accuracy"; default: the first one). ``seed``
     is accepted for old scripts and ignored: the Trainer seeds from ``TrainingArguments.seed`` as it always does."""
-    lab = Session(seed=seed)
+    return _measured(transformers.Trainer, Session(seed=seed), args, kwargs, metric, higher_is_better)
+
+
+def SFTTrainer(*args: Any, metric: str | None = None, higher_is_better: bool | None = None, **kwargs: Any) -> Any:
+    """``trl.SFTTrainer(*args, **kwargs)`` measured by dtypelab, as ``Trainer`` is (keyword ``model=``, a model
+    object, and ``args=``, an ``SFTConfig``). A ``peft_config`` is applied by SFTTrainer as always (its added tokens,
+    its dtype rules); a LoRA policy then keeps those adapters and puts the base in its format."""
+    try:
+        import trl
+    except ImportError as exc:
+        raise DtypelabError("dtypelab.hf.SFTTrainer needs TRL: pip install trl") from exc
+    return _measured(trl.SFTTrainer, Session(), args, kwargs, metric, higher_is_better)
+
+
+def _measured(cls: type, lab: Session, args: tuple[Any, ...], kwargs: dict[str, Any], metric: str | None,
+              higher_is_better: bool | None) -> Any:
+    """``cls(*args, **kwargs)``, a Trainer or a subclass of it, with dtypelab's callback, and, when dtypelab drives
+    the run, its arguments and model as the policy says."""
+    adapts = kwargs.get("peft_config") is not None  # the trainer makes the adapters: converted once it has
     if lab.driven:
-        if "args" not in kwargs or "model" not in kwargs:
-            raise DtypelabError("dtypelab.hf.Trainer needs model= and args= as keywords")
-        kwargs["args"], cast = training_arguments(lab.plan, _on_device(kwargs["args"], lab.device))
-        if cast is not None:
-            kwargs["model"] = kwargs["model"].to(getattr(torch, cast))
-        if HF_CONVERTS(lab.plan.default):  # LoRA: the adapters (or the model's own) and the base in its format
-            kwargs["model"], _ = lab.plan.default.convert_module(kwargs["model"], [])
+        _driven(cls.__name__, lab, kwargs, convert=not adapts)
     kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), DtypelabCallback(lab, metric, higher_is_better)]
-    trainer = transformers.Trainer(*args, **kwargs)
+    trainer = cls(*args, **kwargs)
+    if lab.driven and adapts and HF_CONVERTS(lab.plan.default):  # before train() builds the optimizer from it
+        trainer.model, _ = lab.plan.default.convert_module(trainer.model, [])
+        trainer.model_wrapped = trainer.model
     if lab.driven and lab.plan.default.facts.autocast_dtype and not trainer.accelerator.native_amp:
         # accelerate accepts fp16=True on a CPU but runs plain float32: measuring that as amp-fp16 would lie
         lab.unsupported(f"the Hugging Face Trainer does not autocast to {lab.plan.default.facts.autocast_dtype} on "
                         f"{lab.device.type} (accelerate's native_amp is off): {lab.plan.name} cannot run through it "
                         "here")
     return trainer
+
+
+def _driven(name: str, lab: Session, kwargs: dict[str, Any], convert: bool) -> None:
+    """The Trainer's keyword arguments as the policy says: its TrainingArguments, the model cast, or (LoRA, with
+    ``convert``) the model's adapters, its own or dtypelab's, over a base in the policy's format."""
+    if "args" not in kwargs or "model" not in kwargs:
+        raise DtypelabError(f"dtypelab.hf.{name} needs model= and args= as keywords")
+    if isinstance(kwargs["model"], str):
+        raise DtypelabError(f"dtypelab.hf.{name}: model= names {kwargs['model']!r}; give the model object "
+                            "(from_pretrained), which dtypelab converts as each policy says")
+    kwargs["args"], cast = training_arguments(lab.plan, _on_device(kwargs["args"], lab.device))
+    if cast is not None:
+        kwargs["model"] = kwargs["model"].to(getattr(torch, cast))
+    if convert and HF_CONVERTS(lab.plan.default):  # LoRA: the adapters (or the model's own) and the base in its format
+        kwargs["model"], _ = lab.plan.default.convert_module(kwargs["model"], [])

@@ -96,15 +96,22 @@ def _child(req: dict[str, Any]) -> None:
         os._exit(code)
 
 
+_PENDING = bytearray()  # what stdin brought that no request has taken yet (a request may come while a worker runs)
+
+
 def _wait(pid: int) -> int | None:
-    """The worker's exit code, or None when the launcher went away first (the worker is then killed)."""
+    """The worker's exit code, or None when the launcher went away first (the worker is then killed). A request that
+    comes meanwhile is kept for after it."""
     while True:
         ready, _, _ = select.select([0], [], [], POLL_S)
-        if ready and not os.read(0, 1 << 16):  # EOF: nobody will read the result
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return None
+        if ready:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:  # EOF: nobody will read the result
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return None
+            _PENDING.extend(chunk)
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             return os.waitstatus_to_exitcode(status)
@@ -112,14 +119,15 @@ def _wait(pid: int) -> int | None:
 
 def _requests():
     """Request lines from stdin until it closes (read unbuffered, so ``select`` sees what is pending)."""
-    pending = b""
     while True:
-        while b"\n" not in pending:
+        while b"\n" not in _PENDING:
             chunk = os.read(0, 1 << 16)
             if not chunk:
                 return
-            pending += chunk
-        line, pending = pending.split(b"\n", 1)
+            _PENDING.extend(chunk)
+        end = _PENDING.index(b"\n")
+        line = bytes(_PENDING[:end])
+        del _PENDING[:end + 1]
         yield json.loads(line)
 
 
@@ -189,12 +197,15 @@ class Zygote:
         self._key, self._buf, self.warm, self._owed = self._import_key(), b"", set(), ["ready"]
 
     def _settle(self) -> None:
-        """Read the replies owed before the next one (its "ready", and "warm" for each ``begin``)."""
+        """Read the replies owed before the next one (its "ready", and "warm" for each ``begin``); the end of a
+        worker nobody waited for (its launcher gave up on it) is passed over."""
         while self._owed:
-            expected = self._owed.pop(0)
-            if self._line(READY_TIMEOUT_S) != expected:
+            line = self._line(READY_TIMEOUT_S)
+            if line is not None and line.startswith("exit "):
+                continue
+            if line != self._owed.pop(0):
                 self.close()
-                raise OSError("the worker zygote did not start")
+                raise OSError(f"the worker zygote did not start ({line or 'no answer'})")
 
     def _started(self) -> None:
         if self.proc is None or self.proc.poll() is not None or self._key != self._import_key():

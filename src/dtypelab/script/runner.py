@@ -99,15 +99,17 @@ def _script_plans(path: str, opts: Options, dev: Any) -> tuple[dict[str, Plan], 
 
 
 def _trainer_refusals(path: str, plans: list[Plan]) -> None:
-    """A script that trains with ``dtypelab.hf.Trainer`` (its source read, never run) and a policy the Trainer has no
+    """A script that trains with ``dtypelab.hf.Trainer`` or ``SFTTrainer`` (its source read, never run) and a policy the Trainer has no
     TrainingArguments for (a per-module plan, LoRA): a one-line error before anything runs, not a refusal inside
     that policy's run after the baseline's."""
-    if "dtypelab.hf" not in imported_modules(path):
+    names = imported_modules(path)
+    if "dtypelab.hf" not in names:
         return
+    trainer = "dtypelab.hf.SFTTrainer" if "dtypelab.hf.SFTTrainer" in names else "dtypelab.hf.Trainer"
     for plan in plans:
         if trainer_arguments(plan) is None:
             what = "a per-module plan" if plan.rules else plan.default.label
-            raise DtypelabError(f"policy {plan.name}: {os.path.basename(path)} trains with dtypelab.hf.Trainer, which "
+            raise DtypelabError(f"policy {plan.name}: {os.path.basename(path)} trains with {trainer}, which "
                                 f"has no TrainingArguments equivalent of {what}; name the others")
 
 
