@@ -99,9 +99,9 @@ def _script_plans(path: str, opts: Options, dev: Any) -> tuple[dict[str, Plan], 
 
 
 def _trainer_refusals(path: str, plans: list[Plan]) -> None:
-    """A script that trains with ``dtypelab.hf.Trainer`` or ``SFTTrainer`` (its source read, never run) and a policy the Trainer has no
-    TrainingArguments for (a per-module plan, LoRA): a one-line error before anything runs, not a refusal inside
-    that policy's run after the baseline's."""
+    """A script that trains with ``dtypelab.hf.Trainer`` or ``SFTTrainer`` (its source read, never run) and a policy
+    the Trainer has no TrainingArguments for (a per-module plan): a one-line error before anything runs, not a
+    refusal inside that policy's run after the baseline's."""
     names = imported_modules(path)
     if "dtypelab.hf" not in names:
         return
