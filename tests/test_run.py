@@ -129,7 +129,7 @@ def test_cpu_work_forks_from_a_warm_zygote_that_keeps_heavy_libraries(tmp_path, 
 def test_a_zygote_started_early_imports_ahead_and_outlives_torchs_own_settings(tmp_path, monkeypatch):
     """``prestart`` starts the zygote and has it import what the first worker will need while the caller works on;
     torch's writing its inductor cache folder into the environment (as it does once imported) does not make that
-    zygote stale (it did: the warm zygote was killed and started again, 5 s of a forecast's start)."""
+    zygote stale (it did: the warm zygote was killed and started again, 5 s of a forecast's start), nor pytest's."""
     monkeypatch.delenv("DTYPELAB_FORK", raising=False)
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     launcher = ProcessLauncher(str(tmp_path))
@@ -138,6 +138,8 @@ def test_a_zygote_started_early_imports_ahead_and_outlives_torchs_own_settings(t
     assert zygote is not None and zygote.proc is not None
     early = zygote.proc.pid
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    # nor does pytest's naming the test that runs (new at each test: every test that forked had a zygote started)
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/test_other.py::test_next (call)")
     out = launcher.run(Work("ok"), 60, lambda d, t: None)
     assert out.ok and out.value["ppid"] == early and out.value["had_wave"]
     plain = ProcessLauncher(str(tmp_path)).run(Work("ok"), 60, lambda d, t: None)  # no preload: not there

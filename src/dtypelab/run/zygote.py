@@ -37,9 +37,10 @@ import traceback
 from typing import Any
 
 POLL_S = 0.05
-# read at run time, not at import (the terminal's size), or written by torch itself once imported (inductor's cache
-# folder, its default): a change in these does not make the zygote's imports stale
-RUN_TIME_ENV = ("COLUMNS", "LINES", "TORCHINDUCTOR_CACHE_DIR")
+# read at run time, not at import (the terminal's size; pytest's name of the test running, new at every test), or
+# written by torch itself once imported (inductor's cache folder, its default): a change in these does not make the
+# zygote's imports stale
+RUN_TIME_ENV = ("COLUMNS", "LINES", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
 READY_TIMEOUT_S = 120.0  # importing torch on a loaded 2-core machine can take tens of seconds
 
 
