@@ -147,6 +147,19 @@ def test_a_zygote_started_early_imports_ahead_and_outlives_torchs_own_settings(t
     zygote.close()
 
 
+def test_a_zygote_started_early_is_stopped_at_once_when_the_command_ends_on_bad_input(tmp_path, monkeypatch):
+    """A forecast starts its worker's zygote before it reads the task; on bad input it ends at once, not after the
+    zygote's imports (they added 5 s to a one-line error)."""
+    monkeypatch.delenv("DTYPELAB_FORK", raising=False)
+    launcher = ProcessLauncher(str(tmp_path))
+    launcher.prestart(("transformers.modeling_utils",))  # seconds of imports
+    zygote = launcher._zygote
+    assert zygote is not None and zygote.proc is not None
+    proc, start = zygote.proc, time.monotonic()
+    zygote.close()
+    assert time.monotonic() - start < 3 and proc.poll() is not None and zygote.proc is None
+
+
 def test_a_zygote_keeps_a_request_that_comes_while_its_worker_runs(tmp_path, monkeypatch):
     """A warm-up sent while a worker runs is answered after it (it used to be read and dropped: the next worker then
     waited two minutes for its answer and started fresh)."""

@@ -261,6 +261,11 @@ class Zygote:
 
     def close(self) -> None:
         if self.proc is not None:
+            if self._owed and self.proc.poll() is None:
+                # still importing (started early, its answers unread): no worker of its own to wait for, and a
+                # command that stops on bad input should not wait for its imports
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
             with contextlib.suppress(OSError):
                 if self.proc.stdin is not None:
                     self.proc.stdin.close()  # the zygote ends, and any worker with it
