@@ -178,6 +178,7 @@ class Zygote:
         self._lock = threading.Lock()
         self.warm: set[str] = set()  # heavy libraries a worker imported: loaded in the zygote before the next one
         self._owed: list[str] = []  # the replies due before the next request's (``_settle``)
+        self._forked = False
 
     @staticmethod
     def _import_key() -> tuple[Any, ...]:
@@ -196,6 +197,7 @@ class Zygote:
                                          stdout=subprocess.PIPE, stderr=out, cwd=os.getcwd(),
                                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
         self._key, self._buf, self.warm, self._owed = self._import_key(), b"", set(), ["ready"]
+        self._forked = False  # whether it has forked a worker (which closing it must let it end)
 
     def _settle(self) -> None:
         """Read the replies owed before the next one (its "ready", and "warm" for each ``begin``); the end of a
@@ -257,12 +259,13 @@ class Zygote:
             if not reply or not reply.startswith("pid "):
                 self.close()
                 raise OSError(f"the worker zygote did not fork a worker ({reply or 'no answer'})")
+            self._forked = True
             return Forked(self, int(reply.split()[1]))
 
     def close(self) -> None:
         if self.proc is not None:
-            if self._owed and self.proc.poll() is None:
-                # still importing (started early, its answers unread): no worker of its own to wait for, and a
+            if self._owed and not self._forked and self.proc.poll() is None:
+                # still importing (started early, its answers unread), no worker forked: nothing to wait for, and a
                 # command that stops on bad input should not wait for its imports
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
