@@ -12,7 +12,7 @@ depending on the depth), so the ledger keeps each phase's peak by where in the s
 before the blocks, at the stack's low end (its first two blocks), at its high end (its last two)). Each moment's
 bytes are a + b·L, so each is read off its own line, and the step's peak is the highest of them at L (a shallow
 model may peak in its update and the deep one in its backward). A block between two others holds bytes linear in its
-index, so none between peaks above both ends' (those moments are left out); the first block (in a LoRA step its
+index, so none between peaks above both ends' (those moments are not kept); the first block (in a LoRA step its
 input needs no gradient) and the last (beside the head) differ from their neighbours by what no depth changes, so
 each end holds two. Three blocks are the fewest with one between two others. Traces without the same moments are not
 joined (``linear`` is None)"""
@@ -74,10 +74,11 @@ def linear(one: Traced, two: Traced, depth: int, extras: tuple[int, int] = (0, 0
 
 
 def _moments(traced: Traced, train: bool) -> dict[str, Peak]:
-    """Each moment's peak (``Ledger.moments``: a phase's, before, in the first, in the last and after the blocks;
-    the blocks between never peak above both ends), or each phase's where those were not kept; in a training step
-    as every step after the first has it."""
-    kept = {k: p for k, p in traced.moments.items() if not k.endswith("@between")} or traced.phases
+    """Each moment's peak: a pass's by where in the stack it fell (``Ledger.moments``), where those were kept, and
+    every other phase's own; in a training step as every step after the first has it."""
+    kept = traced.phases
+    if traced.moments:
+        kept = {**{k: p for k, p in traced.phases.items() if k not in ("forward", "backward")}, **traced.moments}
     return {k: after(k.partition("@")[0], p, traced.state, traced.gradients) if train else p for k, p in kept.items()}
 
 

@@ -99,7 +99,7 @@ class Ledger(TorchDispatchMode):
         self.default = "temporaries"  # the category of a storage an op creates
         self.loss_width = 0  # a language model's vocabulary: what is as wide is the loss's (0: no loss counted apart)
         self._modules = Tracker()
-        # a stack's repeated blocks (name -> index, as the tracker names them): when given, each phase's peak is also
+        # a stack's repeated blocks (name -> index, as the tracker names them): when given, each pass's peak is also
         # kept by where in the stack it fell (``moments``), which a deep stack's line is read from (forecasting.depth)
         self.blocks: dict[str, int] = {}
         self.moments: dict[str, Peak] = {}
@@ -175,7 +175,7 @@ class Ledger(TorchDispatchMode):
                 self.most[category] = held
         phase = self.phases.get(self.phase)
         new_phase = bool(self.phase) and (phase is None or self.total > phase.total)  # "": between phases
-        moments = [m for m in (self._moments_now() if self.blocks and self.phase else ())
+        moments = [m for m in (self._moments_now() if self.blocks else ())
                    if m not in self.moments or self.total > self.moments[m].total]
         if not (self.total > self.peak.total or new_phase or moments):
             return
@@ -196,14 +196,15 @@ class Ledger(TorchDispatchMode):
         return _named(max(parents, key=len)) if parents else ""
 
     def _moments_now(self) -> tuple[str, ...]:
-        """``phase@where``: in a pass, before any block ran, or in the block that ran last: at the stack's low end
-        (its first two blocks), its high end (its last two), or between. A block between two others is like every
-        such block and its bytes are linear in its index, so none between peaks above both ends; the first block
-        (its input needs no gradient) and the last (beside the head) differ from their neighbours by what no depth
-        changes. The block running is the one whose name joined the running modules last: the tracker can keep a
-        module it saw in a backward among them after that backward ended."""
+        """``phase@where`` in a pass: before any block ran, or in the block that ran last, at the stack's low end (its
+        first two blocks) or its high end (its last two); none between them, nor outside a pass (a phase's own peak
+        says it). A block between two others is like every such block and its bytes are linear in its index, so none
+        between peaks above both ends; the first block (its input needs no gradient) and the last (beside the head)
+        differ from their neighbours by what no depth changes. The block running is the one whose name joined the
+        running modules last: the tracker can keep a module it saw in a backward among them after that backward
+        ended."""
         if self.phase not in ("forward", "backward"):
-            return (self.phase,)
+            return ()
         started = self._started.setdefault(self.phase, [])
         for parent in self._modules.parents:
             index = self._block_of(parent)
@@ -213,7 +214,7 @@ class Ledger(TorchDispatchMode):
             return (f"{self.phase}@before",)
         index, depth = started[-1], len(self.blocks)
         ends = (*(("low",) if index <= 1 else ()), *(("high",) if index >= depth - 2 else ()))
-        return tuple(f"{self.phase}@{end}" for end in ends or ("between",))
+        return tuple(f"{self.phase}@{end}" for end in ends)
 
     def _block_of(self, tracked: str) -> int | None:
         """The index of the block a module (as the tracker names it) is or sits in (None: none)."""

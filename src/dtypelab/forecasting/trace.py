@@ -65,7 +65,7 @@ class Traced:
     gradients: int = 0  # what the backward left in the parameters' gradients
     ops: tuple[Op, ...] = ()  # one step's kernels as the time model takes them (core.speed)
     held: dict[str, int] = field(default_factory=dict)  # what the step still holds as its update runs (the batch)
-    # each phase's peak by where in a stack of blocks it fell (Ledger.moments; empty: not kept)
+    # each pass's peak by where in a stack of blocks it fell (Ledger.moments; empty: not kept)
     moments: dict[str, Peak] = field(default_factory=dict)
     # read off the line through two shallow traces: their ops, and the depth
     shallow: tuple[tuple[Op, ...], tuple[Op, ...], int] | None = None
@@ -229,12 +229,10 @@ def joined(passes: Traced, update: Traced) -> Traced:
         for k, v in passes.held.items():
             breakdown[k] += v
         optimizer = Peak(optimizer.total + sum(passes.held.values()), breakdown, optimizer.phase, optimizer.module)
-    with_update = {"optimizer": optimizer} if optimizer is not None else {}
-    phases = {**passes.phases, **with_update}
+    phases = {**passes.phases, **({"optimizer": optimizer} if optimizer is not None else {})}
     most = {k: max(v, update.most.get(k, 0)) for k, v in passes.most.items()}
     return Traced(later(phases, update.state, passes.gradients), most, passes.parameter_bytes, phases,
-                  dict(update.state), passes.gradients, passes.ops + update.ops,
-                  moments={**passes.moments, **with_update} if passes.moments else {})
+                  dict(update.state), passes.gradients, passes.ops + update.ops, moments=dict(passes.moments))
 
 
 def later(phases: dict[str, Peak], state: dict[str, int], gradients: int) -> Peak:
