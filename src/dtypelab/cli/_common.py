@@ -39,6 +39,34 @@ def progress_bars() -> Progress:
                     console=err, transient=True)
 
 
+@contextlib.contextmanager
+def policy_progress(label: str) -> Iterator[Callable[[str, int, int], None]]:
+    """Progress over policies, ``(policy, done, total)``: a bar on a terminal; in a log, a line per policy done with
+    the seconds since the start."""
+    if err.is_terminal:
+        with progress_bars() as bars:
+            bar = bars.add_task(label, total=None)
+            yield lambda name, done, total: bars.update(bar, completed=done, total=total,
+                                                        description=f"{label}: {name} done")
+        return
+    start = time.monotonic()
+
+    def line(name: str, done: int, total: int) -> None:
+        sys.stderr.write(f"[{time.monotonic() - start:6.0f} s] {label}: {name} ({done}/{total} policies)\n")
+        sys.stderr.flush()
+
+    yield line
+
+
+def policies_text(policies: Any) -> str | None:
+    """Policy names as one comma-separated string (a Python caller may give a tuple of names)."""
+    if policies is None or isinstance(policies, str):
+        return policies
+    if all(isinstance(p, str) for p in policies):
+        return ",".join(policies)
+    raise DtypelabError("--mode generate takes policy names (NAME[+kv-FORMAT]), not plans")
+
+
 def fail(exc: DtypelabError) -> typer.Exit:
     err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     cause = exc.__cause__

@@ -7,8 +7,21 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from dtypelab.cli._common import app, check_format, emit, err, events, guarded, out, saved, write_html
+from dtypelab.cli._common import (
+    app,
+    check_format,
+    emit,
+    err,
+    events,
+    guarded,
+    out,
+    policies_text,
+    policy_progress,
+    saved,
+    write_html,
+)
 from dtypelab.cli._options import argument, command, flag
+from dtypelab.core.errors import DtypelabError
 from dtypelab.render import HardwareOptions, PoliciesOptions, ReportOptions, ShowOptions
 from dtypelab.sweep import BenchOptions
 
@@ -18,10 +31,43 @@ OUTPUT = [flag("fmt", str, "table", "table, markdown, html or json", "--format")
           flag("html", str | None, None, "also write the offline HTML report (plots) here", "--html")]
 
 
+def _generate(opts: BenchOptions, cli: dict[str, Any]) -> None:
+    """bench --mode generate: each serving policy measured here (dtypelab.serving)."""
+    from dtypelab.core.options import parse_size
+    from dtypelab.core.results import default_result_path
+    from dtypelab.serving import Shape, serve_bench
+
+    path = opts.json_path or default_result_path(cli["task"], "generate")
+    with guarded(f"the record is saved in {path} when the sweep ends"):
+        check_format(cli["fmt"])
+        if cli["rest"]:
+            raise DtypelabError("--mode generate serves a model (tinylm, hf:MODEL, a task file): it takes no script "
+                                "arguments")
+        with policy_progress(f"generating with {cli['task']}") as progress:
+            report = serve_bench(cli["task"], Shape(opts.prompt_len, opts.gen_len, opts.batch_size or 1),
+                                 policies_text(opts.policies), baseline=opts.baseline, tolerance=opts.tolerance,
+                                 objective=opts.objective, device=opts.device, seed=opts.seed, threads=opts.threads,
+                                 memory_budget=parse_size(opts.memory_budget, "--memory-budget"),
+                                 timeout_s=opts.timeout_s,
+                                 launcher=opts.launcher, json_path=path, on_progress=progress)
+    emit(report, cli["fmt"])
+    saved(path)
+    write_html(report, cli["html"])
+    base = next((p for p in report.policies if p.policy == report.config.baseline), None)
+    if base is None or base.status != "ok":
+        why = f" ({base.status}: {base.reason})" if base is not None and base.reason else ""
+        err.print(f"[bold red]error:[/] the {escape(report.config.baseline)} baseline did not complete"
+                  f"{escape(why)}: nothing to compare the policies with", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
 def _bench(opts: BenchOptions, cli: dict[str, Any]) -> None:
     from dtypelab.core.results import default_result_path
     from dtypelab.sweep import bench
 
+    if opts.mode == "generate":
+        _generate(opts, cli)
+        return
     path = opts.json_path or default_result_path(cli["task"], opts.mode)
     with guarded(f"policies that finished are saved in {path}"):
         check_format(cli["fmt"])

@@ -8,7 +8,19 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from dtypelab.cli._common import app, check_format, emit, err, fail, guarded, out, progress_bars, saved, write_html
+from dtypelab.cli._common import (
+    app,
+    check_format,
+    emit,
+    err,
+    fail,
+    guarded,
+    out,
+    policy_progress,
+    progress_bars,
+    saved,
+    write_html,
+)
 from dtypelab.cli._options import argument, command, flag
 from dtypelab.core.errors import DtypelabError
 from dtypelab.forecasting import ForecastOptions
@@ -55,6 +67,9 @@ def _forecast(opts: ForecastOptions, cli: dict[str, Any]) -> None:
         if not cli["task"]:
             raise DtypelabError("give a TASK (a built-in such as gpt2-full or llama2-7b, or FILE.py:make_task), or "
                                 "--devices to list the GPUs")
+    if opts.mode == "generate":
+        _generate(opts, cli)
+        return
     path = opts.json_path or default_result_path(cli["task"], "forecast")
     with guarded(f"the policies forecast so far are saved in {path}"), \
             _progress(f"forecasting {cli['task']}") as progress:
@@ -64,6 +79,25 @@ def _forecast(opts: ForecastOptions, cli: dict[str, Any]) -> None:
     write_html(report, cli["html"])
     if all(p.status != "ok" for p in report.policies):
         raise fail(DtypelabError("nothing was forecast: every policy was skipped or failed (their reasons are above)"))
+
+
+def _generate(opts: ForecastOptions, cli: dict[str, Any]) -> None:
+    """forecast --mode generate: each serving policy traced for the device (dtypelab.serving)."""
+    from dtypelab.core.results import default_result_path
+    from dtypelab.forecasting import target_device
+    from dtypelab.serving import Shape, serve_forecast
+
+    path = opts.json_path or default_result_path(cli["task"], "generate-forecast")
+    with guarded(), policy_progress(f"forecasting {cli['task']} serving") as progress:
+        report = serve_forecast(cli["task"], Shape(opts.prompt_len, opts.gen_len, opts.batch_size or 1),
+                                target_device(opts.device, opts.memory, opts.reserve), opts.policies, seed=opts.seed,
+                                search=opts.batch_search, check=opts.check, speed=opts.speed, json_path=path,
+                                on_progress=progress)
+    emit(report, cli["fmt"])
+    saved(path)
+    write_html(report, cli["html"])
+    if all(p.status != "ok" for p in report.policies):
+        raise fail(DtypelabError("nothing was forecast: every policy failed (their reasons are above)"))
 
 
 command(app, "forecast", ForecastOptions, _forecast,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -201,6 +201,7 @@ class TrainingOptions(Options):
 
 
 PANEL_FT = {"panel": "Fine-tuning (the LoRA policies; hf: tasks)"}  # the fine-tuning fields' help panel
+PANEL_SERVE: dict[str, Any] = {"panel": "Serving (--mode generate)"}
 
 
 class FineTuneOptions(Options):
@@ -219,3 +220,10 @@ class FineTuneOptions(Options):
                               json_schema_extra=PANEL_FT)
     seq_len: int | None = Field(None, ge=2, description="tokens per sequence of an hf: language model [default: "
                                                         "512, at most its context]", json_schema_extra=PANEL_FT)
+    prompt_len: int = Field(128, ge=1, description="--mode generate: tokens of each prompt (the prefill)",
+                            json_schema_extra=PANEL_SERVE)
+    gen_len: int = Field(64, ge=1, description="--mode generate: tokens generated for each prompt (the decode)",
+                         json_schema_extra=PANEL_SERVE)
+    objective: Literal["decode", "prefill", "latency"] = Field(
+        "decode", description="--mode generate: what the fastest policy is chosen for: decode tokens/s, prefill "
+                              "tokens/s, or latency (first token plus the generation)", json_schema_extra=PANEL_SERVE)

@@ -65,6 +65,10 @@ class Task:
     # (file, first line of the function, line) of the code that built this Task: trace points there when a
     # library function (loss_fn=F.mse_loss) rather than a line of the user's runs the op at fault.
     origin: tuple[str, int, int] | None = field(default=None, compare=False, repr=False)
+    # a causal language model served (``bench``/``forecast --mode generate``): ``text(n, length)`` gives n held-out
+    # sequences of token ids (real text: prompts and the perplexity come from them); ``context``: its positions
+    text: Callable[[int, int], torch.Tensor] | None = field(default=None, compare=False, repr=False)
+    context: int = 0
 
     def __post_init__(self) -> None:
         if self.origin is None:
@@ -130,6 +134,7 @@ BUILTIN = {
     "gpt2-full": "dtypelab.core.tasks.gpt2:make_full_task",  # GPT-2-small shape everywhere (forecasts, GPUs)
     "decoder": "dtypelab.core.tasks.decoder:make_task",  # a small Llama-style decoder
     "llama2-7b": "dtypelab.core.tasks.decoder:make_llama2_7b",  # Llama-2-7B's shape, no weights: for forecasts
+    "tinylm": "dtypelab.core.tasks.tinylm:make_task",  # a small pretrained causal LM (serving: --mode generate)
     "minilm": "dtypelab.core.tasks.minilm:make_task",  # optional extra: dtypelab[minilm]
     "minilm-ft": "dtypelab.core.tasks.pairs:make_minilm_finetune",  # MiniLM fine-tuned on paraphrase pairs
 }

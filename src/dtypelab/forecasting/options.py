@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -10,6 +10,10 @@ from dtypelab.core.options import FineTuneOptions, MemorySize, batch_size_field,
 
 
 class ForecastOptions(FineTuneOptions):
+    mode: Literal["step", "generate"] = Field("step", description="step (the task's training step, or an "
+                                                                   "inference task's pass), or generate (a causal "
+                                                                   "language model serving: prefill and decode with "
+                                                                   "a KV cache)")
     policies: str | None = Field(None, description="comma-separated policies, POLICY+adam8bit, plan files or "
                                                    "FILE.py:NAME [default: one of each memory layout (an hf: "
                                                    "model: its fine-tuning policies); all: every registered "

@@ -36,8 +36,9 @@ class BenchOptions(FineTuneOptions):
     plan: str | tuple[Any, ...] | None = Field(
         None, description="plan file(s) (dtypelab tune -o), measured beside --policies or, without it, beside the "
                           "default policies", json_schema_extra={"cli_type": "str"})
-    mode: Literal["train", "infer"] = Field("train", description="train, or infer (forward latency and output "
-                                                                 "fidelity)")
+    mode: Literal["train", "infer", "generate"] = Field(
+        "train", description="train, infer (forward latency and output fidelity), or generate (a causal language "
+                             "model serving: prefill, decode with a KV cache, tokens/s, quality on held-out text)")
     steps: int | None = Field(None, ge=1, description="training steps (infer: timed forward passes)")
     batch_size: int | None = batch_size_field()
     warmup: int | None = Field(None, ge=0, description="steps excluded from timing [default: steps/10, ≤10]")

@@ -42,6 +42,15 @@ from dtypelab.core.results.forecast import (
     TargetDevice,
     TimeForecast,
 )
+from dtypelab.core.results.generate import (
+    GENERATE_SCHEMA,
+    OBJECTIVES,
+    GenerateConfig,
+    GenerateFigures,
+    GeneratePolicy,
+    GenerateQuality,
+    GenerateReport,
+)
 from dtypelab.core.results.lint import LINT_SCHEMA, LintFinding, LintReport
 from dtypelab.core.results.memory import COUNTED, MEMORY_CATEGORIES, MEMORY_LABELS
 from dtypelab.core.results.profile import CATEGORIES, CATEGORY_LABELS, PHASES, OpStat, ProfileSummary, SourceOp
@@ -72,6 +81,13 @@ from dtypelab.core.tolerance import BASELINE, COMPILED_BASELINE, Tolerance
 KINDS = Record.KINDS  # every record kind by its "schema" field: each registers itself when its module is imported
 
 __all__ = [
+    "GENERATE_SCHEMA",
+    "OBJECTIVES",
+    "GenerateConfig",
+    "GenerateFigures",
+    "GeneratePolicy",
+    "GenerateQuality",
+    "GenerateReport",
     "MemoryBreakdown",
     "MemoryPart",
     "UpdateLoss",

@@ -120,11 +120,42 @@ def _causal_task(name: str, path: Path, config: Any, seq: int | None) -> Task:
         compute_loss=compute_loss, head_inputs=head_inputs, evaluate=evaluate, metric="val_loss",
         higher_is_better=False, make_optimizer=lambda p: torch.optim.AdamW(p, lr=2e-4, weight_decay=0.0), steps=20,
         batch_size=4,
-        infer_batch=lambda n: {"input_ids": held[:n, :-1]},
+        infer_batch=lambda n: {"input_ids": held[:n, :-1]}, text=held_out_text(path, vocab), context=context,
         description=f"{config.model_type} causal language model from {path}"
                     + f", {seq} tokens per sequence; "
                     + ("its weights" if has_weights(path) else "no weights there: its config's initialization")
                     + "; gpt2's generated corpus over its vocabulary; held-out loss and perplexity")
+
+
+def held_out_text(path: Path, vocab: int) -> Any:
+    """``text(n, length)`` for serving: the CPython docstrings the charlm task ships, through the model's own
+    tokenizer when its folder has one; else gpt2's generated corpus over its vocabulary (no real text without a
+    tokenizer)."""
+    from dtypelab.core.tasks.charlm import _corpus
+
+    ids: list[torch.Tensor] = []
+
+    def tokenized() -> torch.Tensor | None:
+        if not ids and any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+            try:
+                from transformers import AutoTokenizer
+
+                with quiet(), hushed():
+                    tok = AutoTokenizer.from_pretrained(str(path))
+                ids.append(torch.tensor(tok(_corpus())["input_ids"], dtype=torch.long))
+            except Exception:  # a tokenizer that cannot load here: the generated corpus, as without one
+                ids.append(torch.empty(0, dtype=torch.long))
+        return ids[0] if ids and len(ids[0]) else None
+
+    def text(n: int, length: int) -> torch.Tensor:
+        data = tokenized()
+        if data is not None and len(data) >= length:
+            count = min(n, len(data) // length)
+            stride = len(data) // count
+            return torch.stack([data[i * stride:i * stride + length] for i in range(count)])
+        return Chain(vocab, length - 1).sample(n, seed=HELD_OUT_SEED)
+
+    return text
 
 
 def _with_blocks(config: Any, n: int) -> nn.Module:

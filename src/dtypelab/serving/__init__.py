@@ -1,0 +1,13 @@
+"""serving: a causal language model generating tokens under each weight and KV-cache format; measured here
+(``bench --mode generate``: bench) or forecast for a GPU (``forecast --mode generate``: forecast). kv: the cache's
+formats; workload: prefill, decode, quality; served: what can be served; policies: NAME[+kv-FORMAT]; measure: one
+policy in a worker."""
+
+from dtypelab.serving.bench import check_shape, serve_bench
+from dtypelab.serving.forecast import serve_forecast
+from dtypelab.serving.kv import FORMATS, bytes_per_token, kv_format
+from dtypelab.serving.policies import DEFAULT_FORECAST, DEFAULT_MEASURED, serve_policies, serve_policy
+from dtypelab.serving.workload import Shape
+
+__all__ = ["DEFAULT_FORECAST", "DEFAULT_MEASURED", "FORMATS", "Shape", "bytes_per_token", "check_shape", "kv_format",
+           "serve_bench", "serve_forecast", "serve_policies", "serve_policy"]

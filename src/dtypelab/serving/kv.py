@@ -1,0 +1,226 @@
+"""The KV cache a served model decodes with: a static cache (allocated once for the whole context, as gpt-fast and
+serving engines do, so that its bytes are what a server reserves and ``torch.compile`` can capture it), one layer of
+keys and values per attention layer, stored in a format of its own (``+kv-fp8``...), whatever the weights are in.
+
+Formats are rules as data (``FORMATS``). A scaled format stores ``round(x / scale)`` and hands attention
+``stored * scale`` in the model's compute dtype, every step, over the whole cache: eager PyTorch has no attention
+kernel that reads fp8 or int8 keys (engines such as vLLM fuse the dequantization into theirs), so the cost of the
+dequantization is in what is measured and traced here.
+
+- ``head``: one scale per layer, key/value and head, from the prompt's largest magnitude (the first update);
+  later tokens beyond it saturate at the format's largest value (vLLM's fp8 cache keeps per-tensor scales the same way);
+- ``token``: one float32 scale per token and head (symmetric int8): no token saturates, 4 bytes per token and head
+  more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dtypelab.core.errors import DtypelabError
+
+
+@dataclass(frozen=True)
+class KVFormat:
+    label: str  # the modifier's name: kv-fp8
+    storage: torch.dtype | None  # None: the model's compute dtype (what its attention produces)
+    scaled: str  # "" (stored as is), "head" or "token"
+    words: str
+
+    @property
+    def element_bytes(self) -> int | None:
+        return None if self.storage is None else torch.empty((), dtype=self.storage).element_size()
+
+    def scale_bytes_per_token(self, kv_heads: int) -> int:
+        """The scales' bytes per token and layer (keys and values): per-token scales only; per-head ones are fixed."""
+        return 2 * kv_heads * 4 if self.scaled == "token" else 0
+
+
+NATIVE = KVFormat("kv-native", None, "", "keys and values in the model's compute dtype")
+FORMATS: dict[str, KVFormat] = {f.label: f for f in (
+    KVFormat("kv-bf16", torch.bfloat16, "", "keys and values stored in bfloat16"),
+    KVFormat("kv-fp16", torch.float16, "", "keys and values stored in float16"),
+    KVFormat("kv-fp8", torch.float8_e4m3fn, "head", "keys and values stored in fp8 e4m3, one scale per head (from "
+             "the prompt)"),
+    KVFormat("kv-fp8-e5m2", torch.float8_e5m2, "head", "keys and values stored in fp8 e5m2, one scale per head (from "
+             "the prompt)"),
+    KVFormat("kv-int8", torch.int8, "token", "keys and values stored in int8, one float32 scale per token and head"),
+)}
+
+
+def kv_format(label: str | None) -> KVFormat:
+    if label is None or label == NATIVE.label:
+        return NATIVE
+    if label not in FORMATS:
+        raise DtypelabError(f"unknown KV-cache format {label!r}: use one of {', '.join(FORMATS)}")
+    return FORMATS[label]
+
+
+def _largest(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).max if dtype.is_floating_point else torch.iinfo(dtype).max)
+
+
+class KVLayer:
+    """One attention layer's keys and values for ``max_len`` tokens, in ``fmt``: the interface of transformers'
+    cache layers (``update`` returns every cached position, masked beyond the tokens written, as its StaticLayer
+    does). ``layer_class()`` makes it one of transformers' ``CacheLayerMixin`` (imported only when a cache is
+    made: transformers is an extra)."""
+
+    is_compileable = True
+    is_sliding = False
+    is_initialized = False
+
+    def __init__(self, max_len: int, fmt: KVFormat) -> None:
+        self.is_initialized = self.calibrated = False
+        self.max_cache_len, self.fmt = max_len, fmt
+        self.cumulative_length = torch.tensor(0, dtype=torch.long)
+        self.keys: Any = None
+        self.values: Any = None
+
+    # what transformers asks of a layer ---------------------------------------------------------------------------
+    def allocate(self, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        """The whole context's storage, before the first token (a server reserves its cache up front)."""
+        self.dtype, self.device = dtype, device
+        self.cumulative_length = self.cumulative_length.to(device)
+        storage = self.fmt.storage or dtype
+        self.keys = torch.zeros((batch, kv_heads, self.max_cache_len, head_dim), dtype=storage, device=device)
+        self.values = torch.zeros_like(self.keys)
+        if self.fmt.scaled == "head":  # set from the prompt (the first update)
+            self.key_scale = torch.ones((1, kv_heads, 1, 1), dtype=torch.float32, device=device)
+            self.value_scale = torch.ones_like(self.key_scale)
+        elif self.fmt.scaled == "token":
+            self.key_scale = torch.ones((batch, kv_heads, self.max_cache_len, 1), dtype=torch.float32, device=device)
+            self.value_scale = torch.ones_like(self.key_scale)
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, h, _, d = key_states.shape
+        self.allocate(b, h, d, key_states.dtype, key_states.device)
+
+    def _head_scale(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.fmt.storage is not None
+        amax = x.detach().abs().amax(dim=(0, 2, 3), keepdim=True).float()
+        return (amax / _largest(self.fmt.storage)).clamp(min=torch.finfo(torch.float32).tiny)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        if self.fmt.scaled == "head" and not self.calibrated:
+            self.key_scale.copy_(self._head_scale(key_states))
+            self.value_scale.copy_(self._head_scale(value_states))
+            self.calibrated = True
+        # the positions as a tensor (as transformers' StaticLayer keeps them): a compiled decode step is then one
+        # graph for every position, not one per position
+        at = torch.arange(n, device=self.device) + self.cumulative_length
+        self._write(self.keys, getattr(self, "key_scale", None), key_states, at)
+        self._write(self.values, getattr(self, "value_scale", None), value_states, at)
+        self.cumulative_length.add_(n)
+        return self._read(self.keys, getattr(self, "key_scale", None)), \
+            self._read(self.values, getattr(self, "value_scale", None))
+
+    def _write(self, store: torch.Tensor, scale: torch.Tensor | None, x: torch.Tensor, at: torch.Tensor) -> None:
+        if self.fmt.scaled == "":
+            store.index_copy_(2, at, x.to(store.dtype))
+            return
+        assert scale is not None and self.fmt.storage is not None
+        top = _largest(self.fmt.storage)
+        if self.fmt.scaled == "token":
+            here = (x.detach().abs().amax(dim=-1, keepdim=True).float() / top).clamp(
+                min=torch.finfo(torch.float32).tiny)
+            scale.index_copy_(2, at, here)
+            q = (x.float() / here).round().clamp(-top, top)
+        else:
+            q = (x.float() / scale).clamp(-top, top)
+        if store.element_size() == 1 and store.is_floating_point():  # no index_copy_ for float8 on every device
+            store.view(torch.uint8).index_copy_(2, at, q.to(store.dtype).view(torch.uint8))
+        else:
+            store.index_copy_(2, at, q.to(store.dtype))
+
+    def _read(self, store: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        if self.fmt.scaled == "":
+            return store if store.dtype == self.dtype else store.to(self.dtype)
+        assert scale is not None
+        return (store.float() * scale).to(self.dtype)
+
+    def get_mask_sizes(self, query_length: int, *args: Any) -> tuple[int, int]:
+        return self.max_cache_len, 0
+
+    def get_seq_length(self) -> Any:
+        return self.cumulative_length  # a tensor, as transformers' StaticLayer returns (see update)
+
+    def get_max_length(self) -> int:
+        return self.max_cache_len
+
+    def reset(self) -> None:
+        self.cumulative_length.zero_()
+        self.calibrated = False
+
+    def written(self) -> int:
+        return int(self.cumulative_length)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """What the layer stores (keys, values and their scales)."""
+        return [t for t in (self.keys, self.values, getattr(self, "key_scale", None),
+                            getattr(self, "value_scale", None)) if isinstance(t, torch.Tensor)]
+
+
+def attention_layers(config: Any) -> int:
+    """The number of attention layers a cache holds, refusing a layout these static layers cannot hold."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    odd = sorted(kinds - {"full_attention"})
+    if odd:
+        raise DtypelabError(f"{getattr(text, 'model_type', 'this model')}'s cache has {', '.join(odd)} layers: the "
+                            "static KV cache holds full-attention layers only (sliding-window and linear-attention "
+                            "caches are not modelled yet)")
+    if getattr(text, "kv_lora_rank", None):
+        raise DtypelabError(f"{text.model_type} compresses its keys and values (multi-head latent attention): the "
+                            "static KV cache holds plain keys and values only")
+    return int(text.num_hidden_layers)
+
+
+def make_cache(config: Any, fmt: KVFormat, max_len: int) -> Any:
+    """A transformers ``Cache`` of ``KVLayer`` s for ``config``'s model: what its forward takes as
+    ``past_key_values``."""
+    from transformers.cache_utils import Cache
+
+    layer = _layer_class()
+    return Cache(layers=[layer(max_len, fmt) for _ in range(attention_layers(config))])
+
+
+_LAYER: list[type] = []
+
+
+def _layer_class() -> type:
+    """``KVLayer`` as one of transformers' cache layers (its ``Cache`` tells attention layers by that base)."""
+    if not _LAYER:
+        from transformers.cache_utils import CacheLayerMixin
+
+        _LAYER.append(type("KVCacheLayer", (KVLayer, CacheLayerMixin), {"__module__": __name__}))
+    return _LAYER[0]
+
+
+def cache_bytes(cache: Any) -> int:
+    """The bytes a cache's layers store (keys, values and their scales): exact, from its tensors."""
+    return sum(t.untyped_storage().nbytes() for layer in cache.layers for t in layer.tensors())
+
+
+def bytes_per_token(config: Any, fmt: KVFormat, compute: torch.dtype) -> int:
+    """What one token of context takes in the cache, by the formula (layers x 2 x kv heads x head dim x bytes): the
+    check of what a trace counts, and what the docs explain. Grouped-query attention stores ``num_key_value_heads``,
+    not ``num_attention_heads``."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    element = fmt.element_bytes or torch.empty((), dtype=compute).element_size()
+    return attention_layers(config) * (2 * kv_heads * head_dim * element + fmt.scale_bytes_per_token(kv_heads))
+
+
+__all__ = ["FORMATS", "NATIVE", "KVFormat", "KVLayer", "attention_layers", "bytes_per_token", "cache_bytes",
+           "kv_format", "make_cache"]

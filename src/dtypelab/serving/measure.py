@@ -1,0 +1,144 @@
+"""One serving policy measured here: a ``Work`` of ``dtypelab.run`` (it runs in a child process of its own).
+
+The model is converted by the policy's own kinds (``Precision.convert_module``: casts, quantized weights), its
+cache made in the policy's KV format, then: one generation counted by the ledger on real tensors (the peak of the
+prefill and of a decode step, by what holds it: weights, cache, the rest); one untimed generation (warm-up; a
+compiled policy compiles there); ``repeats`` timed ones (medians); and the held-out text read through the cache.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dtypelab.core.loop import threads
+from dtypelab.core.measure import device_sync
+from dtypelab.core.policies import Plan, Precision
+from dtypelab.core.results import GenerateFigures
+from dtypelab.forecasting import Ledger, Peak
+from dtypelab.run import Reporter
+from dtypelab.serving.kv import cache_bytes, kv_format
+from dtypelab.serving.served import config_of, load_served
+from dtypelab.serving.workload import Shape, compute_dtype, decode, generate, new_cache, prefill, score
+
+WEIGHTS = ("parameters", "frozen_weights")
+
+
+@dataclass(frozen=True)
+class GenerateJob:
+    """Everything a child needs, picklable: the model travels as its spec and is built there."""
+
+    spec: str
+    plan: Plan
+    kv: str  # a KV format's label (``serving.kv.FORMATS``), or kv-native
+    label: str  # the policy as named: PLAN[+KV]
+    shape: Shape
+    repeats: int
+    quality_sequences: int
+    quality_len: int
+    seed: int
+    device: str
+    threads: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.label
+
+    def __call__(self, report: Reporter) -> dict[str, Any]:
+        with threads(self.threads):
+            return measure(self, report)
+
+
+def prompts(text: Any, shape: Shape) -> torch.Tensor:
+    """``batch_size`` prompts from the held-out text (repeated when it has fewer windows than that)."""
+    ids = text(shape.batch_size, shape.context)[:, :shape.prompt_len]
+    while len(ids) < shape.batch_size:
+        ids = torch.cat([ids, ids])[:shape.batch_size]
+    return ids
+
+
+def counted(model: Any, config: Any, job: GenerateJob, ids: torch.Tensor, dtype: torch.dtype,
+            device: torch.device) -> dict[str, Any]:
+    """The prefill's and one decode step's peaks, by what holds them (a static cache: every decode step holds the
+    same), counted on real tensors."""
+    fmt = kv_format(job.kv)
+    with Ledger() as ledger:
+        ledger.claim(model.parameters(), "parameters")
+        ledger.claim(model.buffers(), "parameters")
+        with ledger.phase_of("cache", default="buffers"):
+            cache = new_cache(config, fmt, job.shape, dtype, device)
+        with ledger.phase_of("prefill"):
+            token = prefill(model, ids, cache)
+        with ledger.phase_of("decode"):
+            decode(model, token, cache)
+        weights = sum(ledger.current[k] for k in WEIGHTS)
+        return {"weights": weights, "kv": cache_bytes(cache), "prefill": ledger.phases["prefill"],
+                "decode": ledger.phases["decode"]}
+
+
+def figures(memory: dict[str, Any], runs: list[Any], shape: Shape) -> GenerateFigures:
+    prefill_peak: Peak = memory["prefill"]
+    decode_peak: Peak = memory["decode"]
+    top = max(prefill_peak, decode_peak, key=lambda p: p.total)
+    ttft = statistics.median(r.ttft_s for r in runs)
+    steps = shape.gen_len - 1
+    decode_s = statistics.median(r.decode_s for r in runs)
+    return GenerateFigures(
+        peak_bytes=top.total, weights_bytes=memory["weights"], kv_cache_bytes=memory["kv"],
+        activations_bytes=top.total - memory["weights"] - memory["kv"], prefill_peak_bytes=prefill_peak.total,
+        decode_peak_bytes=decode_peak.total, ttft_s=ttft, prefill_tok_s=shape.batch_size * shape.prompt_len / ttft,
+        decode_tok_s=shape.batch_size * steps / decode_s if steps and decode_s > 0 else None,
+        token_latency_s=decode_s / steps if steps else None,
+        kv_bytes_per_token=memory["kv"] // (shape.batch_size * shape.context),
+        ttft_runs_s=tuple(r.ttft_s for r in runs), decode_runs_s=tuple(r.decode_s for r in runs))
+
+
+def measure(job: GenerateJob, report: Reporter) -> dict[str, Any]:
+    served = load_served(job.spec)
+    device = torch.device(job.device)
+    torch.manual_seed(job.seed)
+    model = served.make_model().eval()
+    config = config_of(model)
+    precision = Precision(job.plan, device)
+    model = precision.convert_module(model.to(device))
+    sync = device_sync(device) or (lambda: None)
+    total = job.repeats + 3
+    with precision.session(), torch.inference_mode():
+        dtype = compute_dtype(model, config, device)
+        ids = prompts(served.text, job.shape).to(device)
+        memory = counted(model, config, job, ids, dtype, device)
+        report.step(1, total)
+        cache = new_cache(config, kv_format(job.kv), job.shape, dtype, device)
+        generate(model, ids, job.shape.gen_len, cache, sync)  # warm-up (and a compiled policy's compile)
+        report.step(2, total)
+        runs = []
+        for i in range(job.repeats):
+            cache.reset()
+            runs.append(generate(model, ids, job.shape.gen_len, cache, sync))
+            report.step(3 + i, total)
+        scored = quality(model, config, job, served, dtype, device)
+        report.step(total, total)
+    return {"figures": figures(memory, runs, job.shape), "tokens": runs[0].tokens.tolist(), "nats": scored[0],
+            "argmax": scored[1], "sequences": scored[2]}
+
+
+def quality(model: Any, config: Any, job: GenerateJob, served: Any, dtype: torch.dtype,
+            device: torch.device) -> tuple[float, list[list[int]], int]:
+    """The held-out windows read through the cache in batches of the job's size: mean nats per continuation token,
+    each position's argmax, and how many windows."""
+    windows = served.text(job.quality_sequences, job.quality_len)
+    split = min(job.shape.prompt_len, job.quality_len // 2)
+    nats, argmax = 0.0, []
+    for i in range(0, len(windows), job.shape.batch_size):
+        chunk = windows[i:i + job.shape.batch_size].to(device)
+        cache = new_cache(config, kv_format(job.kv), Shape(split, job.quality_len - split, len(chunk)), dtype, device)
+        got = score(model, chunk, split, cache)
+        nats += got.nats * len(chunk)
+        argmax += got.argmax.tolist()
+    return nats / len(windows), argmax, len(windows)
+
+
+__all__ = ["GenerateJob", "measure"]

@@ -1,0 +1,284 @@
+"""Serving (--mode generate): the KV cache's formats and their bytes (grouped-query attention), the workload through
+the cache against a forward without one, the forecast's trace against the same workload counted on real tensors, a
+deep model read off shallow traces against its whole trace, the largest-size search against brute force, the GPU
+kernel model, the measured sweep's decision, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+import torch
+from test_cli import dtypelab
+
+from dtypelab.core.errors import DtypelabError
+from dtypelab.core.results import GenerateFigures, GeneratePolicy, GenerateQuality
+from dtypelab.forecasting import target_device
+from dtypelab.serving import FORMATS, Shape, bytes_per_token, kv_format, serve_bench, serve_policy
+
+pytest.importorskip("transformers")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_LLAMA = os.path.join(ROOT, "benchmarks", "configs", "tiny-llama")
+
+
+def tiny_llama(layers: int = 2, kv_heads: int = 2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=128)
+    return LlamaForCausalLM(config).eval(), config
+
+
+# --- the cache ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("label", ["kv-native", *FORMATS])
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_the_cache_stores_key_value_heads_only_and_its_bytes_are_the_formula(label, kv_heads):
+    from dtypelab.serving.kv import cache_bytes
+    from dtypelab.serving.workload import new_cache
+
+    _, config = tiny_llama(kv_heads=kv_heads)
+    fmt = kv_format(label)
+    shape = Shape(10, 6, 3)
+    cache = new_cache(config, fmt, shape, torch.float32, torch.device("cpu"))
+    per_token = bytes_per_token(config, fmt, torch.float32)
+    fixed = 2 * 2 * kv_heads * 4 if fmt.scaled == "head" else 0  # one float32 scale per layer, head, key/value
+    assert cache_bytes(cache) == per_token * shape.batch_size * shape.context + fixed
+    assert cache.layers[0].keys.shape == (3, kv_heads, 16, 16)
+
+
+@pytest.mark.parametrize("label,tol", [("kv-native", 1e-5), ("kv-bf16", 3e-2), ("kv-fp16", 3e-3), ("kv-int8", 3e-2),
+                                       ("kv-fp8", 2e-1), ("kv-fp8-e5m2", 4e-1)])
+def test_decoding_through_the_cache_gives_a_forward_without_one(label, tol):
+    """Prefill then decode, token by token, through the cache: the last logits are a whole forward's, within the
+    format's rounding."""
+    from dtypelab.serving.workload import _call, new_cache
+
+    model, config = tiny_llama()
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        whole = model(input_ids=ids).logits[:, -1]
+        cache = new_cache(config, kv_format(label), Shape(8, 4, 2), torch.float32, torch.device("cpu"))
+        _call(model, ids[:, :8], cache, 1)
+        for t in range(8, 12):
+            last = _call(model, ids[:, t:t + 1], cache, 1)[:, -1]
+    err = (last - whole).abs().max().item()
+    assert err <= tol * whole.abs().max().item()
+    if label != "kv-native":
+        assert err > 0  # the format rounds: something changed
+
+
+def test_a_scaled_cache_saturates_what_exceeds_the_prompts_range_rather_than_overflowing():
+    from dtypelab.serving.kv import KVLayer
+
+    layer = KVLayer(4, kv_format("kv-fp8"))
+    small = torch.ones(1, 1, 1, 2)
+    layer.update(small, small)
+    keys, _ = layer.update(small * 1e6, small * 1e6)
+    assert torch.isfinite(keys).all() and keys.max().item() == pytest.approx(1.0, rel=0.07)
+
+
+# --- policies and errors --------------------------------------------------------------------------------------------
+def test_a_serving_policy_is_a_weight_format_with_a_cache_format():
+    p = serve_policy("int8-wo+kv-fp8")
+    assert p.plan.name == "int8-wo" and p.kv.label == "kv-fp8"
+    assert serve_policy("bf16").kv.label == "kv-native"
+    for bad, words in [("int8-wo+kv-fp4", "unknown KV-cache format"), ("+kv-fp8", "modifies a weight format"),
+                       ("bf16-kahan+kv-int8", "training policy")]:
+        with pytest.raises(DtypelabError, match=words):
+            serve_policy(bad)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["tinylm", "--mode", "generate", "--prompt-len", "1000", "--gen-len", "100"], "takes at most 1024"),
+    (["tinylm", "--mode", "generate", "-p", "fp32+kv-fp4"], "unknown KV-cache format"),
+    (["digits", "--mode", "generate"], "not a causal language model"),
+])
+def test_bad_serving_inputs_are_one_line_errors(args, words, tmp_path):
+    got = dtypelab("bench", *args, "--json", str(tmp_path / "r.json"))
+    assert got.returncode == 2, got.stderr
+    assert words in got.stderr and "Traceback" not in got.stderr
+    assert len([line for line in got.stderr.splitlines() if line.startswith("error:")]) == 1
+
+
+def test_a_cache_the_static_layers_cannot_hold_is_refused():
+    from transformers import Gemma2Config
+
+    from dtypelab.serving.kv import attention_layers
+
+    config = Gemma2Config(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
+    with pytest.raises(DtypelabError, match="sliding_attention"):
+        attention_layers(config)
+
+
+# --- the forecast ---------------------------------------------------------------------------------------------------
+def _measured_memory(policy: str, shape: Shape) -> dict:
+    from dtypelab.core.policies import Precision
+    from dtypelab.serving.measure import GenerateJob, counted, prompts
+    from dtypelab.serving.served import load_served
+    from dtypelab.serving.workload import compute_dtype
+
+    served = load_served("tinylm")
+    p = serve_policy(policy)
+    model = served.make_model().eval()
+    config = model.config
+    precision = Precision(p.plan, "cpu")
+    model = precision.convert_module(model)
+    job = GenerateJob("tinylm", p.plan, p.kv.label, policy, shape, 1, 1, 8, 0, "cpu")
+    with precision.session(), torch.no_grad():
+        dtype = compute_dtype(model, config, torch.device("cpu"))
+        return counted(model, config, job, prompts(served.text, shape), dtype, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("policy", ["fp32", "bf16", "int8-wo", "fp32+kv-int8", "bf16+kv-fp8"])
+def test_the_traced_workload_holds_what_the_same_workload_holds_on_real_tensors(policy):
+    """The forecast for this CPU (fake tensors) against the ledger on the real prefill and decode: weights and cache
+    to the byte, the peaks within 0.5% (the prompt's ids are counted on one side only)."""
+    from dtypelab.serving.forecast import PolicyRun, ServeForecaster
+    from dtypelab.serving.served import load_served
+
+    shape = Shape(48, 16, 3)
+    fc = ServeForecaster(load_served("tinylm"), target_device("cpu", None, None), 0)
+    traced = PolicyRun(fc, serve_policy(policy), {}).traced(shape)
+    real = _measured_memory(policy, shape)
+    assert traced.decode.weights == real["weights"]
+    assert traced.decode.kv == real["kv"]
+    assert traced.prefill.peak == pytest.approx(real["prefill"].total, rel=5e-3)
+    assert traced.decode.peak == pytest.approx(real["decode"].total, rel=5e-3)
+
+
+@pytest.mark.parametrize("policy,device", [("bf16", "H100"), ("int8-wo+kv-int8", "H100"), ("fp32+kv-fp8", "cpu")])
+def test_a_deep_model_read_off_two_shallow_traces_is_its_whole_trace(policy, device, monkeypatch):
+    """Seven blocks: the line through the traces at 3 and 4 blocks gives the whole trace's peaks, weights and cache
+    to the byte, and the same decode time (within 1e-6)."""
+    import dtypelab.serving.forecast as fcmod
+    from dtypelab.serving.forecast import PolicyRun, ServeForecaster, policy_figures
+    from dtypelab.serving.served import Served
+
+    _, config = tiny_llama(layers=7)
+
+    def make():
+        from transformers import LlamaForCausalLM
+        return LlamaForCausalLM(config)
+
+    served = Served("tiny7", make, lambda n, length: torch.zeros(n, length, dtype=torch.long), 128, False, "")
+    target = target_device(device, None, None)
+    shape = Shape(20, 12, 2)
+    p = serve_policy(policy)
+    deep = ServeForecaster(served, target, 0)
+    line = PolicyRun(deep, p, {}).traced(shape)
+    monkeypatch.setattr(fcmod, "DEEP", 7)
+    whole = PolicyRun(ServeForecaster(served, target, 0), p, {}).traced(shape)
+    for a, b in ((line.prefill, whole.prefill), (line.decode, whole.decode)):
+        assert (a.peak, a.weights, a.kv) == (b.peak, b.weights, b.kv)
+    if device != "cpu":  # this CPU's time model times each kernel here: not the same twice
+        from dtypelab.forecasting import StepTimes, rates_for
+
+        rates, _ = rates_for(target)
+        monkeypatch.setattr(fcmod, "DEEP", 6)
+        f_line = policy_figures(ServeForecaster(served, target, 0), p, shape, StepTimes(rates), {}, False)
+        monkeypatch.setattr(fcmod, "DEEP", 7)
+        f_whole = policy_figures(ServeForecaster(served, target, 0), p, shape, StepTimes(rates), {}, False)
+        assert f_line.token_latency_s == pytest.approx(f_whole.token_latency_s, rel=1e-6)
+        assert f_line.ttft_s == pytest.approx(f_whole.ttft_s, rel=1e-6)
+
+
+def test_the_largest_size_is_what_brute_force_finds():
+    """Against brute force, on peaks linear in the size, rounded up per allocation (as CUDA's allocator does) and with
+    a cap: the search's answer is the largest that fits, or None."""
+    from dtypelab.serving.forecast import largest
+
+    rng = random.Random(0)
+    for _ in range(300):
+        base, per, block = rng.randint(0, 10**6), rng.randint(1, 10**4), rng.choice([1, 512])
+        most, at = rng.randint(1, 3000), rng.randint(1, 40)
+        at = min(at, most)
+
+        def peak(n: int, base=base, per=per, block=block) -> int:
+            return base + sum(-(-per * n // block) * block for _ in range(3))
+
+        limit = rng.randint(0, peak(most) * 2)
+        fits = [n for n in range(1, most + 1) if peak(n) <= limit]
+        assert largest(peak, limit, at, most) == (max(fits) if fits else None)
+
+
+def test_a_quantized_layer_on_a_gpu_reads_its_stored_bytes_at_its_kernels_share():
+    from dtypelab.core.speed import Op
+    from dtypelab.serving.forecast import gpu_ops
+    from dtypelab.serving.kernels import KERNELS
+
+    ops = (Op("elementwise", "", 10, ((1, 64),), ((2, 64),), module="norm"),
+           Op("elementwise", "bfloat16", 0, ((3, 4096),), ((4, 8192),), module="fc"),  # the dequantization
+           Op("matmuls", "bfloat16", 2 * 64 * 64, ((2, 128), (4, 8192)), ((5, 128),), 64 * 64, module="fc"))
+    out = gpu_ops(ops, {"fc": "int4-weight-only"}, {"fc": 2048})
+    assert len(out) == 2 and out[0] is ops[0]
+    fc = out[1]
+    kernel = KERNELS["int4-weight-only"]
+    assert fc.rate == kernel.rate and fc.flops == 2 * 64 * 64 and fc.written == 128
+    assert fc.read == 128 + int(2048 / kernel.share)
+
+
+@pytest.mark.e2e
+def test_a_gpu_forecast_of_an_8b_model_fits_where_its_bytes_say(tmp_path):
+    """Llama-3-8B's config on an RTX 4090, batch 16, 640 tokens: weights as its parameters say (bf16: 2 bytes each),
+    the cache as grouped-query attention stores it (8 of 32 heads), fits and largest batches ordered by bytes."""
+    from dtypelab.serving import serve_forecast
+
+    report = serve_forecast(f"hf:{os.path.join(ROOT, 'benchmarks', 'configs', 'llama3-8b')}", Shape(512, 128, 16),
+                            target_device("RTX4090", None, None), "bf16,int4-wo,bf16+kv-fp8", speed=False,
+                            launcher="inline")
+    bf16, int4, fp8kv = (report.result(n).generate for n in ("bf16", "int4-wo", "bf16+kv-fp8"))
+    # its 8,030,261,248 parameters in bfloat16, and the rotary table (a buffer) in CUDA's 512-byte blocks
+    assert 0 <= bf16.weights_bytes - 8_030_261_248 * 2 <= 2 * 512
+    assert bf16.kv_cache_bytes == 32 * 2 * 8 * 128 * 2 * 16 * 640
+    assert fp8kv.kv_cache_bytes == bf16.kv_cache_bytes // 2 + 32 * 2 * 8 * 4
+    assert int4.weights_bytes < bf16.weights_bytes / 3
+    assert bf16.fits and bf16.largest_batch < fp8kv.largest_batch < int4.largest_batch
+    assert bf16.longest_context < int4.longest_context
+    assert report.config.source == "forecast" and report.chosen
+
+
+# --- the measured sweep ---------------------------------------------------------------------------------------------
+def _figures(decode_runs, ttft=(0.01, 0.01)) -> GenerateFigures:
+    return GenerateFigures(peak_bytes=1000, kv_bytes_per_token=10, decode_tok_s=100 / sorted(decode_runs)[1],
+                           ttft_runs_s=ttft, decode_runs_s=tuple(decode_runs), token_latency_s=0.01, ttft_s=0.01)
+
+
+def test_a_policy_is_chosen_only_when_every_timed_generation_beat_the_baselines_and_its_perplexity_holds():
+    from dtypelab.core.tolerance import Tolerance
+    from dtypelab.serving.bench import _verdicts
+
+    base = GeneratePolicy("fp32", "", "ok", generate=_figures((1.0, 1.02, 1.01)), quality=GenerateQuality(10.0))
+    clear = GeneratePolicy("a", "", "ok", generate=_figures((0.5, 0.52, 0.51)), quality=GenerateQuality(10.05))
+    overlap = GeneratePolicy("b", "", "ok", generate=_figures((0.3, 1.05, 0.31)), quality=GenerateQuality(10.0))
+    worse = GeneratePolicy("c", "", "ok", generate=_figures((0.1, 0.1, 0.1)), quality=GenerateQuality(10.5))
+    out, best, sentence = _verdicts([base, clear, overlap, worse], "fp32", Tolerance.parse("1%"), "decode", 8)
+    assert best == "a" and sentence.startswith("a: the fastest")
+    verdicts = {p.policy: p.verdict for p in out}
+    assert "not faster beyond doubt" in verdicts["b"] and verdicts["c"].startswith("worse")
+    out, best, _ = _verdicts([base, overlap], "fp32", Tolerance.parse("1%"), "decode", 8)
+    assert best == "fp32"
+
+
+def test_the_measured_sweep_of_the_small_model(tmp_path):
+    """tinylm, four policies inline: the record's fields, the baseline's quality against itself, a GPU-only format
+    skipped with its reason, and the record read back and drawn."""
+    report = serve_bench("tinylm", Shape(24, 8, 2), "fp32,int8-wo+kv-int8,int4-wo", launcher="inline",
+                         json_path=str(tmp_path / "g.json"))
+    base, small, gpu = report.policies
+    assert base.verdict in ("baseline", "chosen (the baseline)")
+    assert base.quality.perplexity < 20  # a trained model on real text (bytes: 256 would be a guess)
+    g = small.generate
+    assert g.weights_bytes < base.generate.weights_bytes / 3 and g.kv_cache_bytes < base.generate.kv_cache_bytes / 3
+    assert g.peak_bytes >= g.weights_bytes + g.kv_cache_bytes and g.decode_tok_s > 0 and g.prefill_tok_s > 0
+    assert len(g.decode_runs_s) == 3 and 0 < small.quality.agreement <= 1
+    assert abs(small.quality.perplexity_change) < 0.05
+    assert gpu.status == "skipped" and "forecast it" in gpu.reason
+    data = json.loads((tmp_path / "g.json").read_text())
+    assert data["schema"] == "dtypelab.generate"
+    assert data["policies"][1]["generate"]["kv_cache_bytes"] == g.kv_cache_bytes
+    shown = dtypelab("show", str(tmp_path / "g.json"))
+    assert shown.returncode == 0 and "int8-wo+kv-int8" in shown.stdout and "perplexity" in shown.stdout
