@@ -51,6 +51,16 @@ COMMANDS: dict[str, tuple[str, int]] = {
                       "qlora-nf4-pure+compile+ckpt+chunked-ce --no-batch-search --no-speed", 0),
     "forecast-check": ("dtypelab forecast gpt2 --device cpu --check -p fp32,amp-bf16,bf16-kahan,bf16-sr+adam8bit "
                        "--no-batch-search", 0),
+    "generate-tinylm": ("dtypelab bench tinylm --mode generate -b 4 --prompt-len 64 --gen-len 32", 0),
+    "generate-h100": ("dtypelab forecast hf:benchmarks/configs/llama3-8b --mode generate --device H100 "
+                      "--prompt-len 512 --gen-len 128 -b 16", 0),
+    "generate-4090": ("dtypelab forecast hf:benchmarks/configs/llama3-8b --mode generate --device RTX4090 "
+                      "--prompt-len 512 --gen-len 128 -b 16", 0),
+    "generate-32k": ("dtypelab forecast hf:benchmarks/configs/llama3.1-8b --mode generate --device RTX4090 "
+                     "--prompt-len 30000 --gen-len 2768 -b 16 -p bf16,int8-wo,int4-wo,int4-wo+kv-fp8,int4-wo+kv-int8 "
+                     "--no-speed", 0),
+    "generate-check": ("dtypelab forecast tinylm --mode generate --device cpu --check -b 4 --prompt-len 64 "
+                       "--gen-len 32 --no-batch-search", 0),
 }
 CLI = ("bench", "tune", "forecast", "trace", "autopilot", "audit", "export", "show", "report", "policies", "hardware",
        "formats", "cast", "lint")
@@ -153,6 +163,9 @@ def main() -> None:
             readme(name, text)
     if any(n.startswith("forecast") for n in wanted & set(COMMANDS)):  # made on another day than machine.txt's
         with open(os.path.join(SAMPLES, "forecast-machine.txt"), "w") as f:
+            f.write(machine())
+    if any(n.startswith("generate") for n in wanted & set(COMMANDS)):
+        with open(os.path.join(SAMPLES, "generate-machine.txt"), "w") as f:
             f.write(machine())
     if "gpu" in wanted:  # the committed GPU records (scripts/gpu/check, collect), re-rendered: no GPU needed here
         with open(os.path.join(SAMPLES, "gpu-records.md"), "w") as f:

@@ -184,6 +184,11 @@ def test_a_deep_model_read_off_two_shallow_traces_is_its_whole_trace(policy, dev
         f_whole = policy_figures(ServeForecaster(served, target, 0), p, shape, StepTimes(rates), {}, False)
         assert f_line.token_latency_s == pytest.approx(f_whole.token_latency_s, rel=1e-6)
         assert f_line.ttft_s == pytest.approx(f_whole.ttft_s, rel=1e-6)
+        # the searches (largest batch, longest context) trace other sizes: the speed is still the job's shape's
+        monkeypatch.setattr(fcmod, "DEEP", 6)
+        searched = policy_figures(ServeForecaster(served, target, 0), p, shape, StepTimes(rates), {}, True)
+        assert searched.largest_batch and searched.longest_context
+        assert searched.token_latency_s == pytest.approx(f_line.token_latency_s, rel=1e-6)
 
 
 def test_the_largest_size_is_what_brute_force_finds():

@@ -54,8 +54,9 @@ def _quality(p: GeneratePolicy) -> list[str]:
 
 def _fit(g: GenerateFigures) -> list[str]:
     fits = "—" if g.fits is None else ("yes" if g.fits else "no")
-    return [fits, "—" if g.largest_batch is None else f"{g.largest_batch:,}",
-            "—" if g.longest_context is None else f"{g.longest_context:,}", g.bound or "—"]
+    return [fits, "—" if g.largest_batch is None else f"{g.largest_batch:,}" if g.largest_batch else "none",
+            "—" if g.longest_context is None else f"{g.longest_context:,}" if g.longest_context else "none",
+            g.bound or "—"]
 
 
 @document(GenerateReport, wrap=set())

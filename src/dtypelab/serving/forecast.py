@@ -298,21 +298,58 @@ class PolicyRun:
         self.extra: dict[int, int] = {}
         self.layers: dict[str, str] = {}
         self.stand_in = False
+        self.block: int | None = None  # a block's weights, once its share of the peaks is known exact (0: not)
 
     def traced(self, shape: Shape, timed: bool = False) -> Traced:
         """Both passes at ``shape`` (read off the line through the shallow traces for a deep model), with the
-        stand-in's weights at their format's bytes."""
-        got = [self._at(depth, shape, timed) for depth in self.depths]
+        stand-in's weights at their format's bytes. Once a block's share of both peaks is known to be its weights
+        and its cache exactly (``_block``), a search's sizes are traced at 3 blocks only and the rest added."""
         if not self.deep:
-            return got[0]
-        one, two = got
-        at = self.fc.layers
+            return self._at(self.depths[0], shape, timed)
+        at, k = self.fc.layers, self.fc.layers - SHALLOW[0]
+        if not timed and self.block:
+            one = self._at(SHALLOW[0], shape, False)
+            rounded, stored = self._block_kv(shape, one.dtype)
+            w = self.block
+
+            def more(p: Pass) -> Pass:
+                return Pass(p.peak + k * (w + rounded), p.weights + k * w, p.kv + k * stored, ())
+
+            return Traced(more(one.prefill), more(one.decode), one.dtype)
+        one, two = (self._at(depth, shape, timed) for depth in SHALLOW)
+        if self.block is None:
+            self.block = self._block(one, two, shape)
         return Traced(one.prefill.line(two.prefill, SHALLOW[0], at), one.decode.line(two.decode, SHALLOW[0], at),
                       one.dtype)
 
+    def _block_kv(self, shape: Shape, dtype: Any) -> tuple[int, int]:
+        """One layer's cache at ``shape``: its bytes as the allocator rounds each tensor, and as stored."""
+        text = self.fc.config
+        heads = text.num_attention_heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        fmt = self.policy.kv
+        element = fmt.element_bytes or torch.empty((), dtype=dtype).element_size()
+        cells = shape.batch_size * kv_heads * shape.context
+        sizes = [cells * head_dim * element] * 2
+        sizes += [cells * 4] * 2 if fmt.scaled == "token" else [kv_heads * 4] * 2 if fmt.scaled == "head" else []
+        block = CUDA_BLOCK if self.fc.cuda else 1
+        position = 8  # the layer's count of tokens written (an int64 tensor), held beside its keys and values
+        return sum(-(-n // block) * block for n in (*sizes, position)), sum(sizes)
+
+    def _block(self, one: Traced, two: Traced, shape: Shape) -> int:
+        """A block's weights, when one more block adds exactly its weights and its cache to both peaks (0: it adds
+        something else too, and every size is traced at both depths)."""
+        w = two.decode.weights - one.decode.weights
+        rounded, stored = self._block_kv(shape, one.dtype)
+        exact = all(b.peak - a.peak == w + rounded and b.kv - a.kv == stored
+                    for a, b in ((one.prefill, two.prefill), (one.decode, two.decode)))
+        return w if exact else 0
+
     def _at(self, depth: int, shape: Shape, timed: bool) -> Traced:
         model, extra, layers = self.fc.converted(self.policy.plan, depth)
-        self.extra[depth], self.layers = extra, layers
+        self.extra[depth] = extra
+        self.layers.update(layers)  # every depth's quantized layers (the line's ops name the deepest's)
         self.stand_in = bool(extra)
         # a stand-in's weights are bfloat16's: its traces are bf16's, shifted by its layout's bytes
         layout = ("bf16" if extra else self.policy.plan.name, self.policy.kv.label, depth, shape)
@@ -400,7 +437,9 @@ def policy_figures(fc: ServeForecaster, policy: ServePolicy, shape: Shape, times
         batch = largest(lambda b: run.traced(replace(shape, batch_size=b)).peak, limit, shape.batch_size, MOST_BATCH)
         most = fc.served.context - shape.prompt_len
         gen = largest(lambda g: run.traced(replace(shape, gen_len=g)).peak, limit, shape.gen_len, most)
-        figures = replace(figures, largest_batch=batch, longest_context=None if gen is None else shape.prompt_len + gen)
+        # 0: not even one sequence (or one token more than the prompt) fits
+        figures = replace(figures, largest_batch=batch or 0, longest_context=0 if gen is None else
+                          shape.prompt_len + gen)
     if times is None:
         return figures
     return _speed_figures(figures, run, t, shape, times)
@@ -438,13 +477,14 @@ def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str 
     from dtypelab.serving.bench import check_shape
 
     start = time.perf_counter()
+    workers = _prestart(launcher)  # a worker's imports run while this process reads the model
     served = load_served(spec)
     check_shape(shape, served.context, served.name)
     chosen = serve_policies(policies, DEFAULT_FORECAST if target.kind == "cuda" else DEFAULT_FORECAST_CPU)
     rates, no_rates = rates_for(target) if speed else (None, "")
-    parts = _parts(chosen, target, rates)
+    parts = _parts(chosen, target, rates, len(workers))
     outcomes = _run_parts([ForecastPart(spec, shape, target, part, seed, search, speed) for part in parts],
-                          launcher, on_progress, len(chosen))
+                          workers, on_progress, len(chosen))
     found = {r.policy: r for out in outcomes if out.status == "ok" for r in out.value[0]}
     params = next((out.value[1] for out in outcomes if out.status == "ok"), 0)
     died = "; ".join(dict.fromkeys(out.reason or out.status for out in outcomes if out.status != "ok"))
@@ -499,7 +539,7 @@ class ForecastPart:
         return out, fc.parameters()
 
 
-def _parts(chosen: list[ServePolicy], target: TargetDevice, rates: Any) -> list[tuple[str, ...]]:
+def _parts(chosen: list[ServePolicy], target: TargetDevice, rates: Any, workers: int) -> list[tuple[str, ...]]:
     """The policies split between the workers: those sharing traces (a weight format's KV variants; on a GPU the
     formats traced with bfloat16 weights in their place) kept together; kernels timed here by one worker alone."""
     if rates is not None and rates.times_kernels:
@@ -509,22 +549,35 @@ def _parts(chosen: list[ServePolicy], target: TargetDevice, rates: Any) -> list[
         stand_in = target.kind == "cuda" and p.plan.gpu_only
         layout = "bf16" if stand_in or p.plan.name == "bf16" else p.plan.name
         families.setdefault((layout, p.kv.label), []).append(p.name)
-    parts: list[list[str]] = [[] for _ in range(min(WORKERS, len(families)))]
+    parts: list[list[str]] = [[] for _ in range(min(workers + 1, len(families)))]
     for family in sorted(families.values(), key=len, reverse=True):
         min(parts, key=len).extend(family)
     return [tuple(part) for part in parts if part]
 
 
-def _run_parts(parts: list[ForecastPart], launcher: str, on_progress: Progress | None, total: int) -> list[Any]:
-    """Each part in a worker process (inline: in this one), at once: their outcomes."""
+PRELOAD = ("transformers.modeling_utils", "transformers.activations", "transformers.models.auto.modeling_auto")
+
+
+def _prestart(launcher: str) -> list[Any]:
+    """The worker processes beside this one (none inline), started now with the libraries a trace needs."""
+    from dtypelab.run import ProcessLauncher
+
+    if launcher == "inline":
+        return []
+    workers = [ProcessLauncher() for _ in range(WORKERS - 1)]
+    for worker in workers:
+        worker.prestart((__name__, *PRELOAD))
+    return workers
+
+
+def _run_parts(parts: list[ForecastPart], workers: list[Any], on_progress: Progress | None, total: int) -> list[Any]:
+    """The first part in this process (its libraries are imported already), the others in the workers, at once:
+    their outcomes (without workers, one after another here)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from dtypelab.run import LAUNCHERS, ProcessLauncher
+    from dtypelab.run import LAUNCHERS
 
     done = [0] * len(parts)
-    workers = {i: ProcessLauncher() for i in range(1, len(parts))} if launcher != "inline" else {}
-    for worker in workers.values():  # their imports run while this process starts tracing
-        worker.prestart((__name__, "transformers.modeling_utils"))
 
     def run(i: int) -> Any:
         def step(n: int, _total: int) -> None:
@@ -532,11 +585,12 @@ def _run_parts(parts: list[ForecastPart], launcher: str, on_progress: Progress |
             if on_progress is not None:
                 on_progress(parts[i].names[n - 1], sum(done), total)
 
-        # the first part in this process (its libraries are imported already), the others in workers
-        chosen = LAUNCHERS["inline"] if launcher == "inline" or i == 0 else workers[i]
+        chosen = workers[i - 1] if 0 < i <= len(workers) else LAUNCHERS["inline"]
         return chosen.run(parts[i], 24 * 3600, step)
 
-    with ThreadPoolExecutor(len(parts)) as pool:
+    if not workers:  # one tracing thread per process: the dispatch modes a trace enters are global
+        return [run(i) for i in range(len(parts))]
+    with ThreadPoolExecutor(len(parts)) as pool:  # this process traces one part; the workers the others
         return list(pool.map(run, range(len(parts))))
 
 

@@ -37,8 +37,8 @@ class GenerateFigures:
     fits: bool | None = None
     bound: str = ""  # what bounds decoding: memory, compute or overhead
     prefill_bound: str = ""
-    largest_batch: int | None = None  # the most sequences that fit at this context
-    longest_context: int | None = None  # the longest context that fits at this batch
+    largest_batch: int | None = None  # the most sequences that fit at this context (0: none; None: not searched)
+    longest_context: int | None = None  # the longest context that fits at this batch (0: none; None: not searched)
     kernels: tuple[str, ...] = ()  # what each matmul kind runs (forecast)
     bandwidth_share: float | None = None  # decode: the share of the device's bandwidth its bytes move at
     flops_share: float | None = None  # decode: the share of its peak FLOP/s reached
