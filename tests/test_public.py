@@ -15,7 +15,8 @@ def test_every_record_kind_is_registered_by_its_schema_and_drawn():
     from dtypelab.render.drawing import document_of, section_of
 
     assert {cls.__name__ for cls in KINDS.values()} == {
-        "Report", "AuditReport", "TraceReport", "LintReport", "TuneReport", "AutopilotReport", "ForecastReport"}
+        "Report", "AuditReport", "TraceReport", "LintReport", "TuneReport", "AutopilotReport", "ForecastReport",
+        "GenerateReport"}
     for schema, cls in KINDS.items():
         assert cls.schema == schema and issubclass(cls, Record)
         section_of(object.__new__(cls))  # a page section for every kind

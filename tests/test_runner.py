@@ -75,7 +75,7 @@ def test_default_sweep_lists_inapplicable_policies_as_skipped(hw, tiny):
     ({"tolerance": "one%"}, "bad tolerance"),
     ({"steps": 0}, "steps: must be at least 1, got 0 (--steps)"),
     ({"steps": 5, "warmup": 5}, "--warmup (5) must be smaller than --steps (5)"),
-    ({"mode": "serve"}, "mode: must be one of 'train' or 'infer', got 'serve' (--mode)"),
+    ({"mode": "serve"}, "mode: must be one of 'train', 'infer' or 'generate', got 'serve' (--mode)"),
     ({"device": "tpu"}, "invalid device 'tpu'"),
 ])
 def test_bad_arguments(kwargs, message, hw, tiny):

@@ -12,7 +12,20 @@ from dtypelab.core.task import BUILTIN, FULL_SIZE, call_model, map_tensors
 
 # minilm: inference-only, optional extra (test_minilm.py); minilm-ft: the same extra, a Hugging Face model's batches
 # and outputs (test_finetune.py); the full-size shapes: test_full_size_shapes_on_meta
-TRAINABLE = [n for n in BUILTIN if n not in ("minilm", "minilm-ft") and n not in FULL_SIZE]
+TRAINABLE = [n for n in BUILTIN if n not in ("minilm", "minilm-ft", "tinylm") and n not in FULL_SIZE]
+
+
+def test_tinylm_is_pretrained_on_text_it_then_predicts():
+    """The shipped model loads offline, predicts its held-out text far better than chance (bytes: perplexity 256),
+    and its held-out windows are the same at every call."""
+    task = load_task("tinylm")
+    assert task.inference_only and task.context == 1024
+    assert torch.equal(task.text(4, 64), task.text(4, 64)) and task.text(4, 64).shape == (4, 64)
+    model = task.make_model().eval()
+    assert sum(p.numel() for p in model.parameters()) == 853_120
+    with torch.no_grad():
+        metrics = task.evaluate(lambda inputs: model(**inputs).logits.float())
+    assert metrics["perplexity"] < 10
 
 
 @pytest.mark.parametrize("name", TRAINABLE)

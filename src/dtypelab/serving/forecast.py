@@ -22,6 +22,7 @@ each matmul timed here.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -481,7 +482,7 @@ def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str 
     served = load_served(spec)
     check_shape(shape, served.context, served.name)
     chosen = serve_policies(policies, DEFAULT_FORECAST if target.kind == "cuda" else DEFAULT_FORECAST_CPU)
-    rates, no_rates = rates_for(target) if speed else (None, "")
+    rates, no_rates = serving_rates(target) if speed else (None, "")
     parts = _parts(chosen, target, rates, len(workers))
     outcomes = _run_parts([ForecastPart(spec, shape, target, part, seed, search, speed) for part in parts],
                           workers, on_progress, len(chosen))
@@ -529,7 +530,7 @@ class ForecastPart:
 
     def __call__(self, report: Any) -> tuple[list[GeneratePolicy], int]:
         fc = ServeForecaster(load_served(self.spec), self.target, self.seed)
-        rates, _ = rates_for(self.target) if self.speed else (None, "")
+        rates, _ = serving_rates(self.target) if self.speed else (None, "")
         times = StepTimes(rates) if rates is not None else None
         cache: dict[tuple[Any, ...], Traced] = {}
         out = []
@@ -537,6 +538,30 @@ class ForecastPart:
             out.append(_forecast_one(fc, serve_policies(name, ())[0], self.shape, times, cache, self.search))
             report.step(i + 1, len(self.names))
         return out, fc.parameters()
+
+
+def inference_floor(repeats: int = 400, rounds: int = 5) -> float:
+    """The least time one small op takes here in a decode step: a tiny op under ``inference_mode``, timed (the CPU
+    probe's per-op time is a training step's, autograd's bookkeeping included, which a decode step does not pay)."""
+    x = torch.ones(64)
+    best = math.inf
+    with torch.inference_mode():
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                x = torch.add(x, 1.0)
+            best = min(best, (time.perf_counter() - start) / repeats)
+    return best
+
+
+def serving_rates(target: TargetDevice) -> tuple[Any, str]:
+    """The target's rates for a decode step: on this CPU, its per-op time as a decode step pays it."""
+    from dataclasses import replace as copy_with
+
+    rates, why = rates_for(target)
+    if rates is not None and rates.times_kernels:
+        rates = copy_with(rates, floor_s=inference_floor())
+    return rates, why
 
 
 def _parts(chosen: list[ServePolicy], target: TargetDevice, rates: Any, workers: int) -> list[tuple[str, ...]]:
