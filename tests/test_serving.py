@@ -96,6 +96,8 @@ def test_a_serving_policy_is_a_weight_format_with_a_cache_format():
     (["tinylm", "--mode", "generate", "--prompt-len", "1000", "--gen-len", "100"], "takes at most 1024"),
     (["tinylm", "--mode", "generate", "-p", "fp32+kv-fp4"], "unknown KV-cache format"),
     (["digits", "--mode", "generate"], "not a causal language model"),
+    ([f"hf:{os.path.join(ROOT, 'tests', 'data', 'phi3-tiny')}", "--mode", "generate", "--prompt-len", "16",
+      "--gen-len", "8"], "sliding window of 16 tokens"),
 ])
 def test_bad_serving_inputs_are_one_line_errors(args, words, tmp_path):
     got = dtypelab("bench", *args, "--json", str(tmp_path / "r.json"))
@@ -105,13 +107,17 @@ def test_bad_serving_inputs_are_one_line_errors(args, words, tmp_path):
 
 
 def test_a_cache_the_static_layers_cannot_hold_is_refused():
-    from transformers import Gemma2Config
+    from transformers import Gemma2Config, Phi3Config
 
-    from dtypelab.serving.kv import attention_layers
+    from dtypelab.serving.kv import attention_layers, make_cache
 
     config = Gemma2Config(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
     with pytest.raises(DtypelabError, match="sliding_attention"):
         attention_layers(config)
+    phi3 = Phi3Config(num_hidden_layers=2, sliding_window=16, hidden_size=64, num_attention_heads=4)
+    make_cache(phi3, kv_format(None), 16)  # the window never bites
+    with pytest.raises(DtypelabError, match="sliding window of 16 tokens"):
+        make_cache(phi3, kv_format(None), 17)
 
 
 # --- the forecast ---------------------------------------------------------------------------------------------------

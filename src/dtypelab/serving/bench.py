@@ -29,6 +29,7 @@ from dtypelab.core.results import (
 )
 from dtypelab.core.tolerance import Tolerance, judge
 from dtypelab.run import LAUNCHERS, Launcher, ProcessLauncher
+from dtypelab.serving.kv import check_layout
 from dtypelab.serving.measure import GenerateJob
 from dtypelab.serving.policies import DEFAULT_MEASURED, ServePolicy, serve_policies, serve_policy
 from dtypelab.serving.served import load_served
@@ -39,13 +40,15 @@ REPEATS = 3
 QUALITY_SEQUENCES = 16
 
 
-def check_shape(shape: Shape, context: int, name: str) -> None:
-    """One line for a workload the model cannot hold."""
+def check_shape(shape: Shape, context: int, name: str, config: Any = None) -> None:
+    """One line for a workload the model cannot hold (its positions; with its config, its cache's layout)."""
     if shape.prompt_len < 1 or shape.gen_len < 1 or shape.batch_size < 1:
         raise DtypelabError("--prompt-len, --gen-len and --batch-size must be at least 1")
     if shape.context > context:
         raise DtypelabError(f"--prompt-len {shape.prompt_len} + --gen-len {shape.gen_len} = {shape.context} tokens: "
                             f"{name} takes at most {context} (its positions)")
+    if config is not None:
+        check_layout(config, shape.context)
 
 
 def _speed(f: GenerateFigures, objective: str, gen_len: int) -> float:
@@ -141,7 +144,7 @@ def serve_bench(spec: str, shape: Shape, policies: str | None = None, *, baselin
     """Measure each serving policy on ``spec``'s model here; the record, judged."""
     start = time.perf_counter()
     served = load_served(spec)
-    check_shape(shape, served.context, served.name)
+    check_shape(shape, served.context, served.name, served.config)
     tol = Tolerance.parse(tolerance)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     hw = hardware_for(torch.device(dev), None, budget_s=0.02)

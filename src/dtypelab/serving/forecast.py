@@ -480,7 +480,7 @@ def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str 
     start = time.perf_counter()
     workers = _prestart(launcher)  # a worker's imports run while this process reads the model
     served = load_served(spec)
-    check_shape(shape, served.context, served.name)
+    check_shape(shape, served.context, served.name, served.config)
     chosen = serve_policies(policies, DEFAULT_FORECAST if target.kind == "cuda" else DEFAULT_FORECAST_CPU)
     rates, no_rates = serving_rates(target) if speed else (None, "")
     parts = _parts(chosen, target, rates, len(workers))

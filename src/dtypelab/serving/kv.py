@@ -190,7 +190,19 @@ def make_cache(config: Any, fmt: KVFormat, max_len: int) -> Any:
     from transformers.cache_utils import Cache
 
     layer = _layer_class()
-    return Cache(layers=[layer(max_len, fmt) for _ in range(attention_layers(config))])
+    return Cache(layers=[layer(max_len, fmt) for _ in range(check_layout(config, max_len))])
+
+
+def check_layout(config: Any, max_len: int) -> int:
+    """The attention layers a static cache of ``max_len`` tokens holds for ``config``; one line for a layout it
+    cannot hold (sliding-window layers, a sliding window shorter than the context, compressed attention)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    window = getattr(text, "sliding_window", None)
+    if window and getattr(text, "use_sliding_window", True) is not False and max_len > window:
+        raise DtypelabError(f"{getattr(text, 'model_type', 'this model')} attends over a sliding window of {window} "
+                            f"tokens: the static KV cache holds full attention only, so a context of {max_len} tokens "
+                            f"is refused (at most {window})")
+    return attention_layers(config)
 
 
 _LAYER: list[type] = []
@@ -222,5 +234,15 @@ def bytes_per_token(config: Any, fmt: KVFormat, compute: torch.dtype) -> int:
     return attention_layers(config) * (2 * kv_heads * head_dim * element + fmt.scale_bytes_per_token(kv_heads))
 
 
-__all__ = ["FORMATS", "NATIVE", "KVFormat", "KVLayer", "attention_layers", "bytes_per_token", "cache_bytes",
-           "kv_format", "make_cache"]
+__all__ = [
+    "FORMATS",
+    "NATIVE",
+    "KVFormat",
+    "KVLayer",
+    "attention_layers",
+    "bytes_per_token",
+    "cache_bytes",
+    "check_layout",
+    "kv_format",
+    "make_cache",
+]
