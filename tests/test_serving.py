@@ -93,14 +93,16 @@ def test_a_serving_policy_is_a_weight_format_with_a_cache_format():
 
 
 @pytest.mark.parametrize("args,words", [
-    (["tinylm", "--mode", "generate", "--prompt-len", "1000", "--gen-len", "100"], "takes at most 1024"),
-    (["tinylm", "--mode", "generate", "-p", "fp32+kv-fp4"], "unknown KV-cache format"),
-    (["digits", "--mode", "generate"], "not a causal language model"),
-    ([f"hf:{os.path.join(ROOT, 'tests', 'data', 'phi3-tiny')}", "--mode", "generate", "--prompt-len", "16",
+    (["bench", "tinylm", "--mode", "generate", "--prompt-len", "1000", "--gen-len", "100"], "takes at most 1024"),
+    (["bench", "tinylm", "--mode", "generate", "-p", "fp32+kv-fp4"], "unknown KV-cache format"),
+    (["bench", "digits", "--mode", "generate"], "not a causal language model"),
+    (["bench", f"hf:{os.path.join(ROOT, 'tests', 'data', 'phi3-tiny')}", "--mode", "generate", "--prompt-len", "16",
       "--gen-len", "8"], "sliding window of 16 tokens"),
+    (["forecast", "tinylm", "--mode", "generate", "--device", "H100", "--check"], "--check runs the workload here"),
+    (["forecast", "tinylm", "--mode", "generate", "--device", "H100", "--prompt-len", "1024"], "takes at most 1024"),
 ])
 def test_bad_serving_inputs_are_one_line_errors(args, words, tmp_path):
-    got = dtypelab("bench", *args, "--json", str(tmp_path / "r.json"))
+    got = dtypelab(*args, "--json", str(tmp_path / "r.json"))
     assert got.returncode == 2, got.stderr
     assert words in got.stderr and "Traceback" not in got.stderr
     assert len([line for line in got.stderr.splitlines() if line.startswith("error:")]) == 1

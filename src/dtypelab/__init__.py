@@ -18,6 +18,7 @@ _PUBLIC = {
     "bench": "dtypelab.sweep", "autopilot": "dtypelab.piloting", "tune": "dtypelab.tuning",
     "apply_plan": "dtypelab.tuning",
     "forecast": "dtypelab.forecasting", "ForecastOptions": "dtypelab.forecasting",
+    "serve_bench": "dtypelab.serving", "serve_forecast": "dtypelab.serving", "Shape": "dtypelab.serving",
     "trace": "dtypelab.tracing", "watch": "dtypelab.tracing", "Guard": "dtypelab.tracing",
     "NonFiniteError": "dtypelab.tracing", "profile": "dtypelab.profiling", "audit": "dtypelab.numerics",
     "analyze_values": "dtypelab.numerics", "cast_file": "dtypelab.numerics", "cast_report": "dtypelab.numerics",
@@ -45,6 +46,7 @@ _PUBLIC = {
     "PolicyResult": "dtypelab.core.results", "ProfileSummary": "dtypelab.core.results",
     "Report": "dtypelab.core.results", "RunConfig": "dtypelab.core.results", "TraceReport": "dtypelab.core.results",
     "TuneReport": "dtypelab.core.results", "ForecastReport": "dtypelab.core.results",
+    "GenerateReport": "dtypelab.core.results",
     "load_record": "dtypelab.core.records",
     "load_report": "dtypelab.core.records", "Float8Train": "dtypelab.core.policies",
 }
@@ -78,6 +80,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on 
         AutopilotReport,
         Finding,
         ForecastReport,
+        GenerateReport,
         LintFinding,
         LintReport,
         PolicyResult,
@@ -106,6 +109,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on 
     from dtypelab.profiling import profile
     from dtypelab.render import ReportInfo, report
     from dtypelab.script import Session
+    from dtypelab.serving import Shape, serve_bench, serve_forecast
     from dtypelab.sweep import bench
     from dtypelab.tracing import Guard, NonFiniteError, trace, watch
     from dtypelab.tuning import apply_plan, tune

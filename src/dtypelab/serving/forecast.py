@@ -478,6 +478,10 @@ def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str 
     from dtypelab.serving.bench import check_shape
 
     start = time.perf_counter()
+    here = "cuda" if torch.cuda.is_available() else "cpu"
+    if check and target.kind != here:
+        raise DtypelabError(f"--check runs the workload here ({here}): forecast for --device {here}, or leave out "
+                            "--check")
     workers = _prestart(launcher)  # a worker's imports run while this process reads the model
     served = load_served(spec)
     check_shape(shape, served.context, served.name, served.config)
@@ -540,7 +544,7 @@ class ForecastPart:
         return out, fc.parameters()
 
 
-def inference_floor(repeats: int = 400, rounds: int = 5) -> float:
+def inference_floor(repeats: int = 200, rounds: int = 25) -> float:
     """The least time one small op takes here in a decode step: a tiny op under ``inference_mode``, timed (the CPU
     probe's per-op time is a training step's, autograd's bookkeeping included, which a decode step does not pay)."""
     x = torch.ones(64)
