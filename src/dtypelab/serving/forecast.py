@@ -37,7 +37,7 @@ from dtypelab.core.results import GenerateConfig, GenerateFigures, GeneratePolic
 from dtypelab.core.speed import GPU_BANDWIDTH_SHARE, Op
 from dtypelab.forecasting import CUDA_BLOCK, Ledger, StepTimes, eager, faked, fresh, materialize, rates_for
 from dtypelab.serving.kernels import KERNELS, kernel_key, stored_bytes
-from dtypelab.serving.kv import KVFormat, cache_bytes
+from dtypelab.serving.kv import KVFormat, cache_bytes, kv_format
 from dtypelab.serving.policies import DEFAULT_FORECAST, ServePolicy, serve_policies
 from dtypelab.serving.served import Served, config_of, load_served
 from dtypelab.serving.workload import Shape, compute_dtype, decode, new_cache, prefill
@@ -112,11 +112,15 @@ class ServeForecaster:
 
     def build(self, config: Any) -> nn.Module:
         with torch.device("meta"):
-            if self.served.config is not None:
-                from transformers import AutoModelForCausalLM
+            return self.build_real(config)
 
-                return AutoModelForCausalLM.from_config(config)
-            return type(self.meta)(config)
+    def build_real(self, config: Any) -> nn.Module:
+        """The model from ``config``, on the current device."""
+        if self.served.config is not None:
+            from transformers import AutoModelForCausalLM
+
+            return AutoModelForCausalLM.from_config(config)
+        return type(self.meta)(config)
 
     def parameters(self) -> int:
         """The model's parameter count (each once), off the line through its shallow versions when it is deep."""
@@ -482,7 +486,9 @@ def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str 
     if check and target.kind != here:
         raise DtypelabError(f"--check runs the workload here ({here}): forecast for --device {here}, or leave out "
                             "--check")
-    workers = _prestart(launcher)  # a worker's imports run while this process reads the model
+    # a worker's imports run while this process reads the model; none for this CPU, whose kernels are timed here with
+    # nothing beside them
+    workers = _prestart(launcher) if target.kind == "cuda" else []
     served = load_served(spec)
     check_shape(shape, served.context, served.name, served.config)
     chosen = serve_policies(policies, DEFAULT_FORECAST if target.kind == "cuda" else DEFAULT_FORECAST_CPU)
@@ -534,7 +540,7 @@ class ForecastPart:
 
     def __call__(self, report: Any) -> tuple[list[GeneratePolicy], int]:
         fc = ServeForecaster(load_served(self.spec), self.target, self.seed)
-        rates, _ = serving_rates(self.target) if self.speed else (None, "")
+        rates, _ = serving_rates(self.target, fc) if self.speed else (None, "")
         times = StepTimes(rates) if rates is not None else None
         cache: dict[tuple[Any, ...], Traced] = {}
         out = []
@@ -558,13 +564,53 @@ def inference_floor(repeats: int = 200, rounds: int = 25) -> float:
     return best
 
 
-def serving_rates(target: TargetDevice) -> tuple[Any, str]:
-    """The target's rates for a decode step: on this CPU, its per-op time as a decode step pays it."""
+def program_floor(config: Any, build: Callable[[Any], nn.Module], steps: int = 20) -> float | None:
+    """The time one op of this model's decode step takes here, Python included: its decode step timed at the same
+    depth with every width shrunk to a few numbers (so that no kernel costs anything) over the ops it runs; None
+    when the model cannot be shrunk so."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    tiny = copy.deepcopy(config)
+    heads = getattr(tiny, "num_attention_heads", 4)
+    for name, value in (("hidden_size", 16 * heads), ("intermediate_size", 32), ("vocab_size", 64),
+                        ("head_dim", 16)):
+        if hasattr(tiny, name):
+            setattr(tiny, name, value)
+    shape = Shape(4, steps + 2, 1)
+    try:
+        with torch.device("cpu"):
+            model = build(tiny).eval()
+        cache = new_cache(tiny, kv_format(None), shape, torch.float32, torch.device("cpu"))
+        with torch.inference_mode():
+            token = prefill(model, torch.zeros((1, 4), dtype=torch.long), cache)
+            with Count():
+                decode(model, token, cache)
+            times = []
+            for _ in range(steps):
+                start = time.perf_counter()
+                token = decode(model, token, cache)
+                times.append(time.perf_counter() - start)
+    except Exception:  # a model whose widths cannot be shrunk alike: the op's time without Python's
+        return None
+    return sorted(times)[len(times) // 2] / max(Count.ops, 1)
+
+
+def serving_rates(target: TargetDevice, fc: ServeForecaster | None = None) -> tuple[Any, str]:
+    """The target's rates for a decode step: on this CPU, the per-op time its decode step pays (Python, dispatch,
+    the model's own code: measured on the model shrunk to no width), else the time of a bare op."""
     from dataclasses import replace as copy_with
 
     rates, why = rates_for(target)
     if rates is not None and rates.times_kernels:
-        rates = copy_with(rates, floor_s=inference_floor())
+        floor = program_floor(fc.config, fc.build_real) if fc is not None else None
+        rates = copy_with(rates, floor_s=floor or inference_floor())
     return rates, why
 
 
