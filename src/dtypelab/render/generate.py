@@ -88,8 +88,10 @@ def _notes(report: GenerateReport) -> list[str]:
     notes = [report.answer] if report.answer else []
     if cfg.source == "measured":
         notes.append(f"chosen for {OBJECTIVES.get(cfg.objective, cfg.objective)}: the fastest whose perplexity (the "
-                     f"held-out text read through its own KV cache) is within {cfg.tolerance} of {cfg.baseline}'s; "
-                     "speeds are medians of the timed generations in each policy's own process")
+                     f"held-out text read through its own KV cache) is within {cfg.tolerance} of {cfg.baseline}'s "
+                     "(within; worse: outside it); tie: not faster beyond doubt (some timed generation no faster "
+                     f"than one of {cfg.baseline}'s); speeds are medians of the timed generations in each policy's "
+                     "own process")
         notes.append("peak: the most bytes allocated at once, counted tensor by tensor (weights, the KV cache for the "
                      "whole context, and everything else); first divergence: the mean position where a greedy "
                      "continuation first differs from the baseline's (and how many differ)")

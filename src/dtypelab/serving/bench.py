@@ -101,12 +101,13 @@ def _verdicts(policies: list[GeneratePolicy], base: str, tol: Tolerance, objecti
         ok, how = judge(p.quality.perplexity, baseline.quality.perplexity, tol, False, base)
         speed = _speed(p.generate, objective, gen_len)
         faster = separated(p.generate, baseline.generate, objective)  # type: ignore[arg-type]
-        verdict = ("within" if ok else "worse") + f" ({how})" + ("" if faster else "; not faster beyond doubt")
+        del how  # the perplexity's change is its own column
+        verdict = ("within" if ok else "worse") + ("" if faster else ", tie")
         if ok and faster and speed > best_speed:
             best, best_speed = p.policy, speed
         out.append(replace(p, verdict=verdict))
-    out = [replace(p, verdict="chosen (the baseline)" if p.verdict == "baseline" else f"chosen; {p.verdict}")
-           if p.policy == best else p for p in out]
+    out = [replace(p, verdict="baseline, kept" if p.verdict == "baseline" else "chosen") if p.policy == best else p
+           for p in out]
     chosen = next(p for p in out if p.policy == best)
     ratio = best_speed / _speed(baseline.generate, objective, gen_len) if best != base else 1.0  # type: ignore[arg-type]
     sentence = (f"{best}: the fastest for {objective} ({ratio:.2f}x {base}) with perplexity within {tol} of {base}"

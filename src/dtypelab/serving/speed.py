@@ -1,0 +1,217 @@
+"""The serving workload's time on a device, from the ops a trace recorded (``core.speed``): on a GPU each quantized
+layer as the one kernel its format runs (``kernels.KERNELS``), on this CPU each heavy call timed here and every op
+paying the per-op time of the model's own code, measured on the model shrunk to no width."""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from dtypelab.core.policies import Plan
+from dtypelab.core.results import GenerateFigures, TargetDevice
+from dtypelab.core.speed import GPU_BANDWIDTH_SHARE, Op
+from dtypelab.forecasting import StepTimes, rates_for
+from dtypelab.serving.kernels import KERNELS, stored_bytes
+from dtypelab.serving.kv import kv_format
+from dtypelab.serving.policies import ServePolicy
+from dtypelab.serving.tracing import (
+    MOST_BATCH,
+    SHALLOW,
+    PolicyRun,
+    ServeForecaster,
+    Traced,
+    _shape_of,
+    largest,
+)
+from dtypelab.serving.workload import Shape, decode, new_cache, prefill
+
+
+# --- speed ------------------------------------------------------------------------------------------------------
+def _weight_bytes(w: torch.Tensor) -> int:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(w):
+        names, _ = w.__tensor_flatten__()
+        return sum(_weight_bytes(getattr(w, n)) for n in names if getattr(w, n) is not None)
+    return w.numel() * w.element_size()
+
+
+def layer_bytes(model: nn.Module, meta: nn.Module, layers: dict[str, str], stand_in: bool) -> dict[str, int]:
+    """Each quantized layer's stored weight bytes: as converted, or from its format's layout for a stand-in."""
+    out = {}
+    for name, key in layers.items():
+        weight = model.get_submodule(name).weight
+        assert isinstance(weight, torch.Tensor)
+        out[name] = stored_bytes(key, *_shape_of(meta, name)) if stand_in else _weight_bytes(weight)
+    return out
+
+
+def gpu_ops(ops: tuple[Op, ...], layers: dict[str, str], stored: dict[str, int]) -> tuple[Op, ...]:
+    """The traced ops with each quantized layer's ops as the one kernel its format runs on a GPU (``KERNELS``): its
+    FLOPs at the kernel's rate, the activations it reads and writes, and its stored weight read at the kernel's
+    share of bandwidth (as more bytes at the bfloat16 GEMM's share)."""
+    out: list[Op] = []
+    run: list[Op] = []
+    serial = [0]
+
+    def flush() -> None:
+        if not run:
+            return
+        name = run[0].module
+        kernel = KERNELS[layers[name]]
+        main = max(run, key=lambda o: o.flops)
+        weight = max((b for _, b in main.reads), default=0)
+        serial[0] -= 1
+        out.append(Op("matmuls", kernel.rate, sum(o.flops for o in run), ((serial[0], main.read - weight),
+                      (serial[0] - 10**9, int(stored[name] / kernel.share))), main.writes, main.work,
+                      dtype=main.dtype, module=name,
+                      variant="rowwise" if layers[name] == "fp8-dynamic-per-channel" else ""))
+        run.clear()
+
+    for op in ops:
+        if op.module in layers:
+            if run and run[0].module != op.module:
+                flush()
+            run.append(op)
+            continue
+        flush()
+        out.append(op)
+    flush()
+    return tuple(out)
+
+
+def _time(times: StepTimes, plan: Plan, ops: tuple[Op, ...], run: PolicyRun, cuda: bool) -> Any:
+    if cuda and run.layers:
+        ops = gpu_ops(ops, run.layers, layer_bytes(*_models(run), run.layers, run.stand_in))
+    return times.of(plan, ops, "traced")
+
+
+def _shares(ops: tuple[Op, ...], seconds: float, rates: Any) -> tuple[float | None, float | None]:
+    """The share of the device's bandwidth and of its peak FLOP/s the step's ops reach in ``seconds``."""
+    if not seconds or rates is None:
+        return None, None
+    moved = sum(op.read + op.written for op in ops)
+    flops = sum(op.flops for op in ops)
+    peak = max((v for k, v in rates.flops.items() if k in {op.rate for op in ops}), default=0.0)
+    # of the datasheet's bandwidth on a GPU (the rates hold the achievable share of it), of the measured one here
+    datasheet = rates.bandwidth / (1.0 if rates.times_kernels else GPU_BANDWIDTH_SHARE)
+    return moved / seconds / (datasheet or 1), (flops / seconds / peak if peak else None)
+
+
+def policy_figures(fc: ServeForecaster, policy: ServePolicy, shape: Shape, times: StepTimes | None,
+                   cache: dict[tuple[Any, ...], Traced], search: bool) -> GenerateFigures:
+    run = PolicyRun(fc, policy, cache)
+    t = run.traced(shape, timed=times is not None)
+    top = t.prefill if t.prefill.peak >= t.decode.peak else t.decode
+    limit = fc.target.usable_bytes
+    figures = GenerateFigures(
+        peak_bytes=t.peak, weights_bytes=t.decode.weights, kv_cache_bytes=t.decode.kv,
+        activations_bytes=top.peak - top.weights - top.kv, prefill_peak_bytes=t.prefill.peak,
+        decode_peak_bytes=t.decode.peak, fits=None if limit is None else t.peak <= limit,
+        kv_bytes_per_token=t.decode.kv // (shape.batch_size * shape.context))
+    if limit is not None and search:
+        batch = largest(lambda b: run.traced(replace(shape, batch_size=b)).peak, limit, shape.batch_size, MOST_BATCH)
+        most = fc.served.context - shape.prompt_len
+        gen = largest(lambda g: run.traced(replace(shape, gen_len=g)).peak, limit, shape.gen_len, most)
+        # 0: not even one sequence (or one token more than the prompt) fits
+        figures = replace(figures, largest_batch=batch or 0, longest_context=0 if gen is None else
+                          shape.prompt_len + gen)
+    if times is None:
+        return figures
+    return _speed_figures(figures, run, t, shape, times)
+
+
+def _speed_figures(figures: GenerateFigures, run: PolicyRun, t: Traced, shape: Shape,
+                   times: StepTimes) -> GenerateFigures:
+    plan, cuda = run.policy.plan, run.fc.cuda
+    pre = _time(times, plan, t.prefill.ops, run, cuda)
+    dec = _time(times, plan, t.decode.ops, run, cuda)
+    if pre.step_s is None or dec.step_s is None:
+        return replace(figures, bound=dec.reason or pre.reason)
+    kernels = tuple(dict.fromkeys(f"{k}: {KERNELS[k].name} ({KERNELS[k].share:.2f} of bf16's bandwidth share, "
+                                  f"{KERNELS[k].source})" for k in run.layers.values())) if cuda else ()
+    bw, fl = _shares(gpu_ops(t.decode.ops, run.layers, layer_bytes(*_models(run), run.layers, run.stand_in))
+                     if cuda and run.layers else t.decode.ops, dec.step_s, times.rates)
+    return replace(figures, ttft_s=pre.step_s, prefill_tok_s=shape.batch_size * shape.prompt_len / pre.step_s,
+                   decode_tok_s=shape.batch_size / dec.step_s, token_latency_s=dec.step_s, bound=dec.bound,
+                   prefill_bound=pre.bound, kernels=kernels, bandwidth_share=bw, flops_share=fl)
+
+
+def _models(run: PolicyRun) -> tuple[nn.Module, nn.Module]:
+    depth = run.fc.layers if not run.deep else SHALLOW[-1]  # every layer the line's ops name
+    return run.fc.converted(run.policy.plan, depth)[0], run.fc.at_depth(depth)[0]
+
+
+
+
+def inference_floor(repeats: int = 200, rounds: int = 25) -> float:
+    """The least time one small op takes here in a decode step: a tiny op under ``inference_mode``, timed (the CPU
+    probe's per-op time is a training step's, autograd's bookkeeping included, which a decode step does not pay)."""
+    x = torch.ones(64)
+    best = math.inf
+    with torch.inference_mode():
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                x = torch.add(x, 1.0)
+            best = min(best, (time.perf_counter() - start) / repeats)
+    return best
+
+
+def program_floor(config: Any, build: Callable[[Any], nn.Module], steps: int = 20) -> float | None:
+    """The time one op of this model's decode step takes here, Python included: its decode step timed at the same
+    depth with every width shrunk to a few numbers (so that no kernel costs anything) over the ops it runs; None
+    when the model cannot be shrunk so."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    tiny = copy.deepcopy(config)
+    heads = getattr(tiny, "num_attention_heads", 4)
+    for name, value in (("hidden_size", 16 * heads), ("intermediate_size", 32), ("vocab_size", 64),
+                        ("head_dim", 16)):
+        if hasattr(tiny, name):
+            setattr(tiny, name, value)
+    shape = Shape(4, steps + 2, 1)
+    try:
+        with torch.device("cpu"):
+            model = build(tiny).eval()
+        cache = new_cache(tiny, kv_format(None), shape, torch.float32, torch.device("cpu"))
+        with torch.inference_mode():
+            token = prefill(model, torch.zeros((1, 4), dtype=torch.long), cache)
+            with Count():
+                decode(model, token, cache)
+            times = []
+            for _ in range(steps):
+                start = time.perf_counter()
+                token = decode(model, token, cache)
+                times.append(time.perf_counter() - start)
+    except Exception:  # a model whose widths cannot be shrunk alike: the op's time without Python's
+        return None
+    return sorted(times)[len(times) // 2] / max(Count.ops, 1)
+
+
+def serving_rates(target: TargetDevice, fc: ServeForecaster | None = None) -> tuple[Any, str]:
+    """The target's rates for a decode step: on this CPU, the per-op time its decode step pays (Python, dispatch,
+    the model's own code: measured on the model shrunk to no width), else the time of a bare op."""
+    from dataclasses import replace as copy_with
+
+    rates, why = rates_for(target)
+    if rates is not None and rates.times_kernels:
+        floor = program_floor(fc.config, fc.build_real) if fc is not None else None
+        rates = copy_with(rates, floor_s=floor or inference_floor())
+    return rates, why
+
+

@@ -1,0 +1,340 @@
+"""The serving workload on fake tensors: the model built on the meta device and converted by each policy (on a GPU
+target its weights in bfloat16 first; a format whose conversion needs a GPU traced with bfloat16 weights in its
+place, its layout's bytes added), and two passes counted by forecasting's ledger: the prefill into a cache allocated
+for the whole context, and one decode step with the cache full. A model deeper than ``DEEP`` blocks is traced with
+3 and 4 and read off the line through them; a block's share of both peaks, once known to be exactly its weights and
+its cache, lets a search's sizes be traced at 3 blocks only. ``largest``: the largest batch or context that fits."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from dtypelab.core.errors import DtypelabError, describe_exception
+from dtypelab.core.policies import Plan, Precision
+from dtypelab.core.results import TargetDevice
+from dtypelab.core.speed import Op
+from dtypelab.forecasting import CUDA_BLOCK, Ledger, eager, faked, fresh, materialize
+from dtypelab.serving.kernels import kernel_key, stored_bytes
+from dtypelab.serving.kv import KVFormat, cache_bytes
+from dtypelab.serving.policies import ServePolicy
+from dtypelab.serving.served import Served, config_of
+from dtypelab.serving.workload import Shape, compute_dtype, decode, new_cache, prefill
+
+SHALLOW = (3, 4)
+MOST_BATCH = 4096  # the largest batch searched
+DEEP = 6  # deeper stacks are read off two shallow traces
+WEIGHTS = ("parameters", "frozen_weights")
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One traced pass: its peak and what held it, and its ops."""
+
+    peak: int
+    weights: int
+    kv: int
+    ops: tuple[Op, ...]
+
+    def line(self, other: Pass, depth: int, at: int) -> Pass:
+        """This pass (at ``depth`` blocks) and ``other`` (one block deeper) read at ``at`` blocks."""
+        k = at - depth
+
+        def lin(a: int, b: int) -> int:
+            return a + (b - a) * k
+
+        return Pass(lin(self.peak, other.peak), lin(self.weights, other.weights), lin(self.kv, other.kv),
+                    self.ops + tuple(op for _ in range(k) for op in _block_ops(self.ops, other.ops)))
+
+
+def _block_ops(one: tuple[Op, ...], two: tuple[Op, ...]) -> tuple[Op, ...]:
+    """The ops one more block adds: the deeper trace's ops beyond the shallower's count, from the first block that
+    differs (the blocks' ops are alike; what follows the stack, the head, is in both)."""
+    extra = len(two) - len(one)
+    first = next((i for i, (a, b) in enumerate(zip(one, two, strict=False)) if a.module != b.module), len(one))
+    return two[first:first + extra]
+
+
+@dataclass
+class Traced:
+    prefill: Pass
+    decode: Pass
+    dtype: Any = None  # the compute dtype the model handed its cache
+
+    @property
+    def peak(self) -> int:
+        return max(self.prefill.peak, self.decode.peak)
+
+
+class ServeForecaster:
+    """One model's serving forecasts: its meta model built once per depth, each policy's converted once per depth."""
+
+    def __init__(self, served: Served, target: TargetDevice, seed: int) -> None:
+        self.served, self.target, self.seed = served, target, seed
+        self._meta: nn.Module | None = None
+        self.config = served.config if served.config is not None else config_of(self.meta)
+        self.layers = int(self.config.num_hidden_layers)
+        self.cuda = target.kind == "cuda"
+        self._metas: dict[int, tuple[nn.Module, Any]] = {}
+        self._converted: dict[tuple[str, int], tuple[nn.Module, int, dict[str, str]]] = {}
+        self._dtypes: dict[tuple[str, int], torch.dtype] = {}
+
+    @property
+    def meta(self) -> nn.Module:
+        """The whole model on the meta device (built when first asked: a deep one is traced at 3 and 4 blocks)."""
+        if self._meta is None:
+            torch.manual_seed(self.seed)
+            with torch.device("meta"):
+                self._meta = self.served.make_model()
+        return self._meta
+
+    def build(self, config: Any) -> nn.Module:
+        with torch.device("meta"):
+            return self.build_real(config)
+
+    def build_real(self, config: Any) -> nn.Module:
+        """The model from ``config``, on the current device."""
+        if self.served.config is not None:
+            from transformers import AutoModelForCausalLM
+
+            return AutoModelForCausalLM.from_config(config)
+        return type(self.meta)(config)
+
+    def parameters(self) -> int:
+        """The model's parameter count (each once), off the line through its shallow versions when it is deep."""
+        if self.layers <= DEEP:
+            return sum(p.numel() for p in self.meta.parameters())
+        one, two = (sum(p.numel() for p in self.at_depth(d)[0].parameters()) for d in SHALLOW)
+        return one + (two - one) * (self.layers - SHALLOW[0])
+
+    def at_depth(self, depth: int) -> tuple[nn.Module, Any]:
+        if depth not in self._metas:
+            if depth == self.layers:
+                self._metas[depth] = (self.meta, self.config)
+            else:
+                config = copy.deepcopy(self.config)
+                config.num_hidden_layers = depth
+                if isinstance(getattr(config, "layer_types", None), list):
+                    config.layer_types = config.layer_types[:depth]
+                self._metas[depth] = (self.build(config), config)
+        return self._metas[depth]
+
+    def converted(self, plan: Plan, depth: int) -> tuple[nn.Module, int, dict[str, str]]:
+        """The converted meta model, the bytes its weights store beyond the trace's (a stand-in's layout), and each
+        quantized layer's kernel key."""
+        key = (plan.name, depth)
+        if key not in self._converted:
+            meta, _ = self.at_depth(depth)
+            self._converted[key] = convert(plan, meta, self.cuda)
+        model, extra, layers = self._converted[key]
+        return fresh(model), extra, layers
+
+    def dtype_of(self, plan: Plan, depth: int, model: nn.Module) -> dict[int, torch.dtype]:
+        """The compute dtype of the plan's model (found once per plan and depth), keyed by this copy's id."""
+        key = (plan.name, depth)
+        return {id(model): self._dtypes[key]} if key in self._dtypes else {}
+
+    def remember(self, plan: Plan, depth: int, model: nn.Module, dtype: torch.dtype) -> None:
+        self._dtypes[(plan.name, depth)] = dtype
+
+
+def _quantized(plan: Plan, model: nn.Module) -> dict[str, str]:
+    """Each layer a quantize kind covers, with its kernel key."""
+    out = {}
+    for name, config in plan.assign(model).items():
+        scheme = getattr(config, "scheme", None)
+        if scheme is not None and isinstance(model.get_submodule(name) if name else model, nn.Linear):
+            out[name] = kernel_key(scheme, getattr(config, "granularity", "per-channel"))
+    return out
+
+
+def convert(plan: Plan, meta: nn.Module, cuda: bool) -> tuple[nn.Module, int, dict[str, str]]:
+    """The model as the policy serves it; on a GPU, weights in bfloat16 before any quantization (torchao's weight
+    formats keep their activations in the weights' dtype). A conversion this machine cannot make (an int4 or fp8
+    matmul's layout) leaves bfloat16 weights in its place and counts the format's bytes from its layout."""
+    layers = _quantized(plan, meta)
+    try:
+        if not (cuda and layers):
+            return Precision(plan, "cpu", traced=True).convert_module(fresh(meta)), 0, layers
+        model = fresh(meta).to(torch.bfloat16)
+        for config in plan.configs:
+            names = [n for n, c in plan.assign(model).items() if c == config]
+            model, _ = config.convert_module(model, names)
+        return model, 0, layers
+    except Exception as exc:
+        if not layers or not cuda:
+            raise DtypelabError(f"converting the model failed: {describe_exception(exc)}") from exc
+    model = fresh(meta).to(torch.bfloat16)
+    extra = 0
+    for name, key in layers.items():
+        rows, cols = _shape_of(meta, name)
+        extra += stored_bytes(key, rows, cols) - rows * cols * 2 + (CUDA_BLOCK if cuda else 0)
+    return model, extra, layers
+
+
+def _shape_of(model: nn.Module, name: str) -> tuple[int, int]:
+    """A Linear layer's weight shape (out, in)."""
+    layer = model.get_submodule(name)
+    assert isinstance(layer, nn.Linear)
+    return layer.out_features, layer.in_features
+
+
+def trace(model: nn.Module, config: Any, fmt: KVFormat, shape: Shape, cuda: bool, timed: bool,
+          dtypes: dict[int, torch.dtype] | None = None) -> Traced:
+    """The prefill and one decode step at the full context, on fake tensors (``dtypes``: the compute dtype found
+    for each model before, by its id)."""
+    cpu = torch.device("cpu")
+    round_to = CUDA_BLOCK if cuda else 1
+    dtypes = {} if dtypes is None else dtypes
+    with eager(), faked() as mode, torch.no_grad():
+        materialize(model, mode, cpu)
+        dtype = dtypes.get(id(model)) or compute_dtype(model, config, cpu)
+        ids = torch.zeros((shape.batch_size, shape.prompt_len), dtype=torch.long)
+        with Ledger(round_to=round_to, ops=[] if timed else None, calls=not cuda) as ledger:
+            ledger.claim(model.parameters(), "parameters")
+            ledger.claim(model.buffers(), "parameters")
+            with ledger.phase_of("cache", default="buffers"):
+                cache = new_cache(config, fmt, shape, dtype, cpu)
+            with ledger.phase_of("forward"):
+                token = prefill(model, ids, cache)
+            first = _pass(ledger, cache)
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(shape.context - 1)
+        with Ledger(round_to=round_to, ops=[] if timed else None, calls=not cuda) as ledger:
+            ledger.claim(model.parameters(), "parameters")
+            ledger.claim(model.buffers(), "parameters")
+            ledger.claim([t for layer in cache.layers for t in layer.tensors()], "buffers")
+            token = token.clone()
+            with ledger.phase_of("forward"):
+                decode(model, token, cache)
+            return Traced(first, _pass(ledger, cache), dtype)
+
+
+def _pass(ledger: Any, cache: Any) -> Pass:
+    peak = ledger.phases["forward"]
+    return Pass(peak.total, sum(ledger.current[k] for k in WEIGHTS), cache_bytes(cache), tuple(ledger.ops or ()))
+
+
+# --- one policy ---------------------------------------------------------------------------------------------------
+class PolicyRun:
+    """One serving policy's traces: at the job's shape and, for the searches, at other batch sizes and contexts;
+    a deep model from its traces at 3 and 4 blocks."""
+
+    def __init__(self, fc: ServeForecaster, policy: ServePolicy, cache: dict[tuple[Any, ...], Traced]) -> None:
+        self.fc, self.policy, self.cache = fc, policy, cache
+        self.deep = fc.layers > DEEP
+        self.depths = SHALLOW if self.deep else (fc.layers,)
+        self.extra: dict[int, int] = {}
+        self.layers: dict[str, str] = {}
+        self.stand_in = False
+        self.block: int | None = None  # a block's weights, once its share of the peaks is known exact (0: not)
+
+    def traced(self, shape: Shape, timed: bool = False) -> Traced:
+        """Both passes at ``shape`` (read off the line through the shallow traces for a deep model), with the
+        stand-in's weights at their format's bytes. Once a block's share of both peaks is known to be its weights
+        and its cache exactly (``_block``), a search's sizes are traced at 3 blocks only and the rest added."""
+        if not self.deep:
+            return self._at(self.depths[0], shape, timed)
+        at, k = self.fc.layers, self.fc.layers - SHALLOW[0]
+        if not timed and self.block:
+            one = self._at(SHALLOW[0], shape, False)
+            rounded, stored = self._block_kv(shape, one.dtype)
+            w = self.block
+
+            def more(p: Pass) -> Pass:
+                return Pass(p.peak + k * (w + rounded), p.weights + k * w, p.kv + k * stored, ())
+
+            return Traced(more(one.prefill), more(one.decode), one.dtype)
+        one, two = (self._at(depth, shape, timed) for depth in SHALLOW)
+        if self.block is None:
+            self.block = self._block(one, two, shape)
+        return Traced(one.prefill.line(two.prefill, SHALLOW[0], at), one.decode.line(two.decode, SHALLOW[0], at),
+                      one.dtype)
+
+    def _block_kv(self, shape: Shape, dtype: Any) -> tuple[int, int]:
+        """One layer's cache at ``shape``: its bytes as the allocator rounds each tensor, and as stored."""
+        text = self.fc.config
+        heads = text.num_attention_heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        fmt = self.policy.kv
+        element = fmt.element_bytes or torch.empty((), dtype=dtype).element_size()
+        cells = shape.batch_size * kv_heads * shape.context
+        sizes = [cells * head_dim * element] * 2
+        sizes += [cells * 4] * 2 if fmt.scaled == "token" else [kv_heads * 4] * 2 if fmt.scaled == "head" else []
+        block = CUDA_BLOCK if self.fc.cuda else 1
+        position = 8  # the layer's count of tokens written (an int64 tensor), held beside its keys and values
+        return sum(-(-n // block) * block for n in (*sizes, position)), sum(sizes)
+
+    def _block(self, one: Traced, two: Traced, shape: Shape) -> int:
+        """A block's weights, when one more block adds exactly its weights and its cache to both peaks (0: it adds
+        something else too, and every size is traced at both depths)."""
+        w = two.decode.weights - one.decode.weights
+        rounded, stored = self._block_kv(shape, one.dtype)
+        exact = all(b.peak - a.peak == w + rounded and b.kv - a.kv == stored
+                    for a, b in ((one.prefill, two.prefill), (one.decode, two.decode)))
+        return w if exact else 0
+
+    def _at(self, depth: int, shape: Shape, timed: bool) -> Traced:
+        model, extra, layers = self.fc.converted(self.policy.plan, depth)
+        self.extra[depth] = extra
+        self.layers.update(layers)  # every depth's quantized layers (the line's ops name the deepest's)
+        self.stand_in = bool(extra)
+        # a stand-in's weights are bfloat16's: its traces are bf16's, shifted by its layout's bytes
+        layout = ("bf16" if extra else self.policy.plan.name, self.policy.kv.label, depth, shape)
+        if layout not in self.cache or (timed and not self.cache[layout].prefill.ops):
+            _, config = self.fc.at_depth(depth)
+            dtypes = self.fc.dtype_of(self.policy.plan, depth, model)
+            self.cache[layout] = trace(model, config, self.policy.kv, shape, self.fc.cuda, timed, dtypes)
+            if self.cache[layout].dtype is not None:
+                self.fc.remember(self.policy.plan, depth, model, self.cache[layout].dtype)
+        t = self.cache[layout]
+        return Traced(_shift(t.prefill, extra), _shift(t.decode, extra), t.dtype)
+
+
+def _shift(p: Pass, extra: int) -> Pass:
+    return Pass(p.peak + extra, p.weights + extra, p.kv, p.ops)
+
+
+def largest(peak: Callable[[int], int], limit: int, at: int, most: int) -> int | None:
+    """The largest size up to ``most`` whose peak fits ``limit`` (None: not even 1), each size tried traced:
+    ``most`` itself when it fits; else the boundary between a size that fits and one that does not, found by
+    interpolating between them (the peak is close to linear in the batch and the context: the first guess is
+    usually the answer, confirmed by the size after it failing), halving the bracket when interpolation stalls."""
+    top = peak(most)
+    if top <= limit:
+        return most
+    lo, p_lo, hi, p_hi = 0, None, most, top  # lo fits (0: none known), hi does not
+    a = peak(at) if at < most else top
+    if a <= limit:
+        lo, p_lo = at, a
+    else:
+        hi, p_hi = at, a
+    stalls = 0
+    while hi - lo > 1:
+        if p_lo is None or stalls >= 2:
+            guess = (lo + hi) // 2 if p_lo is not None or hi <= 2 else max(1, hi // 2)
+            stalls = 0
+        else:
+            guess = lo + int((limit - p_lo) * (hi - lo) // max(p_hi - p_lo, 1))
+            guess = min(max(guess, lo + 1), hi - 1)
+        got = peak(guess)
+        width = hi - lo
+        if got <= limit:
+            lo, p_lo = guess, got
+            if guess + 1 < hi:  # the boundary is usually right after the interpolated size
+                after = peak(guess + 1)
+                if after > limit:
+                    return guess
+                lo, p_lo = guess + 1, after
+        else:
+            hi, p_hi = guess, got
+        stalls = stalls + 1 if hi - lo > width // 2 else 0
+    return lo or None
+
+
