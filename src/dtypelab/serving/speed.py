@@ -166,9 +166,8 @@ def inference_floor(repeats: int = 200, rounds: int = 25) -> float:
 
 
 def program_floor(config: Any, build: Callable[[Any], nn.Module], steps: int = 20) -> float | None:
-    """The time one op of this model's decode step takes here, Python included: its decode step timed at the same
-    depth with every width shrunk to a few numbers (so that no kernel costs anything) over the ops it runs; None
-    when the model cannot be shrunk so."""
+    """The time one op of this model's decode step takes here, Python and threads included: a decode step of one of
+    its blocks (a vocabulary of at most 256) timed, over the ops it runs; None when the model cannot be built so."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
@@ -178,12 +177,12 @@ def program_floor(config: Any, build: Callable[[Any], nn.Module], steps: int = 2
             Count.ops += 1
             return func(*args, **(kwargs or {}))
 
-    tiny = copy.deepcopy(config)
-    heads = getattr(tiny, "num_attention_heads", 4)
-    for name, value in (("hidden_size", 16 * heads), ("intermediate_size", 32), ("vocab_size", 64),
-                        ("head_dim", 16)):
-        if hasattr(tiny, name):
-            setattr(tiny, name, value)
+    tiny = copy.deepcopy(config)  # one block at its real widths (threads split an op as they would), a small vocabulary
+    tiny.num_hidden_layers = 1
+    if isinstance(getattr(tiny, "layer_types", None), list):
+        tiny.layer_types = tiny.layer_types[:1]
+    if hasattr(tiny, "vocab_size"):
+        tiny.vocab_size = min(tiny.vocab_size, 256)
     shape = Shape(4, steps + 2, 1)
     try:
         with torch.device("cpu"):
