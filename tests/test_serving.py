@@ -296,3 +296,12 @@ def test_the_measured_sweep_of_the_small_model(tmp_path):
     assert data["policies"][1]["generate"]["kv_cache_bytes"] == g.kv_cache_bytes
     shown = dtypelab("show", str(tmp_path / "g.json"))
     assert shown.returncode == 0 and "int8-wo+kv-int8" in shown.stdout and "perplexity" in shown.stdout
+
+
+def test_the_check_compares_with_the_fastest_timed_generation():
+    from dtypelab.serving.forecast import _fastest
+
+    g = GenerateFigures(ttft_s=0.02, decode_tok_s=10.0, ttft_runs_s=(0.03, 0.01, 0.02), decode_runs_s=(0.9, 0.7, 0.8))
+    got = _fastest(g, Shape(10, 8, 2))
+    assert got.ttft_s == 0.01 and got.prefill_tok_s == pytest.approx(2 * 10 / 0.01)
+    assert got.decode_tok_s == pytest.approx(2 * 7 / 0.7) and got.token_latency_s == pytest.approx(0.1)
