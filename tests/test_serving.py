@@ -305,3 +305,13 @@ def test_the_check_compares_with_the_fastest_timed_generation():
     got = _fastest(g, Shape(10, 8, 2))
     assert got.ttft_s == 0.01 and got.prefill_tok_s == pytest.approx(2 * 10 / 0.01)
     assert got.decode_tok_s == pytest.approx(2 * 7 / 0.7) and got.token_latency_s == pytest.approx(0.1)
+
+
+def test_a_layer_the_int4_kernel_cannot_take_keeps_its_weights():
+    """torchao leaves a Linear whose input width is not whole groups of 128 as it is: the forecast counts its
+    bfloat16 bytes, not int4's."""
+    from dtypelab.serving.tracing import _quantized
+
+    model, _ = tiny_llama()  # width 64; the MLP's down projection takes 128 inputs: one whole group
+    assert set(_quantized(serve_policy("int4-wo").plan, model)) == {f"model.layers.{i}.mlp.down_proj" for i in (0, 1)}
+    assert len(_quantized(serve_policy("int8-wo").plan, model)) == 2 * 7 + 1  # every Linear, the head included

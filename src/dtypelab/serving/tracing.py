@@ -144,11 +144,14 @@ class ServeForecaster:
 
 
 def _quantized(plan: Plan, model: nn.Module) -> dict[str, str]:
-    """Each layer a quantize kind covers, with its kernel key."""
+    """Each layer a quantize kind covers and its kernel takes (torchao leaves a layer its kernel cannot take as it
+    is: int4 needs whole groups of 128 inputs), with its kernel key."""
     out = {}
     for name, config in plan.assign(model).items():
         scheme = getattr(config, "scheme", None)
-        if scheme is not None and isinstance(model.get_submodule(name) if name else model, nn.Linear):
+        layer = model.get_submodule(name) if name else model
+        unfit = getattr(config, "unfit", None)
+        if scheme is not None and isinstance(layer, nn.Linear) and not (unfit is not None and unfit(layer)):
             out[name] = kernel_key(scheme, getattr(config, "granularity", "per-channel"))
     return out
 
