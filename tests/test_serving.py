@@ -310,8 +310,9 @@ def test_the_check_compares_with_the_fastest_timed_generation():
 def test_a_layer_the_int4_kernel_cannot_take_keeps_its_weights():
     """torchao leaves a Linear whose input width is not whole groups of 128 as it is: the forecast counts its
     bfloat16 bytes, not int4's."""
-    from dtypelab.serving.tracing import _quantized
+    from dtypelab.serving.tracing import quantized_layers
 
     model, _ = tiny_llama()  # width 64; the MLP's down projection takes 128 inputs: one whole group
-    assert set(_quantized(serve_policy("int4-wo").plan, model)) == {f"model.layers.{i}.mlp.down_proj" for i in (0, 1)}
-    assert len(_quantized(serve_policy("int8-wo").plan, model)) == 2 * 7 + 1  # every Linear, the head included
+    int4 = quantized_layers(serve_policy("int4-wo").plan, model)
+    assert set(int4) == {f"model.layers.{i}.mlp.down_proj" for i in (0, 1)}
+    assert len(quantized_layers(serve_policy("int8-wo").plan, model)) == 2 * 7 + 1  # every Linear, the head included

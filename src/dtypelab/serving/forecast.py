@@ -17,7 +17,9 @@ import torch
 
 from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.results import GenerateConfig, GenerateFigures, GeneratePolicy, GenerateReport, TargetDevice
-from dtypelab.forecasting import StepTimes
+from dtypelab.core.speed import GPU_FLOOR_S
+from dtypelab.forecasting import StepTimes, rates_for
+from dtypelab.serving.measure import with_speeds
 from dtypelab.serving.policies import DEFAULT_FORECAST, ServePolicy, serve_policies
 from dtypelab.serving.served import load_served
 from dtypelab.serving.speed import policy_figures, serving_rates
@@ -45,7 +47,7 @@ def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str 
     served = load_served(spec)
     check_shape(shape, served.context, served.name, served.config)
     chosen = serve_policies(policies, DEFAULT_FORECAST if target.kind == "cuda" else DEFAULT_FORECAST_CPU)
-    rates, no_rates = serving_rates(target) if speed else (None, "")
+    rates, no_rates = rates_for(target) if speed else (None, "")  # the source; each part times with its own
     parts = _parts(chosen, target, rates, len(workers))
     outcomes = _run_parts([ForecastPart(spec, shape, target, part, seed, search, speed) for part in parts],
                           workers, on_progress, len(chosen))
@@ -56,11 +58,10 @@ def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str 
                for p in chosen]
     if check:
         results = _checked(spec, shape, results, chosen, seed)
-    fc = ServeForecaster(served, target, seed)
     best, sentence = _answer(results, target, shape)
     longest = max((r for r in results if r.generate and r.generate.longest_context),
                   key=lambda r: r.generate.longest_context or 0, default=None)  # type: ignore[union-attr]
-    notes = [n for n in (no_rates, _notes(shape, target), _eager(chosen, fc)) if n]
+    notes = [n for n in (no_rates, _notes(shape), _eager(chosen, target)) if n]
     report = GenerateReport(
         GenerateConfig(spec, served.name, "forecast", shape.prompt_len, shape.gen_len, shape.batch_size, target,
                        parameters=params, context_limit=served.context),
@@ -191,19 +192,20 @@ def _answer(results: list[GeneratePolicy], target: TargetDevice, shape: Shape) -
     return "", f"no policy fits {target.label}: the smallest peak is {small.policy}'s"
 
 
-def _notes(shape: Shape, target: TargetDevice) -> str:
+def _notes(shape: Shape) -> str:
     return (f"decode at the full context ({shape.context:,} tokens): a static cache is read whole at every step, so "
             "every step of the generation costs the same; the prefill keeps the last position's logits only")
 
 
-def _eager(chosen: list[ServePolicy], fc: ServeForecaster) -> str:
+def _eager(chosen: list[ServePolicy], target: TargetDevice) -> str:
     """On a GPU: what an eager policy's time leaves out, and how its quantized layers are timed."""
     eager = [p.name for p in chosen if not p.plan.compiles]
-    if not fc.cuda or not eager:
+    if target.kind != "cuda" or not eager:
         return ""
-    return (f"eager ({', '.join(eager)}): each op a kernel of its own, at least {5} µs each; the launch overhead "
-            "of eager PyTorch beyond that is not modelled (NAME+compile fuses the ops); a quantized layer is timed as "
-            "the one kernel its format runs compiled (torch.compile fuses the dequantization into the GEMM)")
+    return (f"eager ({', '.join(eager)}): each op a kernel of its own, at least {GPU_FLOOR_S * 1e6:g} µs each; the "
+            "launch overhead of eager PyTorch beyond that is not modelled (NAME+compile fuses the ops); a quantized "
+            "layer is timed as the one kernel its format runs compiled (torch.compile fuses the dequantization into "
+            "the GEMM)")
 
 
 def _environment() -> dict[str, Any]:
@@ -219,11 +221,7 @@ def _fastest(g: GenerateFigures | None, shape: Shape) -> GenerateFigures | None:
     """Measured figures with the speeds of the fastest timed generation."""
     if g is None or not g.ttft_runs_s or not g.decode_runs_s:
         return g
-    ttft, decode_s = min(g.ttft_runs_s), min(g.decode_runs_s)
-    steps = shape.gen_len - 1
-    return replace(g, ttft_s=ttft, prefill_tok_s=shape.batch_size * shape.prompt_len / ttft,
-                   decode_tok_s=shape.batch_size * steps / decode_s if steps and decode_s > 0 else None,
-                   token_latency_s=decode_s / steps if steps else None)
+    return with_speeds(g, shape, min(g.ttft_runs_s), min(g.decode_runs_s))
 
 
 def _checked(spec: str, shape: Shape, results: list[GeneratePolicy], chosen: list[ServePolicy],

@@ -222,14 +222,20 @@ def cache_bytes(cache: Any) -> int:
     return sum(t.untyped_storage().nbytes() for layer in cache.layers for t in layer.tensors())
 
 
+def geometry(config: Any) -> tuple[int, int]:
+    """(key/value heads, head dim) of a decoder's attention: grouped-query attention stores ``num_key_value_heads``
+    heads, not ``num_attention_heads``."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    return getattr(text, "num_key_value_heads", None) or heads, getattr(text, "head_dim", None) or \
+        text.hidden_size // heads
+
+
 def bytes_per_token(config: Any, fmt: KVFormat, compute: torch.dtype) -> int:
     """What one token of context takes in the cache, by the formula (layers x 2 x kv heads x head dim x bytes): the
     check of what a trace counts, and what the docs explain. Grouped-query attention stores ``num_key_value_heads``,
     not ``num_attention_heads``."""
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv_heads, head_dim = geometry(config)
     element = fmt.element_bytes or torch.empty((), dtype=compute).element_size()
     return attention_layers(config) * (2 * kv_heads * head_dim * element + fmt.scale_bytes_per_token(kv_heads))
 
@@ -243,6 +249,7 @@ __all__ = [
     "bytes_per_token",
     "cache_bytes",
     "check_layout",
+    "geometry",
     "kv_format",
     "make_cache",
 ]

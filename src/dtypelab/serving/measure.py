@@ -9,7 +9,7 @@ compiled policy compiles there); ``repeats`` timed ones (medians); and the held-
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -79,21 +79,25 @@ def counted(model: Any, config: Any, job: GenerateJob, ids: torch.Tensor, dtype:
                 "decode": ledger.phases["decode"]}
 
 
+def with_speeds(figures: GenerateFigures, shape: Shape, ttft_s: float, decode_s: float) -> GenerateFigures:
+    """``figures`` with the speeds of a generation that took ``ttft_s`` to its first token, ``decode_s`` the rest."""
+    steps = shape.gen_len - 1
+    return replace(figures, ttft_s=ttft_s, prefill_tok_s=shape.batch_size * shape.prompt_len / ttft_s,
+                   decode_tok_s=shape.batch_size * steps / decode_s if steps and decode_s > 0 else None,
+                   token_latency_s=decode_s / steps if steps else None)
+
+
 def figures(memory: dict[str, Any], runs: list[Any], shape: Shape) -> GenerateFigures:
     prefill_peak: Peak = memory["prefill"]
     decode_peak: Peak = memory["decode"]
     top = max(prefill_peak, decode_peak, key=lambda p: p.total)
-    ttft = statistics.median(r.ttft_s for r in runs)
-    steps = shape.gen_len - 1
-    decode_s = statistics.median(r.decode_s for r in runs)
-    return GenerateFigures(
+    measured = GenerateFigures(
         peak_bytes=top.total, weights_bytes=memory["weights"], kv_cache_bytes=memory["kv"],
         activations_bytes=top.total - memory["weights"] - memory["kv"], prefill_peak_bytes=prefill_peak.total,
-        decode_peak_bytes=decode_peak.total, ttft_s=ttft, prefill_tok_s=shape.batch_size * shape.prompt_len / ttft,
-        decode_tok_s=shape.batch_size * steps / decode_s if steps and decode_s > 0 else None,
-        token_latency_s=decode_s / steps if steps else None,
-        kv_bytes_per_token=memory["kv"] // (shape.batch_size * shape.context),
+        decode_peak_bytes=decode_peak.total, kv_bytes_per_token=memory["kv"] // (shape.batch_size * shape.context),
         ttft_runs_s=tuple(r.ttft_s for r in runs), decode_runs_s=tuple(r.decode_s for r in runs))
+    return with_speeds(measured, shape, statistics.median(measured.ttft_runs_s),
+                       statistics.median(measured.decode_runs_s))
 
 
 def measure(job: GenerateJob, report: Reporter) -> dict[str, Any]:
@@ -141,4 +145,4 @@ def quality(model: Any, config: Any, job: GenerateJob, served: Any, dtype: torch
     return nats / len(windows), argmax, len(windows)
 
 
-__all__ = ["GenerateJob", "measure"]
+__all__ = ["GenerateJob", "measure", "with_speeds"]

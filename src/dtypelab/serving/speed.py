@@ -1,10 +1,9 @@
 """The serving workload's time on a device, from the ops a trace recorded (``core.speed``): on a GPU each quantized
 layer as the one kernel its format runs (``kernels.KERNELS``), on this CPU each heavy call timed here and every op
-paying the per-op time of the model's own code, measured on the model shrunk to no width."""
+paying the per-op time of the model's own code, measured on one of its blocks."""
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable
@@ -14,9 +13,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from dtypelab.core.policies import Plan
+from dtypelab.core.footprint import tensor_bytes
 from dtypelab.core.results import GenerateFigures, TargetDevice
 from dtypelab.core.speed import GPU_BANDWIDTH_SHARE, Op
+from dtypelab.core.tasks.hub import at_depth
 from dtypelab.forecasting import StepTimes, rates_for
 from dtypelab.serving.kernels import KERNELS, stored_bytes
 from dtypelab.serving.kv import kv_format
@@ -27,20 +27,10 @@ from dtypelab.serving.tracing import (
     PolicyRun,
     ServeForecaster,
     Traced,
-    _shape_of,
     largest,
+    linear_shape,
 )
 from dtypelab.serving.workload import Shape, decode, new_cache, prefill
-
-
-# --- speed ------------------------------------------------------------------------------------------------------
-def _weight_bytes(w: torch.Tensor) -> int:
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-    if is_traceable_wrapper_subclass(w):
-        names, _ = w.__tensor_flatten__()
-        return sum(_weight_bytes(getattr(w, n)) for n in names if getattr(w, n) is not None)
-    return w.numel() * w.element_size()
 
 
 def layer_bytes(model: nn.Module, meta: nn.Module, layers: dict[str, str], stand_in: bool) -> dict[str, int]:
@@ -49,7 +39,7 @@ def layer_bytes(model: nn.Module, meta: nn.Module, layers: dict[str, str], stand
     for name, key in layers.items():
         weight = model.get_submodule(name).weight
         assert isinstance(weight, torch.Tensor)
-        out[name] = stored_bytes(key, *_shape_of(meta, name)) if stand_in else _weight_bytes(weight)
+        out[name] = stored_bytes(key, *linear_shape(meta, name)) if stand_in else tensor_bytes([weight])
     return out
 
 
@@ -87,10 +77,11 @@ def gpu_ops(ops: tuple[Op, ...], layers: dict[str, str], stored: dict[str, int])
     return tuple(out)
 
 
-def _time(times: StepTimes, plan: Plan, ops: tuple[Op, ...], run: PolicyRun, cuda: bool) -> Any:
-    if cuda and run.layers:
-        ops = gpu_ops(ops, run.layers, layer_bytes(*_models(run), run.layers, run.stand_in))
-    return times.of(plan, ops, "traced")
+def device_ops(run: PolicyRun, ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """The ops as the target runs them: on a GPU each quantized layer's as its format's kernel, here as traced."""
+    if run.fc.cuda and run.layers:
+        return gpu_ops(ops, run.layers, layer_bytes(*_models(run), run.layers, run.stand_in))
+    return ops
 
 
 def _shares(ops: tuple[Op, ...], seconds: float, rates: Any) -> tuple[float | None, float | None]:
@@ -130,15 +121,15 @@ def policy_figures(fc: ServeForecaster, policy: ServePolicy, shape: Shape, times
 
 def _speed_figures(figures: GenerateFigures, run: PolicyRun, t: Traced, shape: Shape,
                    times: StepTimes) -> GenerateFigures:
-    plan, cuda = run.policy.plan, run.fc.cuda
-    pre = _time(times, plan, t.prefill.ops, run, cuda)
-    dec = _time(times, plan, t.decode.ops, run, cuda)
+    plan = run.policy.plan
+    decode_ops = device_ops(run, t.decode.ops)
+    pre = times.of(plan, device_ops(run, t.prefill.ops), "traced")
+    dec = times.of(plan, decode_ops, "traced")
     if pre.step_s is None or dec.step_s is None:
         return replace(figures, bound=dec.reason or pre.reason)
     kernels = tuple(dict.fromkeys(f"{k}: {KERNELS[k].name} ({KERNELS[k].share:.2f} of bf16's bandwidth share, "
-                                  f"{KERNELS[k].source})" for k in run.layers.values())) if cuda else ()
-    bw, fl = _shares(gpu_ops(t.decode.ops, run.layers, layer_bytes(*_models(run), run.layers, run.stand_in))
-                     if cuda and run.layers else t.decode.ops, dec.step_s, times.rates)
+                                  f"{KERNELS[k].source})" for k in run.layers.values())) if run.fc.cuda else ()
+    bw, fl = _shares(decode_ops, dec.step_s, times.rates)
     return replace(figures, ttft_s=pre.step_s, prefill_tok_s=shape.batch_size * shape.prompt_len / pre.step_s,
                    decode_tok_s=shape.batch_size / dec.step_s, token_latency_s=dec.step_s, bound=dec.bound,
                    prefill_bound=pre.bound, kernels=kernels, bandwidth_share=bw, flops_share=fl)
@@ -147,8 +138,6 @@ def _speed_figures(figures: GenerateFigures, run: PolicyRun, t: Traced, shape: S
 def _models(run: PolicyRun) -> tuple[nn.Module, nn.Module]:
     depth = run.fc.layers if not run.deep else SHALLOW[-1]  # every layer the line's ops name
     return run.fc.converted(run.policy.plan, depth)[0], run.fc.at_depth(depth)[0]
-
-
 
 
 def inference_floor(repeats: int = 200, rounds: int = 25) -> float:
@@ -177,10 +166,7 @@ def program_floor(config: Any, build: Callable[[Any], nn.Module], steps: int = 2
             Count.ops += 1
             return func(*args, **(kwargs or {}))
 
-    tiny = copy.deepcopy(config)  # one block at its real widths (threads split an op as they would), a small vocabulary
-    tiny.num_hidden_layers = 1
-    if isinstance(getattr(tiny, "layer_types", None), list):
-        tiny.layer_types = tiny.layer_types[:1]
+    tiny = at_depth(config, 1)  # one block at its real widths (threads split an op as they would), a small vocabulary
     if hasattr(tiny, "vocab_size"):
         tiny.vocab_size = min(tiny.vocab_size, 256)
     shape = Shape(4, steps + 2, 1)
@@ -204,13 +190,11 @@ def program_floor(config: Any, build: Callable[[Any], nn.Module], steps: int = 2
 
 def serving_rates(target: TargetDevice, fc: ServeForecaster | None = None) -> tuple[Any, str]:
     """The target's rates for a decode step: on this CPU, the per-op time its decode step pays (Python, dispatch,
-    the model's own code: measured on the model shrunk to no width), else the time of a bare op."""
-    from dataclasses import replace as copy_with
-
+    threads: measured on one of its blocks), else the time of a bare op."""
     rates, why = rates_for(target)
     if rates is not None and rates.times_kernels:
         floor = program_floor(fc.config, fc.build_real) if fc is not None else None
-        rates = copy_with(rates, floor_s=floor or inference_floor())
+        rates = replace(rates, floor_s=floor or inference_floor())
     return rates, why
 
 

@@ -7,7 +7,6 @@ its cache, lets a search's sizes be traced at 3 blocks only. ``largest``: the la
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +18,10 @@ from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.results import TargetDevice
 from dtypelab.core.speed import Op
+from dtypelab.core.tasks.hub import at_depth
 from dtypelab.forecasting import CUDA_BLOCK, Ledger, eager, faked, fresh, materialize
 from dtypelab.serving.kernels import kernel_key, stored_bytes
-from dtypelab.serving.kv import KVFormat, cache_bytes
+from dtypelab.serving.kv import KVFormat, cache_bytes, geometry
 from dtypelab.serving.policies import ServePolicy
 from dtypelab.serving.served import Served, config_of
 from dtypelab.serving.workload import Shape, compute_dtype, decode, new_cache, prefill
@@ -82,7 +82,8 @@ class ServeForecaster:
         self.cuda = target.kind == "cuda"
         self._metas: dict[int, tuple[nn.Module, Any]] = {}
         self._converted: dict[tuple[str, int], tuple[nn.Module, int, dict[str, str]]] = {}
-        self._dtypes: dict[tuple[str, int], torch.dtype] = {}
+        # the compute dtype each plan's model hands its cache, per depth (found by its first trace)
+        self.dtypes: dict[tuple[str, int], torch.dtype] = {}
 
     @property
     def meta(self) -> nn.Module:
@@ -117,10 +118,7 @@ class ServeForecaster:
             if depth == self.layers:
                 self._metas[depth] = (self.meta, self.config)
             else:
-                config = copy.deepcopy(self.config)
-                config.num_hidden_layers = depth
-                if isinstance(getattr(config, "layer_types", None), list):
-                    config.layer_types = config.layer_types[:depth]
+                config = at_depth(self.config, depth)
                 self._metas[depth] = (self.build(config), config)
         return self._metas[depth]
 
@@ -134,16 +132,9 @@ class ServeForecaster:
         model, extra, layers = self._converted[key]
         return fresh(model), extra, layers
 
-    def dtype_of(self, plan: Plan, depth: int, model: nn.Module) -> dict[int, torch.dtype]:
-        """The compute dtype of the plan's model (found once per plan and depth), keyed by this copy's id."""
-        key = (plan.name, depth)
-        return {id(model): self._dtypes[key]} if key in self._dtypes else {}
-
-    def remember(self, plan: Plan, depth: int, model: nn.Module, dtype: torch.dtype) -> None:
-        self._dtypes[(plan.name, depth)] = dtype
 
 
-def _quantized(plan: Plan, model: nn.Module) -> dict[str, str]:
+def quantized_layers(plan: Plan, model: nn.Module) -> dict[str, str]:
     """Each layer a quantize kind covers and its kernel takes (torchao leaves a layer its kernel cannot take as it
     is: int4 needs whole groups of 128 inputs), with its kernel key."""
     out = {}
@@ -160,7 +151,7 @@ def convert(plan: Plan, meta: nn.Module, cuda: bool) -> tuple[nn.Module, int, di
     """The model as the policy serves it; on a GPU, weights in bfloat16 before any quantization (torchao's weight
     formats keep their activations in the weights' dtype). A conversion this machine cannot make (an int4 or fp8
     matmul's layout) leaves bfloat16 weights in its place and counts the format's bytes from its layout."""
-    layers = _quantized(plan, meta)
+    layers = quantized_layers(plan, meta)
     try:
         if not (cuda and layers):
             return Precision(plan, "cpu", traced=True).convert_module(fresh(meta)), 0, layers
@@ -175,12 +166,12 @@ def convert(plan: Plan, meta: nn.Module, cuda: bool) -> tuple[nn.Module, int, di
     model = fresh(meta).to(torch.bfloat16)
     extra = 0
     for name, key in layers.items():
-        rows, cols = _shape_of(meta, name)
+        rows, cols = linear_shape(meta, name)
         extra += stored_bytes(key, rows, cols) - rows * cols * 2 + (CUDA_BLOCK if cuda else 0)
     return model, extra, layers
 
 
-def _shape_of(model: nn.Module, name: str) -> tuple[int, int]:
+def linear_shape(model: nn.Module, name: str) -> tuple[int, int]:
     """A Linear layer's weight shape (out, in)."""
     layer = model.get_submodule(name)
     assert isinstance(layer, nn.Linear)
@@ -188,15 +179,14 @@ def _shape_of(model: nn.Module, name: str) -> tuple[int, int]:
 
 
 def trace(model: nn.Module, config: Any, fmt: KVFormat, shape: Shape, cuda: bool, timed: bool,
-          dtypes: dict[int, torch.dtype] | None = None) -> Traced:
-    """The prefill and one decode step at the full context, on fake tensors (``dtypes``: the compute dtype found
-    for each model before, by its id)."""
+          dtype: torch.dtype | None = None) -> Traced:
+    """The prefill and one decode step at the full context, on fake tensors (``dtype``: the compute dtype the model
+    hands its cache, when known; else found by running one token)."""
     cpu = torch.device("cpu")
     round_to = CUDA_BLOCK if cuda else 1
-    dtypes = {} if dtypes is None else dtypes
     with eager(), faked() as mode, torch.no_grad():
         materialize(model, mode, cpu)
-        dtype = dtypes.get(id(model)) or compute_dtype(model, config, cpu)
+        dtype = dtype or compute_dtype(model, config, cpu)
         ids = torch.zeros((shape.batch_size, shape.prompt_len), dtype=torch.long)
         with Ledger(round_to=round_to, ops=[] if timed else None, calls=not cuda) as ledger:
             ledger.claim(model.parameters(), "parameters")
@@ -232,7 +222,6 @@ class PolicyRun:
         self.fc, self.policy, self.cache = fc, policy, cache
         self.deep = fc.layers > DEEP
         self.depths = SHALLOW if self.deep else (fc.layers,)
-        self.extra: dict[int, int] = {}
         self.layers: dict[str, str] = {}
         self.stand_in = False
         self.block: int | None = None  # a block's weights, once its share of the peaks is known exact (0: not)
@@ -261,10 +250,7 @@ class PolicyRun:
 
     def _block_kv(self, shape: Shape, dtype: Any) -> tuple[int, int]:
         """One layer's cache at ``shape``: its bytes as the allocator rounds each tensor, and as stored."""
-        text = self.fc.config
-        heads = text.num_attention_heads
-        kv_heads = getattr(text, "num_key_value_heads", None) or heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        kv_heads, head_dim = geometry(self.fc.config)
         fmt = self.policy.kv
         element = fmt.element_bytes or torch.empty((), dtype=dtype).element_size()
         cells = shape.batch_size * kv_heads * shape.context
@@ -285,17 +271,16 @@ class PolicyRun:
 
     def _at(self, depth: int, shape: Shape, timed: bool) -> Traced:
         model, extra, layers = self.fc.converted(self.policy.plan, depth)
-        self.extra[depth] = extra
         self.layers.update(layers)  # every depth's quantized layers (the line's ops name the deepest's)
         self.stand_in = bool(extra)
         # a stand-in's weights are bfloat16's: its traces are bf16's, shifted by its layout's bytes
         layout = ("bf16" if extra else self.policy.plan.name, self.policy.kv.label, depth, shape)
         if layout not in self.cache or (timed and not self.cache[layout].prefill.ops):
             _, config = self.fc.at_depth(depth)
-            dtypes = self.fc.dtype_of(self.policy.plan, depth, model)
-            self.cache[layout] = trace(model, config, self.policy.kv, shape, self.fc.cuda, timed, dtypes)
-            if self.cache[layout].dtype is not None:
-                self.fc.remember(self.policy.plan, depth, model, self.cache[layout].dtype)
+            known = (self.policy.plan.name, depth)
+            self.cache[layout] = trace(model, config, self.policy.kv, shape, self.fc.cuda, timed,
+                                       self.fc.dtypes.get(known))
+            self.fc.dtypes[known] = self.cache[layout].dtype
         t = self.cache[layout]
         return Traced(_shift(t.prefill, extra), _shift(t.decode, extra), t.dtype)
 

@@ -18,7 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.serving.kv import KVFormat, make_cache
+from dtypelab.serving.kv import KVFormat, geometry, make_cache
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,7 @@ def compute_dtype(model: Any, config: Any, device: torch.device) -> torch.dtype:
 def new_cache(config: Any, fmt: KVFormat, shape: Shape, dtype: torch.dtype, device: torch.device) -> Any:
     """A cache for ``shape``'s whole context, allocated now (as a server reserves it before the first request)."""
     cache = make_cache(config, fmt, shape.context)
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv_heads, head_dim = geometry(config)
     for layer in cache.layers:
         layer.allocate(shape.batch_size, kv_heads, head_dim, dtype, device)
     return cache

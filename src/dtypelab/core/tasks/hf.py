@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from dtypelab.core.task import Task
 from dtypelab.core.tasks.gpt2 import EVAL_SEQUENCES, HELD_OUT_SEED, Chain
 from dtypelab.core.tasks.hub import (
     DEFAULT_SEQ,
+    at_depth,
     causal,
     config_of,
     factory,
@@ -162,12 +162,8 @@ def _with_blocks(config: Any, n: int) -> nn.Module:
     """The model with ``n`` of its decoder layers, from its config (untrained: what a forecast traces)."""
     from transformers import AutoModelForCausalLM
 
-    shallow = copy.deepcopy(config)
-    shallow.num_hidden_layers = n
-    if isinstance(getattr(shallow, "layer_types", None), list):  # per-layer attention kinds, kept in order
-        shallow.layer_types = shallow.layer_types[:n]
     with quiet(), hushed():
-        return AutoModelForCausalLM.from_config(shallow, dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(at_depth(config, n), dtype=torch.float32)
 
 
 __all__ = ["make_task"]

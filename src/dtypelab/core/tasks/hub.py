@@ -191,5 +191,17 @@ def logits(out: Any) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out["logits"] if isinstance(out, dict) else out
 
 
-__all__ = ["DEFAULT_SEQ", "PREFIX", "causal", "config_of", "factory", "has_weights", "hushed", "locate", "logits",
+def at_depth(config: Any, n: int) -> Any:
+    """A copy of a decoder's config with ``n`` of its layers (per-layer attention kinds kept in order)."""
+    import copy
+
+    shallow = copy.deepcopy(config)
+    shallow.num_hidden_layers = n
+    if isinstance(getattr(shallow, "layer_types", None), list):
+        shallow.layer_types = shallow.layer_types[:n]
+    return shallow
+
+
+__all__ = ["DEFAULT_SEQ", "PREFIX", "at_depth", "causal", "config_of", "factory", "has_weights", "hushed", "locate",
+           "logits",
            "split_spec", "with_seq_len"]
