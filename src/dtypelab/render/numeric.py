@@ -135,7 +135,9 @@ DROP_FIRST = {"layer": ("module", "zero", "range", "min |x|", "non-finite", "max
               "format": ("smallest subnormal", "bits", "eps", "digits", "inf/nan", "smallest normal"),
               # forecast: the breakdown's smaller parts first, then where the peak is, then the rest of it
               "policy": ("buffers", "master", "peak in", "temporaries", "gradients", "activations", "optimizer",
-                         "weights", "inference measured", "inference forecast", "train measured")}
+                         "weights", "inference measured", "inference forecast", "train measured",
+                         # generate: the decode speed, the quality and the fit stay longest
+                         "TTFT", "ms/token", "first divergence", "next-token", "prefill", "KV cache")}
 
 
 def emit(doc: Doc, fmt: str, console: Any, styles: list[str] | None = None, wrap: set[int] | None = None) -> str | None:
