@@ -61,6 +61,11 @@ COMMANDS: dict[str, tuple[str, int]] = {
                      "--no-speed", 0),
     "generate-check": ("dtypelab forecast tinylm --mode generate --device cpu --check -b 4 --prompt-len 64 "
                        "--gen-len 32 --no-batch-search", 0),
+    "energy-h100": ("dtypelab forecast gpt2 --device H100 -p fp32,amp-bf16,bf16,fp8-rowwise --no-batch-search", 0),
+    "energy-generate": ("dtypelab forecast hf:benchmarks/configs/llama3.1-8b --mode generate --device H100 "
+                        "--prompt-len 512 --gen-len 256 -b 64 -p bf16+compile,fp8-dyn-row+compile,int8-wo+compile,"
+                        "int4-wo+compile --no-batch-search", 0),
+    "energy-here": ("dtypelab bench digits -p fp32,amp-bf16 --objective energy --force --steps 100", 0),
 }
 CLI = ("bench", "tune", "forecast", "trace", "autopilot", "audit", "export", "show", "report", "policies", "hardware",
        "formats", "cast", "lint")
@@ -164,7 +169,7 @@ def main() -> None:
     if any(n.startswith("forecast") for n in wanted & set(COMMANDS)):  # made on another day than machine.txt's
         with open(os.path.join(SAMPLES, "forecast-machine.txt"), "w") as f:
             f.write(machine())
-    if any(n.startswith("generate") for n in wanted & set(COMMANDS)):
+    if any(n.startswith(("generate", "energy")) for n in wanted & set(COMMANDS)):
         with open(os.path.join(SAMPLES, "generate-machine.txt"), "w") as f:
             f.write(machine())
     if "gpu" in wanted:  # the committed GPU records (scripts/gpu/check, collect), re-rendered: no GPU needed here

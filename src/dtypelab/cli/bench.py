@@ -46,7 +46,8 @@ def _generate(opts: BenchOptions, cli: dict[str, Any]) -> None:
         with policy_progress(f"generating with {cli['task']}") as progress:
             report = serve_bench(cli["task"], Shape(opts.prompt_len, opts.gen_len, opts.batch_size or 1),
                                  policies_text(opts.policies), baseline=opts.baseline, tolerance=opts.tolerance,
-                                 objective=opts.objective, device=opts.device, seed=opts.seed, threads=opts.threads,
+                                 objective=opts.objective or "decode", device=opts.device, seed=opts.seed,
+                                 threads=opts.threads,
                                  memory_budget=parse_size(opts.memory_budget, "--memory-budget"),
                                  timeout_s=opts.timeout_s,
                                  launcher=opts.launcher, json_path=path, on_progress=progress)
@@ -154,6 +155,9 @@ command(app, "policies", PoliciesOptions, _policies,
 
 
 def _hardware(opts: HardwareOptions, cli: dict[str, Any]) -> None:
+    import torch
+
+    from dtypelab.core.energy import counter_of
     from dtypelab.core.hardware import KERNEL_LABELS, kernel_path_text, measured_probe
     from dtypelab.core.results import plain_json, save_text
 
@@ -166,6 +170,8 @@ def _hardware(opts: HardwareOptions, cli: dict[str, Any]) -> None:
              f"cpu flags   {' '.join(hw.cpu_flags) or '(unknown)'}"]
     if hw.cuda_capability:
         lines.append(f"cuda        capability {hw.cuda_capability[0]}.{hw.cuda_capability[1]}")
+    counter, no_counter = counter_of(torch.device(hw.device))
+    lines.append(f"energy      {counter + ' (read by bench in its rounds)' if counter else no_counter}")
     ref = hw.gflops.get("float32")
     lines.append("throughput  GFLOP/s of an n×n matmul (quantized kernels: the same count of multiply-adds)"
                  + (f"; of rated: against the {hw.rated_source} peak" if hw.rated_tflops else ""))

@@ -10,6 +10,7 @@ import os
 import resource
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -76,6 +77,13 @@ def slow_verdict(samples: Sequence[float], warmup: int, limit_s: float | None, s
             f"{pace * 1e3:.3g} ms" if span_s else
             f"{pace * 1e3:.3g} ms per step over its first {len(timed)} timed steps")
     return f"measured pathologically slow on this model: {what}{base}; stopped there"
+
+
+def tokens_of(x: Any) -> int | None:
+    """A batch's tokens, where its inputs are token ids (an integer tensor of batch x positions)."""
+    if isinstance(x, torch.Tensor) and x.dim() == 2 and not x.is_floating_point() and x.dtype != torch.bool:
+        return x.numel()
+    return None
 
 
 def device_sync(device: torch.device) -> Callable[[], None] | None:

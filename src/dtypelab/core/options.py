@@ -224,6 +224,8 @@ class FineTuneOptions(Options):
                             json_schema_extra=PANEL_SERVE)
     gen_len: int = Field(64, ge=1, description="--mode generate: tokens generated for each prompt (the decode)",
                          json_schema_extra=PANEL_SERVE)
-    objective: Literal["decode", "prefill", "latency"] = Field(
-        "decode", description="--mode generate: what the fastest policy is chosen for: decode tokens/s, prefill "
-                              "tokens/s, or latency (first token plus the generation)", json_schema_extra=PANEL_SERVE)
+    objective: Literal["speed", "energy", "decode", "prefill", "latency"] | None = Field(
+        None, description="what the chosen policy is best at within tolerance: speed or energy (the least joules per "
+                          "sample, measured by the GPU's or CPU's energy counter); with --mode generate: decode, "
+                          "prefill, latency, or energy (per generated token) [default: speed; decode with --mode "
+                          "generate]")

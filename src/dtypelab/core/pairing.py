@@ -1,25 +1,65 @@
 """Paired speedups: the baseline's timing over a policy's, replicate by replicate (a round of blocks in one process,
-or a whole run in a process of its own), as a geometric mean with a Student-t interval on the log ratios."""
+or a whole run in a process of its own), as a geometric mean with a Student-t interval on the log ratios; and the
+same for energy, from the joules the counter read over each block's window."""
 
 from __future__ import annotations
 
-from dtypelab.core.results import RoundBlock, SpeedupInterval
-from dtypelab.core.stats import MIN_QUIET, ratio_interval
+from dtypelab.core.results import Energy, RoundBlock, SpeedupInterval
+from dtypelab.core.stats import MIN_QUIET, mean_interval, ratio_interval
+
+
+def _quiet_pairs(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...], value: str
+                 ) -> tuple[list[tuple[RoundBlock, RoundBlock]], int, int]:
+    """(the pairs the interval uses, the pairs seen, the disturbed ones): pairs by round with ``value`` on both
+    sides; rounds where either block was disturbed are left out while MIN_QUIET quiet ones remain."""
+    by_round = {b.round: b for b in base}  # a policy decided early has fewer rounds than fp32: pair by round
+    pairs = [(by_round[p.round], p) for p in blocks
+             if p.round in by_round and (getattr(by_round[p.round], value) or 0) > 0 and (getattr(p, value) or 0) > 0]
+    quiet = [(b, p) for b, p in pairs if not (b.disturbed or p.disturbed)]
+    used = quiet if len(quiet) >= MIN_QUIET else pairs
+    return used, len(pairs), len(pairs) - len(quiet)
 
 
 def paired_speedup(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...]) -> SpeedupInterval | None:
     """fp32's block median over this policy's, round by round; their geometric mean and a Student-t interval
     on the log ratios. Rounds where either block was disturbed are left out while MIN_QUIET quiet ones remain."""
-    by_round = {b.round: b for b in base}  # a policy decided early has fewer rounds than fp32: pair by round
-    pairs = [(by_round[p.round], p) for p in blocks
-             if p.round in by_round and by_round[p.round].median_s > 0 and p.median_s > 0]
-    quiet = [(b, p) for b, p in pairs if not (b.disturbed or p.disturbed)]
-    used = quiet if len(quiet) >= MIN_QUIET else pairs
+    used, seen, disturbed = _quiet_pairs(base, blocks, "median_s")
     ci = ratio_interval([(b.median_s, p.median_s) for b, p in used])
     if ci is None:
         return None
-    return SpeedupInterval(point=ci.point, low=ci.low, high=ci.high, rounds=ci.n, dropped=len(pairs) - len(used),
-                           disturbed=len(pairs) - len(quiet))
+    return SpeedupInterval(point=ci.point, low=ci.low, high=ci.high, rounds=ci.n, dropped=seen - len(used),
+                           disturbed=disturbed)
 
 
-__all__ = ["paired_speedup"]
+def paired_energy(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...]) -> SpeedupInterval | None:
+    """The baseline's joules per step over this policy's, round by round (above 1: it uses less), as
+    ``paired_speedup``: the interleaved rounds that time speed give energy the same evidence."""
+    used, seen, disturbed = _quiet_pairs(base, blocks, "joules")
+    ci = ratio_interval([(b.joules / b.n, p.joules / p.n) for b, p in used])  # type: ignore[operator]
+    if ci is None:
+        return None
+    return SpeedupInterval(point=ci.point, low=ci.low, high=ci.high, rounds=ci.n, dropped=seen - len(used),
+                           disturbed=disturbed)
+
+
+def block_energy(blocks: tuple[RoundBlock, ...], batch_size: int, tokens: int | None, counter: str,
+                 idle_watts: float | None) -> Energy | None:
+    """A policy's energy from its measured windows (quiet ones, while MIN_QUIET remain): all joules over all steps,
+    with a Student-t interval on each window's joules per step; None when no window was measured."""
+    measured = [b for b in blocks if b.joules is not None and b.n and b.window_s]
+    quiet = [b for b in measured if not b.disturbed]
+    used = quiet if len(quiet) >= MIN_QUIET else measured
+    if not used:
+        return None
+    joules, steps = sum(b.joules for b in used), sum(b.n for b in used)  # type: ignore[misc]
+    per_step = joules / steps
+    mean = mean_interval([b.joules / b.n for b in used])  # type: ignore[operator]
+    half = (mean[1] - mean[0]) / 2 if mean else None
+    low, high = (per_step - half, per_step + half) if half is not None else (None, None)
+    return Energy(per_step, per_step / batch_size, "measured", counter,
+                  joules_per_token=per_step / tokens if tokens else None,
+                  watts=joules / sum(b.window_s for b in used),  # type: ignore[misc]
+                  low=low, high=high, windows=len(used), idle_watts=idle_watts)
+
+
+__all__ = ["block_energy", "paired_energy", "paired_speedup"]

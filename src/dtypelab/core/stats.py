@@ -79,6 +79,15 @@ def ratio_interval(pairs: Sequence[tuple[float, float]], confidence: float = CON
     return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), len(logs))
 
 
+def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """A Student-t interval on the mean of independent replicates; None with fewer than two."""
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    half = t_quantile(len(values) - 1, confidence) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean - half, mean + half
+
+
 def measurably_faster(low: float) -> bool:
     """The whole interval lies above the no-gain band."""
     return low > 1 + MIN_GAIN

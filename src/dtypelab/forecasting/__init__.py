@@ -3,11 +3,13 @@
 search: the largest batch that fits). Serving's forecast (``dtypelab.serving``) traces its own workload with the
 same ledger, fake tensors and time model: those are public names too."""
 
+from dtypelab.forecasting.energy import Measured, calibrate, read_measured, target_power, with_energy
 from dtypelab.forecasting.fake import eager, faked, fresh, materialize
 from dtypelab.forecasting.ledger import CUDA_BLOCK, Ledger, Peak
 from dtypelab.forecasting.options import ForecastOptions
 from dtypelab.forecasting.run import DEFAULT_TRAIN, answer, forecast, target_device
 from dtypelab.forecasting.timing import StepTimes, rates_for
 
-__all__ = ["CUDA_BLOCK", "DEFAULT_TRAIN", "ForecastOptions", "Ledger", "Peak", "StepTimes", "answer", "eager", "faked",
-           "forecast", "fresh", "materialize", "rates_for", "target_device"]
+__all__ = ["CUDA_BLOCK", "DEFAULT_TRAIN", "ForecastOptions", "Ledger", "Measured", "Peak", "StepTimes", "answer",
+           "calibrate", "eager", "faked", "forecast", "fresh", "materialize", "rates_for", "read_measured",
+           "target_device", "target_power", "with_energy"]

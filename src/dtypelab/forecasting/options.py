@@ -37,6 +37,9 @@ class ForecastOptions(FineTuneOptions):
                                           "alone, in a fraction of the time")
     baseline: str | None = Field(None, description="the policy speedups are against [default: fp32 when forecast, "
                                                    "else the first policy]")
+    energy_from: str | None = Field(None, description="a bench record measured on the same GPU (its energy counter "
+                                                      "read): its idle and measured power calibrate the energy "
+                                                      "forecast")
     workers: int | None = Field(None, ge=1, le=64, description="processes tracing at once [default: the CPU cores, "
                                                                 "at most 2]")
     json_path: str | None = json_field()

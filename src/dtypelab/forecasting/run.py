@@ -34,6 +34,7 @@ from dtypelab.core.task import HF_PREFIX, Task
 from dtypelab.core.tasks.hub import with_seq_len
 from dtypelab.forecasting.adapters import PLAIN_PASS, UPDATE_COST
 from dtypelab.forecasting.answer import answer, device_notes, smallest_device
+from dtypelab.forecasting.energy import read_measured, target_power, tokens_per_step, with_energy
 from dtypelab.forecasting.job import ForecastJob
 from dtypelab.forecasting.options import ForecastOptions
 from dtypelab.forecasting.timing import rates_for, speed_answer, speed_probe, speedup_error, with_speedups
@@ -262,6 +263,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
         raise DtypelabError(f"{target.spec} is a training script: forecast traces a task's step on fake tensors "
                             "(a built-in or FILE.py:make_task); a script runs as its own program (bench measures it)")
     device = target_device(opts.device, opts.memory, opts.reserve)
+    measured = read_measured(opts.energy_from, device) if opts.energy_from else None  # its errors come first
     launcher = _launcher(opts.launcher, target)
     _prestart(launcher, target)  # the worker's imports run while this process reads the task
     task_obj = target.task()
@@ -299,17 +301,28 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
                             parameters=counted, infer_batch_size=batch // opts.nproc,
                             mode="infer" if task_obj.inference_only else "train")
     results, base = with_speedups(results, opts.baseline)
+    power, no_power = target_power(device, hw.device_name if hw is not None else "")
+    results = with_energy(results, power, batch // opts.nproc, tokens_per_step(task_obj, batch // opts.nproc),
+                          measured)
     fastest, said = speed_answer(results, device, base, spec, rates, no_rates, {p.name: p for p in plans})
     report = ForecastReport(config, tuple(results), environment(here), answer(results, device),
                             notes=device_notes(device, opts.nproc), seconds=time.monotonic() - start,
                             created=time.strftime("%Y-%m-%dT%H:%M:%S"), baseline=base,
                             rates=rates.source if rates is not None else "", fastest=fastest, speed_answer=said,
-                            speed_error=speedup_error(device) if rates is not None else 0.0)
+                            speed_error=speedup_error(device) if rates is not None else 0.0,
+                            energy_note=_energy_note(results, no_power))
     if opts.json_path:
         report.save(opts.json_path)
     if interrupted:  # what finished is saved: the caller says so
         raise KeyboardInterrupt
     return report
+
+
+def _energy_note(results: list[PolicyForecast], no_power: str) -> str:
+    """The power model each policy's energy comes from, or why there is none."""
+    if not any(r.time is not None and r.time.step_s for r in results):
+        return ""  # no time (--no-speed, no device): nothing to say of energy either
+    return next((r.energy.by for r in results if r.energy is not None), "") or no_power
 
 
 INTERRUPTED = "interrupted before it finished"

@@ -23,8 +23,8 @@ FORMATS = ("table", "markdown", "html", "json")
 MB = MIB  # every memory and size column: MiB (2^20 bytes), as torch and nvidia-smi report
 # Columns a narrow terminal leaves out first to last (the notes still say what they held); the policy, its speedup,
 # metric, worst cosine and verdict stay.
-DROP_FIRST = ("samples/s", "size MiB", "linear W", "max abs err", "train MiB", "peak MiB", "step ms", "latency ms",
-              "final loss", "SQNR dB", "status", "Δ ")
+DROP_FIRST = ("samples/s", "J/sample", "size MiB", "linear W", "max abs err", "train MiB", "peak MiB", "step ms",
+              "latency ms", "final loss", "SQNR dB", "status", "Δ ")
 
 
 def _numerics_only(r: PolicyResult) -> bool:
@@ -70,6 +70,17 @@ def _speed(v: PolicyVerdict | None, r: PolicyResult) -> str:
     return f"{v.speedup:.2f}x{mark}"
 
 
+def _joules(r: PolicyResult) -> str:
+    """Joules per sample, ± the half-interval over the windows where there were several."""
+    e = r.energy
+    if e is None:
+        return "—"
+    if e.low is None or e.high is None:
+        return f"{e.joules_per_sample:.3g}"
+    half = (e.high - e.low) / 2 / (e.joules_per_step / e.joules_per_sample)
+    return f"{e.joules_per_sample:.3g} ± {half:.2g}"
+
+
 def decision(report: Report) -> Recommendation:
     """The record's decision (every record dtypelab writes or loads carries one)."""
     if report.recommendation is None:
@@ -89,8 +100,11 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
     paired = any(v.speedup_low is not None for v in rec.policies)
     headers = ["policy", "status", "latency ms (median ± IQR)" if infer else "step ms (median ± IQR)",
                "speedup (95% interval)" if paired else "speedup", "samples/s", "peak MiB", "size MiB"]
+    energy = any(r.energy for r in report.results)
+    headers[5:5] = ["J/sample"] if energy else []
     counted = not infer and any(r.memory for r in report.results)
-    headers[6:6] = ["train MiB"] if counted else []
+    at = 7 if energy else 6
+    headers[at:at] = ["train MiB"] if counted else []
     headers += (["linear W"] if linear else []) + (["SQNR dB", "max abs err"] if infer else ["final loss"])
     headers += (["worst cos"] if cosine else []) + [metric, f"Δ {cfg.metric}", "verdict"]
     rows = []
@@ -99,9 +113,11 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
         row = [r.policy, r.status, _timing(r), _speed(v, r) if r.ran else "—",
                num(None if _numerics_only(r) else r.throughput, ",.0f"),
                num(r.peak_memory_bytes / MB if r.peak_memory_bytes is not None else None, ".1f"), _size(r, base)]
+        row[5:5] = [_joules(r)] if energy else []
         if counted:
             total = r.memory["total"] if r.memory else None
-            row[6:6] = [num(total / MB, ".1f" if total >= MB else ".2g") if total is not None else "—"]
+            at = 7 if energy else 6
+            row[at:at] = [num(total / MB, ".1f" if total >= MB else ".2g") if total is not None else "—"]
         if linear:
             row.append(_ratio(_linear_bytes(r), _linear_bytes(base) if base else None) if r.ran else "—")
         if infer:

@@ -94,6 +94,16 @@ def _infer_figures(report: Report, key: str, ran: list[PolicyResult]) -> list[st
                    "precision).", f"{key}-layers")]
 
 
+def _energy_figure(key: str, ran: list[PolicyResult]) -> str:
+    """Measured joules per sample (and per token where a step has tokens) of each policy, where a counter read them."""
+    names = [r.policy for r in ran]
+    per_sample = [r.energy.joules_per_sample if r.energy else None for r in ran]
+    per_token = [r.energy.joules_per_token if r.energy else None for r in ran]
+    return figure(plots.bars(names, [("joules per sample", per_sample), ("joules per token", per_token)]),
+                  "Energy measured by the device's counter over each policy's rounds: the whole device's, idle "
+                  "included (the table's note says which counter, and the idle power).", f"{key}-energy")
+
+
 def _train_figures(key: str, ran: list[PolicyResult]) -> list[str]:
     """Training: peak memory and model size, GradScaler's loss scale."""
     names, mb = [r.policy for r in ran], MIB
@@ -125,4 +135,5 @@ def _bench(report: Report, key: str, layers: str | None = None) -> str:
     parts += _time_figures(report, key, ran)
     parts += _pareto_figure(report, key, ran, rec)
     parts += _infer_figures(report, key, ran) if report.config.mode == "infer" else _train_figures(key, ran)
+    parts.append(_energy_figure(key, ran))
     return record_section(bench_title(report), "".join(parts), report.environment, report.created, key)

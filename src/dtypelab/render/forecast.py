@@ -25,7 +25,10 @@ DEVICE_NOTES = (
     "forecasts for any other size",
     "peaks: dense (no structured sparsity), from NVIDIA's datasheets (the GeForce cards: the architecture whitepapers, "
     "with FP32 accumulation); memory GB/s: the datasheet's bandwidth; what a forecast of speed is made from; —: no "
-    "such tensor cores")
+    "such tensor cores",
+    "limit W: the datasheet's maximum board power; idle W: published nvidia-smi readings at 0% utilization (P0; P8: "
+    "only the sleep state's was found); —: none found, the energy forecast takes a tenth of the limit; what a "
+    "forecast of energy is made from (dtypelab/core/power.py)")
 
 
 def devices_table() -> tuple[str, list[str], list[list[str]], list[str]]:
@@ -34,9 +37,11 @@ def devices_table() -> tuple[str, list[str], list[list[str]], list[str]]:
              ", ".join(f for f, cc in (("bf16", (8, 0)), ("fp8", (8, 9))) if d.capability >= cc) or "—",
              "torch's report" if d.torch_gib is not None else f"NVML less {devices.DRIVER_KEEPS_GIB} GiB",
              *(f"{d.rates[k]:g}" if k in d.rates else "—" for k, _ in RATE_COLUMNS),
-             f"{d.bandwidth_gbs:g}" if d.bandwidth_gbs else "—"] for d in devices.DEVICES]
+             f"{d.bandwidth_gbs:g}" if d.bandwidth_gbs else "—",
+             f"{d.idle_watts:g}" + ("" if d.idle_from.startswith("P0") else " (P8)") if d.idle_watts else "—",
+             f"{d.limit_watts:g}" if d.limit_watts else "—"] for d in devices.DEVICES]
     headers = ["--device", "GPU", "datasheet", "usable GiB", "compute capability", "native", "from",
-               *(h for _, h in RATE_COLUMNS), "memory GB/s"]
+               *(h for _, h in RATE_COLUMNS), "memory GB/s", "idle W", "limit W"]
     notes = [n.format(keeps=devices.DRIVER_KEEPS_GIB) for n in DEVICE_NOTES]
     return "GPUs a forecast can be made for", headers, rows, notes
 
@@ -205,6 +210,15 @@ def _band(speedup: float | None, error: float, baseline: bool) -> str:
     return f"{speedup:.2f}x ({speedup * (1 - error):.2f}–{speedup * (1 + error):.2f})"
 
 
+def _energy_cells(p: PolicyForecast, n: int) -> list[str]:
+    """The step's forecast joules and watts (and joules per token where the step has tokens), ``n`` cells."""
+    e = p.energy
+    if e is None:
+        return ["—"] * n
+    cells = [f"{e.joules_per_step:.3g}", f"{e.watts:.0f}" if e.watts else "—"]
+    return [*cells, f"{e.joules_per_token:.3g}" if e.joules_per_token else "—"][:n]
+
+
 @more(ForecastReport)
 def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
     """Each policy's predicted step time on the target, its speedup against the baseline, what bounds it and where it
@@ -214,18 +228,23 @@ def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
         return [(report.speed_answer, [], [], [])] if report.speed_answer else []
     checked = any(p.time.measured_s for p in timed)
     base = report.baseline or "the baseline"
-    headers = ["policy", "step ms", f"speedup vs {base}", "bound", "where the time goes", "kernels"]
+    energy = any(p.energy for p in timed)
+    joules = (["J/step", "W"] + (["J/token"] if any(p.energy and p.energy.joules_per_token for p in timed) else [])
+              if energy else [])
+    # the energy columns before the text ones: a narrow terminal leaves out J/token, then W, before J/step
+    headers = ["policy", "step ms", f"speedup vs {base}", "bound", *joules, "where the time goes", "kernels"]
     if checked:
         headers += ["measured ms", "measured speedup", "predicted/measured speedup"]
     rows = []
     for p in timed:
         t = p.time
         if t.step_s is None:
-            rows.append([p.policy, "—", "—", "—", t.reason, "—", *(["—"] * 3 if checked else [])])
+            rows.append([p.policy, "—", "—", "—", *(["—"] * len(joules)), t.reason, "—",
+                         *(["—"] * 3 if checked else [])])
             continue
         shares = sorted(((v / t.step_s, k) for k, v in t.breakdown.items() if v), reverse=True)[:3]
         cells = [p.policy, _ms(t.step_s), _band(t.speedup, report.speed_error, p.policy == report.baseline), t.bound,
-                 ", ".join(f"{k} {s:.0%}" for s, k in shares), str(t.kernels)]
+                 *_energy_cells(p, len(joules)), ", ".join(f"{k} {s:.0%}" for s, k in shares), str(t.kernels)]
         if checked:
             m, ms = t.measured_s, t.measured_speedup
             cells += [_ms(m) if m else "—", f"{ms:.2f}x" if ms else "—",
@@ -242,6 +261,9 @@ def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
         notes.append("measured: the same step on real tensors here, the fastest of 10 or more (0.5 s of fast ones) "
                      "after 3 warm-up steps (a busy machine slows steps, never speeds one; on this CPU every "
                      "policy's steps in rounds, in turn); bench's paired rounds decide speed")
+    if report.energy_note:
+        notes.append(f"J/step and W: the predicted step at the {report.energy_note}; ± the model's error "
+                     "(docs/samples/energy-published.md)" if energy else report.energy_note)
     busy = next((p.time.disturbed for p in timed if p.time.disturbed), "")
     if busy:
         notes.append(f"not reliable: {busy}")

@@ -8,7 +8,8 @@ from typing import Any
 
 from dtypelab.core.results import OBJECTIVES, GenerateFigures, GeneratePolicy, GenerateReport
 from dtypelab.core.text import GIB, MIB
-from dtypelab.render.html import details, record_section
+from dtypelab.render import plots
+from dtypelab.render.html import details, figure, record_section
 from dtypelab.render.tables import html_fragment
 from dtypelab.render.views import document, more, section
 
@@ -52,6 +53,12 @@ def _quality(p: GeneratePolicy) -> list[str]:
     return [f"{q.perplexity:.4g}", change, agree, first]
 
 
+def _joules(g: GenerateFigures) -> str:
+    """Joules per generated token (the whole generation's, prefill included)."""
+    e = g.energy
+    return "—" if e is None or e.joules_per_token is None else f"{e.joules_per_token:.3g}"
+
+
 def _fit(g: GenerateFigures) -> list[str]:
     fits = "—" if g.fits is None else ("yes" if g.fits else "no")
     return [fits, "—" if g.largest_batch is None else f"{g.largest_batch:,}" if g.largest_batch else "none",
@@ -70,6 +77,8 @@ def generate_doc(report: GenerateReport) -> tuple[str, list[str], list[list[str]
              f"{cfg.gen_len} generated · {where}")
     headers = ["policy", f"weights {unit}", f"KV cache {unit}", f"activations {unit}", f"peak {unit}", "TTFT ms",
                "prefill tok/s", "decode tok/s", "ms/token"]
+    energy = any(p.generate and p.generate.energy for p in report.policies)
+    headers += ["J/token"] if energy else []
     headers += ["perplexity", "vs baseline", "next-token agree", "first divergence", "verdict"] if measured else \
         ["fits", "largest batch", "longest context", "decode bound"]
     rows = []
@@ -79,7 +88,8 @@ def generate_doc(report: GenerateReport) -> tuple[str, list[str], list[list[str]
             rows.append([p.policy, *(["—"] * (len(headers) - 2)), f"{p.status}: {p.reason}"])
             continue
         tail = [*_quality(p), p.verdict or "—"] if measured else _fit(g)
-        rows.append([p.policy, *_memory(g, scale), *_speed(g), *tail])
+        joules = [_joules(g)] if energy else []
+        rows.append([p.policy, *_memory(g, scale), *_speed(g), *joules, *tail])
     return title, headers, rows, _notes(report)
 
 
@@ -87,11 +97,14 @@ def _notes(report: GenerateReport) -> list[str]:
     cfg = report.config
     notes = [report.answer] if report.answer else []
     if cfg.source == "measured":
-        notes.append(f"chosen for {OBJECTIVES.get(cfg.objective, cfg.objective)}: the fastest whose perplexity (the "
+        best = "the least energy per token" if cfg.objective == "energy" else "the fastest"
+        tie = ("not measurably less energy (some window of it no lower than one of {b}'s)" if cfg.objective == "energy"
+               else "not faster beyond doubt (some timed generation no faster than one of {b}'s)")
+        notes.append(f"chosen for {OBJECTIVES.get(cfg.objective, cfg.objective)}: {best} whose perplexity (the "
                      f"held-out text read through its own KV cache) is within {cfg.tolerance} of {cfg.baseline}'s "
-                     "(within; worse: outside it); tie: not faster beyond doubt (some timed generation no faster "
-                     f"than one of {cfg.baseline}'s); speeds are medians of the timed generations in each policy's "
-                     "own process")
+                     f"(within; worse: outside it); tie: {tie.format(b=cfg.baseline)}; speeds are medians of the "
+                     "timed generations in each policy's own process")
+        notes += [generate_energy_note(report)] if report.energy_source else []
         notes.append("peak: the most bytes allocated at once, counted tensor by tensor (weights, the KV cache for the "
                      "whole context, and everything else); first divergence: the mean position where a greedy "
                      "continuation first differs from the baseline's (and how many differ)")
@@ -99,8 +112,23 @@ def _notes(report: GenerateReport) -> list[str]:
         notes.append("peaks as traced (prefill and one decode step at the full context); largest batch at this "
                      "context and longest context at this batch, each traced to confirm; speed from the traced ops "
                      f"against the device's rates{': ' + report.rates if report.rates else ''}")
+        if report.energy_note:
+            notes.append(f"J/token: a whole generation's (prefill and decode) at the {report.energy_note}"
+                         if any(p.generate and p.generate.energy for p in report.policies) else report.energy_note)
     notes += [n for p in report.policies for n in (f"{p.policy}: {x}" for x in p.notes)]
     return [*notes, *report.notes]
+
+
+def generate_energy_note(report: GenerateReport) -> str:
+    source = report.energy_source
+    assert source is not None
+    if not source.counter or source.why:
+        return f"No energy: {source.why}"
+    idle = f"; idle {source.idle_watts:.1f} W, measured apart" if source.idle_watts else ""
+    least = f" (at least {source.min_window_s:g} s each)" if source.min_window_s else ""
+    return (f"J/token: the {source.counter} counter read at synchronized edges of windows of whole generations{least}, "
+            f"all their joules over all the tokens they generated, the prefill included; the whole device's energy, "
+            f"idle included{idle}")
 
 
 @more(GenerateReport)
@@ -141,4 +169,17 @@ def _generate(report: GenerateReport, key: str, layers: str | None = None) -> st
     body = html_fragment(headers, rows, notes, classes=True)
     for more_title, more_headers, more_rows, more_notes in kernel_docs(report):
         body += details(more_title, html_fragment(more_headers, more_rows, more_notes, classes=True), opened=True)
+    body += _energy_figure(report, key)
     return record_section(title, body, report.environment, report.created, key)
+
+
+def _energy_figure(report: GenerateReport, key: str) -> str:
+    """Joules per generated token beside decode tokens per second, per policy (measured or forecast)."""
+    shown = [p for p in report.policies if p.generate is not None and p.generate.energy is not None]
+    names = [p.policy for p in shown]
+    jpt = [p.generate.energy.joules_per_token for p in shown]  # type: ignore[union-attr]
+    tok = [p.generate.decode_tok_s for p in shown]  # type: ignore[union-attr]
+    how = "measured by the device's counter" if report.config.source == "measured" else "forecast by the power model"
+    return figure(plots.bars(names, [("joules per generated token", jpt), ("decode tokens/s", tok)]),
+                  f"Energy per generated token ({how}; the prefill included) beside decode speed: a faster format "
+                  "is not always the one that spends less.", f"{key}-energy")

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from dtypelab.core.disturbance import CpuMeter
+from dtypelab.core.energy import open_meter
 from dtypelab.core.errors import DtypelabError, Unsupported
 from dtypelab.core.loop import fingerprint
 from dtypelab.core.measure import MemoryMeter, StepTimer, device_sync, slow_verdict
@@ -40,7 +41,7 @@ from dtypelab.script.footprint import Footprint
 from dtypelab.script.frameworks import Frameworks, record_metrics
 from dtypelab.script.messages import ScriptJob, ScriptResult, ScriptSkip
 from dtypelab.script.routes import Routes
-from dtypelab.script.session_state import RunState, StepState, lower_is_better, warmup_steps
+from dtypelab.script.session_state import RunState, ScriptEnergy, StepState, lower_is_better, warmup_steps
 from dtypelab.script.wrap import LabOptimizer, LabScaler, unwrap
 
 PROGRESS_EVERY_S = 0.25
@@ -78,6 +79,7 @@ class Session:
         if self.driven:  # only a driven run reports its peak; run alone, the script's memory is left as it is
             self.meter.start()
         self.timer = StepTimer(sync=device_sync(self.device))
+        self.energy: ScriptEnergy | None = None  # a bench run's energy counter, opened at its first step's end
         self.losses: list[float] = []
         self.step_samples: list[int] = []
         self.finished = False
@@ -209,6 +211,7 @@ class Session:
         if step.active:
             self.timer.stop()
             step.active = False
+            self._energy_mark()
         self.footprint.count_activations(start=False)
         self.diag.end(len(self.losses), list(step.pending))
         if step.pending:
@@ -281,7 +284,21 @@ class Session:
             disturbance=self._disturbance(), stopped=run.stopped, forwards=run.forwards,
             optimizers=len(run.optimizers), framework=run.framework,
             script_autocast=tuple(sorted(run.script_autocast)), built_in=tuple(run.built_in),
-            memory=self.footprint.memory()))
+            memory=self.footprint.memory(), **self._energy_fields(len(self.timer.samples))))
+
+    def _energy_mark(self) -> None:
+        """A bench run reads its energy counter at each step's (synchronized) end."""
+        if self.job is None or self.job.mode != "bench":
+            return
+        if self.energy is None:
+            self.energy = ScriptEnergy(*open_meter(self.device))
+        self.energy.mark()
+
+    def _energy_fields(self, steps: int) -> dict[str, Any]:
+        if self.energy is None:
+            return {}
+        return {"energy": self.energy.window(warmup_steps(steps)), "energy_counter": self.energy.name,
+                "energy_why": self.energy.why}
 
     def _at_exit(self) -> None:
         # driven: an integration recorded metrics, they are the result; on its own: the diagnosis's summary

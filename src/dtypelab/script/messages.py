@@ -77,3 +77,8 @@ class ScriptResult:
     script_autocast: tuple[str, ...]  # the script's own autocast found on around the model
     built_in: tuple[str, ...]  # the floating dtypes the script built its model in
     memory: dict[str, Any] | None = None  # where the training memory went (core.footprint), counted at the end
+    # the energy counter over the timed steps (after the warm-up): (joules, seconds, steps) between the synchronized
+    # ends of the last warm-up step and of the last step; None where nothing measured it (``energy_why`` says why)
+    energy: tuple[float, float, int] | None = None
+    energy_counter: str = ""
+    energy_why: str = ""

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from dtypelab.core.disturbance import was_disturbed
-from dtypelab.core.pairing import paired_speedup
+from dtypelab.core.pairing import block_energy, paired_energy, paired_speedup
 from dtypelab.core.policies import Plan
 from dtypelab.core.records import save_judged
 from dtypelab.core.results import PolicyResult, Report, RoundBlock, Verdict
@@ -29,15 +29,27 @@ ACCEPTED = frozenset({Verdict.RECOMMENDED, Verdict.BETTER, Verdict.EQUAL, Verdic
 
 
 def contenders(report: Report) -> list[str]:
-    """The policies that could be the answer, fastest first: within the constraints (metric, memory) and faster
-    than the baseline by their first run's median step beyond the no-gain band."""
+    """The policies that could be the answer, best first: within the constraints (metric, memory) and faster than the
+    baseline by their first run's median step beyond the no-gain band (or, for the energy objective, using less
+    energy per step by their first run's counter)."""
     rec = report.recommendation
     if rec is None:
         return []
     bar = 1 + MIN_GAIN
-    could = [v for v in rec.policies
-             if v.verdict in ACCEPTED and v.policy != report.baseline and (v.speedup or 0) > bar]
-    return [v.policy for v in sorted(could, key=lambda v: -(v.speedup or 0))][:MAX_CONTENDERS]
+    gain = _energy_gain(report) if report.config.objective == "energy" else {
+        v.policy: v.speedup or 0.0 for v in rec.policies}
+    could = [v.policy for v in rec.policies
+             if v.verdict in ACCEPTED and v.policy != report.baseline and gain.get(v.policy, 0.0) > bar]
+    return sorted(could, key=lambda n: -gain[n])[:MAX_CONTENDERS]
+
+
+def _energy_gain(report: Report) -> dict[str, float]:
+    """Each policy's first run's joules per step against the baseline's (above 1: it uses less)."""
+    base = report.base
+    if base is None or base.energy is None:
+        return {}
+    return {r.policy: base.energy.joules_per_step / r.energy.joules_per_step for r in report.results
+            if r.energy is not None and r.energy.joules_per_step > 0}
 
 
 def abba(run: int, baseline: str, names: list[str]) -> list[str]:
@@ -49,20 +61,25 @@ def abba(run: int, baseline: str, names: list[str]) -> list[str]:
 
 def _block(run: int, r: PolicyResult) -> RoundBlock:
     timed = r.step_times_s[r.warmup:]
+    e = r.energy  # the run's window over its timed steps, where a counter read it
+    joules = e.joules_per_step * len(timed) if e is not None else None
     return RoundBlock(round=run, median_s=statistics.median(timed), n=len(timed),
                       other_cores=float(r.disturbance.get("other_cores", 0.0) or 0.0),
-                      disturbed=was_disturbed(r.disturbance))
+                      disturbed=was_disturbed(r.disturbance), joules=joules,
+                      window_s=joules / e.watts if joules is not None and e is not None and e.watts else None)
 
 
-def undecided(blocks: dict[str, list[RoundBlock]], baseline: str, names: list[str], runs_done: int) -> list[str]:
+def undecided(blocks: dict[str, list[RoundBlock]], baseline: str, names: list[str], runs_done: int,
+              objective: str = "speed") -> list[str]:
     """The policies whose run-level interval still straddles the no-gain band (neither measurably faster nor
     surely not): more runs could change the answer. Before ``MIN_RUNS`` every one is."""
     if runs_done < MIN_RUNS:
         return list(names)
     bar = 1 + MIN_GAIN
     out = []
+    paired = paired_energy if objective == "energy" else paired_speedup
     for name in names:
-        ci = paired_speedup(tuple(blocks[baseline]), tuple(blocks[name]))
+        ci = paired(tuple(blocks[baseline]), tuple(blocks[name]))
         if ci is None or ci.low <= bar < ci.high:
             out.append(name)
     return out
@@ -101,15 +118,26 @@ def repeat_runs(report: Report, plans: dict[str, Plan], run: Runs, json_path: st
                 left.remove(name)
                 continue
             blocks[name].append(_block(i, result))
-        left = undecided(blocks, base, left, i + 1)
+        left = undecided(blocks, base, left, i + 1, report.config.objective)
         if not left:
             break
     for name, kept in blocks.items():
         r = report.result(name)
+        assert r is not None  # every policy repeated ran once first
         ci = None if name == base else paired_speedup(tuple(blocks[base]), tuple(kept))
         said = tuple(n for n in (failed.get(name), notes.get(name)) if n)
-        report = report.with_result(replace(r, rounds=tuple(kept), speedup_ci=ci, notes=(*r.notes, *said)))
+        report = report.with_result(replace(r, rounds=tuple(kept), speedup_ci=ci, notes=(*r.notes, *said),
+                                            **_run_energy(r, tuple(blocks[base]), tuple(kept), name == base)))
     return save_judged(report, json_path)
+
+
+def _run_energy(r: PolicyResult, base: tuple[RoundBlock, ...], kept: tuple[RoundBlock, ...], is_base: bool
+                ) -> dict[str, Any]:
+    """Energy over the runs (each run one window, one replicate) and paired run by run with the baseline's."""
+    if r.energy is None:
+        return {}
+    energy = block_energy(kept, r.batch_size or 1, None, r.energy.by, None)
+    return {"energy": energy or r.energy, "energy_ci": None if is_base else paired_energy(base, kept)}
 
 
 __all__ = ["abba", "contenders", "repeat_runs", "undecided"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from dtypelab.core.policies import Plan, policy_info
-from dtypelab.core.results import PolicyResult
+from dtypelab.core.results import Energy, PolicyResult
 from dtypelab.run import Outcome
 from dtypelab.script.messages import ScriptResult, ScriptSkip
 from dtypelab.script.session_state import warmup_steps
@@ -56,8 +56,18 @@ def script_result(out: Outcome, plan: Plan, own_precision: bool = False) -> tupl
         metrics=d.metrics, peak_memory_bytes=d.peak_memory_bytes, load_peak_memory_bytes=d.load_peak_memory_bytes,
         memory_method=d.memory_method, model_bytes=d.model_bytes, init_fingerprint=d.init_fingerprint,
         scaler=d.scaler, info=policy_info(plan), wall_s=out.wall_s, disturbance=d.disturbance,
-        notes=tuple(run_notes(d, own_precision)), memory=d.memory)
+        notes=tuple(run_notes(d, own_precision)), memory=d.memory, energy=run_energy(d))
     return result, (d.metric, d.higher_is_better)
+
+
+def run_energy(d: ScriptResult) -> Energy | None:
+    """The run's energy over its timed steps (one window: a run is one replicate), where a counter measured it."""
+    if d.energy is None:
+        return None
+    joules, seconds, steps = d.energy
+    per_step = joules / steps
+    return Energy(per_step, per_step / d.batch_size if d.batch_size else per_step, "measured", d.energy_counter,
+                  watts=joules / seconds, windows=1)
 
 
 def untimed(d: ScriptResult) -> str:

@@ -13,7 +13,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import torch
+
 from dtypelab.core.disturbance import was_disturbed
+from dtypelab.core.energy import counter_of
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import SLOW_RATIO, environment, hardware_for, probe_notice, resolve_device
 from dtypelab.core.loop import DIVERGED_PATIENCE
@@ -30,7 +33,7 @@ from dtypelab.core.policies import (
     tuned,
 )
 from dtypelab.core.records import save_judged
-from dtypelab.core.results import PolicyResult, Report, RunConfig
+from dtypelab.core.results import EnergySource, PolicyResult, Report, RunConfig
 from dtypelab.lint import lint_paths
 from dtypelab.run import Event, Note, OnEvent, Outcome, ScriptLauncher, ScriptRun, Target, imported_modules
 from dtypelab.script.adapters import trainer_arguments
@@ -183,7 +186,8 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
     config = RunConfig(task=path, mode="train", policies=tuple(plans), steps=0, batch_size=0, warmup=0,
                        seed=opts.seed, tolerance=opts.tolerance, device=str(dev), force=opts.force,
                        timeout_s=opts.timeout_s, metric="", higher_is_better=True, task_name=os.path.basename(path),
-                       script_args=tuple(opts.script_args), baseline=base.name, runs=getattr(opts, "runs", 1))
+                       script_args=tuple(opts.script_args), baseline=base.name, runs=getattr(opts, "runs", 1),
+                       objective=_objective(getattr(opts, "objective", None)))
     report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     for name, plan in plans.items():  # every refusal before the first run, so that an error stays one line
         avail = plan.availability(hardware)
@@ -203,7 +207,22 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
             except KeyboardInterrupt:
                 _interrupted(report, plans, opts.json_path)
                 raise
-    return report
+    return save_judged(replace(report, energy_source=_energy_source(report, dev)), getattr(opts, "json_path", None))
+
+
+def _objective(objective: str | None) -> str:
+    if objective not in (None, "speed", "energy"):
+        raise DtypelabError(f"--objective {objective} is for --mode generate: a script's policies are chosen for speed "
+                            "or energy")
+    return objective or "speed"
+
+
+def _energy_source(report: Report, dev: torch.device) -> EnergySource:
+    """What measured the runs' energy (each run's timed steps, read by its session), or why nothing did."""
+    counter, why = counter_of(dev)
+    if counter and not any(r.energy for r in report.results):
+        why = f"no run's timed steps lasted the {counter} counter's shortest window"
+    return EnergySource("" if why else counter, why)
 
 
 def _float64_baseline(plans: dict[str, Plan], pending: list[str], report: Report, on_event: OnEvent

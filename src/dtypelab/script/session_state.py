@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from dtypelab.core.disturbance import CpuMeter
+from dtypelab.core.energy import Meter
 
 
 @dataclass
@@ -53,6 +54,34 @@ class RunState:
 LOWER_IS_BETTER = ("loss", "error", "err", "perplexity", "ppl", "mse", "mae", "rmse", "bpc", "bits", "wer", "cer")
 
 
+class ScriptEnergy:
+    """A script run's energy counter, read at every step's synchronized end: the window from the last warm-up step's
+    end to the last step's holds exactly the timed steps and what the loop did between them (loading, logging)."""
+
+    def __init__(self, meter: Meter | None, why: str) -> None:
+        self.meter, self.why = meter, why
+        self.name = meter.name if meter is not None else ""
+        self.marks: list[tuple[float, float]] = []
+
+    def mark(self) -> None:
+        if self.meter is not None:
+            self.marks.append(self.meter.begin())
+
+    def window(self, warmup: int) -> tuple[float, float, int] | None:
+        """(joules, seconds, steps) after the warm-up; None (and ``why`` set) when there is none to speak of."""
+        if self.meter is None or len(self.marks) < warmup + 1 or warmup < 1:
+            return None
+        (t0, j0), (t1, j1) = self.marks[warmup - 1], self.marks[-1]
+        if j1 < j0:
+            self.why = f"the {self.name} counter went backwards (it was reset)"
+            return None
+        if t1 - t0 < self.meter.min_window_s:
+            self.why = (f"the timed steps took {t1 - t0:.2g} s, shorter than the {self.name} counter's shortest "
+                        f"window ({self.meter.min_window_s:g} s)")
+            return None
+        return j1 - j0, t1 - t0, len(self.marks) - warmup
+
+
 def lower_is_better(metric: str) -> bool:
     words = metric.lower().replace("-", "_").split("_")
     return any(w in LOWER_IS_BETTER for w in words)
@@ -63,4 +92,4 @@ def warmup_steps(n: int) -> int:
     return max(1, min(10, n // 10)) if n > 1 else 0
 
 
-__all__ = ["RunState", "StepState", "lower_is_better", "warmup_steps"]
+__all__ = ["RunState", "ScriptEnergy", "StepState", "lower_is_better", "warmup_steps"]

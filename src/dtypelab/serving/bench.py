@@ -21,6 +21,7 @@ import torch
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import environment, hardware_for
 from dtypelab.core.results import (
+    OBJECTIVES,
     GenerateConfig,
     GenerateFigures,
     GeneratePolicy,
@@ -52,7 +53,10 @@ def check_shape(shape: Shape, context: int, name: str, config: Any = None) -> No
 
 
 def _speed(f: GenerateFigures, objective: str, gen_len: int) -> float:
-    """Higher is better for every objective (latency: its inverse)."""
+    """Higher is better for every objective (latency and energy: their inverse)."""
+    if objective == "energy":
+        jpt = f.energy.joules_per_token if f.energy else None
+        return 1.0 / jpt if jpt else 0.0
     if objective == "prefill":
         return f.prefill_tok_s or 0.0
     if objective == "latency":
@@ -62,7 +66,10 @@ def _speed(f: GenerateFigures, objective: str, gen_len: int) -> float:
 
 
 def _span(f: GenerateFigures, objective: str) -> tuple[float, float]:
-    """The slowest and fastest of the timed generations, as seconds of what the objective counts (lower: faster)."""
+    """The slowest and fastest of the timed generations, as seconds of what the objective counts (lower: faster);
+    for energy, the most and least joules per token of the counter's windows."""
+    if objective == "energy":
+        return (max(f.energy_runs), min(f.energy_runs)) if f.energy_runs else (math.inf, 0.0)
     runs = {"prefill": f.ttft_runs_s, "decode": f.decode_runs_s}.get(objective) or tuple(
         a + b for a, b in zip(f.ttft_runs_s, f.decode_runs_s, strict=True))
     return (max(runs), min(runs)) if runs else (math.inf, 0.0)
@@ -82,6 +89,17 @@ def _quality(value: dict[str, Any], base: dict[str, Any] | None) -> GenerateQual
     first, diverged = first_divergence(torch.tensor(value["tokens"]), torch.tensor(base["tokens"]))
     return GenerateQuality(ppl, ppl / base_ppl - 1.0, float((mine == theirs).float().mean()), first, diverged,
                            value["sequences"])
+
+
+def _sentence(best: str, base: str, tol: Tolerance, objective: str, ratio: float) -> str:
+    if objective == "energy":
+        return (f"{best}: the least energy per generated token ({1 / ratio:.2f}x {base}'s joules) with perplexity "
+                f"within {tol} of {base}" if best != base else
+                f"{base}: no policy within {tol} of its perplexity used less energy per token beyond doubt (every "
+                "window of it below each of the baseline's)")
+    return (f"{best}: the fastest for {objective} ({ratio:.2f}x {base}) with perplexity within {tol} of {base}"
+            if best != base else f"{base}: no policy within {tol} of its perplexity was faster for {objective} "
+                                  "beyond doubt (every timed generation faster than each of the baseline's)")
 
 
 def _verdicts(policies: list[GeneratePolicy], base: str, tol: Tolerance, objective: str, gen_len: int,
@@ -110,9 +128,7 @@ def _verdicts(policies: list[GeneratePolicy], base: str, tol: Tolerance, objecti
            for p in out]
     chosen = next(p for p in out if p.policy == best)
     ratio = best_speed / _speed(baseline.generate, objective, gen_len) if best != base else 1.0  # type: ignore[arg-type]
-    sentence = (f"{best}: the fastest for {objective} ({ratio:.2f}x {base}) with perplexity within {tol} of {base}"
-                if best != base else f"{base}: no policy within {tol} of its perplexity was faster for {objective} "
-                                      "beyond doubt (every timed generation faster than each of the baseline's)")
+    sentence = _sentence(best, base, tol, objective, ratio)
     if chosen.quality is not None and chosen.quality.perplexity_change is not None and best != base:
         sentence += f" ({chosen.quality.perplexity_change:+.2%})"
     return out, best, sentence
@@ -144,6 +160,8 @@ def serve_bench(spec: str, shape: Shape, policies: str | None = None, *, baselin
                 on_progress: Progress | None = None) -> GenerateReport:
     """Measure each serving policy on ``spec``'s model here; the record, judged."""
     start = time.perf_counter()
+    if objective not in OBJECTIVES:
+        raise DtypelabError(f"--objective {objective}: --mode generate chooses for {', '.join(OBJECTIVES)}")
     served = load_served(spec)
     check_shape(shape, served.context, served.name, served.config)
     tol = Tolerance.parse(tolerance)
@@ -161,7 +179,11 @@ def serve_bench(spec: str, shape: Shape, policies: str | None = None, *, baselin
                             values.get(base.name)))
         if on_progress is not None:
             on_progress(p.name, i + 1, len(plans))
+    source = next((v["energy_source"] for v in values.values() if v.get("energy_source")), None)
     judged, best, sentence = _verdicts(results, base.name, tol, objective, shape.gen_len)
+    if objective == "energy" and not any(p.generate and p.generate.energy for p in judged):
+        best, sentence = "", ("no recommendation: --objective energy needs measured energy, and none was measured"
+                              f" ({source.why if source else 'no policy completed'})")
     budget = memory_budget or _memory_here(dev)
     longest, longest_sentence = _longest(judged, budget, shape, served.context)
     notes = [n for n in (longest_sentence, "" if served.trained else
@@ -171,7 +193,7 @@ def serve_bench(spec: str, shape: Shape, policies: str | None = None, *, baselin
         GenerateConfig(spec, served.name, "measured", shape.prompt_len, shape.gen_len, shape.batch_size,
                        objective=objective, tolerance=str(tol), baseline=base.name, context_limit=served.context),
         tuple(judged), environment(hw), sentence, best, longest, tuple(notes), time.perf_counter() - start,
-        time.strftime("%Y-%m-%dT%H:%M:%S"))
+        time.strftime("%Y-%m-%dT%H:%M:%S"), energy_source=source)
     if json_path:
         report.save(json_path)
     return report

@@ -18,11 +18,11 @@ import torch
 from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.results import GenerateConfig, GenerateFigures, GeneratePolicy, GenerateReport, TargetDevice
 from dtypelab.core.speed import GPU_FLOOR_S
-from dtypelab.forecasting import StepTimes, rates_for
+from dtypelab.forecasting import Measured, StepTimes, calibrate, rates_for, read_measured, target_power
 from dtypelab.serving.measure import with_speeds
 from dtypelab.serving.policies import DEFAULT_FORECAST, ServePolicy, serve_policies
 from dtypelab.serving.served import load_served
-from dtypelab.serving.speed import policy_figures, serving_rates
+from dtypelab.serving.speed import generation_energy, policy_figures, serving_rates
 from dtypelab.serving.tracing import ServeForecaster, Traced
 from dtypelab.serving.workload import Shape
 
@@ -31,12 +31,14 @@ Progress = Callable[[str, int, int], None]
 
 def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str | None = None, *, seed: int = 0,
                    search: bool = True, check: bool = False, speed: bool = True, json_path: str | None = None,
-                   on_progress: Progress | None = None, launcher: str = "process") -> GenerateReport:
+                   on_progress: Progress | None = None, launcher: str = "process",
+                   energy_from: str | None = None) -> GenerateReport:
     """Each serving policy forecast for ``target``: memory, whether it fits, the largest batch and longest context,
     and tokens per second; with ``check``, the same workload measured here beside it."""
     from dtypelab.serving.bench import check_shape
 
     start = time.perf_counter()
+    measured = read_measured(energy_from, target) if energy_from else None  # its errors come first
     here = "cuda" if torch.cuda.is_available() else "cpu"
     if check and target.kind != here:
         raise DtypelabError(f"--check runs the workload here ({here}): forecast for --device {here}, or leave out "
@@ -58,6 +60,7 @@ def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str 
                for p in chosen]
     if check:
         results = _checked(spec, shape, results, chosen, seed)
+    results, energy_note = _with_energy(results, target, shape, measured)
     best, sentence = _answer(results, target, shape)
     longest = max((r for r in results if r.generate and r.generate.longest_context),
                   key=lambda r: r.generate.longest_context or 0, default=None)  # type: ignore[union-attr]
@@ -66,10 +69,36 @@ def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str 
         GenerateConfig(spec, served.name, "forecast", shape.prompt_len, shape.gen_len, shape.batch_size, target,
                        parameters=params, context_limit=served.context),
         tuple(results), _environment(), sentence, best, longest.policy if longest else "", tuple(notes),
-        time.perf_counter() - start, time.strftime("%Y-%m-%dT%H:%M:%S"), rates=rates.source if rates else "")
+        time.perf_counter() - start, time.strftime("%Y-%m-%dT%H:%M:%S"), rates=rates.source if rates else "",
+        energy_note=energy_note)
     if json_path:
         report.save(json_path)
     return report
+
+
+def _with_energy(results: list[GeneratePolicy], target: TargetDevice, shape: Shape, measured: Measured | None
+                 ) -> tuple[list[GeneratePolicy], str]:
+    """Each timed policy's generation energy on the target (the power model, calibrated by ``measured`` where given),
+    and the model in words (or why there is no energy)."""
+    model, why = target_power(target, torch.cuda.get_device_name() if target.name == "cuda" else "")
+    timed = {r.policy: r.generate for r in results if r.generate and r.generate.token_latency_s}
+    if not timed:
+        return results, ""  # no time (--no-speed): nothing to say of energy either
+    if model is None:
+        return results, why
+    model = calibrate(model, measured, {name: _generation_bounds(g, shape) for name, g in timed.items()
+                                        if g is not None})
+    out = [replace(r, generate=replace(g, energy=generation_energy(g, model, shape)))
+           if r.policy in timed and (g := r.generate) is not None else r for r in results]
+    return out, model.by
+
+
+def _generation_bounds(g: GenerateFigures, shape: Shape) -> dict[str, float]:
+    """A whole generation's seconds by bound: the prefill's and every decode step's."""
+    out = dict(g.prefill_bounds)
+    for bound, seconds in g.decode_bounds.items():
+        out[bound] = out.get(bound, 0.0) + (shape.gen_len - 1) * seconds
+    return out
 
 
 DEFAULT_FORECAST_CPU = ("fp32", "bf16", "int8-wo", "fp32+kv-int8", "fp32+kv-fp8")

@@ -9,15 +9,18 @@ compiled policy compiles there); ``repeats`` timed ones (medians); and the held-
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from dtypelab.core.energy import Meter, open_meter
 from dtypelab.core.loop import threads
 from dtypelab.core.measure import device_sync
 from dtypelab.core.policies import Plan, Precision
-from dtypelab.core.results import GenerateFigures
+from dtypelab.core.results import Energy, EnergySource, GenerateFigures
+from dtypelab.core.stats import mean_interval
 from dtypelab.forecasting import Ledger, Peak
 from dtypelab.run import Reporter
 from dtypelab.serving.kv import cache_bytes, kv_format
@@ -25,6 +28,7 @@ from dtypelab.serving.served import config_of, load_served
 from dtypelab.serving.workload import Shape, compute_dtype, decode, generate, new_cache, prefill, score
 
 WEIGHTS = ("parameters", "frozen_weights")
+ENERGY_WINDOWS = 3  # windows of whole generations (and of prefills) the energy counter reads, per policy
 
 
 @dataclass(frozen=True)
@@ -123,10 +127,64 @@ def measure(job: GenerateJob, report: Reporter) -> dict[str, Any]:
             cache.reset()
             runs.append(generate(model, ids, job.shape.gen_len, cache, sync))
             report.step(3 + i, total)
+        joules = measured_energy(model, ids, cache, job.shape, device, sync)
         scored = quality(model, config, job, served, dtype, device)
         report.step(total, total)
-    return {"figures": figures(memory, runs, job.shape), "tokens": runs[0].tokens.tolist(), "nats": scored[0],
-            "argmax": scored[1], "sequences": scored[2]}
+    measured = figures(memory, runs, job.shape)
+    if joules[0] is not None:
+        measured = replace(measured, energy=joules[0], energy_runs=joules[1])
+    return {"figures": measured, "tokens": runs[0].tokens.tolist(), "nats": scored[0],
+            "argmax": scored[1], "sequences": scored[2], "energy_source": joules[2]}
+
+
+def _windows(meter: Meter, work: Any) -> list[tuple[float, int, float]]:
+    """``ENERGY_WINDOWS`` windows, each of as many whole ``work()`` calls as fill the counter's shortest window:
+    (joules, calls, seconds) of each (a window the counter could not read is left out)."""
+    out = []
+    for _ in range(ENERGY_WINDOWS):
+        edge, calls = meter.begin(), 0
+        while calls == 0 or time.perf_counter() - edge[0] < meter.min_window_s:
+            work()
+            calls += 1
+        reading, _ = meter.end(edge)
+        if reading is not None:
+            out.append((reading.joules, calls, reading.seconds))
+    return out
+
+
+def measured_energy(model: Any, ids: torch.Tensor, cache: Any, shape: Shape, device: torch.device,
+                    sync: Any) -> tuple[Energy | None, tuple[float, ...], EnergySource]:
+    """Joules per generated token over whole generations, and the prefill's per prompt token, each from windows of
+    whole calls at synchronized edges; (None, (), why) where no counter measures this device."""
+    meter, why = open_meter(device)
+    if meter is None:
+        return None, (), EnergySource(why=why)
+    idle = meter.idle()
+
+    def whole() -> None:
+        cache.reset()
+        generate(model, ids, shape.gen_len, cache, sync)
+
+    def first() -> None:
+        cache.reset()
+        prefill(model, ids, cache)
+
+    gens, pres = _windows(meter, whole), _windows(meter, first)
+    if not gens or not pres:
+        return None, (), EnergySource(meter.name, why=f"the {meter.name} counter could not be read over a window")
+    generated, prompt = shape.batch_size * shape.gen_len, shape.batch_size * shape.prompt_len
+    per_token = [j / n / generated for j, n, _ in gens]
+    per_gen = sum(j for j, _, _ in gens) / sum(n for _, n, _ in gens)
+    per_prefill = sum(j for j, _, _ in pres) / sum(n for _, n, _ in pres)
+    steps = shape.batch_size * (shape.gen_len - 1)
+    mean = mean_interval([j / n for j, n, _ in gens])
+    energy = Energy(per_gen, per_gen / shape.batch_size, "measured", meter.name, joules_per_token=per_gen / generated,
+                    watts=sum(j for j, _, _ in gens) / sum(t for _, _, t in gens),
+                    low=mean[0] if mean else None, high=mean[1] if mean else None, windows=len(gens),
+                    idle_watts=idle.watts if idle else None, prefill_joules_per_token=per_prefill / prompt,
+                    decode_joules_per_token=(per_gen - per_prefill) / steps if steps else None)
+    return energy, tuple(per_token), EnergySource(meter.name, idle_watts=energy.idle_watts, update_s=meter.update_s,
+                                                  min_window_s=meter.min_window_s)
 
 
 def quality(model: Any, config: Any, job: GenerateJob, served: Any, dtype: torch.dtype,

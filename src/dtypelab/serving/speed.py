@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from dtypelab.core.footprint import tensor_bytes
-from dtypelab.core.results import GenerateFigures, TargetDevice
+from dtypelab.core.power import PowerModel
+from dtypelab.core.results import Energy, GenerateFigures, TargetDevice
 from dtypelab.core.speed import GPU_BANDWIDTH_SHARE, Op
 from dtypelab.core.tasks.hub import at_depth
 from dtypelab.forecasting import StepTimes, rates_for
@@ -132,7 +133,23 @@ def _speed_figures(figures: GenerateFigures, run: PolicyRun, t: Traced, shape: S
     bw, fl = _shares(decode_ops, dec.step_s, times.rates)
     return replace(figures, ttft_s=pre.step_s, prefill_tok_s=shape.batch_size * shape.prompt_len / pre.step_s,
                    decode_tok_s=shape.batch_size / dec.step_s, token_latency_s=dec.step_s, bound=dec.bound,
-                   prefill_bound=pre.bound, kernels=kernels, bandwidth_share=bw, flops_share=fl)
+                   prefill_bound=pre.bound, kernels=kernels, bandwidth_share=bw, flops_share=fl,
+                   prefill_bounds=dict(pre.bounds), decode_bounds=dict(dec.bounds))
+
+
+def generation_energy(g: GenerateFigures, model: PowerModel, shape: Shape) -> Energy | None:
+    """A forecast generation's energy: its prefill and its decode steps each at the power for what bounds them."""
+    if not g.ttft_s or not g.token_latency_s:
+        return None
+    pre_w, dec_w = model.watts(g.prefill_bounds), model.watts(g.decode_bounds)
+    steps = shape.gen_len - 1
+    prefill_j, step_j = pre_w * g.ttft_s, dec_w * g.token_latency_s
+    joules = prefill_j + steps * step_j
+    return Energy(joules, joules / shape.batch_size, "forecast", model.by,
+                  joules_per_token=joules / (shape.batch_size * shape.gen_len),
+                  watts=joules / (g.ttft_s + steps * g.token_latency_s), idle_watts=model.idle_watts,
+                  prefill_joules_per_token=prefill_j / (shape.batch_size * shape.prompt_len),
+                  decode_joules_per_token=step_j / shape.batch_size)
 
 
 def _models(run: PolicyRun) -> tuple[nn.Module, nn.Module]:

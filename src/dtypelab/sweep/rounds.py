@@ -19,15 +19,17 @@ from typing import Any
 import torch
 
 from dtypelab.core.disturbance import CpuMeter, was_disturbed
+from dtypelab.core.energy import Meter, open_meter
 from dtypelab.core.errors import describe_exception
 from dtypelab.core.loop import build_model, build_trainable, forward, threads, to_device, train_step
-from dtypelab.core.measure import StepTimer, device_sync
+from dtypelab.core.measure import StepTimer, device_sync, tokens_of
 from dtypelab.core.pairing import paired_speedup
 from dtypelab.core.policies import Plan, Precision
-from dtypelab.core.results import COMPILED_BASELINE, Report, RoundBlock
+from dtypelab.core.results import COMPILED_BASELINE, EnergySource, Report, RoundBlock
 from dtypelab.core.stats import CLEARLY_SLOWER, MIN_GAIN
 from dtypelab.core.task import load_task
 
+WINDOW_MARGIN = 1.25  # blocks sized for the energy counter span this much more than its shortest window
 ROUND_BLOCK_S = 0.25  # an inference round's block: passes enough to take this long (fp32's own median), at least 1
 
 
@@ -72,6 +74,9 @@ class RoundsResult:
     # learning run has just filled (what a re-run of the sweep pays)
     first_call_s: dict[str, float] | None = None
     info: Any = None  # (launchers fill it for policies; unused here)
+    energy: EnergySource | None = None  # what measured the blocks' joules, or why nothing did
+    block: int = 0  # the steps each block timed (more than asked where the energy counter needs longer windows)
+    tokens_per_step: int | None = None  # a step's tokens, where its inputs are token ids
 
 
 def run_rounds(job: RoundsJob, progress: Callable[[int, int], None] | None = None) -> RoundsResult:
@@ -81,10 +86,12 @@ def run_rounds(job: RoundsJob, progress: Callable[[int, int], None] | None = Non
     progress = progress or (lambda done, total: None)
     try:
         with threads(job.threads):
-            blocks, first = _rounds(job, progress)
+            stepper = _Stepper(job)
+            blocks, first = _rounds(stepper, progress)
     except Exception as exc:
         return RoundsResult("failed", describe_exception(exc), wall_s=time.perf_counter() - start)
-    return RoundsResult("ok", blocks=blocks, wall_s=time.perf_counter() - start, first_call_s=first)
+    return RoundsResult("ok", blocks=blocks, wall_s=time.perf_counter() - start, first_call_s=first,
+                        energy=stepper.energy, block=stepper.block_steps, tokens_per_step=stepper.tokens)
 
 
 class _Stepper:
@@ -102,10 +109,32 @@ class _Stepper:
                                                model=build_model(self.task, job.seed, job.weights), train=self.train)
             self.runs.append((plan.name, precision, model, optimizer))
         self.inputs = None if self.train else to_device(self.task.inference_inputs(job.batch_size), self.device)
+        self.block_steps = job.block
+        self.meter: Meter | None = None
+        self.energy: EnergySource | None = None
+        self.tokens: int | None = None
+
+    def open_meter(self) -> None:
+        """The device's energy counter, and its idle power over one window before any policy steps."""
+        meter, why = open_meter(self.device)
+        if meter is None:
+            self.energy = EnergySource(why=why)
+            return
+        idle = meter.idle()
+        self.meter = meter
+        self.energy = EnergySource(meter.name, idle_watts=idle.watts if idle else None, update_s=meter.update_s,
+                                   min_window_s=meter.min_window_s)
+
+    def size_blocks(self, warm_s: dict[str, float]) -> None:
+        """Blocks long enough for the energy counter: the fastest policy's block spans its minimum window."""
+        fastest = min(warm_s.values(), default=0.0)
+        if self.meter is not None and fastest > 0:  # a quarter more: a round's steps may run faster than warm-up's
+            self.block_steps = max(self.job.block, math.ceil(WINDOW_MARGIN * self.meter.min_window_s / fastest))
 
     def step(self, precision: Precision, model: Any, optimizer: Any, index: int, timer: StepTimer | None) -> None:
         if self.train:
             x, y = to_device(self.task.batch(index % self.task.steps, self.job.batch_size), self.device)
+            self.tokens = tokens_of(x)
             if timer:
                 timer.start()
             train_step(self.task, model, precision, optimizer, x, y)
@@ -117,17 +146,22 @@ class _Stepper:
         if timer:
             timer.stop()
 
-    def warm(self) -> dict[str, float]:
-        """The warmup steps of every policy; each one's first call's time (compiling, where it compiles)."""
+    def warm(self) -> tuple[dict[str, float], dict[str, float]]:
+        """The warmup steps of every policy: each one's first call's time (compiling, where it compiles) and its last
+        step's (what sizes the blocks for an energy counter)."""
         first: dict[str, float] = {}
+        last: dict[str, float] = {}
         for name, precision, model, optimizer in self.runs:
             with precision.session():
                 for i in range(self.job.warmup):
-                    timer = StepTimer(sync=self.sync) if i == 0 else None
+                    timer = StepTimer(sync=self.sync)
                     self.step(precision, model, optimizer, i, timer)
-                    if timer:
+                    if i == 0:
                         first[name] = timer.samples[0]
-        return first
+                    last[name] = timer.samples[0]
+        if self.inputs is not None:
+            self.tokens = tokens_of(self.inputs)
+        return first, last
 
     def block(self, run: tuple[str, Precision, Any, Any], r: int) -> RoundBlock:
         """Round ``r``'s block of steps of one policy, timed and watched."""
@@ -135,20 +169,24 @@ class _Stepper:
         timer, cpu = StepTimer(sync=self.sync), CpuMeter()
         with precision.session():
             cpu.start()
-            for k in range(self.job.block):  # the same batches for every policy of a round: paired blocks
-                self.step(precision, model, optimizer, r * self.job.block + k, timer)
+            edge = self.meter.begin() if self.meter else None
+            for k in range(self.block_steps):  # the same batches for every policy of a round: paired blocks
+                self.step(precision, model, optimizer, r * self.block_steps + k, timer)
+            reading = self.meter.end(edge)[0] if self.meter and edge else None
             d = cpu.stop()
         return RoundBlock(round=r, median_s=statistics.median(timer.samples), n=len(timer.samples),
                           other_cores=d.other_cores if d else 0.0, pressure_s=d.pressure_s if d else None,
-                          disturbed=bool(d and d.disturbed))
+                          disturbed=bool(d and d.disturbed), joules=reading.joules if reading else None,
+                          window_s=reading.seconds if reading else None)
 
 
-def _rounds(job: RoundsJob, progress: Callable[[int, int], None]
+def _rounds(stepper: _Stepper, progress: Callable[[int, int], None]
             ) -> tuple[dict[str, tuple[RoundBlock, ...]], dict[str, float]]:
-    stepper = _Stepper(job)
-    runs = stepper.runs
+    job, runs = stepper.job, stepper.runs
+    stepper.open_meter()
     torch.manual_seed(job.seed)
-    first = stepper.warm()
+    first, last = stepper.warm()
+    stepper.size_blocks(last)
     out: dict[str, list[RoundBlock]] = {name: [] for name, *_ in runs}
     total, done = job.rounds * len(runs), 0
     first_s = 0.0  # the planned rounds' time: the extra rounds may take as long again, no longer

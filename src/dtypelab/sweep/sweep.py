@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -32,7 +32,7 @@ from dtypelab.core.policies import (
     tuned,
 )
 from dtypelab.core.records import save_judged
-from dtypelab.core.results import PolicyResult, Report, RunConfig
+from dtypelab.core.results import EnergySource, PolicyResult, Report, RunConfig
 from dtypelab.core.task import Task
 from dtypelab.core.tasks.hub import with_seq_len
 from dtypelab.distributed import DistributedJob, torchrun_settings, with_scaling
@@ -155,6 +155,7 @@ class _Sweep:
     def run(self) -> Report:
         opts, on_event = self.opts, self.on_event
         steps, batch_size, warmup, time_box, rounds, block = self._settings()
+        objective = _objective(opts.objective, rounds)
         if opts.hardware is None:
             on_event(Event("probe", "", label="probing hardware" + (" on a node" if self.remote else "")))
         hardware = self._probe() if self.remote and opts.hardware is None else hardware_for(self.dev, opts.hardware)
@@ -167,7 +168,7 @@ class _Sweep:
             time_box_s=time_box, rounds=rounds, rounds_block=block, profile_steps=opts.profile_steps,
             nproc=self.torchrun.nproc if self.torchrun else 0, nnodes=opts.nnodes,
             link_gbps=tuple(g for _, g in self.links), memory_budget_bytes=parse_size(opts.memory_budget),
-            baseline=self.baseline)
+            baseline=self.baseline, objective=objective)
         report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         runnable = self._runnable(hardware)
         for name in order:
@@ -204,6 +205,10 @@ class _Sweep:
                 job = RoundsJob(self.target.spec, (), opts.mode, rounds, block, batch_size, opts.seed, str(self.dev),
                                 weights, opts.threads, workdir=workdir, max_rounds=MORE_ROUNDS * rounds)
                 report = interleaved(self.launcher, self.plans, opts, self.on_event, report, job)
+            else:  # energy is read in the rounds' windows: the record says why it holds none
+                report = save_judged(replace(report, energy_source=EnergySource(why=(
+                    "energy is measured in the interleaved rounds' windows, and this sweep had none"
+                    f"{' (torchrun)' if self.torchrun else ' (--rounds 0)'}"))), opts.json_path)
         return report
 
     def _probe(self) -> HardwareInfo:
@@ -302,3 +307,15 @@ class _Sweep:
             save_judged(report, opts.json_path)
             raise
         return report
+
+
+def _objective(objective: str | None, rounds: int) -> str:
+    """What training and inference choose for: speed, or energy (measured in the interleaved rounds' windows)."""
+    objective = objective or "speed"
+    if objective not in ("speed", "energy"):
+        raise DtypelabError(f"--objective {objective} is for --mode generate: training and inference choose for speed "
+                            "or energy")
+    if objective == "energy" and not rounds:
+        raise DtypelabError("--objective energy needs the interleaved rounds, whose windows the energy counter "
+                            "measures: leave out --rounds 0 (and --nproc, whose runs have no rounds)")
+    return objective

@@ -198,4 +198,20 @@ def table_notes(report: Report, verdicts: dict[str, PolicyVerdict] | None = None
         hw = None
     notes = [text for r in ran for text in _policy_notes(r, report, verdicts, hw)]
     method = _speedup_method_text(report)
-    return [*notes, *_format_notes(ran), *([method] if method else []), *_rounds_notes(report, ran, verdicts)]
+    energy = energy_note(report)
+    return [*notes, *_format_notes(ran), *([method] if method else []), *_rounds_notes(report, ran, verdicts),
+            *([energy] if energy else [])]
+
+
+def energy_note(report: Report) -> str:
+    """How the energy column was measured, or why there is none, in one line ("" when the rounds did not run)."""
+    source = report.energy_source
+    if source is None:
+        return ""
+    if not source.counter or source.why:  # said once: --objective energy's decision already says why
+        return "" if report.config.objective == "energy" else f"No energy: {source.why}."
+    idle = f"; idle {source.idle_watts:.1f} W, measured apart before the rounds" if source.idle_watts else ""
+    least = f" (windows of at least {source.min_window_s:g} s)" if source.min_window_s else ""
+    return (f"J/sample: the {source.counter} counter read at synchronized edges of each policy's block of every round"
+            f"{least}, all its joules over all its samples, ± the 95% Student-t half-interval over the windows; the "
+            f"whole device's energy, idle included{idle}.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from dtypelab.core.results import PolicyResult
+from dtypelab.core.results import PolicyResult, SpeedupInterval
 
 
 def keeps_fp32_weights(r: PolicyResult) -> bool:
@@ -21,26 +21,35 @@ def keeps_updates(r: PolicyResult) -> bool:
     return bool(r.info is not None and r.info.keeps_updates)
 
 
-def safest(faster: list[PolicyResult], metric: str, higher: bool) -> tuple[PolicyResult, str]:
-    """Among the measurably faster policies, the one to recommend and, when it is not simply the fastest, the
-    sentence that says why: speeds whose 95% intervals overlap the fastest's cannot be told apart, so among those
-    the better metric wins, then float32 weights (autocast over a pure low-precision cast), then speed."""
-    fastest = max(faster, key=lambda r: r.speedup_ci.point)
-    peers = [r for r in faster if r.speedup_ci.high >= fastest.speedup_ci.low]
+def _gain(r: PolicyResult, objective: str) -> SpeedupInterval:
+    ci = r.energy_ci if objective == "energy" else r.speedup_ci
+    assert ci is not None  # only policies with the interval the objective decides by are compared
+    return ci
+
+
+def safest(faster: list[PolicyResult], metric: str, higher: bool, objective: str = "speed"
+           ) -> tuple[PolicyResult, str]:
+    """Among the measurably faster policies (or, for the energy objective, those using measurably less energy), the
+    one to recommend and, when it is not simply the best, the sentence that says why: gains whose 95% intervals
+    overlap the best's cannot be told apart, so among those the better metric wins, then float32 weights (autocast
+    over a pure low-precision cast), then the gain."""
+    fastest = max(faster, key=lambda r: _gain(r, objective).point)
+    peers = [r for r in faster if _gain(r, objective).high >= _gain(fastest, objective).low]
     sign = 1 if higher else -1
 
     def rank(r: PolicyResult) -> tuple[float, bool, float]:
         value = r.metric(metric)
-        return (sign * value if value is not None else -math.inf, keeps_fp32_weights(r), r.speedup_ci.point)
+        return (sign * value if value is not None else -math.inf, keeps_fp32_weights(r), _gain(r, objective).point)
 
     chosen = max(peers, key=rank)
     if chosen is fastest:
         return chosen, ""
-    a, b = chosen.speedup_ci, fastest.speedup_ci
+    a, b = _gain(chosen, objective), _gain(fastest, objective)
     cm, fm = chosen.metric(metric), fastest.metric(metric)
     why = (f"its {metric} is better ({cm:.4g} vs {fm:.4g})" if cm != fm else
            f"its {metric} is the same and it keeps float32 weights ({fastest.policy} rounds every update into "
            "low-precision weights)")
     return chosen, (f"{chosen.policy} ({a.point:.2f}x, {a.low:.2f}–{a.high:.2f}) and {fastest.policy} "
-                    f"({b.point:.2f}x, {b.low:.2f}–{b.high:.2f}) cannot be told apart in speed (their 95% intervals "
+                    f"({b.point:.2f}x, {b.low:.2f}–{b.high:.2f}) cannot be told apart in "
+                    f"{'energy' if objective == 'energy' else 'speed'} (their 95% intervals "
                     f"overlap): {chosen.policy} is preferred because {why}.")

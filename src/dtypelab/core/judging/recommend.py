@@ -21,6 +21,7 @@ from dtypelab.core.results import (
     Recommendation,
     Report,
     RoundBlock,
+    SpeedupInterval,
     Verdict,
 )
 from dtypelab.core.scaler import scaler_notes
@@ -95,20 +96,29 @@ class Pick:
     lowest: str | None = None  # the lowest peak memory within tolerance
 
 
+def gain_ci(r: PolicyResult, objective: str) -> SpeedupInterval | None:
+    """The paired interval the objective decides by: the speedup, or the energy saved (the baseline's joules per step
+    over this policy's)."""
+    return r.energy_ci if objective == "energy" else r.speedup_ci
+
+
 def pick(report: Report, base: PolicyResult, accepted: list[PolicyResult]) -> Pick:
     """The decision as data, from the accepted policies' timings (paired intervals, else one run each, else the
-    steps' spreads)."""
+    steps' spreads), or their energy (paired intervals only)."""
     cfg, baseline = report.config, report.baseline
     timed = [r for r in accepted if r.timing]
-    paired = bool(base.rounds) and any(r.speedup_ci for r in accepted)
+    paired = bool(base.rounds) and any(gain_ci(r, cfg.objective) for r in accepted)
     out = Pick(paired, baseline if base.timing or paired else None)
+    cis = {r.policy: ci for r in accepted if (ci := gain_ci(r, cfg.objective)) is not None}
     if paired:  # decide from the intervals of paired rounds, not from medians
-        faster = [r for r in accepted if r.speedup_ci and r.speedup_ci.low > 1 + MIN_GAIN]
-        out.gain_not_shown = [r for r in accepted
-                              if r.speedup_ci and r.speedup_ci.low <= 1 + MIN_GAIN <= r.speedup_ci.high]
+        faster = [r for r in accepted if r.policy in cis and cis[r.policy].low > 1 + MIN_GAIN]
+        out.gain_not_shown = [r for r in accepted if r.policy in cis
+                              and cis[r.policy].low <= 1 + MIN_GAIN <= cis[r.policy].high]
         if faster:
-            chosen, out.preferred = safest(faster, cfg.metric, cfg.higher_is_better)
+            chosen, out.preferred = safest(faster, cfg.metric, cfg.higher_is_better, cfg.objective)
             out.best = chosen.policy
+    elif cfg.objective == "energy":  # energy comes from paired rounds only: without them, no evidence of a saving
+        pass
     elif cfg.runs:  # a script's runs, not repeated: one run per policy says nothing of run-to-run variation
         out.by_median_only = [r for r in timed if r.policy != baseline and (speedup(r, base) or 0) > 1 + MIN_GAIN]
     else:  # separate runs (a task without rounds): the medians decide only where the steps' spreads say they differ
@@ -123,8 +133,8 @@ def pick(report: Report, base: PolicyResult, accepted: list[PolicyResult]) -> Pi
     # Busy rounds decide nothing only where they could change the answer: an alternative whose interval reaches
     # above the no-gain band might be faster (or slower) on a quiet machine; one whose whole interval lies at or
     # below it cannot win either way, and then "keep fp32" stands.
-    out.contenders = [r for r in accepted if r.policy != baseline and r.speedup_ci
-                      and r.speedup_ci.high > 1 + MIN_GAIN]
+    out.contenders = [r for r in accepted if r.policy != baseline and r.policy in cis
+                      and cis[r.policy].high > 1 + MIN_GAIN]
     return out
 
 
@@ -148,6 +158,8 @@ def _decision(report: Report, p: Pick, base: PolicyResult, base_metric: float) -
             f"Keep {baseline}: the machine was busy ({disturbed_text(baseline, base.rounds)}), but no alternative "
             f"within {tol} on {metric} came out faster even so (every 95% interval at or below {1 + MIN_GAIN:.2f}x), "
             f"so disturbance cannot change this decision ({baseline}: {metric_text(base_metric)}).")
+    if cfg.objective == "energy":
+        return _energy_decision(report, p, base, base_metric)
     if p.best in (baseline, None):
         measurably = ("measurably faster (95% interval above 1)" if p.paired else
                       "measurably faster (more than one run each)" if cfg.runs else
@@ -161,6 +173,30 @@ def _decision(report: Report, p: Pick, base: PolicyResult, base_metric: float) -
     value = b.metric(metric)
     return Decision.USE, p.best, (
         f"Use {p.best}: {speedup(b, base):.2f}x faster than {baseline}{ci}, {metric} {metric_text(value)} vs "
+        f"{metric_text(base_metric)} ({delta_text(value, base_metric, tol)}, "
+        f"{judge(value, base_metric, tol, cfg.higher_is_better, baseline)[1]}).")
+
+
+def _energy_decision(report: Report, p: Pick, base: PolicyResult, base_metric: float
+                     ) -> tuple[Decision, str | None, str]:
+    """--objective energy: the policy using measurably the least energy per sample within tolerance, from paired
+    rounds' windows."""
+    cfg, baseline = report.config, report.baseline
+    tol, metric = cfg.tolerance, cfg.metric
+    if p.best in (baseline, None):
+        return Decision.KEEP_BASELINE, baseline, (
+            f"Keep {baseline}: no other policy both used measurably less energy per sample (95% interval of "
+            f"{baseline}'s joules over its own above {1 + MIN_GAIN:.2f}, from paired rounds) and stayed within {tol} "
+            f"on {metric} ({baseline}: {metric_text(base_metric)}).")
+    b = report.result(p.best)
+    assert b is not None and b.energy_ci is not None  # chosen from the policies with an energy interval
+    ci, e, eb = b.energy_ci, b.energy, base.energy
+    value = b.metric(metric)
+    assert value is not None  # accepted: its metric was judged
+    per = (f" ({e.joules_per_sample:.3g} vs {eb.joules_per_sample:.3g} J per sample)" if e and eb else "")
+    return Decision.USE, p.best, (
+        f"Use {p.best}: {ci.point:.2f}x less energy per sample than {baseline}{per}, 95% interval "
+        f"{ci.low:.2f}–{ci.high:.2f}x over {ci.rounds} paired rounds; {metric} {metric_text(value)} vs "
         f"{metric_text(base_metric)} ({delta_text(value, base_metric, tol)}, "
         f"{judge(value, base_metric, tol, cfg.higher_is_better, baseline)[1]}).")
 
@@ -187,10 +223,11 @@ def _no_gain(report: Report, p: Pick, base: PolicyResult) -> list[str]:
                        f"{r.policy} {speedup(r, base):.2f}x by medians over {len(_timed(r))} steps"
                        for r in p.by_median_only) + "; the safer " + baseline + " numerics are kept.")
     if p.gain_not_shown:
-        out.append("No measurable speed difference from " + baseline + ": " + ", ".join(
-            f"{r.policy} {r.speedup_ci.point:.2f}x ({r.speedup_ci.low:.2f}–{r.speedup_ci.high:.2f})"
-            for r in p.gain_not_shown) + "; the interval includes no gain, so the safer " + baseline + " numerics are "
-            "preferred.")
+        what = "energy" if report.config.objective == "energy" else "speed"
+        cis = [(r.policy, gain_ci(r, report.config.objective)) for r in p.gain_not_shown]
+        out.append(f"No measurable {what} difference from " + baseline + ": " + ", ".join(
+            f"{name} {ci.point:.2f}x ({ci.low:.2f}–{ci.high:.2f})" for name, ci in cis if ci)
+            + "; the interval includes no gain, so the safer " + baseline + " numerics are preferred.")
     return out
 
 
@@ -237,6 +274,11 @@ def recommend(report: Report) -> Recommendation:
         return Recommendation(Decision.NO_EVIDENCE, None, reason, _ordered(report, {**unrun, **verdicts}),
                               sentences=(reason, *_skip_sentences(skipped)),
                               notes=tuple(table_notes(report, verdicts)))
+    unmeasured = _no_energy(report)
+    if unmeasured:  # --objective energy decides from measured joules only
+        return Recommendation(Decision.NO_EVIDENCE, None, unmeasured, _ordered(report, {**unrun, **verdicts}),
+                              sentences=(unmeasured, *_skip_sentences(skipped)),
+                              notes=tuple(table_notes(report, verdicts)))
     p = pick(report, base, accepted)
     decision, best, first = _decision(report, p, base, base_metric)
     budgeted = best == baseline and bool(over(base, cfg.memory_budget_bytes))
@@ -265,6 +307,15 @@ def recommend(report: Report) -> Recommendation:
     sentences += _skip_sentences(skipped)
     return Recommendation(decision, best, sentences[0], _ordered(report, {**unrun, **verdicts}), p.lowest,
                           tuple(sentences), tuple(table_notes(report, verdicts)))
+
+
+def _no_energy(report: Report) -> str:
+    """--objective energy with no energy measured: why, in a sentence; "" otherwise."""
+    if report.config.objective != "energy" or any(r.energy for r in report.results if r.ran):
+        return ""
+    source = report.energy_source
+    why = source.why if source and source.why else "the interleaved rounds, whose windows measure it, did not run"
+    return f"No recommendation: --objective energy needs measured energy, and none was measured ({why})."
 
 
 def _timed(r: PolicyResult) -> tuple[float, ...]:

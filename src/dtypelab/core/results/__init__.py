@@ -29,6 +29,7 @@ from dtypelab.core.results.bench import (
 )
 from dtypelab.core.results.decision import Decision, PolicyVerdict, Recommendation, Verdict
 from dtypelab.core.results.distributed import DistStats, ScalingEstimate, ScalingPoint
+from dtypelab.core.results.energy import Energy, EnergySource
 from dtypelab.core.results.forecast import (
     FORECAST_SCHEMA,
     METHODS,
@@ -129,6 +130,8 @@ __all__ = [
     "AuditReport",
     "Decision",
     "DistStats",
+    "Energy",
+    "EnergySource",
     "Finding",
     "FormatLimits",
     "FormatVerdict",

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from dtypelab.core.results.decision import Recommendation
 from dtypelab.core.results.distributed import DistStats, ScalingEstimate
+from dtypelab.core.results.energy import Energy, EnergySource
 from dtypelab.core.results.parts import (
     Conversion,
     DisturbanceInfo,
@@ -33,8 +34,9 @@ SCHEMA = "dtypelab.report"
 # 2: self-describing (policy info, structured skips, typed measurements); 3: the typed tolerance and the
 # recommendation in the record; 4: the baseline named in the config; 5: every policy says whether it trains
 # float32 weights and keeps its updates (filled from the plan's JSON for records written before); 6: the memory
-# breakdown's parts of the activations as labelled data (``parts``), not a field per kind
-BENCH_VERSION = 6
+# breakdown's parts of the activations as labelled data (``parts``), not a field per kind; 7: energy (each policy's
+# ``energy`` and ``energy_ci``, the rounds' joules, the record's ``energy_source``) and the config's ``objective``
+BENCH_VERSION = 7
 PER_LAYER_SAMPLES = 8  # --per-layer compares the first samples of the batch (every layer's output is held)
 
 # Outcome of one policy. "ok" and "diverged" ran to the end; the rest have a reason and maybe no numbers.
@@ -99,6 +101,7 @@ class RunConfig:
     # a script's policies: the most runs per policy, the run-level speed evidence (0: a task, or a record from before
     # scripts' runs were repeated, whose steps decided)
     runs: int = 0
+    objective: str = "speed"  # what the fastest policy is chosen for: speed, or energy (the least per sample)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tolerance, Tolerance):  # "1%" from Python callers: parsed once, here
@@ -150,6 +153,9 @@ class PolicyResult:
     # lost, over a few steps after the metric was taken (worst first)
     updates: tuple[UpdateLoss, ...] = ()
     emulated_layers: tuple[EmulatedLayer, ...] = ()  # numerics-only (emulated) training: each converted layer
+    energy: Energy | None = None  # from the interleaved rounds' windows, where a counter measured them
+    # the baseline's joules per step over this policy's, from paired rounds (above 1: it uses less energy)
+    energy_ci: SpeedupInterval | None = None
     wall_s: float = 0.0
 
     @property
@@ -257,6 +263,11 @@ def _migrate_v5(d: dict[str, Any]) -> dict[str, Any]:
                              for r in d.get("results", [])]}
 
 
+def _migrate_v6(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 6 measured no energy and chose for speed alone."""
+    return {**d, "config": {"objective": "speed", **(d.get("config") or {})}}
+
+
 @dataclass(frozen=True)
 class Report(Record):
     config: RunConfig
@@ -267,12 +278,13 @@ class Report(Record):
     # what dtypelab decided from these results, and why (core.judging.judged); None only while a sweep starts
     recommendation: Recommendation | None = None
     rounds_on: str = ""  # a fan-out launcher's job that ran the interleaved timing (empty: this machine)
+    energy_source: EnergySource | None = None  # what measured the energy, or why nothing did (None: not asked)
     schema_version: int = BENCH_VERSION
 
     schema = SCHEMA
     version = BENCH_VERSION
     migrations: ClassVar[dict[int, Any]] = {1: _migrate_v1, 2: _migrate_v2, 3: _migrate_v3, 4: _migrate_v4,
-                                            5: _migrate_v5}
+                                            5: _migrate_v5, 6: _migrate_v6}
 
     def with_result(self, result: PolicyResult) -> Report:
         """A new report with ``result`` added (or replaced), kept in the config's policy order."""

@@ -6,11 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dtypelab.core.results.energy import Energy
 from dtypelab.core.results.memory import MEMORY_CATEGORIES
 from dtypelab.core.results.store import Record
 
 FORECAST_SCHEMA = "dtypelab.forecast"
-FORECAST_VERSION = 2  # 2: each policy's predicted time, the baseline and the fastest policy that fits
+# 2: each policy's predicted time, the baseline and the fastest policy that fits; 3: each policy's energy
+FORECAST_VERSION = 3
 PEAK_CATEGORIES = MEMORY_CATEGORIES  # the peak's categories, in the order they are shown
 METHODS = {
     "traced": "traced on fake tensors",
@@ -109,6 +111,7 @@ class PolicyForecast:
     check: CheckResult | None = None
     seconds: float = 0.0
     time: TimeForecast | None = None
+    energy: Energy | None = None  # the step's energy on the target: its time at the power model's watts
 
     @property
     def peak(self) -> PeakForecast | None:
@@ -151,6 +154,7 @@ class ForecastReport(Record):
     # the error the validation supports for a predicted speedup (0.15: ±15%; 0 in records written before): each
     # speedup's band, and predictions whose bands overlap are a tie (``forecasting.timing.SPEEDUP_ERROR``)
     speed_error: float = 0.0
+    energy_note: str = ""  # the power model the energy comes from, or why there is none
 
     schema_version: int = FORECAST_VERSION
 
@@ -169,4 +173,4 @@ def _migrate_v1(d: dict[str, Any]) -> dict[str, Any]:
     return {**d, "baseline": "", "rates": "", "fastest": "", "speed_answer": ""}
 
 
-ForecastReport.migrations = {1: _migrate_v1}
+ForecastReport.migrations = {1: _migrate_v1, 2: lambda d: d}  # version 2 had no energy: nothing to fill

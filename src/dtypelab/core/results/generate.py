@@ -9,15 +9,17 @@ record adds quality against the baseline on held-out text (``GenerateQuality``) 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from dtypelab.core.results.energy import Energy, EnergySource
 from dtypelab.core.results.forecast import TargetDevice
 from dtypelab.core.results.store import Record
 
 GENERATE_SCHEMA = "dtypelab.generate"
-GENERATE_VERSION = 1
+GENERATE_VERSION = 2  # 2: energy (each policy's ``generate.energy``, the record's ``energy_source``)
 OBJECTIVES = {"decode": "decode tokens per second", "prefill": "prefill tokens per second",
-              "latency": "time to first token plus the generation's per-token latency"}
+              "latency": "time to first token plus the generation's per-token latency",
+              "energy": "the least energy per generated token"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,12 @@ class GenerateFigures:
     # measured: each timed generation's prefill and decode seconds (a speed verdict needs their spans to separate)
     ttft_runs_s: tuple[float, ...] = ()
     decode_runs_s: tuple[float, ...] = ()
+    # forecast: the prefill's and a decode step's seconds by what bounds them (compute, memory, overhead)
+    prefill_bounds: dict[str, float] = field(default_factory=dict)
+    decode_bounds: dict[str, float] = field(default_factory=dict)
+    # a generation's energy (joules per step: one generation of the batch), measured or forecast
+    energy: Energy | None = None
+    energy_runs: tuple[float, ...] = ()  # measured: each window's joules per generated token
 
 
 @dataclass(frozen=True)
@@ -102,11 +110,14 @@ class GenerateReport(Record):
     seconds: float = 0.0
     created: str = ""
     rates: str = ""  # where the forecast's rates come from
+    energy_source: EnergySource | None = None  # measured: what read the energy, or why nothing did
+    energy_note: str = ""  # forecast: the power model the energy comes from, or why there is none
 
     schema_version: int = GENERATE_VERSION
 
     schema = GENERATE_SCHEMA
     version = GENERATE_VERSION
+    migrations: ClassVar[dict[int, Any]] = {1: lambda d: d}  # version 1 had no energy: nothing to fill
 
     def result(self, policy: str) -> GeneratePolicy:
         for p in self.policies:

@@ -87,6 +87,10 @@ class RoundBlock:
     other_cores: float = 0.0  # other processes' CPU use meanwhile, in cores
     pressure_s: float | None = None  # time runnable tasks waited for a CPU meanwhile
     disturbed: bool = False
+    # the energy counter's joules over the block's window (its steps between two synchronized readings) and that
+    # window's seconds; None where nothing measured it, or the window was too short for the counter
+    joules: float | None = None
+    window_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,262 @@
+"""Energy measured where the hardware counts it: a cumulative counter read at the edges of a window of work.
+
+- NVIDIA: the driver's total-energy counter (``nvmlDeviceGetTotalEnergyConsumption``, millijoules since the driver
+  loaded; Volta and newer), through nvidia-ml-py. The driver refreshes it about every 100 ms, so one reading can be
+  up to one refresh stale at each edge: a window must span many refreshes (``MIN_UPDATES``) for its joules to mean
+  anything. Power readings (``nvmlDeviceGetPowerUsage``, ``torch.cuda.power_draw``) are one-second averages on
+  recent cards: they are not used.
+- CPU: RAPL's package domains under ``/sys/class/powercap`` (Intel, and AMD since Zen), microjoules, each wrapping at
+  its ``max_energy_range_uj``. Containers and VMs often do not expose it, and Linux 5.10 made it root-only
+  (CVE-2020-8694): then no energy is measured and one line says why; never a zero.
+- Zeus (ml-energy/zeus, optional: ``pip install zeus``), where neither counter is available and Zeus is installed: it
+  adds AMD GPUs, Apple silicon and Jetson through its ``ZeusMonitor`` windows.
+
+Edges are synchronized: the device finishes its queued work before each reading, so a window holds exactly the work
+between them.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+NVML_UPDATE_S = 0.1  # the driver's refresh of the total-energy counter (NVML docs; ML.ENERGY's measurements)
+RAPL_UPDATE_S = 0.001  # RAPL's MSRs refresh about every millisecond
+ZEUS_UPDATE_S = 0.1  # what Zeus's slowest backends (AMD SMI, Apple) refresh at, taken as the floor for all of them
+# A window spans at least this many counter refreshes: each edge may be one refresh stale, so the joules of a
+# window of work at constant power are within 2/MIN_UPDATES (10%) of the truth, and the mean over windows closer.
+MIN_UPDATES = 20
+IDLE_S = 2.0  # the idle window, at least (and at least the counter's own minimum window)
+POWERCAP = "/sys/class/powercap"
+POWERCAP_ENV = "DTYPELAB_POWERCAP"  # another place for the powercap tree (a container that mounts it elsewhere)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The energy of one window of work."""
+
+    joules: float
+    seconds: float
+
+    @property
+    def watts(self) -> float:
+        return self.joules / self.seconds if self.seconds > 0 else 0.0
+
+
+class Counter(Protocol):
+    """A cumulative energy counter, in joules, that never goes backwards while it is read often enough."""
+
+    name: str  # what the record says measured it
+    update_s: float  # how often the hardware refreshes it
+
+    def read(self) -> float: ...
+
+
+class NoEnergy(Exception):
+    """Why this machine measures no energy, in one line."""
+
+
+class NvmlCounter:
+    """One GPU's total-energy counter through nvidia-ml-py (millijoules, 64 bits: it does not wrap in practice)."""
+
+    update_s = NVML_UPDATE_S
+
+    def __init__(self, nvml: Any, handle: Any, name: str) -> None:
+        self.nvml, self.handle, self.name = nvml, handle, name
+
+    def read(self) -> float:
+        return float(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)) / 1000.0
+
+
+class RaplCounter:
+    """RAPL's package domains, summed. Each raw counter wraps at its own range; read at least once per wrap (minutes
+    at full power), the total keeps counting."""
+
+    update_s = RAPL_UPDATE_S
+
+    def __init__(self, zones: list[str]) -> None:
+        self.zones = zones
+        self.name = "RAPL " + " + ".join(_zone_name(z) for z in zones)
+        self.ranges = [_read_int(os.path.join(z, "max_energy_range_uj")) for z in zones]
+        self.last = [_read_int(os.path.join(z, "energy_uj")) for z in zones]
+        self.total_uj = 0
+
+    def read(self) -> float:
+        for i, zone in enumerate(self.zones):
+            raw = _read_int(os.path.join(zone, "energy_uj"))
+            step = raw - self.last[i]
+            self.total_uj += step if step >= 0 else step + self.ranges[i]  # wrapped once since the last read
+            self.last[i] = raw
+        return self.total_uj / 1e6
+
+
+def _read_int(path: str) -> int:
+    with open(path) as f:
+        return int(f.read().strip())
+
+
+def _zone_name(zone: str) -> str:
+    try:
+        with open(os.path.join(zone, "name")) as f:
+            return f.read().strip()
+    except OSError:
+        return os.path.basename(zone)
+
+
+class Meter:
+    """Windows of work measured by a counter (or by Zeus): ``begin()`` and ``end(start)`` at synchronized edges."""
+
+    def __init__(self, counter: Counter, sync: Callable[[], None] | None = None) -> None:
+        self.counter, self.sync = counter, sync or (lambda: None)
+        self.name, self.update_s = counter.name, counter.update_s
+
+    @property
+    def min_window_s(self) -> float:
+        return MIN_UPDATES * self.update_s
+
+    def begin(self) -> tuple[float, float]:
+        self.sync()
+        return time.perf_counter(), self.counter.read()
+
+    def end(self, start: tuple[float, float]) -> tuple[Reading | None, str]:
+        """The window's reading, or None and why it says nothing (too short for the counter, a counter that went
+        backwards: the driver reloaded)."""
+        self.sync()
+        now, joules = time.perf_counter(), self.counter.read()
+        seconds, used = now - start[0], joules - start[1]
+        if used < 0:
+            return None, f"the {self.name} counter went backwards (it was reset)"
+        if seconds < self.min_window_s:
+            return None, (f"a window of {seconds:.2g} s is shorter than {MIN_UPDATES} refreshes of the {self.name} "
+                          f"counter ({self.min_window_s:g} s)")
+        return Reading(used, seconds), ""
+
+    def idle(self, seconds: float | None = None) -> Reading | None:
+        """The device's power doing nothing, over one window (``IDLE_S``, and at least the counter's minimum)."""
+        start = self.begin()
+        time.sleep(max(IDLE_S if seconds is None else seconds, self.min_window_s))
+        return self.end(start)[0]
+
+
+class ZeusMeter(Meter):
+    """Zeus's ``ZeusMonitor`` windows, for hardware the counters above do not reach."""
+
+    def __init__(self, monitor: Any, name: str) -> None:
+        self.monitor, self.name, self.update_s = monitor, name, ZEUS_UPDATE_S
+        self.sync, self._n = (lambda: None), 0
+
+    def begin(self) -> tuple[float, float]:
+        self._n += 1
+        self.monitor.begin_window(f"dtypelab-{self._n}", sync_execution=True)
+        return time.perf_counter(), float(self._n)
+
+    def end(self, start: tuple[float, float]) -> tuple[Reading | None, str]:
+        m = self.monitor.end_window(f"dtypelab-{int(start[1])}", sync_execution=True)
+        if m.time < self.min_window_s:
+            return None, f"a window of {m.time:.2g} s is shorter than Zeus's minimum ({self.min_window_s:g} s)"
+        return Reading(float(m.total_energy), float(m.time)), ""
+
+
+def _nvml(device: Any) -> Meter:
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        raise NoEnergy("GPU energy is not measured: nvidia-ml-py is not installed (pip install nvidia-ml-py)") from None
+    try:
+        pynvml.nvmlInit()
+        handle = _handle(pynvml, device)
+        counter = NvmlCounter(pynvml, handle, f"NVML total energy ({pynvml.nvmlDeviceGetName(handle)})")
+        counter.read()
+    except pynvml.NVMLError as exc:
+        what = "no permission to read it" if isinstance(exc, pynvml.NVMLError_NoPermission) else \
+            "this GPU has no energy counter (Volta or newer has one)" if isinstance(
+                exc, pynvml.NVMLError_NotSupported) else str(exc)
+        raise NoEnergy(f"GPU energy is not measured: NVML's total-energy counter: {what}") from None
+    import torch
+
+    return Meter(counter, lambda: torch.cuda.synchronize(device))
+
+
+def _handle(nvml: Any, device: Any) -> Any:
+    """The NVML handle of torch's device: by PCI bus id (CUDA_VISIBLE_DEVICES renumbers torch's devices, not NVML's)."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    bus = getattr(props, "pci_bus_id", None)
+    if bus is None:
+        return nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+    return nvml.nvmlDeviceGetHandleByPciBusId(
+        f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0")
+
+
+def rapl_zones(root: str | None = None) -> list[str]:
+    """The package domains (``intel-rapl:N``; their subzones, ``intel-rapl:N:M``, are parts of them) under the
+    powercap tree, or NoEnergy saying why there are none."""
+    root = root or os.environ.get(POWERCAP_ENV) or POWERCAP
+    if not os.path.isdir(root):
+        raise NoEnergy(f"CPU energy is not measured: no {root} here (RAPL is not exposed in this container or VM)")
+    zones = sorted(z for z in glob.glob(os.path.join(root, "intel-rapl:*")) if os.path.basename(z).count(":") == 1)
+    if not zones:
+        raise NoEnergy(f"CPU energy is not measured: {root} has no RAPL package domain (intel-rapl:N)")
+    for zone in zones:
+        path = os.path.join(zone, "energy_uj")
+        if not os.access(path, os.R_OK):
+            raise NoEnergy(f"CPU energy is not measured: {path} is readable by root only (Linux 5.10 and later, "
+                           "CVE-2020-8694): run as root, or make it readable (chmod o+r)")
+    return zones
+
+
+def _rapl(root: str | None = None) -> Meter:
+    try:
+        return Meter(RaplCounter(rapl_zones(root)))
+    except PermissionError as exc:  # readable by os.access, refused on open (an LSM policy)
+        raise NoEnergy(f"CPU energy is not measured: {exc.filename}: permission denied") from None
+
+
+def _zeus(device: Any) -> Meter | None:
+    """Zeus's monitor for this device, when Zeus is installed; None otherwise."""
+    try:
+        from zeus.monitor import ZeusMonitor
+    except ImportError:
+        return None
+    try:
+        if device.type == "cpu":
+            return ZeusMeter(ZeusMonitor(gpu_indices=[], cpu_indices=[0]), "Zeus (CPU)")
+        return ZeusMeter(ZeusMonitor(gpu_indices=[device.index or 0], cpu_indices=[]), "Zeus (GPU)")
+    except Exception:
+        return None
+
+
+def open_meter(device: Any) -> tuple[Meter | None, str]:
+    """(the meter of this device, "") or (None, why it measures no energy, in one line). A CUDA device reads NVML, a
+    CPU reads RAPL; where they fail and Zeus is installed, Zeus."""
+    try:
+        if device.type == "cuda":
+            return _nvml(device), ""
+        if device.type == "cpu":
+            return _rapl(), ""
+        why = f"{device.type} energy is not measured: no counter dtypelab reads"
+    except NoEnergy as exc:
+        why = str(exc)
+    zeus = _zeus(device)
+    if zeus is not None:
+        return zeus, ""
+    return None, why + ("" if device.type == "cuda" else " (nor is Zeus installed)")
+
+
+def counter_of(device: Any) -> tuple[str, str]:
+    """(the name of the counter that would measure ``device``, "") or ("", why none would): the launcher's side,
+    before its workers open their own."""
+    try:
+        meter, why = open_meter(device)
+    except Exception as exc:
+        return "", f"energy is not measured: {exc}"
+    return (meter.name, "") if meter is not None else ("", why)
+
+
+__all__ = ["IDLE_S", "MIN_UPDATES", "Meter", "NoEnergy", "NvmlCounter", "RaplCounter", "Reading", "ZeusMeter",
+           "counter_of", "open_meter", "rapl_zones"]
