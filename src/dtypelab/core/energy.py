@@ -187,10 +187,13 @@ def _handle(nvml: Any, device: Any) -> Any:
 
     props = torch.cuda.get_device_properties(device)
     bus = getattr(props, "pci_bus_id", None)
-    if bus is None:
-        return nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-    return nvml.nvmlDeviceGetHandleByPciBusId(
-        f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0")
+    if bus is not None:
+        try:
+            return nvml.nvmlDeviceGetHandleByPciBusId(
+                f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0")
+        except nvml.NVMLError:  # a bus id NVML does not know (a VM's passthrough): the index, as CUDA numbers it
+            pass
+    return nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
 
 
 def rapl_zones(root: str | None = None) -> list[str]:
