@@ -167,7 +167,8 @@ def test_zeus_measures_where_the_native_readers_cannot(tmp_path, monkeypatch) ->
             windows[key] = 0.0
 
         def end_window(self, key, sync_execution=True):
-            return types.SimpleNamespace(time=3.0, total_energy=150.0)
+            # Zeus's Measurement: total_energy sums the GPUs only; a CPU's packages are in cpu_energy
+            return types.SimpleNamespace(time=3.0, gpu_energy={}, cpu_energy={0: 150.0}, total_energy=0.0)
 
     zeus = types.ModuleType("zeus")
     monitor = types.ModuleType("zeus.monitor")

@@ -9,7 +9,9 @@
   its ``max_energy_range_uj``. Containers and VMs often do not expose it, and Linux 5.10 made it root-only
   (CVE-2020-8694): then no energy is measured and one line says why; never a zero.
 - Zeus (ml-energy/zeus, optional: ``pip install zeus``), where neither counter is available and Zeus is installed: it
-  adds AMD GPUs, Apple silicon and Jetson through its ``ZeusMonitor`` windows.
+  adds AMD GPUs (torch's "cuda" on ROCm, where NVML is absent) and CPUs whose RAPL it reaches through its privileged
+  daemon, through its ``ZeusMonitor`` windows (zeus/monitor/energy.py: a window's GPUs in ``gpu_energy``, its CPU
+  packages in ``cpu_energy``; an SoC's parts, Apple silicon's, are not read here).
 
 Edges are synchronized: the device finishes its queued work before each reading, so a window holds exactly the work
 between them.
@@ -158,7 +160,11 @@ class ZeusMeter(Meter):
         m = self.monitor.end_window(f"dtypelab-{int(start[1])}", sync_execution=True)
         if m.time < self.min_window_s:
             return None, f"a window of {m.time:.2g} s is shorter than Zeus's minimum ({self.min_window_s:g} s)"
-        return Reading(float(m.total_energy), float(m.time)), ""
+        # Zeus's ``total_energy`` sums the GPUs only: a CPU's packages are in ``cpu_energy``
+        parts = {**(m.gpu_energy or {}), **{f"cpu{i}": j for i, j in (m.cpu_energy or {}).items()}}
+        if not parts:
+            return None, "Zeus measured none of this device's energy (an SoC's parts are not read)"
+        return Reading(float(sum(parts.values())), float(m.time)), ""
 
 
 def _nvml(device: Any) -> Meter:

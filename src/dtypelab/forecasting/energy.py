@@ -36,6 +36,15 @@ def _spec(device: TargetDevice, local_name: str = "") -> DeviceSpec | None:
         return None
 
 
+def _local_gpu(device: TargetDevice) -> str:
+    """This machine's GPU's name, for ``--device cuda``; "" otherwise."""
+    if device.name != "cuda":
+        return ""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+
+
 def _measured_on(record: Any) -> str:
     hw = (record.environment or {}).get("hardware") or {}
     return str(hw.get("device_name") or "")
@@ -47,7 +56,7 @@ def read_measured(path: str, device: TargetDevice) -> Measured:
     if not isinstance(record, (Report, GenerateReport)):
         raise DtypelabError(f"--energy-from {path}: a bench record (dtypelab bench, any --mode) is needed, not "
                             f"{type(record).__name__}")
-    spec, name = _spec(device), _measured_on(record)
+    spec, name = _spec(device, _local_gpu(device)), _measured_on(record)
     if spec is None or not re.search(spec.matches, name):
         raise DtypelabError(f"--energy-from {path}: measured on {name or 'an unnamed device'}, not on "
                             f"{device.label or device.name}: a power calibration needs the same GPU")
