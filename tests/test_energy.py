@@ -562,7 +562,7 @@ def test_bench_reads_rapl_in_its_child_processes_and_decides_for_energy(tmp_path
 
     out = tmp_path / "r.json"
     with FakeRapl(str(tmp_path / "powercap"), watts=35.0):
-        run = CliRunner().invoke(app, ["bench", "digits", "-p", "fp32,fp32+compile", "--steps", "60",
+        run = CliRunner().invoke(app, ["bench", "digits", "-p", "fp32,fp64", "--steps", "40",
                                        "--objective", "energy", "--json", str(out)],
                                  env={"COLUMNS": "200", energy.POWERCAP_ENV: str(tmp_path / "powercap")})
     assert run.exit_code == 0, run.output
@@ -582,7 +582,7 @@ def test_bench_without_an_energy_counter_says_why_in_one_line(tmp_path) -> None:
     from dtypelab.cli import app
 
     out = tmp_path / "r.json"
-    run = CliRunner().invoke(app, ["bench", "digits", "-p", "fp32,fp32+compile", "--steps", "60", "--objective",
+    run = CliRunner().invoke(app, ["bench", "digits", "-p", "fp32,fp64", "--steps", "40", "--objective",
                                    "energy", "--json", str(out)],
                              env={"COLUMNS": "200", energy.POWERCAP_ENV: str(tmp_path / "none")})
     assert run.exit_code == 1  # no evidence: the decision cannot be made, and the command says so
