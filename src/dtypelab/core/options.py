@@ -200,6 +200,17 @@ class TrainingOptions(Options):
     hardware: Any = hardware_field()
 
 
+TRAINING_OBJECTIVES = ("speed", "energy")  # what a training or inference sweep chooses for (not --mode generate's)
+
+
+def training_objective(objective: str | None) -> str:
+    """``--objective`` for training and inference: speed (the default) or energy; a one-line error for generate's."""
+    if objective not in (None, *TRAINING_OBJECTIVES):
+        raise DtypelabError(f"--objective {objective} is for --mode generate: training and inference choose for "
+                            "speed or energy")
+    return objective or "speed"
+
+
 PANEL_FT = {"panel": "Fine-tuning (the LoRA policies; hf: tasks)"}  # the fine-tuning fields' help panel
 PANEL_SERVE: dict[str, Any] = {"panel": "Serving (--mode generate)"}
 

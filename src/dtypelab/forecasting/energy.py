@@ -24,25 +24,17 @@ class Measured:
     watts: dict[str, float]
 
 
-def _spec(device: TargetDevice, local_name: str = "") -> DeviceSpec | None:
-    """The table's row of the target (a GPU named, or this machine's GPU by its name); None otherwise."""
+def _spec(device: TargetDevice) -> DeviceSpec | None:
+    """The table's row of the target (a GPU named, or this machine's GPU by the name its label holds); None
+    otherwise."""
     if device.kind != "cuda" or not device.name:
         return None
-    if device.name == "cuda":
-        return next((d for d in DEVICES if local_name and re.search(d.matches, local_name)), None)
+    if device.name.startswith("cuda"):
+        return next((d for d in DEVICES if re.search(d.matches, device.label)), None)
     try:
         return device_spec(device.name)
     except DtypelabError:  # a memory size, not a device
         return None
-
-
-def _local_gpu(device: TargetDevice) -> str:
-    """This machine's GPU's name, for ``--device cuda``; "" otherwise."""
-    if device.name != "cuda":
-        return ""
-    import torch
-
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else ""
 
 
 def _measured_on(record: Any) -> str:
@@ -56,7 +48,7 @@ def read_measured(path: str, device: TargetDevice) -> Measured:
     if not isinstance(record, (Report, GenerateReport)):
         raise DtypelabError(f"--energy-from {path}: a bench record (dtypelab bench, any --mode) is needed, not "
                             f"{type(record).__name__}")
-    spec, name = _spec(device, _local_gpu(device)), _measured_on(record)
+    spec, name = _spec(device), _measured_on(record)
     if spec is None or not re.search(spec.matches, name):
         raise DtypelabError(f"--energy-from {path}: measured on {name or 'an unnamed device'}, not on "
                             f"{device.label or device.name}: a power calibration needs the same GPU")
@@ -72,9 +64,9 @@ def read_measured(path: str, device: TargetDevice) -> Measured:
     return Measured(path, source.idle_watts, watts)
 
 
-def target_power(device: TargetDevice, local_name: str = "") -> tuple[PowerModel | None, str]:
+def target_power(device: TargetDevice) -> tuple[PowerModel | None, str]:
     """The target GPU's power model, or None and why no energy is forecast."""
-    spec = _spec(device, local_name)
+    spec = _spec(device)
     model = power_model(spec) if spec is not None else None
     if model is not None:
         return model, ""

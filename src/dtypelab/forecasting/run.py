@@ -301,7 +301,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
                             parameters=counted, infer_batch_size=batch // opts.nproc,
                             mode="infer" if task_obj.inference_only else "train")
     results, base = with_speedups(results, opts.baseline)
-    power, no_power = target_power(device, hw.device_name if hw is not None else "")
+    power, no_power = target_power(device)
     results = with_energy(results, power, batch // opts.nproc, tokens_per_step(task_obj, batch // opts.nproc),
                           measured)
     fastest, said = speed_answer(results, device, base, spec, rates, no_rates, {p.name: p for p in plans})

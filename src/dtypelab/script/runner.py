@@ -21,7 +21,7 @@ from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import SLOW_RATIO, environment, hardware_for, probe_notice, resolve_device
 from dtypelab.core.loop import DIVERGED_PATIENCE
 from dtypelab.core.measure import slow_base
-from dtypelab.core.options import Options, parse_duration
+from dtypelab.core.options import Options, parse_duration, training_objective
 from dtypelab.core.policies import (
     BASELINE,
     Plan,
@@ -187,7 +187,7 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
                        seed=opts.seed, tolerance=opts.tolerance, device=str(dev), force=opts.force,
                        timeout_s=opts.timeout_s, metric="", higher_is_better=True, task_name=os.path.basename(path),
                        script_args=tuple(opts.script_args), baseline=base.name, runs=getattr(opts, "runs", 1),
-                       objective=_objective(getattr(opts, "objective", None)))
+                       objective=training_objective(getattr(opts, "objective", None)))
     report = Report(config, environment(hardware), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     for name, plan in plans.items():  # every refusal before the first run, so that an error stays one line
         avail = plan.availability(hardware)
@@ -208,13 +208,6 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
                 _interrupted(report, plans, opts.json_path)
                 raise
     return save_judged(replace(report, energy_source=_energy_source(report, dev)), getattr(opts, "json_path", None))
-
-
-def _objective(objective: str | None) -> str:
-    if objective not in (None, "speed", "energy"):
-        raise DtypelabError(f"--objective {objective} is for --mode generate: a script's policies are chosen for speed "
-                            "or energy")
-    return objective or "speed"
 
 
 def _energy_source(report: Report, dev: torch.device) -> EnergySource:

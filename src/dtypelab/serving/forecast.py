@@ -80,7 +80,7 @@ def _with_energy(results: list[GeneratePolicy], target: TargetDevice, shape: Sha
                  ) -> tuple[list[GeneratePolicy], str]:
     """Each timed policy's generation energy on the target (the power model, calibrated by ``measured`` where given),
     and the model in words (or why there is no energy)."""
-    model, why = target_power(target, torch.cuda.get_device_name() if target.name == "cuda" else "")
+    model, why = target_power(target)
     timed = {r.policy: r.generate for r in results if r.generate and r.generate.token_latency_s}
     if not timed:
         return results, ""  # no time (--no-speed): nothing to say of energy either

@@ -18,9 +18,9 @@ import torch
 from dtypelab.core.energy import Meter, open_meter
 from dtypelab.core.loop import threads
 from dtypelab.core.measure import device_sync
+from dtypelab.core.pairing import block_energy
 from dtypelab.core.policies import Plan, Precision
-from dtypelab.core.results import Energy, EnergySource, GenerateFigures
-from dtypelab.core.stats import mean_interval
+from dtypelab.core.results import Energy, EnergySource, GenerateFigures, RoundBlock
 from dtypelab.forecasting import Ledger, Peak
 from dtypelab.run import Reporter
 from dtypelab.serving.kv import cache_bytes, kv_format
@@ -137,19 +137,20 @@ def measure(job: GenerateJob, report: Reporter) -> dict[str, Any]:
             "argmax": scored[1], "sequences": scored[2], "energy_source": joules[2]}
 
 
-def _windows(meter: Meter, work: Any) -> list[tuple[float, int, float]]:
-    """``ENERGY_WINDOWS`` windows, each of as many whole ``work()`` calls as fill the counter's shortest window:
-    (joules, calls, seconds) of each (a window the counter could not read is left out)."""
+def _windows(meter: Meter, work: Any) -> tuple[RoundBlock, ...]:
+    """``ENERGY_WINDOWS`` windows, each of as many whole ``work()`` calls as fill the counter's shortest window, as the
+    rounds' blocks are kept (a window the counter could not read is left out)."""
     out = []
-    for _ in range(ENERGY_WINDOWS):
+    for i in range(ENERGY_WINDOWS):
         edge, calls = meter.begin(), 0
         while calls == 0 or time.perf_counter() - edge[0] < meter.min_window_s:
             work()
             calls += 1
         reading, _ = meter.end(edge)
         if reading is not None:
-            out.append((reading.joules, calls, reading.seconds))
-    return out
+            out.append(RoundBlock(round=i, median_s=reading.seconds / calls, n=calls, joules=reading.joules,
+                                  window_s=reading.seconds))
+    return tuple(out)
 
 
 def measured_energy(model: Any, ids: torch.Tensor, cache: Any, shape: Shape, device: torch.device,
@@ -170,21 +171,18 @@ def measured_energy(model: Any, ids: torch.Tensor, cache: Any, shape: Shape, dev
         prefill(model, ids, cache)
 
     gens, pres = _windows(meter, whole), _windows(meter, first)
-    if not gens or not pres:
-        return None, (), EnergySource(meter.name, why=f"the {meter.name} counter could not be read over a window")
     generated, prompt = shape.batch_size * shape.gen_len, shape.batch_size * shape.prompt_len
-    per_token = [j / n / generated for j, n, _ in gens]
-    per_gen = sum(j for j, _, _ in gens) / sum(n for _, n, _ in gens)
-    per_prefill = sum(j for j, _, _ in pres) / sum(n for _, n, _ in pres)
+    idle_w = idle.watts if idle else None
+    whole_e = block_energy(gens, shape.batch_size, generated, meter.name, idle_w)
+    prefill_e = block_energy(pres, shape.batch_size, prompt, meter.name, idle_w)
+    if whole_e is None or prefill_e is None:
+        return None, (), EnergySource(meter.name, why=f"the {meter.name} counter could not be read over a window")
     steps = shape.batch_size * (shape.gen_len - 1)
-    mean = mean_interval([j / n for j, n, _ in gens])
-    energy = Energy(per_gen, per_gen / shape.batch_size, "measured", meter.name, joules_per_token=per_gen / generated,
-                    watts=sum(j for j, _, _ in gens) / sum(t for _, _, t in gens),
-                    low=mean[0] if mean else None, high=mean[1] if mean else None, windows=len(gens),
-                    idle_watts=idle.watts if idle else None, prefill_joules_per_token=per_prefill / prompt,
-                    decode_joules_per_token=(per_gen - per_prefill) / steps if steps else None)
-    return energy, tuple(per_token), EnergySource(meter.name, idle_watts=energy.idle_watts, update_s=meter.update_s,
-                                                  min_window_s=meter.min_window_s)
+    energy = replace(whole_e, prefill_joules_per_token=prefill_e.joules_per_token, decode_joules_per_token=(
+        (whole_e.joules_per_step - prefill_e.joules_per_step) / steps if steps else None))
+    per_token = tuple(b.joules / b.n / generated for b in gens)  # type: ignore[operator]
+    return energy, per_token, EnergySource(meter.name, idle_watts=idle_w, update_s=meter.update_s,
+                                           min_window_s=meter.min_window_s)
 
 
 def quality(model: Any, config: Any, job: GenerateJob, served: Any, dtype: torch.dtype,

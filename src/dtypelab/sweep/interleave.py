@@ -71,7 +71,7 @@ def interleaved(launcher: Launcher, plans: dict[str, Plan], opts: BenchOptions, 
         ci = None if name == report.baseline else paired_speedup(base, blocks)
         report = report.with_result(replace(r, rounds=blocks, compiled_ci=fair, speedup_ci=ci,
                                             rounds_first_call_s=(result.first_call_s or {}).get(name),
-                                            **_energy(report, result, name, blocks)))
+                                            **_energy(report, result, name, base, blocks)))
     source = result.energy
     if source and source.counter and not any(r.energy for r in report.results):
         report = replace(report, energy_source=replace(source, why=(
@@ -80,13 +80,13 @@ def interleaved(launcher: Launcher, plans: dict[str, Plan], opts: BenchOptions, 
     return save_judged(report, opts.json_path)
 
 
-def _energy(report: Report, result: RoundsResult, name: str, blocks: tuple[RoundBlock, ...]) -> dict[str, Any]:
+def _energy(report: Report, result: RoundsResult, name: str, base: tuple[RoundBlock, ...],
+            blocks: tuple[RoundBlock, ...]) -> dict[str, Any]:
     """A policy's ``energy`` and ``energy_ci`` from its blocks' windows, where the counter measured them."""
     source = result.energy
     if source is None or not source.counter:
         return {}
     energy = block_energy(blocks, report.config.batch_size, result.tokens_per_step, source.counter,
                           source.idle_watts)
-    base = (result.blocks or {}).get(report.baseline, ())
     ci = None if name == report.baseline else paired_energy(base, blocks)
     return {"energy": energy, "energy_ci": ci}

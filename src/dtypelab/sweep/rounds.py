@@ -134,7 +134,8 @@ class _Stepper:
     def step(self, precision: Precision, model: Any, optimizer: Any, index: int, timer: StepTimer | None) -> None:
         if self.train:
             x, y = to_device(self.task.batch(index % self.task.steps, self.job.batch_size), self.device)
-            self.tokens = tokens_of(x)
+            if self.tokens is None:  # every batch of a task has the same shape: read once
+                self.tokens = tokens_of(x)
             if timer:
                 timer.start()
             train_step(self.task, model, precision, optimizer, x, y)

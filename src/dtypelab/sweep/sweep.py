@@ -19,7 +19,7 @@ from dtypelab.core.disturbance import was_disturbed
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import SLOW_RATIO, HardwareInfo, environment, hardware_for, probe_notice, resolve_device
 from dtypelab.core.measure import slow_base
-from dtypelab.core.options import parse_size
+from dtypelab.core.options import parse_size, training_objective
 from dtypelab.core.policies import (
     BASELINE,
     Plan,
@@ -311,10 +311,7 @@ class _Sweep:
 
 def _objective(objective: str | None, rounds: int) -> str:
     """What training and inference choose for: speed, or energy (measured in the interleaved rounds' windows)."""
-    objective = objective or "speed"
-    if objective not in ("speed", "energy"):
-        raise DtypelabError(f"--objective {objective} is for --mode generate: training and inference choose for speed "
-                            "or energy")
+    objective = training_objective(objective)
     if objective == "energy" and not rounds:
         raise DtypelabError("--objective energy needs the interleaved rounds, whose windows the energy counter "
                             "measures: leave out --rounds 0 (and --nproc, whose runs have no rounds)")

@@ -21,8 +21,14 @@ def keeps_updates(r: PolicyResult) -> bool:
     return bool(r.info is not None and r.info.keeps_updates)
 
 
+def gain_ci(r: PolicyResult, objective: str) -> SpeedupInterval | None:
+    """The paired interval the objective decides by: the speedup, or the energy saved (the baseline's joules per step
+    over this policy's)."""
+    return r.energy_ci if objective == "energy" else r.speedup_ci
+
+
 def _gain(r: PolicyResult, objective: str) -> SpeedupInterval:
-    ci = r.energy_ci if objective == "energy" else r.speedup_ci
+    ci = gain_ci(r, objective)
     assert ci is not None  # only policies with the interval the objective decides by are compared
     return ci
 

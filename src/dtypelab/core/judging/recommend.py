@@ -11,7 +11,7 @@ from dtypelab.core.disturbance import describe, was_disturbed
 from dtypelab.core.judging.explain import why
 from dtypelab.core.judging.memory import budget_verdicts, over, within_budget
 from dtypelab.core.judging.notes import table_notes
-from dtypelab.core.judging.prefer import safest
+from dtypelab.core.judging.prefer import gain_ci, safest
 from dtypelab.core.judging.speed import speedup
 from dtypelab.core.judging.verdicts import judged_runs, metric_text, not_run
 from dtypelab.core.results import (
@@ -21,7 +21,6 @@ from dtypelab.core.results import (
     Recommendation,
     Report,
     RoundBlock,
-    SpeedupInterval,
     Verdict,
 )
 from dtypelab.core.scaler import scaler_notes
@@ -94,12 +93,6 @@ class Pick:
     contenders: list[PolicyResult] = field(default_factory=list)  # might win on a quiet machine
     busy: bool = False  # most of the baseline's rounds were disturbed
     lowest: str | None = None  # the lowest peak memory within tolerance
-
-
-def gain_ci(r: PolicyResult, objective: str) -> SpeedupInterval | None:
-    """The paired interval the objective decides by: the speedup, or the energy saved (the baseline's joules per step
-    over this policy's)."""
-    return r.energy_ci if objective == "energy" else r.speedup_ci
 
 
 def pick(report: Report, base: PolicyResult, accepted: list[PolicyResult]) -> Pick:
