@@ -648,3 +648,16 @@ def test_the_gpus_nvml_handle_is_found_by_its_pci_bus_id_else_by_index(monkeypat
     assert energy._handle(nvml, torch.device("cuda", 1)) == "by bus" and asked == ["00000000:8d:00.0"]
     props.pci_bus_id = 0x1A  # NVML does not know it (a VM's passthrough): CUDA's index
     assert energy._handle(nvml, torch.device("cuda", 1)) == "by index 1"
+
+
+def test_at_80_columns_a_sweep_chosen_for_energy_keeps_its_joules() -> None:
+    from rich.console import Console
+
+    from dtypelab.render.bench import render_table
+
+    report = _energy_report(_policy("fp32", 0.90, 4.0, None), _policy("amp-bf16", 0.90, 2.0, (2.0, 1.9, 2.1)))
+    for objective, kept in (("energy", True), ("speed", False)):
+        console = Console(width=80, record=True, force_terminal=False)
+        render_table(replace(report, config=replace(report.config, objective=objective)), console)
+        table = console.export_text().split("•")[0]
+        assert ("J/sample" in table) is kept, objective

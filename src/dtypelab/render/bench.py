@@ -27,6 +27,11 @@ DROP_FIRST = ("samples/s", "J/sample", "size MiB", "linear W", "max abs err", "t
               "latency ms", "final loss", "SQNR dB", "status", "Δ ")
 
 
+def _drop_first(report: Report) -> tuple[str, ...]:
+    """The columns a narrow terminal leaves out, in order; chosen for energy, the joules stay as the speedup does."""
+    return tuple(c for c in DROP_FIRST if c != "J/sample") if report.config.objective == "energy" else DROP_FIRST
+
+
 def _numerics_only(r: PolicyResult) -> bool:
     return bool(r.info and r.info.numerics_only)
 
@@ -319,7 +324,7 @@ def render_table(report: Report, console: object | None = None) -> None:
     styles = ["bold green" if r.policy == rec.best else colours.get(r.status, "") for r in report.results]
     last = len(headers) - 1  # the verdict column gives way instead of the numbers
     rich_table(console, bench_title(report), headers, rows, bench_notes(report, rec), left={0, 1, last}, wrap={last},
-               styles=styles, drop=drop_order(headers, DROP_FIRST))
+               styles=styles, drop=drop_order(headers, _drop_first(report)))
     for x in sections(report):
         rich_table(console, x.title, x.headers, x.rows, x.notes, left=x.left, wrap=x.wrap,
                    drop=drop_order(x.headers, x.drop) if x.drop else None)
