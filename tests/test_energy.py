@@ -295,6 +295,23 @@ def test_objective_energy_keeps_the_baseline_without_a_measurable_saving() -> No
     assert "No measurable energy difference from fp32: amp-bf16 1.03x (0.97–1.09)" in " ".join(rec.sentences)
 
 
+def test_a_busy_machine_is_judged_in_the_objectives_own_terms() -> None:
+    """Busy baseline rounds under --objective energy: the intervals weighed are joules', so the sentence speaks of
+    energy, not speed (it once said "came out faster", found when two test workers shared the CPU)."""
+    def busy(r: PolicyResult) -> PolicyResult:
+        return replace(r, rounds=tuple(replace(b, disturbed=True, other_cores=0.8) for b in r.rounds))
+
+    base = busy(_policy("fp32", 0.90, 4.0, None))
+    kept = _energy_report(base, _policy("fp64", 0.90, 8.0, (0.5, 0.48, 0.52), 0.5)).recommendation
+    assert kept is not None and kept.decision == Decision.KEEP_BASELINE_BUSY
+    assert "no alternative within 1% on acc used less energy per sample even so" in kept.reason
+    unsure = _energy_report(base, _policy("amp-bf16", 0.90, 3.0, (1.3, 0.9, 1.7))).recommendation
+    assert unsure is not None and unsure.decision == Decision.TOO_BUSY
+    assert "amp-bf16 might use less energy per sample on a quiet machine" in unsure.reason
+    speed = _energy_report(base, _policy("fp64", 0.90, 8.0, (0.5, 0.48, 0.52), 0.5), objective="speed")
+    assert speed.recommendation is not None and "came out faster even so" in speed.recommendation.reason
+
+
 def test_objective_energy_without_measured_energy_decides_nothing_and_says_why() -> None:
     plain = [replace(_policy("fp32", 0.9, 4.0, None), energy=None), replace(
         _policy("amp-bf16", 0.9, 2.0, (2.0, 1.9, 2.1)), energy=None, energy_ci=None)]

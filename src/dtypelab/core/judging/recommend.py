@@ -142,14 +142,17 @@ def _decision(report: Report, p: Pick, base: PolicyResult, base_metric: float) -
             f"No recommendation: the machine was too busy to decide (other processes used the CPU while "
             f"{baseline}'s steps were timed: {describe(base.disturbance, subject=False)}), and every policy faster "
             f"than {baseline} may be so only because of it; re-run it on a quiet machine.")
+    # the intervals are of what the objective measures: a speedup, or the baseline's joules over the policy's
+    gain = "use less energy per sample" if cfg.objective == "energy" else "be faster"
     if p.busy and p.contenders:
         return Decision.TOO_BUSY, None, (
             f"No recommendation: the machine was too busy to decide ({disturbed_text(baseline, base.rounds)}) and "
-            f"{', '.join(r.policy for r in p.contenders)} might be faster on a quiet machine; re-run it there.")
+            f"{', '.join(r.policy for r in p.contenders)} might {gain} on a quiet machine; re-run it there.")
     if p.busy:
+        shown = "used less energy per sample" if cfg.objective == "energy" else "came out faster"
         return Decision.KEEP_BASELINE_BUSY, baseline, (
             f"Keep {baseline}: the machine was busy ({disturbed_text(baseline, base.rounds)}), but no alternative "
-            f"within {tol} on {metric} came out faster even so (every 95% interval at or below {1 + MIN_GAIN:.2f}x), "
+            f"within {tol} on {metric} {shown} even so (every 95% interval at or below {1 + MIN_GAIN:.2f}x), "
             f"so disturbance cannot change this decision ({baseline}: {metric_text(base_metric)}).")
     if cfg.objective == "energy":
         return _energy_decision(report, p, base, base_metric)
