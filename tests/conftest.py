@@ -78,3 +78,47 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+MAX_WORKERS = 4  # each worker holds torch, transformers and a model or two: ~1.5 GB; the suite's machines have 24 GB
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity, capped by a cgroup's CPU quota (a container's --cpus), which
+    psutil's count of the host's cores does not see."""
+    n = len(os.sched_getaffinity(0))
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        if quota != "max":
+            n = min(n, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return n
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`pytest -n auto` (the README's test command): a worker per usable CPU, at most MAX_WORKERS."""
+    return max(1, min(usable_cpus(), MAX_WORKERS))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist's controller: its terminal's settings for each worker, which would otherwise see COLUMNS=80."""
+    node.workerinput["dtypelab_terminal"] = {k: os.environ.get(k) for k in ("COLUMNS", "LINES")}
+
+
+def pytest_configure(config):
+    worker = getattr(config, "workerinput", None)
+    if worker is None:
+        return
+    for key, value in worker.get("dtypelab_terminal", {}).items():  # the commands tests run read the real width
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    # one core a worker: two workers' OpenMP threads on one core would spin against each other
+    per = str(max(1, usable_cpus() // int(worker["workercount"])))
+    os.environ.update(OMP_NUM_THREADS=per, MKL_NUM_THREADS=per)
+    torch.set_num_threads(int(per))

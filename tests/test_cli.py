@@ -216,10 +216,14 @@ def test_readme_commands_are_what_ci_runs():
     assert len(commands) == 2
     assert commands[0].endswith("dtypelab bench digits") and "pip install -c constraints.txt" in commands[0]
     # CI runs these paths
-    assert commands[1].endswith("pytest") and ".[test,docs,minilm,lightning,hf,finetune]" in commands[1]
+    # the suite in a worker per CPU (tests/conftest.py), those sharing a module's costly fixture in one
+    parallel = "pytest -n auto --dist loadgroup"
+    assert commands[1].endswith(parallel) and ".[test,docs,minilm,lightning,hf,finetune]" in commands[1]
     assert "lint-imports" in commands[1] and "mkdocs build --strict" in commands[1]  # layering and docs, checked
     with open(os.path.join(root, ".ci", "run")) as f:
-        assert "sed -n 2p" in f.read()  # .ci/run executes the second README command verbatim
+        ci = f.read()
+    assert "sed -n 2p" in ci  # .ci/run executes the second README command verbatim
+    assert f"python -m {parallel.replace('pytest', 'pytest -m e2e')} " in ci  # and the end-to-end step alike
 
 
 def test_policies_command_says_what_runs_on_the_probed_hardware(tmp_path):
@@ -306,3 +310,29 @@ def test_bench_takes_a_plan_file_and_bad_plans_are_one_line_errors(tmp_path):
     plan.write_text(json.dumps({"default": "amp-bf17"}))
     run = dtypelab("bench", f"{TINY}:make_task", "--policies", str(plan), "--steps", "2")
     assert run.returncode == 2 and "unknown policy 'amp-bf17'" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_the_suites_workers_see_the_real_terminal_and_take_a_share_of_the_cores(tmp_path):
+    """`pytest -n auto`: each worker once saw COLUMNS=80 (set by pytest-xdist), so the commands the tests ran printed
+    80-column tables and nine tests failed; and two workers at torch's default thread count would spin against each
+    other. The project's hooks, loaded under another name (two modules called conftest would clash)."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "conftest.py").write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('project_conftest', {os.path.join(HERE, 'conftest.py')!r})\n"
+        "module = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(module)\n"
+        "pytest_configure = module.pytest_configure\npytest_configure_node = module.pytest_configure_node\n"
+        "pytest_xdist_auto_num_workers = module.pytest_xdist_auto_num_workers\n")
+    (tests / "test_x.py").write_text(
+        "import os, torch\n"
+        "def test_a():\n"
+        "    print('SEEN', os.environ.get('COLUMNS'), os.environ['OMP_NUM_THREADS'], torch.get_num_threads())\n"
+        "    assert False\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests", "-n", "2", "-q", "-p", "no:cacheprovider"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    from conftest import usable_cpus
+
+    share = str(max(1, usable_cpus() // 2))
+    assert f"SEEN None {share} {share}" in done.stdout, done.stdout[-2000:]

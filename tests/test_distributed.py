@@ -77,6 +77,7 @@ def test_distributed_options_are_refused_where_they_mean_nothing():
 
 
 @pytest.mark.e2e
+@pytest.mark.xdist_group("ddp-sweep")  # one worker runs the module's sweep once
 def test_ddp_fp32_equals_single_process_training(sweep):
     single = dtypelab.bench(f"{TINY}:make_task", "fp32", steps=STEPS, warmup=2, isolate=False, rounds=0)
     one, two = single.result("fp32"), sweep.result("fp32")
@@ -86,6 +87,7 @@ def test_ddp_fp32_equals_single_process_training(sweep):
 
 
 @pytest.mark.e2e
+@pytest.mark.xdist_group("ddp-sweep")  # one worker runs the module's sweep once
 def test_compression_halves_the_bytes_exactly_and_every_default_policy_runs(sweep):
     assert [r.status for r in sweep.results] == ["ok"] * 6, [(r.policy, r.reason) for r in sweep.results]
     by = {r.policy: r.distributed for r in sweep.results}
@@ -113,6 +115,7 @@ def test_compression_halves_the_bytes_exactly_and_every_default_policy_runs(swee
 
 
 @pytest.mark.e2e
+@pytest.mark.xdist_group("ddp-sweep")  # one worker runs the module's sweep once
 def test_the_html_report_shows_the_distributed_tables(sweep, tmp_path):
     record, page = tmp_path / "r.json", tmp_path / "r.html"
     sweep.save(str(record))
