@@ -42,6 +42,22 @@ def hardware_file(directory, hw: HardwareInfo | None = None) -> str:
     return path
 
 
+def started_with(token: str) -> set[int]:
+    """Live processes started with ``LEAK_PROBE=token`` in their environment, fresh or forked from a zygote started
+    with it: this test's own, not those of a test running beside it (pytest -n)."""
+    out = set()
+    for p in filter(lambda p: p.isdigit() and int(p) != os.getpid(), os.listdir("/proc")):
+        try:
+            with open(f"/proc/{p}/environ", "rb") as f:
+                mine = f"LEAK_PROBE={token}".encode() in f.read().split(b"\0")
+            with open(f"/proc/{p}/stat") as f:
+                if mine and f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.add(int(p))
+        except (OSError, IndexError):
+            continue
+    return out
+
+
 @pytest.fixture
 def hw() -> HardwareInfo:
     return fake_hardware()

@@ -3,13 +3,13 @@ bytes each sends, equality with single-process training, failures of one rank, a
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+import uuid
 from dataclasses import replace
 
 import pytest
-from conftest import TINY, avx2_hardware, fake_hardware
+from conftest import TINY, avx2_hardware, fake_hardware, started_with
 
 import dtypelab
 from dtypelab.core.policies import Distributed, Plan, get_policy
@@ -35,19 +35,6 @@ def sweep(tmp_path_factory, fast_bf16_env):
     assert run.returncode == 0, run.stderr
     assert "scaling estimate (not measured)" in run.stdout and "fp32+fsdp-bf16-params-fp32-reduce" in run.stdout
     return dtypelab.load_record(str(path))
-
-
-def _workers() -> list[int]:
-    """Processes of any dtypelab rank still alive."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"dtypelab.run.worker" in f.read():
-                    out.append(int(pid))
-        except OSError:
-            continue
-    return out
 
 
 def test_modifiers_parse_compose_and_round_trip(tmp_path):
@@ -128,14 +115,16 @@ def test_the_html_report_shows_the_distributed_tables(sweep, tmp_path):
 
 
 @pytest.mark.e2e
-def test_a_failing_rank_is_reported_a_hanging_one_times_out_and_no_process_is_left():
+def test_a_failing_rank_is_reported_a_hanging_one_times_out_and_no_process_is_left(monkeypatch):
+    token = uuid.uuid4().hex
+    monkeypatch.setenv("LEAK_PROBE", token)  # torchrun's ranks and anything they start: this test's, not a neighbour's
     report = dtypelab.bench(f"{TINY}:make_rank_trap_task", "fp32,bf16,fp64", nproc=2, steps=4, warmup=1, budget=0,
                             timeout_s=15, hardware=fake_hardware())
     assert report.result("fp32").status == "ok"
     bad = report.result("bf16")
     assert bad.status == "failed" and bad.reason.startswith("rank 1: ValueError: planted failure on rank 1")
     assert report.result("fp64").status == "timeout"
-    assert not _workers()
+    assert not started_with(token)
 
 
 @pytest.mark.e2e

@@ -160,8 +160,11 @@ def test_a_policy_its_own_run_put_clearly_below_fp32_is_not_timed_in_the_rounds(
     assert _clearly_slower(report, ["fp32", "a", "b", "c", "fp32+compile"]) == {"a"}
     noisy = report.with_result(own("fp32", 1.0, disturbed=True))
     assert _clearly_slower(noisy, ["fp32", "a", "b"]) == set()  # a disturbed fp32 is no yardstick
-    # every policy clearly slower: the rounds have nothing to time; the record says why there is no interval
+    # every policy clearly slower: the rounds have nothing to time; the record says why there is no interval (the
+    # runs judged undisturbed, as on a quiet machine: a disturbed fp32 is tested above, and a test running beside
+    # this one under pytest -n would disturb it)
     monkeypatch.setattr("dtypelab.sweep.rounds.CLEARLY_SLOWER", 1e9)
+    monkeypatch.setattr("dtypelab.sweep.rounds.was_disturbed", lambda d: False)
     swept = bench(f"{TINY}:make_task", "bf16,fp64", steps=20, rounds=3, isolate=False, hardware=fake_hardware(),
                   json_path=str(tmp_path / "r.json"))
     for name in ("bf16", "fp64"):

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from conftest import TINY
+from conftest import TINY, started_with
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.run import LAUNCHERS, InlineLauncher, ProcessLauncher, ScriptLauncher, ScriptRun, Target
@@ -81,23 +81,26 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.parametrize("fork", ["1", "0"])
 def test_a_crash_or_a_hang_in_a_child_becomes_an_outcome_and_no_process_is_left(tmp_path, monkeypatch, fork):
     """Forked from the zygote or a fresh interpreter, the same outcomes, and nothing left running."""
+    import threading
+    import uuid
+
+    token = uuid.uuid4().hex
     monkeypatch.setenv("DTYPELAB_FORK", fork)
+    monkeypatch.setenv("LEAK_PROBE", token)  # not DTYPELAB_*: a zygote is started anew with it
     launcher = ProcessLauncher(str(tmp_path))
     crash = launcher.run(Work("segfault"), 30, lambda d, t: None)
     assert crash.status == "failed" and "SIGSEGV" in crash.reason
+    seen: set[int] = set()
+    watch = threading.Timer(1.5, lambda: seen.update(started_with(token)))
+    watch.start()
     start = time.monotonic()
     hang = launcher.run(Work("hang"), 3, lambda d, t: None)
+    watch.join()
     assert hang.status == "timeout" and "3 s time limit" in hang.reason and time.monotonic() - start < 20
-    pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    alive = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"dtypelab.run.worker" in f.read():
-                    alive.append(pid)
-        except OSError:
-            continue
-    assert not alive
+    zygote = {launcher._zygote.proc.pid} if launcher._zygote and launcher._zygote.proc else set()
+    assert bool(zygote) == (fork == "1")
+    assert seen - zygote, "the hanging worker was not seen: the check below would see no leak either"
+    assert not started_with(token) - zygote
     zygote = launcher._zygote
     assert (zygote is not None and zygote.proc is not None) == (fork == "1")
     if zygote is not None and zygote.proc is not None:
