@@ -58,6 +58,22 @@ def started_with(token: str) -> set[int]:
     return out
 
 
+def made_once(tmp_path_factory, name: str, make) -> str:
+    """The path of ``name``, made by ``make(path)`` once per test session: under pytest -n the first worker to ask
+    makes it while the others wait on a lock, then read it (a module fixture would be run by each worker that
+    runs one of its tests)."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' folders are siblings
+    path = shared / name
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            make(str(path))
+    return str(path)
+
+
 @pytest.fixture
 def hw() -> HardwareInfo:
     return fake_hardware()

@@ -216,8 +216,8 @@ def test_readme_commands_are_what_ci_runs():
     assert len(commands) == 2
     assert commands[0].endswith("dtypelab bench digits") and "pip install -c constraints.txt" in commands[0]
     # CI runs these paths
-    # the suite in a worker per CPU (tests/conftest.py), those sharing a module's costly fixture in one
-    parallel = "pytest -n auto --dist loadgroup"
+    # the suite in a worker per CPU (tests/conftest.py)
+    parallel = "pytest -n auto"
     assert commands[1].endswith(parallel) and ".[test,docs,minilm,lightning,hf,finetune]" in commands[1]
     assert "lint-imports" in commands[1] and "mkdocs build --strict" in commands[1]  # layering and docs, checked
     with open(os.path.join(root, ".ci", "run")) as f:
@@ -336,3 +336,31 @@ def test_the_suites_workers_see_the_real_terminal_and_take_a_share_of_the_cores(
 
     share = str(max(1, usable_cpus() // 2))
     assert f"SEEN None {share} {share}" in done.stdout, done.stdout[-2000:]
+
+
+def test_a_file_shared_by_the_suites_workers_is_made_once(tmp_path_factory):
+    """`made_once` (a fixture's costly record, e.g. the DDP sweep): callers at the same moment, as two workers are,
+    get one file that one of them made."""
+    import threading
+    import time
+    import uuid
+
+    from conftest import made_once
+
+    made, got = [], []
+
+    def make(path: str) -> None:
+        made.append(path)
+        time.sleep(0.3)  # the other caller arrives while this one is still making it
+        with open(path, "w") as f:
+            f.write("x")
+
+    name = f"shared-{uuid.uuid4().hex}.txt"
+    tmp_path_factory.getbasetemp()  # made before the threads, as a session's is before its workers' fixtures
+    callers = [threading.Thread(target=lambda: got.append(made_once(tmp_path_factory, name, make))) for _ in range(2)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    with open(made[0]) as f:
+        assert len(made) == 1 and got == [made[0]] * 2 and f.read() == "x"

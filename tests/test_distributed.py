@@ -9,7 +9,7 @@ import uuid
 from dataclasses import replace
 
 import pytest
-from conftest import TINY, avx2_hardware, fake_hardware, started_with
+from conftest import TINY, avx2_hardware, fake_hardware, made_once, started_with
 
 import dtypelab
 from dtypelab.core.policies import Distributed, Plan, get_policy
@@ -25,16 +25,17 @@ STEPS = 8
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory, fast_bf16_env):
-    """The default distributed set on the tiny task, once, through the CLI: its record for the tests below (with a
-    probe that runs bf16 whatever this CPU is: the slow-bf16 refusal is tested below)."""
-    path = tmp_path_factory.mktemp("dist") / "r.json"
-    env = {**fast_bf16_env, "COLUMNS": "250"}
-    run = subprocess.run([sys.executable, "-m", "dtypelab", "bench", f"{TINY}:make_task", "--nproc", "2", "--steps",
-                          str(STEPS), "--warmup", "2", "--budget", "0", "--json", str(path), "--format", "markdown"],
-                         capture_output=True, text=True, timeout=600, env=env)
-    assert run.returncode == 0, run.stderr
-    assert "scaling estimate (not measured)" in run.stdout and "fp32+fsdp-bf16-params-fp32-reduce" in run.stdout
-    return dtypelab.load_record(str(path))
+    """The default distributed set on the tiny task, once a session, through the CLI: its record for the tests below
+    (with a probe that runs bf16 whatever this CPU is: the slow-bf16 refusal is tested below)."""
+    def make(path: str) -> None:
+        env = {**fast_bf16_env, "COLUMNS": "250"}
+        run = subprocess.run([sys.executable, "-m", "dtypelab", "bench", f"{TINY}:make_task", "--nproc", "2",
+                              "--steps", str(STEPS), "--warmup", "2", "--budget", "0", "--json", path, "--format",
+                              "markdown"], capture_output=True, text=True, timeout=600, env=env)
+        assert run.returncode == 0, run.stderr
+        assert "scaling estimate (not measured)" in run.stdout and "fp32+fsdp-bf16-params-fp32-reduce" in run.stdout
+
+    return dtypelab.load_record(made_once(tmp_path_factory, "dist-sweep.json", make))
 
 
 def test_modifiers_parse_compose_and_round_trip(tmp_path):
@@ -64,7 +65,6 @@ def test_distributed_options_are_refused_where_they_mean_nothing():
 
 
 @pytest.mark.e2e
-@pytest.mark.xdist_group("ddp-sweep")  # one worker runs the module's sweep once
 def test_ddp_fp32_equals_single_process_training(sweep):
     single = dtypelab.bench(f"{TINY}:make_task", "fp32", steps=STEPS, warmup=2, isolate=False, rounds=0)
     one, two = single.result("fp32"), sweep.result("fp32")
@@ -74,7 +74,6 @@ def test_ddp_fp32_equals_single_process_training(sweep):
 
 
 @pytest.mark.e2e
-@pytest.mark.xdist_group("ddp-sweep")  # one worker runs the module's sweep once
 def test_compression_halves_the_bytes_exactly_and_every_default_policy_runs(sweep):
     assert [r.status for r in sweep.results] == ["ok"] * 6, [(r.policy, r.reason) for r in sweep.results]
     by = {r.policy: r.distributed for r in sweep.results}
@@ -102,7 +101,6 @@ def test_compression_halves_the_bytes_exactly_and_every_default_policy_runs(swee
 
 
 @pytest.mark.e2e
-@pytest.mark.xdist_group("ddp-sweep")  # one worker runs the module's sweep once
 def test_the_html_report_shows_the_distributed_tables(sweep, tmp_path):
     record, page = tmp_path / "r.json", tmp_path / "r.html"
     sweep.save(str(record))
