@@ -112,7 +112,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-MAX_WORKERS = 4  # each worker holds torch, transformers and a model or two: ~1.5 GB; the suite's machines have 24 GB
+# each worker holds torch, transformers and a model or two (1.1 GB at its peak; the whole suite's processes 5.3 GB
+# together with two workers, measured), and the suite's machines have 24 GB
+MAX_WORKERS = 4
 
 
 def usable_cpus() -> int:
