@@ -58,6 +58,17 @@ def started_with(token: str) -> set[int]:
     return out
 
 
+def with_project_hooks(tests, *hooks: str) -> None:
+    """A conftest.py in the folder ``tests`` that takes ``hooks`` from this one, loaded under another name (two
+    modules called conftest would clash): a pytest run there uses the project's own hooks."""
+    tests.mkdir(exist_ok=True)
+    (tests / "conftest.py").write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('project_conftest', {os.path.join(HERE, 'conftest.py')!r})\n"
+        "module = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(module)\n"
+        + "".join(f"{hook} = module.{hook}\n" for hook in hooks))
+
+
 def made_once(tmp_path_factory, name: str, make) -> str:
     """The path of ``name``, made by ``make(path)`` once per test session: under pytest -n the first worker to ask
     makes it while the others wait on a lock, then read it (a module fixture would be run by each worker that

@@ -315,15 +315,11 @@ def test_bench_takes_a_plan_file_and_bad_plans_are_one_line_errors(tmp_path):
 def test_the_suites_workers_see_the_real_terminal_and_take_a_share_of_the_cores(tmp_path):
     """`pytest -n auto`: each worker once saw COLUMNS=80 (set by pytest-xdist), so the commands the tests ran printed
     80-column tables and nine tests failed; and two workers at torch's default thread count would spin against each
-    other. The project's hooks, loaded under another name (two modules called conftest would clash)."""
+    other."""
+    from conftest import with_project_hooks
+
     tests = tmp_path / "tests"
-    tests.mkdir()
-    (tests / "conftest.py").write_text(
-        "import importlib.util\n"
-        f"spec = importlib.util.spec_from_file_location('project_conftest', {os.path.join(HERE, 'conftest.py')!r})\n"
-        "module = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(module)\n"
-        "pytest_configure = module.pytest_configure\npytest_configure_node = module.pytest_configure_node\n"
-        "pytest_xdist_auto_num_workers = module.pytest_xdist_auto_num_workers\n")
+    with_project_hooks(tests, "pytest_configure", "pytest_configure_node", "pytest_xdist_auto_num_workers")
     (tests / "test_x.py").write_text(
         "import os, torch\n"
         "def test_a():\n"

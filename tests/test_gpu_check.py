@@ -16,7 +16,7 @@ import textwrap
 import types
 
 import pytest
-from conftest import HERE, fake_hardware
+from conftest import HERE, fake_hardware, with_project_hooks
 
 ROOT = os.path.dirname(HERE)
 GPU = os.path.join(ROOT, "scripts", "gpu")
@@ -140,13 +140,7 @@ def test_a_rerun_of_one_part_gets_the_whole_budget_left():
 
 def test_the_cuda_tests_that_passed_on_an_earlier_loan_run_last(tmp_path):
     tests = tmp_path / "tests"
-    tests.mkdir()
-    # the project's own hook, loaded under another name (two modules called conftest would clash)
-    (tests / "conftest.py").write_text(
-        "import importlib.util\n"
-        f"spec = importlib.util.spec_from_file_location('project_conftest', {os.path.join(HERE, 'conftest.py')!r})\n"
-        "module = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(module)\n"
-        "pytest_collection_modifyitems = module.pytest_collection_modifyitems\n")
+    with_project_hooks(tests, "pytest_collection_modifyitems")
     (tests / "test_x.py").write_text("def test_a(): pass\ndef test_b(): pass\ndef test_c(): pass\n")
     passed = tmp_path / "passed.txt"
     passed.write_text("tests/test_x.py::test_a\ntests/test_x.py::test_b\n")
