@@ -210,6 +210,22 @@ def test_a_counter_that_went_backwards_gives_no_reading() -> None:
     assert reading is None and why == "the fake counter went backwards (it was reset)"
 
 
+def test_a_script_runs_window_spans_its_timed_steps_and_is_judged_as_any_window() -> None:
+    """A script's session marks the counter at each step's end: the window runs from the last warm-up step's mark to
+    the last step's, and the counter's rules (its shortest window, never backwards) judge it as the rounds' are."""
+    from dtypelab.script.session_state import ScriptEnergy
+
+    run = ScriptEnergy(Meter(FakeCounter(update_s=0.1)))
+    run.marks = [(0.0, 0.0), (1.0, 10.0), (2.5, 25.0), (4.0, 55.0)]  # (seconds, joules) at each step's end
+    assert run.name == "fake" and run.window(1) == (55.0, 4.0, 3)  # 3 steps after one warm-up
+    assert run.window(2) == (45.0, 3.0, 2) and run.window(4) is None  # no step left after the warm-up
+    run.marks = [(0.0, 0.0), (1.0, 10.0)]
+    assert run.window(1) is None  # 1 s: shorter than the counter's 20 refreshes (2 s)
+    run.marks = [(0.0, 50.0), (3.0, 10.0)]
+    assert run.window(1) is None  # went backwards
+    assert ScriptEnergy(None).window(1) is None
+
+
 def test_idle_power_is_one_window_at_least_the_counters_minimum(monkeypatch) -> None:
     counter = FakeCounter(update_s=0.5)  # minimum window 10 s
     meter = Meter(counter)
@@ -471,8 +487,7 @@ class WattsCounter:
 @pytest.fixture
 def counted_40w(monkeypatch):
     """This process's devices measured by a 40 W counter (the sweep's rounds and a generation, run inline)."""
-    monkeypatch.setattr("dtypelab.sweep.rounds.open_meter", lambda device: (Meter(WattsCounter(40.0)), ""))
-    monkeypatch.setattr("dtypelab.serving.measure.open_meter", lambda device: (Meter(WattsCounter(40.0)), ""))
+    monkeypatch.setattr("dtypelab.core.energy.open_meter", lambda device: (Meter(WattsCounter(40.0)), ""))
     monkeypatch.setattr("dtypelab.sweep.interleave.counter_of", lambda device: ("test counter", ""))
     monkeypatch.setattr("dtypelab.core.energy.IDLE_S", 0.05)
     monkeypatch.setattr("dtypelab.sweep.rounds.CLEARLY_SLOWER", 0.0)
@@ -532,7 +547,7 @@ def test_a_generation_without_a_counter_says_why_and_decides_nothing_for_energy(
     from dtypelab.serving import Shape, serve_bench
 
     why = "CPU energy is not measured: no /sys/class/powercap here (RAPL is not exposed in this container or VM)"
-    monkeypatch.setattr("dtypelab.serving.measure.open_meter", lambda device: (None, why))
+    monkeypatch.setattr("dtypelab.core.energy.open_meter", lambda device: (None, why))
     report = serve_bench("tinylm", Shape(16, 8, 2), "fp32,int8-wo", launcher="inline", objective="energy")
     assert report.energy_source is not None and report.energy_source.why == why
     assert all(p.generate is not None and p.generate.energy is None for p in report.policies)

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dtypelab.core.results import EnergySource
+
 NVML_UPDATE_S = 0.1  # the driver's refresh of the total-energy counter (NVML docs; ML.ENERGY's measurements)
 RAPL_UPDATE_S = 0.001  # RAPL's MSRs refresh about every millisecond
 ZEUS_UPDATE_S = 0.1  # what Zeus's slowest backends (AMD SMI, Apple) refresh at, taken as the floor for all of them
@@ -125,11 +127,13 @@ class Meter:
         return time.perf_counter(), self.counter.read()
 
     def end(self, start: tuple[float, float]) -> tuple[Reading | None, str]:
-        """The window's reading, or None and why it says nothing (too short for the counter, a counter that went
-        backwards: the driver reloaded)."""
-        self.sync()
-        now, joules = time.perf_counter(), self.counter.read()
-        seconds, used = now - start[0], joules - start[1]
+        """The window from ``start`` to now (a synchronized edge, as ``begin``'s)."""
+        return self.between(start, self.begin())
+
+    def between(self, start: tuple[float, float], stop: tuple[float, float]) -> tuple[Reading | None, str]:
+        """The window between two edges ``begin`` returned, or None and why it says nothing (too short for the
+        counter, a counter that went backwards: the driver reloaded)."""
+        seconds, used = stop[0] - start[0], stop[1] - start[1]
         if used < 0:
             return None, f"the {self.name} counter went backwards (it was reset)"
         if seconds < self.min_window_s:
@@ -257,6 +261,17 @@ def open_meter(device: Any) -> tuple[Meter | None, str]:
     return None, why + ("" if device.type == "cuda" else " (nor is Zeus installed)")
 
 
+def measuring(device: Any) -> tuple[Meter | None, EnergySource]:
+    """This device's meter and what the record says of it, its idle power read over one window first; (None, why
+    nothing measures it) where no counter does."""
+    meter, why = open_meter(device)
+    if meter is None:
+        return None, EnergySource(why=why)
+    idle = meter.idle()
+    return meter, EnergySource(meter.name, idle_watts=idle.watts if idle else None, update_s=meter.update_s,
+                               min_window_s=meter.min_window_s)
+
+
 def counter_of(device: Any) -> tuple[str, str]:
     """(the name of the counter that would measure ``device``, "") or ("", why none would): the launcher's side,
     before its workers open their own."""
@@ -268,4 +283,4 @@ def counter_of(device: Any) -> tuple[str, str]:
 
 
 __all__ = ["IDLE_S", "MIN_UPDATES", "Meter", "NoEnergy", "NvmlCounter", "RaplCounter", "Reading", "ZeusMeter",
-           "counter_of", "open_meter", "rapl_zones"]
+           "counter_of", "measuring", "open_meter", "rapl_zones"]

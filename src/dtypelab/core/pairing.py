@@ -4,51 +4,53 @@ same for energy, from the joules the counter read over each block's window."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from dtypelab.core.results import Energy, RoundBlock, SpeedupInterval
 from dtypelab.core.stats import MIN_QUIET, mean_interval, ratio_interval
 
+T = TypeVar("T")
 
-def _quiet_pairs(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...], value: str
-                 ) -> tuple[list[tuple[RoundBlock, RoundBlock]], int, int]:
-    """(the pairs the interval uses, the pairs seen, the disturbed ones): pairs by round with ``value`` on both
-    sides; rounds where either block was disturbed are left out while MIN_QUIET quiet ones remain."""
-    by_round = {b.round: b for b in base}  # a policy decided early has fewer rounds than fp32: pair by round
+
+def _quiet(items: list[T], disturbed: Callable[[T], bool]) -> list[T]:
+    """``items`` without the disturbed ones while MIN_QUIET quiet ones remain; all of them otherwise."""
+    quiet = [x for x in items if not disturbed(x)]
+    return quiet if len(quiet) >= MIN_QUIET else items
+
+
+def _paired(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...], value: str) -> SpeedupInterval | None:
+    """The baseline's ``value`` per step over this policy's, round by round (a policy decided early has fewer rounds
+    than the baseline: paired by round), as a geometric mean with a Student-t interval on the log ratios; rounds where
+    either block was disturbed are left out while MIN_QUIET quiet ones remain."""
+    by_round = {b.round: b for b in base}
     pairs = [(by_round[p.round], p) for p in blocks
              if p.round in by_round and (getattr(by_round[p.round], value) or 0) > 0 and (getattr(p, value) or 0) > 0]
-    quiet = [(b, p) for b, p in pairs if not (b.disturbed or p.disturbed)]
-    used = quiet if len(quiet) >= MIN_QUIET else pairs
-    return used, len(pairs), len(pairs) - len(quiet)
+    used = _quiet(pairs, lambda bp: bp[0].disturbed or bp[1].disturbed)
+    per_step = (lambda b: b.median_s) if value == "median_s" else (lambda b: getattr(b, value) / b.n)
+    ci = ratio_interval([(per_step(b), per_step(p)) for b, p in used])
+    if ci is None:
+        return None
+    return SpeedupInterval(point=ci.point, low=ci.low, high=ci.high, rounds=ci.n, dropped=len(pairs) - len(used),
+                           disturbed=sum(b.disturbed or p.disturbed for b, p in pairs))
 
 
 def paired_speedup(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...]) -> SpeedupInterval | None:
-    """fp32's block median over this policy's, round by round; their geometric mean and a Student-t interval
-    on the log ratios. Rounds where either block was disturbed are left out while MIN_QUIET quiet ones remain."""
-    used, seen, disturbed = _quiet_pairs(base, blocks, "median_s")
-    ci = ratio_interval([(b.median_s, p.median_s) for b, p in used])
-    if ci is None:
-        return None
-    return SpeedupInterval(point=ci.point, low=ci.low, high=ci.high, rounds=ci.n, dropped=seen - len(used),
-                           disturbed=disturbed)
+    """fp32's block median over this policy's (``_paired``)."""
+    return _paired(base, blocks, "median_s")
 
 
 def paired_energy(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...]) -> SpeedupInterval | None:
-    """The baseline's joules per step over this policy's, round by round (above 1: it uses less), as
-    ``paired_speedup``: the interleaved rounds that time speed give energy the same evidence."""
-    used, seen, disturbed = _quiet_pairs(base, blocks, "joules")
-    ci = ratio_interval([(b.joules / b.n, p.joules / p.n) for b, p in used])  # type: ignore[operator]
-    if ci is None:
-        return None
-    return SpeedupInterval(point=ci.point, low=ci.low, high=ci.high, rounds=ci.n, dropped=seen - len(used),
-                           disturbed=disturbed)
+    """The baseline's joules per step over this policy's (above 1: it uses less), as ``paired_speedup``: the
+    interleaved rounds that time speed give energy the same evidence."""
+    return _paired(base, blocks, "joules")
 
 
 def block_energy(blocks: tuple[RoundBlock, ...], batch_size: int, tokens: int | None, counter: str,
                  idle_watts: float | None) -> Energy | None:
     """A policy's energy from its measured windows (quiet ones, while MIN_QUIET remain): all joules over all steps,
     with a Student-t interval on each window's joules per step; None when no window was measured."""
-    measured = [b for b in blocks if b.joules is not None and b.n and b.window_s]
-    quiet = [b for b in measured if not b.disturbed]
-    used = quiet if len(quiet) >= MIN_QUIET else measured
+    used = _quiet([b for b in blocks if b.joules is not None and b.n and b.window_s], lambda b: b.disturbed)
     if not used:
         return None
     joules, steps = sum(b.joules for b in used), sum(b.n for b in used)  # type: ignore[misc]

@@ -108,7 +108,7 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
     energy = any(r.energy for r in report.results)
     headers[5:5] = ["J/sample"] if energy else []
     counted = not infer and any(r.memory for r in report.results)
-    at = 7 if energy else 6
+    at = 7 if energy else 6  # train MiB after peak MiB, wherever J/sample put it
     headers[at:at] = ["train MiB"] if counted else []
     headers += (["linear W"] if linear else []) + (["SQNR dB", "max abs err"] if infer else ["final loss"])
     headers += (["worst cos"] if cosine else []) + [metric, f"Δ {cfg.metric}", "verdict"]
@@ -121,7 +121,6 @@ def table_rows(report: Report, rec: Recommendation) -> tuple[list[str], list[lis
         row[5:5] = [_joules(r)] if energy else []
         if counted:
             total = r.memory["total"] if r.memory else None
-            at = 7 if energy else 6
             row[at:at] = [num(total / MB, ".1f" if total >= MB else ".2g") if total is not None else "—"]
         if linear:
             row.append(_ratio(_linear_bytes(r), _linear_bytes(base) if base else None) if r.ran else "—")

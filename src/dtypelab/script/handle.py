@@ -291,14 +291,13 @@ class Session:
         if self.job is None or self.job.mode != "bench":
             return
         if self.energy is None:
-            self.energy = ScriptEnergy(*open_meter(self.device))
+            self.energy = ScriptEnergy(open_meter(self.device)[0])
         self.energy.mark()
 
     def _energy_fields(self, steps: int) -> dict[str, Any]:
         if self.energy is None:
             return {}
-        return {"energy": self.energy.window(warmup_steps(steps)), "energy_counter": self.energy.name,
-                "energy_why": self.energy.why}
+        return {"energy": self.energy.window(warmup_steps(steps)), "energy_counter": self.energy.name}
 
     def _at_exit(self) -> None:
         # driven: an integration recorded metrics, they are the result; on its own: the diagnosis's summary

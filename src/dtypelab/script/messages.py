@@ -78,7 +78,7 @@ class ScriptResult:
     built_in: tuple[str, ...]  # the floating dtypes the script built its model in
     memory: dict[str, Any] | None = None  # where the training memory went (core.footprint), counted at the end
     # the energy counter over the timed steps (after the warm-up): (joules, seconds, steps) between the synchronized
-    # ends of the last warm-up step and of the last step; None where nothing measured it (``energy_why`` says why)
+    # ends of the last warm-up step and of the last step; None where nothing measured it (the launcher's
+    # ``counter_of`` says why)
     energy: tuple[float, float, int] | None = None
     energy_counter: str = ""
-    energy_why: str = ""

@@ -58,8 +58,8 @@ class ScriptEnergy:
     """A script run's energy counter, read at every step's synchronized end: the window from the last warm-up step's
     end to the last step's holds exactly the timed steps and what the loop did between them (loading, logging)."""
 
-    def __init__(self, meter: Meter | None, why: str) -> None:
-        self.meter, self.why = meter, why
+    def __init__(self, meter: Meter | None) -> None:
+        self.meter = meter
         self.name = meter.name if meter is not None else ""
         self.marks: list[tuple[float, float]] = []
 
@@ -68,18 +68,12 @@ class ScriptEnergy:
             self.marks.append(self.meter.begin())
 
     def window(self, warmup: int) -> tuple[float, float, int] | None:
-        """(joules, seconds, steps) after the warm-up; None (and ``why`` set) when there is none to speak of."""
+        """(joules, seconds, steps) after the warm-up; None when there is none the counter can speak for (too short,
+        or the counter went backwards)."""
         if self.meter is None or len(self.marks) < warmup + 1 or warmup < 1:
             return None
-        (t0, j0), (t1, j1) = self.marks[warmup - 1], self.marks[-1]
-        if j1 < j0:
-            self.why = f"the {self.name} counter went backwards (it was reset)"
-            return None
-        if t1 - t0 < self.meter.min_window_s:
-            self.why = (f"the timed steps took {t1 - t0:.2g} s, shorter than the {self.name} counter's shortest "
-                        f"window ({self.meter.min_window_s:g} s)")
-            return None
-        return j1 - j0, t1 - t0, len(self.marks) - warmup
+        reading, _ = self.meter.between(self.marks[warmup - 1], self.marks[-1])
+        return (reading.joules, reading.seconds, len(self.marks) - warmup) if reading is not None else None
 
 
 def lower_is_better(metric: str) -> bool:

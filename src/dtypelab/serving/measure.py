@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from dtypelab.core.energy import Meter, open_meter
+from dtypelab.core.energy import Meter, measuring
 from dtypelab.core.loop import threads
 from dtypelab.core.measure import device_sync
 from dtypelab.core.pairing import block_energy
@@ -157,10 +157,9 @@ def measured_energy(model: Any, ids: torch.Tensor, cache: Any, shape: Shape, dev
                     sync: Any) -> tuple[Energy | None, tuple[float, ...], EnergySource]:
     """Joules per generated token over whole generations, and the prefill's per prompt token, each from windows of
     whole calls at synchronized edges; (None, (), why) where no counter measures this device."""
-    meter, why = open_meter(device)
+    meter, source = measuring(device)
     if meter is None:
-        return None, (), EnergySource(why=why)
-    idle = meter.idle()
+        return None, (), source
 
     def whole() -> None:
         cache.reset()
@@ -172,17 +171,15 @@ def measured_energy(model: Any, ids: torch.Tensor, cache: Any, shape: Shape, dev
 
     gens, pres = _windows(meter, whole), _windows(meter, first)
     generated, prompt = shape.batch_size * shape.gen_len, shape.batch_size * shape.prompt_len
-    idle_w = idle.watts if idle else None
-    whole_e = block_energy(gens, shape.batch_size, generated, meter.name, idle_w)
-    prefill_e = block_energy(pres, shape.batch_size, prompt, meter.name, idle_w)
+    whole_e = block_energy(gens, shape.batch_size, generated, meter.name, source.idle_watts)
+    prefill_e = block_energy(pres, shape.batch_size, prompt, meter.name, source.idle_watts)
     if whole_e is None or prefill_e is None:
         return None, (), EnergySource(meter.name, why=f"the {meter.name} counter could not be read over a window")
     steps = shape.batch_size * (shape.gen_len - 1)
     energy = replace(whole_e, prefill_joules_per_token=prefill_e.joules_per_token, decode_joules_per_token=(
         (whole_e.joules_per_step - prefill_e.joules_per_step) / steps if steps else None))
     per_token = tuple(b.joules / b.n / generated for b in gens)  # type: ignore[operator]
-    return energy, per_token, EnergySource(meter.name, idle_watts=idle_w, update_s=meter.update_s,
-                                           min_window_s=meter.min_window_s)
+    return energy, per_token, source
 
 
 def quality(model: Any, config: Any, job: GenerateJob, served: Any, dtype: torch.dtype,

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from dtypelab.core.disturbance import CpuMeter, was_disturbed
-from dtypelab.core.energy import Meter, open_meter
+from dtypelab.core.energy import Meter, measuring
 from dtypelab.core.errors import describe_exception
 from dtypelab.core.loop import build_model, build_trainable, forward, threads, to_device, train_step
 from dtypelab.core.measure import StepTimer, device_sync, tokens_of
@@ -116,14 +116,7 @@ class _Stepper:
 
     def open_meter(self) -> None:
         """The device's energy counter, and its idle power over one window before any policy steps."""
-        meter, why = open_meter(self.device)
-        if meter is None:
-            self.energy = EnergySource(why=why)
-            return
-        idle = meter.idle()
-        self.meter = meter
-        self.energy = EnergySource(meter.name, idle_watts=idle.watts if idle else None, update_s=meter.update_s,
-                                   min_window_s=meter.min_window_s)
+        self.meter, self.energy = measuring(self.device)
 
     def size_blocks(self, warm_s: dict[str, float]) -> None:
         """Blocks long enough for the energy counter: the fastest policy's block spans its minimum window."""

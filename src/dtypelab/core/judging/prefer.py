@@ -21,6 +21,12 @@ def keeps_updates(r: PolicyResult) -> bool:
     return bool(r.info is not None and r.info.keeps_updates)
 
 
+# what each objective's paired intervals measure, and how a sentence says a policy gains by it: (the quantity, what
+# it might do on a quiet machine, what it did)
+GAIN_WORDS = {"speed": ("speed", "be faster", "came out faster"),
+              "energy": ("energy", "use less energy per sample", "used less energy per sample")}
+
+
 def gain_ci(r: PolicyResult, objective: str) -> SpeedupInterval | None:
     """The paired interval the objective decides by: the speedup, or the energy saved (the baseline's joules per step
     over this policy's)."""
@@ -57,5 +63,5 @@ def safest(faster: list[PolicyResult], metric: str, higher: bool, objective: str
            "low-precision weights)")
     return chosen, (f"{chosen.policy} ({a.point:.2f}x, {a.low:.2f}–{a.high:.2f}) and {fastest.policy} "
                     f"({b.point:.2f}x, {b.low:.2f}–{b.high:.2f}) cannot be told apart in "
-                    f"{'energy' if objective == 'energy' else 'speed'} (their 95% intervals "
+                    f"{GAIN_WORDS[objective][0]} (their 95% intervals "
                     f"overlap): {chosen.policy} is preferred because {why}.")

@@ -11,7 +11,7 @@ from dtypelab.core.disturbance import describe, was_disturbed
 from dtypelab.core.judging.explain import why
 from dtypelab.core.judging.memory import budget_verdicts, over, within_budget
 from dtypelab.core.judging.notes import table_notes
-from dtypelab.core.judging.prefer import gain_ci, safest
+from dtypelab.core.judging.prefer import GAIN_WORDS, gain_ci, safest
 from dtypelab.core.judging.speed import speedup
 from dtypelab.core.judging.verdicts import judged_runs, metric_text, not_run
 from dtypelab.core.results import (
@@ -142,14 +142,12 @@ def _decision(report: Report, p: Pick, base: PolicyResult, base_metric: float) -
             f"No recommendation: the machine was too busy to decide (other processes used the CPU while "
             f"{baseline}'s steps were timed: {describe(base.disturbance, subject=False)}), and every policy faster "
             f"than {baseline} may be so only because of it; re-run it on a quiet machine.")
-    # the intervals are of what the objective measures: a speedup, or the baseline's joules over the policy's
-    gain = "use less energy per sample" if cfg.objective == "energy" else "be faster"
+    _, gain, shown = GAIN_WORDS[cfg.objective]  # the intervals are of what the objective measures
     if p.busy and p.contenders:
         return Decision.TOO_BUSY, None, (
             f"No recommendation: the machine was too busy to decide ({disturbed_text(baseline, base.rounds)}) and "
             f"{', '.join(r.policy for r in p.contenders)} might {gain} on a quiet machine; re-run it there.")
     if p.busy:
-        shown = "used less energy per sample" if cfg.objective == "energy" else "came out faster"
         return Decision.KEEP_BASELINE_BUSY, baseline, (
             f"Keep {baseline}: the machine was busy ({disturbed_text(baseline, base.rounds)}), but no alternative "
             f"within {tol} on {metric} {shown} even so (every 95% interval at or below {1 + MIN_GAIN:.2f}x), "
@@ -219,7 +217,7 @@ def _no_gain(report: Report, p: Pick, base: PolicyResult) -> list[str]:
                        f"{r.policy} {speedup(r, base):.2f}x by medians over {len(_timed(r))} steps"
                        for r in p.by_median_only) + "; the safer " + baseline + " numerics are kept.")
     if p.gain_not_shown:
-        what = "energy" if report.config.objective == "energy" else "speed"
+        what = GAIN_WORDS[report.config.objective][0]
         cis = [(r.policy, gain_ci(r, report.config.objective)) for r in p.gain_not_shown]
         out.append(f"No measurable {what} difference from " + baseline + ": " + ", ".join(
             f"{name} {ci.point:.2f}x ({ci.low:.2f}–{ci.high:.2f})" for name, ci in cis if ci)
@@ -262,18 +260,15 @@ def recommend(report: Report) -> Recommendation:
                               sentences=(reason, *_skip_sentences(skipped)), notes=tuple(table_notes(report)))
     verdicts, accepted, notes = judged_runs(report, base, base_metric, cfg.tolerance)
     untimed = [r.policy for r in report.results if r.ran and r.timing is None and r.speedup_ci is None]
+    reason = _no_energy(report)  # --objective energy decides from measured joules only
     if untimed:  # no decision without evidence: a policy that ran untimed might be the fastest
         reason = (f"No recommendation: {', '.join(untimed)} ran but timed no step, so nothing can be said of speed; "
                   "re-run once every policy's steps are timed.")
         for name in untimed:
             verdicts[name] = replace(verdicts[name], verdict=Verdict.UNTIMED, text="not timed", speedup=None)
+    if reason:
         return Recommendation(Decision.NO_EVIDENCE, None, reason, _ordered(report, {**unrun, **verdicts}),
                               sentences=(reason, *_skip_sentences(skipped)),
-                              notes=tuple(table_notes(report, verdicts)))
-    unmeasured = _no_energy(report)
-    if unmeasured:  # --objective energy decides from measured joules only
-        return Recommendation(Decision.NO_EVIDENCE, None, unmeasured, _ordered(report, {**unrun, **verdicts}),
-                              sentences=(unmeasured, *_skip_sentences(skipped)),
                               notes=tuple(table_notes(report, verdicts)))
     p = pick(report, base, accepted)
     decision, best, first = _decision(report, p, base, base_metric)

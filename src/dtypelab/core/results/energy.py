@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HOWS = ("measured", "forecast")
-
 
 @dataclass(frozen=True)
 class Energy:
@@ -40,4 +38,4 @@ class EnergySource:
     min_window_s: float | None = None  # the shortest window counted
 
 
-__all__ = ["HOWS", "Energy", "EnergySource"]
+__all__ = ["Energy", "EnergySource"]
