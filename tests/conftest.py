@@ -58,6 +58,15 @@ def started_with(token: str) -> set[int]:
     return out
 
 
+def interruptible() -> None:
+    """A ``preexec_fn`` for a child a test will send SIGINT: SIGINT at its default, so that Python installs its
+    KeyboardInterrupt handler there even when the suite itself was started with SIGINT ignored (``bash .ci/run &`` from
+    a script, as many CI runners start it), a disposition every child would otherwise inherit."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def with_project_hooks(tests, *hooks: str) -> None:
     """A conftest.py in the folder ``tests`` that takes ``hooks`` from this one, loaded under another name (two
     modules called conftest would clash): a pytest run there uses the project's own hooks."""

@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from conftest import HERE, TINY
+from conftest import HERE, TINY, interruptible
 
 import dtypelab
 from dtypelab.core.errors import DtypelabError
@@ -329,7 +329,7 @@ def test_ctrl_c_keeps_the_policies_forecast_so_far_and_marks_the_rest_interrupte
     proc = subprocess.Popen([sys.executable, "-m", "dtypelab", "forecast", "digits", "-p", "fp32,bf16,fp64,amp-bf16",
                              "--device", "cpu", "--check", "--no-speed", "--no-batch-search", "--json", str(path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "DTYPELAB_FORK": "0"})
+                            env={**os.environ, "DTYPELAB_FORK": "0"}, preexec_fn=interruptible)
     seen, deadline = "", time.monotonic() + 120
     while "1/4 policies" not in seen and time.monotonic() < deadline:
         line = proc.stderr.readline()

@@ -310,3 +310,32 @@ def test_a_worker_names_the_parts_of_lazily_importing_libraries_it_used():
     assert not any(m.startswith("dtypelab") for m in named)  # never a module of dtypelab's or the user's
     deep = [m for m in named if "." in m and m != "torch._dynamo"]
     assert deep and all(m.partition(".")[0] in ("transformers", "peft") for m in deep)
+
+
+def test_every_test_that_sends_sigint_starts_its_child_with_sigint_at_its_default():
+    """CI may start the suite with SIGINT ignored (``bash .ci/run &`` from a script), a disposition every child
+    inherits: a child a test sends SIGINT must be started with ``conftest.interruptible``, or it ignores the signal
+    and the test fails only there. Checked in every test file, and the helper checked under an ignoring parent."""
+    import re
+    import signal as signals
+
+    from conftest import HERE, interruptible
+
+    sends = re.compile(r"send_signal\(\s*signal\.SIGINT|kill(pg)?\([^)]*SIGINT")
+    offenders = []
+    for name in sorted(os.listdir(HERE)):
+        if name.endswith(".py") and name != os.path.basename(__file__):
+            with open(os.path.join(HERE, name)) as f:
+                text = f.read()
+            if sends.search(text) and "preexec_fn=interruptible" not in text:
+                offenders.append(name)
+    assert not offenders, f"these send SIGINT to a child started without preexec_fn=interruptible: {offenders}"
+    previous = signals.signal(signals.SIGINT, signals.SIG_IGN)
+    try:
+        asked = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler, end='')"
+        ignored = subprocess.run([sys.executable, "-c", asked], capture_output=True, text=True, timeout=60)
+        helped = subprocess.run([sys.executable, "-c", asked], capture_output=True, text=True, timeout=60,
+                                preexec_fn=interruptible)
+    finally:
+        signals.signal(signals.SIGINT, previous)
+    assert (ignored.stdout, helped.stdout) == ("False", "True")
