@@ -8,6 +8,7 @@ import os
 import sys
 import types
 from dataclasses import replace
+from typing import ClassVar
 
 import pytest
 
@@ -156,31 +157,67 @@ def test_nvml_meter_reads_its_counter(monkeypatch) -> None:
     assert meter.counter.read() == 5.0 and meter.min_window_s == pytest.approx(2.0)
 
 
-def test_zeus_measures_where_the_native_readers_cannot(tmp_path, monkeypatch) -> None:
-    windows: dict[str, float] = {}
+class FakeZeus:
+    """Zeus's ``ZeusMonitor`` as its code behaves (zeus/monitor/energy.py): named windows, each ended once; a window's
+    CPU packages in ``cpu_energy``, its GPUs in ``gpu_energy`` (``total_energy`` sums the GPUs only). Every window
+    holds 50 W over a clock the test moves."""
 
-    class Monitor:
-        def __init__(self, gpu_indices, cpu_indices) -> None:
-            self.cpu = cpu_indices
+    clock: ClassVar[list[float]] = [0.0]
+    opened: ClassVar[dict[str, float]] = {}
+    ended: ClassVar[list[str]] = []
 
-        def begin_window(self, key, sync_execution=True) -> None:
-            windows[key] = 0.0
+    def __init__(self, gpu_indices, cpu_indices) -> None:
+        FakeZeus.opened, FakeZeus.ended = {}, []
 
-        def end_window(self, key, sync_execution=True):
-            # Zeus's Measurement: total_energy sums the GPUs only; a CPU's packages are in cpu_energy
-            return types.SimpleNamespace(time=3.0, gpu_energy={}, cpu_energy={0: 150.0}, total_energy=0.0)
+    def begin_window(self, key, sync_execution=True) -> None:
+        assert key not in self.opened, f"window {key} opened twice"
+        self.opened[key] = self.clock[0]
 
+    def end_window(self, key, sync_execution=True):
+        seconds = self.clock[0] - self.opened[key]
+        self.ended.append(key)
+        return types.SimpleNamespace(time=seconds, gpu_energy={}, cpu_energy={0: 50.0 * seconds}, total_energy=0.0)
+
+
+@pytest.fixture
+def zeus_alone(tmp_path, monkeypatch):
+    """A machine where only Zeus reads this CPU's energy (no RAPL)."""
     zeus = types.ModuleType("zeus")
     monitor = types.ModuleType("zeus.monitor")
-    monitor.ZeusMonitor = Monitor  # type: ignore[attr-defined]
+    monitor.ZeusMonitor = FakeZeus  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "zeus", zeus)
     monkeypatch.setitem(sys.modules, "zeus.monitor", monitor)
     monkeypatch.setenv(energy.POWERCAP_ENV, str(tmp_path / "none"))
+    FakeZeus.clock[0] = 0.0
+    monkeypatch.setattr(energy.time, "perf_counter", lambda: FakeZeus.clock[0])
+    return FakeZeus
+
+
+def test_zeus_measures_where_the_native_readers_cannot(zeus_alone) -> None:
     meter, why = open_meter(types.SimpleNamespace(type="cpu", index=None))
     assert why == "" and meter is not None and meter.name == "Zeus (CPU)"
-    reading, _ = meter.end(meter.begin())
-    assert reading is not None and reading.watts == pytest.approx(50.0)
-    assert list(windows) == ["dtypelab-1"]
+    edge = meter.begin()
+    zeus_alone.clock[0] += 3.0
+    reading, _ = meter.end(edge)
+    assert reading is not None and reading.joules == pytest.approx(150.0) and reading.watts == pytest.approx(50.0)
+    assert len(zeus_alone.opened) - len(zeus_alone.ended) == 1  # one window open at a time
+
+
+def test_a_script_run_measured_by_zeus_alone_records_joules_not_window_numbers(zeus_alone) -> None:
+    """A script marks the counter at every step: with Zeus the reader, the window after the warm-up holds the joules
+    of its steps (50 W over 20 steps of 0.25 s: 250 J), and every Zeus window but the current one is closed."""
+    from dtypelab.script.session_state import ScriptEnergy
+
+    meter, _ = open_meter(types.SimpleNamespace(type="cpu", index=None))
+    run = ScriptEnergy(meter)
+    for _ in range(22):
+        zeus_alone.clock[0] += 0.25
+        run.mark()
+    window = run.window(2)
+    assert window is not None
+    joules, seconds, steps = window
+    assert steps == 20 and seconds == pytest.approx(5.0) and joules == pytest.approx(250.0)
+    assert len(zeus_alone.opened) - len(zeus_alone.ended) == 1
 
 
 # --- windows ------------------------------------------------------------------------------------------------------

@@ -112,7 +112,8 @@ def _zone_name(zone: str) -> str:
 
 
 class Meter:
-    """Windows of work measured by a counter (or by Zeus): ``begin()`` and ``end(start)`` at synchronized edges."""
+    """Windows of work measured by a counter (NVML, RAPL or Zeus): ``begin()`` and ``end(start)`` at synchronized
+    edges, each edge (seconds, joules so far)."""
 
     def __init__(self, counter: Counter, sync: Callable[[], None] | None = None) -> None:
         self.counter, self.sync = counter, sync or (lambda: None)
@@ -148,27 +149,32 @@ class Meter:
         return self.end(start)[0]
 
 
-class ZeusMeter(Meter):
-    """Zeus's ``ZeusMonitor`` windows, for hardware the counters above do not reach."""
+class ZeusCounter:
+    """Zeus's ``ZeusMonitor`` as a cumulative counter, for hardware the counters above do not reach: one Zeus window
+    is open at a time; each read ends it, adds its joules to the total and opens the next, so a ``Meter``'s windows
+    are judged alike whatever reads them (a script run marks every step: every window but the last is closed). A
+    window with none of the device's parts (an SoC's, not read here) raises ``NoEnergy``."""
+
+    update_s = ZEUS_UPDATE_S
 
     def __init__(self, monitor: Any, name: str) -> None:
-        self.monitor, self.name, self.update_s = monitor, name, ZEUS_UPDATE_S
-        self.sync, self._n = (lambda: None), 0
+        self.monitor, self.name = monitor, name
+        self.total, self._n = 0.0, 0
+        self._open()
 
-    def begin(self) -> tuple[float, float]:
+    def _open(self) -> None:
         self._n += 1
         self.monitor.begin_window(f"dtypelab-{self._n}", sync_execution=True)
-        return time.perf_counter(), float(self._n)
 
-    def end(self, start: tuple[float, float]) -> tuple[Reading | None, str]:
-        m = self.monitor.end_window(f"dtypelab-{int(start[1])}", sync_execution=True)
-        if m.time < self.min_window_s:
-            return None, f"a window of {m.time:.2g} s is shorter than Zeus's minimum ({self.min_window_s:g} s)"
+    def read(self) -> float:
+        m = self.monitor.end_window(f"dtypelab-{self._n}", sync_execution=True)
+        self._open()
         # Zeus's ``total_energy`` sums the GPUs only: a CPU's packages are in ``cpu_energy``
         parts = {**(m.gpu_energy or {}), **{f"cpu{i}": j for i, j in (m.cpu_energy or {}).items()}}
         if not parts:
-            return None, "Zeus measured none of this device's energy (an SoC's parts are not read)"
-        return Reading(float(sum(parts.values())), float(m.time)), ""
+            raise NoEnergy("Zeus measured none of this device's energy (an SoC's parts are not read)")
+        self.total += float(sum(parts.values()))
+        return self.total
 
 
 def _nvml(device: Any) -> Meter:
@@ -237,11 +243,15 @@ def _zeus(device: Any) -> Meter | None:
     except ImportError:
         return None
     try:
+        counter: ZeusCounter
         if device.type == "cpu":
-            return ZeusMeter(ZeusMonitor(gpu_indices=[], cpu_indices=[0]), "Zeus (CPU)")
-        return ZeusMeter(ZeusMonitor(gpu_indices=[device.index or 0], cpu_indices=[]), "Zeus (GPU)")
+            counter = ZeusCounter(ZeusMonitor(gpu_indices=[], cpu_indices=[0]), "Zeus (CPU)")
+        else:
+            counter = ZeusCounter(ZeusMonitor(gpu_indices=[device.index or 0], cpu_indices=[]), "Zeus (GPU)")
+        counter.read()  # one window read whole, as the native readers read their counter once when opened
     except Exception:
         return None
+    return Meter(counter)  # Zeus synchronizes the devices it reads (sync_execution)
 
 
 def open_meter(device: Any) -> tuple[Meter | None, str]:
@@ -282,5 +292,5 @@ def counter_of(device: Any) -> tuple[str, str]:
     return (meter.name, "") if meter is not None else ("", why)
 
 
-__all__ = ["IDLE_S", "MIN_UPDATES", "Meter", "NoEnergy", "NvmlCounter", "RaplCounter", "Reading", "ZeusMeter",
+__all__ = ["IDLE_S", "MIN_UPDATES", "Meter", "NoEnergy", "NvmlCounter", "RaplCounter", "Reading", "ZeusCounter",
            "counter_of", "measuring", "open_meter", "rapl_zones"]
