@@ -96,8 +96,6 @@ def test_a_serving_policy_is_a_weight_format_with_a_cache_format():
     (["bench", "tinylm", "--mode", "generate", "--prompt-len", "1000", "--gen-len", "100"], "takes at most 1024"),
     (["bench", "tinylm", "--mode", "generate", "-p", "fp32+kv-fp4"], "unknown KV-cache format"),
     (["bench", "digits", "--mode", "generate"], "not a causal language model"),
-    (["bench", f"hf:{os.path.join(ROOT, 'tests', 'data', 'phi3-tiny')}", "--mode", "generate", "--prompt-len", "16",
-      "--gen-len", "8"], "sliding window of 16 tokens"),
     (["forecast", "tinylm", "--mode", "generate", "--device", "H100", "--check"], "--check runs the workload here"),
     (["forecast", "tinylm", "--mode", "generate", "--device", "H100", "--prompt-len", "1024"], "takes at most 1024"),
 ])
@@ -108,18 +106,126 @@ def test_bad_serving_inputs_are_one_line_errors(args, words, tmp_path):
     assert len([line for line in got.stderr.splitlines() if line.startswith("error:")]) == 1
 
 
-def test_a_cache_the_static_layers_cannot_hold_is_refused():
-    from transformers import Gemma2Config, Phi3Config
+def test_a_cache_these_layers_cannot_hold_is_refused_in_one_line():
+    from transformers import Gemma2Config
 
-    from dtypelab.serving.kv import attention_layers, make_cache
+    from dtypelab.serving.kv import attention_layers
 
-    config = Gemma2Config(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
-    with pytest.raises(DtypelabError, match="sliding_attention"):
+    config = Gemma2Config(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"])
+    with pytest.raises(DtypelabError, match="linear_attention layers"):
         attention_layers(config)
-    phi3 = Phi3Config(num_hidden_layers=2, sliding_window=16, hidden_size=64, num_attention_heads=4)
-    make_cache(phi3, kv_format(None), 16)  # the window never bites
-    with pytest.raises(DtypelabError, match="sliding window of 16 tokens"):
-        make_cache(phi3, kv_format(None), 17)
+
+
+def _sliding(kind: str, layers: int = 2, window: int = 8):
+    from transformers import Gemma2Config, MistralConfig, Phi3Config
+
+    common = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                  num_hidden_layers=layers, vocab_size=97, sliding_window=window, max_position_embeddings=256,
+                  pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if kind == "gemma2":  # alternating: even layers slide, odd ones attend to everything
+        return Gemma2Config(head_dim=16, **common)
+    return (MistralConfig if kind == "mistral" else Phi3Config)(**common)
+
+
+@pytest.mark.parametrize("kind", ["mistral", "phi3", "gemma2"])
+@pytest.mark.parametrize("label", ["kv-native", "kv-int8"])
+@pytest.mark.parametrize("prompt,gen", [(5, 12), (12, 10), (8, 3)])
+def test_a_sliding_window_cache_generates_what_transformers_generates(kind, label, prompt, gen):
+    """A sliding layer holds its window only, in a ring: greedy generation through it (prompts shorter and longer
+    than the window, generations that fill it and run past it) gives transformers' own logits and tokens; a chunk
+    fed after the window is full (how quality is scored) gives the uncached forward's logits."""
+    from transformers import AutoModelForCausalLM
+
+    from dtypelab.serving.kv import held_tokens, make_cache
+
+    config = _sliding(kind, layers=4 if kind == "gemma2" else 2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(0, 97, (2, prompt))
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen, min_new_tokens=gen,
+                             do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        length = prompt + gen + 6  # room for the chunk after the generation
+        cache = make_cache(config, kv_format(label), length)
+        logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        steps = [logits]
+        for i in range(gen - 1):  # fed transformers' tokens: a rounded int8 cache may break a near tie
+            token = ref.sequences[:, prompt + i:prompt + i + 1]
+            steps.append(model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1])
+    assert [layer.max_cache_len for layer in cache.layers] == held_tokens(config, length)
+    assert all(layer.is_sliding for layer in cache.layers[::2])
+    tokens = torch.stack([s.argmax(-1) for s in steps], dim=1)
+    raw = torch.stack(ref.logits, dim=1).argmax(-1)  # the unprocessed logits' (min_new_tokens masks the end token)
+    assert label != "kv-native" or torch.equal(tokens, raw)
+    tol = 1e-5 if label == "kv-native" else 0.2  # int8 keys and values: rounded, as stored
+    assert max((a - b).abs().max().item() for a, b in zip(steps, ref.logits, strict=True)) < tol
+    if label == "kv-native" and prompt > 8:
+        rest = torch.randint(0, 97, (2, 6))
+        with torch.no_grad():
+            chunk = model(input_ids=rest, past_key_values=cache, use_cache=True).logits
+            whole = model(input_ids=torch.cat([ids, tokens[:, :-1], rest], dim=1)).logits[:, -6:]
+        assert (chunk - whole).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["mistral", "gemma2"])
+def test_a_sliding_window_models_forecast_holds_each_window_and_reads_a_deep_model_right(kind, monkeypatch):
+    """Nine blocks past their window (Mistral: every layer slides; Gemma-2: every other one): the cache the forecast
+    counts is the formula's (each sliding layer its window), and the line through the traces at 3 and 4 blocks, the
+    searches' shortcut included, gives the whole trace's peaks to the byte."""
+    import dtypelab.serving.tracing as fcmod
+    from dtypelab.serving.kv import cache_bytes_at
+    from dtypelab.serving.served import Served
+    from dtypelab.serving.tracing import PolicyRun, ServeForecaster
+
+    config = _sliding(kind, layers=9, window=16)
+
+    def make():
+        from transformers import AutoModelForCausalLM
+        return AutoModelForCausalLM.from_config(config)
+
+    served = Served("sliding9", make, lambda n, length: torch.zeros(n, length, dtype=torch.long), 256, False, "")
+    target = target_device("H100", None, None)
+    p = serve_policy("bf16")
+    shapes = [Shape(20, 12, 2), Shape(20, 40, 2), Shape(8, 4, 3)]
+    run = PolicyRun(ServeForecaster(served, target, 0), p, {})
+    lines = [run.traced(shape) for shape in shapes]  # the first finds a block exact; the others take the shortcut
+    monkeypatch.setattr(fcmod, "DEEP", 9)
+    for shape, line in zip(shapes, lines, strict=True):
+        whole = PolicyRun(ServeForecaster(served, target, 0), p, {}).traced(shape)
+        for a, b in ((line.prefill, whole.prefill), (line.decode, whole.decode)):
+            assert (a.peak, a.weights, a.kv) == (b.peak, b.weights, b.kv), shape
+        assert whole.decode.kv == cache_bytes_at(config, p.kv, torch.bfloat16, shape.context, shape.batch_size)
+
+
+def test_a_search_stays_within_the_models_positions_and_never_costs_the_answer(monkeypatch):
+    """The longest-context search goes up to the positions the model serves (a sliding-window model's cache stops
+    growing at its window, so it fits there); a search that cannot be traced leaves its figure out, saying why, and
+    the answer at the shape asked for stands."""
+    import dtypelab.serving.speed as speed
+    from dtypelab.serving.served import Served
+    from dtypelab.serving.tracing import ServeForecaster
+
+    config = _sliding("mistral", layers=2, window=16)
+
+    def make():
+        from transformers import AutoModelForCausalLM
+        return AutoModelForCausalLM.from_config(config)
+
+    served = Served("sliding", make, lambda n, length: torch.zeros(n, length, dtype=torch.long), 256, False, "")
+    target = target_device("H100", None, None)
+    figures, notes = speed.policy_figures(ServeForecaster(served, target, 0), serve_policy("bf16"), Shape(20, 12, 2),
+                                          None, {}, True)
+    assert figures.longest_context == 256 and figures.largest_batch and notes == ()
+
+    def refused(*args, **kwargs):
+        raise DtypelabError("a context of 4096 tokens is refused")
+
+    monkeypatch.setattr(speed, "largest", refused)
+    figures, notes = speed.policy_figures(ServeForecaster(served, target, 0), serve_policy("bf16"), Shape(20, 12, 2),
+                                          None, {}, True)
+    assert figures.peak_bytes and figures.longest_context is None and figures.largest_batch is None
+    assert notes == ("largest batch not searched: a context of 4096 tokens is refused",
+                     "longest context not searched: a context of 4096 tokens is refused")
 
 
 # --- the forecast ---------------------------------------------------------------------------------------------------
@@ -188,14 +294,14 @@ def test_a_deep_model_read_off_two_shallow_traces_is_its_whole_trace(policy, dev
 
         rates, _ = rates_for(target)
         monkeypatch.setattr(fcmod, "DEEP", 6)
-        f_line = policy_figures(ServeForecaster(served, target, 0), p, shape, StepTimes(rates), {}, False)
+        f_line, _ = policy_figures(ServeForecaster(served, target, 0), p, shape, StepTimes(rates), {}, False)
         monkeypatch.setattr(fcmod, "DEEP", 7)
-        f_whole = policy_figures(ServeForecaster(served, target, 0), p, shape, StepTimes(rates), {}, False)
+        f_whole, _ = policy_figures(ServeForecaster(served, target, 0), p, shape, StepTimes(rates), {}, False)
         assert f_line.token_latency_s == pytest.approx(f_whole.token_latency_s, rel=1e-6)
         assert f_line.ttft_s == pytest.approx(f_whole.ttft_s, rel=1e-6)
         # the searches (largest batch, longest context) trace other sizes: the speed is still the job's shape's
         monkeypatch.setattr(fcmod, "DEEP", 6)
-        searched = policy_figures(ServeForecaster(served, target, 0), p, shape, StepTimes(rates), {}, True)
+        searched, _ = policy_figures(ServeForecaster(served, target, 0), p, shape, StepTimes(rates), {}, True)
         assert searched.largest_batch and searched.longest_context
         assert searched.token_latency_s == pytest.approx(f_line.token_latency_s, rel=1e-6)
 

@@ -192,13 +192,14 @@ def _forecast_one(fc: ServeForecaster, p: ServePolicy, shape: Shape, times: Step
                   cache: dict[tuple[Any, ...], Traced], search: bool) -> GeneratePolicy:
     start = time.perf_counter()
     try:
-        figures = policy_figures(fc, p, shape, times, cache, search)
+        figures, notes = policy_figures(fc, p, shape, times, cache, search)
     except DtypelabError as exc:
         return GeneratePolicy(p.name, p.describe(), "failed", str(exc), seconds=time.perf_counter() - start)
     except Exception as exc:
         return GeneratePolicy(p.name, p.describe(), "failed", f"tracing it failed: {describe_exception(exc)}",
                               seconds=time.perf_counter() - start)
-    return GeneratePolicy(p.name, p.describe(), "ok", generate=figures, seconds=time.perf_counter() - start)
+    return GeneratePolicy(p.name, p.describe(), "ok", generate=figures, notes=notes,
+                          seconds=time.perf_counter() - start)
 
 
 def _answer(results: list[GeneratePolicy], target: TargetDevice, shape: Shape) -> tuple[str, str]:

@@ -67,16 +67,23 @@ class KVLayer:
     """One attention layer's keys and values for ``max_len`` tokens, in ``fmt``: the interface of transformers'
     cache layers (``update`` returns every cached position, masked beyond the tokens written, as its StaticLayer
     does). ``layer_class()`` makes it one of transformers' ``CacheLayerMixin`` (imported only when a cache is
-    made: transformers is an extra)."""
+    made: transformers is an extra).
+
+    A sliding-window layer (``window`` shorter than ``max_len``) holds the last ``window`` tokens only, as
+    transformers' ``StaticSlidingWindowLayer`` does and with its mask sizes, but in a ring: token ``p`` lives in slot
+    ``p % window``, so a decode step writes one slot instead of rolling the whole window (every slot of a full window
+    is attended, in any order); a chunk of several tokens gets the window's tokens in order before its own."""
 
     is_compileable = True
     is_sliding = False
     is_initialized = False
 
-    def __init__(self, max_len: int, fmt: KVFormat) -> None:
+    def __init__(self, max_len: int, fmt: KVFormat, window: int | None = None) -> None:
         self.is_initialized = self.calibrated = False
-        self.max_cache_len, self.fmt = max_len, fmt
+        self.is_sliding = window is not None and window < max_len
+        self.max_cache_len, self.fmt = (window if self.is_sliding and window else max_len), fmt
         self.cumulative_length = torch.tensor(0, dtype=torch.long)
+        self.seen = 0  # tokens written, as a Python int (a sliding layer's slots and mask sizes)
         self.keys: Any = None
         self.values: Any = None
 
@@ -114,14 +121,42 @@ class KVLayer:
             self.key_scale.copy_(self._head_scale(key_states))
             self.value_scale.copy_(self._head_scale(value_states))
             self.calibrated = True
+        if self.is_sliding and self.seen + n > self.max_cache_len:
+            return self._slide(key_states, value_states)
         # the positions as a tensor (as transformers' StaticLayer keeps them): a compiled decode step is then one
         # graph for every position, not one per position
         at = torch.arange(n, device=self.device) + self.cumulative_length
         self._write(self.keys, getattr(self, "key_scale", None), key_states, at)
         self._write(self.values, getattr(self, "value_scale", None), value_states, at)
         self.cumulative_length.add_(n)
+        self.seen += n
         return self._read(self.keys, getattr(self, "key_scale", None)), \
             self._read(self.values, getattr(self, "value_scale", None))
+
+    def _slide(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sliding layer's update past its window: one token into its slot (the whole window returned), or a chunk
+        returned after the window's tokens in order (all of them before the window fills; after, all but the oldest,
+        which the chunk's first token no longer sees), its last ``window`` tokens kept."""
+        n, window, seen = key_states.shape[-2], self.max_cache_len, self.seen
+        stores = ((self.keys, getattr(self, "key_scale", None), key_states),
+                  (self.values, getattr(self, "value_scale", None), value_states))
+        if n == 1 and seen >= window:
+            at = torch.tensor([seen % window], device=self.device)
+            for store, scale, x in stores:
+                self._write(store, scale, x, at)
+            out = tuple(self._read(store, scale) for store, scale, _ in stores)
+        else:
+            keep = seen if seen < window else window - 1
+            order = torch.arange(seen - keep, seen, device=self.device) % window
+            out = tuple(torch.cat([self._read(_select(store, order), _rows(scale, order)), x], dim=-2)
+                        for store, scale, x in stores)
+            kept = min(n, window)
+            last = torch.arange(seen + n - kept, seen + n, device=self.device)
+            for store, scale, x in stores:
+                self._write(store, scale, x[:, :, n - kept:], last % window)
+        self.cumulative_length.add_(n)
+        self.seen += n
+        return out[0], out[1]
 
     def _write(self, store: torch.Tensor, scale: torch.Tensor | None, x: torch.Tensor, at: torch.Tensor) -> None:
         if self.fmt.scaled == "":
@@ -148,7 +183,20 @@ class KVLayer:
         return (store.float() * scale).to(self.dtype)
 
     def get_mask_sizes(self, query_length: int, *args: Any) -> tuple[int, int]:
-        return self.max_cache_len, 0
+        """(keys the mask spans, position of the first): transformers' StaticSlidingWindowLayer's for a sliding
+        layer (asked before the update)."""
+        window, seen = self.max_cache_len, self.seen
+        if not self.is_sliding:
+            return window, 0
+        offset = max(seen - window + 1, 0)
+        if seen >= window:
+            return window + query_length - 1, offset
+        return (seen + query_length if seen + query_length > window else window), offset
+
+    def seek(self, position: int) -> None:
+        """As if ``position`` tokens had been written (a trace's decode step with the cache full)."""
+        self.cumulative_length.fill_(position)
+        self.seen = position
 
     def get_seq_length(self) -> Any:
         return self.cumulative_length  # a tensor, as transformers' StaticLayer returns (see update)
@@ -158,10 +206,11 @@ class KVLayer:
 
     def reset(self) -> None:
         self.cumulative_length.zero_()
+        self.seen = 0
         self.calibrated = False
 
     def written(self) -> int:
-        return int(self.cumulative_length)
+        return self.seen
 
     def tensors(self) -> list[torch.Tensor]:
         """What the layer stores (keys, values and their scales)."""
@@ -169,39 +218,75 @@ class KVLayer:
                             getattr(self, "value_scale", None)) if isinstance(t, torch.Tensor)]
 
 
-def attention_layers(config: Any) -> int:
-    """The number of attention layers a cache holds, refusing a layout these static layers cannot hold."""
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
-    odd = sorted(kinds - {"full_attention"})
+def _select(store: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """The slots ``order`` of a store (a float8 one through its bytes: not every device selects float8)."""
+    if store.element_size() == 1 and store.is_floating_point():
+        return store.view(torch.uint8).index_select(2, order).view(store.dtype)
+    return store.index_select(2, order)
+
+
+def _rows(scale: torch.Tensor | None, order: torch.Tensor) -> torch.Tensor | None:
+    """A scale's entries for the slots ``order``: per-token scales are per slot, a per-head scale is for all."""
+    if scale is None or scale.shape[2] == 1:
+        return scale
+    return scale.index_select(2, order)
+
+
+def _text(config: Any) -> Any:
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+HELD = ("full_attention", "sliding_attention")  # the layer kinds a cache here holds
+
+
+def windows(config: Any) -> list[int | None]:
+    """Each attention layer's sliding window (None: full attention), as transformers lays out its cache: the
+    config's ``layer_types`` where it has them, else every layer sliding when it names a window (Mistral, Phi-3);
+    one line for a layout these layers cannot hold (linear or chunked attention, compressed keys and values)."""
+    text = _text(config)
+    n = int(text.num_hidden_layers)
+    window = getattr(text, "sliding_window", None)
+    if getattr(text, "use_sliding_window", True) is False:
+        window = None
+    kinds = list(getattr(text, "layer_types", None) or [])
+    if not kinds:
+        kinds = ["sliding_attention" if window else "full_attention"] * n
+    odd = sorted(set(kinds) - set(HELD))
     if odd:
         raise DtypelabError(f"{getattr(text, 'model_type', 'this model')}'s cache has {', '.join(odd)} layers: the "
-                            "static KV cache holds full-attention layers only (sliding-window and linear-attention "
-                            "caches are not modelled yet)")
+                            "KV cache here holds full and sliding-window attention layers only (linear and chunked "
+                            "attention are not modelled yet)")
     if getattr(text, "kv_lora_rank", None):
         raise DtypelabError(f"{text.model_type} compresses its keys and values (multi-head latent attention): the "
                             "static KV cache holds plain keys and values only")
-    return int(text.num_hidden_layers)
+    if "sliding_attention" in kinds and not window:
+        raise DtypelabError(f"{getattr(text, 'model_type', 'this model')} has sliding-window layers but its config "
+                            "names no sliding_window")
+    return [window if kind == "sliding_attention" else None for kind in kinds[:n]]
+
+
+def held_tokens(config: Any, context: int) -> list[int]:
+    """The tokens each attention layer's cache holds at ``context``: a sliding layer its window at most."""
+    return [context if w is None else min(w, context) for w in windows(config)]
+
+
+def attention_layers(config: Any) -> int:
+    """The number of attention layers a cache holds, refusing a layout these layers cannot hold."""
+    return len(windows(config))
 
 
 def make_cache(config: Any, fmt: KVFormat, max_len: int) -> Any:
     """A transformers ``Cache`` of ``KVLayer`` s for ``config``'s model: what its forward takes as
-    ``past_key_values``."""
+    ``past_key_values`` (a sliding-window layer holds its window only)."""
     from transformers.cache_utils import Cache
 
     layer = _layer_class()
-    return Cache(layers=[layer(max_len, fmt) for _ in range(check_layout(config, max_len))])
+    return Cache(layers=[layer(max_len, fmt, w) for w in windows(config)])
 
 
 def check_layout(config: Any, max_len: int) -> int:
-    """The attention layers a static cache of ``max_len`` tokens holds for ``config``; one line for a layout it
-    cannot hold (sliding-window layers, a sliding window shorter than the context, compressed attention)."""
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    window = getattr(text, "sliding_window", None)
-    if window and getattr(text, "use_sliding_window", True) is not False and max_len > window:
-        raise DtypelabError(f"{getattr(text, 'model_type', 'this model')} attends over a sliding window of {window} "
-                            f"tokens: the static KV cache holds full attention only, so a context of {max_len} tokens "
-                            f"is refused (at most {window})")
+    """The attention layers a cache of ``max_len`` tokens holds for ``config``; one line for a layout it cannot
+    hold."""
     return attention_layers(config)
 
 
@@ -225,19 +310,31 @@ def cache_bytes(cache: Any) -> int:
 def geometry(config: Any) -> tuple[int, int]:
     """(key/value heads, head dim) of a decoder's attention: grouped-query attention stores ``num_key_value_heads``
     heads, not ``num_attention_heads``."""
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    text = _text(config)
     heads = text.num_attention_heads
     return getattr(text, "num_key_value_heads", None) or heads, getattr(text, "head_dim", None) or \
         text.hidden_size // heads
 
 
 def bytes_per_token(config: Any, fmt: KVFormat, compute: torch.dtype) -> int:
-    """What one token of context takes in the cache, by the formula (layers x 2 x kv heads x head dim x bytes): the
-    check of what a trace counts, and what the docs explain. Grouped-query attention stores ``num_key_value_heads``,
-    not ``num_attention_heads``."""
+    """What one token of context takes in one layer's cache times the layers, by the formula (layers x 2 x kv heads
+    x head dim x bytes): the check of what a trace counts, and what the docs explain. Grouped-query attention stores
+    ``num_key_value_heads``, not ``num_attention_heads``. A sliding-window layer holds its window at most: for the
+    bytes at a context, ``cache_bytes_at``."""
+    return attention_layers(config) * layer_bytes_per_token(config, fmt, compute)
+
+
+def layer_bytes_per_token(config: Any, fmt: KVFormat, compute: torch.dtype) -> int:
+    """One token in one layer's cache: keys, values and per-token scales."""
     kv_heads, head_dim = geometry(config)
     element = fmt.element_bytes or torch.empty((), dtype=compute).element_size()
-    return attention_layers(config) * (2 * kv_heads * head_dim * element + fmt.scale_bytes_per_token(kv_heads))
+    return 2 * kv_heads * head_dim * element + fmt.scale_bytes_per_token(kv_heads)
+
+
+def cache_bytes_at(config: Any, fmt: KVFormat, compute: torch.dtype, context: int, batch: int = 1) -> int:
+    """The keys, values and per-token scales a cache holds at ``context`` (each sliding layer its window at most),
+    per-head scales left out."""
+    return sum(held_tokens(config, context)) * batch * layer_bytes_per_token(config, fmt, compute)
 
 
 __all__ = [
@@ -248,8 +345,12 @@ __all__ = [
     "attention_layers",
     "bytes_per_token",
     "cache_bytes",
+    "cache_bytes_at",
     "check_layout",
     "geometry",
+    "held_tokens",
     "kv_format",
+    "layer_bytes_per_token",
     "make_cache",
+    "windows",
 ]

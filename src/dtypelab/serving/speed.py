@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dtypelab.core.errors import DtypelabError
 from dtypelab.core.footprint import tensor_bytes
 from dtypelab.core.power import PowerModel
 from dtypelab.core.results import Energy, GenerateFigures, TargetDevice
@@ -24,7 +25,6 @@ from dtypelab.serving.kv import kv_format
 from dtypelab.serving.policies import ServePolicy
 from dtypelab.serving.tracing import (
     MOST_BATCH,
-    SHALLOW,
     PolicyRun,
     ServeForecaster,
     Traced,
@@ -98,7 +98,9 @@ def _shares(ops: tuple[Op, ...], seconds: float, rates: Any) -> tuple[float | No
 
 
 def policy_figures(fc: ServeForecaster, policy: ServePolicy, shape: Shape, times: StepTimes | None,
-                   cache: dict[tuple[Any, ...], Traced], search: bool) -> GenerateFigures:
+                   cache: dict[tuple[Any, ...], Traced], search: bool) -> tuple[GenerateFigures, tuple[str, ...]]:
+    """One policy's figures at ``shape`` and what its searches could not answer (a search never costs the answer
+    asked for)."""
     run = PolicyRun(fc, policy, cache)
     t = run.traced(shape, timed=times is not None)
     top = t.prefill if t.prefill.peak >= t.decode.peak else t.decode
@@ -108,16 +110,31 @@ def policy_figures(fc: ServeForecaster, policy: ServePolicy, shape: Shape, times
         activations_bytes=top.peak - top.weights - top.kv, prefill_peak_bytes=t.prefill.peak,
         decode_peak_bytes=t.decode.peak, fits=None if limit is None else t.peak <= limit,
         kv_bytes_per_token=t.decode.kv // (shape.batch_size * shape.context))
+    notes: tuple[str, ...] = ()
     if limit is not None and search:
-        batch = largest(lambda b: run.traced(replace(shape, batch_size=b)).peak, limit, shape.batch_size, MOST_BATCH)
-        most = fc.served.context - shape.prompt_len
-        gen = largest(lambda g: run.traced(replace(shape, gen_len=g)).peak, limit, shape.gen_len, most)
-        # 0: not even one sequence (or one token more than the prompt) fits
-        figures = replace(figures, largest_batch=batch or 0, longest_context=0 if gen is None else
-                          shape.prompt_len + gen)
+        figures, notes = _searched(figures, run, shape, limit)
     if times is None:
-        return figures
-    return _speed_figures(figures, run, t, shape, times)
+        return figures, notes
+    return _speed_figures(figures, run, t, shape, times), notes
+
+
+def _searched(figures: GenerateFigures, run: PolicyRun, shape: Shape, limit: int
+              ) -> tuple[GenerateFigures, tuple[str, ...]]:
+    """The largest batch at this context and the longest context at this batch (up to the positions the model
+    serves), each searched on its own: one that cannot be traced is left out, saying why."""
+    notes = []
+    try:
+        batch = largest(lambda b: run.traced(replace(shape, batch_size=b)).peak, limit, shape.batch_size, MOST_BATCH)
+        figures = replace(figures, largest_batch=batch or 0)  # 0: not even one sequence fits
+    except DtypelabError as exc:
+        notes.append(f"largest batch not searched: {exc}")
+    most = run.fc.served.context - shape.prompt_len
+    try:
+        gen = largest(lambda g: run.traced(replace(shape, gen_len=g)).peak, limit, shape.gen_len, most)
+        figures = replace(figures, longest_context=0 if gen is None else shape.prompt_len + gen)
+    except DtypelabError as exc:
+        notes.append(f"longest context not searched: {exc}")
+    return figures, tuple(notes)
 
 
 def _speed_figures(figures: GenerateFigures, run: PolicyRun, t: Traced, shape: Shape,
@@ -153,7 +170,7 @@ def generation_energy(g: GenerateFigures, model: PowerModel, shape: Shape) -> En
 
 
 def _models(run: PolicyRun) -> tuple[nn.Module, nn.Module]:
-    depth = run.fc.layers if not run.deep else SHALLOW[-1]  # every layer the line's ops name
+    depth = run.fc.layers if not run.deep else run.depths[-1]  # every layer the line's ops name
     return run.fc.converted(run.policy.plan, depth)[0], run.fc.at_depth(depth)[0]
 
 

@@ -21,12 +21,12 @@ from dtypelab.core.speed import Op
 from dtypelab.core.tasks.hub import at_depth
 from dtypelab.forecasting import CUDA_BLOCK, Ledger, eager, faked, fresh, materialize
 from dtypelab.serving.kernels import kernel_key, stored_bytes
-from dtypelab.serving.kv import KVFormat, cache_bytes, geometry
+from dtypelab.serving.kv import KVFormat, cache_bytes, geometry, held_tokens, windows
 from dtypelab.serving.policies import ServePolicy
 from dtypelab.serving.served import Served, config_of
 from dtypelab.serving.workload import Shape, compute_dtype, decode, new_cache, prefill
 
-SHALLOW = (3, 4)
+SHALLOW = (3, 4)  # the depths traced for a stack of alike blocks (for a repeating pattern: 3 or more, and a period on)
 MOST_BATCH = 4096  # the largest batch searched
 DEEP = 6  # deeper stacks are read off two shallow traces
 WEIGHTS = ("parameters", "frozen_weights")
@@ -41,9 +41,8 @@ class Pass:
     kv: int
     ops: tuple[Op, ...]
 
-    def line(self, other: Pass, depth: int, at: int) -> Pass:
-        """This pass (at ``depth`` blocks) and ``other`` (one block deeper) read at ``at`` blocks."""
-        k = at - depth
+    def line(self, other: Pass, k: int) -> Pass:
+        """This pass and ``other`` (one period of blocks deeper) read ``k`` periods deeper than this one."""
 
         def lin(a: int, b: int) -> int:
             return a + (b - a) * k
@@ -53,8 +52,8 @@ class Pass:
 
 
 def _block_ops(one: tuple[Op, ...], two: tuple[Op, ...]) -> tuple[Op, ...]:
-    """The ops one more block adds: the deeper trace's ops beyond the shallower's count, from the first block that
-    differs (the blocks' ops are alike; what follows the stack, the head, is in both)."""
+    """The ops one more period of blocks adds: the deeper trace's ops beyond the shallower's count, from the first
+    block that differs (a period's ops are alike; what follows the stack, the head, is in both)."""
     extra = len(two) - len(one)
     first = next((i for i, (a, b) in enumerate(zip(one, two, strict=False)) if a.module != b.module), len(one))
     return two[first:first + extra]
@@ -79,6 +78,8 @@ class ServeForecaster:
         self._meta: nn.Module | None = None
         self.config = served.config if served.config is not None else config_of(self.meta)
         self.layers = int(self.config.num_hidden_layers)
+        self.shallow = shallow_depths(windows(self.config), self.layers)
+        self.deep = self.layers > max(DEEP, self.shallow[1])
         self.cuda = target.kind == "cuda"
         self._metas: dict[int, tuple[nn.Module, Any]] = {}
         self._converted: dict[tuple[str, int], tuple[nn.Module, int, dict[str, str]]] = {}
@@ -108,10 +109,15 @@ class ServeForecaster:
 
     def parameters(self) -> int:
         """The model's parameter count (each once), off the line through its shallow versions when it is deep."""
-        if self.layers <= DEEP:
+        if not self.deep:
             return sum(p.numel() for p in self.meta.parameters())
-        one, two = (sum(p.numel() for p in self.at_depth(d)[0].parameters()) for d in SHALLOW)
-        return one + (two - one) * (self.layers - SHALLOW[0])
+        one, two = (sum(p.numel() for p in self.at_depth(d)[0].parameters()) for d in self.shallow)
+        return one + (two - one) * self.periods
+
+    @property
+    def periods(self) -> int:
+        """The repeats of the pattern the line adds past the shallower trace."""
+        return (self.layers - self.shallow[0]) // (self.shallow[1] - self.shallow[0])
 
     def at_depth(self, depth: int) -> tuple[nn.Module, Any]:
         if depth not in self._metas:
@@ -132,6 +138,16 @@ class ServeForecaster:
         model, extra, layers = self._converted[key]
         return fresh(model), extra, layers
 
+
+
+def shallow_depths(kinds: list[int | None], layers: int) -> tuple[int, int]:
+    """The two depths a deep stack is read off: blocks repeat a pattern of attention kinds (Gemma-2 alternates a
+    sliding-window layer and a full one; most models have one kind), so the shallower trace has at least three blocks
+    and ends where the whole stack's pattern does, and the deeper one adds one period (the line then adds whole
+    periods, each block at its own kind)."""
+    period = next(p for p in range(1, len(kinds) + 1) if all(k == kinds[i % p] for i, k in enumerate(kinds)))
+    first = next(d for d in range(SHALLOW[0], SHALLOW[0] + period) if (layers - d) % period == 0)
+    return first, first + period
 
 
 def quantized_layers(plan: Plan, model: nn.Module) -> dict[str, str]:
@@ -197,7 +213,7 @@ def trace(model: nn.Module, config: Any, fmt: KVFormat, shape: Shape, cuda: bool
                 token = prefill(model, ids, cache)
             first = _pass(ledger, cache)
         for layer in cache.layers:
-            layer.cumulative_length.fill_(shape.context - 1)
+            layer.seek(shape.context - 1)
         with Ledger(round_to=round_to, ops=[] if timed else None, calls=not cuda) as ledger:
             ledger.claim(model.parameters(), "parameters")
             ledger.claim(model.buffers(), "parameters")
@@ -220,8 +236,8 @@ class PolicyRun:
 
     def __init__(self, fc: ServeForecaster, policy: ServePolicy, cache: dict[tuple[Any, ...], Traced]) -> None:
         self.fc, self.policy, self.cache = fc, policy, cache
-        self.deep = fc.layers > DEEP
-        self.depths = SHALLOW if self.deep else (fc.layers,)
+        self.deep = fc.deep
+        self.depths = fc.shallow if self.deep else (fc.layers,)
         self.layers: dict[str, str] = {}
         self.stand_in = False
         self.block: int | None = None  # a block's weights, once its share of the peaks is known exact (0: not)
@@ -229,42 +245,49 @@ class PolicyRun:
     def traced(self, shape: Shape, timed: bool = False) -> Traced:
         """Both passes at ``shape`` (read off the line through the shallow traces for a deep model), with the
         stand-in's weights at their format's bytes. Once a block's share of both peaks is known to be its weights
-        and its cache exactly (``_block``), a search's sizes are traced at 3 blocks only and the rest added."""
+        and its cache exactly (``_block``), a search's sizes are traced at 3 blocks only and the rest added. The line
+        adds whole periods of the blocks' pattern (``shallow_depths``), each block at its own kind."""
         if not self.deep:
             return self._at(self.depths[0], shape, timed)
-        at, k = self.fc.layers, self.fc.layers - SHALLOW[0]
+        at, k, low = self.fc.layers, self.fc.periods, self.depths[0]
+        rest = range(low, at)
         if not timed and self.block:
-            one = self._at(SHALLOW[0], shape, False)
-            rounded, stored = self._block_kv(shape, one.dtype)
+            one = self._at(low, shape, False)
+            rounded, stored = self._block_kv(shape, one.dtype, rest)
             w = self.block
 
             def more(p: Pass) -> Pass:
-                return Pass(p.peak + k * (w + rounded), p.weights + k * w, p.kv + k * stored, ())
+                return Pass(p.peak + k * w + rounded, p.weights + k * w, p.kv + stored, ())
 
             return Traced(more(one.prefill), more(one.decode), one.dtype)
-        one, two = (self._at(depth, shape, timed) for depth in SHALLOW)
+        one, two = (self._at(depth, shape, timed) for depth in self.depths)
         if self.block is None:
             self.block = self._block(one, two, shape)
-        return Traced(one.prefill.line(two.prefill, SHALLOW[0], at), one.decode.line(two.decode, SHALLOW[0], at),
-                      one.dtype)
+        return Traced(one.prefill.line(two.prefill, k), one.decode.line(two.decode, k), one.dtype)
 
-    def _block_kv(self, shape: Shape, dtype: Any) -> tuple[int, int]:
-        """One layer's cache at ``shape``: its bytes as the allocator rounds each tensor, and as stored."""
+    def _block_kv(self, shape: Shape, dtype: Any, layers: range) -> tuple[int, int]:
+        """The cache of ``layers`` at ``shape``: its bytes as the allocator rounds each tensor, and as stored (a
+        sliding-window layer holds its window at most)."""
         kv_heads, head_dim = geometry(self.fc.config)
         fmt = self.policy.kv
         element = fmt.element_bytes or torch.empty((), dtype=dtype).element_size()
-        cells = shape.batch_size * kv_heads * shape.context
-        sizes = [cells * head_dim * element] * 2
-        sizes += [cells * 4] * 2 if fmt.scaled == "token" else [kv_heads * 4] * 2 if fmt.scaled == "head" else []
         block = CUDA_BLOCK if self.fc.cuda else 1
         position = 8  # the layer's count of tokens written (an int64 tensor), held beside its keys and values
-        return sum(-(-n // block) * block for n in (*sizes, position)), sum(sizes)
+        held = held_tokens(self.fc.config, shape.context)
+        rounded = stored = 0
+        for i in layers:
+            cells = shape.batch_size * kv_heads * held[i]
+            sizes = [cells * head_dim * element] * 2
+            sizes += [cells * 4] * 2 if fmt.scaled == "token" else [kv_heads * 4] * 2 if fmt.scaled == "head" else []
+            rounded += sum(-(-n // block) * block for n in (*sizes, position))
+            stored += sum(sizes)
+        return rounded, stored
 
     def _block(self, one: Traced, two: Traced, shape: Shape) -> int:
         """A block's weights, when one more block adds exactly its weights and its cache to both peaks (0: it adds
         something else too, and every size is traced at both depths)."""
         w = two.decode.weights - one.decode.weights
-        rounded, stored = self._block_kv(shape, one.dtype)
+        rounded, stored = self._block_kv(shape, one.dtype, range(*self.depths))
         exact = all(b.peak - a.peak == w + rounded and b.kv - a.kv == stored
                     for a, b in ((one.prefill, two.prefill), (one.decode, two.decode)))
         return w if exact else 0
