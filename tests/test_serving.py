@@ -422,3 +422,99 @@ def test_a_layer_the_int4_kernel_cannot_take_keeps_its_weights():
     int4 = quantized_layers(serve_policy("int4-wo").plan, model)
     assert set(int4) == {f"model.layers.{i}.mlp.down_proj" for i in (0, 1)}
     assert len(quantized_layers(serve_policy("int8-wo").plan, model)) == 2 * 7 + 1  # every Linear, the head included
+
+
+# --- inputs that do not apply, and errors in one line --------------------------------------------------------------
+def _config_dir(tmp_path, **changes):
+    """Mistral-7B-v0.1's published config with ``changes`` (a key set to None is removed)."""
+    with open(os.path.join(ROOT, "benchmarks", "configs", "mistral-7b-v0.1", "config.json")) as f:
+        config = json.load(f)
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return f"hf:{folder}"
+
+
+@pytest.mark.parametrize("changes,words", [
+    ({"hidden_size": None, "num_hidden_layers": None}, "has no hidden_size, num_hidden_layers: transformers would "
+                                                       "build its default model"),
+    ({"num_hidden_layers": -2}, "num_hidden_layers is -2: it must be a whole number of at least 1"),
+    ({"num_key_value_heads": 0}, "num_key_value_heads is 0"),
+    ({"num_key_value_heads": 5}, "num_attention_heads (32) is not a multiple of num_key_value_heads (5)"),
+    ({"hidden_size": "big"}, "Validation error for field 'hidden_size': TypeError: Field 'hidden_size' expected int"),
+    ({"architectures": ["BertModel"], "model_type": "bert"}, "is a bert model, not a causal language model"),
+])
+def test_a_config_the_model_cannot_be_built_from_is_one_line(tmp_path, changes, words):
+    got = dtypelab("forecast", _config_dir(tmp_path, **changes), "--mode", "generate", "--device", "H100",
+                   "--json", str(tmp_path / "r.json"))
+    assert got.returncode == 2 and "Traceback" not in got.stderr
+    errors = [line for line in got.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and words in errors[0], got.stderr
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--nproc", "2"], "--nproc does not apply to --mode generate"),
+    (["--lora-rank", "4", "--seq-len", "64"], "--lora-rank, --seq-len do not apply to --mode generate"),
+    (["--objective", "speed"], "--objective speed is not forecast for --mode generate"),
+    (["-p", "kv-fp8"], "a KV format modifies a weight format"),
+    (["-p", "bf16+kv-fp8+kv-int8"], "one KV-cache format at most"),
+])
+def test_a_generate_forecast_refuses_what_does_not_apply(tmp_path, args, words):
+    got = dtypelab("forecast", "tinylm", "--mode", "generate", "--device", "H100", *args)
+    assert got.returncode == 2 and words in got.stderr and "Traceback" not in got.stderr
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--prompt-len", "64"], "--prompt-len does not apply to --mode step"),
+    (["--objective", "latency"], "--objective latency is not forecast for --mode step: use speed"),
+    (["--objective", "energy"], "--objective energy is not forecast for --mode step"),
+    (["--lora-alpha", "inf"], "lora_alpha"),
+    (["-p", "bf16+kv-fp8"], "'kv-fp8' is a KV-cache format: it modifies a weight format under --mode generate"),
+    (["-p", "bf16+turbo"], "unknown modifier '+turbo'; modifiers: +compile, +ckpt, +chunked-ce"),
+    (["-p", "bf16+chunked-ce-3"], "unknown modifier '+chunked-ce-3'"),
+    (["-p", "bfl16"], "unknown policy 'bfl16' (did you mean 'bf16'"),
+])
+def test_a_step_forecast_refuses_what_does_not_apply_in_one_short_line(args, words):
+    got = dtypelab("forecast", "digits", "--device", "H100", "--no-speed", *args)
+    errors = [line for line in got.stderr.splitlines() if line.startswith("error:")]
+    assert got.returncode == 2 and len(errors) == 1 and words in errors[0], got.stderr
+    assert len(errors[0]) < 400  # no list of every policy's name
+
+
+def test_modifiers_combine_in_any_order_and_policies_lists_them():
+    from dtypelab.core.policies import get_policy
+
+    for name in ("fp32+ckpt+compile", "fp32+compile+ckpt"):
+        plan = get_policy(name)
+        assert plan.compiles and plan.checkpoint
+    assert serve_policy("bf16+kv-fp8+compile").kv.label == "kv-fp8"
+    assert serve_policy("bf16+kv-fp8+compile").plan.compiles
+    listed = " ".join(dtypelab("policies").stdout.split())
+    for modifier in ("+ckpt", "+chunked-ce", "NAME+kv-FORMAT", "+compile", "+adam8bit", "+fsdp"):
+        assert modifier in listed
+
+
+def test_a_forecast_without_memory_to_fit_says_no_policy_fits_nothing(tmp_path):
+    """No --device (or --memory 0: no limit): the answer names the smallest peak and never speaks of fitting; a
+    quantization_config the policies do not apply is said; --objective decides the answer and is recorded."""
+    from dtypelab.core.records import load_record
+
+    spec = _config_dir(tmp_path, quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128})
+    got = dtypelab("forecast", spec, "--mode", "generate", "-p", "bf16,int8-wo", "--no-batch-search",
+                   "--json", str(tmp_path / "a.json"))
+    said = " ".join(got.stdout.split())
+    answer = load_record(str(tmp_path / "a.json")).answer
+    assert got.returncode == 0 and "fits" not in answer and answer.endswith("(no memory to fit: give --device or "
+                                                                            "--memory)")
+    assert "quantization_config (awq, 4-bit, groups of 128) is not applied" in said
+    got = dtypelab("forecast", "tinylm", "--mode", "generate", "--device", "H100", "--objective", "prefill",
+                   "--json", str(tmp_path / "b.json"))
+    record = load_record(str(tmp_path / "b.json"))
+    fastest = max((p for p in record.policies if p.generate and p.generate.prefill_tok_s),
+                  key=lambda p: p.generate.prefill_tok_s)
+    assert record.config.objective == "prefill" and record.answer.startswith(f"{fastest.policy}: the fastest prefill")

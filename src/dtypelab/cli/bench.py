@@ -146,8 +146,19 @@ def _policies(opts: PoliciesOptions, cli: dict[str, Any]) -> None:
     out.print("Any policy or plan file also runs as NAME+compile (under torch.compile) and, for training with bench "
               "--nproc N, takes a distributed modifier: +ddp (implied), +ddp-fp16, +ddp-bf16, +ddp-powersgd[-rN], "
               "+fsdp, +fsdp-bf16-params-fp32-reduce. A training policy whose optimizer is Adam or AdamW also "
-              "runs with its state in fewer bits: NAME+adam8bit, +adam4bit (torchao), +adamfp8 (CUDA >= 8.9).",
+              "runs with its state in fewer bits: NAME+adam8bit, +adam4bit (torchao), +adamfp8 (CUDA >= 8.9). "
+              "A training policy takes +ckpt (its repeated blocks' activations recomputed in the backward: "
+              "activation checkpointing) and, for a language model, +chunked-ce or +chunked-ceN (the output "
+              "projection and cross-entropy in N chunks, 8 by default: torchtune's). Under --mode generate a weight "
+              f"format takes the KV cache's format: NAME+kv-FORMAT, FORMAT one of {', '.join(_kv_formats())}. "
+              "Modifiers combine in any order (lora-bf16+ckpt+chunked-ce, int4-wo+kv-fp8+compile).",
               highlight=False, markup=False)
+
+
+def _kv_formats() -> list[str]:
+    from dtypelab.serving import FORMATS
+
+    return [label.removeprefix("kv-") for label in FORMATS]
 
 
 command(app, "policies", PoliciesOptions, _policies,

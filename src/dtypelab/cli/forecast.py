@@ -92,7 +92,8 @@ def _generate(opts: ForecastOptions, cli: dict[str, Any]) -> None:
         report = serve_forecast(cli["task"], Shape(opts.prompt_len, opts.gen_len, opts.batch_size or 1),
                                 target_device(opts.device, opts.memory, opts.reserve), opts.policies, seed=opts.seed,
                                 search=opts.batch_search, check=opts.check, speed=opts.speed, json_path=path,
-                                on_progress=progress, energy_from=opts.energy_from)
+                                on_progress=progress, energy_from=opts.energy_from,
+                                objective=opts.objective or "decode")
     emit(report, cli["fmt"])
     saved(path)
     write_html(report, cli["html"])

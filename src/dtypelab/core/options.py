@@ -221,8 +221,9 @@ class FineTuneOptions(Options):
 
     lora_rank: int | None = Field(None, ge=1, description="the LoRA adapters' rank [default: 8]",
                                   json_schema_extra=PANEL_FT)
-    lora_alpha: float | None = Field(None, gt=0, description="LoRA's alpha: the adapters are scaled by alpha / rank "
-                                                             "[default: 16]", json_schema_extra=PANEL_FT)
+    lora_alpha: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                     description="LoRA's alpha: the adapters are scaled by alpha / rank [default: 16]",
+                                     json_schema_extra=PANEL_FT)
     lora_targets: str | None = Field(None, description="the Linear layers LoRA adapts, comma-separated: names, a "
                                                        "name's last parts (q_proj), globs, re:PATTERN [default: every "
                                                        "Linear but the output head]", json_schema_extra=PANEL_FT)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dtypelab.core.options import FineTuneOptions, MemorySize, batch_size_field, json_field
+
+# what each mode reads; a field of the other mode given a value of its own is refused, not ignored
+STEP_ONLY = ("nproc", "lora_rank", "lora_alpha", "lora_targets", "kbit_upcast", "seq_len", "baseline", "workers")
+GENERATE_ONLY = ("prompt_len", "gen_len")
+OBJECTIVES = {"step": ("speed",), "generate": ("decode", "prefill", "latency", "energy")}
 
 
 class ForecastOptions(FineTuneOptions):
@@ -45,3 +50,18 @@ class ForecastOptions(FineTuneOptions):
     json_path: str | None = json_field()
     launcher: Any = Field(None, description="process (default) or inline (this process: tests, debugging)",
                           json_schema_extra={"cli": False})
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> ForecastOptions:
+        other = STEP_ONLY if self.mode == "generate" else GENERATE_ONLY
+        given = [name for name in other if getattr(self, name) != type(self).model_fields[name].default]
+        if given:
+            flags = ", ".join(self.flag(name) for name in given)
+            raise ValueError(f"{flags} {'does' if len(given) == 1 else 'do'} not apply to --mode {self.mode}: "
+                             f"leave {'it' if len(given) == 1 else 'them'} out")
+        if self.objective is not None and self.objective not in OBJECTIVES[self.mode]:
+            raise ValueError(f"--objective {self.objective} is not forecast for --mode {self.mode}: use "
+                             f"{' or '.join(OBJECTIVES[self.mode])}"
+                             + (" (energy is measured by bench --objective energy; the forecast shows each "
+                                "policy's J/step)" if self.mode == "step" and self.objective == "energy" else ""))
+        return self

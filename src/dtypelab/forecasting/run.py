@@ -89,7 +89,10 @@ def target_device(device: str | None, memory: Any, reserve: Any) -> TargetDevice
     if kept is None:
         kept = parse_size(GPU_RESERVE) if kind == "cuda" and total is not None else 0
     if total is not None and kept >= total:
-        raise DtypelabError(f"--reserve {reserve}: keeps all of the {total / GIB:.4g} GiB there is")
+        said = f"--reserve {reserve}" if reserve is not None else \
+            f"the default reserve ({GPU_RESERVE}, the CUDA context)"
+        raise DtypelabError(f"{said} keeps all of the {total / GIB:.4g} GiB there is: give more --memory or a smaller "
+                            "--reserve")
     return TargetDevice(name, label, kind, total, kept or 0, source, cc)
 
 

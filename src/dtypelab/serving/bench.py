@@ -52,7 +52,7 @@ def check_shape(shape: Shape, context: int, name: str, config: Any = None) -> No
         check_layout(config, shape.context)
 
 
-def _speed(f: GenerateFigures, objective: str, gen_len: int) -> float:
+def objective_value(f: GenerateFigures, objective: str, gen_len: int) -> float:
     """Higher is better for every objective (latency and energy: their inverse)."""
     if objective == "energy":
         jpt = f.energy.joules_per_token if f.energy else None
@@ -108,7 +108,7 @@ def _verdicts(policies: list[GeneratePolicy], base: str, tol: Tolerance, objecti
     baseline = next((p for p in policies if p.policy == base and p.status == "ok"), None)
     if baseline is None or baseline.quality is None:
         return policies, "", f"the {base} baseline did not complete: nothing to judge the policies against"
-    out, best, best_speed = [], base, _speed(baseline.generate, objective, gen_len)  # type: ignore[arg-type]
+    out, best, best_speed = [], base, objective_value(baseline.generate, objective, gen_len)  # type: ignore[arg-type]
     for p in policies:
         if p.status != "ok" or p.quality is None or p.generate is None:
             out.append(p)
@@ -117,7 +117,7 @@ def _verdicts(policies: list[GeneratePolicy], base: str, tol: Tolerance, objecti
             out.append(replace(p, verdict="baseline"))
             continue
         ok, how = judge(p.quality.perplexity, baseline.quality.perplexity, tol, False, base)
-        speed = _speed(p.generate, objective, gen_len)
+        speed = objective_value(p.generate, objective, gen_len)
         faster = separated(p.generate, baseline.generate, objective)  # type: ignore[arg-type]
         del how  # the perplexity's change is its own column
         verdict = ("within" if ok else "worse") + ("" if faster else ", tie")
@@ -127,7 +127,7 @@ def _verdicts(policies: list[GeneratePolicy], base: str, tol: Tolerance, objecti
     out = [replace(p, verdict="baseline, kept" if p.verdict == "baseline" else "chosen") if p.policy == best else p
            for p in out]
     chosen = next(p for p in out if p.policy == best)
-    ratio = best_speed / _speed(baseline.generate, objective, gen_len) if best != base else 1.0  # type: ignore[arg-type]
+    ratio = best_speed / objective_value(baseline.generate, objective, gen_len) if best != base else 1.0  # type: ignore[arg-type]
     sentence = _sentence(best, base, tol, objective, ratio)
     if chosen.quality is not None and chosen.quality.perplexity_change is not None and best != base:
         sentence += f" ({chosen.quality.perplexity_change:+.2%})"

@@ -18,6 +18,7 @@ import torch
 from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.results import GenerateConfig, GenerateFigures, GeneratePolicy, GenerateReport, TargetDevice
 from dtypelab.core.speed import GPU_FLOOR_S
+from dtypelab.core.tasks.hub import quantized_note
 from dtypelab.forecasting import Measured, StepTimes, calibrate, rates_for, read_measured, target_power
 from dtypelab.serving.measure import with_speeds
 from dtypelab.serving.policies import DEFAULT_FORECAST, ServePolicy, serve_policies
@@ -32,7 +33,7 @@ Progress = Callable[[str, int, int], None]
 def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str | None = None, *, seed: int = 0,
                    search: bool = True, check: bool = False, speed: bool = True, json_path: str | None = None,
                    on_progress: Progress | None = None, launcher: str = "process",
-                   energy_from: str | None = None) -> GenerateReport:
+                   energy_from: str | None = None, objective: str = "decode") -> GenerateReport:
     """Each serving policy forecast for ``target``: memory, whether it fits, the largest batch and longest context,
     and tokens per second; with ``check``, the same workload measured here beside it."""
     from dtypelab.serving.bench import check_shape
@@ -61,13 +62,13 @@ def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str 
     if check:
         results = _checked(spec, shape, results, chosen, seed)
     results, energy_note = _with_energy(results, target, shape, measured)
-    best, sentence = _answer(results, target, shape)
+    best, sentence = _answer(results, target, shape, objective)
     longest = max((r for r in results if r.generate and r.generate.longest_context),
                   key=lambda r: r.generate.longest_context or 0, default=None)  # type: ignore[union-attr]
-    notes = [n for n in (no_rates, _notes(shape), _eager(chosen, target)) if n]
+    notes = [n for n in (quantized_note(served.config), no_rates, _notes(shape), _eager(chosen, target)) if n]
     report = GenerateReport(
         GenerateConfig(spec, served.name, "forecast", shape.prompt_len, shape.gen_len, shape.batch_size, target,
-                       parameters=params, context_limit=served.context),
+                       objective=objective, parameters=params, context_limit=served.context),
         tuple(results), _environment(), sentence, best, longest.policy if longest else "", tuple(notes),
         time.perf_counter() - start, time.strftime("%Y-%m-%dT%H:%M:%S"), rates=rates.source if rates else "",
         energy_note=energy_note)
@@ -202,24 +203,47 @@ def _forecast_one(fc: ServeForecaster, p: ServePolicy, shape: Shape, times: Step
                           seconds=time.perf_counter() - start)
 
 
-def _answer(results: list[GeneratePolicy], target: TargetDevice, shape: Shape) -> tuple[str, str]:
+def _answer(results: list[GeneratePolicy], target: TargetDevice, shape: Shape, objective: str) -> tuple[str, str]:
+    """The policy best at ``objective`` among those that fit (every one, with no memory to fit), in a sentence."""
+    from dtypelab.serving.bench import objective_value
+
     ok = [r for r in results if r.status == "ok" and r.generate is not None]
-    fits = [r for r in ok if r.generate.fits is not False]  # type: ignore[union-attr]
     if not ok:
         return "", "no policy could be forecast"
-    timed = [r for r in fits if r.generate.decode_tok_s]  # type: ignore[union-attr]
+    limited = target.usable_bytes is not None
+    fits = [r for r in ok if r.generate.fits is not False]  # type: ignore[union-attr]
+    timed = [r for r in fits if objective_value(r.generate, objective, shape.gen_len)]  # type: ignore[arg-type]
+    where = f"that fits {target.label}" if limited else "(no memory to fit: give --device or --memory)"
     if timed:
-        best = max(timed, key=lambda r: r.generate.decode_tok_s or 0.0)  # type: ignore[union-attr]
+        best = max(timed, key=lambda r: objective_value(r.generate, objective, shape.gen_len))  # type: ignore[arg-type]
         g = best.generate
         assert g is not None
-        return best.policy, (f"{best.policy}: the fastest decode that fits {target.label} at batch {shape.batch_size}"
-                             f", {shape.context:,} tokens of context: {g.decode_tok_s:,.0f} tokens/s "
-                             f"({g.bound}-bound), peak {(g.peak_bytes or 0) / 2**30:.3g} GiB")
-    if fits:
-        small = min(fits, key=lambda r: r.generate.peak_bytes or 0)  # type: ignore[union-attr]
-        return small.policy, f"{len(fits)} of {len(ok)} policies fit {target.label}; the smallest peak: {small.policy}"
-    small = min(ok, key=lambda r: r.generate.peak_bytes or 0)  # type: ignore[union-attr]
-    return "", f"no policy fits {target.label}: the smallest peak is {small.policy}'s"
+        return best.policy, (f"{best.policy}: {_best_at(objective)} {where} at batch {shape.batch_size}, "
+                             f"{shape.context:,} tokens of context: {_figure(g, objective, shape)}, peak "
+                             f"{(g.peak_bytes or 0) / 2**30:.3g} GiB")
+    if not fits:
+        small = min(ok, key=lambda r: r.generate.peak_bytes or 0)  # type: ignore[union-attr]
+        return "", f"no policy fits {target.label}: the smallest peak is {small.policy}'s"
+    small = min(fits, key=lambda r: r.generate.peak_bytes or 0)  # type: ignore[union-attr]
+    if not limited:
+        return small.policy, f"the smallest peak: {small.policy} (no memory to fit: give --device or --memory)"
+    return small.policy, f"{len(fits)} of {len(ok)} policies fit {target.label}; the smallest peak: {small.policy}"
+
+
+def _best_at(objective: str) -> str:
+    return {"decode": "the fastest decode", "prefill": "the fastest prefill", "latency": "the shortest generation",
+            "energy": "the least energy per token"}[objective]
+
+
+def _figure(g: GenerateFigures, objective: str, shape: Shape) -> str:
+    if objective == "prefill":
+        return f"{g.prefill_tok_s:,.0f} prompt tokens/s ({g.prefill_bound}-bound)"
+    if objective == "latency":
+        total = (g.ttft_s or 0.0) + (shape.gen_len - 1) * (g.token_latency_s or 0.0)
+        return f"the whole generation (first token and {shape.gen_len - 1} more) in {total:.3g} s"
+    if objective == "energy" and g.energy is not None and g.energy.joules_per_token:
+        return f"{g.energy.joules_per_token:.3g} J per generated token"
+    return f"{g.decode_tok_s:,.0f} tokens/s ({g.bound}-bound)"
 
 
 def _notes(shape: Shape) -> str:

@@ -32,15 +32,14 @@ class ServePolicy:
 def serve_policy(spec: str) -> ServePolicy:
     """``NAME[+kv-FORMAT]``: a registered policy that serves, with the cache's format."""
     spec = spec.strip()
-    head, kv = spec, NATIVE
-    for label, fmt in FORMATS.items():
-        if spec.endswith(f"+{label}"):
-            head, kv = spec[:-len(label) - 1], fmt
-            break
-    else:
-        if "+kv-" in spec:
-            raise DtypelabError(f"policy {spec}: unknown KV-cache format {spec.rpartition('+')[2]!r}; use one of "
-                                f"{', '.join(FORMATS)}")
+    parts = spec.split("+")
+    kvs = [part for part in parts if part.startswith("kv-")]
+    if len(kvs) > 1:
+        raise DtypelabError(f"policy {spec}: one KV-cache format at most ({' and '.join('+' + k for k in kvs)} given)")
+    if kvs and kvs[0] not in FORMATS:
+        raise DtypelabError(f"policy {spec}: unknown KV-cache format {kvs[0]!r}; use one of {', '.join(FORMATS)}")
+    kv = FORMATS[kvs[0]] if kvs else NATIVE
+    head = "+".join(part for part in parts if not part.startswith("kv-"))  # the modifiers in any order
     if not head:
         raise DtypelabError(f"policy {spec}: a KV format modifies a weight format: NAME+{kv.label} (fp32+{kv.label})")
     plan = get_policy(head)

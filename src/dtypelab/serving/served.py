@@ -62,12 +62,16 @@ def load_served(spec: str) -> Served:
         return _shape(spec)
     config, weights = None, False
     if spec.startswith(HF_PREFIX) or spec == "tinylm":
+        from dtypelab.core.tasks.hub import causal, has_weights, locate
         from dtypelab.core.tasks.hub import config_of as hub_config
-        from dtypelab.core.tasks.hub import has_weights, locate
         from dtypelab.core.tasks.tinylm import folder
 
         path = folder() if spec == "tinylm" else locate(split_spec(spec[len(HF_PREFIX):])[0])
         config, weights = hub_config(path), has_weights(path)
+        if not causal(config):
+            raise TaskError(f"{spec} is a {getattr(config, 'model_type', 'model')} model, not a causal language model: "
+                            "--mode generate serves one (tinylm, hf:MODEL, decoder, llama2-7b, or a task file whose "
+                            "Task gives text= and context=)")
     task = load_task(spec)
     if task.text is None or not task.context:
         raise TaskError(f"{task.name} is not a causal language model with held-out text: --mode generate serves "

@@ -54,7 +54,7 @@ class BenchOptions(FineTuneOptions):
     force: bool = Field(False, description="run policies measured to be pathologically slow here")
     keep_going: bool = Field(False, description="run the other policies even when the baseline failed "
                                                 "(their results then have nothing to be compared with)")
-    timeout_s: float = Field(600.0, gt=0, description="time limit per policy, seconds",
+    timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False, description="time limit per policy, seconds",
                              json_schema_extra={"flag": "--timeout"})
     threads: int | None = threads_field("torch threads per run [default: torch's]")
     json_path: str | None = json_field()

@@ -152,12 +152,31 @@ def _lookup(name: str) -> Plan:
     try:
         return REGISTRY[name]
     except KeyError:
-        close = difflib.get_close_matches(name, REGISTRY, n=1, cutoff=0.5)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise DtypelabError(f"unknown policy {name!r}{hint}; known: {', '.join(REGISTRY)}; POLICY+"
-                            f"{'/'.join(STATE_MODIFIERS)} (Adam's state in fewer bits), POLICY+ckpt (activation "
-                            "checkpointing), POLICY+chunked-ce (the loss in chunks), a plan file "
-                            "(.json) or your own precision file (FILE.py:NAME)") from None
+        raise DtypelabError(unknown_policy(name)) from None
+
+
+# the modifiers a policy takes, in the words of one line (``dtypelab policies`` lists them too)
+MODIFIERS = (f"+compile, +ckpt, +chunked-ce or +chunked-ceN (the loss in N chunks), "
+             f"+{'/+'.join(STATE_MODIFIERS)} (Adam's state), +ddp-*/+fsdp* (distributed), and with --mode generate "
+             "+kv-FORMAT (the KV cache's format)")
+
+
+def unknown_policy(name: str) -> str:
+    """Why ``name`` names no policy, in one line: a modifier it does not know (whatever the order), a KV-cache format
+    outside --mode generate, or the nearest policy's name."""
+    head, _, tail = name.rpartition("+")
+    if tail.startswith("kv-") or name.startswith("kv-"):
+        kv = tail if tail.startswith("kv-") else name
+        return (f"{kv!r} is a KV-cache format: it modifies a weight format under --mode generate "
+                f"({head or 'bf16'}+{kv} --mode generate)")
+    if head:
+        known = head in REGISTRY or head.removesuffix("+compile") in REGISTRY
+        return (f"policy {name!r}: unknown modifier '+{tail}'" + ("" if known else f" (and {head!r} is no policy)")
+                + f"; modifiers: {MODIFIERS}")
+    close = difflib.get_close_matches(name, REGISTRY, n=3, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    return (f"unknown policy {name!r}{hint}: `dtypelab policies` lists them; also a plan file (.json) or your own "
+            "precision file (FILE.py:NAME)")
 
 
 def _config_named(name: str) -> Config:
@@ -204,6 +223,11 @@ def get_policy(spec: str | Config | Plan) -> Plan:
         return get_policy(head).with_loss(tail)
     if head and tail in STATE_MODIFIERS:  # POLICY+adam8bit: that policy with its Adam state in 8 bits
         return get_policy(head).with_state(STATE_MODIFIERS[tail])
+    if head and tail == "compile" and head not in REGISTRY:  # POLICY+ckpt+compile: any order of the modifiers
+        plan = get_policy(head)
+        if plan.compiles:
+            raise DtypelabError(f"policy {spec}: +compile is given twice")
+        return plan.compiled()
     if isinstance(spec, str) and spec.endswith(".json"):
         return load_plan(spec)
     if ":" in str(spec):  # a user's file: my_precision.py:NAME, or pkg.module:NAME

@@ -96,6 +96,8 @@ def _unreachable() -> str | None:
 
 
 def config_of(path: Path) -> Any:
+    """``path``'s config as transformers reads it, its shape checked first: the sizes a model is built from present
+    (not transformers' defaults, an 8B Llama's) and positive, the heads dividing into key/value heads."""
     try:
         with quiet():
             from transformers import AutoConfig
@@ -103,15 +105,68 @@ def config_of(path: Path) -> Any:
         raise TaskError(f"an hf: task needs transformers: {EXTRA}") from None
     try:
         with quiet():
-            return AutoConfig.from_pretrained(str(path))
+            config = AutoConfig.from_pretrained(str(path))
     except Exception as exc:  # an unknown model_type said as such, else transformers' own first sentence
         raise TaskError(_unknown_model_type(path) or f"{path}/config.json: transformers cannot read it "
                         f"({type(exc).__name__}: {_first_sentence(str(exc))})") from None
+    _check_shape(path, config)
+    return config
+
+
+def quantized_note(config: Any) -> str:
+    """What a config's ``quantization_config`` says its checkpoint stores, and that the policies ignore it, in one
+    line ("" for none): a policy converts the model's own weights, as built from the config."""
+    q = getattr(config, "quantization_config", None)
+    if not q:
+        return ""
+    q = q if isinstance(q, dict) else getattr(q, "to_dict", lambda: {})()
+    method = q.get("quant_method") or q.get("format") or "a quantization method"
+    bits = q.get("bits") or q.get("w_bit")
+    group = q.get("group_size") or q.get("q_group_size")
+    said = f"{method}" + (f", {bits}-bit" if bits else "") + (f", groups of {group}" if group else "")
+    return (f"the config's quantization_config ({said}) is not applied: each policy starts from the model in "
+            "bfloat16 and converts it itself (int4-wo is the nearest to a 4-bit checkpoint's weights)")
+
+
+SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads")  # what every model here is built from
+
+
+def _check_shape(path: Path, config: Any) -> None:
+    """One line for a config whose sizes are missing (transformers would fill its defaults), not positive, or whose
+    attention heads do not divide into its key/value heads."""
+    import json
+
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # transformers read it from elsewhere (a hub cache's snapshot): nothing to compare with
+    raw = raw.get("text_config", raw) if isinstance(raw, dict) else {}
+    names = {v: k for k, v in getattr(type(text), "attribute_map", {}).items()}  # n_embd -> hidden_size, ...
+    given = {names.get(k, k) for k in raw}
+    missing = [k for k in SIZES if k not in given and hasattr(text, k)]
+    if missing:
+        raise TaskError(f"{path}/config.json has no {', '.join(missing)}: transformers would build its default "
+                        "model in their place; give the model's own")
+    for key in (*SIZES, "num_key_value_heads", "vocab_size", "head_dim", "intermediate_size"):
+        value = getattr(text, key, None)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise TaskError(f"{path}/config.json: {key} is {value!r}: it must be a whole number of at least 1")
+    heads, kv = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
+    if heads and kv and heads % kv:
+        raise TaskError(f"{path}/config.json: num_attention_heads ({heads}) is not a multiple of num_key_value_heads "
+                        f"({kv})")
 
 
 def _first_sentence(text: str, most: int = 240) -> str:
-    """An exception's first sentence, whole (cut at a word, with an ellipsis, only past ``most`` characters)."""
-    line = (text.strip().splitlines() or [""])[0]
+    """An exception's first sentence, whole (cut at a word, with an ellipsis, only past ``most`` characters); a
+    first line that ends in a colon takes the line its cause is on (pydantic's and transformers' validators')."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()] or [""]
+    line = lines[0]
+    for more in lines[1:]:
+        if not line.endswith(":"):
+            break
+        line = f"{line} {more}"
     first = line.split(". ")[0].rstrip(".")
     return first if len(first) <= most else first[:most].rsplit(" ", 1)[0] + " …"
 
@@ -203,5 +258,4 @@ def at_depth(config: Any, n: int) -> Any:
 
 
 __all__ = ["DEFAULT_SEQ", "PREFIX", "at_depth", "causal", "config_of", "factory", "has_weights", "hushed", "locate",
-           "logits",
-           "split_spec", "with_seq_len"]
+           "logits", "quantized_note", "split_spec", "with_seq_len"]

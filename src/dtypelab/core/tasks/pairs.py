@@ -26,7 +26,8 @@ def _pair_data(path: Path) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[
     from dtypelab.core.tasks.minilm import pairs
 
     if not (path / "tokenizer.json").is_file():
-        raise TaskError(f"{path}: an encoder's pair-classification task needs its tokenizer.json")
+        raise TaskError(f"{path}: an encoder ({path.name}) is trained here on tokenized sentence pairs, so it needs "
+                        "its tokenizer.json beside config.json (a config alone is enough for a causal language model)")
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))
