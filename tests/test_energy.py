@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import ClassVar
 
 import pytest
+import torch
 
 from dtypelab.core import energy
 from dtypelab.core.devices import DEVICES, device_spec
@@ -730,3 +731,16 @@ def test_at_80_columns_a_sweep_chosen_for_energy_keeps_its_joules() -> None:
         render_table(replace(report, config=replace(report.config, objective=objective)), console)
         table = console.export_text().split("•")[0]
         assert ("J/sample" in table) is kept, objective
+
+
+def test_a_hugging_face_language_models_forecast_gives_joules_per_token() -> None:
+    """An hf: model's batches are keyword inputs (``input_ids`` among them): its tokens are counted all the same."""
+    import dtypelab
+    from dtypelab.core.measure import tokens_of
+
+    assert tokens_of({"input_ids": torch.zeros((2, 16), dtype=torch.long)}) == 32
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    report = dtypelab.forecast(f"hf:{os.path.join(root, 'benchmarks', 'configs', 'tiny-llama')}", seq_len=16,
+                               policies="fp32", device="H100", batch_size=2, batch_search=False, launcher="inline")
+    e = report.policies[0].energy
+    assert e is not None and e.joules_per_token == pytest.approx(e.joules_per_step / 32)

@@ -80,7 +80,10 @@ def slow_verdict(samples: Sequence[float], warmup: int, limit_s: float | None, s
 
 
 def tokens_of(x: Any) -> int | None:
-    """A batch's tokens, where its inputs are token ids (an integer tensor of batch x positions)."""
+    """A batch's tokens, where its inputs are token ids (an integer tensor of batch x positions, or a Hugging Face
+    model's keyword inputs holding one as ``input_ids``)."""
+    if isinstance(x, dict):
+        x = x.get("input_ids")
     if isinstance(x, torch.Tensor) and x.dim() == 2 and not x.is_floating_point() and x.dtype != torch.bool:
         return x.numel()
     return None
