@@ -639,3 +639,22 @@ def test_a_deep_stack_read_off_shallow_traces_is_what_a_whole_trace_gives(tmp_pa
         # within 0.1%: one op over every block's parameters at once (the update's multi-tensor kernels) sits at the
         # per-kernel floor in a shallow stack and just above it in the whole one (0.02% of fp32's step here)
         assert a.time.step_s == pytest.approx(b.time.step_s, rel=1e-3), a.policy
+
+
+def test_a_qlora_policy_that_quantizes_no_layer_says_so_and_names_the_layers_left():
+    """A model too small for NF4's groups of 16,384 weights: the record's conversion names every layer left in
+    bfloat16 and why, and the notes say no matmul runs the format (not "dequantized for every matmul")."""
+    from dtypelab.core.judging.notes import _arithmetic_text
+    from dtypelab.core.results import PolicyInfo, PolicyResult
+
+    small = nn.Sequential(nn.Embedding(50, 32), nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32), nn.Linear(32, 3))
+    _, precision = converted("qlora-nf4", small)
+    conv = precision.conversion()
+    assert conv["converted"] == [] and sorted(e["layer"] for e in conv["left_out"]) == ["1", "3"]
+    assert all("not whole groups of 16,384 weights" in e["why"] for e in conv["left_out"])
+    facts = get_policy("qlora-nf4").default.facts
+    info = PolicyInfo("qlora-nf4", backend="peft + torchao", arithmetic=facts.arithmetic)
+    text = _arithmetic_text(PolicyResult("qlora-nf4", "ok", conversion=conv, info=info))
+    assert "no layer of this model was converted" in text and "every matmul" not in text
+    _, big = converted("qlora-nf4")  # Toy's blocks are whole groups: the arithmetic as the kind says
+    assert "every matmul" in _arithmetic_text(PolicyResult("qlora-nf4", "ok", conversion=big.conversion(), info=info))

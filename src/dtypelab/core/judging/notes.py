@@ -108,12 +108,24 @@ def _int8_text(r: PolicyResult, hw: HardwareInfo | None) -> str:
     return f"{r.policy}: int8 matmuls {path}." if path else ""
 
 
+def _arithmetic_text(r: PolicyResult) -> str:
+    """What the policy's arithmetic is, as its kind says, unless its conversion took no layer of this model (then
+    there is nothing quantized to compute with: say that instead)."""
+    if not (r.info and r.info.arithmetic):
+        return ""
+    c = r.conversion
+    if c and not c.get("converted") and c.get("left_out"):
+        return (f"{r.policy} ({r.info.backend}): no layer of this model was converted (none takes its format's "
+                "shape), so its weights stay as they are and no matmul runs its format.")
+    return f"{r.policy} ({r.info.backend}): {r.info.arithmetic}."
+
+
 def _policy_notes(r: PolicyResult, report: Report, verdicts: dict[str, PolicyVerdict] | None,
                   hw: HardwareInfo | None) -> list[str]:
     """One policy's own notes: lost updates, its arithmetic, int8's path, its conversion, compiling."""
     v = verdicts.get(r.policy) if verdicts else None
     lost = _lost_text(r, report, verdicts) if r.updates and v and v.verdict in REJECTED else ""
-    arithmetic = f"{r.policy} ({r.info.backend}): {r.info.arithmetic}." if r.info and r.info.arithmetic else ""
+    arithmetic = _arithmetic_text(r)
     cold, warm = _compile_s(r)
     again = f"; {warm:.1f} s when the rounds compiled it again from that cache" if warm else ""
     compiled = (f"{r.policy}: the first call took {cold:.1f} s (compilation, which inductor caches on disk for later "
