@@ -212,8 +212,16 @@ def test_a_model_with_its_own_peft_adapters_keeps_them_under_the_base_precisions
     base = dict(converted("qlora-nf4", users_model())[0].named_modules())
     assert type(base["base_model.model.layers.0.q_proj.base_layer"].weight).__name__ == "NF4Tensor"
     assert type(base["base_model.model.layers.0.up"].weight).__name__ == "NF4Tensor"  # not adapted, still frozen
-    with pytest.raises(DtypelabError, match=r"--lora-targets: the model has LoRA adapters of its own .* leave it out"):
+    with pytest.raises(DtypelabError, match=r"--lora-targets does not apply to this model: it has LoRA adapters of its "
+                                            r"own .* leave it out"):
         converted(get_policy(LoRA(base="bfloat16", targets=("q_proj",))), users_model())
+    with pytest.raises(DtypelabError, match=r"^--lora-rank, --lora-alpha, --kbit-upcast do not apply to this model: "
+                                            r".* leave them out$") as info:
+        converted(get_policy(LoRA(base="nf4", rank=32, alpha=8, upcast=True)), users_model())
+    from dtypelab.core.errors import misapplied
+
+    assert misapplied(f"the script exited with code 1: {info.value}") == str(info.value)
+    assert misapplied("the script exited with code 1: ValueError: bad") == ""
 
 
 def test_checkpointed_blocks_read_no_key_value_cache_and_train_as_without(monkeypatch):

@@ -228,6 +228,20 @@ def test_a_peft_model_under_the_trainer_is_measured_with_its_own_adapters_under_
 
 
 @pytest.mark.e2e
+def test_lora_settings_a_scripts_own_peft_model_does_not_take_end_bench_with_an_error(tmp_path):
+    """The script makes its peft model itself: --lora-rank (or --lora-targets, --lora-alpha, --kbit-upcast) has
+    nothing to set. The LoRA policy fails with that one line, fp32's run is kept in the record, and bench exits 2."""
+    script = os.path.join(HERE, "scripts", "peft_trainer.py")
+    run = cli("bench", script, "-p", "fp32,lora-bf16", "--lora-rank", "32", "--json", str(tmp_path / "r.json"),
+              "--", "--steps", "4")
+    assert run.returncode == 2, run.stderr[-2000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --lora-rank does not apply to this model: it has LoRA adapters of its own")
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert {r["policy"]: r["status"] for r in record["results"]} == {"fp32": "ok", "lora-bf16": "failed"}
+
+
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_trace_and_audit_arm_on_the_scripts_own_loop(tmp_path):
     nan_script = os.path.join(HERE, "scripts", "nan_script.py")

@@ -21,7 +21,7 @@ from dtypelab.cli._common import (
     write_html,
 )
 from dtypelab.cli._options import argument, command, flag
-from dtypelab.core.errors import DtypelabError
+from dtypelab.core.errors import DtypelabError, misapplied
 from dtypelab.render import HardwareOptions, PoliciesOptions, ReportOptions, ShowOptions
 from dtypelab.sweep import BenchOptions
 
@@ -77,6 +77,10 @@ def _bench(opts: BenchOptions, cli: dict[str, Any]) -> None:
     emit(report, cli["fmt"])
     saved(path)
     write_html(report, cli["html"])
+    wrong = next((line for r in report.results if r.status == "failed" and (line := misapplied(r.reason))), "")
+    if wrong:  # an option that does not apply, found once the model was built: said as an error, not a failed row
+        err.print(f"[bold red]error:[/] {escape(wrong)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
     rec = report.recommendation
     if rec.no_baseline:
         base = report.base

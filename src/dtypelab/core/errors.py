@@ -15,6 +15,26 @@ class Unsupported(DtypelabError):
     reported skipped with the reason, not failed."""
 
 
+class OptionError(DtypelabError):
+    """An option the user gave does not apply to their model or script (found only once it is built): the policy
+    fails with it, and the command, its other results saved, exits non-zero with this line (``misapplied``)."""
+
+    MARK = "not apply to this model:"
+
+    def __init__(self, flags: list[str], why: str) -> None:
+        verb = "does" if len(flags) == 1 else "do"
+        super().__init__(f"{', '.join(flags)} {verb} not apply to this model: {why}; leave "
+                         f"{'it' if len(flags) == 1 else 'them'} out")
+
+
+def misapplied(reason: str) -> str:
+    """The ``OptionError`` line inside a failed run's reason ("" for none)."""
+    if OptionError.MARK not in reason:
+        return ""
+    start = reason.find("--")
+    return reason[start:] if start >= 0 else reason
+
+
 class TaskError(DtypelabError):
     """The user's task could not be loaded, or its code raised."""
 

@@ -35,7 +35,7 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from dtypelab.core.backends import quiet, torchao_missing, torchao_module
-from dtypelab.core.errors import DtypelabError, Unsupported
+from dtypelab.core.errors import DtypelabError, OptionError, Unsupported
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies.configs import ActivationPart, Config, Emulable, Facts, bf16_missing, cuda_missing
 
@@ -232,9 +232,12 @@ class LoRA(Emulable, Config):
     def _own_layout(self, model: nn.Module, own: tuple[str, ...]) -> Layout:
         """A peft model the user made: its adapters (and what it trains in full) as they are, its base's Linear
         layers quantized by a quantized base; ``--lora-targets`` has nothing to choose."""
-        if self.targets:
-            raise DtypelabError(f"--lora-targets: the model has LoRA adapters of its own (on {len(own)} layers: "
-                                f"{', '.join(_short(list(own), 3))}), which are measured as they are; leave it out")
+        settings = (("--lora-rank", self.rank != LoRA.rank), ("--lora-alpha", self.alpha != LoRA.alpha),
+                    ("--lora-targets", bool(self.targets)), ("--kbit-upcast", self.upcast))
+        given = [flag for flag, changed in settings if changed]
+        if given:
+            raise OptionError(given, f"it has LoRA adapters of its own (on {len(own)} layers: "
+                              f"{', '.join(_short(list(own), 2))}), which are measured as they are")
         head = output_head(model)
         trained = {n.rpartition(".")[0] for n, p in model.named_parameters() if p.requires_grad}
         linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n and not _adapter_part(n)
