@@ -417,6 +417,21 @@ def test_the_hf_trainer_maps_the_state_modifiers_to_its_own_optimizers():
         training_arguments(get_policy("fp32+adam8bit"), sgd)
 
 
+def test_a_trainer_that_checkpoints_by_default_runs_each_policy_as_named_and_says_what_it_replaced():
+    """TRL's SFTConfig turns gradient checkpointing on by default: fp32 and lora-bf16 then ran checkpointed and their
+    rows equalled the +ckpt ones. Each policy now checkpoints as named, and the script's own settings are said."""
+    transformers = pytest.importorskip("transformers")
+    from dtypelab.hf import replaced_settings, training_arguments
+
+    args = transformers.TrainingArguments(output_dir="/tmp/dtypelab-test-hf", report_to=[], use_cpu=True,
+                                          activation_checkpointing=True)
+    plain, _ = training_arguments(get_policy("fp32"), args)
+    ckpt, _ = training_arguments(get_policy("fp32+ckpt"), args)
+    assert not plain.activation_checkpointing and ckpt.activation_checkpointing
+    assert replaced_settings(args, vars(plain)) == ["activation_checkpointing=True"]
+    assert replaced_settings(args, vars(ckpt)) == []
+
+
 # --- end to end -------------------------------------------------------------------------------------------------------
 @pytest.mark.e2e
 @pytest.mark.slow

@@ -46,10 +46,24 @@ def training_arguments(plan: Plan, args: Any) -> tuple[Any, str | None]:
             raise DtypelabError(f"policy {plan.name}: {plan.state.label} stores AdamW's state in fewer bits, and this "
                                 f"Trainer's optim is {given}")
         flags["optim"] = optim
-    if plan.checkpoint:  # transformers 5 renamed gradient_checkpointing to activation_checkpointing
-        name = "activation_checkpointing" if hasattr(args, "activation_checkpointing") else "gradient_checkpointing"
-        flags.update({name: True, f"{name}_kwargs": {"use_reentrant": False}})
+    # transformers 5 renamed gradient_checkpointing to activation_checkpointing; each policy checkpoints as named,
+    # whatever the script's arguments said (TRL's SFTConfig turns it on by default)
+    name = "activation_checkpointing" if hasattr(args, "activation_checkpointing") else "gradient_checkpointing"
+    flags[name] = bool(plan.checkpoint)
+    if plan.checkpoint:
+        flags[f"{name}_kwargs"] = {"use_reentrant": False}
     return dataclasses.replace(args, logging_steps=1, **flags), cast
+
+
+def replaced_settings(args: Any, flags: dict[str, Any]) -> list[str]:
+    """What the script's TrainingArguments set (precision, checkpointing) that the policy's ``flags`` set otherwise:
+    "bf16=True", "gradient_checkpointing=True"."""
+    keys = ("bf16", "fp16", "tf32", "activation_checkpointing", "gradient_checkpointing")
+    out = [f"{k}={getattr(args, k)}" for k in keys
+           if k in flags and getattr(args, k, None) and getattr(args, k) != flags[k]]
+    if any(s.startswith("activation_") for s in out):  # transformers 5's name for it; the old one is its alias
+        out = [s for s in out if not s.startswith("gradient_")]
+    return out
 
 
 def _on_device(args: Any, device: torch.device) -> Any:
@@ -134,7 +148,9 @@ def _driven(name: str, lab: Session, kwargs: dict[str, Any], convert: bool) -> N
     if isinstance(kwargs["model"], str):
         raise DtypelabError(f"dtypelab.hf.{name}: model= names {kwargs['model']!r}; give the model object "
                             "(from_pretrained), which dtypelab converts as each policy says")
-    kwargs["args"], cast = training_arguments(lab.plan, _on_device(kwargs["args"], lab.device))
+    given = kwargs["args"]
+    kwargs["args"], cast = training_arguments(lab.plan, _on_device(given, lab.device))
+    lab.run_state.script_settings.update(replaced_settings(given, vars(kwargs["args"])))
     if cast is not None:
         kwargs["model"] = kwargs["model"].to(getattr(torch, cast))
     if convert and HF_CONVERTS(lab.plan.default):  # LoRA: the adapters (or the model's own) and the base in its format

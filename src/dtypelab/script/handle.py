@@ -284,6 +284,7 @@ class Session:
             disturbance=self._disturbance(), stopped=run.stopped, forwards=run.forwards,
             optimizers=len(run.optimizers), framework=run.framework,
             script_autocast=tuple(sorted(run.script_autocast)), built_in=tuple(run.built_in),
+            script_settings=tuple(sorted(run.script_settings)),
             memory=self.footprint.memory(), **self._energy_fields(len(self.timer.samples))))
 
     def _energy_mark(self) -> None:

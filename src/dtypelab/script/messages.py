@@ -76,6 +76,7 @@ class ScriptResult:
     framework: bool  # Lightning's or Hugging Face's Trainer ran the loop (attach): it steps its own optimizers
     script_autocast: tuple[str, ...]  # the script's own autocast found on around the model
     built_in: tuple[str, ...]  # the floating dtypes the script built its model in
+    script_settings: tuple[str, ...] = ()  # what the script's configuration set that each policy set as named
     memory: dict[str, Any] | None = None  # where the training memory went (core.footprint), counted at the end
     # the energy counter over the timed steps (after the warm-up): (joules, seconds, steps) between the synchronized
     # ends of the last warm-up step and of the last step; None where nothing measured it (the launcher's

@@ -91,6 +91,9 @@ def run_notes(d: ScriptResult, own_precision: bool = False) -> list[str]:
     if d.script_autocast:
         notes.append(f"the script's own autocast ({', '.join(d.script_autocast)}) was on around the model; "
                      "dtypelab turned it off inside the model's forward so that each policy runs as named")
+    if d.script_settings:
+        notes.append(f"the script's own arguments set {', '.join(d.script_settings)}; each policy set its own as "
+                     "named (activation checkpointing only under +ckpt)")
     built = [t for t in d.built_in if t != "float32"]
     if own_precision and "float64" in built:
         notes.append(FLOAT64_NOTE)

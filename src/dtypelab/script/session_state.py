@@ -41,6 +41,9 @@ class RunState:
     watched: list[torch.optim.Optimizer] = field(default_factory=list)
     forwards: int = 0  # training forwards through the wrapped model
     script_autocast: set[str] = field(default_factory=set)  # the script's own autocast, found around the forward
+    # what the script's own configuration set that each policy sets as named instead (a Trainer's bf16=True, its
+    # gradient checkpointing: TRL's SFTConfig turns it on by default)
+    script_settings: set[str] = field(default_factory=set)
     metrics: dict[str, float] = field(default_factory=dict)
     metric: str = ""  # the primary one
     higher: bool | None = None  # whether higher is better, when said
