@@ -518,3 +518,21 @@ def test_a_forecast_without_memory_to_fit_says_no_policy_fits_nothing(tmp_path):
     fastest = max((p for p in record.policies if p.generate and p.generate.prefill_tok_s),
                   key=lambda p: p.generate.prefill_tok_s)
     assert record.config.objective == "prefill" and record.answer.startswith(f"{fastest.policy}: the fastest prefill")
+
+
+def test_a_forecast_writes_no_librarys_import_noise_to_stderr(tmp_path):
+    """torchao's kernels built for another GPU ("Failed to load …_C_mxfp8….so") and torch's deprecation warnings,
+    logged when a model's module is first imported (here, and in the tracing workers): not the user's to read."""
+    config = _sliding("gemma2", layers=8).to_dict()  # deep: built at the depths it is traced at
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "config.json").write_text(json.dumps({**config, "architectures": ["Gemma2ForCausalLM"]}))
+    import subprocess
+    import sys
+
+    got = subprocess.run([sys.executable, "-m", "dtypelab", "forecast", f"hf:{tmp_path / 'g'}", "--mode", "generate",
+                          "--device", "H100", "-p", "bf16,int4-wo,int8-wo", "--json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=300)  # a process of its own: nothing imported yet
+    assert got.returncode == 0, got.stderr
+    noise = [line for line in got.stderr.splitlines() if not line.startswith(("[", "results saved", "dtypelab-",
+                                                                               "re-render", "/"))]
+    assert not any("Failed to load" in line or "_pytree" in line or line.startswith("W1") for line in noise), noise

@@ -221,7 +221,7 @@ def events() -> Iterator[Callable[[Any], None]]:
 def emit(record: Any, fmt: str, top: int = 0) -> None:
     """Any record on stdout: a bench report, an audit (``top`` riskiest rows), a trace or a tune record."""
     from dtypelab.render.bench import render, render_table
-    from dtypelab.render.drawing import document_of, more_of
+    from dtypelab.render.drawing import document_of, drop_of, more_of
     from dtypelab.render.numeric import emit as emit_doc
     from dtypelab.render.numeric import to_json
 
@@ -232,7 +232,8 @@ def emit(record: Any, fmt: str, top: int = 0) -> None:
             return
         doc, styles, wrap = draw(record, top)
         for i, part in enumerate([doc, *more_of(record, top)]):
-            text = emit_doc(part, fmt, out, styles if i == 0 else None, wrap if i == 0 else None)
+            text = emit_doc(part, fmt, out, styles if i == 0 else None, wrap if i == 0 else None,
+                            drop_of(record) if i == 0 else None)
             if text is not None:
                 sys.stdout.write(("\n" if i else "") + text)
     elif fmt == "table":

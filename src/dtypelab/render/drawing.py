@@ -10,7 +10,7 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any
 
-from dtypelab.render.views import DOCUMENTS, MORE, SECTIONS
+from dtypelab.render.views import DOCUMENTS, DROPS, MORE, SECTIONS
 
 # not renderers: the registry, this module, the report page (it uses this module) and the commands' options
 _NOT_RENDERERS = ("views", "drawing", "page", "options")
@@ -37,6 +37,13 @@ def section_of(record: Any) -> Callable[[Any, str, str | None], str]:
         if cls in SECTIONS:
             return SECTIONS[cls]
     raise TypeError(f"not a dtypelab record: {type(record).__name__}")
+
+
+def drop_of(record: Any) -> tuple[str, ...] | None:
+    """The record's own order of columns a narrow terminal leaves out, or None (the table's default)."""
+    _loaded()
+    drop = next((DROPS[c] for c in type(record).__mro__ if c in DROPS), None)
+    return drop(record) if drop is not None else None
 
 
 def document_of(record: Any) -> Callable[[Any, int], tuple[Any, Any, set[int]]] | None:

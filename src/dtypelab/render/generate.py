@@ -31,7 +31,7 @@ def _rate(v: float | None) -> str:
 
 
 def _ms(v: float | None) -> str:
-    return "—" if v is None else f"{v * 1e3:.3g}"
+    return "—" if v is None else f"{v * 1e3:,.0f}" if v >= 1 else f"{v * 1e3:.3g}"
 
 
 def _memory(g: GenerateFigures, scale: float) -> list[str]:
@@ -59,14 +59,44 @@ def _joules(g: GenerateFigures) -> str:
     return "—" if e is None or e.joules_per_token is None else f"{e.joules_per_token:.3g}"
 
 
+BOUNDS = ("compute", "memory", "overhead")  # what bounds a timed step; anything else is why it was not timed
+
+
 def _fit(g: GenerateFigures) -> list[str]:
     fits = "—" if g.fits is None else ("yes" if g.fits else "no")
+    bound = g.bound if not g.bound or g.bound in BOUNDS else "not timed"  # why: in the notes (a cell would wrap)
     return [fits, "—" if g.largest_batch is None else f"{g.largest_batch:,}" if g.largest_batch else "none",
             "—" if g.longest_context is None else f"{g.longest_context:,}" if g.longest_context else "none",
-            g.bound or "—"]
+            bound or "—"]
 
 
-@document(GenerateReport, wrap=set())
+def row_reasons(report: GenerateReport) -> list[str]:
+    """Why a policy has no row of figures, or no time, one note each (a reason in a cell wraps a word a line)."""
+    out = []
+    for p in report.policies:
+        g = p.generate
+        if p.status != "ok" or g is None:
+            out.append(f"{p.policy}: {p.status}: {p.reason}")
+        elif g.bound and g.bound not in BOUNDS:
+            out.append(f"{p.policy}: not timed: {g.bound}")
+    return out
+
+
+# the columns a narrow terminal leaves out, first to last; the objective's own go last of all
+NARROW = ("first divergence", "next-token", "activations", "weights", "prefill", "TTFT", "ms/token", "J/token",
+          "decode bound", "largest batch", "longest context", "vs baseline", "KV cache", "fits", "perplexity", "peak",
+          "decode tok/s")
+OBJECTIVE_COLUMNS = {"decode": ("decode tok/s",), "prefill": ("prefill", "TTFT"), "latency": ("TTFT", "ms/token"),
+                     "energy": ("J/token",)}
+
+
+def narrow_order(report: GenerateReport) -> tuple[str, ...]:
+    """Which columns an 80-column terminal leaves out first: the objective's are kept longest."""
+    own = OBJECTIVE_COLUMNS.get(report.config.objective, ())
+    return tuple(c for c in NARROW if c not in own) + own
+
+
+@document(GenerateReport, wrap=set(), drop=narrow_order)
 def generate_doc(report: GenerateReport) -> tuple[str, list[str], list[list[str]], list[str]]:
     cfg = report.config
     scale, unit = _unit(report)
@@ -85,7 +115,7 @@ def generate_doc(report: GenerateReport) -> tuple[str, list[str], list[list[str]
     for p in report.policies:
         g = p.generate
         if p.status != "ok" or g is None:
-            rows.append([p.policy, *(["—"] * (len(headers) - 2)), f"{p.status}: {p.reason}"])
+            rows.append([p.policy, *(["—"] * (len(headers) - 2)), f"{p.status} (below)"])
             continue
         tail = [*_quality(p), p.verdict or "—"] if measured else _fit(g)
         joules = [_joules(g)] if energy else []
@@ -96,6 +126,7 @@ def generate_doc(report: GenerateReport) -> tuple[str, list[str], list[list[str]
 def _notes(report: GenerateReport) -> list[str]:
     cfg = report.config
     notes = [report.answer] if report.answer else []
+    notes += row_reasons(report)
     if cfg.source == "measured":
         best = "the least energy per token" if cfg.objective == "energy" else "the fastest"
         tie = ("not measurably less energy (some window of it no lower than one of {b}'s)" if cfg.objective == "energy"

@@ -140,8 +140,10 @@ DROP_FIRST = {"layer": ("module", "zero", "range", "min |x|", "non-finite", "max
                          "TTFT", "ms/token", "first divergence", "next-token", "prefill", "KV cache")}
 
 
-def emit(doc: Doc, fmt: str, console: Any, styles: list[str] | None = None, wrap: set[int] | None = None) -> str | None:
-    """Print a rich table (fmt 'table', returns None) or return Markdown / HTML text."""
+def emit(doc: Doc, fmt: str, console: Any, styles: list[str] | None = None, wrap: set[int] | None = None,
+         drop: tuple[str, ...] | None = None) -> str | None:
+    """Print a rich table (fmt 'table', returns None) or return Markdown / HTML text (``drop``: the header prefixes a
+    narrow terminal leaves out first, in order, instead of the table's default)."""
     title, headers, rows, notes = doc
     if fmt == "table" and not headers:  # a sentence with no table under it (a forecast's speed, without rates)
         console.print(title, highlight=False)
@@ -152,7 +154,7 @@ def emit(doc: Doc, fmt: str, console: Any, styles: list[str] | None = None, wrap
         last = len(headers) - 1
         wrap = wrap or {last}
         text_columns = {i for i, h in enumerate(headers) if h.startswith(("bits", "what", "note"))}
-        first = drop_order(headers, DROP_FIRST.get(headers[0], ()))
+        first = drop_order(headers, drop if drop is not None else DROP_FIRST.get(headers[0], ()))
         rest = [i for i in range(len(headers) - 1, 0, -1) if i not in wrap and i not in first]
         rich_table(console, title, headers, rows, notes, left={0, 1, 2} | text_columns | wrap, wrap=wrap,
                    styles=styles, drop=first + rest)

@@ -13,6 +13,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 SECTIONS: dict[type, Callable[[Any, str, str | None], str]] = {}
 # record type -> fn(record, top) -> (doc, styles, wrapped columns): what `show` prints (bench draws its own table)
 DOCUMENTS: dict[type, Callable[[Any, int], tuple[Any, Any, set[int]]]] = {}
+DROPS: dict[type, Callable[[Any], tuple[str, ...]]] = {}  # a record's own order of columns to leave out
 # record type -> fns(record, top) -> more tables printed under the document (title, headers, rows, notes) each, in the
 # order registered: a kind may have several (a forecast's --check table and its time table)
 MORE: dict[type, list[Callable[[Any, int], list[Any]]]] = {}
@@ -26,11 +27,15 @@ def section(kind: type) -> Callable[[F], F]:
     return register
 
 
-def document(kind: type, wrap: set[int] | None = None) -> Callable[[F], F]:
+def document(kind: type, wrap: set[int] | None = None,
+             drop: Callable[[Any], tuple[str, ...]] | None = None) -> Callable[[F], F]:
     """``wrap``: the columns the terminal wraps, for a ``fn(record) -> doc``; without it, ``fn(record, top)`` returns
-    (doc, styles, wrap) itself."""
+    (doc, styles, wrap) itself. ``drop``: the record's own order in which a narrow terminal leaves columns out (by
+    header prefix; the table's default otherwise)."""
     def register(fn: F) -> F:
         DOCUMENTS[kind] = fn if wrap is None else (lambda record, top: (fn(record), None, wrap))
+        if drop is not None:
+            DROPS[kind] = drop
         return fn
 
     return register

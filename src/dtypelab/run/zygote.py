@@ -145,10 +145,14 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and closes our stdin
     import torch  # noqa: F401  -- the point of this process
 
+    from dtypelab.core.backends import quiet
+
     _reply("ready")
     for req in _requests():
         for name in req.get("preload", ()):
-            with contextlib.suppress(Exception):  # the worker will say what is wrong, in its own log
+            # the worker will say what is wrong, in its own log; a library's import-time noise (torchao's kernels
+            # built for another GPU, torch's deprecation warnings) is not the user's to read
+            with contextlib.suppress(Exception), quiet():
                 importlib.import_module(name)
         if req.get("warm"):  # the imports alone, ahead of the first worker, while the launcher does its own work
             _reply("warm")

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dtypelab.core.backends import quiet
 from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.results import TargetDevice
@@ -104,7 +105,8 @@ class ServeForecaster:
         if self.served.config is not None:
             from transformers import AutoModelForCausalLM
 
-            return AutoModelForCausalLM.from_config(config)
+            with quiet():  # the model's module, imported now, may import torchao: its import-time noise
+                return AutoModelForCausalLM.from_config(config)
         return type(self.meta)(config)
 
     def parameters(self) -> int:
