@@ -536,3 +536,27 @@ def test_a_forecast_writes_no_librarys_import_noise_to_stderr(tmp_path):
     noise = [line for line in got.stderr.splitlines() if not line.startswith(("[", "results saved", "dtypelab-",
                                                                                "re-render", "/"))]
     assert not any("Failed to load" in line or "_pytree" in line or line.startswith("W1") for line in noise), noise
+
+
+def test_a_narrow_generate_table_keeps_its_objectives_columns_and_says_reasons_in_notes(tmp_path):
+    import subprocess
+    import sys
+
+    from dtypelab.render.generate import _ms, generate_doc, narrow_order
+
+    assert (_ms(10.1), _ms(0.00123)) == ("10,100", "1.23")  # never 1.01e+04
+    path = tmp_path / "r.json"
+    dtypelab("forecast", "tinylm", "--mode", "generate", "--device", "A100-80GB", "-p", "bf16,fp8-dyn-row",
+             "--objective", "latency", "--json", str(path))
+    from dtypelab.core.records import load_record
+
+    record = load_record(str(path))
+    order = narrow_order(record)
+    assert order[-2:] == ("TTFT", "ms/token") and order.index("KV cache") > order.index("J/token")
+    _, headers, rows, notes = generate_doc(record)
+    fp8 = next(r for r in rows if r[0] == "fp8-dyn-row")
+    assert fp8[-1] == "not timed" and any(n.startswith("fp8-dyn-row: not timed: no fp8 rate on") for n in notes)
+    shown = subprocess.run([sys.executable, "-m", "dtypelab", "show", str(path)], capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "COLUMNS": "80"})
+    head = "".join(shown.stdout.splitlines()[2:6])
+    assert "TTFT" in head and "ms/token" in head and max(len(line) for line in shown.stdout.splitlines()) <= 80
