@@ -223,6 +223,8 @@ def test_readme_commands_are_what_ci_runs():
     with open(os.path.join(root, ".ci", "run")) as f:
         ci = f.read()
     assert "sed -n 2p" in ci  # .ci/run executes the second README command verbatim
+    with open(os.path.join(root, "README.md")) as f:
+        assert len(f.read().splitlines()) <= 200  # a front page: the samples live in the guide
     assert f"python -m {parallel.replace('pytest', 'pytest -m e2e')} " in ci  # and the end-to-end step alike
 
 
@@ -360,3 +362,10 @@ def test_a_file_shared_by_the_suites_workers_is_made_once(tmp_path_factory):
         t.join()
     with open(made[0]) as f:
         assert len(made) == 1 and got == [made[0]] * 2 and f.read() == "x"
+
+
+def test_bench_help_names_every_kind_of_task():
+    got = dtypelab("bench", "--help")
+    said = " ".join(got.stdout.split())
+    for task in ("hf:ORG/NAME", "minilm-ft", "tinylm", "digits", "train.py"):
+        assert task in said

@@ -553,7 +553,7 @@ def test_a_narrow_generate_table_keeps_its_objectives_columns_and_says_reasons_i
     record = load_record(str(path))
     order = narrow_order(record)
     assert order[-2:] == ("TTFT", "ms/token") and order.index("KV cache") > order.index("J/token")
-    _, headers, rows, notes = generate_doc(record)
+    _, _, rows, notes = generate_doc(record)
     fp8 = next(r for r in rows if r[0] == "fp8-dyn-row")
     assert fp8[-1] == "not timed" and any(n.startswith("fp8-dyn-row: not timed: no fp8 rate on") for n in notes)
     shown = subprocess.run([sys.executable, "-m", "dtypelab", "show", str(path)], capture_output=True, text=True,

@@ -25,7 +25,8 @@ from dtypelab.core.errors import DtypelabError, misapplied
 from dtypelab.render import HardwareOptions, PoliciesOptions, ReportOptions, ShowOptions
 from dtypelab.sweep import BenchOptions
 
-TASK = argument("task", str, "built-in name (digits, checkerboard, charlm, minilm), path/file.py:make_task, "
+TASK = argument("task", str, "built-in name (digits, checkerboard, charlm, gpt2, decoder, minilm, minilm-ft, tinylm), "
+                             "hf:ORG/NAME or hf:PATH (a Hugging Face model), path/file.py:make_task, "
                              "pkg.module:make_task, or your training script (train.py; its arguments after --)")
 OUTPUT = [flag("fmt", str, "table", "table, markdown, html or json", "--format"),
           flag("html", str | None, None, "also write the offline HTML report (plots) here", "--html")]
