@@ -85,8 +85,8 @@ def test_lora_adapts_every_linear_but_the_head_which_a_classifier_trains_in_full
 
 
 def test_targets_that_match_nothing_and_models_without_linear_layers_are_one_line_errors():
-    with pytest.raises(DtypelabError, match=r"--lora-targets k_proj matches no Linear layer \(the model's Linear "
-                                            r"layers: layers.0.q_proj"):
+    with pytest.raises(DtypelabError, match=r"^--lora-targets k_proj matches none of the model's 7 Linear layers "
+                                            r"\(their names end in q_proj, up, down, classifier\)$"):
         LoRA("bfloat16", targets=("k_proj",)).layout(Toy())
     with pytest.raises(Unsupported, match="qlora-nf4: the model has no Linear layers to adapt or quantize"):
         converted("qlora-nf4", nn.Sequential(nn.Conv1d(3, 3, 1), nn.ReLU()))

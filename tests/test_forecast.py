@@ -386,3 +386,14 @@ def test_fsdp_units_are_the_repeated_blocks_wherever_they_sit_and_forecast_under
         assert all(not any(u is v for v in model.children()) for u in units), task  # blocks, not the children
     p = forecast("decoder", nproc=2, policies="fp32+fsdp", batch_size=8, batch_search=False).result("fp32+fsdp")
     assert p.status == "ok", p.reason  # a top-level ModuleList once failed: fully_shard cannot take a container
+
+
+def test_lora_targets_that_match_nothing_stop_the_forecast_before_any_trace():
+    """Checked against the whole model (the 32 blocks of an 8B config, not the traced 3-block copy): one line, the
+    layers counted as the model has them, nothing traced."""
+    config = os.path.join(os.path.dirname(HERE), "benchmarks", "configs", "llama3-8b")
+    with pytest.raises(DtypelabError, match=r"^--lora-targets q_projx matches none of the model's 225 Linear layers "
+                                            r"\(their names end in q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                                            r"down_proj, lm_head\)$"):
+        dtypelab.forecast(f"hf:{config}", seq_len=512, policies="lora-bf16", lora_targets="q_projx", device="H100",
+                          speed=False, launcher="inline")

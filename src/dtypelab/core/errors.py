@@ -59,8 +59,11 @@ def user_frames(exc: BaseException) -> list[traceback.FrameSummary]:
 
 
 def describe_exception(exc: BaseException) -> str:
-    """'TypeError: msg (at my_model.py:12 in forward)', naming the user's innermost frame if any."""
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0] if str(exc) else type(exc).__name__
+    """'TypeError: msg (at my_model.py:12 in forward)', naming the user's innermost frame if any; dtypelab's own
+    errors are their message alone (their class name is no news to the user)."""
+    own = isinstance(exc, DtypelabError) and str(exc)
+    text = (str(exc) if own else f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__).strip()
+    text = text.splitlines()[0] if text else type(exc).__name__
     frames = user_frames(exc)
     if frames:
         f = frames[-1]

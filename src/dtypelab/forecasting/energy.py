@@ -46,8 +46,9 @@ def read_measured(path: str, device: TargetDevice) -> Measured:
     """The measured power in a bench or generate record of the target's GPU; a one-line error for any other file."""
     record = load_record(path)
     if not isinstance(record, (Report, GenerateReport)):
-        raise DtypelabError(f"--energy-from {path}: a bench record (dtypelab bench, any --mode) is needed, not "
-                            f"{type(record).__name__}")
+        what = getattr(record, "schema", "").removeprefix("dtypelab.") or "another kind of"
+        raise DtypelabError(f"--energy-from {path}: a bench record (dtypelab bench, any --mode) is needed, not a "
+                            f"{what} record")
     spec, name = _spec(device), _measured_on(record)
     if spec is None or not re.search(spec.matches, name):
         raise DtypelabError(f"--energy-from {path}: measured on {name or 'an unnamed device'}, not on "

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from dtypelab.core.backends import quiet
 from dtypelab.core.devices import GIB, device_spec
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, environment, hardware_for
@@ -200,7 +201,19 @@ def _checked(opts: ForecastOptions, target: Target, device: TargetDevice, task_o
         raise DtypelabError(f"the batch size {batch} does not split over {opts.nproc} ranks: give --batch-size a "
                             f"multiple of {opts.nproc}")
     check_writable(opts.json_path)
+    _targets_match(plans, task_obj)
     return plans
+
+
+def _targets_match(plans: list[Plan], task_obj: Task) -> None:
+    """--lora-targets checked against the whole model, built on the meta device, before anything is traced (a
+    policy's trace sees a shallow copy of a deep model, and its failure would be one row's)."""
+    lora = next((p for p in plans if getattr(p.default, "targets", ())), None)
+    if lora is None:
+        return
+    with torch.device("meta"), quiet():
+        model = task_obj.make_model()
+    lora.default.layout(model)
 
 
 def _found(outcomes: list[Outcome], plans: list[Plan], interrupted: bool) -> tuple[int, dict[str, PolicyForecast]]:

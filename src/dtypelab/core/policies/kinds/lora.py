@@ -216,9 +216,10 @@ class LoRA(Emulable, Config):
         if self.targets:
             unmatched = [t for t in self.targets if not any(_matches(t, n) for n in linears)]
             if unmatched:
+                ends = list(dict.fromkeys(n.rpartition(".")[2] for n in linears))
                 raise DtypelabError(
-                    f"--lora-targets {', '.join(unmatched)} matches no Linear layer (the model's Linear layers: "
-                    f"{', '.join(_short(linears))})")
+                    f"--lora-targets {', '.join(unmatched)} matches none of the model's {len(linears)} Linear layers "
+                    f"(their names end in {', '.join(_short(ends))})")
             adapted = tuple(n for n in linears if any(_matches(t, n) for t in self.targets))
         else:
             adapted = tuple(n for n in linears if n != head)
