@@ -449,3 +449,46 @@ def test_after_a_disturbed_fp32_a_script_sweep_still_arms_the_slow_check():
     assert busy["slow_step_s"] == pytest.approx(0.1) and busy["slow_span_s"] == SLOW_SPAN_S  # 10x its fastest
     assert "slow_step_s" not in pace(PolicyResult("fp32", "ok", warmup=1, step_times_s=steps), force=True)
     assert busy["patience"] and "slow_step_s" not in pace(PolicyResult("fp32", "failed"), force=False)
+
+
+def test_the_slow_stop_never_judges_the_baselines_own_repeat_nor_a_run_it_saw_disturbed(monkeypatch):
+    """Beside a busy process a script sweep with --budget stopped fp32's own second run as "53x slower than fp32's
+    fastest step", and lora-bf16 as 49x: the baseline's repeats run without the slow check, and a run that saw
+    other processes take the CPU is not stopped for a pace that is theirs."""
+    import types
+
+    from dtypelab import PolicyResult
+    from dtypelab.core.disturbance import Disturbance
+    from dtypelab.core.policies import get_policy
+    from dtypelab.script import runner
+    from dtypelab.sweep.job import too_slow
+
+    jobs = []
+
+    def fake_run(path, args, job, seed, timeout_s, workdir, on_step, on_message=None):
+        jobs.append(job)
+        return runner.Outcome("failed", "not run")
+
+    monkeypatch.setattr(runner, "run_script", fake_run)
+    runs = runner._Runs(runner.Target.of(os.path.join(EXAMPLES, "train_loop.py")),
+                        types.SimpleNamespace(seed=0, script_args=(), timeout_s=60), "cpu", lambda e: None)
+    steps = (0.5, 0.02, 0.01, 0.03, 0.02)
+    runs.extra, runs.baseline = runner.pace(PolicyResult("fp32", "ok", warmup=1, step_times_s=steps), False), "fp32"
+    runs.once(get_policy("fp32"))
+    runs.once(get_policy("amp-bf16"))
+    assert jobs[0].slow_step_s is None and jobs[0].patience  # fp32's repeat: divergence watched, never "slow"
+    assert jobs[1].slow_step_s == pytest.approx(0.2)
+
+    job = types.SimpleNamespace(warmup=1, slow_step_s=0.01, steps=1000, baseline_step_s=0.001, slow_span_s=0.0)
+    samples = [1.0] * 8
+
+    class Seen:
+        def __init__(self, busy: bool) -> None:
+            self.busy = busy
+
+        def stop(self):
+            return Disturbance(wall_s=8.0, other_cpu_s=8.0 if self.busy else 0.0, steal_s=0.0, pressure_s=None,
+                               involuntary_switches=0, raw_other_cpu_s=8.0 if self.busy else 0.0, resolution_s=0.01)
+
+    assert too_slow(job, samples, Seen(busy=False)).startswith("measured pathologically slow")
+    assert too_slow(job, samples, Seen(busy=True)) == ""

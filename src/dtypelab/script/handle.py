@@ -246,11 +246,16 @@ class Session:
         samples = self.timer.samples
         slow = slow_verdict(samples, warmup_steps(job.baseline_steps or len(samples)), job.slow_step_s,
                             job.baseline_steps, job.baseline_step_s, job.slow_span_s)
-        if slow:
+        if slow and not self._busy():  # slowed by other processes, seen: not the policy's own pace
             self.finished = True
             self._globals.__exit__(None, None, None)
             self._done(ScriptSkip(slow, "slow", tuple(samples), tuple(self.losses), self._disturbance()))
             raise SystemExit(0)
+
+    def _busy(self) -> bool:
+        """Whether other processes took the CPU while this run was timed (from its first step to now)."""
+        d = self.run_state.cpu.stop() if self.run_state.cpu is not None else None
+        return d is not None and d.disturbed
 
     def _disturbance(self) -> dict[str, Any]:
         d = self.run_state.cpu.stop() if self.run_state.cpu is not None else None

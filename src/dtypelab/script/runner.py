@@ -161,7 +161,7 @@ def _next_policy(run: _Runs, plans: dict[str, Plan], pending: list[str], report:
         run.own_precision = report.baseline
     report = _with(report, result, opts.json_path, primary)
     if name == report.baseline:
-        run.extra = pace(result, opts.force)
+        run.extra, run.baseline = pace(result, opts.force), name
         if result.status != "ok" and not opts.keep_going:
             return plans, pending, save_judged(baseline_failed(report, plans, result), opts.json_path), False
     return plans, pending, report, True
@@ -237,6 +237,7 @@ class _Runs:
     def __init__(self, target: Target, opts: Options, dev: Any, on_event: OnEvent) -> None:
         self.target, self.opts, self.dev, self.on_event = target, opts, dev, on_event
         self.extra: dict[str, Any] = {}
+        self.baseline = ""  # whose pace ``extra`` holds: its own repeats are never judged slow against it
         self.workdir = ""
         self.own_precision = ""  # the baseline that is the script's own precision (fp64 for a float64 model)
 
@@ -244,7 +245,8 @@ class _Runs:
         """(the run's result, its primary metric, the dtypes the script built its model in)."""
         name, opts = plan.name, self.opts
         self.on_event(Event("start", name, 0, 0, label=label))
-        job = job_for(self.target.path, plan, opts.seed, str(self.dev), **self.extra)
+        extra = self.extra if name != self.baseline else {k: v for k, v in self.extra.items() if k == "patience"}
+        job = job_for(self.target.path, plan, opts.seed, str(self.dev), **extra)
         out = run_script(self.target.path, tuple(opts.script_args), job, opts.seed, opts.timeout_s, self.workdir,
                          lambda d, t: self.on_event(Event("step", name, d, t)))
         result, primary = script_result(out, plan, own_precision=name == self.own_precision)

@@ -99,9 +99,12 @@ def _warmup(job: Job, samples: list[float]) -> int:
     return min(job.warmup, max(0, len(samples) - 1))
 
 
-def too_slow(job: Job, samples: list[float]) -> str:
-    """``slow_verdict`` for this job: past 10x fp32's median step (``job.slow_step_s``), the run stops."""
-    return slow_verdict(samples, job.warmup, job.slow_step_s, job.steps, job.baseline_step_s, job.slow_span_s)
+def too_slow(job: Job, samples: list[float], cpu: CpuMeter | None = None) -> str:
+    """``slow_verdict`` for this job: past 10x fp32's median step (``job.slow_step_s``), the run stops; never while
+    ``cpu`` saw other processes take the CPU since the run began (their time, not the policy's pace)."""
+    slow = slow_verdict(samples, job.warmup, job.slow_step_s, job.steps, job.baseline_step_s, job.slow_span_s)
+    busy = cpu.stop() if slow and cpu is not None else None
+    return "" if busy is not None and busy.disturbed else slow
 
 
 def _profiler(job: Job, device: torch.device, precision: Precision, samples: list[float]) -> Profiler | None:
@@ -130,7 +133,7 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
     timer, cpu = StepTimer(sync=device_sync(device)), CpuMeter()
     cpu.start()
     run = fit(task, model, precision, optimizer, device, job.steps, job.batch_size, job.seed, timer, progress,
-              stop_if=lambda samples: too_slow(job, samples))
+              stop_if=lambda samples: too_slow(job, samples, cpu))
     disturbance = cpu.stop()
     if run.cut:
         return _slow_result(job, run.cut, timer.samples, tuple(run.losses))
