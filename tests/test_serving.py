@@ -560,3 +560,31 @@ def test_a_narrow_generate_table_keeps_its_objectives_columns_and_says_reasons_i
                            timeout=120, env={**os.environ, "COLUMNS": "80"})
     head = "".join(shown.stdout.splitlines()[2:6])
     assert "TTFT" in head and "ms/token" in head and max(len(line) for line in shown.stdout.splitlines()) <= 80
+
+
+def test_a_generation_timed_beside_a_busy_process_is_said_and_decides_nothing():
+    """Beside a busy process fp32's generations ran 10x slow and fp32+kv-bf16's quietly: "12.79x faster" was chosen.
+    A policy or baseline with a disturbed timed generation is never called faster, and the record says which were
+    disturbed and which timings spread past 2x."""
+    from dataclasses import replace
+
+    from dtypelab.core.tolerance import Tolerance
+    from dtypelab.serving.bench import _verdicts, steadiness_notes
+
+    def policy(name: str, runs: tuple[float, ...], disturbed: int = 0) -> GeneratePolicy:
+        g = GenerateFigures(decode_tok_s=64 / sorted(runs)[1], ttft_runs_s=(0.01,) * 3, decode_runs_s=runs,
+                            disturbed_runs=disturbed)
+        return GeneratePolicy(name, "", "ok", generate=g, quality=GenerateQuality(6.0, 0.0, 1.0, 8.0, 0, 4))
+
+    base = policy("fp32", (10.0, 12.0, 11.0), disturbed=3)
+    quiet = policy("fp32+kv-bf16", (0.8, 0.9, 0.85))
+    out, best, sentence = _verdicts([base, quiet], "fp32", Tolerance.parse("1%"), "decode", 64)
+    assert best == "fp32" and out[1].verdict == "within, disturbed" and "no policy" in sentence
+    notes = steadiness_notes(out, "decode")
+    assert notes[0].startswith("other processes took the CPU while fp32 was timed")
+    calm = replace(base, generate=replace(base.generate, disturbed_runs=0))
+    out, best, _ = _verdicts([calm, quiet], "fp32", Tolerance.parse("1%"), "decode", 64)
+    assert best == "fp32+kv-bf16" and out[1].verdict == "chosen"  # the same timings, undisturbed: faster
+    shaky = policy("int8-dyn", (16.0, 5.4, 0.78))
+    assert steadiness_notes([shaky], "decode") == ["unsteady timings (slowest over fastest timed generation): "
+                                                   "int8-dyn 20.5x"]

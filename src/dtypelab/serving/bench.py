@@ -76,8 +76,31 @@ def _span(f: GenerateFigures, objective: str) -> tuple[float, float]:
 
 
 def separated(f: GenerateFigures, base: GenerateFigures, objective: str) -> bool:
-    """Faster beyond doubt: the slowest of its generations beat the fastest of the baseline's."""
-    return _span(f, objective)[0] < _span(base, objective)[1]
+    """Faster beyond doubt: the slowest of its generations beat the fastest of the baseline's, none of either timed
+    while other processes took the CPU (a busy neighbour slows whichever it overlaps: a baseline slowed 10x makes any
+    quiet policy "faster")."""
+    return not (f.disturbed_runs or base.disturbed_runs) and _span(f, objective)[0] < _span(base, objective)[1]
+
+
+UNSTEADY = 2.0  # a policy whose slowest timed generation took this many times its fastest is said to be unsteady
+
+
+def steadiness_notes(policies: list[GeneratePolicy], objective: str) -> list[str]:
+    """What a reader must know of the timings' evidence: the policies timed beside a busy process (no speed verdict
+    for them or against them), and those whose generations' times spread past UNSTEADY."""
+    timed = [p for p in policies if p.status == "ok" and p.generate is not None]
+    busy = [p.policy for p in timed if p.generate.disturbed_runs]  # type: ignore[union-attr]
+    notes = [f"other processes took the CPU while {', '.join(busy)} {'was' if len(busy) == 1 else 'were'} timed: "
+             "no policy is called faster than a disturbed baseline, nor a disturbed policy faster than it (rerun on a "
+             "quiet machine)"] if busy else []
+    spread = []
+    for p in timed:
+        slow, fast = _span(p.generate, objective)  # type: ignore[arg-type]
+        if fast > 0 and math.isfinite(slow) and slow / fast > UNSTEADY:
+            spread.append(f"{p.policy} {slow / fast:.1f}x")
+    if spread:
+        notes.append(f"unsteady timings (slowest over fastest timed generation): {', '.join(spread)}")
+    return notes
 
 
 def _quality(value: dict[str, Any], base: dict[str, Any] | None) -> GenerateQuality:
@@ -120,7 +143,8 @@ def _verdicts(policies: list[GeneratePolicy], base: str, tol: Tolerance, objecti
         speed = objective_value(p.generate, objective, gen_len)
         faster = separated(p.generate, baseline.generate, objective)  # type: ignore[arg-type]
         del how  # the perplexity's change is its own column
-        verdict = ("within" if ok else "worse") + ("" if faster else ", tie")
+        busy = bool(p.generate.disturbed_runs or baseline.generate.disturbed_runs)  # type: ignore[union-attr]
+        verdict = ("within" if ok else "worse") + ("" if faster else ", disturbed" if busy else ", tie")
         if ok and faster and speed > best_speed:
             best, best_speed = p.policy, speed
         out.append(replace(p, verdict=verdict))
@@ -186,7 +210,7 @@ def serve_bench(spec: str, shape: Shape, policies: str | None = None, *, baselin
                               f" ({source.why if source else 'no policy completed'})")
     budget = memory_budget or _memory_here(dev)
     longest, longest_sentence = _longest(judged, budget, shape, served.context)
-    notes = [n for n in (longest_sentence, "" if served.trained else
+    notes = [n for n in (*steadiness_notes(judged, objective), longest_sentence, "" if served.trained else
                          f"{served.name} is untrained here: its quality figures say nothing of a trained model's")
              if n]
     report = GenerateReport(

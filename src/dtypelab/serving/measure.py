@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from dtypelab.core.disturbance import CpuMeter
 from dtypelab.core.energy import Meter, measuring
 from dtypelab.core.loop import threads
 from dtypelab.core.measure import device_sync
@@ -122,15 +123,19 @@ def measure(job: GenerateJob, report: Reporter) -> dict[str, Any]:
         cache = new_cache(config, kv_format(job.kv), job.shape, dtype, device)
         generate(model, ids, job.shape.gen_len, cache, sync)  # warm-up (and a compiled policy's compile)
         report.step(2, total)
-        runs = []
+        runs, disturbed = [], 0
         for i in range(job.repeats):
             cache.reset()
+            cpu = CpuMeter()
+            cpu.start()
             runs.append(generate(model, ids, job.shape.gen_len, cache, sync))
+            seen = cpu.stop()
+            disturbed += seen is not None and seen.disturbed
             report.step(3 + i, total)
         joules = measured_energy(model, ids, cache, job.shape, device, sync)
         scored = quality(model, config, job, served, dtype, device)
         report.step(total, total)
-    measured = figures(memory, runs, job.shape)
+    measured = replace(figures(memory, runs, job.shape), disturbed_runs=disturbed)
     if joules[0] is not None:
         measured = replace(measured, energy=joules[0], energy_runs=joules[1])
     return {"figures": measured, "tokens": runs[0].tokens.tolist(), "nats": scored[0],

@@ -54,6 +54,9 @@ class GenerateFigures:
     # a generation's energy (joules per step: one generation of the batch), measured or forecast
     energy: Energy | None = None
     energy_runs: tuple[float, ...] = ()  # measured: each window's joules per generated token
+    # measured: the timed generations during which other processes took the CPU (core.disturbance): no speed verdict
+    # rests on them
+    disturbed_runs: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class GeneratePolicy:
     reason: str = ""
     generate: GenerateFigures | None = None
     quality: GenerateQuality | None = None
-    verdict: str = ""  # measured: chosen, within, worse, slower, baseline; "" for a forecast
+    verdict: str = ""  # measured: chosen, within, worse (", tie" or ", disturbed" after), baseline; "" for a forecast
     notes: tuple[str, ...] = ()
     check: GenerateFigures | None = None  # --check: the same workload measured here
     seconds: float = 0.0
