@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import types
 from dataclasses import replace
@@ -16,6 +17,7 @@ import torch
 from dtypelab.core import energy
 from dtypelab.core.devices import DEVICES, device_spec
 from dtypelab.core.energy import MIN_UPDATES, Meter, NoEnergy, NvmlCounter, RaplCounter, open_meter, rapl_zones
+from dtypelab.core.errors import DtypelabError
 from dtypelab.core.judging import judged
 from dtypelab.core.pairing import block_energy, paired_energy
 from dtypelab.core.power import ACTIVITY, PowerModel, calibrated, power_model, step_energy
@@ -587,16 +589,16 @@ def test_a_measured_generation_records_joules_per_token(counted_40w) -> None:
     assert "energy" in report.answer
 
 
-def test_a_generation_without_a_counter_says_why_and_decides_nothing_for_energy(monkeypatch) -> None:
+def test_a_generation_without_a_counter_is_refused_for_energy_before_anything_runs(monkeypatch, tmp_path) -> None:
     from dtypelab.serving import Shape, serve_bench
 
     why = "CPU energy is not measured: no /sys/class/powercap here (RAPL is not exposed in this container or VM)"
     monkeypatch.setattr("dtypelab.core.energy.open_meter", lambda device: (None, why))
-    report = serve_bench("tinylm", Shape(16, 8, 2), "fp32,int8-wo", launcher="inline", objective="energy")
-    assert report.energy_source is not None and report.energy_source.why == why
-    assert all(p.generate is not None and p.generate.energy is None for p in report.policies)
-    assert report.chosen == "" and report.answer == (
-        f"no recommendation: --objective energy needs measured energy, and none was measured ({why})")
+    with pytest.raises(DtypelabError, match=r"^--objective energy chooses by measured joules, and nothing measures "
+                                            rf"them here: {re.escape(why)}$"):
+        serve_bench("tinylm", Shape(16, 8, 2), "fp32,int8-wo", launcher="inline", objective="energy",
+                    json_path=str(tmp_path / "r.json"))
+    assert not (tmp_path / "r.json").exists()  # nothing ran
 
 
 class FakeRapl:
@@ -652,7 +654,7 @@ def test_bench_reads_rapl_in_its_child_processes_and_decides_for_energy(tmp_path
 
 
 @pytest.mark.e2e
-def test_bench_without_an_energy_counter_says_why_in_one_line(tmp_path) -> None:
+def test_bench_without_an_energy_counter_is_refused_in_one_line_before_the_sweep(tmp_path) -> None:
     from typer.testing import CliRunner
 
     from dtypelab.cli import app
@@ -661,12 +663,10 @@ def test_bench_without_an_energy_counter_says_why_in_one_line(tmp_path) -> None:
     run = CliRunner().invoke(app, ["bench", "digits", "-p", "fp32,fp64", "--steps", "40", "--objective",
                                    "energy", "--json", str(out)],
                              env={"COLUMNS": "200", energy.POWERCAP_ENV: str(tmp_path / "none")})
-    assert run.exit_code == 1  # no evidence: the decision cannot be made, and the command says so
+    assert run.exit_code == 2 and not out.exists()  # refused before any policy ran
     why = f"CPU energy is not measured: no {tmp_path / 'none'} here (RAPL is not exposed in this container or VM)"
-    d = json.loads(out.read_text())
-    assert d["energy_source"]["why"].startswith(why)
-    assert all(r.get("energy") is None for r in d["results"])
-    assert d["recommendation"]["reason"].startswith("No recommendation: --objective energy needs measured energy")
+    assert f"error: --objective energy chooses by measured joules, and nothing measures them here: {why}" in \
+        " ".join(run.stderr.split())
 
 
 def test_the_report_page_draws_joules_per_sample_and_per_token() -> None:

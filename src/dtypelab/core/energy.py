@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dtypelab.core.errors import DtypelabError
 from dtypelab.core.results import EnergySource
 
 NVML_UPDATE_S = 0.1  # the driver's refresh of the total-energy counter (NVML docs; ML.ENERGY's measurements)
@@ -292,5 +293,25 @@ def counter_of(device: Any) -> tuple[str, str]:
     return (meter.name, "") if meter is not None else ("", why)
 
 
-__all__ = ["IDLE_S", "MIN_UPDATES", "Meter", "NoEnergy", "NvmlCounter", "RaplCounter", "Reading", "ZeusCounter",
-           "counter_of", "measuring", "open_meter", "rapl_zones"]
+def require_counter(device: Any) -> None:
+    """For ``--objective energy``: a one-line error, before anything runs, where no counter measures ``device``."""
+    counter, why = counter_of(device)
+    if not counter:
+        raise DtypelabError(f"--objective energy chooses by measured joules, and nothing measures them here: {why}")
+
+
+__all__ = [
+    "IDLE_S",
+    "MIN_UPDATES",
+    "Meter",
+    "NoEnergy",
+    "NvmlCounter",
+    "RaplCounter",
+    "Reading",
+    "ZeusCounter",
+    "counter_of",
+    "measuring",
+    "open_meter",
+    "rapl_zones",
+    "require_counter",
+]

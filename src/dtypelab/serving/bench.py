@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from dtypelab.core.energy import require_counter
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import environment, hardware_for
 from dtypelab.core.results import (
@@ -190,6 +191,8 @@ def serve_bench(spec: str, shape: Shape, policies: str | None = None, *, baselin
     check_shape(shape, served.context, served.name, served.config)
     tol = Tolerance.parse(tolerance)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if objective == "energy":
+        require_counter(torch.device(dev))  # refused before the sweep, not after it
     hw = hardware_for(torch.device(dev), None, budget_s=0.02)
     chosen = serve_policies(policies, DEFAULT_MEASURED)
     base = serve_policy(baseline or "fp32")

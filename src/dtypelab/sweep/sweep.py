@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from dtypelab.core.disturbance import was_disturbed
+from dtypelab.core.energy import require_counter
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import SLOW_RATIO, HardwareInfo, environment, hardware_for, probe_notice, resolve_device
 from dtypelab.core.measure import slow_base
@@ -80,6 +81,8 @@ def bench(task: str | Task, policies: Any = None, options: BenchOptions | None =
     opts = BenchOptions.build(options, **({"policies": policies} if policies is not None else {}), **settings)
     target = Target.of(with_seq_len(task, opts.seq_len))
     on_event = on_event or (lambda e: None)
+    if opts.objective == "energy" and not (opts.launcher in FAN_OUT or isinstance(opts.launcher, FanOutLauncher)):
+        require_counter(resolve_device(opts.device))  # refused before the sweep, not after it
     if target.is_script:
         if opts.launcher in FAN_OUT or isinstance(opts.launcher, FanOutLauncher):
             raise DtypelabError(f"--launcher {getattr(opts.launcher, 'kind', opts.launcher)}: a training script runs "
