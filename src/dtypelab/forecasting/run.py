@@ -24,6 +24,7 @@ from dtypelab.core.options import parse_size
 from dtypelab.core.policies import (
     REGISTRY,
     STATE_MODIFIERS,
+    LoRA,
     Plan,
     get_policy,
     parse_policies,
@@ -208,12 +209,12 @@ def _checked(opts: ForecastOptions, target: Target, device: TargetDevice, task_o
 def _targets_match(plans: list[Plan], task_obj: Task) -> None:
     """--lora-targets checked against the whole model, built on the meta device, before anything is traced (a
     policy's trace sees a shallow copy of a deep model, and its failure would be one row's)."""
-    lora = next((p for p in plans if getattr(p.default, "targets", ())), None)
+    lora = next((p.default for p in plans if isinstance(p.default, LoRA) and p.default.targets), None)
     if lora is None:
         return
     with torch.device("meta"), quiet():
         model = task_obj.make_model()
-    lora.default.layout(model)
+    lora.layout(model)
 
 
 def _found(outcomes: list[Outcome], plans: list[Plan], interrupted: bool) -> tuple[int, dict[str, PolicyForecast]]:
