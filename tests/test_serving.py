@@ -588,3 +588,10 @@ def test_a_generation_timed_beside_a_busy_process_is_said_and_decides_nothing():
     shaky = policy("int8-dyn", (16.0, 5.4, 0.78))
     assert steadiness_notes([shaky], "decode") == ["unsteady timings (slowest over fastest timed generation): "
                                                    "int8-dyn 20.5x"]
+
+
+@pytest.mark.parametrize("mode", ["generate", "step"])
+def test_memory_zero_is_refused_not_read_as_no_limit(mode):
+    got = dtypelab("forecast", "tinylm" if mode == "generate" else "digits", "--mode", mode, "--device", "H100",
+                   "--memory", "0")
+    assert got.returncode == 2 and "--memory 0: give the memory to fit" in got.stderr

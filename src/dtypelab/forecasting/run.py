@@ -65,6 +65,9 @@ DEFAULT_FINE_TUNING = ("amp-bf16", "amp-bf16+ckpt", "lora-bf16", "lora-bf16+ckpt
 def target_device(device: str | None, memory: Any, reserve: Any) -> TargetDevice:
     """The device a forecast is for; a one-line error for a name the table does not know."""
     size = parse_size(memory, "memory size")
+    if memory is not None and size is None:  # "0", "none": parse_size's "no limit", which a forecast has no use for
+        raise DtypelabError(f"--memory {memory}: give the memory to fit (24GiB, 80GB), or leave it out for the "
+                            "device's (--device)")
     kept = None if reserve in (None, "") else (parse_size(reserve, "reserve") or 0)  # --reserve 0: nothing aside
     if device is None or device.strip() == "":
         kind, name, label, total, source, cc = "cuda", "", "a GPU", None, "", None
