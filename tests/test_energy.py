@@ -558,14 +558,19 @@ def test_a_sweep_on_a_machine_with_a_counter_records_joules_per_step_with_interv
         seconds = sum(b.window_s or 0 for b in measured) / sum(b.n for b in measured)
         assert e.joules_per_step == pytest.approx(40.0 * seconds, rel=0.01)
         assert e.joules_per_sample == pytest.approx(e.joules_per_step / report.config.batch_size)
-        assert (r.energy_ci is None) == (r.policy == "fp32")
+    assert report.result("fp32").energy_ci is None  # type: ignore[union-attr]  # the baseline: nothing to pair
     # at constant power, the energy saved is the time saved: each round's ratio of joules is its ratio of window time
     base = {b.round: b for b in report.result("fp32").rounds}  # type: ignore[union-attr]
     for name in ("bf16", "fp64"):
         r = report.result(name)
-        assert r is not None and r.energy_ci is not None
+        assert r is not None
         ratios = [(base[b.round].window_s / base[b.round].n) / (b.window_s / b.n)  # type: ignore[operator]
-                  for b in r.rounds if b.joules is not None and base[b.round].joules is not None]
+                  for b in r.rounds if b.joules is not None and b.round in base and base[b.round].joules is not None]
+        # an interval needs two rounds both measured (a block that ran faster than its pace was sized for can end
+        # before the counter's shortest window: a neighbour under pytest -n slowed the pace it was sized by)
+        assert (r.energy_ci is not None) == (len(ratios) >= 2), (name, len(ratios))
+        if r.energy_ci is None:
+            continue
         assert min(ratios) * 0.99 <= r.energy_ci.point <= max(ratios) * 1.01
     rec = report.recommendation
     assert rec is not None and rec.decision in (Decision.USE, Decision.KEEP_BASELINE)
