@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from dtypelab.core.results import OBJECTIVES, GenerateFigures, GeneratePolicy, GenerateReport
+from dtypelab.core.speed import BOUNDS  # what bounds a timed step; a record's other "bound" is why it was not timed
 from dtypelab.core.text import GIB, MIB
 from dtypelab.render import plots
 from dtypelab.render.html import details, figure, record_section
@@ -57,9 +58,6 @@ def _joules(g: GenerateFigures) -> str:
     """Joules per generated token (the whole generation's, prefill included)."""
     e = g.energy
     return "—" if e is None or e.joules_per_token is None else f"{e.joules_per_token:.3g}"
-
-
-BOUNDS = ("compute", "memory", "overhead")  # what bounds a timed step; anything else is why it was not timed
 
 
 def _fit(g: GenerateFigures) -> list[str]:

@@ -31,7 +31,7 @@ from dtypelab.core.results import (
 )
 from dtypelab.core.tolerance import Tolerance, judge
 from dtypelab.run import LAUNCHERS, Launcher, ProcessLauncher
-from dtypelab.serving.kv import check_layout
+from dtypelab.serving.kv import attention_layers
 from dtypelab.serving.measure import GenerateJob
 from dtypelab.serving.policies import DEFAULT_MEASURED, ServePolicy, serve_policies, serve_policy
 from dtypelab.serving.served import load_served
@@ -50,7 +50,7 @@ def check_shape(shape: Shape, context: int, name: str, config: Any = None) -> No
         raise DtypelabError(f"--prompt-len {shape.prompt_len} + --gen-len {shape.gen_len} = {shape.context} tokens: "
                             f"{name} takes at most {context} (its positions)")
     if config is not None:
-        check_layout(config, shape.context)
+        attention_layers(config)  # one line for a layout the cache cannot hold
 
 
 def objective_value(f: GenerateFigures, objective: str, gen_len: int) -> float:

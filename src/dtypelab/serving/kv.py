@@ -284,12 +284,6 @@ def make_cache(config: Any, fmt: KVFormat, max_len: int) -> Any:
     return Cache(layers=[layer(max_len, fmt, w) for w in windows(config)])
 
 
-def check_layout(config: Any, max_len: int) -> int:
-    """The attention layers a cache of ``max_len`` tokens holds for ``config``; one line for a layout it cannot
-    hold."""
-    return attention_layers(config)
-
-
 _LAYER: list[type] = []
 
 
@@ -346,7 +340,6 @@ __all__ = [
     "bytes_per_token",
     "cache_bytes",
     "cache_bytes_at",
-    "check_layout",
     "geometry",
     "held_tokens",
     "kv_format",
