@@ -1,103 +1,63 @@
-"""Energy: the forecast against published measurements, and the one activity the power model fits.
+"""Energy: the one activity the power model fits, and a lent GPU's measured joules beside the forecast's.
 
-    python benchmarks/energy.py --part published   # writes docs/samples/energy-published.md
-    python benchmarks/energy.py --part fit         # ACTIVITY["memory"] that makes the fitted row exact
+    python benchmarks/energy.py --part fit         # ACTIVITY["memory"] that makes the fitted case exact
     python benchmarks/energy.py --part gpu         # a lent GPU's measured joules beside the forecast's (GPU check)
 
-The published measurements (H100 SXM, bfloat16 unless named, vLLM, NVML's energy counter):
-
-- "Alice" energy benchmark (r/FunMachineLearning, 2026, NVML at 100 ms, vLLM AsyncLLMEngine): Mistral-7B, batch 1:
-  732 µWh per token (2.635 J); batch 128: 13.8 µWh (0.0497 J); GPTQ 4-bit -25% energy per token against bf16 (AWQ
-  +145%: a kernel dtypelab does not model). The workload's lengths are not given: a 128-token prompt and 256 tokens
-  generated are assumed here.
-- ML.ENERGY leaderboard v3 (ml.energy blog, "LLM Inference Energy: A Longitudinal Analysis", vLLM 0.11.1):
-  Llama-3.1-8B at batch 64 (one H100): 0.12 J per token; its "text conversation" task averages 717 generated tokens
-  (the v3 post); a 512-token prompt is assumed here.
-- The same v3 analysis: FP8 used more energy per token than BF16 at batch 8-16 and less at batch 64 and above (a
-  direction, no figures).
-
-The batch-1 row fits ``ACTIVITY["memory"]`` (``--part fit``); every other row is held out. Compiled policies (vLLM
-captures CUDA graphs: launch overhead is not what it measures).
+The published energy measurements (the "Alice" benchmark, ML.ENERGY's leaderboard v3) are the validation set's energy
+cases (benchmarks/validation/energy-serving.json; ``python benchmarks/validate.py`` checks them). The one marked fitted
+(Mistral-7B, batch 1, bf16 on an H100) is what ``fit`` fits ``ACTIVITY["memory"]`` to; every other is held out.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = os.path.join(ROOT, "benchmarks", "configs")
-OUT = os.path.join(ROOT, "docs", "samples", "energy-published.md")
-ALICE = "Alice energy benchmark (Reddit, 2026)"
-MLENERGY = "ML.ENERGY leaderboard v3"
-# (source, config, prompt, generated, batch, policy, published J per generated token, fitted here)
-ROWS = (
-    (ALICE, "mistral-7b", 128, 256, 1, "bf16", 2.635, True),
-    (ALICE, "mistral-7b", 128, 256, 128, "bf16", 0.0497, False),
-    (MLENERGY, "llama3.1-8b", 512, 717, 64, "bf16", 0.12, False),
-)
-# (source, config, prompt, generated, batch, policy, its published energy over bf16's at the same batch)
-RATIOS = ((ALICE, "mistral-7b", 128, 256, 128, "int4-wo", 0.75),)
-DIRECTION = ((8, "more"), (16, "more"), (64, "less"))  # ML.ENERGY v3: fp8 against bf16, Llama-3.1-8B
 
 
-def _jpt(config: str, prompt: int, gen: int, batch: int, policy: str) -> float:
+def _fitted_case() -> tuple[tuple[str, int, int, int, str], float]:
+    """((config, prompt, generated, batch, policy), published J per token) of the validation set's fitted energy
+    case."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import validate
+
+    runs, cases = validate.load()
+    c, f = next((c, f) for c, f in cases if c["family"] == "energy" and c["role"] == "fitted")
+    args = validate._expand(runs[f"{f}/{c['value']['run']}"]["args"])
+    def arg(flag: str) -> int:
+        return int(args[args.index(flag) + 1])
+
+    return (args[0], arg("--prompt-len"), arg("--gen-len"), arg("-b"), c["value"]["policy"]), c["published"]
+
+
+def _jpt(spec: str, prompt: int, gen: int, batch: int, policy: str) -> float:
     from dtypelab.forecasting import target_device
     from dtypelab.serving import Shape, serve_forecast
 
-    report = serve_forecast(f"hf:{os.path.join(CONFIGS, config)}", Shape(prompt, gen, batch),
-                            target_device("H100", None, None), f"{policy}+compile", search=False, launcher="inline")
+    report = serve_forecast(spec, Shape(prompt, gen, batch), target_device("H100", None, None), policy, search=False,
+                            launcher="inline")
     g = report.policies[0].generate
     assert g is not None and g.energy is not None and g.energy.joules_per_token is not None, report.policies[0].reason
     return g.energy.joules_per_token
 
 
 def fit() -> float:
-    """ACTIVITY["memory"] that makes the fitted row's forecast its published figure: joules are linear in it."""
+    """ACTIVITY["memory"] that makes the fitted case's forecast its published figure: joules are linear in it."""
     from dtypelab.core import power
 
-    row = next(r for r in ROWS if r[7])
+    row, published = _fitted_case()
     kept = dict(power.ACTIVITY)
     try:
         power.ACTIVITY["memory"] = 0.0
-        j0 = _jpt(*row[1:6])
+        j0 = _jpt(*row)
         power.ACTIVITY["memory"] = 1.0
-        j1 = _jpt(*row[1:6])
+        j1 = _jpt(*row)
     finally:
         power.ACTIVITY.clear()
         power.ACTIVITY.update(kept)
-    return (row[6] - j0) / (j1 - j0)
-
-
-def published() -> str:
-    lines = ["| source | model | prompt + generated | batch | policy | published J/token | forecast | error | |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    held = []
-    for source, config, prompt, gen, batch, policy, pub, fitted in ROWS:
-        got = _jpt(config, prompt, gen, batch, policy)
-        err = got / pub - 1
-        held += [] if fitted else [abs(err)]
-        lines.append(f"| {source} | {config} | {prompt} + {gen} | {batch} | {policy} | {pub:g} | {got:.3g} | "
-                     f"{err:+.0%} | {'fitted' if fitted else 'held out'} |")
-    lines += ["", "| source | model | batch | policy | published vs bf16 | forecast vs bf16 | error |",
-              "|---|---|---|---|---|---|---|"]
-    for source, config, prompt, gen, batch, policy, pub in RATIOS:
-        got = _jpt(config, prompt, gen, batch, policy) / _jpt(config, prompt, gen, batch, "bf16")
-        held.append(abs(got / pub - 1))
-        lines.append(f"| {source} | {config} | {batch} | {policy} | {pub:.2f} | {got:.2f} | {got / pub - 1:+.0%} |")
-    lines += ["", "| source | model | batch | fp8 vs bf16, published | forecast | agrees |",
-              "|---|---|---|---|---|---|"]
-    agree = 0
-    for batch, said in DIRECTION:
-        ratio = _jpt("llama3.1-8b", 512, 717, batch, "fp8-dyn-row") / _jpt("llama3.1-8b", 512, 717, batch, "bf16")
-        got = "more" if ratio > 1 else "less"
-        agree += got == said
-        lines.append(f"| {MLENERGY} | llama3.1-8b | {batch} | {said} | {ratio:.2f}x ({got}) | "
-                     f"{'yes' if got == said else 'no'} |")
-    lines.append(f"\nHeld out: the largest error {max(held):.0%}, the median {sorted(held)[len(held) // 2]:.0%}; the "
-                 f"fp8-against-bf16 direction agrees at {agree} of {len(DIRECTION)} batch sizes. H100 SXM, compiled "
-                 "policies (vLLM runs CUDA graphs). Made by `python benchmarks/energy.py --part published`.\n")
-    return "\n".join(lines)
+    return (published - j0) / (j1 - j0)
 
 
 def gpu(results: str = os.path.join(ROOT, "benchmarks", "results")) -> str:
@@ -125,19 +85,12 @@ def gpu(results: str = os.path.join(ROOT, "benchmarks", "results")) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", choices=["published", "fit", "gpu"], required=True)
+    ap.add_argument("--part", choices=["fit", "gpu"], required=True)
     args = ap.parse_args()
     if args.part == "gpu":
         print(gpu())
-        return
-    if args.part == "fit":
+    else:
         print(f'ACTIVITY["memory"] = {fit():.3f}')
-        return
-    text = published()
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w") as f:
-        f.write(text)
-    print(text)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,13 @@
-"""Fine-tuning precision, checked: the 4-bit base's library, the forecast against published fine-tuning figures, the
-forecast's time on an 8B config, and bench on the pretrained MiniLM.
+"""Fine-tuning precision, checked: the 4-bit base's library, the forecast's time on an 8B config, and bench on the
+pretrained MiniLM.
 
-    python benchmarks/finetune.py [--part nf4,published,speed,bench] [--out DIR]
+    python benchmarks/finetune.py [--part nf4,speed,bench] [--out DIR]
 
 nf4: torchao's NF4 (torchtune's way) against bitsandbytes' 4-bit NF4 (the Hugging Face way; its CPU backend), on this
     CPU: one 4096 x 4096 frozen layer's forward and input gradient on 512 bfloat16 rows (a LoRA base layer's work),
     the dequantized weight's error, the stored bytes, and whether each traces on fake tensors (what the forecast needs).
     bitsandbytes is not a dtypelab dependency: ``pip install bitsandbytes`` to compare.
-published: the forecast against published fine-tuning memory, at the conditions the sources state (printed with
-    each): the QLoRA paper (Dettmers et al. 2023, arXiv 2305.14314, section 4), torchtune's README tables (April 2024:
-    Llama-2-7B; since September 2024: Llama-3.1-8B LoRA and QLoRA, Llama-3.1-70B LoRA on 8 GPUs) and litgpt's config
-    hub (Llama-3.1-8B LoRA).
+(The published fine-tuning peaks are the validation set's train-peak cases: ``python benchmarks/validate.py``.)
 speed: a Llama-3-8B config (benchmarks/configs/llama3-8b), five fine-tuning policies with and without +ckpt, forecast
     for an RTX 4090, timed as a user runs it: peaks only, with the fit and time, and with the largest-batch search.
 bench: `bench minilm-ft`: full fine-tuning in fp32 and amp-bf16 beside every fine-tuning policy this CPU runs.
@@ -120,87 +117,6 @@ def nf4(out: Path) -> dict:
     return rows
 
 
-# --- published ----------------------------------------------------------------------------------------------------
-def published(out: Path) -> list[dict]:
-    """Each published figure beside the forecast at the conditions its source states."""
-    rows = []
-    # QLoRA paper, section 4 (LLaMA 7B, batch 1): "the 4-bit base model consumes 5,048 MB of memory"; its repository
-    # (qlora.py) quantizes every Linear but lm_head with NF4 and double quantization, keeps the embeddings and the head
-    # in bfloat16 after prepare_model_for_kbit_training, the norms in float32.
-    report, _ = forecast(out, "qlora-7b", f"hf:{CONFIGS / 'llama2-7b'}", "--seq-len", "512", "-p",
-                         "qlora-nf4,qlora-nf4+ckpt", "--batch-size", "1", "--kbit-upcast")
-    base = report["policies"][0]["train"]["breakdown"]["frozen_weights"]
-    rows.append({"source": "QLoRA paper (arXiv 2305.14314, section 4): LLaMA-7B's 4-bit base model",
-                 "published": "5,048 MB", "forecast": f"{base / MB:,.0f} MB (frozen base, upcast as "
-                 "prepare_model_for_kbit_training does)", "ratio": base / (5048 * MB)})
-    report, _ = forecast(out, "qlora-7b-bf16", f"hf:{CONFIGS / 'llama2-7b'}", "--seq-len", "512", "-p", "qlora-nf4",
-                         "--batch-size", "1")
-    base = report["policies"][0]["train"]["breakdown"]["frozen_weights"]
-    rows.append({"source": "the same, the embeddings and head in bfloat16 as qlora.py leaves them",
-                 "published": "5,048 MB", "forecast": f"{base / MB:,.0f} MB", "ratio": base / (5048 * MB)})
-    # torchtune README (April 2024): Llama-2-7B on one RTX 4090, max_memory_reserved over the run; configs
-    # 7B_qlora_single_device (LoRA r=8 on q, k, v, output and the MLP) and 7B_lora_single_device (q and v), batch 2,
-    # activation checkpointing, alpaca with max_seq_len 512
-    for name, policy, targets, value in (("QLoRA", "qlora-nf4+ckpt", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
-                                          "down_proj", 9.29), ("LoRA", "lora-bf16+ckpt", "q_proj,v_proj", 17.18)):
-        report, _ = forecast(out, f"torchtune-{name.lower()}", f"hf:{CONFIGS / 'llama2-7b'}", "--seq-len", "512",
-                             "-p", policy, "--batch-size", "2", "--lora-targets", targets, "--device", "RTX4090",
-                             "--no-batch-search")
-        peak = report["policies"][0]["train"]["peak_bytes"]
-        rows.append({"source": f"torchtune README: {name} Llama-7B, 1 x RTX 4090 (batch 2, seq 512, checkpointing)",
-                     "published": f"{value} GB", "forecast": f"{peak / 1e9:.2f} GB (peak allocated in a step)",
-                     "ratio": peak / (value * 1e9)})
-    rows += torchtune_2024(out) + litgpt(out)
-    for r in rows:
-        print(f"{r['source']}: published {r['published']}, forecast {r['forecast']}; forecast/published "
-              f"{r['ratio']:.2f} ({'within' if abs(r['ratio'] - 1) <= 0.15 else 'outside'} 15%)")
-    (out / "published.json").write_text(json.dumps(rows, indent=1))
-    return rows
-
-
-# torchtune README, "Memory and training speed" (since Sep 2024, pytorch/torchtune 30b8519e8, unchanged at bd2a0fc7 of
-# Apr 2026): "batch size 2 (without gradient accumulation), a dataset packed to sequence length 2048, and torch compile
-# enabled"; the configs of that commit: activation checkpointing, CEWithChunkedOutputLoss (8 chunks), dtype bf16 (the
-# adapters and their AdamW state too); peaks are per GPU, over one epoch. The 70B row: 8 x A100, FSDP.
-TORCHTUNE_2024 = (
-    ("LoRA Llama-3.1-8B, 1 x RTX 4090", "llama3.1-8b", "lora-bf16-pure+compile+ckpt+chunked-ce", "q_proj,v_proj",
-     ("--lora-rank", "8", "--lora-alpha", "16", "--batch-size", "2", "--device", "RTX4090"), 16.2),
-    ("QLoRA Llama-3.1-8B, 1 x RTX 4090", "llama3.1-8b", "qlora-nf4-pure+compile+ckpt+chunked-ce",
-     "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
-     ("--lora-rank", "8", "--lora-alpha", "16", "--batch-size", "2", "--device", "RTX4090"), 7.4),
-    ("LoRA Llama-3.1-70B, 8 x A100 (FSDP)", "llama3.1-70b", "lora-bf16-pure+compile+ckpt+chunked-ce+fsdp",
-     "q_proj,k_proj,v_proj", ("--lora-rank", "16", "--lora-alpha", "32", "--batch-size", "16", "--nproc", "8",
-                              "--device", "A100-80GB"), 27.6),
-)
-
-
-def torchtune_2024(out: Path) -> list[dict]:
-    rows = []
-    for what, config, policy, targets, extra, gib in TORCHTUNE_2024:
-        report, _ = forecast(out, f"torchtune-{config}-{policy}", f"hf:{CONFIGS / config}", "--seq-len", "2048", "-p",
-                             policy, "--lora-targets", targets, *extra, "--no-batch-search", "--no-speed")
-        peak = report["policies"][0]["train"]["peak_bytes"]
-        rows.append({"source": f"torchtune README: {what} (batch 2 a GPU, packed to 2048, compiled, checkpointed, "
-                     "chunked cross-entropy, bf16)", "published": f"{gib} GiB",
-                     "forecast": f"{peak / GIB:.2f} GiB ({policy})", "ratio": peak / (gib * GIB)})
-    return rows
-
-
-def litgpt(out: Path) -> list[dict]:
-    """litgpt's config hub table (config_hub/finetune/README.md, Lightning-AI/litgpt 26857050): llama-3.1-8b/lora.yaml
-    on 1 x A10G, 19.73 GB, torch.cuda.max_memory_allocated() / 1e9 over the run (its validation too): bf16-true (the
-    adapters too), LoRA r=32, alpha 16 on the query and value, micro batch 1, max_seq_length 512, no checkpointing, its
-    chunked_cross_entropy (the head and the loss in 128-token chunks: 4 here). Not modelled: its adapters' dropout
-    (0.05: a dropped copy of each adapter's input) and its loss keeps the bfloat16 logits, not float32 ones."""
-    report, _ = forecast(out, "litgpt-llama3.1-8b-lora", f"hf:{CONFIGS / 'llama3.1-8b'}", "--seq-len", "512", "-p",
-                         "lora-bf16-pure+chunked-ce4", "--lora-rank", "32", "--lora-alpha", "16", "--lora-targets",
-                         "q_proj,v_proj", "--batch-size", "1", "--device", "A10", "--no-batch-search", "--no-speed")
-    peak = report["policies"][0]["train"]["peak_bytes"]
-    return [{"source": "litgpt config hub: llama-3.1-8b/lora.yaml, 1 x A10G (micro batch 1, 512 tokens, bf16-true)",
-             "published": "19.73 GB", "forecast": f"{peak / 1e9:.2f} GB (lora-bf16-pure+chunked-ce4)",
-             "ratio": peak / 19.73e9}]
-
-
 # --- speed --------------------------------------------------------------------------------------------------------
 def speed(out: Path) -> dict:
     config = f"hf:{CONFIGS / 'llama3-8b'}"
@@ -225,7 +141,7 @@ def bench(out: Path) -> None:
         raise SystemExit(f"bench failed:\n{done.stderr[-2000:]}")
 
 
-PARTS = {"nf4": nf4, "published": published, "speed": speed, "bench": bench}
+PARTS = {"nf4": nf4, "speed": speed, "bench": bench}
 
 
 def main() -> None:

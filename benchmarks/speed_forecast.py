@@ -1,15 +1,13 @@
 """Will it be faster, checked: the forecast's predicted speedups against measured ones.
 
-    python benchmarks/speed_forecast.py [--part cpu,published,far] [--out DIR]
+    python benchmarks/speed_forecast.py [--part cpu,far] [--out DIR]
 
 cpu: for digits, charlm, gpt2 (reduced) and the small decoder, each policy's predicted speedup vs fp32 on this CPU
     (``forecast TASK --device cpu``: the time model with the probe's measured rates) beside bench's measured paired
     speedup and its 95% interval (``bench TASK``, interleaved rounds), in separate processes, one after the other.
     Reported: the ratio predicted/measured, whether it is within 20%, and whether the ranking agrees where bench's
     intervals separate.
-published: the cases under benchmarks/speed_cases/ (published end-to-end measurements, each a task file rebuilding
-    the model's shape with its conditions and source): the predicted ratio between two policies on the named GPU
-    beside the published one.
+(The published GPU comparisons are the validation set's train-speed cases: ``python benchmarks/validate.py``.)
 far: a 7B shape (llama2-7b) with six policies on an H100, timed as a user runs it (the goal: under 60 s).
 
 Run it alone: nothing else may use the CPU. Say which CPU (``dtypelab hardware``) with every figure.
@@ -18,7 +16,6 @@ Run it alone: nothing else may use the CPU. Say which CPU (``dtypelab hardware``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -26,7 +23,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = ROOT / "benchmarks" / "speed_cases"
 CPU_TASKS = ("digits", "charlm", "gpt2", "decoder")
 CPU_POLICIES = "fp32,bf16,amp-bf16,fp16"
 FAR = "fp32,tf32,bf16,amp-bf16,amp-bf16+compile,fp8-tensorwise"
@@ -88,63 +84,6 @@ def ranking(rows: list[dict]) -> list[str]:
     return sorted(out)
 
 
-def _seconds(fc, name: str, left_out: list[str]) -> float | None:
-    """A policy's predicted step, less the groups of ops the published measurement did not time."""
-    t = fc.result(name).time
-    if t is None or not t.step_s:
-        return None
-    return t.step_s - sum(t.breakdown.get(g, 0.0) for g in left_out)
-
-
-def _forecast(case: dict, stem: str, policies: list[str], batch: int | None, out: Path):
-    """The case's forecast of ``policies`` at ``batch`` (the task's own when None); None when it failed."""
-    fc_json = out / f"{stem}-b{batch or 'task'}-forecast.json"
-    task_file, _, factory = case["task"].partition(":")
-    args = ["forecast", f"{CASES / task_file}:{factory or 'make_task'}", "-p", ",".join(policies), "--device",
-            case["device"], "--no-batch-search", "--json", str(fc_json)]
-    if case["baseline"] in policies:
-        args += ["--baseline", case["baseline"]]
-    done = dtypelab(*args, *(["-b", str(batch)] if batch else []))
-    if done.returncode != 0:
-        print(f"{stem}: forecast failed: {done.stderr[-800:]}", file=sys.stderr)
-        return None
-    from dtypelab.core.records import load_record
-
-    return load_record(str(fc_json))
-
-
-def _throughputs(case: dict, stem: str, out: Path) -> dict[str, float | None]:
-    """Samples a second per policy, predicted: each policy at its own batch where the published runs differed
-    ("batches": the largest that fitted each, as Lambda's benchmark runs them), else at the case's "batch"."""
-    policies = [case["baseline"], *case["ratios"]]
-    batches = case.get("batches") or dict.fromkeys(policies, case.get("batch"))
-    left_out = case.get("exclude", [])  # groups the published measurement did not time (an optimizer step)
-    rates: dict[str, float | None] = {}
-    for batch in sorted(set(batches.values()), key=lambda b: b or 0):
-        group = [p for p in policies if batches[p] == batch]
-        fc = _forecast(case, stem, group, batch, out)
-        for policy in group:
-            seconds = _seconds(fc, policy, left_out) if fc is not None else None
-            rates[policy] = (batch or fc.result(policy).train.batch_size) / seconds if seconds else None
-    return rates
-
-
-def published(out: Path) -> list[dict]:
-    rows = []
-    for case_file in sorted(CASES.glob("*.json")):
-        case = json.loads(case_file.read_text())
-        start = time.monotonic()
-        rates = _throughputs(case, case_file.stem, out)
-        base = rates[case["baseline"]]
-        for policy, ratio in case["ratios"].items():
-            mine = rates[policy]
-            predicted = mine / base if base and mine else None
-            rows.append({"case": case_file.stem, "device": case["device"], "policy": policy, "published": ratio,
-                         "predicted": predicted, "ratio": predicted / ratio if predicted else None,
-                         "seconds": time.monotonic() - start, "source": case["source"]})
-    return rows
-
-
 def far(out: Path) -> dict:
     start = time.monotonic()
     done = dtypelab("forecast", "llama2-7b", "-p", FAR, "--device", "H100", "--no-batch-search", "--json",
@@ -154,7 +93,7 @@ def far(out: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--part", default="cpu,published,far")
+    ap.add_argument("--part", default="cpu,far")
     ap.add_argument("--out", default=str(ROOT / "dtypelab-results" / "speed-forecast"))
     ap.add_argument("--reuse", action="store_true", help="read the records an earlier run left in --out")
     args = ap.parse_args()
@@ -177,19 +116,6 @@ def main() -> int:
                   f"{errors[len(errors) // 2]:.0%}, largest {errors[-1]:.0%}")
         for line in ranking(rows):
             print("  " + line)
-    if "published" in parts:
-        rows = published(out)
-        print("\npublished: predicted ratio against the published one")
-        for r in rows:
-            pred = f"{r['predicted']:.2f}x" if r["predicted"] else "—"
-            ratio = f"{r['ratio']:.2f}" if r["ratio"] else "—"
-            print(f"  {r['case']} ({r['device']}): {r['policy']} predicted {pred}, published {r['published']:.2f}x, "
-                  f"predicted/published {ratio}, {r['seconds']:.0f} s ({r['source']})")
-        errors = sorted(abs(r["ratio"] - 1) for r in rows if r["ratio"])
-        if errors:
-            print(f"  {len(errors)} of {len(rows)} predicted; within 15%: {sum(e <= 0.15 for e in errors)}, "
-                  f"within 20%: {sum(e <= 0.20 for e in errors)}; median error {errors[len(errors) // 2]:.0%}, "
-                  f"largest {errors[-1]:.0%}")
     if "far" in parts:
         f = far(out)
         print(f"\nfar: llama2-7b, {len(FAR.split(','))} policies on an H100: {f['seconds']:.0f} s "

@@ -9,10 +9,10 @@ model says bounds the step, times the step's predicted time.
 - memory-bound time (HBM streaming weights and cache, the SMs mostly waiting) draws part of the way:
   ``ACTIVITY["memory"]`` is fitted to one published measurement, batch-1 decode of Mistral-7B in bfloat16 on an
   H100 (2.64 J per token: 732 µWh, the "Alice" energy benchmark, vLLM, NVML at 100 ms), and checked against the
-  others held out (``benchmarks/energy.py --part published``);
+  others held out (the validation set's energy cases, ``benchmarks/validate.py``);
 - overhead-bound time (launches, the host) draws little above idle: ``ACTIVITY["overhead"]`` is a prior, not fitted.
 
-The model's error against every published measurement it was compared with is in docs/samples/energy-published.md.
+The model's error against every published measurement it was compared with is in docs/validation.md (energy).
 A measured record from the same GPU calibrates it (``calibrated``): its idle power replaces the table's, and its
 policies' measured power over the model's scales the part above idle.
 """

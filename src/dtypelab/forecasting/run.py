@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from dtypelab.core.backends import quiet
+from dtypelab.core.bands import band
 from dtypelab.core.devices import GIB, device_spec
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo, environment, hardware_for
@@ -39,7 +40,14 @@ from dtypelab.forecasting.answer import answer, device_notes, smallest_device
 from dtypelab.forecasting.energy import read_measured, target_power, tokens_per_step, with_energy
 from dtypelab.forecasting.job import ForecastJob
 from dtypelab.forecasting.options import ForecastOptions
-from dtypelab.forecasting.timing import rates_for, speed_answer, speed_probe, speedup_error, with_speedups
+from dtypelab.forecasting.timing import (
+    memory_error,
+    rates_for,
+    speed_answer,
+    speed_probe,
+    speedup_error,
+    with_speedups,
+)
 from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher, Target, stop_in_flight
 
 Progress = Callable[[int, int], None]
@@ -330,7 +338,8 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
                             created=time.strftime("%Y-%m-%dT%H:%M:%S"), baseline=base,
                             rates=rates.source if rates is not None else "", fastest=fastest, speed_answer=said,
                             speed_error=speedup_error(device) if rates is not None else 0.0,
-                            energy_note=_energy_note(results, no_power))
+                            energy_note=_energy_note(results, no_power), memory_error=memory_error(device),
+                            energy_error=band("energy") if power is not None else 0.0)
     if opts.json_path:
         report.save(opts.json_path)
     if interrupted:  # what finished is saved: the caller says so

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import torch
 
+from dtypelab.core.bands import band
 from dtypelab.core.devices import device_spec, rated_peaks
 from dtypelab.core.disturbance import describe
 from dtypelab.core.errors import DtypelabError
@@ -82,15 +83,20 @@ def with_speedups(results: list[PolicyForecast], baseline: str | None) -> tuple[
     return out, base
 
 
-# The error of a predicted speedup the validation supports (benchmarks/speed_forecast.py, docs/guide/forecast.md):
-# on a GPU, the largest of the ten published comparisons, rounded up (BERT-large mixed precision against TF32 on
-# an H100 PCIe: 1.74x predicted, 2.09x published, 17%); on this CPU, the self-check's bound (20%). Two predictions
-# whose bands overlap are a tie.
-SPEEDUP_ERROR = {"cuda": 0.20, "cpu": 0.20}
+# The error of a predicted speedup the evidence supports: on a GPU, the band of the validation set's held-out training
+# speed cases (core.bands: the largest error among them, docs/validation.md); on this CPU, the self-check's bound
+# (benchmarks/speed_forecast.py --part cpu: 20%). Two predictions whose bands overlap are a tie.
+CPU_SPEEDUP_ERROR = 0.20
 
 
 def speedup_error(device: TargetDevice) -> float:
-    return SPEEDUP_ERROR.get(device.kind, 0.20)
+    return band("train-speed", 0.20) if device.kind == "cuda" else CPU_SPEEDUP_ERROR
+
+
+def memory_error(device: TargetDevice) -> float:
+    """The band of a training peak on a GPU (the validation set's fine-tuning and training peaks); 0 on a CPU, where
+    no published peak was held against it (``--check`` there measures the step instead)."""
+    return band("train-peak") if device.kind == "cuda" else 0.0
 
 
 def _mantissa(dtype: str) -> int:

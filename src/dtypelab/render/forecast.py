@@ -10,7 +10,7 @@ from dtypelab.core.results import MEMORY_LABELS, METHODS, PEAK_CATEGORIES, Forec
 from dtypelab.core.text import GIB, MIB, size_text
 from dtypelab.render import plots
 from dtypelab.render.html import details, figure, record_section
-from dtypelab.render.tables import html_fragment
+from dtypelab.render.tables import html_fragment, plus_minus
 from dtypelab.render.views import document, more, section
 
 SHORT = MEMORY_LABELS
@@ -98,8 +98,8 @@ def forecast_doc(report: ForecastReport) -> tuple[str, list[str], list[list[str]
         cats.remove("frozen_weights")  # a column for fine-tuning's frozen base only where there is one
     if not any(p.train and p.train.breakdown.get("loss") for p in report.policies) and "loss" in cats:
         cats.remove("loss")  # a column for a language model's loss only where one was counted
-    headers = ["policy", *(f"{SHORT[c]} {unit}" for c in cats), f"{'train' if train else 'inference'} peak {unit}",
-               "peak in"]
+    headers = ["policy", *(f"{SHORT[c]} {unit}" for c in cats),
+               f"{'train' if train else 'inference'} peak {unit}{plus_minus(report.memory_error)}", "peak in"]
     if train:
         headers.append(f"inference peak {unit}")
     headers += ["fits", f"headroom {unit}", "largest batch"] if dev.memory_bytes is not None else ["smallest GPU"]
@@ -229,8 +229,8 @@ def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
     checked = any(p.time.measured_s for p in timed)
     base = report.baseline or "the baseline"
     energy = any(p.energy for p in timed)
-    joules = (["J/step", "W"] + (["J/token"] if any(p.energy and p.energy.joules_per_token for p in timed) else [])
-              if energy else [])
+    joules = ([f"J/step{plus_minus(report.energy_error)}", "W"]
+              + (["J/token"] if any(p.energy and p.energy.joules_per_token for p in timed) else []) if energy else [])
     # the energy columns before the text ones: a narrow terminal leaves out J/token, then W, before J/step
     headers = ["policy", "step ms", f"speedup vs {base}", "bound", *joules, "where the time goes", "kernels"]
     if checked:
@@ -255,15 +255,16 @@ def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
              f"summed; a compiled policy's elementwise runs fused: {report.rates}",
              "bound: what most of the step's time is bound by (compute, memory, or the per-kernel floor: overhead)"]
     if report.speed_error:
-        notes.append(f"speedup: predicted, ± {report.speed_error:.0%}, the error the forecast's validation supports "
-                     "(docs/guide/forecast.md); two predictions within each other's band are a tie")
+        notes.append(f"speedup: predicted, ± {report.speed_error:.0%}, the largest error of the validation set's "
+                     "held-out training-speed cases (docs/validation.md); two predictions within each other's band are "
+                     "a tie")
     if checked:
         notes.append("measured: the same step on real tensors here, the fastest of 10 or more (0.5 s of fast ones) "
                      "after 3 warm-up steps (a busy machine slows steps, never speeds one; on this CPU every "
                      "policy's steps in rounds, in turn); bench's paired rounds decide speed")
     if report.energy_note:
-        notes.append(f"J/step and W: the predicted step at the {report.energy_note}; ± the model's error "
-                     "(docs/samples/energy-published.md)" if energy else report.energy_note)
+        notes.append(f"J/step and W: the predicted step at the {report.energy_note}; ± the model's error against "
+                     "the validation set's held-out energy cases (docs/validation.md)" if energy else report.energy_note)
     busy = next((p.time.disturbed for p in timed if p.time.disturbed), "")
     if busy:
         notes.append(f"not reliable: {busy}")

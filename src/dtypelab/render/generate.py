@@ -11,7 +11,7 @@ from dtypelab.core.speed import BOUNDS  # what bounds a timed step; a record's o
 from dtypelab.core.text import GIB, MIB
 from dtypelab.render import plots
 from dtypelab.render.html import details, figure, record_section
-from dtypelab.render.tables import html_fragment
+from dtypelab.render.tables import html_fragment, plus_minus
 from dtypelab.render.views import document, more, section
 
 
@@ -103,10 +103,11 @@ def generate_doc(report: GenerateReport) -> tuple[str, list[str], list[list[str]
                                               if cfg.device is not None else "forecast")
     title = (f"dtypelab generate: {cfg.task_name} · batch {cfg.batch_size} · prompt {cfg.prompt_len} + "
              f"{cfg.gen_len} generated · {where}")
-    headers = ["policy", f"weights {unit}", f"KV cache {unit}", f"activations {unit}", f"peak {unit}", "TTFT ms",
-               "prefill tok/s", "decode tok/s", "ms/token"]
+    mem = plus_minus(report.memory_error)
+    headers = ["policy", f"weights {unit}", f"KV cache {unit}{mem}", f"activations {unit}", f"peak {unit}{mem}",
+               "TTFT ms", "prefill tok/s", f"decode tok/s{plus_minus(report.speed_error)}", "ms/token"]
     energy = any(p.generate and p.generate.energy for p in report.policies)
-    headers += ["J/token"] if energy else []
+    headers += [f"J/token{plus_minus(report.energy_error)}"] if energy else []
     headers += ["perplexity", "vs baseline", "next-token agree", "first divergence", "verdict"] if measured else \
         ["fits", "largest batch", "longest context", "decode bound"]
     rows = []
@@ -141,6 +142,10 @@ def _notes(report: GenerateReport) -> list[str]:
         notes.append("peaks as traced (prefill and one decode step at the full context); largest batch at this "
                      "context and longest context at this batch, each traced to confirm; speed from the traced ops "
                      f"against the device's rates{': ' + report.rates if report.rates else ''}")
+        if report.speed_error or report.memory_error:
+            notes.append(f"±: the largest error of the validation set's held-out cases of that figure (docs/"
+                         f"validation.md); one format's speed against another's: ±{report.ratio_error:.0%}, a tie "
+                         "within it")
         if report.energy_note:
             notes.append(f"J/token: a whole generation's (prefill and decode) at the {report.energy_note}"
                          if any(p.generate and p.generate.energy for p in report.policies) else report.energy_note)

@@ -123,3 +123,8 @@ def rich_table(console: object, title: str, headers: list[str], rows: list[list[
                            "COLUMNS=200, or --format markdown / json shows every column)"))
     for s in notes:
         console.print(Text(s if s.startswith("*") else f"• {s}"))
+
+
+def plus_minus(error: float) -> str:
+    """A header's band: the error the validation set's held-out cases support for that column (docs/validation.md)."""
+    return f" ±{error:.0%}" if error else ""

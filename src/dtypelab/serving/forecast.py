@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from dtypelab.core.bands import band
 from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.results import GenerateConfig, GenerateFigures, GeneratePolicy, GenerateReport, TargetDevice
 from dtypelab.core.speed import GPU_FLOOR_S
@@ -71,7 +72,9 @@ def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str 
                        objective=objective, parameters=params, context_limit=served.context),
         tuple(results), _environment(), sentence, best, longest.policy if longest else "", tuple(notes),
         time.perf_counter() - start, time.strftime("%Y-%m-%dT%H:%M:%S"), rates=rates.source if rates else "",
-        energy_note=energy_note)
+        energy_note=energy_note, speed_error=band("serve-tok-s") if rates else 0.0,
+        ratio_error=band("serve-speed") if rates else 0.0, memory_error=band("serve-peak") if target.kind == "cuda"
+        else 0.0, energy_error=band("energy") if energy_note and target.kind == "cuda" else 0.0)
     if json_path:
         report.save(json_path)
     return report
@@ -215,12 +218,16 @@ def _answer(results: list[GeneratePolicy], target: TargetDevice, shape: Shape, o
     timed = [r for r in fits if objective_value(r.generate, objective, shape.gen_len)]  # type: ignore[arg-type]
     where = f"that fits {target.label}" if limited else "(no memory to fit: give --device or --memory)"
     if timed:
-        best = max(timed, key=lambda r: objective_value(r.generate, objective, shape.gen_len))  # type: ignore[arg-type]
+        best, tied = _tied(timed, objective, shape, band(_BAND[objective]))
         g = best.generate
         assert g is not None
-        return best.policy, (f"{best.policy}: {_best_at(objective)} {where} at batch {shape.batch_size}, "
-                             f"{shape.context:,} tokens of context: {_figure(g, objective, shape)}, peak "
-                             f"{(g.peak_bytes or 0) / 2**30:.3g} GiB")
+        said = (f"{best.policy}: {_best_at(objective)} {where} at batch {shape.batch_size}, "
+                f"{shape.context:,} tokens of context: {_figure(g, objective, shape)}, peak "
+                f"{(g.peak_bytes or 0) / 2**30:.3g} GiB")
+        if tied:
+            said += (f"; within the forecast's error of it (±{band(_BAND[objective]):.0%}, docs/validation.md): "
+                     f"{', '.join(r.policy for r in tied)}: a tie, broken by the wider weights (the safer numerics)")
+        return best.policy, said
     if not fits:
         small = min(ok, key=lambda r: r.generate.peak_bytes or 0)  # type: ignore[union-attr]
         return "", f"no policy fits {target.label}: the smallest peak is {small.policy}'s"
@@ -228,6 +235,25 @@ def _answer(results: list[GeneratePolicy], target: TargetDevice, shape: Shape, o
     if not limited:
         return small.policy, f"the smallest peak: {small.policy} (no memory to fit: give --device or --memory)"
     return small.policy, f"{len(fits)} of {len(ok)} policies fit {target.label}; the smallest peak: {small.policy}"
+
+
+# the band a comparison of policies carries, per objective: speed ratios between formats; joules
+_BAND = {"decode": "serve-speed", "prefill": "serve-speed", "latency": "serve-speed", "energy": "energy"}
+
+
+def _tied(timed: list[GeneratePolicy], objective: str, shape: Shape, error: float
+          ) -> tuple[GeneratePolicy, list[GeneratePolicy]]:
+    """The best at ``objective`` and those whose band overlaps its: the tie goes to the one storing the most bytes of
+    weights (the widest format, the safest numerics), as ``forecast`` breaks a tie by the safer numerics."""
+    from dtypelab.serving.bench import objective_value
+
+    def value(r: GeneratePolicy) -> float:
+        return objective_value(r.generate, objective, shape.gen_len)  # type: ignore[arg-type]
+
+    top = max(timed, key=value)
+    close = [r for r in timed if value(r) * (1 + error) >= value(top) * (1 - error)]
+    best = max(close, key=lambda r: (r.generate.weights_bytes or 0, value(r)))  # type: ignore[union-attr]
+    return best, [r for r in close if r is not best]
 
 
 def _best_at(objective: str) -> str:

@@ -152,9 +152,13 @@ class ForecastReport(Record):
     fastest: str = ""  # the fastest policy predicted to fit ("" when no time was forecast)
     speed_answer: str = ""  # that answer in a sentence
     # the error the validation supports for a predicted speedup (0.15: ±15%; 0 in records written before): each
-    # speedup's band, and predictions whose bands overlap are a tie (``forecasting.timing.SPEEDUP_ERROR``)
+    # speedup's band, and predictions whose bands overlap are a tie (``forecasting.timing.speedup_error``)
     speed_error: float = 0.0
     energy_note: str = ""  # the power model the energy comes from, or why there is none
+    # the bands of each peak and each step's joules, from the validation set's held-out cases (core.bands; 0: none
+    # claimed, as in records written before)
+    memory_error: float = 0.0
+    energy_error: float = 0.0
 
     schema_version: int = FORECAST_VERSION
 

@@ -115,6 +115,12 @@ class GenerateReport(Record):
     rates: str = ""  # where the forecast's rates come from
     energy_source: EnergySource | None = None  # measured: what read the energy, or why nothing did
     energy_note: str = ""  # forecast: the power model the energy comes from, or why there is none
+    # forecast: the bands of its figures from the validation set's held-out cases (core.bands; 0: none claimed):
+    # decode tokens a second, a format's speed against another's (a tie within it), the peak and KV cache, joules
+    speed_error: float = 0.0
+    ratio_error: float = 0.0
+    memory_error: float = 0.0
+    energy_error: float = 0.0
 
     schema_version: int = GENERATE_VERSION
 
