@@ -41,6 +41,7 @@ BANDS = ROOT / "src" / "dtypelab" / "core" / "bands.json"
 REPORT, PLOT = ROOT / "docs" / "validation.md", ROOT / "docs" / "validation.png"
 FAMILIES = {  # family: (what it checks, the default tolerance of its cases)
     "train-speed": ("training step time: one policy's speed over another's on a GPU", 0.20),
+    "train-tok-s": ("training samples (or tokens) a second on a GPU", 0.25),
     "train-peak": ("training and fine-tuning peak memory per GPU", 0.15),
     "serve-tok-s": ("single-stream decode tokens a second", 0.20),
     "serve-speed": ("decode tokens a second of a weight format over bfloat16's", 0.15),
@@ -241,7 +242,7 @@ def evaluate(case: dict[str, Any], file: str, runs: dict[str, dict[str, Any]]) -
         if v["kind"] == "ratio":
             o.value /= _read(records[v["over"]["run"]], v["over"]["policy"], v["read"], exclude)
         else:
-            o.value *= UNITS[v.get("unit", "B")]
+            o.value *= UNITS[v.get("unit", "B")] * v.get("per_sample", 1)
             o.fits = _fits(records[v["run"]], v["policy"]) if "peak" in case["family"] else None
     except (LookupError, KeyError, ZeroDivisionError, json.JSONDecodeError) as exc:
         o.value, o.why = None, str(exc)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-COLOURS = {"train-speed": "#0072B2", "train-peak": "#E69F00", "serve-tok-s": "#56B4E9", "serve-speed": "#009E73",
-           "serve-peak": "#D55E00", "kv-bytes": "#CC79A7", "energy": "#000000"}
+COLOURS = {"train-speed": "#0072B2", "train-tok-s": "#F0E442", "train-peak": "#E69F00", "serve-tok-s": "#56B4E9",
+           "serve-speed": "#009E73", "serve-peak": "#D55E00", "kv-bytes": "#CC79A7", "energy": "#000000"}
 
 
 def plot(outcomes: list[Any], path: Path) -> None:
@@ -92,8 +92,9 @@ def report(outcomes: list[Any], rows: list[dict[str, Any]], bands: dict[str, Any
     lines = [
         "# Validation: every forecast against what was published", "",
         f"{len(outcomes)} published figures ({held} held out: no constant of the forecast was set from them) from "
-        f"{len({o.file for o in outcomes})} sources, each forecast as a user runs it (`dtypelab forecast …`, "
-        f"{len(runs)} forecasts, {seconds:.0f} s of forecasting). Made by `python benchmarks/validate.py --write`; "
+        f"{len({o.file for o in outcomes})} case files (a source or a few each), each forecast as a user runs it "
+        "(`dtypelab forecast …`, "
+        f"{len(runs)} forecasts, {seconds:.0f} s of them summed). Made by `python benchmarks/validate.py --write`; "
         "`python benchmarks/validate.py --check` is the gate CI runs (the end-to-end step): it fails when a held-out "
         "case leaves its tolerance, a case that answered stops answering, or any case moves from the value recorded "
         "here. The cases, with every condition their sources state, are in `benchmarks/validation/*.json`.", "",

@@ -517,7 +517,13 @@ def test_a_forecast_without_memory_to_fit_says_no_policy_fits_nothing(tmp_path):
     record = load_record(str(tmp_path / "b.json"))
     fastest = max((p for p in record.policies if p.generate and p.generate.prefill_tok_s),
                   key=lambda p: p.generate.prefill_tok_s)
-    assert record.config.objective == "prefill" and record.answer.startswith(f"{fastest.policy}: the fastest prefill")
+    # within the serve-speed band of the fastest is a tie, which the widest weights win (the safer numerics)
+    e = record.ratio_error
+    close = [p for p in record.policies if p.generate and p.generate.prefill_tok_s
+             and p.generate.prefill_tok_s * (1 + e) >= fastest.generate.prefill_tok_s * (1 - e)]
+    chosen = max(close, key=lambda p: (p.generate.weights_bytes, p.generate.prefill_tok_s))
+    assert record.config.objective == "prefill" and record.answer.startswith(f"{chosen.policy}: the fastest prefill")
+    assert e > 0 and (len(close) == 1 or "a tie, broken by the wider weights" in record.answer)
 
 
 def test_a_forecast_writes_no_librarys_import_noise_to_stderr(tmp_path):

@@ -68,7 +68,6 @@ def test_direction_cases_and_bands():
 
 
 def test_a_bad_case_file_is_refused_in_one_line(tmp_path):
-    runs, _ = validate.load()
     data = json.loads((validate.CASES / "kv-cache.json").read_text())
     bad = copy.deepcopy(data)
     bad["cases"][0]["family"] = "vibes"
@@ -111,6 +110,7 @@ def test_a_serving_tie_goes_to_the_wider_weights():
 
 
 @pytest.mark.e2e
+@pytest.mark.validation
 def test_the_gate_passes_on_the_set_and_fails_on_a_planted_regression(tmp_path):
     """The whole set as CI runs it; then one case file planted with a value the forecast no longer gives."""
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "validate.py"), "--check"], capture_output=True,

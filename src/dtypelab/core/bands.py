@@ -3,7 +3,8 @@
 ``bands.json`` beside this file is written by ``python benchmarks/validate.py --write`` (never by hand): for each
 family of forecast figures, the largest error of the published measurements it was held against that no constant was
 fitted to (docs/validation.md lists every case). CI's gate fails when this table is not what the evidence says.
-Families: train-speed (one policy's step time over another's on a GPU), train-peak (training and fine-tuning peak
+Families: train-speed (one policy's step time over another's on a GPU), train-tok-s (a step's absolute time on a
+GPU, as samples or tokens a second), train-peak (training and fine-tuning peak
 memory), serve-tok-s (decode tokens a second), serve-speed (a weight format's decode speed over bfloat16's),
 serve-peak, kv-bytes, energy (joules: the only published energy figures are serving's, so a training step's joules
 carry the same band).

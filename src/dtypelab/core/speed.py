@@ -44,6 +44,13 @@ GEMM_SOURCE = "XLA's measured sm_90 matmul table (bfloat16, median per size)"
 # torchao's slow-accumulation backward GEMMs run cuBLAS with the scales applied after (pytorch/ao#1325): their calls
 # carry tensor scales, and are timed as tensorwise ones, with their rescaling as the elementwise ops it is.
 ROWWISE_EFFICIENCY = 0.9
+# A flash-attention kernel (what SDPA runs on a GPU) against the dense bfloat16 peak, forward and backward together, in
+# useful FLOPs (a causal mask's skipped half not counted): FlashAttention-2, the kernel behind PyTorch's SDPA, reaches
+# "only 35% utilization on H100" (Shah et al., FlashAttention-3, arXiv 2407.08608, abstract: it cannot use Hopper's
+# asynchronous tensor cores); on an A100 its forward and backward together reach about 60% (Dao, FlashAttention-2,
+# arXiv 2307.08691, section 4.1: 187-203 of 312 TFLOP/s at head dimension 128, 8k-16k tokens). A GPU before
+# Hopper takes the A100's share. torch's flop counter counts a causal call's full FLOPs: its useful half is timed.
+ATTENTION_EFFICIENCY = {(9, 0): 0.35, (8, 0): 0.60}
 GROUPS = ("matmuls", "attention", "convolutions", "elementwise", "casts", "optimizer")
 BOUNDS = ("compute", "memory", "overhead")
 
@@ -65,6 +72,7 @@ class Op:
     # ``TensorSpec``): a device whose rates time kernels where they run (this CPU) times it at exactly this call
     kernel: tuple = ()
     variant: str = ""  # a GEMM kernel family slower than the plain one at the same rate ("rowwise": rowwise-scaled)
+    causal: bool = False  # attention under a causal mask: half its counted FLOPs are skipped
 
     @property
     def read(self) -> int:
@@ -92,6 +100,7 @@ class Rates:
     variants: dict[str, float] = field(default_factory=dict)
     times_kernels: bool = False  # the device is this machine: its heavy kernels are timed at their own calls
     kernels: dict[tuple, float] = field(default_factory=dict)  # seconds of each kernel timed (``Op.kernel`` -> s)
+    attention: float = 1.0  # a flash-attention kernel's share of the peak (GPU: ATTENTION_EFFICIENCY); 1: measured
 
     def efficiency(self, work: float, rate: str = "*") -> float:
         """The share of the rate a GEMM of M·N·K = ``work`` reaches (piecewise linear in log2(work))."""
@@ -137,7 +146,10 @@ def op_time(op: Op, rates: Rates) -> tuple[float, str]:
         peak = rates.flops.get(op.rate)
         if not peak:
             raise NoRate(op.rate)
-        compute = op.flops / (peak * rates.efficiency(op.work, op.rate) * rates.variants.get(op.variant, 1.0))
+        if op.group == "attention":
+            compute = op.flops * (0.5 if op.causal else 1.0) / (peak * rates.attention)
+        else:
+            compute = op.flops / (peak * rates.efficiency(op.work, op.rate) * rates.variants.get(op.variant, 1.0))
     memory = (op.read + op.written) / rates.bandwidths.get(op.dtype, rates.bandwidth)
     t = max(compute, memory, rates.floor_s)
     return t, "compute" if t == compute else "memory" if t == memory else "overhead"
@@ -218,7 +230,14 @@ def gpu_rates(spec: DeviceSpec) -> Rates:
                  GPU_FLOOR_S, {"*": GEMM_EFFICIENCY},
                  f"{source}; {spec.bandwidth_gbs:g} GB/s × {GPU_BANDWIDTH_SHARE} (torchao's achievable share); GEMM "
                  f"efficiency: {GEMM_SOURCE}, rowwise-scaled float8 × {ROWWISE_EFFICIENCY} (pytorch/pytorch#147971); "
-                 f"{GPU_FLOOR_S * 1e6:g} µs per kernel at least", variants={"rowwise": ROWWISE_EFFICIENCY})
+                 f"{GPU_FLOOR_S * 1e6:g} µs per kernel at least; flash attention at "
+                 f"{attention_efficiency(spec.capability):.0%} of the peak (FlashAttention-2 and -3's papers)",
+                 variants={"rowwise": ROWWISE_EFFICIENCY}, attention=attention_efficiency(spec.capability))
+
+
+def attention_efficiency(capability: tuple[int, int] | None) -> float:
+    """The flash-attention share of the peak for a GPU of this compute capability (Hopper and later: the H100's)."""
+    return ATTENTION_EFFICIENCY[(9, 0) if capability is not None and capability >= (9, 0) else (8, 0)]
 
 
 def cpu_rates(hw: HardwareInfo) -> Rates:

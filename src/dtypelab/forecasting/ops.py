@@ -129,7 +129,17 @@ def record(func: Any, args: Any, kwargs: dict[str, Any], out: Any, phase: str,
     return Op(group, rate, flops, tuple(_storages(ins, ident).items()), tuple(_storages(outs, ident).items()),
               variant=_variant(rate, ins, phase) if packet in MATMULS else "",
               work=flops / 2 if packet in MATMULS else 0.0, fusible=not heavy and group != "optimizer", dtype=dtype,
-              kernel=signature(func, args, kwargs) if heavy and calls else ())
+              kernel=signature(func, args, kwargs) if heavy and calls else (),
+              causal=group == "attention" and _causal(func, args, kwargs))
+
+
+def _causal(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
+    """The call's ``is_causal`` argument, by its schema (forward and backward name it alike)."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name == "is_causal":
+            value = kwargs.get("is_causal", args[i] if i < len(args) else arg.default_value)
+            return bool(value)
+    return False
 
 
 __all__ = ["RECORDED", "record"]

@@ -339,7 +339,8 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
                             rates=rates.source if rates is not None else "", fastest=fastest, speed_answer=said,
                             speed_error=speedup_error(device) if rates is not None else 0.0,
                             energy_note=_energy_note(results, no_power), memory_error=memory_error(device),
-                            energy_error=band("energy") if power is not None else 0.0)
+                            energy_error=band("energy") if power is not None else 0.0,
+                            step_error=band("train-tok-s") if rates is not None and device.kind == "cuda" else 0.0)
     if opts.json_path:
         report.save(opts.json_path)
     if interrupted:  # what finished is saved: the caller says so

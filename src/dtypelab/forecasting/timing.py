@@ -25,6 +25,7 @@ from dtypelab.core.speed import (
     NoRate,
     Op,
     Rates,
+    attention_efficiency,
     cpu_rates,
     float8_layers,
     fuse,
@@ -52,7 +53,8 @@ def rates_for(device: TargetDevice) -> tuple[Rates | None, str]:
                 return None, f"no datasheet peaks for {local.device_name}: no time is forecast"
             return Rates(local.device_name, {k: v * 1e12 for k, v in peaks.items()}, local.bandwidth_gbs * 1e9,
                          GPU_FLOOR_S, {"*": GEMM_EFFICIENCY}, f"{source}; {local.bandwidth_gbs:g} GB/s measured here",
-                         variants={"rowwise": ROWWISE_EFFICIENCY}), ""
+                         variants={"rowwise": ROWWISE_EFFICIENCY},
+                         attention=attention_efficiency(torch.cuda.get_device_capability())), ""
         if device.name and device.kind == "cuda":
             try:
                 spec = device_spec(device.name)

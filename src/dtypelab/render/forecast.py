@@ -232,7 +232,8 @@ def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
     joules = ([f"J/step{plus_minus(report.energy_error)}", "W"]
               + (["J/token"] if any(p.energy and p.energy.joules_per_token for p in timed) else []) if energy else [])
     # the energy columns before the text ones: a narrow terminal leaves out J/token, then W, before J/step
-    headers = ["policy", "step ms", f"speedup vs {base}", "bound", *joules, "where the time goes", "kernels"]
+    headers = ["policy", f"step ms{plus_minus(report.step_error)}", f"speedup vs {base}", "bound", *joules,
+               "where the time goes", "kernels"]
     if checked:
         headers += ["measured ms", "measured speedup", "predicted/measured speedup"]
     rows = []
@@ -264,7 +265,8 @@ def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
                      "policy's steps in rounds, in turn); bench's paired rounds decide speed")
     if report.energy_note:
         notes.append(f"J/step and W: the predicted step at the {report.energy_note}; ± the model's error against "
-                     "the validation set's held-out energy cases (docs/validation.md)" if energy else report.energy_note)
+                     "the validation set's held-out energy cases (docs/validation.md)"
+                     if energy else report.energy_note)
     busy = next((p.time.disturbed for p in timed if p.time.disturbed), "")
     if busy:
         notes.append(f"not reliable: {busy}")

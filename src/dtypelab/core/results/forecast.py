@@ -159,6 +159,7 @@ class ForecastReport(Record):
     # claimed, as in records written before)
     memory_error: float = 0.0
     energy_error: float = 0.0
+    step_error: float = 0.0  # a step's absolute time (samples a second): its band, wider than a speedup's
 
     schema_version: int = FORECAST_VERSION
 
