@@ -10,8 +10,10 @@ A case is one published figure: its source (where, which table and row), the con
 published value, how the forecast's value is read (``value``: a figure of one policy of one forecast run, or the
 ratio of two), its role (``fitted``: a constant was set from it; ``held-out``: nothing was), a tolerance, what the
 forecast cannot model of the published program (``unmodelled``) and, where a case stays outside its tolerance for a
-known reason, ``known_miss``. ``recorded`` is the value the last ``--write`` saw: a change that moves a figure
-updates it with ``--write`` and says why in its commit.
+known reason, ``known_miss``; ``outside_band`` (with a known miss) keeps a case out of its family's band where what it
+measured is outside what the forecast forecasts at all (a host-bound loop: the forecast is the GPU's kernels' time).
+``recorded`` is the value the last ``--write`` saw: a change that moves a figure updates it with ``--write`` and says
+why in its commit.
 
 A family's band is the largest error of its answered held-out cases (rounded up to a whole percent): what a forecast
 shows beside each figure of that family. Every forecast runs for a named GPU (its datasheet's rates, nothing timed
@@ -121,6 +123,8 @@ def _check_case(c: dict[str, Any], runs: dict[str, list[str]], where: str) -> No
         raise CaseError(f"{where}: case {c['id']}: role must be fitted or held-out, not {c['role']!r}")
     if c["role"] == "fitted" and not c.get("fitted"):
         raise CaseError(f"{where}: case {c['id']} is fitted: say which constant was set from it (\"fitted\")")
+    if c.get("outside_band") and not c.get("known_miss"):
+        raise CaseError(f"{where}: case {c['id']} is kept outside its family's band: say why (\"known_miss\")")
     if c["published"] is None and c.get("expect") not in ("above", "below"):
         raise CaseError(f"{where}: case {c['id']} has no published value: give \"expect\": above or below (1)")
     v = c["value"]
@@ -251,10 +255,12 @@ def evaluate(case: dict[str, Any], file: str, runs: dict[str, dict[str, Any]]) -
 
 # --- judging ------------------------------------------------------------------------------------------------------
 def bands(outcomes: list[Outcome]) -> dict[str, dict[str, Any]]:
-    """Each family's band: the largest error of its answered held-out cases, rounded up to a whole percent."""
+    """Each family's band: the largest error of its answered held-out cases (but those kept ``outside_band``), rounded
+    up to a whole percent."""
     out = {}
     for fam in FAMILIES:
-        errs = [abs(o.error) for o in outcomes if o.family == fam and o.held_out and o.error is not None]
+        errs = [abs(o.error) for o in outcomes if o.family == fam and o.held_out and o.error is not None
+                and not o.case.get("outside_band")]
         if errs:
             out[fam] = {"band": math.ceil(round(max(errs) * 100, 6)) / 100, "held_out": len(errs),
                         "median": round(statistics.median(errs), 4), "what": FAMILIES[fam][0]}

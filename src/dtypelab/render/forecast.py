@@ -254,7 +254,10 @@ def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
     notes = [f"predicted from the traced ops (FLOPs, bytes read and written, the dtype each computes in), each op "
              f"max(FLOPs at its dtype's rate × a GEMM's size efficiency, bytes at the bandwidth, a per-kernel floor), "
              f"summed; a compiled policy's elementwise runs fused: {report.rates}",
-             "bound: what most of the step's time is bound by (compute, memory, or the per-kernel floor: overhead)"]
+             "bound: what most of the step's time is bound by (compute, memory, or the per-kernel floor: overhead); "
+             "the step is the GPU's kernels: what the host adds (a batch made on the CPU each step, the launches of an "
+             "eager step of small kernels) is not forecast, and a host-bound loop runs slower than forecast "
+             "(docs/validation.md: this project's own GPU checks)"]
     if report.speed_error:
         notes.append(f"speedup: predicted, ± {report.speed_error:.0%}, the largest error of the validation set's "
                      "held-out training-speed cases (docs/validation.md); two predictions within each other's band are "

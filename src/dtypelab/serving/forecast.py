@@ -72,9 +72,7 @@ def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str 
                        objective=objective, parameters=params, context_limit=served.context),
         tuple(results), _environment(), sentence, best, longest.policy if longest else "", tuple(notes),
         time.perf_counter() - start, time.strftime("%Y-%m-%dT%H:%M:%S"), rates=rates.source if rates else "",
-        energy_note=energy_note, speed_error=band("serve-tok-s") if rates else 0.0,
-        ratio_error=band("serve-speed") if rates else 0.0, memory_error=band("serve-peak") if target.kind == "cuda"
-        else 0.0, energy_error=band("energy") if energy_note and target.kind == "cuda" else 0.0)
+        energy_note=energy_note, **_bands(target, rates is not None, bool(energy_note)))
     if json_path:
         report.save(json_path)
     return report
@@ -218,14 +216,15 @@ def _answer(results: list[GeneratePolicy], target: TargetDevice, shape: Shape, o
     timed = [r for r in fits if objective_value(r.generate, objective, shape.gen_len)]  # type: ignore[arg-type]
     where = f"that fits {target.label}" if limited else "(no memory to fit: give --device or --memory)"
     if timed:
-        best, tied = _tied(timed, objective, shape, band(_BAND[objective]))
+        error = band(_BAND[objective]) if target.kind == "cuda" else 0.0  # the evidence is GPUs'
+        best, tied = _tied(timed, objective, shape, error)
         g = best.generate
         assert g is not None
         said = (f"{best.policy}: {_best_at(objective)} {where} at batch {shape.batch_size}, "
                 f"{shape.context:,} tokens of context: {_figure(g, objective, shape)}, peak "
                 f"{(g.peak_bytes or 0) / 2**30:.3g} GiB")
         if tied:
-            said += (f"; within the forecast's error of it (±{band(_BAND[objective]):.0%}, docs/validation.md): "
+            said += (f"; within the forecast's error of it (±{error:.0%}, docs/validation.md): "
                      f"{', '.join(r.policy for r in tied)}: a tie, broken by the wider weights (the safer numerics)")
         return best.policy, said
     if not fits:
@@ -235,6 +234,16 @@ def _answer(results: list[GeneratePolicy], target: TargetDevice, shape: Shape, o
     if not limited:
         return small.policy, f"the smallest peak: {small.policy} (no memory to fit: give --device or --memory)"
     return small.policy, f"{len(fits)} of {len(ok)} policies fit {target.label}; the smallest peak: {small.policy}"
+
+
+def _bands(target: TargetDevice, timed: bool, energy: bool) -> dict[str, float]:
+    """The record's bands: the validation set's, for a GPU (its cases are all GPUs'); none on this CPU, whose kernels
+    are timed here (``--check`` measures the rest)."""
+    gpu = target.kind == "cuda"
+    return {"speed_error": band("serve-tok-s") if gpu and timed else 0.0,
+            "ratio_error": band("serve-speed") if gpu and timed else 0.0,
+            "memory_error": band("serve-peak") if gpu else 0.0,
+            "energy_error": band("energy") if gpu and energy else 0.0}
 
 
 # the band a comparison of policies carries, per objective: speed ratios between formats; joules
