@@ -72,7 +72,9 @@ def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str 
                        objective=objective, parameters=params, context_limit=served.context),
         tuple(results), _environment(), sentence, best, longest.policy if longest else "", tuple(notes),
         time.perf_counter() - start, time.strftime("%Y-%m-%dT%H:%M:%S"), rates=rates.source if rates else "",
-        energy_note=energy_note, **_bands(target, rates is not None, bool(energy_note)))
+        energy_note=energy_note)
+    bands = _bands(target, rates is not None, bool(energy_note))
+    report = replace(report, speed_error=bands[0], ratio_error=bands[1], memory_error=bands[2], energy_error=bands[3])
     if json_path:
         report.save(json_path)
     return report
@@ -236,14 +238,12 @@ def _answer(results: list[GeneratePolicy], target: TargetDevice, shape: Shape, o
     return small.policy, f"{len(fits)} of {len(ok)} policies fit {target.label}; the smallest peak: {small.policy}"
 
 
-def _bands(target: TargetDevice, timed: bool, energy: bool) -> dict[str, float]:
-    """The record's bands: the validation set's, for a GPU (its cases are all GPUs'); none on this CPU, whose kernels
-    are timed here (``--check`` measures the rest)."""
+def _bands(target: TargetDevice, timed: bool, energy: bool) -> tuple[float, float, float, float]:
+    """The record's bands (decode tok/s, one format over another, peak, joules): the validation set's, for a GPU (its
+    cases are all GPUs'); none on this CPU, whose kernels are timed here (``--check`` measures the rest)."""
     gpu = target.kind == "cuda"
-    return {"speed_error": band("serve-tok-s") if gpu and timed else 0.0,
-            "ratio_error": band("serve-speed") if gpu and timed else 0.0,
-            "memory_error": band("serve-peak") if gpu else 0.0,
-            "energy_error": band("energy") if gpu and energy else 0.0}
+    return (band("serve-tok-s") if gpu and timed else 0.0, band("serve-speed") if gpu and timed else 0.0,
+            band("serve-peak") if gpu else 0.0, band("energy") if gpu and energy else 0.0)
 
 
 # the band a comparison of policies carries, per objective: speed ratios between formats; joules
