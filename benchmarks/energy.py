@@ -23,13 +23,9 @@ def _fitted_case() -> tuple[tuple[str, int, int, int, str], float]:
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import validate
 
-    runs, cases = validate.load()
-    c, f = next((c, f) for c, f in cases if c["family"] == "energy" and c["role"] == "fitted")
-    args = validate._expand(runs[f"{f}/{c['value']['run']}"]["args"])
-    def arg(flag: str) -> int:
-        return int(args[args.index(flag) + 1])
-
-    return (args[0], arg("--prompt-len"), arg("--gen-len"), arg("-b"), c["value"]["policy"]), c["published"]
+    c, args = validate.fitted("energy")[0]
+    shape = (int(validate.flag(args, f)) for f in ("--prompt-len", "--gen-len", "-b"))
+    return (args[0], *shape, c["value"]["policy"]), c["published"]
 
 
 def _jpt(spec: str, prompt: int, gen: int, batch: int, policy: str) -> float:

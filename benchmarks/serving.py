@@ -30,15 +30,8 @@ def _fitted() -> list[tuple[str, str, str, float]]:
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import validate
 
-    runs, cases = validate.load()
-    out = []
-    for c, f in cases:
-        if c["family"] == "serve-speed" and c["role"] == "fitted":
-            args = runs[f"{f}/{c['value']['run']}"]["args"]
-            config = validate._expand(args)[0]
-            out.append((c["value"]["policy"].removesuffix("+compile"), config, args[args.index("--device") + 1],
-                        c["published"]))
-    return out
+    return [(c["value"]["policy"].removesuffix("+compile"), args[0], validate.flag(args, "--device"), c["published"])
+            for c, args in validate.fitted("serve-speed")]
 
 
 def calibrate() -> None:

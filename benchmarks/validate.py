@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,7 +159,8 @@ def load(paths: list[Path] | None = None) -> tuple[dict[str, dict[str, Any]], li
 
 
 # --- running the forecasts ----------------------------------------------------------------------------------------
-def _expand(args: list[str]) -> list[str]:
+def expand(args: list[str]) -> list[str]:
+    """A run's arguments with the set's folders filled in ({configs}, {cases})."""
     out = []
     for a in args:
         for key, value in PLACES.items():
@@ -168,15 +169,25 @@ def _expand(args: list[str]) -> list[str]:
     return out
 
 
+def fitted(family: str) -> list[tuple[dict[str, Any], list[str]]]:
+    """Each fitted case of ``family`` with its run's arguments expanded: what a constant of the forecast is fitted
+    to (``serving.py --part calibrate``, ``energy.py --part fit``)."""
+    runs, cases = load()
+    return [(c, expand(runs[f"{f}/{c['value']['run']}"]["args"])) for c, f in cases
+            if c["family"] == family and c["role"] == "fitted"]
+
+
+def flag(args: list[str], name: str) -> str:
+    """The value a run's arguments give ``name`` (``--device``)."""
+    return args[args.index(name) + 1]
+
+
 def run_all(runs: dict[str, dict[str, Any]], jobs: int, out: Path, quiet: bool = False) -> None:
     """Each forecast as a user runs it (``dtypelab forecast ARGS --json``), ``jobs`` at a time; its record's path
     (or why there is none) and its seconds go into ``runs``. Named-GPU forecasts time nothing here: parallel is safe."""
-    names = sorted(runs)
-    done = [0]
-
     def one(name: str) -> None:
         path = out / (name.replace("/", "--") + ".json")
-        cmd = [sys.executable, "-m", "dtypelab", "forecast", *_expand(runs[name]["args"]), "--json", str(path)]
+        cmd = [sys.executable, "-m", "dtypelab", "forecast", *expand(runs[name]["args"]), "--json", str(path)]
         # one tracing process each (--mode generate traces in one already)
         cmd += ["--workers", "1"] if jobs > 1 and "generate" not in runs[name]["args"] else []
         start = time.perf_counter()
@@ -188,13 +199,15 @@ def run_all(runs: dict[str, dict[str, Any]], jobs: int, out: Path, quiet: bool =
             ok, why = False, "timed out after 900 s"
         runs[name].update(record=str(path) if ok else None, why="" if ok else why,
                           seconds=time.perf_counter() - start)
-        done[0] += 1
-        if not quiet:
-            print(f"  [{done[0]}/{len(names)}] {name}: {runs[name]['seconds']:.0f} s"
-                  f"{'' if ok else '  FAILED: ' + why}", file=sys.stderr, flush=True)
 
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        list(pool.map(one, names))
+        futures = {pool.submit(one, name): name for name in sorted(runs)}
+        for i, done in enumerate(as_completed(futures), 1):
+            done.result()
+            r = runs[futures[done]]
+            if not quiet:
+                print(f"  [{i}/{len(runs)}] {futures[done]}: {r['seconds']:.0f} s"
+                      f"{'  FAILED: ' + r['why'] if r['why'] else ''}", file=sys.stderr, flush=True)
 
 
 # --- reading a value off the records ------------------------------------------------------------------------------
@@ -387,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         write_report(outcomes, runs)
         print(f"recorded; wrote {BANDS.relative_to(ROOT)}, {REPORT.relative_to(ROOT)}, {PLOT.relative_to(ROOT)}")
     if args.check:
-        kept = json.loads(BANDS.read_text()) if BANDS.exists() and not args.family else None
+        whole = not args.family and Path(args.cases).resolve() == CASES  # the bands are the whole set's
+        kept = json.loads(BANDS.read_text()) if BANDS.exists() and whole else None
         failed = failures(outcomes, kept)
         for line in failed:
             print(f"FAIL {line}")

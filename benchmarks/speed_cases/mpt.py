@@ -6,6 +6,8 @@ a size and sequence (``mpt.py:make_3b_32k``); the micro batch is the forecast's 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -70,27 +72,10 @@ def make(layers: int, dim: int, heads: int, seq: int, batch: int) -> Task:
 
 
 MPT_1B, MPT_3B = (24, 2048, 16), (32, 2560, 20)  # layers, d_model, heads (d_head 128, as the yamls set it)
-
-
-def make_3b_32k() -> Task:
-    return make(*MPT_3B, 32768, 3)
-
-
-def make_3b_8k() -> Task:
-    return make(*MPT_3B, 8192, 3)
-
-
-def make_3b_512() -> Task:
-    return make(*MPT_3B, 512, 40)
-
-
-def make_1b_32k() -> Task:
-    return make(*MPT_1B, 32768, 1)
-
-
-def make_1b_8k() -> Task:
-    return make(*MPT_1B, 8192, 3)
-
-
-def make_1b_512() -> Task:
-    return make(*MPT_1B, 512, 56)
+# each table row's shape, sequence and micro batch (the forecast's -b overrides the batch)
+make_3b_32k = functools.partial(make, *MPT_3B, 32768, 3)
+make_3b_8k = functools.partial(make, *MPT_3B, 8192, 3)
+make_3b_512 = functools.partial(make, *MPT_3B, 512, 40)
+make_1b_32k = functools.partial(make, *MPT_1B, 32768, 1)
+make_1b_8k = functools.partial(make, *MPT_1B, 8192, 3)
+make_1b_512 = functools.partial(make, *MPT_1B, 512, 56)

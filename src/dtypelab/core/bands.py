@@ -33,7 +33,7 @@ def band(family: str, default: float = 0.0) -> float:
     return float(entry["band"]) if entry else default
 
 
-def cases(family: str) -> int:
-    """How many held-out cases the family's band comes from (0: none)."""
-    entry = _table().get(family)
-    return int(entry["held_out"]) if entry else 0
+def overlaps(a: float, b: float, error: float) -> bool:
+    """Two predictions whose bands, [x (1 - error), x (1 + error)], overlap: a tie (step times, tokens a second or
+    joules alike: the rule is symmetric)."""
+    return min(a, b) * (1 + error) >= max(a, b) * (1 - error)

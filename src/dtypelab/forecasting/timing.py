@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import torch
 
-from dtypelab.core.bands import band
+from dtypelab.core.bands import band, overlaps
 from dtypelab.core.devices import device_spec, rated_peaks
 from dtypelab.core.disturbance import describe
 from dtypelab.core.errors import DtypelabError
@@ -134,8 +134,7 @@ def speed_answer(results: list[PolicyForecast], device: TargetDevice, baseline: 
         return "", f"No policy is predicted to fit and run on {rates.device}."
     error = speedup_error(device)
     fastest = min(fit, key=lambda r: r.time.step_s)
-    # bands of step time: [t (1 - e), t (1 + e)]; a tie where they overlap the fastest's
-    tied = [r for r in fit if r is not fastest and r.time.step_s * (1 - error) <= fastest.time.step_s * (1 + error)]
+    tied = [r for r in fit if r is not fastest and overlaps(r.time.step_s or 0.0, fastest.time.step_s or 0.0, error)]
     best = fastest
     if tied and plans:
         best = max([fastest, *tied], key=lambda r: (*safer(plans[r.policy]), -r.time.step_s))

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from dtypelab.core.bands import band
+from dtypelab.core.bands import band, overlaps
 from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.results import GenerateConfig, GenerateFigures, GeneratePolicy, GenerateReport, TargetDevice
 from dtypelab.core.speed import GPU_FLOOR_S
@@ -260,7 +260,7 @@ def _tied(timed: list[GeneratePolicy], objective: str, shape: Shape, error: floa
         return objective_value(r.generate, objective, shape.gen_len)  # type: ignore[arg-type]
 
     top = max(timed, key=value)
-    close = [r for r in timed if value(r) * (1 + error) >= value(top) * (1 - error)]
+    close = [r for r in timed if overlaps(value(r), value(top), error)]
     best = max(close, key=lambda r: (r.generate.weights_bytes or 0, value(r)))  # type: ignore[union-attr]
     return best, [r for r in close if r is not best]
 
