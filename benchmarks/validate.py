@@ -379,7 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default=str(CASES), help="a folder of case files (tests plant one)")
     args = ap.parse_args(argv)
     try:
-        runs, cases = load(sorted(Path(args.cases).glob("*.json")) or None)
+        files = sorted(Path(args.cases).glob("*.json"))
+        if not files:
+            raise CaseError(f"--cases {args.cases}: no case files (*.json) there")
+        runs, cases = load(files)
     except CaseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -391,7 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dtypelab-validate-") as tmp:
         print(f"{len(cases)} cases, {len(runs)} forecasts, {args.jobs} at a time", file=sys.stderr)
-        run_all(runs, args.jobs, Path(tmp))
+        try:
+            run_all(runs, args.jobs, Path(tmp))
+        except KeyboardInterrupt:  # the forecasts' records are temporary: nothing is recorded half-way
+            print("interrupted: nothing was recorded or judged", file=sys.stderr)
+            return 130
         outcomes = [evaluate(c, f, runs) for c, f in cases]
     print(f"{time.perf_counter() - start:.0f} s")
     print_summary(outcomes)

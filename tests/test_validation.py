@@ -80,6 +80,7 @@ def test_a_bad_case_file_is_refused_in_one_line(tmp_path):
     with pytest.raises(validate.CaseError, match="say which constant"):
         validate.load([tmp_path / "bad.json"])
     assert validate.main(["--cases", str(tmp_path)]) == 2
+    assert validate.main(["--cases", str(tmp_path / "none")]) == 2  # no case files there: refused, not the set
 
 
 def test_the_forecasts_carry_the_bands_the_evidence_gives():
