@@ -29,11 +29,10 @@ def _fitted_case() -> tuple[tuple[str, int, int, int, str], float]:
 
 
 def _jpt(spec: str, prompt: int, gen: int, batch: int, policy: str) -> float:
-    from dtypelab.forecasting import target_device
-    from dtypelab.serving import Shape, serve_forecast
+    from dtypelab.serving import serve_forecast
 
-    report = serve_forecast(spec, Shape(prompt, gen, batch), target_device("H100", None, None), policy, search=False,
-                            launcher="inline")
+    report = serve_forecast(spec, prompt_len=prompt, gen_len=gen, batch_size=batch, device="H100", policies=policy,
+                            batch_search=False, launcher="inline")
     g = report.policies[0].generate
     assert g is not None and g.energy is not None and g.energy.joules_per_token is not None, report.policies[0].reason
     return g.energy.joules_per_token

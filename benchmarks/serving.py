@@ -39,13 +39,12 @@ def calibrate() -> None:
     memory-bound decode step takes a + b / share, so two forecasts (at the share and at half of it) give a and b."""
     from dataclasses import replace
 
-    from dtypelab.forecasting import target_device
-    from dtypelab.serving import Shape, serve_forecast
+    from dtypelab.serving import serve_forecast
     from dtypelab.serving.kernels import KERNELS
 
     def step_s(config: str, device: str, policy: str) -> float:
-        report = serve_forecast(config, Shape(5, 200, 1), target_device(device, None, None), f"{policy}+compile",
-                                search=False, launcher="inline")
+        report = serve_forecast(config, prompt_len=5, gen_len=200, batch_size=1, device=device,
+                                policies=f"{policy}+compile", batch_search=False, launcher="inline")
         return report.policies[0].generate.token_latency_s  # type: ignore[union-attr,return-value]
 
     for policy, config, device, ratio in _fitted():

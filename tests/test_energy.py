@@ -488,12 +488,11 @@ def test_a_measured_record_of_the_same_gpu_calibrates_the_forecast_and_another_g
 
 
 def test_a_generation_forecast_gives_energy_per_token_from_its_prefill_and_decode() -> None:
-    from dtypelab.forecasting import target_device
     from dtypelab.serving import Shape, serve_forecast
 
     shape = Shape(32, 16, 2)
-    report = serve_forecast("tinylm", shape, target_device("H100", None, None), "bf16,int8-wo", search=False,
-                            launcher="inline")
+    report = serve_forecast("tinylm", prompt_len=shape.prompt_len, gen_len=shape.gen_len, batch_size=shape.batch_size,
+                            device="H100", policies="bf16,int8-wo", batch_search=False, launcher="inline")
     h100 = power_model(device_spec("H100"))
     assert h100 is not None and report.energy_note == h100.by
     for p in report.policies:
@@ -686,12 +685,11 @@ def test_the_report_page_draws_joules_per_sample_and_per_token() -> None:
 
 
 def test_the_report_page_draws_a_generations_joules_per_token() -> None:
-    from dtypelab.forecasting import target_device
     from dtypelab.render.page import report_html
-    from dtypelab.serving import Shape, serve_forecast
+    from dtypelab.serving import serve_forecast
 
-    report = serve_forecast("tinylm", Shape(32, 16, 2), target_device("H100", None, None), "bf16,int8-wo",
-                            search=False, launcher="inline")
+    report = serve_forecast("tinylm", prompt_len=32, gen_len=16, batch_size=2, device="H100", policies="bf16,int8-wo",
+                            batch_search=False, launcher="inline")
     page = report_html([report], names=["g.json"])
     assert "-energy' data-plot=" in page and "joules per generated token" in page
 

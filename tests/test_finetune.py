@@ -637,11 +637,11 @@ def test_a_deep_stack_read_off_shallow_traces_is_what_a_whole_trace_gives(tmp_pa
     import json
     from pathlib import Path
 
-    from dtypelab.forecasting import forecaster
+    from dtypelab.forecasting import depth, forecaster
 
     config = json.loads(Path(base, "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 7}))
-    monkeypatch.setattr(forecaster, "DEEP_ENOUGH", 7)  # read off at 7 (a user's model: from 10 blocks)
+    monkeypatch.setattr(depth, "DEEP_ENOUGH", 7)  # read off at 7 (a user's model: from 10 blocks)
     depths: set[int | None] = set()
     meta_at = forecaster.Forecaster.meta_at
     monkeypatch.setattr(forecaster.Forecaster, "meta_at", lambda self, d: depths.add(d) or meta_at(self, d))
@@ -652,7 +652,7 @@ def test_a_deep_stack_read_off_shallow_traces_is_what_a_whole_trace_gives(tmp_pa
 
     read_off = run()
     assert depths == set(forecaster.SHALLOW)  # no policy was traced whole
-    monkeypatch.setattr(forecaster, "DEEP_ENOUGH", 100)
+    monkeypatch.setattr(depth, "DEEP_ENOUGH", 100)
     whole = run()
     assert None in depths
     for a, b in zip(read_off.policies, whole.policies, strict=True):

@@ -172,12 +172,13 @@ def test_a_sliding_window_models_forecast_holds_each_window_and_reads_a_deep_mod
     """Nine blocks past their window (Mistral: every layer slides; Gemma-2: every other one): the cache the forecast
     counts is the formula's (each sliding layer its window), and the line through the traces at 3 and 4 blocks, the
     searches' shortcut included, gives the whole trace's peaks to the byte."""
-    import dtypelab.serving.tracing as fcmod
+    import dtypelab.forecasting.depth as fcmod
     from dtypelab.serving.kv import cache_bytes_at
     from dtypelab.serving.served import Served
     from dtypelab.serving.tracing import PolicyRun, ServeForecaster
 
     config = _sliding(kind, layers=9, window=16)
+    monkeypatch.setattr(fcmod, "DEEP_ENOUGH", 7)  # read off at 9 (a user's model: from 10 blocks)
 
     def make():
         from transformers import AutoModelForCausalLM
@@ -189,7 +190,7 @@ def test_a_sliding_window_models_forecast_holds_each_window_and_reads_a_deep_mod
     shapes = [Shape(20, 12, 2), Shape(20, 40, 2), Shape(8, 4, 3)]
     run = PolicyRun(ServeForecaster(served, target, 0), p, {})
     lines = [run.traced(shape) for shape in shapes]  # the first finds a block exact; the others take the shortcut
-    monkeypatch.setattr(fcmod, "DEEP", 9)
+    monkeypatch.setattr(fcmod, "DEEP_ENOUGH", 10)
     for shape, line in zip(shapes, lines, strict=True):
         whole = PolicyRun(ServeForecaster(served, target, 0), p, {}).traced(shape)
         for a, b in ((line.prefill, whole.prefill), (line.decode, whole.decode)):
@@ -220,7 +221,7 @@ def test_a_search_stays_within_the_models_positions_and_never_costs_the_answer(m
     def refused(*args, **kwargs):
         raise DtypelabError("a context of 4096 tokens is refused")
 
-    monkeypatch.setattr(speed, "largest", refused)
+    monkeypatch.setattr(speed, "largest_batch", refused)
     figures, notes = speed.policy_figures(ServeForecaster(served, target, 0), serve_policy("bf16"), Shape(20, 12, 2),
                                           None, {}, True)
     assert figures.peak_bytes and figures.longest_context is None and figures.largest_batch is None
@@ -268,7 +269,7 @@ def test_the_traced_workload_holds_what_the_same_workload_holds_on_real_tensors(
 def test_a_deep_model_read_off_two_shallow_traces_is_its_whole_trace(policy, device, monkeypatch):
     """Seven blocks: the line through the traces at 3 and 4 blocks gives the whole trace's peaks, weights and cache
     to the byte, and the same decode time (within 1e-6)."""
-    import dtypelab.serving.tracing as fcmod
+    import dtypelab.forecasting.depth as fcmod
     from dtypelab.serving.served import Served
     from dtypelab.serving.speed import policy_figures
     from dtypelab.serving.tracing import PolicyRun, ServeForecaster
@@ -283,9 +284,10 @@ def test_a_deep_model_read_off_two_shallow_traces_is_its_whole_trace(policy, dev
     target = target_device(device, None, None)
     shape = Shape(20, 12, 2)
     p = serve_policy(policy)
+    monkeypatch.setattr(fcmod, "DEEP_ENOUGH", 7)  # read off at 7 (a user's model: from 10 blocks)
     deep = ServeForecaster(served, target, 0)
     line = PolicyRun(deep, p, {}).traced(shape)
-    monkeypatch.setattr(fcmod, "DEEP", 7)
+    monkeypatch.setattr(fcmod, "DEEP_ENOUGH", 8)
     whole = PolicyRun(ServeForecaster(served, target, 0), p, {}).traced(shape)
     for a, b in ((line.prefill, whole.prefill), (line.decode, whole.decode)):
         assert (a.peak, a.weights, a.kv) == (b.peak, b.weights, b.kv)
@@ -293,14 +295,14 @@ def test_a_deep_model_read_off_two_shallow_traces_is_its_whole_trace(policy, dev
         from dtypelab.forecasting import StepTimes, rates_for
 
         rates, _ = rates_for(target)
-        monkeypatch.setattr(fcmod, "DEEP", 6)
+        monkeypatch.setattr(fcmod, "DEEP_ENOUGH", 7)
         f_line, _ = policy_figures(ServeForecaster(served, target, 0), p, shape, StepTimes(rates), {}, False)
-        monkeypatch.setattr(fcmod, "DEEP", 7)
+        monkeypatch.setattr(fcmod, "DEEP_ENOUGH", 8)
         f_whole, _ = policy_figures(ServeForecaster(served, target, 0), p, shape, StepTimes(rates), {}, False)
         assert f_line.token_latency_s == pytest.approx(f_whole.token_latency_s, rel=1e-6)
         assert f_line.ttft_s == pytest.approx(f_whole.ttft_s, rel=1e-6)
         # the searches (largest batch, longest context) trace other sizes: the speed is still the job's shape's
-        monkeypatch.setattr(fcmod, "DEEP", 6)
+        monkeypatch.setattr(fcmod, "DEEP_ENOUGH", 7)
         searched, _ = policy_figures(ServeForecaster(served, target, 0), p, shape, StepTimes(rates), {}, True)
         assert searched.largest_batch and searched.longest_context
         assert searched.token_latency_s == pytest.approx(f_line.token_latency_s, rel=1e-6)
@@ -308,8 +310,9 @@ def test_a_deep_model_read_off_two_shallow_traces_is_its_whole_trace(policy, dev
 
 def test_the_largest_size_is_what_brute_force_finds():
     """Against brute force, on peaks linear in the size, rounded up per allocation (as CUDA's allocator does) and with
-    a cap: the search's answer is the largest that fits, or None."""
-    from dtypelab.serving.tracing import largest
+    a cap: the search serving uses (training's, ``largest_batch``, from the job's size up to the cap) answers the
+    largest that fits, or None."""
+    from dtypelab.forecasting.search import largest_batch
 
     rng = random.Random(0)
     for _ in range(300):
@@ -322,7 +325,7 @@ def test_the_largest_size_is_what_brute_force_finds():
 
         limit = rng.randint(0, peak(most) * 2)
         fits = [n for n in range(1, most + 1) if peak(n) <= limit]
-        assert largest(peak, limit, at, most) == (max(fits) if fits else None)
+        assert largest_batch(peak, limit, at, cap=most).largest == (max(fits) if fits else None)
 
 
 def test_a_quantized_layer_on_a_gpu_reads_its_stored_bytes_at_its_kernels_share():
@@ -347,9 +350,9 @@ def test_a_gpu_forecast_of_an_8b_model_fits_where_its_bytes_say(tmp_path):
     the cache as grouped-query attention stores it (8 of 32 heads), fits and largest batches ordered by bytes."""
     from dtypelab.serving import serve_forecast
 
-    report = serve_forecast(f"hf:{os.path.join(ROOT, 'benchmarks', 'configs', 'llama3-8b')}", Shape(512, 128, 16),
-                            target_device("RTX4090", None, None), "bf16,int4-wo,bf16+kv-fp8", speed=False,
-                            launcher="inline")
+    report = serve_forecast(f"hf:{os.path.join(ROOT, 'benchmarks', 'configs', 'llama3-8b')}", prompt_len=512,
+                            gen_len=128, batch_size=16, device="RTX4090", policies="bf16,int4-wo,bf16+kv-fp8",
+                            speed=False, launcher="inline")
     bf16, int4, fp8kv = (report.result(n).generate for n in ("bf16", "int4-wo", "bf16+kv-fp8"))
     # its 8,030,261,248 parameters in bfloat16, and the rotary table (a buffer) in CUDA's 512-byte blocks
     assert 0 <= bf16.weights_bytes - 8_030_261_248 * 2 <= 2 * 512
@@ -601,3 +604,53 @@ def test_memory_zero_is_refused_not_read_as_no_limit(mode):
     got = dtypelab("forecast", "tinylm" if mode == "generate" else "digits", "--mode", mode, "--device", "H100",
                    "--memory", "0")
     assert got.returncode == 2 and "--memory 0: give the memory to fit" in got.stderr
+
+
+@pytest.mark.parametrize("policy", ["int4-wo", "fp8-dyn-row", "fp8-dyn-tensor"])
+def test_training_and_serving_forecasts_store_a_formats_weights_in_the_same_bytes(policy):
+    """One answer for a stand-in's weight bytes (``STORED_WEIGHT_BYTES``): Llama-2-7B's layers at two blocks, as the
+    training forecast's stand-in counts them and as serving's conversion and its kernels' reads do, to the byte
+    (int4's tinygemm layout pads ``down_proj``'s 11008 inputs to 11264: 24.51 MB)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dtypelab.core.policies import get_policy
+    from dtypelab.forecasting import CUDA_BLOCK
+    from dtypelab.forecasting.adapters import STORED_WEIGHT_BYTES
+    from dtypelab.forecasting.layouts import stand_in
+    from dtypelab.serving.tracing import convert, quantized_layers
+
+    config = AutoConfig.from_pretrained(os.path.join(ROOT, "benchmarks", "configs", "llama2-7b"), num_hidden_layers=2)
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(config)
+    plan = get_policy(policy)
+    _, training = stand_in(plan, meta, RuntimeError("needs CUDA"), CUDA_BLOCK)
+    _, serving, layers = convert(plan, meta, cuda=True)
+    assert layers == quantized_layers(plan, meta) and len(layers) == 2 * 7 + 1  # and the head
+    assert serving == training != 0
+    if policy == "int4-wo":
+        down = meta.get_submodule("model.layers.0.mlp.down_proj")
+        assert STORED_WEIGHT_BYTES(plan.default, down) == 4096 * 11264 // 2 + 88 * 4096 * 4 == 24_510_464
+
+
+def test_ctrl_c_keeps_the_serving_policies_forecast_so_far_and_marks_the_rest_interrupted(tmp_path, monkeypatch):
+    """Ctrl-C during a serving forecast (here, as the second policy starts): the record is saved with the first
+    policy's forecast and the others interrupted, and the interruption reaches the caller (the CLI exits 130)."""
+    import dtypelab.serving.forecast as fc
+    from dtypelab.core.records import load_record
+    from dtypelab.serving import serve_forecast
+
+    real, calls = fc._forecast_one, []
+
+    def one(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fc, "_forecast_one", one)
+    path = tmp_path / "g.json"
+    with pytest.raises(KeyboardInterrupt):
+        serve_forecast("tinylm", prompt_len=16, gen_len=8, device="cpu", policies="fp32,bf16,int8-wo", speed=False,
+                       batch_search=False, launcher="inline", json_path=str(path))
+    status = {p.policy: p.status for p in load_record(str(path)).policies}
+    assert status == {"fp32": "ok", "bf16": "interrupted", "int8-wo": "interrupted"}

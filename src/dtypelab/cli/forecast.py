@@ -84,16 +84,12 @@ def _forecast(opts: ForecastOptions, cli: dict[str, Any]) -> None:
 def _generate(opts: ForecastOptions, cli: dict[str, Any]) -> None:
     """forecast --mode generate: each serving policy traced for the device (dtypelab.serving)."""
     from dtypelab.core.results import default_result_path
-    from dtypelab.forecasting import target_device
-    from dtypelab.serving import Shape, serve_forecast
+    from dtypelab.serving import serve_forecast
 
     path = opts.json_path or default_result_path(cli["task"], "generate-forecast")
-    with guarded(), policy_progress(f"forecasting {cli['task']} serving") as progress:
-        report = serve_forecast(cli["task"], Shape(opts.prompt_len, opts.gen_len, opts.batch_size or 1),
-                                target_device(opts.device, opts.memory, opts.reserve), opts.policies, seed=opts.seed,
-                                search=opts.batch_search, check=opts.check, speed=opts.speed, json_path=path,
-                                on_progress=progress, energy_from=opts.energy_from,
-                                objective=opts.objective or "decode")
+    with guarded(f"the policies forecast so far are saved in {path}"), \
+            policy_progress(f"forecasting {cli['task']} serving") as progress:
+        report = serve_forecast(cli["task"], opts.but(json_path=path), on_progress=progress)
     emit(report, cli["fmt"])
     saved(path)
     write_html(report, cli["html"])

@@ -30,8 +30,29 @@ SHALLOW = (3, 4)  # the depths traced: the least at which a block sits between t
 DEEP_ENOUGH = 10  # a model with fewer blocks is traced whole: little to gain
 
 
+def read_off(blocks: int, shallow: tuple[int, int] = SHALLOW) -> bool:
+    """Whether a stack of ``blocks`` is read off its traces at ``shallow`` rather than traced whole (training and
+    serving forecasts alike)."""
+    return blocks >= max(DEEP_ENOUGH, shallow[1] + 1)
+
+
+def shallow_depths(kinds: list[int | None], blocks: int) -> tuple[int, int]:
+    """The two depths a deep stack is read off: blocks repeat a pattern of attention kinds (Gemma-2 alternates a
+    sliding-window layer and a full one; most models have one kind: ``SHALLOW``), so the shallower trace has at least
+    three blocks and ends where the whole stack's pattern does, and the deeper one adds one period (the line then adds
+    whole periods, each block at its own kind)."""
+    period = next(p for p in range(1, len(kinds) + 1) if all(k == kinds[i % p] for i, k in enumerate(kinds)))
+    first = next(d for d in range(SHALLOW[0], SHALLOW[0] + period) if (blocks - d) % period == 0)
+    return first, first + period
+
+
+def along(a: float, b: float, periods: float) -> float:
+    """A quantity traced as ``a`` and, one period of blocks deeper, ``b``: its value ``periods`` periods past ``a``."""
+    return a + (b - a) * periods
+
+
 def _at(a: float, b: float, depth: int) -> float:
-    return a + (b - a) * (depth - SHALLOW[0]) / (SHALLOW[1] - SHALLOW[0])
+    return along(a, b, (depth - SHALLOW[0]) / (SHALLOW[1] - SHALLOW[0]))
 
 
 def _ints(a: dict[str, int], b: dict[str, int], depth: int) -> dict[str, int]:
@@ -94,4 +115,4 @@ def linear_time(one: TimeForecast, two: TimeForecast, depth: int) -> TimeForecas
                    kernels=round(_at(one.kernels, two.kernels, depth)))
 
 
-__all__ = ["DEEP_ENOUGH", "SHALLOW", "linear", "linear_time"]
+__all__ = ["DEEP_ENOUGH", "SHALLOW", "along", "linear", "linear_time", "read_off", "shallow_depths"]

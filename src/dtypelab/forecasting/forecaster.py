@@ -28,7 +28,7 @@ from dtypelab.core.speed import Rates
 from dtypelab.core.task import Task
 from dtypelab.forecasting import local_run
 from dtypelab.forecasting.batch import infer_batch_shape, train_batch_shape
-from dtypelab.forecasting.depth import DEEP_ENOUGH, SHALLOW, linear, linear_time
+from dtypelab.forecasting.depth import SHALLOW, linear, linear_time, read_off
 from dtypelab.forecasting.fake import fresh, meta_model
 from dtypelab.forecasting.layouts import conversion_notes, layout, stand_in
 from dtypelab.forecasting.ranks import FakeRanks
@@ -69,7 +69,7 @@ class Forecaster:
         self.target = Target(job.target, timed=job.rates is not None)
         self.meta, self.build_note = meta_model(task, job.seed)
         # a deep stack of identical blocks: traced with one and two, the rest read off the line (forecasting.depth)
-        self.blocks = task.blocks if task.with_blocks is not None and task.blocks >= DEEP_ENOUGH else 0
+        self.blocks = task.blocks if task.with_blocks is not None and read_off(task.blocks) else 0
         self._metas: dict[int | None, nn.Module] = {None: self.meta}
         self.trains = not task.inference_only
         self.train_shape = train_batch_shape(task) if self.trains else None

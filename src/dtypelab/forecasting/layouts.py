@@ -13,7 +13,6 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.policies import Cast, Plan, Precision, regions
 from dtypelab.forecasting.adapters import PLAIN_PASS, STORED_WEIGHT_BYTES
-from dtypelab.forecasting.fake import fresh
 
 
 def layout(model: nn.Module, plan: Plan) -> tuple[Any, ...]:
@@ -38,25 +37,29 @@ def layout(model: nn.Module, plan: Plan) -> tuple[Any, ...]:
 
 def stand_in(plan: Plan, meta: nn.Module, exc: Exception, round_to: int) -> tuple[Plan, int]:
     """The plan with each config whose conversion failed here replaced by a cast to its stored dtype, and the
-    bytes its converted weights take beyond that cast's (from ``STORED_WEIGHT_BYTES``, the forecast's adapter)."""
+    bytes its converted weights take beyond that cast's (``layout_bytes``)."""
     layout = [c for c in plan.configs if STORED_WEIGHT_BYTES.registered(c)]
     if not layout:
         raise DtypelabError(f"converting the model failed: {describe_exception(exc)}") from exc
     swap = {c: Cast(c.facts.storage_dtype) for c in layout}
     stand = Plan(swap.get(plan.default, plan.default), tuple((p, swap.get(c, c)) for p, c in plan.rules),
                  name=plan.name, distributed=plan.distributed, state=plan.state)
-    model = fresh(meta)
-    assigned = plan.assign(model)
-    modules = dict(model.named_modules(remove_duplicate=False))
-    extra = 0
-    for name, config in assigned.items():
-        stored = STORED_WEIGHT_BYTES(config, modules[name]) if config in swap else None
+    return stand, sum(layout_bytes(plan, meta, round_to).values())
+
+
+def layout_bytes(plan: Plan, meta: nn.Module, round_to: int) -> dict[str, int]:
+    """Each module whose kind stores its weight in a layout of its own (``STORED_WEIGHT_BYTES``, the one answer
+    training and serving forecasts share): the bytes that layout takes beyond the weight in its stored dtype (each
+    of the layout's tensors a block of its own where the allocator rounds to ``round_to``)."""
+    modules = dict(meta.named_modules(remove_duplicate=False))
+    out = {}
+    for name, config in plan.assign(meta).items():
+        stored = STORED_WEIGHT_BYTES(config, modules[name]) if STORED_WEIGHT_BYTES.registered(config) else None
         if stored is not None:
             weight = modules[name].weight
-            extra += stored - weight.numel() * getattr(torch, config.facts.storage_dtype).itemsize
-            if round_to > 1:  # each of the layout's tensors is a block of its own
-                extra += round_to
-    return stand, extra
+            out[name] = stored - weight.numel() * getattr(torch, config.facts.storage_dtype).itemsize + (
+                round_to if round_to > 1 else 0)
+    return out
 
 
 def conversion_notes(precision: Precision, plan: Plan) -> list[str]:

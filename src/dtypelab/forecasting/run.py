@@ -11,7 +11,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -40,6 +39,7 @@ from dtypelab.forecasting.answer import answer, device_notes, smallest_device
 from dtypelab.forecasting.energy import read_measured, target_power, tokens_per_step, with_energy
 from dtypelab.forecasting.job import ForecastJob
 from dtypelab.forecasting.options import ForecastOptions
+from dtypelab.forecasting.pool import run_parts, worker_count
 from dtypelab.forecasting.timing import (
     memory_error,
     rates_for,
@@ -48,7 +48,7 @@ from dtypelab.forecasting.timing import (
     speedup_error,
     with_speedups,
 )
-from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher, Target, stop_in_flight
+from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher, Target
 
 Progress = Callable[[int, int], None]
 # what a worker forecasting a Hugging Face model imports first (transformers' model code: seconds on 2 cores)
@@ -259,24 +259,21 @@ def _prestart(launcher: Launcher, target: Target) -> None:
 
 def _run_jobs(jobs: list[ForecastJob], launcher: Any, progress: Progress | None, total: int) -> tuple[list[Outcome],
                                                                                                      bool]:
-    """Each job on its launcher, followed from threads (a zygote forks one worker at a time: parts after the first
-    get a process launcher of their own); (outcomes, whether Ctrl-C stopped them)."""
+    """Each job on its launcher (a zygote forks one worker at a time: parts after the first get a process launcher of
+    their own), on the workers serving's forecast shares (``pool``); (outcomes, whether Ctrl-C stopped them)."""
     done = [0] * len(jobs)
     launchers = [launcher if i == 0 or not isinstance(launcher, ProcessLauncher) else ProcessLauncher()
                  for i in range(len(jobs))]
 
-    def run(i: int) -> Outcome:
-        def step(n: int, _total: int) -> None:
-            done[i] = n
-            if progress is not None:
-                progress(sum(done), total)
-
-        return launchers[i].run(jobs[i], timeout_s=24 * 3600, on_step=step)
+    def step(i: int, n: int) -> None:
+        done[i] = n
+        if progress is not None:
+            progress(sum(done), total)
 
     if progress is not None:
         progress(0, total)
     cuda_guard_here()
-    return _follow(run, len(jobs))
+    return run_parts(jobs, launchers, step)
 
 
 def forecast(task: str | Task, options: ForecastOptions | None = None, *, progress: Progress | None = None,
@@ -303,8 +300,7 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
     rates, no_rates = rates_for(device) if opts.speed else (None, "--no-speed: memory alone, no time is forecast")
     # kernels timed here (this CPU's rates, --check's steps) are timed by one worker, with nothing beside it
     alone = opts.check or (rates is not None and rates.times_kernels)
-    parts = 1 if getattr(launcher, "name", "") == "inline" or alone else min(len(grouped), opts.workers or min(
-        2, os.cpu_count() or 1))
+    parts = 1 if getattr(launcher, "name", "") == "inline" or alone else worker_count(opts.workers, len(grouped))
     claims = tempfile.mkdtemp(prefix="dtypelab-forecast-") if parts > 1 else None
     ordered = tuple(p for group in grouped for p in group)
     jobs = [ForecastJob(spec, ordered, batch // opts.nproc, batch // opts.nproc, device.kind, opts.nproc, opts.seed,
@@ -356,18 +352,3 @@ def _energy_note(results: list[PolicyForecast], no_power: str) -> str:
 
 
 INTERRUPTED = "interrupted before it finished"
-
-
-def _follow(run: Callable[[int], Outcome], n: int) -> tuple[list[Outcome], bool]:
-    """The outcomes of ``run(0)`` … ``run(n - 1)``, each followed from a thread of its own; (outcomes, whether Ctrl-C
-    stopped them). Ctrl-C reaches the main thread only: it stops every run in flight, and each still returns what its
-    workers reported before."""
-    pool = ThreadPoolExecutor(n)
-    futures = [pool.submit(run, i) for i in range(n)]
-    try:
-        return [f.result() for f in futures], False
-    except KeyboardInterrupt:
-        stop_in_flight()
-        return [f.result() for f in futures], True
-    finally:
-        pool.shutdown(wait=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -21,6 +21,10 @@ from dtypelab.core.results import GenerateConfig, GenerateFigures, GeneratePolic
 from dtypelab.core.speed import GPU_FLOOR_S
 from dtypelab.core.tasks.hub import quantized_note
 from dtypelab.forecasting import Measured, StepTimes, calibrate, rates_for, read_measured, target_power
+from dtypelab.forecasting.options import ForecastOptions
+from dtypelab.forecasting.pool import run_parts, worker_count
+from dtypelab.forecasting.run import INTERRUPTED
+from dtypelab.run import Outcome
 from dtypelab.serving.measure import with_speeds
 from dtypelab.serving.policies import DEFAULT_FORECAST, ServePolicy, serve_policies
 from dtypelab.serving.served import load_served
@@ -31,38 +35,44 @@ from dtypelab.serving.workload import Shape
 Progress = Callable[[str, int, int], None]
 
 
-def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str | None = None, *, seed: int = 0,
-                   search: bool = True, check: bool = False, speed: bool = True, json_path: str | None = None,
-                   on_progress: Progress | None = None, launcher: str = "process",
-                   energy_from: str | None = None, objective: str = "decode") -> GenerateReport:
-    """Each serving policy forecast for ``target``: memory, whether it fits, the largest batch and longest context,
-    and tokens per second; with ``check``, the same workload measured here beside it."""
+def serve_forecast(spec: str, options: ForecastOptions | None = None, *, on_progress: Progress | None = None,
+                   **settings: Any) -> GenerateReport:
+    """Each serving policy forecast for the options' device: memory, whether it fits, the largest batch and longest
+    context, and tokens per second; with ``check``, the same workload measured here beside it. ``options``
+    (``ForecastOptions``, its mode ``generate``) or its fields as keywords."""
+    from dtypelab.forecasting import target_device
     from dtypelab.serving.bench import check_shape
 
+    opts = ForecastOptions.build(options, **{"mode": "generate", **settings})
     start = time.perf_counter()
-    measured = read_measured(energy_from, target) if energy_from else None  # its errors come first
+    target = target_device(opts.device, opts.memory, opts.reserve)
+    shape = Shape(opts.prompt_len, opts.gen_len, opts.batch_size or 1)
+    measured = read_measured(opts.energy_from, target) if opts.energy_from else None  # its errors come first
     here = "cuda" if torch.cuda.is_available() else "cpu"
-    if check and target.kind != here:
+    if opts.check and target.kind != here:
         raise DtypelabError(f"--check runs the workload here ({here}): forecast for --device {here}, or leave out "
                             "--check")
     # a worker's imports run while this process reads the model; none for this CPU, whose kernels are timed here with
     # nothing beside them
-    workers = _prestart(launcher) if target.kind == "cuda" else []
+    workers = _prestart(opts.launcher or "process") if target.kind == "cuda" else []
     served = load_served(spec)
     check_shape(shape, served.context, served.name, served.config)
-    chosen = serve_policies(policies, DEFAULT_FORECAST if target.kind == "cuda" else DEFAULT_FORECAST_CPU)
-    rates, no_rates = rates_for(target) if speed else (None, "")  # the source; each part times with its own
+    chosen = serve_policies(opts.policies, DEFAULT_FORECAST if target.kind == "cuda" else DEFAULT_FORECAST_CPU)
+    rates, no_rates = rates_for(target) if opts.speed else (None, "")  # the source; each part times with its own
     parts = _parts(chosen, target, rates, len(workers))
-    outcomes = _run_parts([ForecastPart(spec, shape, target, part, seed, search, speed) for part in parts],
-                          workers, on_progress, len(chosen))
-    found = {r.policy: r for out in outcomes if out.status == "ok" for r in out.value[0]}
+    jobs = [ForecastPart(spec, shape, target, part, opts.seed, opts.batch_search, opts.speed) for part in parts]
+    outcomes, interrupted = _run_parts(jobs, workers, on_progress, len(chosen))
+    found = {r.policy: r for job in jobs for r in job.kept}  # the parts run here
+    found.update({r.policy: r for out in outcomes for r in _reported(out)})
     params = next((out.value[1] for out in outcomes if out.status == "ok"), 0)
     died = "; ".join(dict.fromkeys(out.reason or out.status for out in outcomes if out.status != "ok"))
-    results = [found.get(p.name) or GeneratePolicy(p.name, p.describe(), "failed", died or "not reported")
+    results = [found.get(p.name) or (GeneratePolicy(p.name, p.describe(), "interrupted", INTERRUPTED) if interrupted
+                                     else GeneratePolicy(p.name, p.describe(), "failed", died or "not reported"))
                for p in chosen]
-    if check:
-        results = _checked(spec, shape, results, chosen, seed)
+    if opts.check:
+        results = _checked(spec, shape, results, chosen, opts.seed)
     results, energy_note = _with_energy(results, target, shape, measured)
+    objective = opts.objective or "decode"
     best, sentence = _answer(results, target, shape, objective)
     longest = max((r for r in results if r.generate and r.generate.longest_context),
                   key=lambda r: r.generate.longest_context or 0, default=None)  # type: ignore[union-attr]
@@ -75,9 +85,18 @@ def serve_forecast(spec: str, shape: Shape, target: TargetDevice, policies: str 
         energy_note=energy_note)
     bands = _bands(target, rates is not None, bool(energy_note))
     report = replace(report, speed_error=bands[0], ratio_error=bands[1], memory_error=bands[2], energy_error=bands[3])
-    if json_path:
-        report.save(json_path)
+    if opts.json_path:
+        report.save(opts.json_path)
+    if interrupted:  # what finished is saved: the caller says so
+        raise KeyboardInterrupt
     return report
+
+
+def _reported(out: Outcome) -> list[GeneratePolicy]:
+    """A part's forecasts: all of them, or, of a part stopped before it returned, those it had reported."""
+    if out.status == "ok":
+        return list(out.value[0])
+    return [m[0] for k, m in out.messages.items() if k.startswith("policy:")]
 
 
 def _with_energy(results: list[GeneratePolicy], target: TargetDevice, shape: Shape, measured: Measured | None
@@ -106,7 +125,6 @@ def _generation_bounds(g: GenerateFigures, shape: Shape) -> dict[str, float]:
 
 
 DEFAULT_FORECAST_CPU = ("fp32", "bf16", "int8-wo", "fp32+kv-int8", "fp32+kv-fp8")
-WORKERS = 2  # processes tracing at once (two cores)
 
 
 @dataclass(frozen=True)
@@ -120,6 +138,8 @@ class ForecastPart:
     seed: int
     search: bool
     speed: bool
+    # its forecasts as they finish, in the process that made it: what a part run here and stopped by Ctrl-C leaves
+    kept: list[GeneratePolicy] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -133,6 +153,8 @@ class ForecastPart:
         out = []
         for i, name in enumerate(self.names):
             out.append(_forecast_one(fc, serve_policies(name, ())[0], self.shape, times, cache, self.search))
+            report.send(f"policy:{name}", out[-1])  # kept should a worker be stopped before it returns
+            self.kept.append(out[-1])
             report.step(i + 1, len(self.names))
         return out, fc.parameters()
 
@@ -157,39 +179,33 @@ PRELOAD = ("transformers.modeling_utils", "transformers.activations", "transform
 
 
 def _prestart(launcher: str) -> list[Any]:
-    """The worker processes beside this one (none inline), started now with the libraries a trace needs."""
+    """The worker processes beside this one (none inline; as many as the forecasts' pool runs at once), started now
+    with the libraries a trace needs."""
     from dtypelab.run import ProcessLauncher
 
     if launcher == "inline":
         return []
-    workers = [ProcessLauncher() for _ in range(WORKERS - 1)]
+    workers = [ProcessLauncher() for _ in range(worker_count(None, len(DEFAULT_FORECAST)) - 1)]
     for worker in workers:
         worker.prestart((__name__, *PRELOAD))
     return workers
 
 
-def _run_parts(parts: list[ForecastPart], workers: list[Any], on_progress: Progress | None, total: int) -> list[Any]:
-    """The first part in this process (its libraries are imported already), the others in the workers, at once:
-    their outcomes (without workers, one after another here)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+def _run_parts(parts: list[ForecastPart], workers: list[Any], on_progress: Progress | None, total: int
+               ) -> tuple[list[Outcome], bool]:
+    """The first part in this process (its libraries are imported already), the others in the workers, at once, on
+    the workers training's forecast shares (``forecasting.pool``); (outcomes, whether Ctrl-C stopped them)."""
     from dtypelab.run import LAUNCHERS
 
     done = [0] * len(parts)
 
-    def run(i: int) -> Any:
-        def step(n: int, _total: int) -> None:
-            done[i] = n
-            if on_progress is not None:
-                on_progress(parts[i].names[n - 1], sum(done), total)
+    def step(i: int, n: int) -> None:
+        done[i] = n
+        if on_progress is not None:
+            on_progress(parts[i].names[n - 1], sum(done), total)
 
-        chosen = workers[i - 1] if 0 < i <= len(workers) else LAUNCHERS["inline"]
-        return chosen.run(parts[i], 24 * 3600, step)
-
-    if not workers:  # one tracing thread per process: the dispatch modes a trace enters are global
-        return [run(i) for i in range(len(parts))]
-    with ThreadPoolExecutor(len(parts)) as pool:  # this process traces one part; the workers the others
-        return list(pool.map(run, range(len(parts))))
+    launchers = [workers[i - 1] if 0 < i <= len(workers) else LAUNCHERS["inline"] for i in range(len(parts))]
+    return run_parts(parts, launchers, step, together=bool(workers))
 
 
 def _forecast_one(fc: ServeForecaster, p: ServePolicy, shape: Shape, times: StepTimes | None,

@@ -4,7 +4,8 @@ stores, and the share of memory bandwidth the kernel reaches in single-stream de
 The speed of a weight format is its kernel's, not its bytes' (published decode tables reach a different share of
 bandwidth for each format). A relative share comes from one published table, named with it; the other tables are
 left to check it (docs: Serving). A format's weights may be stored here by a stand-in (int4 and fp8 matmuls cannot be
-converted on a CPU): their bytes then come from the format's layout (``stored_bytes``).
+converted on a CPU): their bytes then come from the format's layout (``forecasting.layouts.layout_bytes``,
+the training forecast's too).
 
 Each share is fitted so that this forecast gives its table's published ratio of tokens per second to bfloat16's
 (single stream: batch 1, a 5-token prompt, 200 tokens generated, compiled): a memory-bound decode step takes
@@ -20,6 +21,11 @@ torchao tables they were not fitted to (docs: Serving).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from torch import nn
+
+from dtypelab.core.policies import Quantize
+from dtypelab.core.policies.adapters import Adapter, constant
 
 GPT_FAST = "gpt-fast README (Llama-2-7B, A100-80GB at 330 W, batch 1, compiled)"
 TORCHAO_H100 = "torchao quantization README (Llama-3.1-8B, H100, batch 1, compiled)"
@@ -51,21 +57,18 @@ KERNELS: dict[str, Kernel] = {
 }
 
 
-def stored_bytes(key: str, rows: int, cols: int) -> int:
-    """The bytes a ``rows`` x ``cols`` weight stores in a format converted by a stand-in here (torchao's layouts):
-    int4 in groups of 128 with a bfloat16 scale and zero per group (tinygemm), fp8 with a float32 scale per row (or
-    one per tensor)."""
-    if key == "int4-weight-only":
-        return rows * cols // 2 + rows * (cols // 128) * 2 * 2
-    if key == "fp8-dynamic-per-channel":
-        return rows * cols + rows * 4
-    if key == "fp8-dynamic-per-tensor":
-        return rows * cols + 4
-    raise KeyError(key)
+# What serving asks of a kind: the kernel a layer it converts runs on a GPU (a key of ``KERNELS``; None: the layer is
+# not one the kind's kernel takes, and stays as it is). A kind of your own registers its answer in its file.
+KERNEL: Adapter[str | None] = Adapter("the GPU kernel a layer the kind converts runs (a key of KERNELS)",
+                                      constant(None))
 
 
-def kernel_key(scheme: str, granularity: str) -> str:
-    return f"{scheme}-{granularity}" if scheme == "fp8-dynamic" else scheme
+@KERNEL.register(Quantize)
+def _quantized(config: Quantize, layer: nn.Module) -> str | None:
+    """torchao leaves a layer its kernel cannot take as it is (int4 needs whole groups of 128 inputs)."""
+    if not isinstance(layer, nn.Linear) or config.unfit(layer):
+        return None
+    return f"{config.scheme}-{config.granularity}" if config.scheme == "fp8-dynamic" else config.scheme
 
 
-__all__ = ["KERNELS", "Kernel", "kernel_key", "stored_bytes"]
+__all__ = ["KERNEL", "KERNELS", "Kernel"]

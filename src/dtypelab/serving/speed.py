@@ -20,7 +20,9 @@ from dtypelab.core.results import Energy, GenerateFigures, TargetDevice
 from dtypelab.core.speed import GPU_BANDWIDTH_SHARE, Op
 from dtypelab.core.tasks.hub import at_depth
 from dtypelab.forecasting import StepTimes, rates_for
-from dtypelab.serving.kernels import KERNELS, stored_bytes
+from dtypelab.forecasting.adapters import STORED_WEIGHT_BYTES
+from dtypelab.forecasting.search import largest_batch
+from dtypelab.serving.kernels import KERNELS
 from dtypelab.serving.kv import kv_format
 from dtypelab.serving.policies import ServePolicy
 from dtypelab.serving.tracing import (
@@ -28,19 +30,24 @@ from dtypelab.serving.tracing import (
     PolicyRun,
     ServeForecaster,
     Traced,
-    largest,
-    linear_shape,
 )
 from dtypelab.serving.workload import Shape, decode, new_cache, prefill
 
 
-def layer_bytes(model: nn.Module, meta: nn.Module, layers: dict[str, str], stand_in: bool) -> dict[str, int]:
-    """Each quantized layer's stored weight bytes: as converted, or from its format's layout for a stand-in."""
+def layer_bytes(model: nn.Module, meta: nn.Module, run: PolicyRun) -> dict[str, int]:
+    """Each quantized layer's stored weight bytes: as converted, or, for a stand-in, from its format's layout (the
+    one answer training and serving forecasts share, ``STORED_WEIGHT_BYTES``)."""
+    assigned = run.policy.plan.assign(meta) if run.stand_in else {}
     out = {}
-    for name, key in layers.items():
-        weight = model.get_submodule(name).weight
-        assert isinstance(weight, torch.Tensor)
-        out[name] = stored_bytes(key, *linear_shape(meta, name)) if stand_in else tensor_bytes([weight])
+    for name in run.layers:
+        if run.stand_in:
+            stored = STORED_WEIGHT_BYTES(assigned[name], meta.get_submodule(name))
+            assert stored is not None  # a layer a GPU kernel takes has its layout's bytes
+            out[name] = stored
+        else:
+            weight = model.get_submodule(name).weight
+            assert isinstance(weight, torch.Tensor)
+            out[name] = tensor_bytes([weight])
     return out
 
 
@@ -81,7 +88,7 @@ def gpu_ops(ops: tuple[Op, ...], layers: dict[str, str], stored: dict[str, int])
 def device_ops(run: PolicyRun, ops: tuple[Op, ...]) -> tuple[Op, ...]:
     """The ops as the target runs them: on a GPU each quantized layer's as its format's kernel, here as traced."""
     if run.fc.cuda and run.layers:
-        return gpu_ops(ops, run.layers, layer_bytes(*_models(run), run.layers, run.stand_in))
+        return gpu_ops(ops, run.layers, layer_bytes(*_models(run), run))
     return ops
 
 
@@ -124,13 +131,15 @@ def _searched(figures: GenerateFigures, run: PolicyRun, shape: Shape, limit: int
     serves), each searched on its own: one that cannot be traced is left out, saying why."""
     notes = []
     try:
-        batch = largest(lambda b: run.traced(replace(shape, batch_size=b)).peak, limit, shape.batch_size, MOST_BATCH)
+        batch = largest_batch(lambda b: run.traced(replace(shape, batch_size=b)).peak, limit, shape.batch_size,
+                              cap=MOST_BATCH).largest
         figures = replace(figures, largest_batch=batch or 0)  # 0: not even one sequence fits
     except DtypelabError as exc:
         notes.append(f"largest batch not searched: {exc}")
     most = run.fc.served.context - shape.prompt_len
     try:
-        gen = largest(lambda g: run.traced(replace(shape, gen_len=g)).peak, limit, shape.gen_len, most)
+        gen = largest_batch(lambda g: run.traced(replace(shape, gen_len=g)).peak, limit, min(shape.gen_len, most),
+                            cap=most).largest
         figures = replace(figures, longest_context=0 if gen is None else shape.prompt_len + gen)
     except DtypelabError as exc:
         notes.append(f"longest context not searched: {exc}")

@@ -1,13 +1,12 @@
 """The serving workload on fake tensors: the model built on the meta device and converted by each policy (on a GPU
 target its weights in bfloat16 first; a format whose conversion needs a GPU traced with bfloat16 weights in its
 place, its layout's bytes added), and two passes counted by forecasting's ledger: the prefill into a cache allocated
-for the whole context, and one decode step with the cache full. A model deeper than ``DEEP`` blocks is traced with
-3 and 4 and read off the line through them; a block's share of both peaks, once known to be exactly its weights and
-its cache, lets a search's sizes be traced at 3 blocks only. ``largest``: the largest batch or context that fits."""
+for the whole context, and one decode step with the cache full. A deep model (``forecasting.depth.read_off``, as
+training's) is traced with 3 and 4 blocks and read off the line through them; a block's share of both peaks, once
+known to be exactly its weights and its cache, lets a search's sizes be traced at 3 blocks only."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,15 +20,15 @@ from dtypelab.core.results import TargetDevice
 from dtypelab.core.speed import Op
 from dtypelab.core.tasks.hub import at_depth
 from dtypelab.forecasting import CUDA_BLOCK, Ledger, eager, faked, fresh, materialize
-from dtypelab.serving.kernels import kernel_key, stored_bytes
+from dtypelab.forecasting.depth import along, read_off, shallow_depths
+from dtypelab.forecasting.layouts import layout_bytes
+from dtypelab.serving.kernels import KERNEL
 from dtypelab.serving.kv import KVFormat, cache_bytes, geometry, held_tokens, windows
 from dtypelab.serving.policies import ServePolicy
 from dtypelab.serving.served import Served, config_of
 from dtypelab.serving.workload import Shape, compute_dtype, decode, new_cache, prefill
 
-SHALLOW = (3, 4)  # the depths traced for a stack of alike blocks (for a repeating pattern: 3 or more, and a period on)
 MOST_BATCH = 4096  # the largest batch searched
-DEEP = 6  # deeper stacks are read off two shallow traces
 WEIGHTS = ("parameters", "frozen_weights")
 
 
@@ -46,7 +45,7 @@ class Pass:
         """This pass and ``other`` (one period of blocks deeper) read ``k`` periods deeper than this one."""
 
         def lin(a: int, b: int) -> int:
-            return a + (b - a) * k
+            return round(along(a, b, k))
 
         return Pass(lin(self.peak, other.peak), lin(self.weights, other.weights), lin(self.kv, other.kv),
                     self.ops + tuple(op for _ in range(k) for op in _block_ops(self.ops, other.ops)))
@@ -80,7 +79,7 @@ class ServeForecaster:
         self.config = served.config if served.config is not None else config_of(self.meta)
         self.layers = int(self.config.num_hidden_layers)
         self.shallow = shallow_depths(windows(self.config), self.layers)
-        self.deep = self.layers > max(DEEP, self.shallow[1])
+        self.deep = read_off(self.layers, self.shallow)
         self.cuda = target.kind == "cuda"
         self._metas: dict[int, tuple[nn.Module, Any]] = {}
         self._converted: dict[tuple[str, int], tuple[nn.Module, int, dict[str, str]]] = {}
@@ -142,33 +141,17 @@ class ServeForecaster:
 
 
 
-def shallow_depths(kinds: list[int | None], layers: int) -> tuple[int, int]:
-    """The two depths a deep stack is read off: blocks repeat a pattern of attention kinds (Gemma-2 alternates a
-    sliding-window layer and a full one; most models have one kind), so the shallower trace has at least three blocks
-    and ends where the whole stack's pattern does, and the deeper one adds one period (the line then adds whole
-    periods, each block at its own kind)."""
-    period = next(p for p in range(1, len(kinds) + 1) if all(k == kinds[i % p] for i, k in enumerate(kinds)))
-    first = next(d for d in range(SHALLOW[0], SHALLOW[0] + period) if (layers - d) % period == 0)
-    return first, first + period
-
-
 def quantized_layers(plan: Plan, model: nn.Module) -> dict[str, str]:
-    """Each layer a quantize kind covers and its kernel takes (torchao leaves a layer its kernel cannot take as it
-    is: int4 needs whole groups of 128 inputs), with its kernel key."""
-    out = {}
-    for name, config in plan.assign(model).items():
-        scheme = getattr(config, "scheme", None)
-        layer = model.get_submodule(name) if name else model
-        unfit = getattr(config, "unfit", None)
-        if scheme is not None and isinstance(layer, nn.Linear) and not (unfit is not None and unfit(layer)):
-            out[name] = kernel_key(scheme, getattr(config, "granularity", "per-channel"))
-    return out
+    """Each layer a kind converts to a GPU kernel of its own (``kernels.KERNEL``), with its kernel key."""
+    modules = dict(model.named_modules(remove_duplicate=False))
+    return {name: key for name, config in plan.assign(model).items() if (key := KERNEL(config, modules[name]))}
 
 
 def convert(plan: Plan, meta: nn.Module, cuda: bool) -> tuple[nn.Module, int, dict[str, str]]:
     """The model as the policy serves it; on a GPU, weights in bfloat16 before any quantization (torchao's weight
     formats keep their activations in the weights' dtype). A conversion this machine cannot make (an int4 or fp8
-    matmul's layout) leaves bfloat16 weights in its place and counts the format's bytes from its layout."""
+    matmul's layout) leaves bfloat16 weights in its place and counts the format's bytes from its layout (the
+    training forecast's ``layout_bytes``)."""
     layers = quantized_layers(plan, meta)
     try:
         if not (cuda and layers):
@@ -181,19 +164,8 @@ def convert(plan: Plan, meta: nn.Module, cuda: bool) -> tuple[nn.Module, int, di
     except Exception as exc:
         if not layers or not cuda:
             raise DtypelabError(f"converting the model failed: {describe_exception(exc)}") from exc
-    model = fresh(meta).to(torch.bfloat16)
-    extra = 0
-    for name, key in layers.items():
-        rows, cols = linear_shape(meta, name)
-        extra += stored_bytes(key, rows, cols) - rows * cols * 2 + (CUDA_BLOCK if cuda else 0)
-    return model, extra, layers
-
-
-def linear_shape(model: nn.Module, name: str) -> tuple[int, int]:
-    """A Linear layer's weight shape (out, in)."""
-    layer = model.get_submodule(name)
-    assert isinstance(layer, nn.Linear)
-    return layer.out_features, layer.in_features
+    extra = layout_bytes(plan, meta, CUDA_BLOCK)
+    return fresh(meta).to(torch.bfloat16), sum(extra[name] for name in layers if name in extra), layers
 
 
 def trace(model: nn.Module, config: Any, fmt: KVFormat, shape: Shape, cuda: bool, timed: bool,
@@ -312,42 +284,3 @@ class PolicyRun:
 
 def _shift(p: Pass, extra: int) -> Pass:
     return Pass(p.peak + extra, p.weights + extra, p.kv, p.ops)
-
-
-def largest(peak: Callable[[int], int], limit: int, at: int, most: int) -> int | None:
-    """The largest size up to ``most`` whose peak fits ``limit`` (None: not even 1), each size tried traced:
-    ``most`` itself when it fits; else the boundary between a size that fits and one that does not, found by
-    interpolating between them (the peak is close to linear in the batch and the context: the first guess is
-    usually the answer, confirmed by the size after it failing), halving the bracket when interpolation stalls."""
-    top = peak(most)
-    if top <= limit:
-        return most
-    lo, p_lo, hi, p_hi = 0, None, most, top  # lo fits (0: none known), hi does not
-    a = peak(at) if at < most else top
-    if a <= limit:
-        lo, p_lo = at, a
-    else:
-        hi, p_hi = at, a
-    stalls = 0
-    while hi - lo > 1:
-        if p_lo is None or stalls >= 2:
-            guess = (lo + hi) // 2 if p_lo is not None or hi <= 2 else max(1, hi // 2)
-            stalls = 0
-        else:
-            guess = lo + int((limit - p_lo) * (hi - lo) // max(p_hi - p_lo, 1))
-            guess = min(max(guess, lo + 1), hi - 1)
-        got = peak(guess)
-        width = hi - lo
-        if got <= limit:
-            lo, p_lo = guess, got
-            if guess + 1 < hi:  # the boundary is usually right after the interpolated size
-                after = peak(guess + 1)
-                if after > limit:
-                    return guess
-                lo, p_lo = guess + 1, after
-        else:
-            hi, p_hi = guess, got
-        stalls = stalls + 1 if hi - lo > width // 2 else 0
-    return lo or None
-
-
