@@ -20,10 +20,18 @@ from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.results import GenerateConfig, GenerateFigures, GeneratePolicy, GenerateReport, TargetDevice
 from dtypelab.core.speed import GPU_FLOOR_S
 from dtypelab.core.tasks.hub import quantized_note
-from dtypelab.forecasting import Measured, StepTimes, calibrate, rates_for, read_measured, target_power
-from dtypelab.forecasting.options import ForecastOptions
-from dtypelab.forecasting.pool import run_parts, worker_count
-from dtypelab.forecasting.run import INTERRUPTED
+from dtypelab.forecasting import (
+    INTERRUPTED,
+    ForecastOptions,
+    Measured,
+    StepTimes,
+    calibrate,
+    rates_for,
+    read_measured,
+    run_parts,
+    target_power,
+    worker_count,
+)
 from dtypelab.run import Outcome
 from dtypelab.serving.measure import with_speeds
 from dtypelab.serving.policies import DEFAULT_FORECAST, ServePolicy, serve_policies

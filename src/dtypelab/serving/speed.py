@@ -19,9 +19,7 @@ from dtypelab.core.power import PowerModel
 from dtypelab.core.results import Energy, GenerateFigures, TargetDevice
 from dtypelab.core.speed import GPU_BANDWIDTH_SHARE, Op
 from dtypelab.core.tasks.hub import at_depth
-from dtypelab.forecasting import StepTimes, rates_for
-from dtypelab.forecasting.adapters import STORED_WEIGHT_BYTES
-from dtypelab.forecasting.search import largest_batch
+from dtypelab.forecasting import STORED_WEIGHT_BYTES, StepTimes, largest_batch, rates_for
 from dtypelab.serving.kernels import KERNELS
 from dtypelab.serving.kv import kv_format
 from dtypelab.serving.policies import ServePolicy

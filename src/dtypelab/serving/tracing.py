@@ -19,9 +19,18 @@ from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.results import TargetDevice
 from dtypelab.core.speed import Op
 from dtypelab.core.tasks.hub import at_depth
-from dtypelab.forecasting import CUDA_BLOCK, Ledger, eager, faked, fresh, materialize
-from dtypelab.forecasting.depth import along, read_off, shallow_depths
-from dtypelab.forecasting.layouts import layout_bytes
+from dtypelab.forecasting import (
+    CUDA_BLOCK,
+    Ledger,
+    along,
+    eager,
+    faked,
+    fresh,
+    layout_bytes,
+    materialize,
+    read_off,
+    shallow_depths,
+)
 from dtypelab.serving.kernels import KERNEL
 from dtypelab.serving.kv import KVFormat, cache_bytes, geometry, held_tokens, windows
 from dtypelab.serving.policies import ServePolicy
