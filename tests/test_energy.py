@@ -16,7 +16,7 @@ import torch
 
 from dtypelab.core import energy
 from dtypelab.core.devices import DEVICES, device_spec
-from dtypelab.core.energy import MIN_UPDATES, Meter, NoEnergy, NvmlCounter, RaplCounter, open_meter, rapl_zones
+from dtypelab.core.energy import MIN_UPDATES, Edge, Meter, NoEnergy, NvmlCounter, RaplCounter, open_meter, rapl_zones
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.judging import judged
 from dtypelab.core.pairing import block_energy, paired_energy
@@ -199,9 +199,9 @@ def zeus_alone(tmp_path, monkeypatch):
 def test_zeus_measures_where_the_native_readers_cannot(zeus_alone) -> None:
     meter, why = open_meter(types.SimpleNamespace(type="cpu", index=None))
     assert why == "" and meter is not None and meter.name == "Zeus (CPU)"
-    edge = meter.begin()
+    window = meter.begin()
     zeus_alone.clock[0] += 3.0
-    reading, _ = meter.end(edge)
+    reading, _ = window.end()
     assert reading is not None and reading.joules == pytest.approx(150.0) and reading.watts == pytest.approx(50.0)
     assert len(zeus_alone.opened) - len(zeus_alone.ended) == 1  # one window open at a time
 
@@ -230,13 +230,13 @@ def test_a_window_shorter_than_the_counters_refreshes_says_nothing(monkeypatch) 
     meter = Meter(counter)
     clock = iter([10.0, 10.5, 20.0, 23.0])  # a 0.5 s window, then a 3 s one
     monkeypatch.setattr(energy.time, "perf_counter", lambda: next(clock))
-    edge = meter.begin()
+    window = meter.begin()
     counter.joules = 100.0
-    reading, why = meter.end(edge)
+    reading, why = window.end()
     assert reading is None and why == ("a window of 0.5 s is shorter than 20 refreshes of the fake counter (2 s)")
-    edge = meter.begin()
+    window = meter.begin()
     counter.joules = 400.0
-    reading, why = meter.end(edge)
+    reading, why = window.end()
     assert why == "" and reading is not None and reading.joules == 300.0 and reading.watts == pytest.approx(100.0)
 
 
@@ -244,9 +244,9 @@ def test_a_counter_that_went_backwards_gives_no_reading() -> None:
     counter = FakeCounter()
     counter.joules = 50.0
     meter = Meter(counter)
-    edge = meter.begin()
+    window = meter.begin()
     counter.joules = 1.0
-    reading, why = meter.end(edge)
+    reading, why = window.end()
     assert reading is None and why == "the fake counter went backwards (it was reset)"
 
 
@@ -256,12 +256,12 @@ def test_a_script_runs_window_spans_its_timed_steps_and_is_judged_as_any_window(
     from dtypelab.script.session_state import ScriptEnergy
 
     run = ScriptEnergy(Meter(FakeCounter(update_s=0.1)))
-    run.marks = [(0.0, 0.0), (1.0, 10.0), (2.5, 25.0), (4.0, 55.0)]  # (seconds, joules) at each step's end
+    run.marks = [Edge(0.0, 0.0), Edge(1.0, 10.0), Edge(2.5, 25.0), Edge(4.0, 55.0)]  # at each step's end
     assert run.name == "fake" and run.window(1) == (55.0, 4.0, 3)  # 3 steps after one warm-up
     assert run.window(2) == (45.0, 3.0, 2) and run.window(4) is None  # no step left after the warm-up
-    run.marks = [(0.0, 0.0), (1.0, 10.0)]
+    run.marks = [Edge(0.0, 0.0), Edge(1.0, 10.0)]
     assert run.window(1) is None  # 1 s: shorter than the counter's 20 refreshes (2 s)
-    run.marks = [(0.0, 50.0), (3.0, 10.0)]
+    run.marks = [Edge(0.0, 50.0), Edge(3.0, 10.0)]
     assert run.window(1) is None  # went backwards
     assert ScriptEnergy(None).window(1) is None
 
@@ -577,31 +577,33 @@ def test_a_sweep_on_a_machine_with_a_counter_records_joules_per_step_with_interv
 
 
 def test_a_measured_generation_records_joules_per_token(counted_40w) -> None:
-    from dtypelab.serving import Shape, serve_bench
+    from dtypelab.serving import serve_bench
 
-    shape = Shape(16, 8, 2)
-    report = serve_bench("tinylm", shape, "fp32,int8-wo", launcher="inline", objective="energy")
+    report = serve_bench("tinylm", prompt_len=16, gen_len=8, batch_size=2, policies="fp32,int8-wo", launcher="inline",
+                         objective="energy")
     assert report.energy_source is not None and report.energy_source.counter == "test counter"
     for p in report.policies:
         g = p.generate
-        assert g is not None and g.energy is not None and len(g.energy_runs) == 3
+        # a window per round, paired with the baseline's (interleaved rounds: bench's evidence for energy too)
+        assert g is not None and g.energy is not None and len(g.energy_runs) == len(g.blocks) == 5
         e = g.energy
         assert e.watts == pytest.approx(40.0, rel=0.01) and e.how == "measured"
         assert e.joules_per_token == pytest.approx(e.joules_per_step / 16)
         assert min(g.energy_runs) <= e.joules_per_token <= max(g.energy_runs)
         assert e.prefill_joules_per_token is not None and e.decode_joules_per_token is not None
     assert "energy" in report.answer
+    assert report.result("int8-wo").gain is not None and report.result("int8-wo").gain.rounds >= 3
 
 
 def test_a_generation_without_a_counter_is_refused_for_energy_before_anything_runs(monkeypatch, tmp_path) -> None:
-    from dtypelab.serving import Shape, serve_bench
+    from dtypelab.serving import serve_bench
 
     why = "CPU energy is not measured: no /sys/class/powercap here (RAPL is not exposed in this container or VM)"
     monkeypatch.setattr("dtypelab.core.energy.open_meter", lambda device: (None, why))
     with pytest.raises(DtypelabError, match=r"^--objective energy chooses by measured joules, and nothing measures "
                                             rf"them here: {re.escape(why)}$"):
-        serve_bench("tinylm", Shape(16, 8, 2), "fp32,int8-wo", launcher="inline", objective="energy",
-                    json_path=str(tmp_path / "r.json"))
+        serve_bench("tinylm", prompt_len=16, gen_len=8, batch_size=2, policies="fp32,int8-wo", launcher="inline",
+                    objective="energy", json_path=str(tmp_path / "r.json"))
     assert not (tmp_path / "r.json").exists()  # nothing ran
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -365,39 +366,61 @@ def test_a_gpu_forecast_of_an_8b_model_fits_where_its_bytes_say(tmp_path):
 
 
 # --- the measured sweep ---------------------------------------------------------------------------------------------
-def _figures(decode_runs, ttft=(0.01, 0.01)) -> GenerateFigures:
+def _figures(decode_runs, disturbed=()) -> GenerateFigures:
+    """A policy's rounds: round r's decode seconds ``decode_runs[r]`` (its prefill 0.01 s), ``disturbed`` those a
+    busy neighbour overlapped."""
+    from dtypelab.core.results import RoundBlock
+
+    blocks = tuple(RoundBlock(round=r, median_s=0.01 + d, n=1, disturbed=r in disturbed)
+                   for r, d in enumerate(decode_runs))
     return GenerateFigures(peak_bytes=1000, kv_bytes_per_token=10, decode_tok_s=100 / sorted(decode_runs)[1],
-                           ttft_runs_s=ttft, decode_runs_s=tuple(decode_runs), token_latency_s=0.01, ttft_s=0.01)
+                           ttft_runs_s=(0.01,) * len(decode_runs), decode_runs_s=tuple(decode_runs), blocks=blocks,
+                           disturbed_runs=len(disturbed), token_latency_s=0.01, ttft_s=0.01)
 
 
-def test_a_policy_is_chosen_only_when_every_timed_generation_beat_the_baselines_and_its_perplexity_holds():
+def test_a_policy_is_chosen_only_when_its_paired_interval_clears_the_no_gain_band_and_its_perplexity_holds():
+    """bench's rule (core.judging.generate): the baseline's seconds over the policy's, round by round, with a
+    Student-t interval; chosen where the whole interval lies above 1.02x and the perplexity is within the tolerance.
+    A policy faster on average whose rounds swing (b) has an interval reaching below the band: no gain."""
+    from dtypelab.core.judging.generate import judge_generation
+    from dtypelab.core.results import Decision, Verdict
     from dtypelab.core.tolerance import Tolerance
-    from dtypelab.serving.bench import _verdicts
 
-    base = GeneratePolicy("fp32", "", "ok", generate=_figures((1.0, 1.02, 1.01)), quality=GenerateQuality(10.0))
-    clear = GeneratePolicy("a", "", "ok", generate=_figures((0.5, 0.52, 0.51)), quality=GenerateQuality(10.05))
-    overlap = GeneratePolicy("b", "", "ok", generate=_figures((0.3, 1.05, 0.31)), quality=GenerateQuality(10.0))
-    worse = GeneratePolicy("c", "", "ok", generate=_figures((0.1, 0.1, 0.1)), quality=GenerateQuality(10.5))
-    out, best, sentence = _verdicts([base, clear, overlap, worse], "fp32", Tolerance.parse("1%"), "decode", 8)
-    assert best == "a" and sentence.startswith("a: the fastest")
-    verdicts = {p.policy: p.verdict for p in out}
-    assert verdicts == {"fp32": "baseline", "a": "chosen", "b": "within, tie", "c": "worse"}
-    out, best, _ = _verdicts([base, overlap], "fp32", Tolerance.parse("1%"), "decode", 8)
-    assert best == "fp32"
+    base = GeneratePolicy("fp32", "", "ok", generate=_figures((1.0, 1.02, 1.01, 0.99, 1.0)),
+                          quality=GenerateQuality(10.0))
+    clear = GeneratePolicy("a", "", "ok", generate=_figures((0.5, 0.52, 0.51, 0.5, 0.49)),
+                           quality=GenerateQuality(10.05))
+    swings = GeneratePolicy("b", "", "ok", generate=_figures((0.3, 1.3, 0.31, 1.2, 0.9)), quality=GenerateQuality(10.0))
+    worse = GeneratePolicy("c", "", "ok", generate=_figures((0.1,) * 5), quality=GenerateQuality(10.5))
+    judged = judge_generation([base, clear, swings, worse], "fp32", Tolerance.parse("1%"), "decode", 8)
+    assert judged.chosen == "a" and judged.decision == Decision.USE and judged.sentence.startswith("a: the fastest")
+    verdicts = {p.policy: p.verdict for p in judged.policies}
+    assert verdicts == {"fp32": Verdict.BASELINE, "a": Verdict.RECOMMENDED, "b": Verdict.NO_GAIN,
+                        "c": Verdict.OUTSIDE}
+    a = judged.policies[1].gain
+    assert a.rounds == 5 and 1.9 < a.low < a.point < a.high < 2.1
+    assert judged.policies[2].gain.low < 1.02 < judged.policies[2].gain.point
+    kept = judge_generation([base, swings], "fp32", Tolerance.parse("1%"), "decode", 8)
+    assert kept.chosen == "fp32" and kept.decision == Decision.KEEP_BASELINE
+    untimed = replace(clear, generate=replace(clear.generate, blocks=(), ttft_runs_s=(), decode_runs_s=()))
+    assert judge_generation([base, untimed], "fp32", Tolerance.parse("1%"), "decode", 8).policies[1].verdict == \
+        Verdict.UNTIMED
 
 
 def test_the_measured_sweep_of_the_small_model(tmp_path):
     """tinylm, four policies inline: the record's fields, the baseline's quality against itself, a GPU-only format
     skipped with its reason, and the record read back and drawn."""
-    report = serve_bench("tinylm", Shape(24, 8, 2), "fp32,int8-wo+kv-int8,int4-wo", launcher="inline",
-                         json_path=str(tmp_path / "g.json"))
+    from dtypelab.core.results import Verdict
+
+    report = serve_bench("tinylm", prompt_len=24, gen_len=8, batch_size=2, policies="fp32,int8-wo+kv-int8,int4-wo",
+                         launcher="inline", json_path=str(tmp_path / "g.json"))
     base, small, gpu = report.policies
-    assert base.verdict in ("baseline", "baseline, kept")
+    assert base.verdict == Verdict.BASELINE and small.gain is not None and small.gain.rounds + small.gain.dropped == 5
     assert base.quality.perplexity < 20  # a trained model on real text (bytes: 256 would be a guess)
     g = small.generate
     assert g.weights_bytes < base.generate.weights_bytes / 3 and g.kv_cache_bytes < base.generate.kv_cache_bytes / 3
     assert g.peak_bytes >= g.weights_bytes + g.kv_cache_bytes and g.decode_tok_s > 0 and g.prefill_tok_s > 0
-    assert len(g.decode_runs_s) == 3 and 0 < small.quality.agreement <= 1
+    assert len(g.decode_runs_s) == len(g.blocks) == 5 and 0 < small.quality.agreement <= 1
     assert abs(small.quality.perplexity_change) < 0.05
     assert gpu.status == "skipped" and "forecast it" in gpu.reason
     data = json.loads((tmp_path / "g.json").read_text())
@@ -573,30 +596,30 @@ def test_a_narrow_generate_table_keeps_its_objectives_columns_and_says_reasons_i
 
 def test_a_generation_timed_beside_a_busy_process_is_said_and_decides_nothing():
     """Beside a busy process fp32's generations ran 10x slow and fp32+kv-bf16's quietly: "12.79x faster" was chosen.
-    A policy or baseline with a disturbed timed generation is never called faster, and the record says which were
-    disturbed and which timings spread past 2x."""
-    from dataclasses import replace
-
+    Disturbed rounds are left out of the pairing while three quiet ones remain; a gain that rests on a disturbed
+    round is no gain, and the record says which were disturbed and which rounds spread past 2x."""
+    from dtypelab.core.judging.generate import judge_generation, steadiness_notes
+    from dtypelab.core.results import Verdict
     from dtypelab.core.tolerance import Tolerance
-    from dtypelab.serving.bench import _verdicts, steadiness_notes
+    from dtypelab.render.generate import verdict_text
 
-    def policy(name: str, runs: tuple[float, ...], disturbed: int = 0) -> GeneratePolicy:
-        g = GenerateFigures(decode_tok_s=64 / sorted(runs)[1], ttft_runs_s=(0.01,) * 3, decode_runs_s=runs,
-                            disturbed_runs=disturbed)
-        return GeneratePolicy(name, "", "ok", generate=g, quality=GenerateQuality(6.0, 0.0, 1.0, 8.0, 0, 4))
+    def policy(name: str, runs: tuple[float, ...], disturbed: tuple[int, ...] = ()) -> GeneratePolicy:
+        return GeneratePolicy(name, "", "ok", generate=_figures(runs, disturbed),
+                              quality=GenerateQuality(6.0, 0.0, 1.0, 8.0, 0, 4))
 
-    base = policy("fp32", (10.0, 12.0, 11.0), disturbed=3)
+    tol = Tolerance.parse("1%")
+    base = policy("fp32", (10.0, 12.0, 11.0), disturbed=(0, 1, 2))
     quiet = policy("fp32+kv-bf16", (0.8, 0.9, 0.85))
-    out, best, sentence = _verdicts([base, quiet], "fp32", Tolerance.parse("1%"), "decode", 64)
-    assert best == "fp32" and out[1].verdict == "within, disturbed" and "no policy" in sentence
-    notes = steadiness_notes(out, "decode")
+    judged = judge_generation([base, quiet], "fp32", tol, "decode", 64)
+    assert judged.chosen == "fp32" and judged.policies[1].verdict == Verdict.NO_GAIN and "no policy" in judged.sentence
+    assert verdict_text(judged.policies[1], judged.decision).endswith(", disturbed")
+    notes = steadiness_notes(list(judged.policies), "decode")
     assert notes[0].startswith("other processes took the CPU while fp32 was timed")
-    calm = replace(base, generate=replace(base.generate, disturbed_runs=0))
-    out, best, _ = _verdicts([calm, quiet], "fp32", Tolerance.parse("1%"), "decode", 64)
-    assert best == "fp32+kv-bf16" and out[1].verdict == "chosen"  # the same timings, undisturbed: faster
+    calm = policy("fp32", (10.0, 12.0, 11.0, 11.0, 10.5), disturbed=(3, 4))  # three quiet rounds: those decide
+    judged = judge_generation([calm, policy("fp32+kv-bf16", (0.8, 0.9, 0.85, 9.0, 9.0))], "fp32", tol, "decode", 64)
+    assert judged.chosen == "fp32+kv-bf16" and judged.policies[1].gain.dropped == 2
     shaky = policy("int8-dyn", (16.0, 5.4, 0.78))
-    assert steadiness_notes([shaky], "decode") == ["unsteady timings (slowest over fastest timed generation): "
-                                                   "int8-dyn 20.5x"]
+    assert steadiness_notes([shaky], "decode") == ["unsteady timings (slowest over fastest round): int8-dyn 20.5x"]
 
 
 @pytest.mark.parametrize("mode", ["generate", "step"])

@@ -58,15 +58,6 @@ def policy_progress(label: str) -> Iterator[Callable[[str, int, int], None]]:
     yield line
 
 
-def policies_text(policies: Any) -> str | None:
-    """Policy names as one comma-separated string (a Python caller may give a tuple of names)."""
-    if policies is None or isinstance(policies, str):
-        return policies
-    if all(isinstance(p, str) for p in policies):
-        return ",".join(policies)
-    raise DtypelabError("--mode generate takes policy names (NAME[+kv-FORMAT]), not plans")
-
-
 def fail(exc: DtypelabError) -> typer.Exit:
     err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     cause = exc.__cause__

@@ -15,7 +15,6 @@ from dtypelab.cli._common import (
     events,
     guarded,
     out,
-    policies_text,
     policy_progress,
     saved,
     write_html,
@@ -34,9 +33,8 @@ OUTPUT = [flag("fmt", str, "table", "table, markdown, html or json", "--format")
 
 def _generate(opts: BenchOptions, cli: dict[str, Any]) -> None:
     """bench --mode generate: each serving policy measured here (dtypelab.serving)."""
-    from dtypelab.core.options import parse_size
     from dtypelab.core.results import default_result_path
-    from dtypelab.serving import Shape, serve_bench
+    from dtypelab.serving import serve_bench
 
     path = opts.json_path or default_result_path(cli["task"], "generate")
     with guarded(f"the record is saved in {path} when the sweep ends"):
@@ -45,13 +43,7 @@ def _generate(opts: BenchOptions, cli: dict[str, Any]) -> None:
             raise DtypelabError("--mode generate serves a model (tinylm, hf:MODEL, a task file): it takes no script "
                                 "arguments")
         with policy_progress(f"generating with {cli['task']}") as progress:
-            report = serve_bench(cli["task"], Shape(opts.prompt_len, opts.gen_len, opts.batch_size or 1),
-                                 policies_text(opts.policies), baseline=opts.baseline, tolerance=opts.tolerance,
-                                 objective=opts.objective or "decode", device=opts.device, seed=opts.seed,
-                                 threads=opts.threads,
-                                 memory_budget=parse_size(opts.memory_budget, "--memory-budget"),
-                                 timeout_s=opts.timeout_s,
-                                 launcher=opts.launcher, json_path=path, on_progress=progress)
+            report = serve_bench(cli["task"], opts.but(json_path=path), on_progress=progress)
     emit(report, cli["fmt"])
     saved(path)
     write_html(report, cli["html"])

@@ -112,9 +112,18 @@ def _zone_name(zone: str) -> str:
         return os.path.basename(zone)
 
 
+@dataclass(frozen=True)
+class Edge:
+    """One synchronized reading of a counter: when, and its joules so far."""
+
+    seconds: float
+    joules: float
+
+
 class Meter:
-    """Windows of work measured by a counter (NVML, RAPL or Zeus): ``begin()`` and ``end(start)`` at synchronized
-    edges, each edge (seconds, joules so far)."""
+    """Windows of work measured by a counter (NVML, RAPL or Zeus), whatever reads them: ``begin()`` opens a
+    ``Window`` at a synchronized edge, its ``end()`` closes it at another; ``edge()`` alone marks a moment (a script
+    run marks every step and measures the window between two of its marks)."""
 
     def __init__(self, counter: Counter, sync: Callable[[], None] | None = None) -> None:
         self.counter, self.sync = counter, sync or (lambda: None)
@@ -124,18 +133,17 @@ class Meter:
     def min_window_s(self) -> float:
         return MIN_UPDATES * self.update_s
 
-    def begin(self) -> tuple[float, float]:
+    def edge(self) -> Edge:
         self.sync()
-        return time.perf_counter(), self.counter.read()
+        return Edge(time.perf_counter(), self.counter.read())
 
-    def end(self, start: tuple[float, float]) -> tuple[Reading | None, str]:
-        """The window from ``start`` to now (a synchronized edge, as ``begin``'s)."""
-        return self.between(start, self.begin())
+    def begin(self) -> Window:
+        return Window(self, self.edge())
 
-    def between(self, start: tuple[float, float], stop: tuple[float, float]) -> tuple[Reading | None, str]:
-        """The window between two edges ``begin`` returned, or None and why it says nothing (too short for the
-        counter, a counter that went backwards: the driver reloaded)."""
-        seconds, used = stop[0] - start[0], stop[1] - start[1]
+    def between(self, start: Edge, stop: Edge) -> tuple[Reading | None, str]:
+        """The window between two edges, or None and why it says nothing (too short for the counter, a counter that
+        went backwards: the driver reloaded)."""
+        seconds, used = stop.seconds - start.seconds, stop.joules - start.joules
         if used < 0:
             return None, f"the {self.name} counter went backwards (it was reset)"
         if seconds < self.min_window_s:
@@ -145,9 +153,27 @@ class Meter:
 
     def idle(self, seconds: float | None = None) -> Reading | None:
         """The device's power doing nothing, over one window (``IDLE_S``, and at least the counter's minimum)."""
-        start = self.begin()
+        window = self.begin()
         time.sleep(max(IDLE_S if seconds is None else seconds, self.min_window_s))
-        return self.end(start)[0]
+        return window.end()[0]
+
+
+@dataclass(frozen=True)
+class Window:
+    """A window of work opened at ``start``: ``end()`` reads it to now, ``to(edge)`` to an edge marked since."""
+
+    meter: Meter
+    start: Edge
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.start.seconds
+
+    def end(self) -> tuple[Reading | None, str]:
+        return self.meter.between(self.start, self.meter.edge())
+
+    def to(self, stop: Edge) -> tuple[Reading | None, str]:
+        return self.meter.between(self.start, stop)
 
 
 class ZeusCounter:
@@ -303,11 +329,13 @@ def require_counter(device: Any) -> None:
 __all__ = [
     "IDLE_S",
     "MIN_UPDATES",
+    "Edge",
     "Meter",
     "NoEnergy",
     "NvmlCounter",
     "RaplCounter",
     "Reading",
+    "Window",
     "ZeusCounter",
     "counter_of",
     "measuring",

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.objectives import for_mode
 
 T = TypeVar("T", bound="Options")
 
@@ -200,7 +201,7 @@ class TrainingOptions(Options):
     hardware: Any = hardware_field()
 
 
-TRAINING_OBJECTIVES = ("speed", "energy")  # what a training or inference sweep chooses for (not --mode generate's)
+TRAINING_OBJECTIVES = for_mode("train")  # what a training or inference sweep chooses for (not --mode generate's)
 
 
 def training_objective(objective: str | None) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from dtypelab.core.objectives import Objective
 from dtypelab.core.results import Energy, RoundBlock, SpeedupInterval
 from dtypelab.core.stats import MIN_QUIET, mean_interval, ratio_interval
 
@@ -33,6 +34,12 @@ def _paired(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...], value:
         return None
     return SpeedupInterval(point=ci.point, low=ci.low, high=ci.high, rounds=ci.n, dropped=len(pairs) - len(used),
                            disturbed=sum(b.disturbed or p.disturbed for b, p in pairs))
+
+
+def paired_gain(objective: Objective, base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...]
+                ) -> SpeedupInterval | None:
+    """The baseline's blocks over this policy's by what ``objective`` pairs them by (``Objective.paired_by``)."""
+    return _paired(base, blocks, objective.paired_by)
 
 
 def paired_speedup(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...]) -> SpeedupInterval | None:
@@ -64,4 +71,4 @@ def block_energy(blocks: tuple[RoundBlock, ...], batch_size: int, tokens: int | 
                   low=low, high=high, windows=len(used), idle_watts=idle_watts)
 
 
-__all__ = ["block_energy", "paired_energy", "paired_speedup"]
+__all__ = ["block_energy", "paired_energy", "paired_gain", "paired_speedup"]

@@ -6,12 +6,13 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from dtypelab.core.objectives import for_mode, objective
 from dtypelab.core.options import FineTuneOptions, MemorySize, batch_size_field, json_field
 
 # what each mode reads; a field of the other mode given a value of its own is refused, not ignored
 STEP_ONLY = ("nproc", "lora_rank", "lora_alpha", "lora_targets", "kbit_upcast", "seq_len", "baseline", "workers")
 GENERATE_ONLY = ("prompt_len", "gen_len")
-OBJECTIVES = {"step": ("speed",), "generate": ("decode", "prefill", "latency", "energy")}
+OBJECTIVES = {mode: for_mode(mode, forecast=True) for mode in ("step", "generate")}
 
 
 class ForecastOptions(FineTuneOptions):
@@ -60,8 +61,9 @@ class ForecastOptions(FineTuneOptions):
             raise ValueError(f"{flags} {'does' if len(given) == 1 else 'do'} not apply to --mode {self.mode}: "
                              f"leave {'it' if len(given) == 1 else 'them'} out")
         if self.objective is not None and self.objective not in OBJECTIVES[self.mode]:
+            counted = self.mode == "step" and objective(self.objective).counts_joules
             raise ValueError(f"--objective {self.objective} is not forecast for --mode {self.mode}: use "
                              f"{' or '.join(OBJECTIVES[self.mode])}"
                              + (" (energy is measured by bench --objective energy; the forecast shows each "
-                                "policy's J/step)" if self.mode == "step" and self.objective == "energy" else ""))
+                                "policy's J/step)" if counted else ""))
         return self

@@ -4,6 +4,7 @@ verdict and speedup, and the notes are in the record (``report.recommendation``)
 from __future__ import annotations
 
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.objectives import objective
 from dtypelab.core.results import (
     COUNTED,
     MEMORY_LABELS,
@@ -29,7 +30,8 @@ DROP_FIRST = ("samples/s", "J/sample", "size MiB", "linear W", "max abs err", "t
 
 def _drop_first(report: Report) -> tuple[str, ...]:
     """The columns a narrow terminal leaves out, in order; chosen for energy, the joules stay as the speedup does."""
-    return tuple(c for c in DROP_FIRST if c != "J/sample") if report.config.objective == "energy" else DROP_FIRST
+    return tuple(c for c in DROP_FIRST if c != "J/sample") if objective(report.config.objective).counts_joules \
+        else DROP_FIRST
 
 
 def _numerics_only(r: PolicyResult) -> bool:

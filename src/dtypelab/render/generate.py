@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtypelab.core.results import OBJECTIVES, GenerateFigures, GeneratePolicy, GenerateReport
+from dtypelab.core.objectives import objective
+from dtypelab.core.results import Decision, GenerateFigures, GeneratePolicy, GenerateReport, Verdict
 from dtypelab.core.speed import BOUNDS  # what bounds a timed step; a record's other "bound" is why it was not timed
+from dtypelab.core.stats import MIN_GAIN
 from dtypelab.core.text import GIB, MIB
 from dtypelab.render import plots
 from dtypelab.render.html import details, figure, record_section
@@ -94,6 +96,24 @@ def narrow_order(report: GenerateReport) -> tuple[str, ...]:
     return tuple(c for c in NARROW if c not in own) + own
 
 
+VERDICT_WORDS = {Verdict.RECOMMENDED: "chosen", Verdict.BASELINE: "baseline", Verdict.WITHIN: "within",
+                 Verdict.NO_GAIN: "within, no gain", Verdict.OUTSIDE: "worse", Verdict.UNTIMED: "within, not timed"}
+
+
+def verdict_text(p: GeneratePolicy, decision: Decision | None) -> str:
+    """A measured policy's verdict in words, with its paired gain; a gain resting on a disturbed round says so."""
+    if p.verdict is None:
+        return "—"
+    words = VERDICT_WORDS.get(p.verdict, p.verdict.value)
+    if p.verdict == Verdict.BASELINE and decision == Decision.KEEP_BASELINE:
+        words += ", kept"
+    ci = p.gain
+    if ci is None:
+        return words
+    return f"{words} {ci.point:.2f}x [{ci.low:.2f}–{ci.high:.2f}]" + (
+        ", disturbed" if ci.disturbed > ci.dropped else "")
+
+
 @document(GenerateReport, wrap=set(), drop=narrow_order)
 def generate_doc(report: GenerateReport) -> tuple[str, list[str], list[list[str]], list[str]]:
     cfg = report.config
@@ -116,7 +136,7 @@ def generate_doc(report: GenerateReport) -> tuple[str, list[str], list[list[str]
         if p.status != "ok" or g is None:
             rows.append([p.policy, *(["—"] * (len(headers) - 2)), f"{p.status} (below)"])
             continue
-        tail = [*_quality(p), p.verdict or "—"] if measured else _fit(g)
+        tail = [*_quality(p), verdict_text(p, report.decision)] if measured else _fit(g)
         joules = [_joules(g)] if energy else []
         rows.append([p.policy, *_memory(g, scale), *_speed(g), *joules, *tail])
     return title, headers, rows, _notes(report)
@@ -127,13 +147,17 @@ def _notes(report: GenerateReport) -> list[str]:
     notes = [report.answer] if report.answer else []
     notes += row_reasons(report)
     if cfg.source == "measured":
-        best = "the least energy per token" if cfg.objective == "energy" else "the fastest"
-        tie = ("not measurably less energy (some window of it no lower than one of {b}'s)" if cfg.objective == "energy"
-               else "not faster beyond doubt (some timed generation no faster than one of {b}'s)")
-        notes.append(f"chosen for {OBJECTIVES.get(cfg.objective, cfg.objective)}: {best} whose perplexity (the "
+        judged_by = objective(cfg.objective, "decode")
+        best = "the least energy per token" if judged_by.counts_joules else "the fastest"
+        what = "joules" if judged_by.counts_joules else "seconds"
+        rounds = max((len(p.generate.blocks) for p in report.policies if p.generate), default=0)
+        chosen_for = "the least energy per generated token" if judged_by.counts_joules else judged_by.what
+        notes.append(f"chosen for {chosen_for}: {best} whose perplexity (the "
                      f"held-out text read through its own KV cache) is within {cfg.tolerance} of {cfg.baseline}'s "
-                     f"(within; worse: outside it); tie: {tie.format(b=cfg.baseline)}; speeds are medians of the "
-                     "timed generations in each policy's own process")
+                     f"(within; worse: outside it) and whose gain ({cfg.baseline}'s {what} over its own, paired round "
+                     f"by round: geometric mean [95% interval]) lies wholly above {1 + MIN_GAIN:.2f}x (no gain: it "
+                     f"does not); speeds are medians of {rounds} interleaved rounds of generations, every policy in "
+                     "one process")
         notes += [generate_energy_note(report)] if report.energy_source else []
         notes.append("peak: the most bytes allocated at once, counted tensor by tensor (weights, the KV cache for the "
                      "whole context, and everything else); first divergence: the mean position where a greedy "

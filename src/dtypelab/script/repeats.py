@@ -10,7 +10,8 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from dtypelab.core.disturbance import was_disturbed
-from dtypelab.core.pairing import block_energy, paired_energy, paired_speedup
+from dtypelab.core.objectives import objective as objective_of
+from dtypelab.core.pairing import block_energy, paired_energy, paired_gain, paired_speedup
 from dtypelab.core.policies import Plan
 from dtypelab.core.records import save_judged
 from dtypelab.core.results import PolicyResult, Report, RoundBlock, Verdict
@@ -36,7 +37,7 @@ def contenders(report: Report) -> list[str]:
     if rec is None:
         return []
     bar = 1 + MIN_GAIN
-    gain = _energy_gain(report) if report.config.objective == "energy" else {
+    gain = _energy_gain(report) if objective_of(report.config.objective).counts_joules else {
         v.policy: v.speedup or 0.0 for v in rec.policies}
     could = [v.policy for v in rec.policies
              if v.verdict in ACCEPTED and v.policy != report.baseline and gain.get(v.policy, 0.0) > bar]
@@ -77,9 +78,8 @@ def undecided(blocks: dict[str, list[RoundBlock]], baseline: str, names: list[st
         return list(names)
     bar = 1 + MIN_GAIN
     out = []
-    paired = paired_energy if objective == "energy" else paired_speedup
     for name in names:
-        ci = paired(tuple(blocks[baseline]), tuple(blocks[name]))
+        ci = paired_gain(objective_of(objective), tuple(blocks[baseline]), tuple(blocks[name]))
         if ci is None or ci.low <= bar < ci.high:
             out.append(name)
     return out

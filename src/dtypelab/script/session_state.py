@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from dtypelab.core.disturbance import CpuMeter
-from dtypelab.core.energy import Meter
+from dtypelab.core.energy import Edge, Meter, Window
 
 
 @dataclass
@@ -64,18 +64,18 @@ class ScriptEnergy:
     def __init__(self, meter: Meter | None) -> None:
         self.meter = meter
         self.name = meter.name if meter is not None else ""
-        self.marks: list[tuple[float, float]] = []
+        self.marks: list[Edge] = []
 
     def mark(self) -> None:
         if self.meter is not None:
-            self.marks.append(self.meter.begin())
+            self.marks.append(self.meter.edge())
 
     def window(self, warmup: int) -> tuple[float, float, int] | None:
         """(joules, seconds, steps) after the warm-up; None when there is none the counter can speak for (too short,
         or the counter went backwards)."""
         if self.meter is None or len(self.marks) < warmup + 1 or warmup < 1:
             return None
-        reading, _ = self.meter.between(self.marks[warmup - 1], self.marks[-1])
+        reading, _ = Window(self.meter, self.marks[warmup - 1]).to(self.marks[-1])
         return (reading.joules, reading.seconds, len(self.marks) - warmup) if reading is not None else None
 
 

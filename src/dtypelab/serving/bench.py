@@ -1,19 +1,21 @@
-"""``bench TASK --mode generate``: each serving policy measured here, one child process each, then the decision.
+"""``bench TASK --mode generate``: each serving policy measured here, then the decision, by bench's rule.
 
-The baseline runs first (fp32 unless ``--baseline``); every other policy's quality is read against it on the same
-held-out windows (perplexity through the cache, the next-token argmax at every position, the greedy
-continuation). The fastest policy whose perplexity stays within ``--tolerance`` (one-sided: relative, 1%, or an
-absolute change) is chosen for ``--objective`` (decode tokens/s, prefill tokens/s, or latency). Its speed is the
-median of ``repeats`` timed generations inside one run: a speedup is claimed only where the slowest of one
-policy's generations beats the fastest of the other's (the spans do not overlap); otherwise it is a tie.
+Each policy runs in a child process of its own (baseline first: fp32 unless ``--baseline``): its memory counted on
+real tensors, its greedy continuation, and the held-out text read through its cache (perplexity, the next-token
+argmax at every position). Then every policy that completed is timed beside the others in one process, in
+interleaved rounds of whole generations (``rounds``). A policy's gain is the baseline's seconds (or joules) over its
+own, paired round by round, with an interval (``core.judging.generate``); the fastest policy whose perplexity stays
+within ``--tolerance`` (one-sided: relative, 1%, or an absolute change) and whose interval clears the no-gain band is
+chosen for ``--objective`` (decode tokens/s, prefill tokens/s, latency, or energy).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -21,24 +23,27 @@ import torch
 from dtypelab.core.energy import require_counter
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import environment, hardware_for
+from dtypelab.core.judging.generate import judge_generation, steadiness_notes
+from dtypelab.core.objectives import for_mode
+from dtypelab.core.objectives import objective as objective_of
+from dtypelab.core.options import parse_size
 from dtypelab.core.results import (
-    OBJECTIVES,
     GenerateConfig,
-    GenerateFigures,
     GeneratePolicy,
     GenerateQuality,
     GenerateReport,
 )
-from dtypelab.core.tolerance import Tolerance, judge
-from dtypelab.run import LAUNCHERS, Launcher, ProcessLauncher
+from dtypelab.core.tolerance import Tolerance
+from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher
 from dtypelab.serving.kv import attention_layers
-from dtypelab.serving.measure import GenerateJob
+from dtypelab.serving.measure import GenerateJob, Measured, with_speeds
 from dtypelab.serving.policies import DEFAULT_MEASURED, ServePolicy, serve_policies, serve_policy
-from dtypelab.serving.served import load_served
+from dtypelab.serving.rounds import ROUNDS, GenerateRounds, Timings
+from dtypelab.serving.served import Served, load_served
 from dtypelab.serving.workload import Shape, first_divergence
+from dtypelab.sweep import BenchOptions
 
 Progress = Callable[[str, int, int], None]  # (policy, done, total)
-REPEATS = 3
 QUALITY_SEQUENCES = 16
 
 
@@ -53,110 +58,15 @@ def check_shape(shape: Shape, context: int, name: str, config: Any = None) -> No
         attention_layers(config)  # one line for a layout the cache cannot hold
 
 
-def objective_value(f: GenerateFigures, objective: str, gen_len: int) -> float:
-    """Higher is better for every objective (latency and energy: their inverse)."""
-    if objective == "energy":
-        jpt = f.energy.joules_per_token if f.energy else None
-        return 1.0 / jpt if jpt else 0.0
-    if objective == "prefill":
-        return f.prefill_tok_s or 0.0
-    if objective == "latency":
-        total = (f.ttft_s or 0.0) + (gen_len - 1) * (f.token_latency_s or 0.0)
-        return 1.0 / total if total > 0 else 0.0
-    return f.decode_tok_s or 0.0
-
-
-def _span(f: GenerateFigures, objective: str) -> tuple[float, float]:
-    """The slowest and fastest of the timed generations, as seconds of what the objective counts (lower: faster);
-    for energy, the most and least joules per token of the counter's windows."""
-    if objective == "energy":
-        return (max(f.energy_runs), min(f.energy_runs)) if f.energy_runs else (math.inf, 0.0)
-    runs = {"prefill": f.ttft_runs_s, "decode": f.decode_runs_s}.get(objective) or tuple(
-        a + b for a, b in zip(f.ttft_runs_s, f.decode_runs_s, strict=True))
-    return (max(runs), min(runs)) if runs else (math.inf, 0.0)
-
-
-def separated(f: GenerateFigures, base: GenerateFigures, objective: str) -> bool:
-    """Faster beyond doubt: the slowest of its generations beat the fastest of the baseline's, none of either timed
-    while other processes took the CPU (a busy neighbour slows whichever it overlaps: a baseline slowed 10x makes any
-    quiet policy "faster")."""
-    return not (f.disturbed_runs or base.disturbed_runs) and _span(f, objective)[0] < _span(base, objective)[1]
-
-
-UNSTEADY = 2.0  # a policy whose slowest timed generation took this many times its fastest is said to be unsteady
-
-
-def steadiness_notes(policies: list[GeneratePolicy], objective: str) -> list[str]:
-    """What a reader must know of the timings' evidence: the policies timed beside a busy process (no speed verdict
-    for them or against them), and those whose generations' times spread past UNSTEADY."""
-    timed = [p for p in policies if p.status == "ok" and p.generate is not None]
-    busy = [p.policy for p in timed if p.generate.disturbed_runs]  # type: ignore[union-attr]
-    notes = [f"other processes took the CPU while {', '.join(busy)} {'was' if len(busy) == 1 else 'were'} timed: "
-             "no policy is called faster than a disturbed baseline, nor a disturbed policy faster than it (rerun on a "
-             "quiet machine)"] if busy else []
-    spread = []
-    for p in timed:
-        slow, fast = _span(p.generate, objective)  # type: ignore[arg-type]
-        if fast > 0 and math.isfinite(slow) and slow / fast > UNSTEADY:
-            spread.append(f"{p.policy} {slow / fast:.1f}x")
-    if spread:
-        notes.append(f"unsteady timings (slowest over fastest timed generation): {', '.join(spread)}")
-    return notes
-
-
-def _quality(value: dict[str, Any], base: dict[str, Any] | None) -> GenerateQuality:
-    ppl = math.exp(min(value["nats"], 50.0))
+def _quality(value: Measured, base: Measured | None) -> GenerateQuality:
+    ppl = math.exp(min(value.nats, 50.0))
     if base is None:
-        return GenerateQuality(ppl, sequences=value["sequences"])
-    base_ppl = math.exp(min(base["nats"], 50.0))
-    mine, theirs = torch.tensor(value["argmax"]), torch.tensor(base["argmax"])
-    first, diverged = first_divergence(torch.tensor(value["tokens"]), torch.tensor(base["tokens"]))
+        return GenerateQuality(ppl, sequences=value.sequences)
+    base_ppl = math.exp(min(base.nats, 50.0))
+    mine, theirs = torch.tensor(value.argmax), torch.tensor(base.argmax)
+    first, diverged = first_divergence(torch.tensor(value.tokens), torch.tensor(base.tokens))
     return GenerateQuality(ppl, ppl / base_ppl - 1.0, float((mine == theirs).float().mean()), first, diverged,
-                           value["sequences"])
-
-
-def _sentence(best: str, base: str, tol: Tolerance, objective: str, ratio: float) -> str:
-    if objective == "energy":
-        return (f"{best}: the least energy per generated token ({1 / ratio:.2f}x {base}'s joules) with perplexity "
-                f"within {tol} of {base}" if best != base else
-                f"{base}: no policy within {tol} of its perplexity used less energy per token beyond doubt (every "
-                "window of it below each of the baseline's)")
-    return (f"{best}: the fastest for {objective} ({ratio:.2f}x {base}) with perplexity within {tol} of {base}"
-            if best != base else f"{base}: no policy within {tol} of its perplexity was faster for {objective} "
-                                  "beyond doubt (every timed generation faster than each of the baseline's)")
-
-
-def _verdicts(policies: list[GeneratePolicy], base: str, tol: Tolerance, objective: str, gen_len: int,
-              ) -> tuple[list[GeneratePolicy], str, str]:
-    """Each policy's verdict, the chosen one and the decision in a sentence."""
-    baseline = next((p for p in policies if p.policy == base and p.status == "ok"), None)
-    if baseline is None or baseline.quality is None:
-        return policies, "", f"the {base} baseline did not complete: nothing to judge the policies against"
-    out, best, best_speed = [], base, objective_value(baseline.generate, objective, gen_len)  # type: ignore[arg-type]
-    for p in policies:
-        if p.status != "ok" or p.quality is None or p.generate is None:
-            out.append(p)
-            continue
-        if p.policy == base:
-            out.append(replace(p, verdict="baseline"))
-            continue
-        ok, how = judge(p.quality.perplexity, baseline.quality.perplexity, tol, False, base)
-        speed = objective_value(p.generate, objective, gen_len)
-        faster = separated(p.generate, baseline.generate, objective)  # type: ignore[arg-type]
-        del how  # the perplexity's change is its own column
-        busy = bool(p.generate.disturbed_runs or baseline.generate.disturbed_runs)  # type: ignore[union-attr]
-        verdict = ("within" if ok else "worse") + ("" if faster else ", disturbed" if busy else ", tie")
-        if ok and faster and speed > best_speed:
-            best, best_speed = p.policy, speed
-        out.append(replace(p, verdict=verdict))
-    out = [replace(p, verdict="baseline, kept" if p.verdict == "baseline" else "chosen") if p.policy == best else p
-           for p in out]
-    chosen = next(p for p in out if p.policy == best)
-    ratio = best_speed / objective_value(baseline.generate, objective, gen_len) if best != base else 1.0  # type: ignore[arg-type]
-    sentence = _sentence(best, base, tol, objective, ratio)
-    if chosen.quality is not None and chosen.quality.perplexity_change is not None and best != base:
-        sentence += f" ({chosen.quality.perplexity_change:+.2%})"
-    return out, best, sentence
+                           value.sequences)
 
 
 def _longest(policies: list[GeneratePolicy], budget: int | None, shape: Shape, context: int) -> tuple[str, str]:
@@ -178,51 +88,131 @@ def _longest(policies: list[GeneratePolicy], budget: int | None, shape: Shape, c
                   f"{shape.batch_size}{capped}, from its cache's bytes per token over the measured peak")
 
 
-def serve_bench(spec: str, shape: Shape, policies: str | None = None, *, baseline: str | None = None,
-                tolerance: str = "1%", objective: str = "decode", device: str | None = None, seed: int = 0,
-                threads: int | None = None, repeats: int = REPEATS, memory_budget: int | None = None,
-                timeout_s: float = 600.0, launcher: str | Launcher | None = None, json_path: str | None = None,
-                on_progress: Progress | None = None) -> GenerateReport:
-    """Measure each serving policy on ``spec``'s model here; the record, judged."""
+@dataclass(frozen=True)
+class Setup:
+    """What every policy's measurement shares, from the options (validated once)."""
+
+    spec: str
+    opts: BenchOptions
+    served: Served
+    shape: Shape
+    tolerance: Tolerance
+    device: str
+    objective: str
+    plans: tuple[ServePolicy, ...]  # the baseline first
+    launcher: Launcher
+    hw: Any
+
+    @property
+    def base(self) -> str:
+        return self.plans[0].name
+
+    @classmethod
+    def of(cls, spec: str, opts: BenchOptions) -> Setup:
+        objective = opts.objective or "decode"
+        if objective not in for_mode("generate"):
+            raise DtypelabError(f"--objective {objective}: --mode generate chooses for "
+                                f"{', '.join(for_mode('generate'))}")
+        served = load_served(spec)
+        shape = Shape(opts.prompt_len, opts.gen_len, opts.batch_size or 1)
+        check_shape(shape, served.context, served.name, served.config)
+        tol = Tolerance.parse(opts.tolerance)
+        dev = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if objective_of(objective).counts_joules:
+            require_counter(torch.device(dev))  # refused before the sweep, not after it
+        chosen = serve_policies(_names(opts.policies), DEFAULT_MEASURED)
+        base = serve_policy(opts.baseline or "fp32")
+        given = opts.launcher
+        launcher = LAUNCHERS[given] if isinstance(given, str) else (given or ProcessLauncher())
+        return cls(spec, opts, served, shape, tol, dev, objective,
+                   (base, *(p for p in chosen if p.name != base.name)), launcher,
+                   hardware_for(torch.device(dev), None, budget_s=0.02))
+
+
+def _names(policies: Any) -> str | None:
+    if policies is None or isinstance(policies, str):
+        return policies
+    if all(isinstance(p, str) for p in policies):
+        return ",".join(policies)
+    raise DtypelabError("--mode generate takes policy names (NAME[+kv-FORMAT]), not plans")
+
+
+def serve_bench(spec: str, options: BenchOptions | None = None, *, on_progress: Progress | None = None,
+                **settings: Any) -> GenerateReport:
+    """Measure each serving policy on ``spec``'s model here; the record, judged. ``options`` (``BenchOptions``, its
+    mode ``generate``) or its fields as keywords."""
     start = time.perf_counter()
-    if objective not in OBJECTIVES:
-        raise DtypelabError(f"--objective {objective}: --mode generate chooses for {', '.join(OBJECTIVES)}")
-    served = load_served(spec)
-    check_shape(shape, served.context, served.name, served.config)
-    tol = Tolerance.parse(tolerance)
-    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if objective == "energy":
-        require_counter(torch.device(dev))  # refused before the sweep, not after it
-    hw = hardware_for(torch.device(dev), None, budget_s=0.02)
-    chosen = serve_policies(policies, DEFAULT_MEASURED)
-    base = serve_policy(baseline or "fp32")
-    plans = [base, *(p for p in chosen if p.name != base.name)]
-    run = LAUNCHERS[launcher] if isinstance(launcher, str) else (launcher or ProcessLauncher())
-    quality_len = min(served.context, max(2 * shape.prompt_len, shape.context))
+    setup = Setup.of(spec, BenchOptions.build(options, **{"mode": "generate", **settings}))
+    step = on_progress or (lambda name, done, total: None)
+    total = len(setup.plans) + 1
     results: list[GeneratePolicy] = []
-    values: dict[str, dict[str, Any]] = {}
-    for i, p in enumerate(plans):
-        results.append(_one(p, spec, shape, hw, run, timeout_s, seed, dev, threads, repeats, quality_len, values,
-                            values.get(base.name)))
-        if on_progress is not None:
-            on_progress(p.name, i + 1, len(plans))
-    source = next((v["energy_source"] for v in values.values() if v.get("energy_source")), None)
-    judged, best, sentence = _verdicts(results, base.name, tol, objective, shape.gen_len)
-    if objective == "energy" and not any(p.generate and p.generate.energy for p in judged):
+    base: Measured | None = None
+    for i, p in enumerate(setup.plans):
+        result, measured = _one(setup, p, base)
+        base = measured if i == 0 else base
+        results.append(result)
+        step(p.name, i + 1, total)
+    timings = _rounds(setup, results)
+    step("rounds", total, total)
+    return _report(setup, _timed(setup, results, timings), timings, time.perf_counter() - start)
+
+
+def _rounds(setup: Setup, results: list[GeneratePolicy]) -> Timings | str:
+    """Every completed policy timed beside the others in interleaved rounds (its own process); why not, if not."""
+    ran = [p for p in setup.plans if any(r.policy == p.name and r.status == "ok" for r in results)]
+    rounds = ROUNDS if setup.opts.rounds is None else setup.opts.rounds
+    if not ran or rounds == 0:
+        return "--rounds 0: no timing rounds" if ran else "no policy completed"
+    job = GenerateRounds(setup.spec, tuple((p.name, p.plan, p.kv.label) for p in ran), setup.shape, rounds,
+                         setup.opts.seed, setup.device, setup.opts.threads)
+    outcome: Outcome = setup.launcher.run(job, setup.opts.timeout_s * len(ran), lambda done, total: None)
+    if outcome.status != "ok":
+        return f"the timing rounds {outcome.status}: {outcome.reason}"
+    assert isinstance(outcome.value, Timings)
+    return outcome.value
+
+
+def _timed(setup: Setup, results: list[GeneratePolicy], timings: Timings | str) -> list[GeneratePolicy]:
+    """Each policy's figures with its rounds' speeds (the median round's) and energy."""
+    if isinstance(timings, str):
+        return results
+    out = []
+    for r in results:
+        t = timings.policies.get(r.policy)
+        if t is None or r.generate is None:
+            out.append(r)
+            continue
+        g = replace(r.generate, ttft_runs_s=t.ttft_runs_s, decode_runs_s=t.decode_runs_s, blocks=t.blocks,
+                    disturbed_runs=sum(b.disturbed for b in t.blocks), energy=t.energy, energy_runs=t.energy_runs)
+        out.append(replace(r, generate=with_speeds(g, setup.shape, statistics.median(t.ttft_runs_s),
+                                                   statistics.median(t.decode_runs_s))))
+    return out
+
+
+def _report(setup: Setup, results: list[GeneratePolicy], timings: Timings | str, seconds: float) -> GenerateReport:
+    opts, shape, served = setup.opts, setup.shape, setup.served
+    source = timings.energy_source if isinstance(timings, Timings) else None
+    judged = judge_generation(results, setup.base, setup.tolerance, setup.objective, shape.gen_len)
+    best, sentence = judged.chosen, judged.sentence
+    measured = any(p.generate and p.generate.energy for p in judged.policies)
+    if objective_of(setup.objective).counts_joules and not measured:
         best, sentence = "", ("no recommendation: --objective energy needs measured energy, and none was measured"
                               f" ({source.why if source else 'no policy completed'})")
-    budget = memory_budget or _memory_here(dev)
-    longest, longest_sentence = _longest(judged, budget, shape, served.context)
-    notes = [n for n in (*steadiness_notes(judged, objective), longest_sentence, "" if served.trained else
+    budget = parse_size(opts.memory_budget, "--memory-budget") or _memory_here(setup.device)
+    longest, longest_sentence = _longest(list(judged.policies), budget, shape, served.context)
+    notes = [n for n in (*steadiness_notes(list(judged.policies), setup.objective), longest_sentence,
+                         "" if isinstance(timings, Timings) else f"not timed: {timings}",
+                         "" if served.trained else
                          f"{served.name} is untrained here: its quality figures say nothing of a trained model's")
              if n]
     report = GenerateReport(
-        GenerateConfig(spec, served.name, "measured", shape.prompt_len, shape.gen_len, shape.batch_size,
-                       objective=objective, tolerance=str(tol), baseline=base.name, context_limit=served.context),
-        tuple(judged), environment(hw), sentence, best, longest, tuple(notes), time.perf_counter() - start,
-        time.strftime("%Y-%m-%dT%H:%M:%S"), energy_source=source)
-    if json_path:
-        report.save(json_path)
+        GenerateConfig(setup.spec, served.name, "measured", shape.prompt_len, shape.gen_len, shape.batch_size,
+                       objective=setup.objective, tolerance=str(setup.tolerance), baseline=setup.base,
+                       context_limit=served.context),
+        judged.policies, environment(setup.hw), sentence, best, longest, tuple(notes), seconds,
+        time.strftime("%Y-%m-%dT%H:%M:%S"), energy_source=source, decision=judged.decision)
+    if opts.json_path:
+        report.save(opts.json_path)
     return report
 
 
@@ -234,23 +224,24 @@ def _memory_here(device: str) -> int | None:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def _one(p: ServePolicy, spec: str, shape: Shape, hw: Any, run: Launcher, timeout_s: float, seed: int, dev: str,
-         threads: int | None, repeats: int, quality_len: int, values: dict[str, dict[str, Any]],
-         base: dict[str, Any] | None) -> GeneratePolicy:
-    avail = p.plan.availability(hw)
+def _one(setup: Setup, p: ServePolicy, base: Measured | None) -> tuple[GeneratePolicy, Measured | None]:
+    """One policy's memory and quality, in a process of its own."""
+    avail = p.plan.availability(setup.hw)
     if not avail.ok:
         return GeneratePolicy(p.name, p.describe(), "skipped", f"{avail.reason} (forecast it: dtypelab forecast "
-                                                                f"--mode generate --device GPU)")
-    job = GenerateJob(spec, p.plan, p.kv.label, p.name, shape, repeats, QUALITY_SEQUENCES, quality_len, seed, dev,
-                      threads)
-    outcome = run.run(job, timeout_s, lambda done, total: None)
+                                                                f"--mode generate --device GPU)"), None
+    shape = setup.shape
+    job = GenerateJob(setup.spec, p.plan, p.kv.label, p.name, shape, QUALITY_SEQUENCES,
+                      min(setup.served.context, max(2 * shape.prompt_len, shape.context)), setup.opts.seed,
+                      setup.device, setup.opts.threads)
+    outcome = setup.launcher.run(job, setup.opts.timeout_s, lambda done, total: None)
     if outcome.status != "ok":
-        return GeneratePolicy(p.name, p.describe(), "failed", outcome.reason, seconds=outcome.wall_s)
+        return GeneratePolicy(p.name, p.describe(), "failed", outcome.reason, seconds=outcome.wall_s), None
     value = outcome.value
-    values[p.name] = value
+    assert isinstance(value, Measured)
     notes = ("slow here: " + avail.reason,) if avail.slow else ()
-    return GeneratePolicy(p.name, p.describe(), "ok", generate=value["figures"], quality=_quality(value, base),
-                          notes=notes, seconds=outcome.wall_s)
+    return GeneratePolicy(p.name, p.describe(), "ok", generate=value.figures, quality=_quality(value, base),
+                          notes=notes, seconds=outcome.wall_s), value
 
 
 __all__ = ["check_shape", "serve_bench"]

@@ -17,6 +17,8 @@ import torch
 
 from dtypelab.core.bands import band, overlaps
 from dtypelab.core.errors import DtypelabError, describe_exception
+from dtypelab.core.judging.generate import objective_value
+from dtypelab.core.objectives import objective as objective_of
 from dtypelab.core.results import GenerateConfig, GenerateFigures, GeneratePolicy, GenerateReport, TargetDevice
 from dtypelab.core.speed import GPU_FLOOR_S
 from dtypelab.core.tasks.hub import quantized_note
@@ -232,21 +234,19 @@ def _forecast_one(fc: ServeForecaster, p: ServePolicy, shape: Shape, times: Step
 
 def _answer(results: list[GeneratePolicy], target: TargetDevice, shape: Shape, objective: str) -> tuple[str, str]:
     """The policy best at ``objective`` among those that fit (every one, with no memory to fit), in a sentence."""
-    from dtypelab.serving.bench import objective_value
-
     ok = [r for r in results if r.status == "ok" and r.generate is not None]
     if not ok:
         return "", "no policy could be forecast"
     limited = target.usable_bytes is not None
     fits = [r for r in ok if r.generate.fits is not False]  # type: ignore[union-attr]
-    timed = [r for r in fits if objective_value(r.generate, objective, shape.gen_len)]  # type: ignore[arg-type]
+    timed = [r for r in fits if r.generate is not None and objective_value(r.generate, objective, shape.gen_len)]
     where = f"that fits {target.label}" if limited else "(no memory to fit: give --device or --memory)"
     if timed:
-        error = band(_BAND[objective]) if target.kind == "cuda" else 0.0  # the evidence is GPUs'
+        error = band(objective_of(objective).band) if target.kind == "cuda" else 0.0  # the evidence is GPUs'
         best, tied = _tied(timed, objective, shape, error)
         g = best.generate
         assert g is not None
-        said = (f"{best.policy}: {_best_at(objective)} {where} at batch {shape.batch_size}, "
+        said = (f"{best.policy}: {objective_of(objective).best_at} {where} at batch {shape.batch_size}, "
                 f"{shape.context:,} tokens of context: {_figure(g, objective, shape)}, peak "
                 f"{(g.peak_bytes or 0) / 2**30:.3g} GiB")
         if tied:
@@ -270,28 +270,18 @@ def _bands(target: TargetDevice, timed: bool, energy: bool) -> tuple[float, floa
             band("serve-peak") if gpu else 0.0, band("energy") if gpu and energy else 0.0)
 
 
-# the band a comparison of policies carries, per objective: speed ratios between formats; joules
-_BAND = {"decode": "serve-speed", "prefill": "serve-speed", "latency": "serve-speed", "energy": "energy"}
-
-
 def _tied(timed: list[GeneratePolicy], objective: str, shape: Shape, error: float
           ) -> tuple[GeneratePolicy, list[GeneratePolicy]]:
     """The best at ``objective`` and those whose band overlaps its: the tie goes to the one storing the most bytes of
     weights (the widest format, the safest numerics), as ``forecast`` breaks a tie by the safer numerics."""
-    from dtypelab.serving.bench import objective_value
-
     def value(r: GeneratePolicy) -> float:
-        return objective_value(r.generate, objective, shape.gen_len)  # type: ignore[arg-type]
+        assert r.generate is not None
+        return objective_value(r.generate, objective, shape.gen_len)
 
     top = max(timed, key=value)
     close = [r for r in timed if overlaps(value(r), value(top), error)]
     best = max(close, key=lambda r: (r.generate.weights_bytes or 0, value(r)))  # type: ignore[union-attr]
     return best, [r for r in close if r is not best]
-
-
-def _best_at(objective: str) -> str:
-    return {"decode": "the fastest decode", "prefill": "the fastest prefill", "latency": "the shortest generation",
-            "energy": "the least energy per token"}[objective]
 
 
 def _figure(g: GenerateFigures, objective: str, shape: Shape) -> str:
@@ -300,7 +290,7 @@ def _figure(g: GenerateFigures, objective: str, shape: Shape) -> str:
     if objective == "latency":
         total = (g.ttft_s or 0.0) + (shape.gen_len - 1) * (g.token_latency_s or 0.0)
         return f"the whole generation (first token and {shape.gen_len - 1} more) in {total:.3g} s"
-    if objective == "energy" and g.energy is not None and g.energy.joules_per_token:
+    if objective_of(objective).counts_joules and g.energy is not None and g.energy.joules_per_token:
         return f"{g.energy.joules_per_token:.3g} J per generated token"
     return f"{g.decode_tok_s:,.0f} tokens/s ({g.bound}-bound)"
 
@@ -327,7 +317,7 @@ def _environment() -> dict[str, Any]:
     return environment(hardware_for(torch.device("cpu"), None, budget_s=0.02))
 
 
-CHECK_REPEATS = 5
+CHECK_ROUNDS = 5
 
 
 def _fastest(g: GenerateFigures | None, shape: Shape) -> GenerateFigures | None:
@@ -344,7 +334,8 @@ def _checked(spec: str, shape: Shape, results: list[GeneratePolicy], chosen: lis
     from dtypelab.serving.bench import serve_bench
 
     names = ",".join(p.name for p in chosen)
-    measured = serve_bench(spec, shape, names, baseline=chosen[0].name, seed=seed, repeats=CHECK_REPEATS)
+    measured = serve_bench(spec, policies=names, baseline=chosen[0].name, seed=seed, rounds=CHECK_ROUNDS,
+                           prompt_len=shape.prompt_len, gen_len=shape.gen_len, batch_size=shape.batch_size)
     out = []
     for r in results:
         m = next((x for x in measured.policies if x.policy == r.policy), None)

@@ -2,26 +2,22 @@
 
 The model is converted by the policy's own kinds (``Precision.convert_module``: casts, quantized weights), its
 cache made in the policy's KV format, then: one generation counted by the ledger on real tensors (the peak of the
-prefill and of a decode step, by what holds it: weights, cache, the rest); one untimed generation (warm-up; a
-compiled policy compiles there); ``repeats`` timed ones (medians); and the held-out text read through the cache.
+prefill and of a decode step, by what holds it: weights, cache, the rest), its greedy tokens, and the held-out text
+read through the cache. Its speed and energy are timed beside every other policy's, in interleaved rounds
+(``rounds``).
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from dtypelab.core.disturbance import CpuMeter
-from dtypelab.core.energy import Meter, measuring
 from dtypelab.core.loop import threads
 from dtypelab.core.measure import device_sync
-from dtypelab.core.pairing import block_energy
 from dtypelab.core.policies import Plan, Precision
-from dtypelab.core.results import Energy, EnergySource, GenerateFigures, RoundBlock
+from dtypelab.core.results import GenerateFigures
 from dtypelab.forecasting import Ledger, Peak
 from dtypelab.run import Reporter
 from dtypelab.serving.kv import cache_bytes, kv_format
@@ -29,7 +25,6 @@ from dtypelab.serving.served import config_of, load_served
 from dtypelab.serving.workload import Shape, compute_dtype, decode, generate, new_cache, prefill, score
 
 WEIGHTS = ("parameters", "frozen_weights")
-ENERGY_WINDOWS = 3  # windows of whole generations (and of prefills) the energy counter reads, per policy
 
 
 @dataclass(frozen=True)
@@ -41,7 +36,6 @@ class GenerateJob:
     kv: str  # a KV format's label (``serving.kv.FORMATS``), or kv-native
     label: str  # the policy as named: PLAN[+KV]
     shape: Shape
-    repeats: int
     quality_sequences: int
     quality_len: int
     seed: int
@@ -52,9 +46,21 @@ class GenerateJob:
     def name(self) -> str:
         return self.label
 
-    def __call__(self, report: Reporter) -> dict[str, Any]:
+    def __call__(self, report: Reporter) -> Measured:
         with threads(self.threads):
             return measure(self, report)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a policy's process measured (typed, across the process boundary): its memory (the figures' bytes), its
+    greedy continuation, and the held-out text's mean nats and argmax through its cache."""
+
+    figures: GenerateFigures
+    tokens: list[list[int]]
+    nats: float
+    argmax: list[list[int]]
+    sequences: int
 
 
 def prompts(text: Any, shape: Shape) -> torch.Tensor:
@@ -92,99 +98,41 @@ def with_speeds(figures: GenerateFigures, shape: Shape, ttft_s: float, decode_s:
                    token_latency_s=decode_s / steps if steps else None)
 
 
-def figures(memory: dict[str, Any], runs: list[Any], shape: Shape) -> GenerateFigures:
+def memory_figures(memory: dict[str, Any], shape: Shape) -> GenerateFigures:
     prefill_peak: Peak = memory["prefill"]
     decode_peak: Peak = memory["decode"]
     top = max(prefill_peak, decode_peak, key=lambda p: p.total)
-    measured = GenerateFigures(
+    return GenerateFigures(
         peak_bytes=top.total, weights_bytes=memory["weights"], kv_cache_bytes=memory["kv"],
         activations_bytes=top.total - memory["weights"] - memory["kv"], prefill_peak_bytes=prefill_peak.total,
-        decode_peak_bytes=decode_peak.total, kv_bytes_per_token=memory["kv"] // (shape.batch_size * shape.context),
-        ttft_runs_s=tuple(r.ttft_s for r in runs), decode_runs_s=tuple(r.decode_s for r in runs))
-    return with_speeds(measured, shape, statistics.median(measured.ttft_runs_s),
-                       statistics.median(measured.decode_runs_s))
+        decode_peak_bytes=decode_peak.total, kv_bytes_per_token=memory["kv"] // (shape.batch_size * shape.context))
 
 
-def measure(job: GenerateJob, report: Reporter) -> dict[str, Any]:
+def measure(job: GenerateJob, report: Reporter) -> Measured:
     served = load_served(job.spec)
     device = torch.device(job.device)
-    torch.manual_seed(job.seed)
-    model = served.make_model().eval()
-    config = config_of(model)
-    precision = Precision(job.plan, device)
-    model = precision.convert_module(model.to(device))
+    model, config, precision = built(served, job.plan, job.seed, device)
     sync = device_sync(device) or (lambda: None)
-    total = job.repeats + 3
     with precision.session(), torch.inference_mode():
         dtype = compute_dtype(model, config, device)
         ids = prompts(served.text, job.shape).to(device)
         memory = counted(model, config, job, ids, dtype, device)
-        report.step(1, total)
+        report.step(1, 3)
         cache = new_cache(config, kv_format(job.kv), job.shape, dtype, device)
-        generate(model, ids, job.shape.gen_len, cache, sync)  # warm-up (and a compiled policy's compile)
-        report.step(2, total)
-        runs, disturbed = [], 0
-        for i in range(job.repeats):
-            cache.reset()
-            cpu = CpuMeter()
-            cpu.start()
-            runs.append(generate(model, ids, job.shape.gen_len, cache, sync))
-            seen = cpu.stop()
-            disturbed += seen is not None and seen.disturbed
-            report.step(3 + i, total)
-        joules = measured_energy(model, ids, cache, job.shape, device, sync)
+        tokens = generate(model, ids, job.shape.gen_len, cache, sync).tokens
+        report.step(2, 3)
         scored = quality(model, config, job, served, dtype, device)
-        report.step(total, total)
-    measured = replace(figures(memory, runs, job.shape), disturbed_runs=disturbed)
-    if joules[0] is not None:
-        measured = replace(measured, energy=joules[0], energy_runs=joules[1])
-    return {"figures": measured, "tokens": runs[0].tokens.tolist(), "nats": scored[0],
-            "argmax": scored[1], "sequences": scored[2], "energy_source": joules[2]}
+        report.step(3, 3)
+    return Measured(memory_figures(memory, job.shape), tokens.tolist(), scored[0], scored[1], scored[2])
 
 
-def _windows(meter: Meter, work: Any) -> tuple[RoundBlock, ...]:
-    """``ENERGY_WINDOWS`` windows, each of as many whole ``work()`` calls as fill the counter's shortest window, as the
-    rounds' blocks are kept (a window the counter could not read is left out)."""
-    out = []
-    for i in range(ENERGY_WINDOWS):
-        edge, calls = meter.begin(), 0
-        while calls == 0 or time.perf_counter() - edge[0] < meter.min_window_s:
-            work()
-            calls += 1
-        reading, _ = meter.end(edge)
-        if reading is not None:
-            out.append(RoundBlock(round=i, median_s=reading.seconds / calls, n=calls, joules=reading.joules,
-                                  window_s=reading.seconds))
-    return tuple(out)
-
-
-def measured_energy(model: Any, ids: torch.Tensor, cache: Any, shape: Shape, device: torch.device,
-                    sync: Any) -> tuple[Energy | None, tuple[float, ...], EnergySource]:
-    """Joules per generated token over whole generations, and the prefill's per prompt token, each from windows of
-    whole calls at synchronized edges; (None, (), why) where no counter measures this device."""
-    meter, source = measuring(device)
-    if meter is None:
-        return None, (), source
-
-    def whole() -> None:
-        cache.reset()
-        generate(model, ids, shape.gen_len, cache, sync)
-
-    def first() -> None:
-        cache.reset()
-        prefill(model, ids, cache)
-
-    gens, pres = _windows(meter, whole), _windows(meter, first)
-    generated, prompt = shape.batch_size * shape.gen_len, shape.batch_size * shape.prompt_len
-    whole_e = block_energy(gens, shape.batch_size, generated, meter.name, source.idle_watts)
-    prefill_e = block_energy(pres, shape.batch_size, prompt, meter.name, source.idle_watts)
-    if whole_e is None or prefill_e is None:
-        return None, (), EnergySource(meter.name, why=f"the {meter.name} counter could not be read over a window")
-    steps = shape.batch_size * (shape.gen_len - 1)
-    energy = replace(whole_e, prefill_joules_per_token=prefill_e.joules_per_token, decode_joules_per_token=(
-        (whole_e.joules_per_step - prefill_e.joules_per_step) / steps if steps else None))
-    per_token = tuple(b.joules / b.n / generated for b in gens)  # type: ignore[operator]
-    return energy, per_token, source
+def built(served: Any, plan: Plan, seed: int, device: torch.device) -> tuple[Any, Any, Precision]:
+    """The served model, seeded, converted by the plan's kinds on ``device``: (model, its config, the precision)."""
+    torch.manual_seed(seed)
+    model = served.make_model().eval()
+    config = config_of(model)
+    precision = Precision(plan, device)
+    return precision.convert_module(model.to(device)), config, precision
 
 
 def quality(model: Any, config: Any, job: GenerateJob, served: Any, dtype: torch.dtype,
@@ -203,4 +151,4 @@ def quality(model: Any, config: Any, job: GenerateJob, served: Any, dtype: torch
     return nats / len(windows), argmax, len(windows)
 
 
-__all__ = ["GenerateJob", "measure", "with_speeds"]
+__all__ = ["GenerateJob", "Measured", "built", "measure", "memory_figures", "prompts", "with_speeds"]

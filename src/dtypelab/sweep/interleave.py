@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from dtypelab.core.energy import counter_of
+from dtypelab.core.objectives import objective
 from dtypelab.core.pairing import block_energy, paired_energy
 from dtypelab.core.policies import COMPILED_BASELINE, Plan
 from dtypelab.core.records import save_judged
@@ -27,7 +28,7 @@ def interleaved(launcher: Launcher, plans: dict[str, Plan], opts: BenchOptions, 
     # --objective energy, where a counter reads the rounds' windows, every policy that ran is timed: a slower one may
     # still spend less, and its joules are the evidence.
     counter, no_counter = counter_of(torch.device(job.device))
-    every = bool(counter) and report.config.objective == "energy"
+    every = bool(counter) and objective(report.config.objective).counts_joules
     if not counter:  # the record says why it holds no energy, whatever the rounds do
         report = replace(report, energy_source=EnergySource(why=no_counter))
     rec = report.recommendation

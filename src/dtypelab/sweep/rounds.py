@@ -163,10 +163,10 @@ class _Stepper:
         timer, cpu = StepTimer(sync=self.sync), CpuMeter()
         with precision.session():
             cpu.start()
-            edge = self.meter.begin() if self.meter else None
+            window = self.meter.begin() if self.meter else None
             for k in range(self.block_steps):  # the same batches for every policy of a round: paired blocks
                 self.step(precision, model, optimizer, r * self.block_steps + k, timer)
-            reading = self.meter.end(edge)[0] if self.meter and edge else None
+            reading = window.end()[0] if window else None
             d = cpu.stop()
         return RoundBlock(round=r, median_s=statistics.median(timer.samples), n=len(timer.samples),
                           other_cores=d.other_cores if d else 0.0, pressure_s=d.pressure_s if d else None,

@@ -20,6 +20,7 @@ from dtypelab.core.energy import require_counter
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import SLOW_RATIO, HardwareInfo, environment, hardware_for, probe_notice, resolve_device
 from dtypelab.core.measure import slow_base
+from dtypelab.core.objectives import objective as objective_of
 from dtypelab.core.options import parse_size, training_objective
 from dtypelab.core.policies import (
     BASELINE,
@@ -81,7 +82,8 @@ def bench(task: str | Task, policies: Any = None, options: BenchOptions | None =
     opts = BenchOptions.build(options, **({"policies": policies} if policies is not None else {}), **settings)
     target = Target.of(with_seq_len(task, opts.seq_len))
     on_event = on_event or (lambda e: None)
-    if opts.objective == "energy" and not (opts.launcher in FAN_OUT or isinstance(opts.launcher, FanOutLauncher)):
+    fanned = opts.launcher in FAN_OUT or isinstance(opts.launcher, FanOutLauncher)
+    if objective_of(opts.objective).counts_joules and not fanned:
         require_counter(resolve_device(opts.device))  # refused before the sweep, not after it
     if target.is_script:
         if opts.launcher in FAN_OUT or isinstance(opts.launcher, FanOutLauncher):
@@ -315,7 +317,7 @@ class _Sweep:
 def _objective(objective: str | None, rounds: int) -> str:
     """What training and inference choose for: speed, or energy (measured in the interleaved rounds' windows)."""
     objective = training_objective(objective)
-    if objective == "energy" and not rounds:
+    if objective_of(objective).counts_joules and not rounds:
         raise DtypelabError("--objective energy needs the interleaved rounds, whose windows the energy counter "
                             "measures: leave out --rounds 0 (and --nproc, whose runs have no rounds)")
     return objective

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dtypelab.core.hardware import HardwareInfo, kernel_path_text
 from dtypelab.core.judging.prefer import keeps_updates
+from dtypelab.core.objectives import objective
 from dtypelab.core.results import COMPILED_BASELINE, PolicyResult, PolicyVerdict, Report, Verdict
 from dtypelab.core.stats import CLEARLY_SLOWER, MIN_GAIN
 
@@ -221,7 +222,7 @@ def energy_note(report: Report) -> str:
     if source is None:
         return ""
     if not source.counter or source.why:  # said once: --objective energy's decision already says why
-        return "" if report.config.objective == "energy" else f"No energy: {source.why}."
+        return "" if objective(report.config.objective).counts_joules else f"No energy: {source.why}."
     idle = f"; idle {source.idle_watts:.1f} W, measured apart before the rounds" if source.idle_watts else ""
     least = f" (windows of at least {source.min_window_s:g} s)" if source.min_window_s else ""
     return (f"J/sample: the {source.counter} counter read at synchronized edges of each policy's block of every round"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from dtypelab.core.objectives import objective as objective_of
 from dtypelab.core.results import PolicyResult, SpeedupInterval
 
 
@@ -21,16 +22,11 @@ def keeps_updates(r: PolicyResult) -> bool:
     return bool(r.info is not None and r.info.keeps_updates)
 
 
-# what each objective's paired intervals measure, and how a sentence says a policy gains by it: (the quantity, what
-# it might do on a quiet machine, what it did)
-GAIN_WORDS = {"speed": ("speed", "be faster", "came out faster"),
-              "energy": ("energy", "use less energy per sample", "used less energy per sample")}
-
-
 def gain_ci(r: PolicyResult, objective: str) -> SpeedupInterval | None:
     """The paired interval the objective decides by: the speedup, or the energy saved (the baseline's joules per step
     over this policy's)."""
-    return r.energy_ci if objective == "energy" else r.speedup_ci
+    interval: SpeedupInterval | None = getattr(r, objective_of(objective).interval)
+    return interval
 
 
 def _gain(r: PolicyResult, objective: str) -> SpeedupInterval:
@@ -63,5 +59,5 @@ def safest(faster: list[PolicyResult], metric: str, higher: bool, objective: str
            "low-precision weights)")
     return chosen, (f"{chosen.policy} ({a.point:.2f}x, {a.low:.2f}–{a.high:.2f}) and {fastest.policy} "
                     f"({b.point:.2f}x, {b.low:.2f}–{b.high:.2f}) cannot be told apart in "
-                    f"{GAIN_WORDS[objective][0]} (their 95% intervals "
+                    f"{objective_of(objective).gain[0]} (their 95% intervals "
                     f"overlap): {chosen.policy} is preferred because {why}.")

@@ -11,9 +11,10 @@ from dtypelab.core.disturbance import describe, was_disturbed
 from dtypelab.core.judging.explain import why
 from dtypelab.core.judging.memory import budget_verdicts, over, within_budget
 from dtypelab.core.judging.notes import table_notes
-from dtypelab.core.judging.prefer import GAIN_WORDS, gain_ci, safest
+from dtypelab.core.judging.prefer import gain_ci, safest
 from dtypelab.core.judging.speed import speedup
 from dtypelab.core.judging.verdicts import judged_runs, metric_text, not_run
+from dtypelab.core.objectives import objective
 from dtypelab.core.results import (
     Decision,
     PolicyResult,
@@ -110,7 +111,7 @@ def pick(report: Report, base: PolicyResult, accepted: list[PolicyResult]) -> Pi
         if faster:
             chosen, out.preferred = safest(faster, cfg.metric, cfg.higher_is_better, cfg.objective)
             out.best = chosen.policy
-    elif cfg.objective == "energy":  # energy comes from paired rounds only: without them, no evidence of a saving
+    elif objective(cfg.objective).counts_joules:  # from paired rounds only: without them, no evidence of a saving
         pass
     elif cfg.runs:  # a script's runs, not repeated: one run per policy says nothing of run-to-run variation
         out.by_median_only = [r for r in timed if r.policy != baseline and (speedup(r, base) or 0) > 1 + MIN_GAIN]
@@ -142,7 +143,7 @@ def _decision(report: Report, p: Pick, base: PolicyResult, base_metric: float) -
             f"No recommendation: the machine was too busy to decide (other processes used the CPU while "
             f"{baseline}'s steps were timed: {describe(base.disturbance, subject=False)}), and every policy faster "
             f"than {baseline} may be so only because of it; re-run it on a quiet machine.")
-    _, gain, shown = GAIN_WORDS[cfg.objective]  # the intervals are of what the objective measures
+    _, gain, shown = objective(cfg.objective).gain  # the intervals are of what the objective measures
     if p.busy and p.contenders:
         return Decision.TOO_BUSY, None, (
             f"No recommendation: the machine was too busy to decide ({disturbed_text(baseline, base.rounds)}) and "
@@ -152,7 +153,7 @@ def _decision(report: Report, p: Pick, base: PolicyResult, base_metric: float) -
             f"Keep {baseline}: the machine was busy ({disturbed_text(baseline, base.rounds)}), but no alternative "
             f"within {tol} on {metric} {shown} even so (every 95% interval at or below {1 + MIN_GAIN:.2f}x), "
             f"so disturbance cannot change this decision ({baseline}: {metric_text(base_metric)}).")
-    if cfg.objective == "energy":
+    if objective(cfg.objective).counts_joules:
         return _energy_decision(report, p, base, base_metric)
     if p.best in (baseline, None):
         measurably = ("measurably faster (95% interval above 1)" if p.paired else
@@ -217,7 +218,7 @@ def _no_gain(report: Report, p: Pick, base: PolicyResult) -> list[str]:
                        f"{r.policy} {speedup(r, base):.2f}x by medians over {len(_timed(r))} steps"
                        for r in p.by_median_only) + "; the safer " + baseline + " numerics are kept.")
     if p.gain_not_shown:
-        what = GAIN_WORDS[report.config.objective][0]
+        what = objective(report.config.objective).gain[0]
         cis = [(r.policy, gain_ci(r, report.config.objective)) for r in p.gain_not_shown]
         out.append(f"No measurable {what} difference from " + baseline + ": " + ", ".join(
             f"{name} {ci.point:.2f}x ({ci.low:.2f}–{ci.high:.2f})" for name, ci in cis if ci)
@@ -302,7 +303,7 @@ def recommend(report: Report) -> Recommendation:
 
 def _no_energy(report: Report) -> str:
     """--objective energy with no energy measured: why, in a sentence; "" otherwise."""
-    if report.config.objective != "energy" or any(r.energy for r in report.results if r.ran):
+    if not objective(report.config.objective).counts_joules or any(r.energy for r in report.results if r.ran):
         return ""
     source = report.energy_source
     why = source.why if source and source.why else "the interleaved rounds, whose windows measure it, did not run"

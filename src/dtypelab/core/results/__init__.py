@@ -45,7 +45,6 @@ from dtypelab.core.results.forecast import (
 )
 from dtypelab.core.results.generate import (
     GENERATE_SCHEMA,
-    OBJECTIVES,
     GenerateConfig,
     GenerateFigures,
     GeneratePolicy,
@@ -83,7 +82,6 @@ KINDS = Record.KINDS  # every record kind by its "schema" field: each registers 
 
 __all__ = [
     "GENERATE_SCHEMA",
-    "OBJECTIVES",
     "GenerateConfig",
     "GenerateFigures",
     "GeneratePolicy",

@@ -11,15 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from dtypelab.core.results.decision import Decision, Verdict
 from dtypelab.core.results.energy import Energy, EnergySource
 from dtypelab.core.results.forecast import TargetDevice
+from dtypelab.core.results.parts import RoundBlock, SpeedupInterval
 from dtypelab.core.results.store import Record
 
 GENERATE_SCHEMA = "dtypelab.generate"
-GENERATE_VERSION = 2  # 2: energy (each policy's ``generate.energy``, the record's ``energy_source``)
-OBJECTIVES = {"decode": "decode tokens per second", "prefill": "prefill tokens per second",
-              "latency": "time to first token plus the generation's per-token latency",
-              "energy": "the least energy per generated token"}
+# 2: energy (each policy's ``generate.energy``, the record's ``energy_source``); 3: the speed verdicts as codes
+# (``Verdict``) from paired, interleaved rounds (``generate.blocks``, ``gain``), the decision as a code
+GENERATE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -45,17 +46,20 @@ class GenerateFigures:
     bandwidth_share: float | None = None  # decode: the share of the device's bandwidth its bytes move at
     flops_share: float | None = None  # decode: the share of its peak FLOP/s reached
     kv_bytes_per_token: int | None = None  # one token of context in the cache, every layer
-    # measured: each timed generation's prefill and decode seconds (a speed verdict needs their spans to separate)
+    # measured: each interleaved round's prefill and decode seconds (the median generation of its block), and its
+    # blocks (the round, its generations, the energy counter's joules over them, whether other processes took the
+    # CPU): a speed verdict pairs a policy's rounds with the baseline's (core.judging.generate)
     ttft_runs_s: tuple[float, ...] = ()
     decode_runs_s: tuple[float, ...] = ()
+    blocks: tuple[RoundBlock, ...] = ()
     # forecast: the prefill's and a decode step's seconds by what bounds them (compute, memory, overhead)
     prefill_bounds: dict[str, float] = field(default_factory=dict)
     decode_bounds: dict[str, float] = field(default_factory=dict)
     # a generation's energy (joules per step: one generation of the batch), measured or forecast
     energy: Energy | None = None
-    energy_runs: tuple[float, ...] = ()  # measured: each window's joules per generated token
-    # measured: the timed generations during which other processes took the CPU (core.disturbance): no speed verdict
-    # rests on them
+    energy_runs: tuple[float, ...] = ()  # measured: each round's joules per generated token
+    # measured: the rounds during which other processes took the CPU (core.disturbance): left out of the pairing
+    # while enough quiet ones remain
     disturbed_runs: int = 0
 
 
@@ -79,7 +83,10 @@ class GeneratePolicy:
     reason: str = ""
     generate: GenerateFigures | None = None
     quality: GenerateQuality | None = None
-    verdict: str = ""  # measured: chosen, within, worse (", tie" or ", disturbed" after), baseline; "" for a forecast
+    # measured: recommended, baseline, within (accepted, measurably faster), no-gain (accepted, its interval reaches
+    # no gain), outside (its perplexity past the tolerance), untimed (no rounds to judge it by); None for a forecast
+    verdict: Verdict | None = None
+    gain: SpeedupInterval | None = None  # measured: the baseline's objective over this policy's, paired rounds
     notes: tuple[str, ...] = ()
     check: GenerateFigures | None = None  # --check: the same workload measured here
     seconds: float = 0.0
@@ -121,15 +128,38 @@ class GenerateReport(Record):
     ratio_error: float = 0.0
     memory_error: float = 0.0
     energy_error: float = 0.0
+    decision: Decision | None = None  # measured: use the chosen policy, keep the baseline, or no baseline
 
     schema_version: int = GENERATE_VERSION
 
     schema = GENERATE_SCHEMA
     version = GENERATE_VERSION
-    migrations: ClassVar[dict[int, Any]] = {1: lambda d: d}  # version 1 had no energy: nothing to fill
+    # version 1 had no energy: nothing to fill
+    migrations: ClassVar[dict[int, Any]] = {1: lambda d: d, 2: lambda d: _migrate_v2(d)}
 
     def result(self, policy: str) -> GeneratePolicy:
         for p in self.policies:
             if p.policy == policy:
                 return p
         raise KeyError(policy)
+
+
+# version 2's words for a verdict, as codes: its speeds were spans of one process's generations (a "tie" where they
+# overlapped), which version 3 reads as no gain
+_V2_VERDICTS = {"chosen": "recommended", "baseline": "baseline", "baseline, kept": "baseline", "within": "within",
+                "worse": "outside"}
+
+
+def _migrate_v2(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 said each verdict in words; ``""`` (a forecast) is no verdict."""
+    def code(words: str) -> str | None:
+        if not words:
+            return None
+        return _V2_VERDICTS.get(words) or ("outside" if words.startswith("worse") else "no-gain")
+
+    chosen = d.get("chosen") or ""
+    measured = (d.get("config") or {}).get("source") == "measured"
+    decision = None if not measured else "no-baseline" if not chosen else \
+        "keep-baseline" if chosen == (d.get("config") or {}).get("baseline") else "use"
+    return {**d, "decision": decision,
+            "policies": [{**p, "verdict": code(p.get("verdict") or "")} for p in d.get("policies") or []]}
