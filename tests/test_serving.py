@@ -677,3 +677,21 @@ def test_ctrl_c_keeps_the_serving_policies_forecast_so_far_and_marks_the_rest_in
                        batch_search=False, launcher="inline", json_path=str(path))
     status = {p.policy: p.status for p in load_record(str(path)).policies}
     assert status == {"fp32": "ok", "bf16": "interrupted", "int8-wo": "interrupted"}
+
+
+def test_a_version_2_generate_record_reads_its_verdict_words_as_codes(tmp_path):
+    """Version 2 said each verdict in words ("within, tie", "baseline, kept"): read back as version 3's codes, and
+    its decision from what it chose."""
+    from dtypelab.core.records import load_record
+    from dtypelab.core.results import Decision, Verdict
+
+    config = {"task": "tinylm", "task_name": "tinylm", "source": "measured", "prompt_len": 8, "gen_len": 4,
+              "batch_size": 1, "baseline": "fp32"}
+    words = {"fp32": "baseline, kept", "bf16": "within, tie", "int8-wo": "worse, disturbed", "fp8-wo": "within"}
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps({"schema": "dtypelab.generate", "schema_version": 2, "config": config, "chosen": "fp32",
+                                "policies": [{"policy": p, "summary": "", "status": "ok", "verdict": w}
+                                             for p, w in words.items()]}))
+    record = load_record(str(path))
+    assert record.decision == Decision.KEEP_BASELINE
+    assert [p.verdict for p in record.policies] == [Verdict.BASELINE, Verdict.NO_GAIN, Verdict.OUTSIDE, Verdict.WITHIN]
