@@ -13,7 +13,7 @@ from conftest import TINY, fake_hardware
 from torch._inductor import config as inductor
 
 from dtypelab.core.policies import REGISTRY, Precision, get_policy, parse_policies, policies_for
-from dtypelab.core.policies.registry import FINE_TUNING
+from dtypelab.core.policies.kinds.lora import FINE_TUNING
 from dtypelab.core.task import load_task
 from dtypelab.sweep.job import Job, run_job
 

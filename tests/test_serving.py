@@ -46,7 +46,8 @@ def test_the_cache_stores_key_value_heads_only_and_its_bytes_are_the_formula(lab
     shape = Shape(10, 6, 3)
     cache = new_cache(config, fmt, shape, torch.float32, torch.device("cpu"))
     per_token = bytes_per_token(config, fmt, torch.float32)
-    fixed = 2 * 2 * kv_heads * 4 if fmt.scaled == "head" else 0  # one float32 scale per layer, head, key/value
+    per_head = fmt.scale_shape(2, kv_heads, 3) == (1, kv_heads, 1, 1)  # not per token: fixed per head
+    fixed = 2 * 2 * kv_heads * 4 if per_head else 0  # one float32 scale per layer, head, key/value
     assert cache_bytes(cache) == per_token * shape.batch_size * shape.context + fixed
     assert cache.layers[0].keys.shape == (3, kv_heads, 16, 16)
 

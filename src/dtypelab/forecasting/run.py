@@ -26,6 +26,7 @@ from dtypelab.core.policies import (
     STATE_MODIFIERS,
     LoRA,
     Plan,
+    defaults,
     get_policy,
     parse_policies,
     policies_for,
@@ -58,16 +59,15 @@ GPU_RESERVE = "0.5GiB"  # the CUDA context and the libraries' workspaces: outsid
 # bfloat16 weights, then with Kahan's compensation, then with stochastic rounding and 8-bit Adam state, the
 # smallest; float8 training; and the inference formats (int8, float8, int4 weights). bf16-sr alone stores what bf16
 # stores, and the 8-bit state's saving shows on its bf16-sr row: both are named when asked for.
-DEFAULT_TRAIN = ("fp32", "bf16", "amp-bf16", "bf16-kahan", "bf16-sr+adam8bit", "fp8-tensorwise", "int8-wo",
-                 "fp8-dyn-row", "int4-wo")
-DEFAULT_INFER = ("fp32", "bf16", "int8-dyn", "int8-wo", "fp8-wo", "fp8-dyn-row", "int4-wo", "mxfp4-dyn")
+# (each kind's module puts its policies in these lists: core.policies.defaults)
+DEFAULT_TRAIN = defaults("forecast-train")
+DEFAULT_INFER = defaults("forecast-infer")
 DEFAULT_DISTRIBUTED = ("fp32+ddp", "amp-bf16+ddp", "fp32+fsdp", "amp-bf16+fsdp", "fp32+fsdp-bf16-params-fp32-reduce",
                        "bf16-sr+fsdp")
 STATE_VARIANTS = ("amp-bf16", "bf16-sr")  # -p all: these with each optimizer-state modifier
 # A pretrained Hugging Face model (hf:) is fine-tuned: full fine-tuning beside each frozen base, with and without
 # activation checkpointing
-DEFAULT_FINE_TUNING = ("amp-bf16", "amp-bf16+ckpt", "lora-bf16", "lora-bf16+ckpt", "qlora-nf4", "qlora-nf4+ckpt",
-                       "lora-int8+ckpt", "lora-fp8+ckpt")
+DEFAULT_FINE_TUNING = defaults("forecast-fine-tuning")
 
 
 def target_device(device: str | None, memory: Any, reserve: Any) -> TargetDevice:

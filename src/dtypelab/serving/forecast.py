@@ -36,7 +36,7 @@ from dtypelab.forecasting import (
 )
 from dtypelab.run import Outcome
 from dtypelab.serving.measure import with_speeds
-from dtypelab.serving.policies import DEFAULT_FORECAST, ServePolicy, serve_policies
+from dtypelab.serving.policies import DEFAULT_FORECAST, DEFAULT_FORECAST_CPU, ServePolicy, serve_policies
 from dtypelab.serving.served import load_served
 from dtypelab.serving.speed import generation_energy, policy_figures, serving_rates
 from dtypelab.serving.tracing import ServeForecaster, Traced
@@ -134,7 +134,6 @@ def _generation_bounds(g: GenerateFigures, shape: Shape) -> dict[str, float]:
     return out
 
 
-DEFAULT_FORECAST_CPU = ("fp32", "bf16", "int8-wo", "fp32+kv-int8", "fp32+kv-fp8")
 
 
 @dataclass(frozen=True)

@@ -2,53 +2,21 @@
 serving engines do, so that its bytes are what a server reserves and ``torch.compile`` can capture it), one layer of
 keys and values per attention layer, stored in a format of its own (``+kv-fp8``...), whatever the weights are in.
 
-Formats are rules as data (``FORMATS``). A scaled format stores ``round(x / scale)`` and hands attention
-``stored * scale`` in the model's compute dtype, every step, over the whole cache: eager PyTorch has no attention
-kernel that reads fp8 or int8 keys (engines such as vLLM fuse the dequantization into theirs), so the cost of the
-dequantization is in what is measured and traced here.
-
-- ``head``: one scale per layer, key/value and head, from the prompt's largest magnitude (the first update);
-  later tokens beyond it saturate at the format's largest value (vLLM's fp8 cache keeps per-tensor scales the same way);
-- ``token``: one float32 scale per token and head (symmetric int8): no token saturates, 4 bytes per token and head
-  more.
+The formats are kinds of the registry (``core.policies.kinds.kv_cache``: each one's scales and how a tensor goes in
+and comes out are its own hooks); this module is the cache that holds them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.policies import KV_FORMATS
+from dtypelab.core.policies.kinds import NATIVE, KVFormat
 
-
-@dataclass(frozen=True)
-class KVFormat:
-    label: str  # the modifier's name: kv-fp8
-    storage: torch.dtype | None  # None: the model's compute dtype (what its attention produces)
-    scaled: str  # "" (stored as is), "head" or "token"
-    words: str
-
-    @property
-    def element_bytes(self) -> int | None:
-        return None if self.storage is None else torch.empty((), dtype=self.storage).element_size()
-
-    def scale_bytes_per_token(self, kv_heads: int) -> int:
-        """The scales' bytes per token and layer (keys and values): per-token scales only; per-head ones are fixed."""
-        return 2 * kv_heads * 4 if self.scaled == "token" else 0
-
-
-NATIVE = KVFormat("kv-native", None, "", "keys and values in the model's compute dtype")
-FORMATS: dict[str, KVFormat] = {f.label: f for f in (
-    KVFormat("kv-bf16", torch.bfloat16, "", "keys and values stored in bfloat16"),
-    KVFormat("kv-fp16", torch.float16, "", "keys and values stored in float16"),
-    KVFormat("kv-fp8", torch.float8_e4m3fn, "head", "keys and values stored in fp8 e4m3, one scale per head (from "
-             "the prompt)"),
-    KVFormat("kv-fp8-e5m2", torch.float8_e5m2, "head", "keys and values stored in fp8 e5m2, one scale per head (from "
-             "the prompt)"),
-    KVFormat("kv-int8", torch.int8, "token", "keys and values stored in int8, one float32 scale per token and head"),
-)}
+FORMATS: dict[str, KVFormat] = KV_FORMATS  # every registered format by label
 
 
 def kv_format(label: str | None) -> KVFormat:
@@ -56,11 +24,8 @@ def kv_format(label: str | None) -> KVFormat:
         return NATIVE
     if label not in FORMATS:
         raise DtypelabError(f"unknown KV-cache format {label!r}: use one of {', '.join(FORMATS)}")
-    return FORMATS[label]
-
-
-def _largest(dtype: torch.dtype) -> float:
-    return float(torch.finfo(dtype).max if dtype.is_floating_point else torch.iinfo(dtype).max)
+    fmt: KVFormat = FORMATS[label]
+    return fmt
 
 
 class KVLayer:
@@ -95,11 +60,9 @@ class KVLayer:
         storage = self.fmt.storage or dtype
         self.keys = torch.zeros((batch, kv_heads, self.max_cache_len, head_dim), dtype=storage, device=device)
         self.values = torch.zeros_like(self.keys)
-        if self.fmt.scaled == "head":  # set from the prompt (the first update)
-            self.key_scale = torch.ones((1, kv_heads, 1, 1), dtype=torch.float32, device=device)
-            self.value_scale = torch.ones_like(self.key_scale)
-        elif self.fmt.scaled == "token":
-            self.key_scale = torch.ones((batch, kv_heads, self.max_cache_len, 1), dtype=torch.float32, device=device)
+        shape = self.fmt.scale_shape(batch, kv_heads, self.max_cache_len)
+        if shape is not None:  # the format's scales beside keys and values
+            self.key_scale = torch.ones(shape, dtype=torch.float32, device=device)
             self.value_scale = torch.ones_like(self.key_scale)
         self.is_initialized = True
 
@@ -107,19 +70,14 @@ class KVLayer:
         b, h, _, d = key_states.shape
         self.allocate(b, h, d, key_states.dtype, key_states.device)
 
-    def _head_scale(self, x: torch.Tensor) -> torch.Tensor:
-        assert self.fmt.storage is not None
-        amax = x.detach().abs().amax(dim=(0, 2, 3), keepdim=True).float()
-        return (amax / _largest(self.fmt.storage)).clamp(min=torch.finfo(torch.float32).tiny)
-
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any,
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[-2]
-        if self.fmt.scaled == "head" and not self.calibrated:
-            self.key_scale.copy_(self._head_scale(key_states))
-            self.value_scale.copy_(self._head_scale(value_states))
+        if not self.calibrated and hasattr(self, "key_scale"):  # a format that fixes its scales from the prompt
+            self.fmt.calibrate(self.key_scale, key_states)
+            self.fmt.calibrate(self.value_scale, value_states)
             self.calibrated = True
         if self.is_sliding and self.seen + n > self.max_cache_len:
             return self._slide(key_states, value_states)
@@ -159,28 +117,14 @@ class KVLayer:
         return out[0], out[1]
 
     def _write(self, store: torch.Tensor, scale: torch.Tensor | None, x: torch.Tensor, at: torch.Tensor) -> None:
-        if self.fmt.scaled == "":
-            store.index_copy_(2, at, x.to(store.dtype))
-            return
-        assert scale is not None and self.fmt.storage is not None
-        top = _largest(self.fmt.storage)
-        if self.fmt.scaled == "token":
-            here = (x.detach().abs().amax(dim=-1, keepdim=True).float() / top).clamp(
-                min=torch.finfo(torch.float32).tiny)
-            scale.index_copy_(2, at, here)
-            q = (x.float() / here).round().clamp(-top, top)
-        else:
-            q = (x.float() / scale).clamp(-top, top)
+        q = self.fmt.encode(x, scale, at, store.dtype)
         if store.element_size() == 1 and store.is_floating_point():  # no index_copy_ for float8 on every device
-            store.view(torch.uint8).index_copy_(2, at, q.to(store.dtype).view(torch.uint8))
+            store.view(torch.uint8).index_copy_(2, at, q.view(torch.uint8))
         else:
-            store.index_copy_(2, at, q.to(store.dtype))
+            store.index_copy_(2, at, q)
 
     def _read(self, store: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-        if self.fmt.scaled == "":
-            return store if store.dtype == self.dtype else store.to(self.dtype)
-        assert scale is not None
-        return (store.float() * scale).to(self.dtype)
+        return self.fmt.decode(store, scale, self.dtype)
 
     def get_mask_sizes(self, query_length: int, *args: Any) -> tuple[int, int]:
         """(keys the mask spans, position of the first): transformers' StaticSlidingWindowLayer's for a sliding

@@ -7,15 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.policies import Plan, get_policy
-from dtypelab.serving.kv import FORMATS, NATIVE, KVFormat
+from dtypelab.core.policies import Plan, defaults, get_policy, split_kv
+from dtypelab.core.policies.kinds import NATIVE, KVFormat
 
 # measured here by default: the baseline, the casts, the weight formats that run on a CPU, the KV formats over
-# float32 weights, and the smallest of both
-DEFAULT_MEASURED = ("fp32", "bf16", "int8-wo", "int8-dyn", "fp8-wo", "fp32+kv-bf16", "fp32+kv-fp8",
-                    "fp32+kv-int8", "int8-wo+kv-int8")
-# forecast for a GPU by default: bf16 (the baseline there), the weight formats, and the KV formats over bf16
-DEFAULT_FORECAST = ("bf16", "int8-wo", "fp8-dyn-row", "int4-wo", "bf16+kv-fp8", "int4-wo+kv-fp8")
+# float32 weights, and the smallest of both; forecast for a GPU by default: bf16 (the baseline there), the weight
+# formats, and the KV formats over bf16 (each kind's module puts its policies in these lists)
+DEFAULT_MEASURED = defaults("serve-measured")
+DEFAULT_FORECAST = defaults("serve-forecast")
+DEFAULT_FORECAST_CPU = defaults("serve-forecast-cpu")
 
 
 @dataclass(frozen=True)
@@ -30,16 +30,10 @@ class ServePolicy:
 
 
 def serve_policy(spec: str) -> ServePolicy:
-    """``NAME[+kv-FORMAT]``: a registered policy that serves, with the cache's format."""
+    """``NAME[+kv-FORMAT]``: a registered policy that serves, with the cache's format (the registry's modifier)."""
     spec = spec.strip()
-    parts = spec.split("+")
-    kvs = [part for part in parts if part.startswith("kv-")]
-    if len(kvs) > 1:
-        raise DtypelabError(f"policy {spec}: one KV-cache format at most ({' and '.join('+' + k for k in kvs)} given)")
-    if kvs and kvs[0] not in FORMATS:
-        raise DtypelabError(f"policy {spec}: unknown KV-cache format {kvs[0]!r}; use one of {', '.join(FORMATS)}")
-    kv = FORMATS[kvs[0]] if kvs else NATIVE
-    head = "+".join(part for part in parts if not part.startswith("kv-"))  # the modifiers in any order
+    head, fmt = split_kv(spec)
+    kv = fmt or NATIVE
     if not head:
         raise DtypelabError(f"policy {spec}: a KV format modifies a weight format: NAME+{kv.label} (fp32+{kv.label})")
     plan = get_policy(head)
@@ -62,4 +56,5 @@ def serve_policies(spec: str | None, defaults: tuple[str, ...]) -> list[ServePol
     return out
 
 
-__all__ = ["DEFAULT_FORECAST", "DEFAULT_MEASURED", "ServePolicy", "serve_policies", "serve_policy"]
+__all__ = ["DEFAULT_FORECAST", "DEFAULT_FORECAST_CPU", "DEFAULT_MEASURED", "ServePolicy", "serve_policies",
+           "serve_policy"]

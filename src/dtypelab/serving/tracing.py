@@ -7,6 +7,7 @@ known to be exactly its weights and its cache, lets a search's sizes be traced a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,7 +262,8 @@ class PolicyRun:
         for i in layers:
             cells = shape.batch_size * kv_heads * held[i]
             sizes = [cells * head_dim * element] * 2
-            sizes += [cells * 4] * 2 if fmt.scaled == "token" else [kv_heads * 4] * 2 if fmt.scaled == "head" else []
+            scales = fmt.scale_shape(shape.batch_size, kv_heads, held[i])
+            sizes += [math.prod(scales) * 4] * 2 if scales is not None else []  # float32 scales beside keys, values
             rounded += sum(-(-n // block) * block for n in (*sizes, position))
             stored += sum(sizes)
         return rounded, stored

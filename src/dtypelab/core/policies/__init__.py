@@ -20,19 +20,22 @@ from dtypelab.core.policies.plan import PLAN_SCHEMA, Availability, Plan, single
 from dtypelab.core.policies.precision import Precision
 from dtypelab.core.policies.regions import regions
 from dtypelab.core.policies.registry import (
-    NOT_IN_DEFAULT_SWEEP,
+    KV_FORMATS,
     REGISTRY,
     STATE_MODIFIERS,
     baseline_policy,
     default_policies,
+    defaults,
     emulated_version,
     get_policy,
     gpu_only_policies,
     load_plan,
+    order_builtins,
     parse_policies,
     plan_from_dict,
     policies_for,
     register,
+    split_kv,
 )
 from dtypelab.core.results import PolicyInfo
 from dtypelab.core.tolerance import BASELINE, COMPILED_BASELINE
@@ -52,10 +55,11 @@ def policy_info(plan: Plan) -> PolicyInfo:
 
 
 import_all()  # a kind dropped into kinds/ as one file: its module registers its kind and policies, the registry exists
+order_builtins()
 
-__all__ = ["BASELINE", "COMPILED_BASELINE", "KINDS", "NOT_IN_DEFAULT_SWEEP", "PLAN_SCHEMA", "REGISTRY", "SOURCES",
+__all__ = ["BASELINE", "COMPILED_BASELINE", "KINDS", "KV_FORMATS", "PLAN_SCHEMA", "REGISTRY", "SOURCES",
            "STATE_MODIFIERS", "TF32", "ActivationPart", "Autocast", "Availability", "Cast", "Config", "Distributed",
            "Facts", "Float8Train", "LoRA", "Plan", "Precision", "Quantize", "baseline_policy", "config_from_dict",
-           "config_to_dict",
-           "default_policies", "emulated_version", "get_policy", "gpu_only_policies", "load_plan", "parse_policies",
-           "plan_from_dict", "policies_for", "policy_info", "regions", "register", "single", "tuned"]
+           "config_to_dict", "default_policies", "defaults", "split_kv", "emulated_version", "get_policy",
+           "gpu_only_policies", "load_plan", "parse_policies", "plan_from_dict", "policies_for", "policy_info",
+           "regions", "register", "single", "tuned"]

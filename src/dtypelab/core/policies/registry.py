@@ -1,5 +1,8 @@
-"""The registry: every policy by name (a registered policy is a named plan), the built-ins registered below, and
-the lookup of a name, a plan file or a user's ``FILE.py:NAME``. Adding a parameterised variant is one line::
+"""The registry: every policy by name (a registered policy is a named plan), the modifiers a name takes (the
+optimizer state's, the KV cache's), the default sweeps and lists each policy is in, and the lookup of a name, a
+plan file or a user's ``FILE.py:NAME``. Nothing is registered here: each kind's module (``kinds/``) registers its
+own policies and says which defaults hold them, a user's file its own. A parameterised variant is one line in its
+kind's file::
 
     register("amp-fp16-noscaler", Autocast("float16", scaler=False))
 """
@@ -15,101 +18,83 @@ from typing import Any
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.policies.configs import Config, Emulable
 from dtypelab.core.policies.distributed import split_modifier
-from dtypelab.core.policies.kinds import (
-    TF32,
-    Autocast,
-    BF16Update,
-    Cast,
-    Float8Train,
-    LoRA,
-    LowBitState,
-    MXInfer,
-    MXTrain,
-    Quantize,
-)
 from dtypelab.core.policies.loss import is_loss_label
 from dtypelab.core.policies.plan import Plan, single
 from dtypelab.core.policies.plugins import lookup
 from dtypelab.core.results.store import read_json
-from dtypelab.core.tolerance import BASELINE, COMPILED_BASELINE
 
 REGISTRY: dict[str, Plan] = {}
 # policies a user's file registered as it was loaded for FILE.py:NAME: they run when named, never in a default sweep
 NAMED_ONLY: set[str] = set()
+# Which default sweeps run a policy (bench's: a CPU's or a GPU's, training or inference), as each kind's module said
+# when it registered it; by name only: none of them
+EVERY_SWEEP = frozenset({"cpu-train", "cpu-infer", "gpu-train", "gpu-infer"})
+SWEEPS: dict[str, frozenset[str]] = {}
+# The default lists other commands start from (forecast's and serving's), each entry a policy as named (modifiers
+# included: bf16-sr+adam8bit, int4-wo+kv-fp8) and its place in the list, as the kinds' modules add them
+DEFAULTS: dict[str, list[tuple[float, str]]] = {}
+_RANKS: dict[str, float] = {}  # a built-in's place in the listings (its kind's module says), whatever imports first
+STATE_MODIFIERS: dict[str, Config] = {}  # POLICY+adam8bit: the optimizer-state kinds by label
+KV_FORMATS: dict[str, Any] = {}  # POLICY+kv-fp8 (--mode generate): the KV-cache formats by label
 
 
-def register(name: str, policy: Config | Plan, summary: str = "", *, replace: bool = False) -> Plan:
-    """Register ``policy`` under ``name`` (its summary defaults to the config's own description)."""
+def register(name: str, policy: Config | Plan, summary: str = "", *, replace: bool = False,
+             sweeps: frozenset[str] = EVERY_SWEEP, rank: float | None = None) -> Plan:
+    """Register ``policy`` under ``name`` (its summary defaults to the config's own description); ``sweeps``: the
+    default sweeps that run it (``EVERY_SWEEP``; ``frozenset()``: by name only); ``rank``: a built-in's place in
+    the listings."""
     if name in REGISTRY and not replace:
         raise DtypelabError(f"policy {name!r} is registered already (replace=True overrides it)")
     plan = policy if isinstance(policy, Plan) else single(policy)
     plan = Plan(plan.default, plan.rules, name=name, summary=summary or plan.summary, compile=plan.compile)
     REGISTRY[name] = plan
+    SWEEPS[name] = sweeps
+    if rank is not None:
+        _RANKS[name] = rank
     return plan
 
 
-register("fp64", Cast("float64"))
-register(BASELINE, Cast("float32"))
-register("tf32", TF32())
-register("bf16", Cast("bfloat16"))
-register("fp16", Cast("float16"))
-register("amp-bf16", Autocast("bfloat16"), "torch.autocast(bfloat16) with float32 weights")
-register("amp-fp16", Autocast("float16", scaler=True), "torch.autocast(float16) + GradScaler, float32 weights")
-register("int8-dyn", Quantize("int8-dynamic"), "int8 weights (per channel) + int8 activations (per token), torchao, "
-         "eager")
-# Compiled float baselines: a compiled quantized policy is only fairly compared with compiled float ones.
-register(COMPILED_BASELINE, REGISTRY["fp32"].compiled(), "float32 under torch.compile: the speed baseline of "
-         "compiled policies")
-register("bf16+compile", REGISTRY["bf16"].compiled())
-register("amp-bf16+compile", REGISTRY["amp-bf16"].compiled(), "torch.autocast(bfloat16) with float32 weights, under "
-         "torch.compile: the fair baseline of float8 training, which compiles")
-register("int8-dyn-compile", Quantize("int8-dynamic", compile=True))
-register("int8-wo", Quantize("int8-weight-only"))
-register("fp8-wo", Quantize("fp8-weight-only"))
-register("int8-dyn-legacy", Quantize("int8-dynamic", library="torch.ao", granularity="per-tensor"))
-register("int8-dyn-legacy-pc", Quantize("int8-dynamic", library="torch.ao", granularity="per-channel"))
-# GPU-native formats (CUDA only; a CPU sweep leaves them out unless named): float8 training on compute capability
-# >= 8.9, real float8 inference matmuls there, int4 weight-only inference.
-register("fp8-tensorwise", Float8Train("tensorwise"))
-register("fp8-rowwise", Float8Train("rowwise"))
-register("fp8-rowwise-gw-hp", Float8Train("rowwise_with_gw_hp"))
-register("fp8-dyn-row", Quantize("fp8-dynamic"))
-register("fp8-dyn-tensor", Quantize("fp8-dynamic", granularity="per-tensor"))
-register("int4-wo", Quantize("int4-weight-only"))
-# The training state: bfloat16 weights whose small updates survive, and (POLICY+adam8bit, a modifier of any policy
-# that trains with Adam or AdamW) the optimizer's moments in fewer bits.
-register("bf16-sr", BF16Update("stochastic-round"))
-register("bf16-kahan", BF16Update("kahan"))
-STATE_MODIFIERS = {c.label: c for c in (LowBitState("8bit"), LowBitState("4bit"), LowBitState("fp8"))}
-# Fine-tuning: a frozen base, LoRA adapters through peft (--lora-rank, --lora-alpha, --lora-targets set them per
-# command). lora-fp8 needs float8 matmuls; its emulation (float8 storage, bfloat16 matmuls) runs anywhere.
-FINE_TUNING = {c.label: register(c.label, c).name for c in (
-    LoRA("bfloat16"), LoRA("float32"), LoRA("nf4"), LoRA("int8"), LoRA("fp8"), LoRA("fp8", emulate=True),
-    LoRA("bfloat16", adapters="bfloat16"), LoRA("nf4", adapters="bfloat16"))}
-# The numerics of the GPU-only float8 training recipes where they cannot run (bench --emulate picks them): torchao's
-# emulation, numerics only. Same layer filter as on the GPU; the -all variants convert every eligible layer.
-# MX (Blackwell): mxfp8 training, mxfp8 / mxfp4 inference, and their emulated numerics.
-register("mxfp8", MXTrain())
-register("mxfp8-dyn", MXInfer("mxfp8"))
-register("mxfp4-dyn", MXInfer("mxfp4"))
-_GPU_FORMATS = [*(Float8Train(r, s) for r in ("tensorwise", "rowwise", "rowwise_with_gw_hp") for s in ("auto", "none")),
-                MXTrain(), MXInfer("mxfp8"), MXInfer("mxfp4")]
-EMULATED = {real.label: register(dataclasses.replace(real, emulate=True).label,
-                                 dataclasses.replace(real, emulate=True)).name for real in _GPU_FORMATS}
+def in_default(listing: str, name: str, rank: float) -> None:
+    """Put the policy ``name`` (modifiers included) in the default list ``listing`` at ``rank``."""
+    DEFAULTS.setdefault(listing, []).append((rank, name))
 
 
-# Registered policies a default sweep leaves out: nobody deploys float64 inference, and it doubles the time
-# of a sweep whose question is "which cheaper format keeps my outputs". Still runnable by name.
-# Compiling a training step (forward and backward graphs) takes minutes on a small CPU: by name only there; on a
-# GPU it takes seconds, and the compiled float policies are float8 training's fair baselines.
-# The state policies answer a question of their own (bf16 weights that keep their updates; see the bench note when
-# pure bf16 loses them): named, not in every sweep.
-# Emulated numerics run with --emulate (or by name), never in a plain sweep.
-NOT_IN_DEFAULT_SWEEP = {"train": frozenset({"fp32+compile", "bf16+compile", "amp-bf16+compile", "bf16-sr",
-                                            "bf16-kahan", *EMULATED.values(), *FINE_TUNING.values()}),
-                        "infer": frozenset({"fp64", "amp-bf16+compile", *EMULATED.values()})}
-NOT_IN_DEFAULT_GPU_SWEEP = {"train": frozenset({"bf16-sr", "bf16-kahan", *EMULATED.values(), *FINE_TUNING.values()}),
-                            "infer": frozenset({*NOT_IN_DEFAULT_SWEEP["infer"]})}
+def defaults(listing: str) -> tuple[str, ...]:
+    """A default list, in its entries' order."""
+    return tuple(name for _, name in sorted(DEFAULTS.get(listing, [])))
+
+
+def register_state_modifier(config: Config) -> None:
+    """An optimizer-state kind, named as a modifier: POLICY+LABEL."""
+    STATE_MODIFIERS[config.label] = config
+
+
+def register_kv(fmt: Any) -> None:
+    """A KV-cache format (``kinds.kv_cache.KVFormat``), named as a modifier under --mode generate: POLICY+LABEL."""
+    KV_FORMATS[fmt.label] = fmt
+
+
+def order_builtins() -> None:
+    """The built-ins in their ranks' order (each kind's module registers its own, in whatever order they import);
+    the policies registered since (a user's) after them."""
+    ranked = sorted((n for n in REGISTRY if n in _RANKS), key=_RANKS.__getitem__)
+    rest = [n for n in REGISTRY if n not in _RANKS]
+    ordered = {n: REGISTRY[n] for n in (*ranked, *rest)}
+    REGISTRY.clear()
+    REGISTRY.update(ordered)
+
+
+def split_kv(spec: str) -> tuple[str, Any]:
+    """``NAME[+kv-FORMAT]`` as (the weight format with its other modifiers, the KV format or None): the KV modifier
+    anywhere among the others."""
+    parts = spec.strip().split("+")
+    kvs = [part for part in parts if part.startswith("kv-")]
+    if len(kvs) > 1:
+        raise DtypelabError(f"policy {spec}: one KV-cache format at most ({' and '.join('+' + k for k in kvs)} given)")
+    if kvs and kvs[0] not in KV_FORMATS:
+        raise DtypelabError(f"policy {spec}: unknown KV-cache format {kvs[0]!r}; use one of {', '.join(KV_FORMATS)}")
+    head = "+".join(part for part in parts if not part.startswith("kv-"))
+    return head, KV_FORMATS[kvs[0]] if kvs else None
 
 
 def policies_for(mode: str) -> list[str]:
@@ -118,12 +103,13 @@ def policies_for(mode: str) -> list[str]:
 
 
 def default_policies(mode: str, device: str = "cuda") -> list[str]:
-    """What ``bench`` runs when no policy is named: ``policies_for(mode)`` less ``NOT_IN_DEFAULT_SWEEP``, less what a
-    user's file registered (``NAMED_ONLY``), and on a CPU (``device``) less the GPU-only ones."""
+    """What ``bench`` runs when no policy is named: ``policies_for(mode)`` that their kinds put in this device's
+    default sweep for ``mode`` (``SWEEPS``), less what a user's file registered (``NAMED_ONLY``), and on a CPU
+    (``device``) less the GPU-only ones."""
     cpu = device.startswith("cpu")
-    left_out = (NOT_IN_DEFAULT_SWEEP if cpu else NOT_IN_DEFAULT_GPU_SWEEP).get(mode, frozenset())
-    return [name for name in policies_for(mode) if name not in left_out and name not in NAMED_ONLY
-            and not (cpu and REGISTRY[name].gpu_only)]
+    sweep = f"{'cpu' if cpu else 'gpu'}-{mode}"
+    return [name for name in policies_for(mode) if (sweep in SWEEPS.get(name, EVERY_SWEEP) or sweep not in EVERY_SWEEP)
+            and name not in NAMED_ONLY and not (cpu and REGISTRY[name].gpu_only)]
 
 
 def emulated_version(plan: Plan) -> Plan | None:
@@ -155,10 +141,11 @@ def _lookup(name: str) -> Plan:
         raise DtypelabError(unknown_policy(name)) from None
 
 
-# the modifiers a policy takes, in the words of one line (``dtypelab policies`` lists them too)
-MODIFIERS = (f"+compile, +ckpt, +chunked-ce or +chunked-ceN (the loss in N chunks), "
-             f"+{'/+'.join(STATE_MODIFIERS)} (Adam's state), +ddp-*/+fsdp* (distributed), and with --mode generate "
-             "+kv-FORMAT (the KV cache's format)")
+def modifiers_text() -> str:
+    """The modifiers a policy takes, in the words of one line (``dtypelab policies`` lists them too)."""
+    return (f"+compile, +ckpt, +chunked-ce or +chunked-ceN (the loss in N chunks), "
+            f"+{'/+'.join(STATE_MODIFIERS)} (Adam's state), +ddp-*/+fsdp* (distributed), and with --mode generate "
+            "+kv-FORMAT (the KV cache's format)")
 
 
 def unknown_policy(name: str) -> str:
@@ -172,7 +159,7 @@ def unknown_policy(name: str) -> str:
     if head:
         known = head in REGISTRY or head.removesuffix("+compile") in REGISTRY
         return (f"policy {name!r}: unknown modifier '+{tail}'" + ("" if known else f" (and {head!r} is no policy)")
-                + f"; modifiers: {MODIFIERS}")
+                + f"; modifiers: {modifiers_text()}")
     close = difflib.get_close_matches(name, REGISTRY, n=3, cutoff=0.6)
     hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
     return (f"unknown policy {name!r}{hint}: `dtypelab policies` lists them; also a plan file (.json) or your own "

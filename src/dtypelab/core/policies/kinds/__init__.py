@@ -10,14 +10,15 @@ import pkgutil
 from dtypelab.core.policies.kinds.autocast import Autocast
 from dtypelab.core.policies.kinds.cast import Cast
 from dtypelab.core.policies.kinds.float8 import Float8Train
+from dtypelab.core.policies.kinds.kv_cache import NATIVE, KVFormat
 from dtypelab.core.policies.kinds.lora import LoRA
 from dtypelab.core.policies.kinds.mx import MXInfer, MXTrain
 from dtypelab.core.policies.kinds.quantize import Quantize
 from dtypelab.core.policies.kinds.tf32 import TF32
 from dtypelab.core.policies.kinds.training_state import BF16Update, LowBitState
 
-__all__ = ["TF32", "Autocast", "BF16Update", "Cast", "Float8Train", "LoRA", "LowBitState", "MXInfer", "MXTrain",
-           "Quantize"]
+__all__ = ["NATIVE", "TF32", "Autocast", "BF16Update", "Cast", "Float8Train", "KVFormat", "LoRA", "LowBitState",
+           "MXInfer", "MXTrain", "Quantize"]
 
 
 def import_all() -> list[str]:

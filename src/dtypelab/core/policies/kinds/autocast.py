@@ -11,6 +11,7 @@ import torch
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies.configs import SHORT, Config, Facts, _float_dtype, bf16_missing
+from dtypelab.core.policies.registry import REGISTRY, in_default, register
 from dtypelab.core.task import map_tensors
 
 
@@ -52,3 +53,14 @@ class Autocast(Config):
         # the script's loss runs after forward, outside autocast: in float32, as autocast would run it (Fabric
         # does the same); a float16 loss times GradScaler's 65536 overflows
         return map_tensors(_to_float32, output)
+
+
+register("amp-bf16", Autocast("bfloat16"), "torch.autocast(bfloat16) with float32 weights", rank=6)
+register("amp-fp16", Autocast("float16", scaler=True), "torch.autocast(float16) + GradScaler, float32 weights", rank=7)
+# the fair baseline of float8 training, which compiles: a GPU's training sweep runs it
+register("amp-bf16+compile", REGISTRY["amp-bf16"].compiled(), "torch.autocast(bfloat16) with float32 weights, under "
+         "torch.compile: the fair baseline of float8 training, which compiles", sweeps=frozenset({"gpu-train"}),
+         rank=11)
+in_default("forecast-train", "amp-bf16", 3)
+in_default("forecast-fine-tuning", "amp-bf16", 1)
+in_default("forecast-fine-tuning", "amp-bf16+ckpt", 2)

@@ -10,6 +10,8 @@ import torch
 
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies.configs import SHORT, Config, Facts, _float_dtype, bf16_missing
+from dtypelab.core.policies.registry import EVERY_SWEEP, REGISTRY, in_default, register
+from dtypelab.core.tolerance import BASELINE, COMPILED_BASELINE
 
 
 @dataclass(frozen=True)
@@ -43,3 +45,19 @@ class Cast(Config):
         if getattr(torch, self.dtype) == outer and parent.facts.autocast_dtype is None:
             return None  # runs as its parent does already (e.g. a layer excluded from quantization)
         return self
+
+
+register("fp64", Cast("float64"), sweeps=frozenset({"cpu-train", "gpu-train"}), rank=1)  # nobody serves float64
+register(BASELINE, Cast("float32"), rank=2)
+register("bf16", Cast("bfloat16"), rank=4)
+register("fp16", Cast("float16"), rank=5)
+# Compiled float baselines: a compiled quantized policy is only fairly compared with compiled float ones. Compiling a
+# training step takes minutes on a small CPU: by name only there.
+register(COMPILED_BASELINE, REGISTRY[BASELINE].compiled(), "float32 under torch.compile: the speed baseline of "
+         "compiled policies", sweeps=EVERY_SWEEP - {"cpu-train"}, rank=9)
+register("bf16+compile", REGISTRY["bf16"].compiled(), sweeps=EVERY_SWEEP - {"cpu-train"}, rank=10)
+for _listing, _rank in (("forecast-train", 1), ("forecast-infer", 1), ("serve-measured", 1), ("serve-forecast-cpu", 1)):
+    in_default(_listing, BASELINE, _rank)
+for _listing, _rank in (("forecast-train", 2), ("forecast-infer", 2), ("serve-measured", 2), ("serve-forecast", 1),
+                        ("serve-forecast-cpu", 2)):
+    in_default(_listing, "bf16", _rank)

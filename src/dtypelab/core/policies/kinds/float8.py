@@ -13,6 +13,7 @@ from dtypelab.core.backends import quiet, torchao_missing, torchao_module
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies.configs import Config, Emulable, Facts, cuda_missing
+from dtypelab.core.policies.registry import in_default, register
 
 
 def float8_unfit(out_features: int, in_features: int) -> str | None:
@@ -137,3 +138,15 @@ class Float8Train(Emulable, Config):
                         module.register_forward_pre_hook(_autocast_input)
         what = f"float8 training ({self.recipe}{', emulated' if self.emulate else ''})"
         return model, {"format": what, "converted": sorted(chosen), "left_out": left_out}
+
+
+# float8 training (CUDA, compute capability >= 8.9), and its numerics where it cannot run (bench --emulate picks them:
+# torchao's emulation, numerics only, the same layer filter; the -all variants convert every eligible layer)
+register("fp8-tensorwise", Float8Train("tensorwise"), rank=17)
+register("fp8-rowwise", Float8Train("rowwise"), rank=18)
+register("fp8-rowwise-gw-hp", Float8Train("rowwise_with_gw_hp"), rank=19)
+for _i, _real in enumerate(Float8Train(r, s) for r in ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+                           for s in ("auto", "none")):
+    _emulated = dataclasses.replace(_real, emulate=True)
+    register(_emulated.label, _emulated, sweeps=frozenset(), rank=40 + _i)  # with --emulate, or by name
+in_default("forecast-train", "fp8-tensorwise", 6)

@@ -38,6 +38,7 @@ from dtypelab.core.backends import quiet, torchao_missing, torchao_module
 from dtypelab.core.errors import DtypelabError, OptionError, Unsupported
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies.configs import ActivationPart, Config, Emulable, Facts, bf16_missing, cuda_missing
+from dtypelab.core.policies.registry import in_default, register
 
 # base -> (label, what the frozen base stores)
 BASES = {"float32": ("lora-fp32", "float32"), "bfloat16": ("lora-bf16", "bfloat16"),
@@ -374,4 +375,16 @@ def adapters_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, what:
         raise Unsupported(f"{what}: {type(optimizer).__name__} cannot be rebuilt over the adapters ({exc})") from None
 
 
-__all__ = ["BASES", "Layout", "LoRA", "adapters_optimizer", "output_head", "peft_missing"]
+# Fine-tuning: a frozen base, LoRA adapters through peft (--lora-rank, --lora-alpha, --lora-targets set them per
+# command); a question of their own, named, not in a training sweep. lora-fp8 needs float8 matmuls; its emulation
+# (float8 storage, bfloat16 matmuls) runs anywhere.
+FINE_TUNING = {c.label: register(c.label, c, sweeps=frozenset({"cpu-infer", "gpu-infer"}), rank=25 + i).name
+               for i, c in enumerate((LoRA("bfloat16"), LoRA("float32"), LoRA("nf4"), LoRA("int8"), LoRA("fp8"),
+                                      LoRA("fp8", emulate=True), LoRA("bfloat16", adapters="bfloat16"),
+                                      LoRA("nf4", adapters="bfloat16")))}
+for _name, _rank in (("lora-bf16", 3), ("lora-bf16+ckpt", 4), ("qlora-nf4", 5), ("qlora-nf4+ckpt", 6),
+                     ("lora-int8+ckpt", 7), ("lora-fp8+ckpt", 8)):
+    in_default("forecast-fine-tuning", _name, _rank)
+
+
+__all__ = ["BASES", "FINE_TUNING", "Layout", "LoRA", "adapters_optimizer", "output_head", "peft_missing"]

@@ -17,6 +17,7 @@ from dtypelab.core.backends import quiet, torchao_missing, torchao_module
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies.configs import Config, Emulable, Facts, cuda_missing
+from dtypelab.core.policies.registry import in_default, register
 
 MX_BLOCK = 32  # values sharing one scale; a Linear's dimensions must be multiples of it
 MX_FLOOR = (10, 0)  # Blackwell: MX tensor cores
@@ -172,3 +173,12 @@ class MXInfer(_MX):
                                                       kernel_preference=kernel.EMULATED if self.emulate
                                                       else kernel.AUTO)
         return _convert(model, names, config, self.elements + (" (emulated)" if self.emulate else ""))
+
+
+# MX (Blackwell): mxfp8 training, mxfp8 / mxfp4 inference, and their emulated numerics (with --emulate, or by name)
+register("mxfp8", MXTrain(), rank=33)
+register("mxfp8-dyn", MXInfer("mxfp8"), rank=34)
+register("mxfp4-dyn", MXInfer("mxfp4"), rank=35)
+for _i, _emulated in enumerate((MXTrain(emulate=True), MXInfer("mxfp8", emulate=True), MXInfer("mxfp4", emulate=True))):
+    register(_emulated.label, _emulated, sweeps=frozenset(), rank=46 + _i)
+in_default("forecast-infer", "mxfp4-dyn", 8)

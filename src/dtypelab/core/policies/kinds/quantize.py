@@ -18,6 +18,7 @@ from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies.configs import Config, Facts, cuda_missing
 from dtypelab.core.policies.kinds.cast import Cast
 from dtypelab.core.policies.kinds.float8 import float8_unfit
+from dtypelab.core.policies.registry import in_default, register
 
 # scheme -> (what it stores and computes, compute dtype for the probe, emulated)
 SCHEMES = {
@@ -215,3 +216,25 @@ class Quantize(Config):
             return f"{n}×{k}: int4 needs the input width a multiple of {INT4_GROUP} (its group size) and the outputs " \
                 "of 8"
         return float8_unfit(n, k) if self.scheme == "fp8-dynamic" else None
+
+
+register("int8-dyn", Quantize("int8-dynamic"), "int8 weights (per channel) + int8 activations (per token), torchao, "
+         "eager", rank=8)
+register("int8-dyn-compile", Quantize("int8-dynamic", compile=True), rank=12)
+register("int8-wo", Quantize("int8-weight-only"), rank=13)
+register("fp8-wo", Quantize("fp8-weight-only"), rank=14)
+register("int8-dyn-legacy", Quantize("int8-dynamic", library="torch.ao", granularity="per-tensor"), rank=15)
+register("int8-dyn-legacy-pc", Quantize("int8-dynamic", library="torch.ao", granularity="per-channel"), rank=16)
+# GPU-native formats (CUDA only; a CPU sweep leaves them out unless named): real float8 inference matmuls on compute
+# capability >= 8.9, int4 weight-only inference
+register("fp8-dyn-row", Quantize("fp8-dynamic"), rank=20)
+register("fp8-dyn-tensor", Quantize("fp8-dynamic", granularity="per-tensor"), rank=21)
+register("int4-wo", Quantize("int4-weight-only"), rank=22)
+for _listing, _entries in (("forecast-train", (("int8-wo", 7), ("fp8-dyn-row", 8), ("int4-wo", 9))),
+                           ("forecast-infer", (("int8-dyn", 3), ("int8-wo", 4), ("fp8-wo", 5), ("fp8-dyn-row", 6),
+                                               ("int4-wo", 7))),
+                           ("serve-measured", (("int8-wo", 3), ("int8-dyn", 4), ("fp8-wo", 5))),
+                           ("serve-forecast", (("int8-wo", 2), ("fp8-dyn-row", 3), ("int4-wo", 4))),
+                           ("serve-forecast-cpu", (("int8-wo", 3),))):
+    for _name, _rank in _entries:
+        in_default(_listing, _name, _rank)

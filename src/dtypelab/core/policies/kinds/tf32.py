@@ -12,6 +12,7 @@ import torch
 
 from dtypelab.core.hardware import HardwareInfo
 from dtypelab.core.policies.configs import Config, Facts
+from dtypelab.core.policies.registry import register
 
 
 @contextlib.contextmanager
@@ -48,3 +49,6 @@ class TF32(Config):
 
     def session(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
         return _tf32()
+
+
+register("tf32", TF32(), rank=3)
