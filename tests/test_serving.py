@@ -696,3 +696,48 @@ def test_a_version_2_generate_record_reads_its_verdict_words_as_codes(tmp_path):
     record = load_record(str(path))
     assert record.decision == Decision.KEEP_BASELINE
     assert [p.verdict for p in record.policies] == [Verdict.BASELINE, Verdict.NO_GAIN, Verdict.OUTSIDE, Verdict.WITHIN]
+
+
+def test_a_kv_format_added_in_one_file_is_forecast_and_measured(tmp_path, monkeypatch):
+    """A KV format is its kind's registration in one file (here fp8 e4m3 with a scale per token and head, a file of
+    its own imported as a kind module is): nothing else names it, yet the forecast counts its bytes by the formula
+    and the measured sweep stores, reads back and judges it."""
+    import importlib.util
+
+    from dtypelab.core.policies import registry
+    from dtypelab.serving import serve_forecast
+    from dtypelab.serving.kv import layer_bytes_per_token
+
+    monkeypatch.setattr(registry, "KV_FORMATS", dict(registry.KV_FORMATS))
+    monkeypatch.setattr(registry, "DEFAULTS", {k: list(v) for k, v in registry.DEFAULTS.items()})
+    import dtypelab.serving.kv as kvmod
+
+    monkeypatch.setattr(kvmod, "FORMATS", registry.KV_FORMATS)
+    path = tmp_path / "kv_fp8_token.py"
+    path.write_text("import torch\n"
+                    "from dtypelab.core.policies.kinds.kv_cache import PerToken\n"
+                    "from dtypelab.core.policies.registry import register_kv\n"
+                    "register_kv(PerToken('kv-fp8-token', torch.float8_e4m3fn, 'keys and values in fp8 e4m3, a "
+                    "float32 scale per token and head'))\n")
+    spec = importlib.util.spec_from_file_location("kv_fp8_token", path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    fmt = kv_format("kv-fp8-token")
+    _, config = tiny_llama()
+    assert layer_bytes_per_token(config, fmt, torch.float32) == 2 * 2 * 16 * 1 + 2 * 2 * 4  # codes + scales
+    forecast = serve_forecast("tinylm", prompt_len=16, gen_len=8, device="H100", policies="bf16,bf16+kv-fp8-token",
+                              batch_search=False, speed=False, launcher="inline")
+    bf16, fp8 = (forecast.result(n).generate for n in ("bf16", "bf16+kv-fp8-token"))
+    assert bf16.kv_cache_bytes > fp8.kv_cache_bytes > bf16.kv_cache_bytes // 2
+    measured = serve_bench("tinylm", prompt_len=16, gen_len=8, batch_size=2, policies="fp32,fp32+kv-fp8-token",
+                           launcher="inline", rounds=3)
+    token = measured.result("fp32+kv-fp8-token")
+    assert token.status == "ok" and abs(token.quality.perplexity_change) < 0.05 and token.verdict is not None
+
+
+def test_a_format_without_a_published_kernel_share_is_timed_as_a_bf16_gemm_and_says_so():
+    """A quantization scheme just added (its layout and kernel key said by its kind, ``Quantize.stored_bytes`` and
+    ``Quantize.kernel``) has no fitted share in ``KERNELS``: timed as a bfloat16 GEMM reading its stored bytes."""
+    from dtypelab.serving.kernels import AS_BF16, KERNELS, kernel_of
+
+    assert kernel_of("int4-weight-only") is KERNELS["int4-weight-only"]
+    assert kernel_of("int3-weight-only") is AS_BF16 and AS_BF16.share == 1.0 and "no published" in AS_BF16.name

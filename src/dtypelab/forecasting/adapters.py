@@ -10,7 +10,6 @@ from torch import nn
 
 from dtypelab.core.policies import TF32, Autocast, Cast, Quantize
 from dtypelab.core.policies.adapters import Adapter, constant
-from dtypelab.core.policies.kinds.quantize import INT4_GROUP
 from dtypelab.core.policies.kinds.training_state import BF16Update
 
 STORED_WEIGHT_BYTES: Adapter[int | None] = Adapter("the bytes a module's weight takes in the kind's layout",
@@ -19,22 +18,8 @@ STORED_WEIGHT_BYTES: Adapter[int | None] = Adapter("the bytes a module's weight 
 
 @STORED_WEIGHT_BYTES.register(Quantize)
 def _quantized(config: Quantize, module: nn.Module) -> int | None:
-    """The converted layer's weight by torchao's layouts (``Int4TilePackedTo4dTensor``: int4 codes packed in int32,
-    the input width padded to 1024 and the outputs to 8, bfloat16 scale and zero point per group of 128;
-    ``Float8Tensor``: e4m3 codes and a float32 scale per row or per tensor) and fbgemm's packed int8 weight (int8
-    codes, a float32 scale and an int32 zero point per output channel or per tensor)."""
-    if not isinstance(module, nn.Linear) or (config.facts.gpu_only and config.unfit(module)):
-        return None
-    n, k = module.out_features, module.in_features
-    if config.scheme == "int4-weight-only":
-        n_pad, k_pad = -(-n // 8) * 8, -(-k // 1024) * 1024
-        return n_pad * k_pad // 2 + (k_pad // INT4_GROUP) * n_pad * 2 * 2
-    per_channel = config.granularity == "per-channel"
-    if config.scheme == "fp8-dynamic":
-        return n * k + (4 * n if per_channel else 4)
-    if config.library == "torch.ao":
-        return n * k + (8 * n if per_channel else 8)
-    return None  # torchao's CPU formats convert anywhere: traced
+    """The kind's own answer (``Quantize.stored_bytes``: each scheme's layout is said in its file)."""
+    return config.stored_bytes(module)
 
 
 # Plans whose kinds run the model's own forward and backward (no module conversion, no forward context or output

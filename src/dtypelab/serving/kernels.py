@@ -65,10 +65,17 @@ KERNEL: Adapter[str | None] = Adapter("the GPU kernel a layer the kind converts 
 
 @KERNEL.register(Quantize)
 def _quantized(config: Quantize, layer: nn.Module) -> str | None:
-    """torchao leaves a layer its kernel cannot take as it is (int4 needs whole groups of 128 inputs)."""
-    if not isinstance(layer, nn.Linear) or config.unfit(layer):
-        return None
-    return f"{config.scheme}-{config.granularity}" if config.scheme == "fp8-dynamic" else config.scheme
+    """The kind's own answer (``Quantize.kernel``)."""
+    return config.kernel(layer)
 
 
-__all__ = ["KERNEL", "KERNELS", "Kernel"]
+AS_BF16 = Kernel("as a bfloat16 GEMM (no published decode table for this format)", "bfloat16", 1.0, "")
+
+
+def kernel_of(key: str) -> Kernel:
+    """A format's kernel; one with no published share here (a format just added) as a bfloat16 GEMM reading its
+    stored bytes, and said so."""
+    return KERNELS.get(key, AS_BF16)
+
+
+__all__ = ["AS_BF16", "KERNEL", "KERNELS", "Kernel", "kernel_of"]

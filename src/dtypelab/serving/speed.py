@@ -20,7 +20,7 @@ from dtypelab.core.results import Energy, GenerateFigures, TargetDevice
 from dtypelab.core.speed import GPU_BANDWIDTH_SHARE, Op
 from dtypelab.core.tasks.hub import at_depth
 from dtypelab.forecasting import STORED_WEIGHT_BYTES, StepTimes, largest_batch, rates_for
-from dtypelab.serving.kernels import KERNELS
+from dtypelab.serving.kernels import kernel_of
 from dtypelab.serving.kv import kv_format
 from dtypelab.serving.policies import ServePolicy
 from dtypelab.serving.tracing import (
@@ -61,7 +61,7 @@ def gpu_ops(ops: tuple[Op, ...], layers: dict[str, str], stored: dict[str, int])
         if not run:
             return
         name = run[0].module
-        kernel = KERNELS[layers[name]]
+        kernel = kernel_of(layers[name])
         main = max(run, key=lambda o: o.flops)
         weight = max((b for _, b in main.reads), default=0)
         serial[0] -= 1
@@ -81,6 +81,11 @@ def gpu_ops(ops: tuple[Op, ...], layers: dict[str, str], stored: dict[str, int])
         out.append(op)
     flush()
     return tuple(out)
+
+
+def _kernel_words(key: str) -> str:
+    k = kernel_of(key)
+    return f"{key}: {k.name} ({k.share:.2f} of bf16's bandwidth share{', ' + k.source if k.source else ''})"
 
 
 def device_ops(run: PolicyRun, ops: tuple[Op, ...]) -> tuple[Op, ...]:
@@ -152,8 +157,7 @@ def _speed_figures(figures: GenerateFigures, run: PolicyRun, t: Traced, shape: S
     dec = times.of(plan, decode_ops, "traced")
     if pre.step_s is None or dec.step_s is None:
         return replace(figures, bound=dec.reason or pre.reason)
-    kernels = tuple(dict.fromkeys(f"{k}: {KERNELS[k].name} ({KERNELS[k].share:.2f} of bf16's bandwidth share, "
-                                  f"{KERNELS[k].source})" for k in run.layers.values())) if run.fc.cuda else ()
+    kernels = tuple(dict.fromkeys(_kernel_words(k) for k in run.layers.values())) if run.fc.cuda else ()
     bw, fl = _shares(decode_ops, dec.step_s, times.rates)
     return replace(figures, ttft_s=pre.step_s, prefill_tok_s=shape.batch_size * shape.prompt_len / pre.step_s,
                    decode_tok_s=shape.batch_size / dec.step_s, token_latency_s=dec.step_s, bound=dec.bound,

@@ -209,6 +209,33 @@ class Quantize(Config):
                 tq.default_dynamic_qconfig
             return tq.quantize_dynamic(model, dict.fromkeys(names, qconfig), dtype=torch.qint8), report
 
+    # --- what it stores, and runs on a GPU: the answers the forecasts' adapters read (a new scheme says its own) ---
+    def stored_bytes(self, layer: nn.Module) -> int | None:
+        """The converted layer's weight by torchao's layouts (``Int4TilePackedTo4dTensor``: int4 codes packed in
+        int32, the input width padded to 1024 and the outputs to 8, bfloat16 scale and zero point per group of 128;
+        ``Float8Tensor``: e4m3 codes and a float32 scale per row or per tensor) and fbgemm's packed int8 weight (int8
+        codes, a float32 scale and an int32 zero point per output channel or per tensor); None: the layer stays as it
+        is, or the format converts anywhere (its tensors are traced)."""
+        if not isinstance(layer, nn.Linear) or (self.facts.gpu_only and self.unfit(layer)):
+            return None
+        n, k = layer.out_features, layer.in_features
+        if self.scheme == "int4-weight-only":
+            n_pad, k_pad = -(-n // 8) * 8, -(-k // 1024) * 1024
+            return n_pad * k_pad // 2 + (k_pad // INT4_GROUP) * n_pad * 2 * 2
+        per_channel = self.granularity == "per-channel"
+        if self.scheme == "fp8-dynamic":
+            return n * k + (4 * n if per_channel else 4)
+        if self.library == "torch.ao":
+            return n * k + (8 * n if per_channel else 8)
+        return None  # torchao's CPU formats convert anywhere: traced
+
+    def kernel(self, layer: nn.Module) -> str | None:
+        """The GPU kernel a layer it converts runs (serving's ``KERNELS`` key): the scheme, fp8's by granularity;
+        None for a layer it leaves as it is (int4 needs whole groups of 128 inputs)."""
+        if not isinstance(layer, nn.Linear) or self.unfit(layer):
+            return None
+        return f"{self.scheme}-{self.granularity}" if self.scheme == "fp8-dynamic" else self.scheme
+
     def unfit(self, layer: nn.Linear) -> str | None:
         """Why a GPU format's kernel cannot take this layer (torchao would leave it as it is, silently), or None."""
         n, k = layer.out_features, layer.in_features
