@@ -291,13 +291,21 @@ class Fit:
         return self.first_nonfinite is not None and not (self.losses and math.isfinite(self.losses[-1]))
 
 
+@dataclass(frozen=True)
+class Watch:
+    """What follows a run as it goes: ``progress(done, total)`` after each step, and ``stop_if(samples)``, a reason
+    to stop it early from the step times so far ("" to go on)."""
+
+    progress: Callable[[int, int], None] | None = None
+    stop_if: Callable[[list[float]], str] | None = None
+
+
 def fit(task: Task, model: nn.Module, precision: Precision, optimizer: torch.optim.Optimizer, device: torch.device,
-        steps: int, batch_size: int, seed: int, timer: Any = None,
-        progress: Callable[[int, int], None] | None = None,
-        stop_if: Callable[[list[float]], str] | None = None) -> Fit:
+        steps: int, batch_size: int, seed: int, timer: Any = None, watch: Watch = Watch()) -> Fit:
     """Train ``steps`` steps inside the precision's session. ``timer`` (start/stop) brackets each step after
     its batch is fetched; a run whose loss stays non-finite for DIVERGED_PATIENCE steps stops early, and so
-    does one for which ``stop_if(timer.samples)`` gives a reason."""
+    does one for which ``watch.stop_if(timer.samples)`` gives a reason."""
+    progress, stop_if = watch.progress, watch.stop_if
     result, bad_run = Fit(), 0
     torch.manual_seed(seed)  # same dropout masks etc. for every policy
     with precision.session():

@@ -28,7 +28,9 @@ def _paired(base: tuple[RoundBlock, ...], blocks: tuple[RoundBlock, ...], value:
     pairs = [(by_round[p.round], p) for p in blocks
              if p.round in by_round and (getattr(by_round[p.round], value) or 0) > 0 and (getattr(p, value) or 0) > 0]
     used = _quiet(pairs, lambda bp: bp[0].disturbed or bp[1].disturbed)
-    per_step = (lambda b: b.median_s) if value == "median_s" else (lambda b: getattr(b, value) / b.n)
+    def per_step(b: RoundBlock) -> float:
+        return b.median_s if value == "median_s" else float(getattr(b, value)) / b.n
+
     ci = ratio_interval([(per_step(b), per_step(p)) for b, p in used])
     if ci is None:
         return None

@@ -30,7 +30,8 @@ def run_parts(jobs: Sequence[Any], launchers: Sequence[Any], on_part: OnPart | N
             if on_part is not None:
                 on_part(i, n)
 
-        return launchers[i].run(jobs[i], 24 * 3600, step)
+        outcome: Outcome = launchers[i].run(jobs[i], 24 * 3600, step)
+        return outcome
 
     if not together:
         return _in_turn(run, len(jobs))

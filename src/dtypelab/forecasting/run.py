@@ -314,34 +314,43 @@ def forecast(task: str | Task, options: ForecastOptions | None = None, *, progre
             shutil.rmtree(claims, ignore_errors=True)
     counted, found = _found(outcomes, plans, interrupted)
     here = hw if device.kind == "cpu" and hw is not None else hardware_for(torch.device("cpu"), None, budget_s=0.02)
-    results = []
-    for plan in plans:
-        r = found[plan.name]
-        avail = plan.availability(hw) if hw is not None and r.status == "ok" else None
-        runs_there = "" if avail is None or avail.ok else avail.reason
-        smallest = smallest_device(r, plan, parse_size(GPU_RESERVE)) if device.memory_bytes is None else None
-        results.append(PolicyForecast(**{**r.__dict__, "runs_there": runs_there, "smallest_device": smallest}))
+    results = [_placed(found[plan.name], plan, hw, device) for plan in plans]
     config = ForecastConfig(spec, task_obj.name, batch, opts.nproc, opts.seed, device,
                             parameters=counted, infer_batch_size=batch // opts.nproc,
                             mode="infer" if task_obj.inference_only else "train")
-    results, base = with_speedups(results, opts.baseline)
-    power, no_power = target_power(device)
-    results = with_energy(results, power, batch // opts.nproc, tokens_per_step(task_obj, batch // opts.nproc),
-                          measured)
-    fastest, said = speed_answer(results, device, base, spec, rates, no_rates, {p.name: p for p in plans})
-    report = ForecastReport(config, tuple(results), environment(here), answer(results, device),
-                            notes=device_notes(device, opts.nproc), seconds=time.monotonic() - start,
-                            created=time.strftime("%Y-%m-%dT%H:%M:%S"), baseline=base,
-                            rates=rates.source if rates is not None else "", fastest=fastest, speed_answer=said,
-                            speed_error=speedup_error(device) if rates is not None else 0.0,
-                            energy_note=_energy_note(results, no_power), memory_error=memory_error(device),
-                            energy_error=band("energy") if power is not None else 0.0,
-                            step_error=band("train-tok-s") if rates is not None and device.kind == "cuda" else 0.0)
+    report = _report(opts, config, results, task_obj, plans, rates, no_rates, measured, environment(here), start)
     if opts.json_path:
         report.save(opts.json_path)
     if interrupted:  # what finished is saved: the caller says so
         raise KeyboardInterrupt
     return report
+
+
+def _placed(r: PolicyForecast, plan: Plan, hw: HardwareInfo | None, device: TargetDevice) -> PolicyForecast:
+    """A policy's forecast with whether it runs on the target and, without a memory to fit, the smallest GPU."""
+    avail = plan.availability(hw) if hw is not None and r.status == "ok" else None
+    runs_there = "" if avail is None or avail.ok else avail.reason
+    smallest = smallest_device(r, plan, parse_size(GPU_RESERVE)) if device.memory_bytes is None else None
+    return PolicyForecast(**{**r.__dict__, "runs_there": runs_there, "smallest_device": smallest})
+
+
+def _report(opts: ForecastOptions, config: ForecastConfig, results: list[PolicyForecast], task_obj: Task,
+            plans: list[Plan], rates: Any, no_rates: str, measured: Any, env: dict[str, Any],
+            start: float) -> ForecastReport:
+    """The record: speedups against the baseline, energy, the answers in sentences, and the bands."""
+    device, spec, batch = config.device, config.task, config.batch_size // config.nproc
+    results, base = with_speedups(results, opts.baseline)
+    power, no_power = target_power(device)
+    results = with_energy(results, power, batch, tokens_per_step(task_obj, batch), measured)
+    fastest, said = speed_answer(results, device, base, spec, rates, no_rates, {p.name: p for p in plans})
+    return ForecastReport(config, tuple(results), env, answer(results, device),
+                          notes=device_notes(device, opts.nproc), seconds=time.monotonic() - start,
+                          created=time.strftime("%Y-%m-%dT%H:%M:%S"), baseline=base,
+                          rates=rates.source if rates is not None else "", fastest=fastest, speed_answer=said,
+                          speed_error=speedup_error(device) if rates is not None else 0.0,
+                          energy_note=_energy_note(results, no_power), memory_error=memory_error(device),
+                          energy_error=band("energy") if power is not None else 0.0,
+                          step_error=band("train-tok-s") if rates is not None and device.kind == "cuda" else 0.0)
 
 
 def _energy_note(results: list[PolicyForecast], no_power: str) -> str:

@@ -28,7 +28,7 @@ from dtypelab.core.policies import Precision
 from dtypelab.core.results import ProfileSummary, SourceOp
 from dtypelab.core.source import user_source
 from dtypelab.core.task import Task
-from dtypelab.profiling.summary import dtype_of, input_dtypes, summarise, tally  # noqa: F401 (public here too)
+from dtypelab.profiling.summary import Against, dtype_of, input_dtypes, summarise, tally  # noqa: F401 (public here too)
 
 
 class Marks:
@@ -114,12 +114,12 @@ class Profiler:
                                          and "profiler" not in w.filename.replace(os.sep, "/")))  # its own notes
             events = list(prof.events())
             dtypes = None if not events or hasattr(events[0], "input_dtypes") else input_dtypes(prof)
-            summary = summarise(
-                events, dtypes=dtypes, mode=mode, steps=self.steps, walls=walls, phases=dict(marks.seconds), cuda=cuda,
-                peaks=self.peaks, tf32=any(c.facts.compute_dtype == "tf32" for c in plan.configs),
-                autocast=any(c.facts.autocast_dtype for c in plan.configs),
-                wants_fp64=plan.compute_dtype == "float64", timed_step_s=self.timed_step_s, warned=warned[:5],
-                rated=self.rated)
+            against = Against(cuda, self.peaks, tf32=any(c.facts.compute_dtype == "tf32" for c in plan.configs),
+                              autocast=any(c.facts.autocast_dtype for c in plan.configs),
+                              wants_fp64=plan.compute_dtype == "float64", rated=self.rated)
+            summary = summarise(events, dtypes=dtypes, mode=mode, steps=self.steps, walls=walls,
+                                phases=dict(marks.seconds), against=against, timed_step_s=self.timed_step_s,
+                                warned=warned[:5])
             if summary.fp64_ops:  # one more step under a dispatch mode to find where float64 came in
                 finder = _Float64Sources()
                 with finder:

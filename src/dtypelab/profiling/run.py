@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import statistics
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -27,19 +29,40 @@ def trace_path(trace_dir: str | None, policy: str) -> str | None:
     return os.path.join(trace_dir, re.sub(r"[^A-Za-z0-9_.+-]", "_", policy) + ".trace.json")
 
 
-def profile(task: str | Task, policy: str | Plan = "fp32", *, mode: str = "train", steps: int = PROFILE_STEPS,
-            warmup: int = 10, batch_size: int | None = None, device: str | None = None, seed: int = 0,
-            threads_n: int | None = None, trace_dir: str | None = None,
-            hardware: HardwareInfo | None = None) -> ProfileSummary:
+@dataclass(frozen=True)
+class ProfileSettings:
+    """How a profile runs (``profile()``'s keywords)."""
+
+    steps: int = PROFILE_STEPS
+    warmup: int = 10
+    batch_size: int | None = None
+    device: str | None = None
+    seed: int = 0
+    threads_n: int | None = None
+    trace_dir: str | None = None
+
+
+def profile(task: str | Task, policy: str | Plan = "fp32", *, mode: str = "train", hardware: HardwareInfo | None = None,
+            **settings: Any) -> ProfileSummary:
     """Where one policy's step time goes on this machine: ``warmup`` unprofiled steps (their median is the
     step time the profiler's cost is reported against), then ``steps`` profiled ones. ``mode="infer"``
     profiles forward passes of the task's model (its initial or pretrained weights). ``trace_dir`` also
-    writes the raw Chrome trace (TensorBoard, Perfetto)."""
+    writes the raw Chrome trace (TensorBoard, Perfetto). ``settings``: ``ProfileSettings``' fields."""
+    unknown = sorted(set(settings) - {f.name for f in fields(ProfileSettings)})
+    if unknown:
+        raise DtypelabError(f"profile: unknown setting {', '.join(unknown)}; use "
+                            f"{', '.join(f.name for f in fields(ProfileSettings))}")
+    return _profile(task, get_policy(policy), mode, hardware, ProfileSettings(**settings))
+
+
+def _profile(task: str | Task, plan: Plan, mode: str, hardware: HardwareInfo | None,
+             how: ProfileSettings) -> ProfileSummary:
+    steps, warmup, batch_size, device, seed = how.steps, how.warmup, how.batch_size, how.device, how.seed
+    threads_n, trace_dir = how.threads_n, how.trace_dir
     if mode not in ("train", "infer"):
         raise DtypelabError(f"unknown mode {mode!r}: use train or infer")
     if steps < 1 or warmup < 1:
         raise DtypelabError("--steps and --warmup must be at least 1 for a profile")
-    plan = get_policy(policy)
     if mode == "train":
         _, task_obj, dev, precision, hardware = prepare(task, plan, device, hardware, force=True)
     else:

@@ -166,11 +166,25 @@ def mfu(dtype_flops: dict[str, float], step_s: float, rated: dict[str, float], t
     return sum(dtype_flops.values()) / step_s / (peak * 1e12), key, peak
 
 
+@dataclass(frozen=True)
+class Against:
+    """What a profile's events are read against: the device (CUDA or not, its measured and rated peaks) and what
+    the policy asks of it (TF32 matmuls, autocast, float64 on purpose)."""
+
+    cuda: bool
+    peaks: dict[str, float]
+    tf32: bool = False
+    autocast: bool = False
+    wants_fp64: bool = False
+    rated: dict[str, float] | None = None
+
+
 def summarise(events: list[Any], *, mode: str, steps: int, walls: list[float], phases: dict[str, float],
-              cuda: bool, peaks: dict[str, float], tf32: bool, autocast: bool, wants_fp64: bool,
-              timed_step_s: float | None = None, warned: tuple[str, ...] = (),
-              dtypes: dict[int, list[str]] | None = None, rated: dict[str, float] | None = None) -> ProfileSummary:
+              against: Against, timed_step_s: float | None = None, warned: tuple[str, ...] = (),
+              dtypes: dict[int, list[str]] | None = None) -> ProfileSummary:
     """The profile of ``steps`` profiled steps from the profiler's events and the phases' wall times."""
+    cuda, peaks, tf32, autocast = against.cuda, against.peaks, against.tf32, against.autocast
+    wants_fp64, rated = against.wants_fp64, against.rated
     t = tally(events, cuda, dtypes)
     step = sum(walls) / steps
     per = 1.0 / steps

@@ -65,7 +65,7 @@ class Measured:
 
 def prompts(text: Any, shape: Shape) -> torch.Tensor:
     """``batch_size`` prompts from the held-out text (repeated when it has fewer windows than that)."""
-    ids = text(shape.batch_size, shape.context)[:, :shape.prompt_len]
+    ids: torch.Tensor = text(shape.batch_size, shape.context)[:, :shape.prompt_len]
     while len(ids) < shape.batch_size:
         ids = torch.cat([ids, ids])[:shape.batch_size]
     return ids

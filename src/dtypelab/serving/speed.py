@@ -204,7 +204,7 @@ def program_floor(config: Any, build: Callable[[Any], nn.Module], steps: int = 2
     its blocks (a vocabulary of at most 256) timed, over the ops it runs; None when the model cannot be built so."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Count(TorchDispatchMode):
+    class Count(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's mode is untyped
         ops = 0
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -221,7 +221,7 @@ def program_floor(config: Any, build: Callable[[Any], nn.Module], steps: int = 2
         cache = new_cache(tiny, kv_format(None), shape, torch.float32, torch.device("cpu"))
         with torch.inference_mode():
             token = prefill(model, torch.zeros((1, 4), dtype=torch.long), cache)
-            with Count():
+            with Count():  # type: ignore[no-untyped-call]
                 decode(model, token, cache)
             times = []
             for _ in range(steps):

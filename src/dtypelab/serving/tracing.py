@@ -115,7 +115,8 @@ class ServeForecaster:
             from transformers import AutoModelForCausalLM
 
             with quiet():  # the model's module, imported now, may import torchao: its import-time noise
-                return AutoModelForCausalLM.from_config(config)
+                model: nn.Module = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+                return model
         return type(self.meta)(config)
 
     def parameters(self) -> int:

@@ -35,7 +35,8 @@ class Shape:
 
 
 def _logits(out: Any) -> torch.Tensor:
-    return out.logits if hasattr(out, "logits") else out[0]
+    logits: torch.Tensor = out.logits if hasattr(out, "logits") else out[0]
+    return logits
 
 
 def _call(model: Any, ids: torch.Tensor, cache: Any, keep: int | None) -> torch.Tensor:

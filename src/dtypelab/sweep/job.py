@@ -16,6 +16,7 @@ from dtypelab.core.disturbance import CpuMeter
 from dtypelab.core.errors import Unsupported, describe_exception
 from dtypelab.core.loop import (
     DIVERGED_PATIENCE,
+    Watch,
     atomic_save,
     build_model,
     build_trainable,
@@ -132,8 +133,8 @@ def train(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
     meter.open_window()  # loading and converting the weights is not the run's peak
     timer, cpu = StepTimer(sync=device_sync(device)), CpuMeter()
     cpu.start()
-    run = fit(task, model, precision, optimizer, device, job.steps, job.batch_size, job.seed, timer, progress,
-              stop_if=lambda samples: too_slow(job, samples, cpu))
+    run = fit(task, model, precision, optimizer, device, job.steps, job.batch_size, job.seed, timer,
+              Watch(progress, lambda samples: too_slow(job, samples, cpu)))
     disturbance = cpu.stop()
     if run.cut:
         return _slow_result(job, run.cut, timer.samples, tuple(run.losses))

@@ -72,6 +72,10 @@ def _has_inf_literal(args: tuple, kwargs: dict) -> bool:
     return any(isinstance(v, float) and v in (float("inf"), float("-inf")) for v in leaves)
 
 
+# tensors, each with whether it holds a NaN and whether it holds an infinity
+Flagged = tuple[list[torch.Tensor], list[tuple[bool, bool]]]
+
+
 @dataclass
 class _ForwardInfo:
     op: str
@@ -190,10 +194,12 @@ class OpTracer(TorchDispatchMode):
             by_id = {id(t): f for t, f in zip(inputs, flags, strict=True)}
             args, kwargs = tuple(_element(a, i) for a in args), {k: _element(v, i) for k, v in kwargs.items()}
             narrowed = _floats((args, kwargs))
-            event = self._attribute(func, name, phase, node, info, args, kwargs, narrowed,
-                                    [by_id.get(id(t), _flags(t)) for t in narrowed], [outputs[i]], [out_flags[i]])
+            event = self._attribute(func, name, phase, node, info, args, kwargs,
+                                    (narrowed, [by_id.get(id(t), _flags(t)) for t in narrowed]),
+                                    ([outputs[i]], [out_flags[i]]))
         else:
-            event = self._attribute(func, name, phase, node, info, args, kwargs, inputs, flags, outputs, out_flags)
+            event = self._attribute(func, name, phase, node, info, args, kwargs, (inputs, flags),
+                                    (outputs, out_flags))
         for t, (n, i) in zip(outputs, out_flags, strict=True):
             if (n or i) and storage_key(t) is not None:
                 self.lineage[storage_key(t)] = event
@@ -224,9 +230,10 @@ class OpTracer(TorchDispatchMode):
         self._pending = []
 
     def _attribute(self, func: Any, name: str, phase: str, node: Any, info: _ForwardInfo | None,
-                   args: tuple, kwargs: dict, inputs: list[torch.Tensor], flags: list[tuple[bool, bool]],
-                   outputs: list[torch.Tensor], out_flags: list[tuple[bool, bool]]) -> int:
-        """The event index the op's non-finite output descends from, creating an event when it is new."""
+                   args: tuple, kwargs: dict, ins: Flagged, outs: Flagged) -> int:
+        """The event index the op's non-finite output descends from, creating an event when it is new (``ins``,
+        ``outs``: the op's floating tensors and whether each holds a NaN, an infinity)."""
+        (inputs, flags), (outputs, out_flags) = ins, outs
         out_nan = any(n for n, _ in out_flags)
         nan_in = [t for t, (n, _) in zip(inputs, flags, strict=True) if n]
         inf_in = [t for t, (_, i) in zip(inputs, flags, strict=True) if i]

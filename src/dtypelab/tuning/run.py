@@ -134,7 +134,7 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
     ``options`` is a ``TuneOptions`` (or its fields as keywords)."""
     opts = TuneOptions.build(options, **settings)
     mode, candidates, min_cosine, force = opts.mode, opts.candidates, opts.min_cosine, opts.force
-    steps, probe_steps, batch_size, seed = opts.steps, opts.probe_steps, opts.batch_size, opts.seed
+    steps, batch_size, seed = opts.steps, opts.batch_size, opts.seed
     output, json_path = opts.output, opts.json_path
     check_writable(output, json_path)  # before a search that may take many minutes
     tol = Tolerance.parse(opts.tolerance)
@@ -161,7 +161,7 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
     if not cands:
         report = nothing_to_search(spec, task_obj, mode, slow, hw, min_cosine, tol, steps, batch_size)
     elif mode == "train":
-        report = _tune_train(spec, task_obj, cands, hw, tol, steps, probe_steps, batch_size, seed, progress, limit)
+        report = _tune_train(spec, task_obj, cands, hw, tol, opts, progress, limit)
     else:
         report = _tune_infer(spec, task_obj, cands, hw, min_cosine, batch_size, opts.weights, seed, progress, limit)
     report = finish(replace(report, notes=tuple(notes) + report.notes), time.perf_counter() - start, bool(cands))
@@ -241,11 +241,11 @@ def _tune_infer(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, 
         notes=disturbance_note(evaluations + tuple(uniform)) + limit.notes(budget))
 
 
-def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, tol: Tolerance,
-                steps: int | None, probe_steps: int | None, batch_size: int | None, seed: int,
+def _tune_train(spec: str, task_obj: Task, cands: list[Plan], hw: HardwareInfo, tol: Tolerance, opts: TuneOptions,
                 progress: Progress, limit: Limit) -> TuneReport:
     dev = torch.device(hw.device)
-    steps, bs = steps or task_obj.steps, batch_size or task_obj.batch_size
+    probe_steps, seed = opts.probe_steps, opts.seed
+    steps, bs = opts.steps or task_obj.steps, opts.batch_size or task_obj.batch_size
     progress(f"training fp32 for {steps} steps (the reference)")
     bench = TrainBench(task_obj, dev, steps, bs, tol, seed, probe_steps or 0)
     names = train_targets(bench.base.model)
