@@ -136,11 +136,11 @@ class PilotDiagnosis(Diagnosis):
                metrics: dict[str, float]) -> AutopilotReport:
         s = self.settings
         kept = tuple(v for i, v in enumerate(losses) if i not in self.dropped)
-        measured = {"metrics": dict(metrics), "steps_rolled_back": len(self.dropped),
+        measured: dict[str, Any] = {"metrics": dict(metrics), "steps_rolled_back": len(self.dropped),
                     "steps_skipped": int(scaler.get("skipped_steps") or 0), "checkpoint_s": self.checkpoint_s,
                     "scaler": scaler, "train_s": time.perf_counter() - self.start,
                     "wall_s": time.perf_counter() - self.start, "live": True}
-        common = {"task": job.script or self.script, "steps": len(losses), "batch_size": 0,
+        common: dict[str, Any] = {"task": job.script or self.script, "steps": len(losses), "batch_size": 0,
                   "seed": job.seed if job.plan else int(s.get("seed", 0)), "device": job.device or str(self.device),
                   "task_name": job.task_name}
         if self.pilot is None:

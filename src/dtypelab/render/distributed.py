@@ -11,18 +11,17 @@ SHOWN_RANKS = (8, 64)
 
 
 def distributed_sections(report: Report) -> list[Section]:
-    ran = [r for r in report.results if r.distributed is not None]
+    ran = [(r, r.distributed) for r in report.results if r.distributed is not None]
     if not ran:
         return []
     base = report.base
     base_wire = base.distributed.wire_bytes if base is not None and base.distributed else None
-    d0 = ran[0].distributed
+    d0 = ran[0][1]
     world = d0.nproc * d0.nnodes
     headers = ["policy", "how", "payload/step", "wire/step/rank", f"bytes vs {report.baseline}", "collectives",
                "comm in flight ms", "compute ms (1 rank)", "step ms (slowest)", "peak per rank"]
     rows = []
-    for r in ran:
-        d = r.distributed
+    for r, d in ran:
         payload = ", ".join(f"{k} {size_text(v)}" for k, v in d.payload_bytes.items()) or "—"
         ratio = f"{d.wire_bytes / base_wire:.3g}x" if base_wire else "—"
         rows.append([r.policy, d.modifier, payload, size_text(d.wire_bytes), ratio, str(d.collectives),

@@ -168,7 +168,7 @@ def _notes(report: ForecastReport, scale: float, unit: str) -> list[str]:
 @more(ForecastReport)
 def check_docs(report: ForecastReport, top: int = 0) -> list[Any]:
     """``--check``: each forecast beside the same steps run here on real tensors."""
-    checked = [p for p in report.policies if p.check is not None]
+    checked = [(p, p.check) for p in report.policies if p.check is not None]
     if not checked:
         return []
     scale, unit = unit_of(report)
@@ -181,14 +181,13 @@ def check_docs(report: ForecastReport, top: int = 0) -> list[Any]:
                f"inference forecast {unit}", f"inference measured {unit}", "inference forecast/measured",
                f"process peak {unit}", "forecast/process"]
     rows = []
-    for p in checked:
-        c = p.check
+    for p, c in checked:
         ft, fi = (p.train.peak_bytes if p.train else None), (p.infer.peak_bytes if p.infer else None)
         rows.append([p.policy, _size(ft, scale), _size(c.train_peak_bytes, scale), ratio(ft, c.train_peak_bytes),
                      _size(fi, scale), _size(c.infer_peak_bytes, scale), ratio(fi, c.infer_peak_bytes),
                      _size(c.process_peak_bytes, scale), ratio(ft or fi, c.process_peak_bytes)])
-    method = next((p.check.process_method for p in checked if p.check.process_method), "")
-    steps = checked[0].check.steps
+    method = next((c.process_method for _, c in checked if c.process_method), "")
+    steps = checked[0][1].steps
     what = f"{steps} training steps" if report.config.mode == "train" else "one inference pass"
     notes = [f"measured: the same steps on real tensors here ({what}), every storage counted from its creation to "
              "its release by the same ledger",
@@ -223,27 +222,28 @@ def _energy_cells(p: PolicyForecast, n: int) -> list[str]:
 def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
     """Each policy's predicted step time on the target, its speedup against the baseline, what bounds it and where it
     goes; with --check, beside the step timed here."""
-    timed = [p for p in report.policies if p.time is not None]
+    timed = [(p, p.time) for p in report.policies if p.time is not None]
     if not timed:
         return [(report.speed_answer, [], [], [])] if report.speed_answer else []
-    checked = any(p.time.measured_s for p in timed)
+    checked = any(t.measured_s for _, t in timed)
     base = report.baseline or "the baseline"
-    energy = any(p.energy for p in timed)
+    energy = any(p.energy for p, _ in timed)
     joules = ([f"J/step{plus_minus(report.energy_error)}", "W"]
-              + (["J/token"] if any(p.energy and p.energy.joules_per_token for p in timed) else []) if energy else [])
+              + (["J/token"] if any(p.energy and p.energy.joules_per_token for p, _ in timed) else []) if energy
+              else [])
     # the energy columns before the text ones: a narrow terminal leaves out J/token, then W, before J/step
     headers = ["policy", f"step ms{plus_minus(report.step_error)}", f"speedup vs {base}", "bound", *joules,
                "where the time goes", "kernels"]
     if checked:
         headers += ["measured ms", "measured speedup", "predicted/measured speedup"]
     rows = []
-    for p in timed:
-        t = p.time
+    for p, t in timed:
         if t.step_s is None:
             rows.append([p.policy, "—", "—", "—", *(["—"] * len(joules)), t.reason, "—",
                          *(["—"] * 3 if checked else [])])
             continue
-        shares = sorted(((v / t.step_s, k) for k, v in t.breakdown.items() if v), reverse=True)[:3]
+        step_s = t.step_s
+        shares = sorted(((v / step_s, k) for k, v in t.breakdown.items() if v), reverse=True)[:3]
         cells = [p.policy, _ms(t.step_s), _band(t.speedup, report.speed_error, p.policy == report.baseline), t.bound,
                  *_energy_cells(p, len(joules)), ", ".join(f"{k} {s:.0%}" for s, k in shares), str(t.kernels)]
         if checked:
@@ -270,10 +270,10 @@ def time_docs(report: ForecastReport, top: int = 0) -> list[Any]:
         notes.append(f"J/step and W: the predicted step at the {report.energy_note}; ± the model's error against "
                      "the validation set's held-out energy cases (docs/validation.md)"
                      if energy else report.energy_note)
-    busy = next((p.time.disturbed for p in timed if p.time.disturbed), "")
+    busy = next((t.disturbed for _, t in timed if t.disturbed), "")
     if busy:
         notes.append(f"not reliable: {busy}")
-    notes += [f"{p.policy}: {p.time.reason}" for p in timed if p.time.step_s is not None and p.time.reason]
+    notes += [f"{p.policy}: {t.reason}" for p, t in timed if t.step_s is not None and t.reason]
     title = report.speed_answer or "dtypelab forecast: predicted step times"
     return [(title, headers, rows, notes)]
 
@@ -283,17 +283,19 @@ def _forecast(report: ForecastReport, key: str, layers: str | None = None) -> st
     title, headers, rows, notes = forecast_doc(report)
     body = html_fragment(headers, rows, notes, classes=True)
     scale, unit = unit_of(report)
-    drawn = [p for p in report.policies if p.peak is not None]
-    parts = [c for c in PEAK_CATEGORIES if any(p.peak.breakdown.get(c) for p in drawn)]
+    drawn = [(p.policy, p.peak) for p in report.policies if p.peak is not None]
+    parts = [c for c in PEAK_CATEGORIES if any(peak.breakdown.get(c) for _, peak in drawn)]
     usable = report.config.device.usable_bytes
-    highest = max((p.peak.peak_bytes for p in drawn), default=0)
+    highest = max((peak.peak_bytes for _, peak in drawn), default=0)
     near = usable is not None and usable <= 3 * highest  # a line far past the bars would squash them
-    chart = plots.stacked_breakdown([p.policy for p in drawn], [SHORT[c] for c in parts],
-                                    [[p.peak.breakdown.get(c, 0) / scale for c in parts] for p in drawn],
+    chart = plots.stacked_breakdown([name for name, _ in drawn], [SHORT[c] for c in parts],
+                                    [[peak.breakdown.get(c, 0) / scale for c in parts] for _, peak in drawn],
                                     xlabel=f"{unit} at the peak (training; inference for the inference formats)",
-                                    limit=(usable / scale, f"{report.config.device.label}: usable") if near else None)
-    where = (f", against the {usable / scale:,.4g} {unit} usable on {report.config.device.label}" if near else
-             f" ({report.config.device.label} has {usable / scale:,.4g} {unit} usable)" if usable else "")
+                                    limit=(usable / scale, f"{report.config.device.label}: usable")
+                                    if near and usable is not None else None)
+    where = "" if usable is None else (
+        f", against the {usable / scale:,.4g} {unit} usable on {report.config.device.label}" if near else
+        f" ({report.config.device.label} has {usable / scale:,.4g} {unit} usable)")
     body += figure(chart, f"What each policy's peak holds, category by category{where}.", f"{key}-forecast")
     for more_title, more_headers, more_rows, more_notes in check_docs(report):
         body += details(more_title, html_fragment(more_headers, more_rows, more_notes, classes=True), opened=True)

@@ -11,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -21,7 +21,7 @@ from dtypelab.core.errors import DtypelabError
 from dtypelab.core.hardware import SLOW_RATIO, environment, hardware_for, probe_notice, resolve_device
 from dtypelab.core.loop import DIVERGED_PATIENCE
 from dtypelab.core.measure import slow_base
-from dtypelab.core.options import Options, parse_duration, training_objective
+from dtypelab.core.options import parse_duration, training_objective
 from dtypelab.core.policies import (
     BASELINE,
     Plan,
@@ -34,6 +34,7 @@ from dtypelab.core.policies import (
 )
 from dtypelab.core.records import save_judged
 from dtypelab.core.results import EnergySource, PolicyResult, Report, RunConfig
+from dtypelab.core.tolerance import Tolerance
 from dtypelab.lint import lint_paths
 from dtypelab.run import Event, Note, OnEvent, Outcome, ScriptLauncher, ScriptRun, Target, imported_modules
 from dtypelab.script.adapters import trainer_arguments
@@ -41,6 +42,28 @@ from dtypelab.script.diagnose import Diagnosis
 from dtypelab.script.messages import ScriptJob
 from dtypelab.script.repeats import repeat_runs
 from dtypelab.script.results import FLOAT64_NOTE, Primary, script_result
+
+
+class ScriptOptions(Protocol):
+    """What a script's sweep reads of bench's options (a ``BenchOptions``: sweep imports this package, not the
+    reverse)."""
+
+    policies: Any
+    baseline: str | None
+    budget: Any
+    device: str | None
+    force: bool
+    hardware: Any
+    json_path: str | None
+    keep_going: bool
+    script_args: tuple[str, ...]
+    seed: int
+    timeout_s: float
+    tolerance: str
+
+    @property
+    def model_fields_set(self) -> set[str]: ...
+
 
 # Options of a Task's own loop: a script runs its own (its arguments go after --)
 LOOP_OPTIONS = {"mode": "--mode infer", "steps": "--steps", "batch_size": "--batch-size", "warmup": "--warmup",
@@ -73,7 +96,7 @@ def pace(fp32: PolicyResult, force: bool) -> dict[str, Any]:
     return extra
 
 
-def _script_plans(path: str, opts: Options, dev: Any) -> tuple[dict[str, Plan], Plan | None, bool]:
+def _script_plans(path: str, opts: ScriptOptions, dev: Any) -> tuple[dict[str, Plan], Plan | None, bool]:
     """(the plans to run, the baseline first; the baseline named, if any; whether the policies were named), once the
     options are known to suit a script: a one-line error otherwise."""
     refused = list(dict.fromkeys(flag for name, flag in LOOP_OPTIONS.items() if name in opts.model_fields_set
@@ -86,7 +109,7 @@ def _script_plans(path: str, opts: Options, dev: Any) -> tuple[dict[str, Plan], 
     explicit = opts.policies is not None
     plans = {p.name: p for p in tuned(parse_policies(opts.policies) if explicit else
                                       map(get_policy, default_policies("train", dev.type)), opts)}
-    named = baseline_policy(opts.baseline) if getattr(opts, "baseline", None) else None
+    named = baseline_policy(opts.baseline) if opts.baseline else None
     for plan in [*plans.values(), *([named] if named else [])]:
         wrong = plan.mode_error("train")
         if wrong and (explicit or plan is named):
@@ -117,7 +140,7 @@ def _trainer_refusals(path: str, plans: list[Plan]) -> None:
 
 
 def _first_pass(run: _Runs, plans: dict[str, Plan], report: Report, hardware: Any, named: Plan | None,
-                opts: Options) -> tuple[dict[str, Plan], Report, bool]:
+                opts: ScriptOptions) -> tuple[dict[str, Plan], Report, bool]:
     """Every policy once, the baseline first: (the plans, the record, whether the sweep goes on to the repeated
     runs). A float64 script's own precision becomes the baseline; a failed baseline stops the sweep. Ctrl-C marks
     the policies not finished interrupted and keeps (and saves) the rest."""
@@ -143,7 +166,7 @@ def _interrupted(report: Report, plans: dict[str, Plan], json_path: str | None) 
 
 
 def _next_policy(run: _Runs, plans: dict[str, Plan], pending: list[str], report: Report, hardware: Any,
-                 named: Plan | None, opts: Options) -> tuple[dict[str, Plan], list[str], Report, bool]:
+                 named: Plan | None, opts: ScriptOptions) -> tuple[dict[str, Plan], list[str], Report, bool]:
     """The first pending policy run (or skipped): (the plans, what is still pending, the record, whether to go on)."""
     name, pending = pending[0], pending[1:]
     plan = plans[name]
@@ -167,7 +190,7 @@ def _next_policy(run: _Runs, plans: dict[str, Plan], pending: list[str], report:
     return plans, pending, report, True
 
 
-def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None = None) -> Report:
+def bench_script(target: Target | str, opts: ScriptOptions, on_event: OnEvent | None = None) -> Report:
     """Run a training script once per policy and measure each run: the same record as ``bench`` gives a task, with
     the same protections: the hardware probe's skips (never on a disturbed probe), a run 10x slower per step than
     the baseline stopped after a few steps, a run whose loss stays non-finite stopped. The baseline is fp32, the
@@ -184,7 +207,7 @@ def bench_script(target: Target | str, opts: Options, on_event: OnEvent | None =
         on_event(Event("probe", "", label="probing hardware"))
     hardware = hardware_for(dev, opts.hardware)
     config = RunConfig(task=path, mode="train", policies=tuple(plans), steps=0, batch_size=0, warmup=0,
-                       seed=opts.seed, tolerance=opts.tolerance, device=str(dev), force=opts.force,
+                       seed=opts.seed, tolerance=Tolerance.parse(opts.tolerance), device=str(dev), force=opts.force,
                        timeout_s=opts.timeout_s, metric="", higher_is_better=True, task_name=os.path.basename(path),
                        script_args=tuple(opts.script_args), baseline=base.name, runs=getattr(opts, "runs", 1),
                        objective=training_objective(getattr(opts, "objective", None)))
@@ -234,7 +257,7 @@ class _Runs:
     """One policy's run of the script after another, each in its own process, with what later runs need (the
     baseline's pace)."""
 
-    def __init__(self, target: Target, opts: Options, dev: Any, on_event: OnEvent) -> None:
+    def __init__(self, target: Target, opts: ScriptOptions, dev: Any, on_event: OnEvent) -> None:
         self.target, self.opts, self.dev, self.on_event = target, opts, dev, on_event
         self.extra: dict[str, Any] = {}
         self.baseline = ""  # whose pace ``extra`` holds: its own repeats are never judged slow against it

@@ -8,7 +8,6 @@ prefill and the decode."""
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -99,7 +98,6 @@ class _Rounds:
             if self.ids is None:
                 self.ids = prompts(served.text, job.shape).to(self.device)
         self.meter, self.source = measuring(self.device)
-        self.block = 1
 
     def generation(self, run: _Policy) -> Any:
         assert self.ids is not None
@@ -107,13 +105,9 @@ class _Rounds:
         return generate(run.model, self.ids, self.job.shape.gen_len, run.cache, self.sync)
 
     def run(self, report: Reporter) -> Timings:
-        warm = {}
         for run in self.runs:  # a compiled policy compiles here
             with run.precision.session():
-                warm[run.name] = self.generation(run)
-        fastest = min((g.ttft_s + g.decode_s for g in warm.values()), default=0.0)
-        if self.meter is not None and fastest > 0:
-            self.block = max(1, math.ceil(WINDOW_MARGIN * self.meter.min_window_s / fastest))
+                self.generation(run)
         out: dict[str, list[tuple[RoundBlock, float, float]]] = {run.name: [] for run in self.runs}
         total = self.job.rounds * len(self.runs)
         for r in range(self.job.rounds):
@@ -128,7 +122,11 @@ class _Rounds:
         with run.precision.session():
             cpu.start()
             window = self.meter.begin() if self.meter else None
-            gens = [self.generation(run) for _ in range(self.block)]
+            gens = [self.generation(run)]
+            # with a counter, whole generations until its shortest window is spanned (a pace measured beside a busy
+            # neighbour would size a block too short)
+            while window is not None and window.elapsed_s < WINDOW_MARGIN * window.meter.min_window_s:
+                gens.append(self.generation(run))
             reading = window.end()[0] if window else None
             d = cpu.stop()
         block = RoundBlock(round=r, median_s=statistics.median(g.ttft_s + g.decode_s for g in gens), n=len(gens),

@@ -118,11 +118,11 @@ def pick(report: Report, base: PolicyResult, accepted: list[PolicyResult]) -> Pi
     else:  # separate runs (a task without rounds): the medians decide only where the steps' spreads say they differ
         faster = [r for r in timed if r.policy != baseline and unpaired_faster(_timed(base), _timed(r))]
         out.by_median_only = [r for r in timed if r.policy != baseline and r not in faster
-                              and speedup(r, base) > 1 + MIN_GAIN]
+                              and (speedup(r, base) or 0) > 1 + MIN_GAIN]
         if faster:
-            out.best = min(faster, key=lambda r: r.timing.median).policy
-    with_mem = [r for r in accepted if r.peak_memory_bytes is not None]
-    out.lowest = min(with_mem, key=lambda r: r.peak_memory_bytes).policy if with_mem else None
+            out.best = min(faster, key=lambda r: r.timing.median if r.timing else math.inf).policy
+    with_mem = [(r.peak_memory_bytes, r.policy) for r in accepted if r.peak_memory_bytes is not None]
+    out.lowest = min(with_mem, key=lambda pair: pair[0])[1] if with_mem else None
     out.busy = paired and sum(b.disturbed for b in base.rounds) > len(base.rounds) / 2
     # Busy rounds decide nothing only where they could change the answer: an alternative whose interval reaches
     # above the no-gain band might be faster (or slower) on a quiet machine; one whose whole interval lies at or
@@ -162,10 +162,11 @@ def _decision(report: Report, p: Pick, base: PolicyResult, base_metric: float) -
         return Decision.KEEP_BASELINE, baseline, (
             f"Keep {baseline}: no other policy was both {measurably} and within {tol} on {metric} "
             f"({baseline}: {metric_text(base_metric)}).")
-    b = report.result(p.best)
+    b = report.ran(p.best)
     ci = (f" (95% interval {b.speedup_ci.low:.2f}–{b.speedup_ci.high:.2f}x over {b.speedup_ci.rounds} paired "
           "rounds)") if p.paired and b.speedup_ci else ""
     value = b.metric(metric)
+    assert value is not None  # the chosen policy was judged by its metric
     return Decision.USE, p.best, (
         f"Use {p.best}: {speedup(b, base):.2f}x faster than {baseline}{ci}, {metric} {metric_text(value)} vs "
         f"{metric_text(base_metric)} ({delta_text(value, base_metric, tol)}, "
@@ -231,12 +232,12 @@ def _notable_lowest(report: Report, lowest: str | None, best: str | None) -> str
     (below ``MEMORY_GAP`` of the chosen policy's peak); else None."""
     if not lowest or lowest == best:
         return None
-    low, b = report.result(lowest), report.result(best or report.baseline)
-    return lowest if low.peak_memory_bytes < MEMORY_GAP * (b.peak_memory_bytes or 0) else None
+    low, b = report.ran(lowest), report.ran(best or report.baseline)
+    return lowest if (low.peak_memory_bytes or 0) < MEMORY_GAP * (b.peak_memory_bytes or 0) else None
 
 
 def _memory_sentence(report: Report, lowest: str, best: str | None) -> str:
-    low, b = report.result(lowest), report.result(best or report.baseline)
+    low, b = report.ran(lowest), report.ran(best or report.baseline)
     return (f"Lowest peak memory within tolerance: {lowest} ({size_text(low.peak_memory_bytes)} vs "
             f"{size_text(b.peak_memory_bytes)} for {b.policy}).")
 
@@ -279,8 +280,9 @@ def recommend(report: Report) -> Recommendation:
         verdicts.update(budget_verdicts(report, best, verdicts))
     sentences = [first]
     if decision == Decision.USE and not budgeted:
+        assert best is not None
         _marked(verdicts, [best], Verdict.RECOMMENDED, "recommended")
-        noisy = [r.policy for r in (report.result(best), base) if r.timing.noisy] if not p.paired else []
+        noisy = [r.policy for r in (report.ran(best), base) if r.timing and r.timing.noisy] if not p.paired else []
         sentences += [p.preferred] if p.preferred else []
         sentences += [f"Timings of {' and '.join(noisy)} were noisy: re-run before trusting a small gap."] if noisy \
             else []

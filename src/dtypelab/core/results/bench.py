@@ -296,6 +296,13 @@ class Report(Record):
     def result(self, policy: str) -> PolicyResult | None:
         return next((r for r in self.results if r.policy == policy), None)
 
+    def ran(self, policy: str) -> PolicyResult:
+        """The result of a policy the judging knows ran (a KeyError otherwise: a bug, not a user's mistake)."""
+        found = self.result(policy)
+        if found is None:
+            raise KeyError(policy)
+        return found
+
     @property
     def baseline(self) -> str:
         """The policy every other is judged against: fp32 unless the run named another."""
