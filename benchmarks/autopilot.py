@@ -26,8 +26,8 @@ import time
 import torch
 
 import dtypelab
-from dtypelab.core.hardware import hardware_for
 from dtypelab.core.loop import build_trainable, fit
+from dtypelab.core.machine.hardware import hardware_for
 from dtypelab.core.policies import Precision, get_policy
 from dtypelab.core.task import load_task
 

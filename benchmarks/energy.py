@@ -40,7 +40,7 @@ def _jpt(spec: str, prompt: int, gen: int, batch: int, policy: str) -> float:
 
 def fit() -> float:
     """ACTIVITY["memory"] that makes the fitted case's forecast its published figure: joules are linear in it."""
-    from dtypelab.core import power
+    from dtypelab.core.machine import power
 
     row, published = _fitted_case()
     kept = dict(power.ACTIVITY)

@@ -117,7 +117,7 @@ import json, os, sys, torch, torch.distributed as dist
 from dtypelab.core.task import load_task
 from dtypelab.core.policies import get_policy
 from dtypelab.distributed import wrap_fsdp
-from dtypelab.forecasting.trace import Run, Target
+from dtypelab.forecasting.fake_step import Run, Target
 task_name, policy, batch, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

@@ -24,7 +24,7 @@ import warnings
 
 import torch
 
-from dtypelab.core.hardware import _cpu_info, _kernel, _timed_gflops, probe
+from dtypelab.core.machine.hardware import _cpu_info, _kernel, _timed_gflops, probe
 
 
 def kernel_figures() -> None:

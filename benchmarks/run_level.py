@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 import dtypelab
-from dtypelab.core.hardware import probe
+from dtypelab.core.machine.hardware import probe
 from dtypelab.core.stats import unpaired_faster
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")

@@ -96,7 +96,7 @@ def machine() -> str:
 
     import torch
 
-    from dtypelab.core.hardware import probe
+    from dtypelab.core.machine.hardware import probe
     from dtypelab.core.version import __version__
 
     hw = probe(budget_s=0.05)

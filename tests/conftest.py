@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.machine.hardware import HardwareInfo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = os.path.join(HERE, "tiny_task.py")

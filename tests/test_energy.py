@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from dtypelab.core import energy
-from dtypelab.core.devices import DEVICES, device_spec
 from dtypelab.core.energy import MIN_UPDATES, Edge, Meter, NoEnergy, NvmlCounter, RaplCounter, open_meter, rapl_zones
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.judging import judged
+from dtypelab.core.machine.devices import DEVICES, device_spec
+from dtypelab.core.machine.power import ACTIVITY, PowerModel, calibrated, power_model, step_energy
 from dtypelab.core.pairing import block_energy, paired_energy
-from dtypelab.core.power import ACTIVITY, PowerModel, calibrated, power_model, step_energy
 from dtypelab.core.results import (
     Decision,
     Energy,

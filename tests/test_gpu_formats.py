@@ -14,7 +14,7 @@ from test_policies import global_state
 from torch import nn
 
 from dtypelab import DtypelabError
-from dtypelab.core.hardware import HardwareInfo, rated_peaks
+from dtypelab.core.machine.hardware import HardwareInfo, rated_peaks
 from dtypelab.core.policies import (
     REGISTRY,
     Cast,
@@ -173,7 +173,7 @@ def test_rated_peaks_by_device_name():
              "NVIDIA A100-SXM4-40GB": "A100-40GB", "NVIDIA A100-PCIE-40GB": "A100-40GB", "NVIDIA L40S": "L40S",
              "NVIDIA L4": "L4", "NVIDIA A10": "A10", "Tesla T4": "T4", "NVIDIA GeForce RTX 4090": "RTX4090",
              "NVIDIA GeForce RTX 3090": "RTX3090"}
-    from dtypelab.core.devices import DEVICES
+    from dtypelab.core.machine.devices import DEVICES
 
     for name, row in names.items():
         matched = [d.name for d in DEVICES if re.search(d.matches, name)]

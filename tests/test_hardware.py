@@ -7,7 +7,7 @@ import torch
 from conftest import fake_hardware
 
 from dtypelab import DtypelabError, HardwareInfo, probe
-from dtypelab.core.hardware import resolve_device
+from dtypelab.core.machine.hardware import resolve_device
 
 
 def test_probe_measures_every_dtype_quickly():
@@ -56,8 +56,8 @@ def test_int8_kernel_probe_follows_torch_int_mm_when_onednn_is_off(monkeypatch):
     """Without oneDNN, torch._int_mm runs a plain loop (what a CPU without VNNI gets whatever the flag): the probe
     times torch._int_mm itself, on the operands torchao's path gives it, so it sees whatever oneDNN does (the speed
     difference itself, 3 vs 500 GFLOP/s on a VNNI CPU, is a benchmark's: benchmarks/int8_minilm.py)."""
-    from dtypelab.core.rates_probe import kernel_call as _kernel
-    from dtypelab.core.rates_probe import timed_gflops as _timed_gflops
+    from dtypelab.core.machine.rates_probe import kernel_call as _kernel
+    from dtypelab.core.machine.rates_probe import timed_gflops as _timed_gflops
 
     fn = _kernel("int8", torch.device("cpu"), 128, ())
     # the operands the probe draws (its seeded generator, in its order): what torch._int_mm must give for them
@@ -85,8 +85,8 @@ def test_int8_kernel_probe_follows_torch_int_mm_when_onednn_is_off(monkeypatch):
 
 
 def test_the_int8_kernels_path_is_read_from_onednns_own_log_and_said_against_the_cpus_int8_units():
-    from dtypelab.core.hardware import kernel_path_text
-    from dtypelab.core.rates_probe import onednn_path, onednn_primitive
+    from dtypelab.core.machine.hardware import kernel_path_text
+    from dtypelab.core.machine.rates_probe import onednn_path, onednn_primitive
 
     amx = ("onednn_verbose,v1,info,cpu,isa:Intel AVX-512 with AMX\n"
            "onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src:f32 dst:u8,,256x256,0.01\n"

@@ -215,8 +215,8 @@ def test_a_policy_already_outside_the_constraints_is_not_timed_again(tmp_path, e
     assert report.recommendation.verdict("bf16").speedup is not None  # the medians' ratio still shows
 
 def test_a_disturbed_probe_or_baseline_never_skips_a_policy_as_slow(monkeypatch):
-    from dtypelab.core import hardware
     from dtypelab.core.disturbance import Disturbance
+    from dtypelab.core.machine import hardware
 
     class Busy:
         def start(self):

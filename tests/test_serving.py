@@ -175,9 +175,9 @@ def test_a_sliding_window_models_forecast_holds_each_window_and_reads_a_deep_mod
     counts is the formula's (each sliding layer its window), and the line through the traces at 3 and 4 blocks, the
     searches' shortcut included, gives the whole trace's peaks to the byte."""
     import dtypelab.forecasting.depth as fcmod
+    from dtypelab.serving.fake_serve import PolicyRun, ServeForecaster
     from dtypelab.serving.kv import cache_bytes_at
     from dtypelab.serving.served import Served
-    from dtypelab.serving.tracing import PolicyRun, ServeForecaster
 
     config = _sliding(kind, layers=9, window=16)
     monkeypatch.setattr(fcmod, "DEEP_ENOUGH", 7)  # read off at 9 (a user's model: from 10 blocks)
@@ -205,8 +205,8 @@ def test_a_search_stays_within_the_models_positions_and_never_costs_the_answer(m
     growing at its window, so it fits there); a search that cannot be traced leaves its figure out, saying why, and
     the answer at the shape asked for stands."""
     import dtypelab.serving.speed as speed
+    from dtypelab.serving.fake_serve import ServeForecaster
     from dtypelab.serving.served import Served
-    from dtypelab.serving.tracing import ServeForecaster
 
     config = _sliding("mistral", layers=2, window=16)
 
@@ -254,8 +254,8 @@ def _measured_memory(policy: str, shape: Shape) -> dict:
 def test_the_traced_workload_holds_what_the_same_workload_holds_on_real_tensors(policy):
     """The forecast for this CPU (fake tensors) against the ledger on the real prefill and decode: weights and cache
     to the byte, the peaks within 0.5% (the prompt's ids are counted on one side only)."""
+    from dtypelab.serving.fake_serve import PolicyRun, ServeForecaster
     from dtypelab.serving.served import load_served
-    from dtypelab.serving.tracing import PolicyRun, ServeForecaster
 
     shape = Shape(48, 16, 3)
     fc = ServeForecaster(load_served("tinylm"), target_device("cpu", None, None), 0)
@@ -272,9 +272,9 @@ def test_a_deep_model_read_off_two_shallow_traces_is_its_whole_trace(policy, dev
     """Seven blocks: the line through the traces at 3 and 4 blocks gives the whole trace's peaks, weights and cache
     to the byte, and the same decode time (within 1e-6)."""
     import dtypelab.forecasting.depth as fcmod
+    from dtypelab.serving.fake_serve import PolicyRun, ServeForecaster
     from dtypelab.serving.served import Served
     from dtypelab.serving.speed import policy_figures
-    from dtypelab.serving.tracing import PolicyRun, ServeForecaster
 
     _, config = tiny_llama(layers=7)
 
@@ -331,7 +331,7 @@ def test_the_largest_size_is_what_brute_force_finds():
 
 
 def test_a_quantized_layer_on_a_gpu_reads_its_stored_bytes_at_its_kernels_share():
-    from dtypelab.core.speed import Op
+    from dtypelab.core.machine.speed import Op
     from dtypelab.serving.kernels import KERNELS
     from dtypelab.serving.speed import gpu_ops
 
@@ -443,7 +443,7 @@ def test_the_check_compares_with_the_fastest_timed_generation():
 def test_a_layer_the_int4_kernel_cannot_take_keeps_its_weights():
     """torchao leaves a Linear whose input width is not whole groups of 128 as it is: the forecast counts its
     bfloat16 bytes, not int4's."""
-    from dtypelab.serving.tracing import quantized_layers
+    from dtypelab.serving.fake_serve import quantized_layers
 
     model, _ = tiny_llama()  # width 64; the MLP's down projection takes 128 inputs: one whole group
     int4 = quantized_layers(serve_policy("int4-wo").plan, model)
@@ -641,7 +641,7 @@ def test_training_and_serving_forecasts_store_a_formats_weights_in_the_same_byte
     from dtypelab.forecasting import CUDA_BLOCK
     from dtypelab.forecasting.adapters import STORED_WEIGHT_BYTES
     from dtypelab.forecasting.layouts import stand_in
-    from dtypelab.serving.tracing import convert, quantized_layers
+    from dtypelab.serving.fake_serve import convert, quantized_layers
 
     config = AutoConfig.from_pretrained(os.path.join(ROOT, "benchmarks", "configs", "llama2-7b"), num_hidden_layers=2)
     with torch.device("meta"):

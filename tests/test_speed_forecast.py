@@ -1,5 +1,5 @@
-"""The time model (core.speed) against hand-computed cases, the ops a trace records (forecasting.ops), the forecast's
-time per policy, its speedups, answer and record, the CPU self-check, and one-line refusals."""
+"""The time model (core.machine.speed) against hand-computed cases, the ops a trace records (forecasting.ops), the
+forecast's time per policy, its speedups, answer and record, the CPU self-check, and one-line refusals."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from test_cli import dtypelab as run_cli
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dtypelab
-from dtypelab.core.devices import device_spec
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.records import load_record
-from dtypelab.core.speed import (
+from dtypelab.core.machine.devices import device_spec
+from dtypelab.core.machine.speed import (
     GEMM_EFFICIENCY,
     GPU_FLOOR_S,
     NoRate,
@@ -28,6 +27,7 @@ from dtypelab.core.speed import (
     op_time,
     step_time,
 )
+from dtypelab.core.records import load_record
 from dtypelab.forecasting.ops import record
 
 FLAT = Rates("test", {"float32": 1e12, "bfloat16": 4e12, "fp8": 8e12}, bandwidth=1e11, floor_s=1e-6)
@@ -268,7 +268,7 @@ def test_cpu_rates_come_from_the_probe_and_an_old_probe_is_refused_in_one_line()
 
 
 def test_which_float8_layers_pay_is_their_matmuls_saving_net_of_their_own_casts():
-    from dtypelab.core.speed import float8_layers
+    from dtypelab.core.machine.speed import float8_layers
 
     big = Op("matmuls", "fp8", 2e12, ((1, 10**9), (2, 10**9)), ((3, 10**6),), 1e12, module="mlp")
     small = Op("matmuls", "fp8", 2e6, ((4, 10**3), (5, 10**3)), ((6, 10**3),), 1e6, module="proj")
@@ -302,7 +302,7 @@ def test_a_rowwise_scaled_float8_gemm_of_the_forward_runs_at_the_published_share
     from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
     from torchao.float8.float8_training_tensor import GemmInputRole, LinearMMConfig
 
-    from dtypelab.core.speed import ROWWISE_EFFICIENCY
+    from dtypelab.core.machine.speed import ROWWISE_EFFICIENCY
     from dtypelab.forecasting.ops import _variant
 
     x = torch.randn(8, 16)

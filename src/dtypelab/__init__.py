@@ -31,7 +31,7 @@ _PUBLIC = {
     # the core: tasks, hardware, policies and plans, judging, records
     "Task": "dtypelab.core.task", "InferenceTask": "dtypelab.core.task", "load_task": "dtypelab.core.task",
     "DtypelabError": "dtypelab.core.errors", "TaskError": "dtypelab.core.errors",
-    "HardwareInfo": "dtypelab.core.hardware", "probe": "dtypelab.core.hardware",
+    "HardwareInfo": "dtypelab.core.machine.hardware", "probe": "dtypelab.core.machine.hardware",
     "TF32": "dtypelab.core.policies", "Autocast": "dtypelab.core.policies", "Cast": "dtypelab.core.policies",
     "Config": "dtypelab.core.policies", "Facts": "dtypelab.core.policies", "Plan": "dtypelab.core.policies",
     "ActivationPart": "dtypelab.core.policies",
@@ -57,8 +57,8 @@ __all__ = ["__version__", *_PUBLIC]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
     from dtypelab.core.errors import DtypelabError, TaskError
-    from dtypelab.core.hardware import HardwareInfo, probe
     from dtypelab.core.judging import Recommendation, Tolerance, recommend
+    from dtypelab.core.machine.hardware import HardwareInfo, probe
     from dtypelab.core.policies import (
         TF32,
         ActivationPart,

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from dtypelab.core.policies import get_policy
 from dtypelab.core.task import load_task
 from dtypelab.distributed.wrap import fsdp_units, wrap_fsdp
-from dtypelab.forecasting.trace import Run, Target
+from dtypelab.forecasting.fake_step import Run, Target
 
 
 def settled(collective):

@@ -131,7 +131,7 @@ def _policies(opts: PoliciesOptions, cli: dict[str, Any]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from dtypelab.core.hardware import hardware_for
+    from dtypelab.core.machine.hardware import hardware_for
     from dtypelab.sweep import policy_table
 
     with guarded():
@@ -166,7 +166,7 @@ def _hardware(opts: HardwareOptions, cli: dict[str, Any]) -> None:
     import torch
 
     from dtypelab.core.energy import counter_of
-    from dtypelab.core.hardware import KERNEL_LABELS, kernel_path_text, measured_probe
+    from dtypelab.core.machine.hardware import KERNEL_LABELS, kernel_path_text, measured_probe
     from dtypelab.core.results import plain_json, save_text
 
     with guarded():

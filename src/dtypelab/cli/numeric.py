@@ -13,7 +13,7 @@ from dtypelab.numerics import AuditOptions, CastOptions, FormatsOptions
 
 
 def _formats(opts: FormatsOptions, cli: dict[str, Any]) -> None:
-    from dtypelab.core.hardware import probe
+    from dtypelab.core.machine.hardware import probe
     from dtypelab.numerics import analyze_values, formats, formats_doc, parse_formats, values_doc
 
     with guarded():

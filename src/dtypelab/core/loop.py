@@ -16,7 +16,7 @@ from torch import nn
 
 from dtypelab.core.errors import DtypelabError, TaskError, Unsupported, describe_exception
 from dtypelab.core.footprint import leaves, part_records, saved_activations, state_memory
-from dtypelab.core.hardware import HardwareInfo, hardware_for, resolve_device
+from dtypelab.core.machine.hardware import HardwareInfo, hardware_for, resolve_device
 from dtypelab.core.policies import Plan, Precision, get_policy
 from dtypelab.core.policies.loss import loss_choice
 from dtypelab.core.task import Task, call_model, load_task, map_tensors, plain

@@ -217,8 +217,8 @@ PANEL_SERVE: dict[str, Any] = {"panel": "Serving (--mode generate)"}
 
 
 class FineTuneOptions(Options):
-    """The fields of the commands that fine-tune (bench, forecast): the LoRA policies' settings and an ``hf:`` language
-    model's sequence length. Subclasses add theirs after these."""
+    """The fields of the commands that fine-tune: the LoRA policies' settings and an ``hf:`` language model's sequence
+    length."""
 
     lora_rank: int | None = Field(None, ge=1, description="the LoRA adapters' rank [default: 8]",
                                   json_schema_extra=PANEL_FT)
@@ -233,6 +233,13 @@ class FineTuneOptions(Options):
                               json_schema_extra=PANEL_FT)
     seq_len: int | None = Field(None, ge=2, description="tokens per sequence of an hf: language model [default: "
                                                         "512, at most its context]", json_schema_extra=PANEL_FT)
+
+
+class ModeOptions(FineTuneOptions):
+    """The fields of the commands with modes (bench, forecast): fine-tuning's, then what ``--mode generate`` serves
+    (its prompt and generation) and what the chosen policy is best at (``--objective``: ``core.objectives``).
+    Subclasses add theirs after these."""
+
     prompt_len: int = Field(128, ge=1, description="--mode generate: tokens of each prompt (the prefill)",
                             json_schema_extra=PANEL_SERVE)
     gen_len: int = Field(64, ge=1, description="--mode generate: tokens generated for each prompt (the decode)",

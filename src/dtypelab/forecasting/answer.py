@@ -3,8 +3,8 @@ how much the smallest peak misses), for training and for the inference formats; 
 
 from __future__ import annotations
 
-from dtypelab.core.devices import DEVICES, device_spec
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.machine.devices import DEVICES, device_spec
+from dtypelab.core.machine.hardware import HardwareInfo
 from dtypelab.core.policies import Plan, get_policy
 from dtypelab.core.results import PolicyForecast, TargetDevice
 from dtypelab.core.text import GIB, size_text

@@ -23,8 +23,8 @@ import re
 from dataclasses import replace
 
 from dtypelab.core.results import TimeForecast
+from dtypelab.forecasting.fake_step import Traced, after
 from dtypelab.forecasting.ledger import Peak
-from dtypelab.forecasting.trace import Traced, after
 
 SHALLOW = (3, 4)  # the depths traced: the least at which a block sits between two others (Ledger.moments)
 DEEP_ENOUGH = 10  # a model with fewer blocks is traced whole: little to gain

@@ -1,5 +1,5 @@
-"""A forecast's energy: each policy's predicted step at the target GPU's power for what bounds it (``core.power``),
-optionally calibrated by a record measured on the same GPU (``--energy-from``)."""
+"""A forecast's energy: each policy's predicted step at the target GPU's power for what bounds it
+(``core.machine.power``), optionally calibrated by a record measured on the same GPU (``--energy-from``)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dtypelab.core.devices import DEVICES, DeviceSpec, device_spec
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.machine.devices import DEVICES, DeviceSpec, device_spec
+from dtypelab.core.machine.power import PowerModel, calibrated, power_model, step_energy
 from dtypelab.core.measure import tokens_of
-from dtypelab.core.power import PowerModel, calibrated, power_model, step_energy
 from dtypelab.core.records import load_record
 from dtypelab.core.results import GenerateReport, PolicyForecast, Report, TargetDevice
 

@@ -22,19 +22,19 @@ import torch
 from torch import nn
 
 from dtypelab.core.errors import DtypelabError, Unsupported, describe_exception
+from dtypelab.core.machine.speed import Rates
 from dtypelab.core.policies import Plan, Precision, emulated_version
 from dtypelab.core.results import CheckResult, FitForecast, PeakForecast, PolicyForecast, TimeForecast
-from dtypelab.core.speed import Rates
 from dtypelab.core.task import Task
 from dtypelab.forecasting import local_run
 from dtypelab.forecasting.batch import infer_batch_shape, train_batch_shape
 from dtypelab.forecasting.depth import SHALLOW, linear, linear_time, read_off
 from dtypelab.forecasting.fake import fresh, meta_model
+from dtypelab.forecasting.fake_step import Run, Target, Traced, joined, peak_forecast, shifted
 from dtypelab.forecasting.layouts import conversion_notes, layout, stand_in
 from dtypelab.forecasting.ranks import FakeRanks
 from dtypelab.forecasting.search import largest_batch
 from dtypelab.forecasting.timing import StepTimes
-from dtypelab.forecasting.trace import Run, Target, Traced, joined, peak_forecast, shifted
 
 
 class Job(local_run.HostJob, Protocol):
@@ -90,7 +90,7 @@ class Forecaster:
 
     def hardware_here(self) -> Any:
         if self._hardware is None:
-            from dtypelab.core.hardware import hardware_for
+            from dtypelab.core.machine.hardware import hardware_for
 
             self._hardware = hardware_for(torch.device(self.job.check_device), None, budget_s=0.02)
         return self._hardware

@@ -8,9 +8,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from dtypelab.core.machine.speed import Rates
 from dtypelab.core.policies import Plan, get_policy
 from dtypelab.core.results import PolicyForecast
-from dtypelab.core.speed import Rates
 from dtypelab.core.task import Task, load_task
 from dtypelab.forecasting import local_run
 from dtypelab.forecasting.forecaster import Forecaster

@@ -15,8 +15,8 @@ from dtypelab.core.measure import young_heap
 from dtypelab.core.policies import Plan
 from dtypelab.core.results import CheckResult, PolicyForecast
 from dtypelab.core.task import Task
+from dtypelab.forecasting.fake_step import Run, Target, Traced, shifted
 from dtypelab.forecasting.ledger import Peak
-from dtypelab.forecasting.trace import Run, Target, Traced, shifted
 
 CHECK_STEPS = 3  # --check: real steps, the first making the optimizer's state
 TIMED_STEPS = 10  # --check: the steps timed for the measured step time (after WARM_STEPS), at least

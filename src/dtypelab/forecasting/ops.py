@@ -1,13 +1,12 @@
-"""What each op of a traced step costs in time, as ``core.speed.Op``: its FLOPs, the bytes it reads and writes, the
-rate it computes at and its group. The ledger records one per op it sees (``Ledger.ops``), in the phases that make
-a step (forward, backward, optimizer).
+"""What each op of a traced step costs in time, as ``core.machine.speed.Op``: its FLOPs, the bytes it reads and writes,
+the rate it computes at and its group. The ledger records one per op it sees (``Ledger.ops``), in the phases that make a
+step (forward, backward, optimizer).
 
-FLOPs come from torch's ``flop_counter`` formulas (matmuls, convolutions, attention, ``_scaled_mm``); the kernels it
-has none for are counted here: ``_int_mm`` and packed weight-only matmuls by their shapes, the CPU's flash attention
-with the formula of CUDA's (their arguments start alike). An op that returns views of its inputs, or only allocates,
-runs no kernel and is left out. A matmul's rate is its operands' dtype (``tf32`` for float32 while the TF32 flag is
-set, ``fp8`` for float8 operands, ``int8`` for ``_int_mm``).
-"""
+FLOPs come from torch's ``flop_counter`` formulas (matmuls, convolutions, attention, ``_scaled_mm``); the kernels it has
+none for are counted here: ``_int_mm`` and packed weight-only matmuls by their shapes, the CPU's flash attention with
+the formula of CUDA's (their arguments start alike). An op that returns views of its inputs, or only allocates, runs no
+kernel and is left out. A matmul's rate is its operands' dtype (``tf32`` for float32 while the TF32 flag is set, ``fp8``
+for float8 operands, ``int8`` for ``_int_mm``)."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from dtypelab.core.footprint import leaves
-from dtypelab.core.speed import Op
+from dtypelab.core.machine.speed import Op
 from dtypelab.forecasting.kernels import signature
 
 aten = torch.ops.aten

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from dtypelab.core.objectives import for_mode, objective
-from dtypelab.core.options import FineTuneOptions, MemorySize, batch_size_field, json_field
+from dtypelab.core.options import MemorySize, ModeOptions, batch_size_field, json_field
 
 # what each mode reads; a field of the other mode given a value of its own is refused, not ignored
 STEP_ONLY = ("nproc", "lora_rank", "lora_alpha", "lora_targets", "kbit_upcast", "seq_len", "baseline", "workers")
@@ -15,7 +15,7 @@ GENERATE_ONLY = ("prompt_len", "gen_len")
 OBJECTIVES = {mode: for_mode(mode, forecast=True) for mode in ("step", "generate")}
 
 
-class ForecastOptions(FineTuneOptions):
+class ForecastOptions(ModeOptions):
     mode: Literal["step", "generate"] = Field("step", description="step (the task's training step, or an "
                                                                    "inference task's pass), or generate (a causal "
                                                                    "language model serving: prefill and decode with "

@@ -17,9 +17,9 @@ import torch
 
 from dtypelab.core.backends import quiet
 from dtypelab.core.bands import band
-from dtypelab.core.devices import GIB, device_spec
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import HardwareInfo, environment, hardware_for
+from dtypelab.core.machine.devices import GIB, device_spec
+from dtypelab.core.machine.hardware import HardwareInfo, environment, hardware_for
 from dtypelab.core.options import parse_size
 from dtypelab.core.policies import (
     REGISTRY,

@@ -12,13 +12,11 @@ from dataclasses import replace
 import torch
 
 from dtypelab.core.bands import band, overlaps
-from dtypelab.core.devices import device_spec, rated_peaks
 from dtypelab.core.disturbance import describe
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import HardwareInfo, measured_probe
-from dtypelab.core.policies import BASELINE, Plan
-from dtypelab.core.results import PolicyForecast, TargetDevice, TimeForecast
-from dtypelab.core.speed import (
+from dtypelab.core.machine.devices import device_spec, rated_peaks
+from dtypelab.core.machine.hardware import HardwareInfo, measured_probe
+from dtypelab.core.machine.speed import (
     GEMM_EFFICIENCY,
     GPU_FLOOR_S,
     ROWWISE_EFFICIENCY,
@@ -32,6 +30,8 @@ from dtypelab.core.speed import (
     gpu_rates,
     step_time,
 )
+from dtypelab.core.policies import BASELINE, Plan
+from dtypelab.core.results import PolicyForecast, TargetDevice, TimeForecast
 from dtypelab.forecasting.kernels import retime, time_kernels
 
 

@@ -19,8 +19,8 @@ from torch import nn
 
 from dtypelab.core.backends import torchao_module
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import probe
 from dtypelab.core.loop import build_model, build_trainable, fit, forward
+from dtypelab.core.machine.hardware import probe
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy
 from dtypelab.core.results.store import save_bytes
 from dtypelab.core.task import BUILTIN, Task, load_task

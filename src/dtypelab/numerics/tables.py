@@ -3,7 +3,7 @@ values and a checkpoint's tensors become in a format. ``dtypelab.render`` prints
 
 from __future__ import annotations
 
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.machine.hardware import HardwareInfo
 from dtypelab.core.text import num, pct, pow2
 from dtypelab.numerics.castcheck import LABELS, CastFileReport, CastReport, ValueCast
 from dtypelab.numerics.catalog import Format

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import hardware_for
+from dtypelab.core.machine.hardware import hardware_for
 from dtypelab.core.policies import Plan, get_policy
 from dtypelab.piloting.options import AutopilotOptions
 from dtypelab.piloting.script import PilotDiagnosis

@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from dtypelab.core.errors import DtypelabError, describe_exception
-from dtypelab.core.hardware import environment as current_environment
-from dtypelab.core.hardware import hardware_for, resolve_device
 from dtypelab.core.loop import build_trainable, evaluate, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
+from dtypelab.core.machine.hardware import environment as current_environment
+from dtypelab.core.machine.hardware import hardware_for, resolve_device
 from dtypelab.core.policies import Precision, get_policy
 from dtypelab.core.results import AutopilotConfig, AutopilotReport, Move, Rollback, check_writable
 from dtypelab.core.source import Sites

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import HardwareInfo, probe
 from dtypelab.core.loop import build_trainable, fit, forward, prepare, threads, to_device
+from dtypelab.core.machine.hardware import HardwareInfo, probe
 from dtypelab.core.measure import StepTimer, device_sync
 from dtypelab.core.policies import Plan, Precision, get_policy
 from dtypelab.core.results import ProfileSummary

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtypelab.core import devices
+from dtypelab.core.machine import devices
 from dtypelab.core.results import MEMORY_LABELS, METHODS, PEAK_CATEGORIES, ForecastReport, PolicyForecast
 from dtypelab.core.text import GIB, MIB, size_text
 from dtypelab.render import plots
@@ -14,13 +14,13 @@ from dtypelab.render.tables import html_fragment, plus_minus
 from dtypelab.render.views import document, more, section
 
 SHORT = MEMORY_LABELS
-# the rate keys the device table shows, with their headings (the table's rows are core.devices.DEVICES as they are)
+# the rate keys the device table shows, with their headings (its rows: core.machine.devices.DEVICES as they are)
 RATE_COLUMNS = (("float32", "fp32 TFLOP/s"), ("tf32", "tf32"), ("bfloat16", "bf16"), ("fp8", "fp8"),
                 ("int8", "int8 TOPS"))
 DEVICE_NOTES = (
     "usable: what torch.cuda.get_device_properties().total_memory reports (the total capacity CUDA's out-of-memory "
     "message quotes), where such a report was found; else NVML's total less the {keeps} GiB the driver keeps on the "
-    "cards that have both; sources in dtypelab/core/devices.py",
+    "cards that have both; sources in dtypelab/core/machine/devices.py",
     "a forecast keeps 0.5 GiB of it aside for the CUDA context and libraries (--reserve changes that); --memory SIZE "
     "forecasts for any other size",
     "peaks: dense (no structured sparsity), from NVIDIA's datasheets (the GeForce cards: the architecture whitepapers, "
@@ -28,7 +28,7 @@ DEVICE_NOTES = (
     "such tensor cores",
     "limit W: the datasheet's maximum board power; idle W: published nvidia-smi readings at 0% utilization (P0; P8: "
     "only the sleep state's was found); —: none found, the energy forecast takes a tenth of the limit; what a "
-    "forecast of energy is made from (dtypelab/core/power.py)")
+    "forecast of energy is made from (dtypelab/core/machine/power.py)")
 
 
 def devices_table() -> tuple[str, list[str], list[list[str]], list[str]]:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from dtypelab.core.machine.speed import (
+    BOUNDS,  # what bounds a timed step; a record's other "bound" is why it was not timed
+)
 from dtypelab.core.objectives import objective
 from dtypelab.core.results import Decision, GenerateFigures, GeneratePolicy, GenerateReport, Verdict
-from dtypelab.core.speed import BOUNDS  # what bounds a timed step; a record's other "bound" is why it was not timed
 from dtypelab.core.stats import MIN_GAIN
 from dtypelab.core.text import GIB, MIB
 from dtypelab.render import plots

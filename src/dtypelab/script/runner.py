@@ -18,8 +18,8 @@ import torch
 from dtypelab.core.disturbance import was_disturbed
 from dtypelab.core.energy import counter_of
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import SLOW_RATIO, environment, hardware_for, probe_notice, resolve_device
 from dtypelab.core.loop import DIVERGED_PATIENCE
+from dtypelab.core.machine.hardware import SLOW_RATIO, environment, hardware_for, probe_notice, resolve_device
 from dtypelab.core.measure import slow_base
 from dtypelab.core.options import parse_duration, training_objective
 from dtypelab.core.policies import (

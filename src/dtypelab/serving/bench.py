@@ -22,8 +22,8 @@ import torch
 
 from dtypelab.core.energy import require_counter
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import environment, hardware_for
 from dtypelab.core.judging.generate import judge_generation, steadiness_notes
+from dtypelab.core.machine.hardware import environment, hardware_for
 from dtypelab.core.objectives import for_mode
 from dtypelab.core.objectives import objective as objective_of
 from dtypelab.core.options import parse_size

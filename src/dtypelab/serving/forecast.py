@@ -18,9 +18,9 @@ import torch
 from dtypelab.core.bands import band, overlaps
 from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.judging.generate import objective_value
+from dtypelab.core.machine.speed import GPU_FLOOR_S
 from dtypelab.core.objectives import objective as objective_of
 from dtypelab.core.results import GenerateConfig, GenerateFigures, GeneratePolicy, GenerateReport, TargetDevice
-from dtypelab.core.speed import GPU_FLOOR_S
 from dtypelab.core.tasks.hub import quantized_note
 from dtypelab.forecasting import (
     INTERRUPTED,
@@ -35,11 +35,11 @@ from dtypelab.forecasting import (
     worker_count,
 )
 from dtypelab.run import Outcome
+from dtypelab.serving.fake_serve import ServeForecaster, Traced
 from dtypelab.serving.measure import with_speeds
 from dtypelab.serving.policies import DEFAULT_FORECAST, DEFAULT_FORECAST_CPU, ServePolicy, serve_policies
 from dtypelab.serving.served import load_served
 from dtypelab.serving.speed import generation_energy, policy_figures, serving_rates
-from dtypelab.serving.tracing import ServeForecaster, Traced
 from dtypelab.serving.workload import Shape
 
 Progress = Callable[[str, int, int], None]
@@ -311,7 +311,7 @@ def _eager(chosen: list[ServePolicy], target: TargetDevice) -> str:
 
 
 def _environment() -> dict[str, Any]:
-    from dtypelab.core.hardware import environment, hardware_for
+    from dtypelab.core.machine.hardware import environment, hardware_for
 
     return environment(hardware_for(torch.device("cpu"), None, budget_s=0.02))
 

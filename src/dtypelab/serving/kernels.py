@@ -35,7 +35,7 @@ TORCHAO_A100 = "torchao quantization README (Llama-3-8B, A100-80GB, batch 1, com
 @dataclass(frozen=True)
 class Kernel:
     name: str  # what runs
-    rate: str  # the rate key its FLOPs run at (core.speed)
+    rate: str  # the rate key its FLOPs run at (core.machine.speed)
     share: float  # bandwidth reached in decode, relative to a bfloat16 GEMM's
     source: str
     dequantizes: bool = True  # the weight is dequantized in the kernel (its FLOPs at the activations' rate)

@@ -1,6 +1,6 @@
-"""The serving workload's time on a device, from the ops a trace recorded (``core.speed``): on a GPU each quantized
-layer as the one kernel its format runs (``kernels.KERNELS``), on this CPU each heavy call timed here and every op
-paying the per-op time of the model's own code, measured on one of its blocks."""
+"""The serving workload's time on a device, from the ops a trace recorded (``core.machine.speed``): on a GPU each
+quantized layer as the one kernel its format runs (``kernels.KERNELS``), on this CPU each heavy call timed here and
+every op paying the per-op time of the model's own code, measured on one of its blocks."""
 
 from __future__ import annotations
 
@@ -15,20 +15,20 @@ from torch import nn
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.footprint import tensor_bytes
-from dtypelab.core.power import PowerModel
+from dtypelab.core.machine.power import PowerModel
+from dtypelab.core.machine.speed import GPU_BANDWIDTH_SHARE, Op
 from dtypelab.core.results import Energy, GenerateFigures, TargetDevice
-from dtypelab.core.speed import GPU_BANDWIDTH_SHARE, Op
 from dtypelab.core.tasks.hub import at_depth
 from dtypelab.forecasting import STORED_WEIGHT_BYTES, StepTimes, largest_batch, rates_for
-from dtypelab.serving.kernels import kernel_of
-from dtypelab.serving.kv import kv_format
-from dtypelab.serving.policies import ServePolicy
-from dtypelab.serving.tracing import (
+from dtypelab.serving.fake_serve import (
     MOST_BATCH,
     PolicyRun,
     ServeForecaster,
     Traced,
 )
+from dtypelab.serving.kernels import kernel_of
+from dtypelab.serving.kv import kv_format
+from dtypelab.serving.policies import ServePolicy
 from dtypelab.serving.workload import Shape, decode, new_cache, prefill
 
 

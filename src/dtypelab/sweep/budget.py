@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.machine.hardware import HardwareInfo
 from dtypelab.core.options import parse_duration
 from dtypelab.core.policies import BASELINE, COMPILED_BASELINE, Plan
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dtypelab.core.hardware import HardwareInfo, probe, resolve_device
+from dtypelab.core.machine.hardware import HardwareInfo, probe, resolve_device
 from dtypelab.core.policies import REGISTRY, default_policies
 
 

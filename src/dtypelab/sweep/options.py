@@ -10,8 +10,8 @@ from pydantic import Field, field_validator, model_validator
 
 from dtypelab.core.options import (
     Budget,
-    FineTuneOptions,
     MemorySize,
+    ModeOptions,
     batch_size_field,
     budget_field,
     device_field,
@@ -28,7 +28,7 @@ DIST = {"panel": "Distributed"}
 FAN = {"panel": "Fan-out (--launcher local-gpus or slurm)"}
 
 
-class BenchOptions(FineTuneOptions):
+class BenchOptions(ModeOptions):
     policies: str | tuple[Any, ...] | None = Field(
         None, description="comma-separated policy names, plan files or your own kinds' FILE.py:NAME [default: every "
                           "policy that applies]",

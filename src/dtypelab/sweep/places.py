@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import HardwareInfo, hardware_for
+from dtypelab.core.machine.hardware import HardwareInfo, hardware_for
 from dtypelab.core.policies import BASELINE
 from dtypelab.core.records import load_report, save_judged
 from dtypelab.core.results import PolicyResult, Report, RunConfig

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import torch
 
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.machine.hardware import HardwareInfo
 from dtypelab.core.policies import BASELINE, COMPILED_BASELINE, Plan, get_policy, policy_info
 from dtypelab.core.policies.registry import emulated_version, gpu_only_policies
 from dtypelab.core.results import PolicyResult

@@ -18,7 +18,14 @@ import torch
 from dtypelab.core.disturbance import was_disturbed
 from dtypelab.core.energy import require_counter
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import SLOW_RATIO, HardwareInfo, environment, hardware_for, probe_notice, resolve_device
+from dtypelab.core.machine.hardware import (
+    SLOW_RATIO,
+    HardwareInfo,
+    environment,
+    hardware_for,
+    probe_notice,
+    resolve_device,
+)
 from dtypelab.core.measure import slow_base
 from dtypelab.core.objectives import objective as objective_of
 from dtypelab.core.options import parse_size, training_objective

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from dtypelab.core.errors import describe_exception
-from dtypelab.core.hardware import environment as current_environment
 from dtypelab.core.loop import build_trainable, prepare, to_device, train_step
 from dtypelab.core.loop import threads as torch_threads
+from dtypelab.core.machine.hardware import environment as current_environment
 from dtypelab.core.results import Finding, TraceConfig, TraceReport, check_writable
 from dtypelab.core.source import Sites
 from dtypelab.core.task import Task

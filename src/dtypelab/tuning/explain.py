@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import KERNEL_LABELS, HardwareInfo, environment
+from dtypelab.core.machine.hardware import KERNEL_LABELS, HardwareInfo, environment
 from dtypelab.core.policies import Config, Plan, config_from_dict, config_to_dict, get_policy
 from dtypelab.core.results import PlanEvaluation, TuneConfig, TuneReport, default_label, tune_recommendation
 from dtypelab.core.task import Task

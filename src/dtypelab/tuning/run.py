@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import HardwareInfo, environment, hardware_for, probe_notice
 from dtypelab.core.loop import build_model, to_device
+from dtypelab.core.machine.hardware import HardwareInfo, environment, hardware_for, probe_notice
 from dtypelab.core.options import parse_duration
 from dtypelab.core.policies import (
     Cast,

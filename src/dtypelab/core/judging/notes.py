@@ -4,8 +4,8 @@ the policies the interleaved rounds left out."""
 
 from __future__ import annotations
 
-from dtypelab.core.hardware import HardwareInfo, kernel_path_text
 from dtypelab.core.judging.prefer import keeps_updates
+from dtypelab.core.machine.hardware import HardwareInfo, kernel_path_text
 from dtypelab.core.objectives import objective
 from dtypelab.core.results import COMPILED_BASELINE, PolicyResult, PolicyVerdict, Report, Verdict
 from dtypelab.core.stats import CLEARLY_SLOWER, MIN_GAIN

@@ -22,7 +22,7 @@ from torch import nn
 
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.footprint import ActivationPart as ActivationPart  # a kind's hook returns them
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.machine.hardware import HardwareInfo
 
 FLOAT_DTYPES = ("float64", "float32", "bfloat16", "float16")
 T = TypeVar("T")

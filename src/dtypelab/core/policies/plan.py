@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.machine.hardware import HardwareInfo
 from dtypelab.core.policies.configs import Config, config_from_dict, config_to_dict
 from dtypelab.core.policies.distributed import Distributed
 from dtypelab.core.policies.loss import loss_choice

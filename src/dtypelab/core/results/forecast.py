@@ -78,7 +78,7 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class TimeForecast:
-    """One training step's (or inference pass's) predicted time per rank on the target (``core.speed``)."""
+    """One training step's (or inference pass's) predicted time per rank on the target (``core.machine.speed``)."""
 
     step_s: float | None  # None: no prediction (``reason`` says why)
     speedup: float | None = None  # the baseline's step over this one's

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import torch
 
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.machine.hardware import HardwareInfo
 from dtypelab.core.policies.configs import SHORT, Config, Facts, _float_dtype, bf16_missing
 from dtypelab.core.policies.registry import REGISTRY, in_default, register
 from dtypelab.core.task import map_tensors

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import torch
 
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.machine.hardware import HardwareInfo
 from dtypelab.core.policies.configs import SHORT, Config, Facts, _float_dtype, bf16_missing
 from dtypelab.core.policies.registry import EVERY_SWEEP, REGISTRY, in_default, register
 from dtypelab.core.tolerance import BASELINE, COMPILED_BASELINE

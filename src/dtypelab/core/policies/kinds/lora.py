@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from dtypelab.core.backends import quiet, torchao_missing, torchao_module
 from dtypelab.core.errors import DtypelabError, OptionError, Unsupported
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.machine.hardware import HardwareInfo
 from dtypelab.core.policies.configs import ActivationPart, Config, Emulable, Facts, bf16_missing, cuda_missing
 from dtypelab.core.policies.registry import in_default, register
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from dtypelab.core.backends import quiet, torchao_missing, torchao_module
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.machine.hardware import HardwareInfo
 from dtypelab.core.policies.configs import Config, Emulable, Facts, cuda_missing
 from dtypelab.core.policies.registry import in_default, register
 

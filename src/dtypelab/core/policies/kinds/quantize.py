@@ -14,7 +14,7 @@ from torch import nn
 
 from dtypelab.core.backends import quiet, torchao_missing, torchao_module
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.machine.hardware import HardwareInfo
 from dtypelab.core.policies.configs import Config, Facts, cuda_missing
 from dtypelab.core.policies.kinds.cast import Cast
 from dtypelab.core.policies.kinds.float8 import float8_unfit

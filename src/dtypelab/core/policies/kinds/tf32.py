@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.machine.hardware import HardwareInfo
 from dtypelab.core.policies.configs import Config, Facts
 from dtypelab.core.policies.registry import register
 

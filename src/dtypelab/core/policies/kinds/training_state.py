@@ -21,7 +21,7 @@ from torch import nn
 
 from dtypelab.core.backends import quiet
 from dtypelab.core.errors import DtypelabError, Unsupported
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.machine.hardware import HardwareInfo
 from dtypelab.core.policies.configs import Config, Facts, bf16_missing, cuda_missing
 from dtypelab.core.policies.registry import in_default, register, register_state_modifier
 

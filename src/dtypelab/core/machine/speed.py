@@ -22,8 +22,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from dtypelab.core.devices import DeviceSpec
-from dtypelab.core.hardware import HardwareInfo
+from dtypelab.core.machine.devices import DeviceSpec
+from dtypelab.core.machine.hardware import HardwareInfo
 
 # GEMM efficiency on an H100 SXM (achieved / the datasheet's dense bfloat16 peak, 989.5 TFLOP/s) against
 # log2(M·N·K): the median, per whole power of two, of the 375 bfloat16 entries (b 1–4, M, N, K 256–4096) of XLA's
@@ -218,7 +218,7 @@ def step_time(ops: Iterable[Op], rates: Rates, compiled: bool = False) -> Timing
 GPU_BANDWIDTH_SHARE = 0.92
 # The least time one kernel takes on a GPU: the smallest GEMM of XLA's sm_90 table (256³, bfloat16) took 5.0 µs.
 GPU_FLOOR_S = 5.0e-6
-PROBE_N = 256  # the CPU probe's matmul size (core.hardware.probe)
+PROBE_N = 256  # the CPU probe's matmul size (core.machine.hardware.probe)
 
 
 def gpu_rates(spec: DeviceSpec) -> Rates:

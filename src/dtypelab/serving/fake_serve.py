@@ -16,9 +16,9 @@ from torch import nn
 
 from dtypelab.core.backends import quiet
 from dtypelab.core.errors import DtypelabError, describe_exception
+from dtypelab.core.machine.speed import Op
 from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.results import TargetDevice
-from dtypelab.core.speed import Op
 from dtypelab.core.tasks.hub import at_depth
 from dtypelab.forecasting import (
     CUDA_BLOCK,

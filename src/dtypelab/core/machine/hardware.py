@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from dtypelab.core.devices import rated_peaks
 from dtypelab.core.disturbance import CpuMeter, describe
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.rates_probe import (
+from dtypelab.core.machine.devices import rated_peaks
+from dtypelab.core.machine.rates_probe import (
     bandwidth_gbs,
     elementwise_gbs,
     kernel_call,
@@ -49,7 +49,7 @@ KERNEL_LABELS = {
 SLOW_RATIO = 0.1
 
 # the datasheets' dense peaks (what the probe and --profile report achieved FLOP/s against: MFU) live with the device
-# table: core.devices.DEVICES (each row's rates)
+# table: core.machine.devices.DEVICES (each row's rates)
 
 
 @dataclass(frozen=True)

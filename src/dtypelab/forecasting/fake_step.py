@@ -21,11 +21,11 @@ from torch import nn
 
 from dtypelab.core.footprint import state_tensors
 from dtypelab.core.loop import forward, forward_loss, train_step
+from dtypelab.core.machine.speed import Op
 from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.policies.checkpointing import repeated_blocks
 from dtypelab.core.policies.loss import logit_width
 from dtypelab.core.results import PeakForecast
-from dtypelab.core.speed import Op
 from dtypelab.core.task import Task, map_tensors
 from dtypelab.forecasting.batch import BatchShape, fetched, split
 from dtypelab.forecasting.fake import eager, faked, materialize
@@ -63,7 +63,7 @@ class Traced:
     phases: dict[str, Peak] = field(default_factory=dict)
     state: dict[str, int] = field(default_factory=dict)
     gradients: int = 0  # what the backward left in the parameters' gradients
-    ops: tuple[Op, ...] = ()  # one step's kernels as the time model takes them (core.speed)
+    ops: tuple[Op, ...] = ()  # one step's kernels as the time model takes them (core.machine.speed)
     held: dict[str, int] = field(default_factory=dict)  # what the step still holds as its update runs (the batch)
     # each pass's peak by where in a stack of blocks it fell (Ledger.moments; empty: not kept)
     moments: dict[str, Peak] = field(default_factory=dict)

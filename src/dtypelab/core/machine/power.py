@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dtypelab.core.devices import DeviceSpec
+from dtypelab.core.machine.devices import DeviceSpec
 from dtypelab.core.results import Energy, TimeForecast
 
 ACTIVITY = {"compute": 0.90, "memory": 0.74, "overhead": 0.10}
@@ -56,7 +56,7 @@ def power_model(spec: DeviceSpec) -> PowerModel | None:
             f"idle {idle:g} W (a tenth of the limit: no published reading)")
     return PowerModel(spec.label, idle, spec.limit_watts,
                       f"power model: {said} to the {spec.limit_watts:g} W limit, by what bounds the step "
-                      f"(dtypelab.core.power)")
+                      f"(dtypelab.core.machine.power)")
 
 
 def calibrated(model: PowerModel, idle_watts: float | None, pairs: list[tuple[float, dict[str, float]]],

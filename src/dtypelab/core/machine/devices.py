@@ -23,7 +23,7 @@ figures with FP32 accumulation (what PyTorch's matmuls accumulate in): Ada Lovel
 A dtype a card has no figure for (float64 on the GeForce cards, L40S, L4, A10; bfloat16 and float8 on a T4) has no
 rate: a forecast of a policy computing in it says so.
 
-Power (``limit_watts``, ``idle_watts``; what the energy forecast runs between, ``core.power``): the limit is the
+Power (``limit_watts``, ``idle_watts``; what the energy forecast runs between, ``core.machine.power``): the limit is the
 datasheet's maximum board power (TDP) of the form factor named (SXM5 700 W for H100 and H200, PCIe 350 W, NVL 400 W,
 A100 SXM4 400 W, L40S 350 W, RTX 4090 450 W, RTX 3090 350 W, L4 72 W, A10 150 W, T4 70 W). Idle is the power of the
 card doing nothing in its working state (P0: what it draws between a program's kernels), read off published
