@@ -293,7 +293,7 @@ def _report_with_fp32_median(median_s: float, mode: str = "infer") -> Report:
 
 
 def test_long_inference_passes_are_timed_one_per_round_and_short_ones_keep_their_block():
-    from dtypelab.sweep.rounds import ROUND_BLOCK_S
+    from dtypelab.core.measure import ROUND_BLOCK_S
     from dtypelab.sweep.rounds import round_block as _infer_block
 
     job = RoundsJob("t", (), "infer", 3, 4, 4, 0, "cpu", None)

@@ -14,6 +14,9 @@ from typing import Any
 
 import torch
 
+# an interleaved round's block of inference work (bench's passes, generations): enough of it to take this long, at
+# least one; a pass or generation that long is its own median, and a shorter one is timed warm
+ROUND_BLOCK_S = 0.25
 
 class StepTimer:
     """Times steps with ``clock``; ``sync`` (e.g. cuda.synchronize) runs before each clock read so

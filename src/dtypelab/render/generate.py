@@ -219,7 +219,8 @@ def kernel_docs(report: GenerateReport, top: int = 0) -> list[Any]:
              ratio(p.generate.decode_tok_s, p.check.decode_tok_s),  # type: ignore[union-attr]
              _rate(p.generate.prefill_tok_s), _rate(p.check.prefill_tok_s),  # type: ignore[union-attr]
              ratio(p.generate.prefill_tok_s, p.check.prefill_tok_s)] for p in checked],  # type: ignore[union-attr]
-            ["ratio: forecast over measured; measured speeds: the fastest of each policy's timed generations"]))
+            ["ratio: forecast over measured; measured speeds: each policy's fastest round (the median generation of "
+             "its block, interleaved with the others')"]))
     return out
 
 

@@ -320,7 +320,7 @@ CHECK_ROUNDS = 5
 
 
 def _fastest(g: GenerateFigures | None, shape: Shape) -> GenerateFigures | None:
-    """Measured figures with the speeds of the fastest timed generation."""
+    """Measured figures with the speeds of the fastest round (each round's median generation)."""
     if g is None or not g.ttft_runs_s or not g.decode_runs_s:
         return g
     return with_speeds(g, shape, min(g.ttft_runs_s), min(g.decode_runs_s))
@@ -329,7 +329,7 @@ def _fastest(g: GenerateFigures | None, shape: Shape) -> GenerateFigures | None:
 def _checked(spec: str, shape: Shape, results: list[GeneratePolicy], chosen: list[ServePolicy],
              seed: int) -> list[GeneratePolicy]:
     """The forecast beside the same workload measured here (this CPU): each policy that runs here, its speed the
-    fastest of its timed generations (the least disturbed: the forecast is of an undisturbed machine)."""
+    fastest of its rounds (the least disturbed: the forecast is of an undisturbed machine)."""
     from dtypelab.serving.bench import serve_bench
 
     names = ",".join(p.name for p in chosen)

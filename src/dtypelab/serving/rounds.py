@@ -1,14 +1,16 @@
 """The serving policies' speed and energy, timed as bench times training steps (``sweep.rounds``): every policy's
 model built in one process, each warmed up (a compiled one compiles there), then a block of whole generations of
 each, round-robin (the order reversed every other round), so that whatever disturbs the machine hits a round's
-policies alike and each policy's rounds pair with the baseline's (``core.judging.generate``). A block holds one
-generation, or as many as span the energy counter's shortest window; the counter reads each block's joules. After
+policies alike and each policy's rounds pair with the baseline's (``core.judging.generate``). A block holds whole
+generations for a quarter second (bench's passes' ``ROUND_BLOCK_S``: a short one timed warm, the median of the
+block kept), and as many as span the energy counter's shortest window; the counter reads each block's joules. After
 the rounds, each policy's prefill alone is read over windows too, to split a generation's joules between the
 prefill and the decode."""
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -18,7 +20,7 @@ import torch
 from dtypelab.core.disturbance import CpuMeter
 from dtypelab.core.energy import Meter, measuring
 from dtypelab.core.loop import threads
-from dtypelab.core.measure import device_sync
+from dtypelab.core.measure import ROUND_BLOCK_S, device_sync
 from dtypelab.core.pairing import block_energy
 from dtypelab.core.policies import Plan
 from dtypelab.core.results import Energy, EnergySource, RoundBlock
@@ -122,10 +124,12 @@ class _Rounds:
         with run.precision.session():
             cpu.start()
             window = self.meter.begin() if self.meter else None
-            gens = [self.generation(run)]
-            # with a counter, whole generations until its shortest window is spanned (a pace measured beside a busy
-            # neighbour would size a block too short)
-            while window is not None and window.elapsed_s < WINDOW_MARGIN * window.meter.min_window_s:
+            start, gens = time.perf_counter(), [self.generation(run)]
+            # whole generations for ROUND_BLOCK_S (a short one timed warm, as bench's passes are), and with a counter
+            # until its shortest window is spanned (by time: a pace measured beside a busy neighbour would size a
+            # block too short)
+            least = max(ROUND_BLOCK_S, WINDOW_MARGIN * window.meter.min_window_s if window else 0.0)
+            while time.perf_counter() - start < least:
                 gens.append(self.generation(run))
             reading = window.end()[0] if window else None
             d = cpu.stop()

@@ -22,7 +22,7 @@ from dtypelab.core.disturbance import CpuMeter, was_disturbed
 from dtypelab.core.energy import Meter, measuring
 from dtypelab.core.errors import describe_exception
 from dtypelab.core.loop import build_model, build_trainable, forward, threads, to_device, train_step
-from dtypelab.core.measure import StepTimer, device_sync, tokens_of
+from dtypelab.core.measure import ROUND_BLOCK_S, StepTimer, device_sync, tokens_of
 from dtypelab.core.pairing import paired_speedup
 from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.results import COMPILED_BASELINE, EnergySource, Report, RoundBlock
@@ -30,7 +30,6 @@ from dtypelab.core.stats import CLEARLY_SLOWER, MIN_GAIN
 from dtypelab.core.task import load_task
 
 WINDOW_MARGIN = 1.25  # blocks sized for the energy counter span this much more than its shortest window
-ROUND_BLOCK_S = 0.25  # an inference round's block: passes enough to take this long (fp32's own median), at least 1
 
 
 @dataclass(frozen=True)
