@@ -741,3 +741,14 @@ def test_a_format_without_a_published_kernel_share_is_timed_as_a_bf16_gemm_and_s
 
     assert kernel_of("int4-weight-only") is KERNELS["int4-weight-only"]
     assert kernel_of("int3-weight-only") is AS_BF16 and AS_BF16.share == 1.0 and "no published" in AS_BF16.name
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--mode", "generate", "--steps", "5"], "--steps does not apply to --mode generate: leave it out"),
+    (["--mode", "generate", "--runs", "3", "--profile"], "--runs, --profile do not apply to --mode generate"),
+    (["--prompt-len", "16"], "--prompt-len does not apply to --mode train: leave it out"),
+    (["--mode", "generate", "--launcher", "slurm"], "--launcher slurm: --mode generate measures each serving policy"),
+])
+def test_an_option_a_mode_does_not_read_is_refused_not_ignored(args, said):
+    got = dtypelab("bench", "tinylm", *args)
+    assert got.returncode == 2 and said in " ".join(got.stderr.split()), got.stderr

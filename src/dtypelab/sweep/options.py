@@ -25,6 +25,12 @@ from dtypelab.profiling import PROFILE_STEPS
 from dtypelab.run import parse_gpus, parse_minutes, parse_slurm_args
 
 DIST = {"panel": "Distributed"}
+# what --mode generate reads (serving.bench: the policies measured, their quality's tolerance, the rounds that time
+# them); any other field given a value of its own under it is refused, not ignored, and its own fields elsewhere too
+GENERATE_READS = frozenset({"policies", "mode", "batch_size", "tolerance", "baseline", "device", "seed", "timeout_s",
+                            "threads", "json_path", "memory_budget", "rounds", "launcher", "prompt_len", "gen_len",
+                            "objective"})
+GENERATE_ONLY = ("prompt_len", "gen_len")
 FAN = {"panel": "Fan-out (--launcher local-gpus or slurm)"}
 
 
@@ -170,6 +176,7 @@ class BenchOptions(ModeOptions):
         if fan in ("local-gpus", "slurm") and self.nproc is not None:
             raise ValueError(f"--launcher {fan} fans single-process runs out; --nproc runs each under torchrun: "
                              "use one or the other")
+        self._mode_fields()
         if self.per_layer and self.mode != "infer":
             raise ValueError("per_layer compares inference outputs: use it with mode infer (--per-layer --mode infer)")
         distributed = self.nnodes != 1 or self.rdzv_endpoint or self.torchrun_args or self.link_gbps
@@ -179,6 +186,24 @@ class BenchOptions(ModeOptions):
                                  "--nproc N")
             raise ValueError("--nnodes, --rdzv-endpoint and --torchrun-args need --nproc N (ranks per node)")
         return self
+
+    def _mode_fields(self) -> None:
+        """A field the mode does not read, given a value of its own, in one line."""
+        if self.mode == "generate" and isinstance(self.launcher, str) and self.launcher not in ("process", "inline"):
+            raise ValueError(f"--launcher {self.launcher}: --mode generate measures each serving policy here, in a "
+                             "process of its own (process, the default) or in this one (inline)")
+        if self.mode == "generate":
+            given = [n for n in type(self).model_fields if n not in GENERATE_READS and self._given(n)]
+        else:
+            given = [n for n in GENERATE_ONLY if self._given(n)]
+        if given:
+            flags = ", ".join(self.flag(n) for n in given)
+            raise ValueError(f"{flags} {'does' if len(given) == 1 else 'do'} not apply to --mode {self.mode}: "
+                             f"leave {'it' if len(given) == 1 else 'them'} out")
+
+    def _given(self, name: str) -> bool:
+        value, default = getattr(self, name), type(self).model_fields[name].default
+        return value != default and not (value in ((), None) and default in ((), None))
 
     @property
     def profile_steps(self) -> int:
