@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -64,6 +65,19 @@ class Options(BaseModel):
     def but(self: T, **values: Any) -> T:
         """A copy with some values changed (validated again)."""
         return type(self).build(self, **values)
+
+    def refuse_given(self, names: Iterable[str], mode: str) -> None:
+        """A ValueError naming the fields of ``names`` given a value of their own (not their default), which ``mode``
+        does not read: refused in one line, never ignored."""
+        given = [n for n in names if self._given(n)]
+        if given:
+            flags = ", ".join(self.flag(n) for n in given)
+            raise ValueError(f"{flags} {'does' if len(given) == 1 else 'do'} not apply to --mode {mode}: "
+                             f"leave {'it' if len(given) == 1 else 'them'} out")
+
+    def _given(self, name: str) -> bool:
+        value, default = getattr(self, name), type(self).model_fields[name].default
+        return value != default and not (value in ((), None) and default in ((), None))
 
 
 def option_error(cls: type[Options], exc: ValidationError) -> DtypelabError:

@@ -54,7 +54,7 @@ def layout_bytes(plan: Plan, meta: nn.Module, round_to: int) -> dict[str, int]:
     modules = dict(meta.named_modules(remove_duplicate=False))
     out = {}
     for name, config in plan.assign(meta).items():
-        stored = STORED_WEIGHT_BYTES(config, modules[name]) if STORED_WEIGHT_BYTES.registered(config) else None
+        stored = STORED_WEIGHT_BYTES(config, modules[name])  # None: the kind's tensors are traced as they are
         if stored is not None:
             weight = modules[name].weight
             out[name] = stored - weight.numel() * getattr(torch, config.facts.storage_dtype).itemsize + (

@@ -54,12 +54,7 @@ class ForecastOptions(ModeOptions):
 
     @model_validator(mode="after")
     def _one_mode(self) -> ForecastOptions:
-        other = STEP_ONLY if self.mode == "generate" else GENERATE_ONLY
-        given = [name for name in other if getattr(self, name) != type(self).model_fields[name].default]
-        if given:
-            flags = ", ".join(self.flag(name) for name in given)
-            raise ValueError(f"{flags} {'does' if len(given) == 1 else 'do'} not apply to --mode {self.mode}: "
-                             f"leave {'it' if len(given) == 1 else 'them'} out")
+        self.refuse_given(STEP_ONLY if self.mode == "generate" else GENERATE_ONLY, self.mode)
         if self.objective is not None and self.objective not in OBJECTIVES[self.mode]:
             counted = self.mode == "step" and objective(self.objective).counts_joules
             raise ValueError(f"--objective {self.objective} is not forecast for --mode {self.mode}: use "

@@ -148,8 +148,8 @@ class _Rounds:
         if energy is None:
             return timing
         generated = self.job.shape.batch_size * self.job.shape.gen_len
-        per_token = tuple(b.joules / b.n / generated for b in blocks if b.joules is not None)
-        return Timing(timing.blocks, timing.ttft_runs_s, timing.decode_runs_s, energy, per_token)
+        return replace(timing, energy=energy,
+                       energy_runs=tuple(b.joules / b.n / generated for b in blocks if b.joules is not None))
 
     def _energy(self, run: _Policy, blocks: tuple[RoundBlock, ...], meter: Meter) -> Energy | None:
         """Joules per generated token over the rounds' whole generations, split by the prefill's per prompt token

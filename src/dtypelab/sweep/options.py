@@ -192,18 +192,8 @@ class BenchOptions(ModeOptions):
         if self.mode == "generate" and isinstance(self.launcher, str) and self.launcher not in ("process", "inline"):
             raise ValueError(f"--launcher {self.launcher}: --mode generate measures each serving policy here, in a "
                              "process of its own (process, the default) or in this one (inline)")
-        if self.mode == "generate":
-            given = [n for n in type(self).model_fields if n not in GENERATE_READS and self._given(n)]
-        else:
-            given = [n for n in GENERATE_ONLY if self._given(n)]
-        if given:
-            flags = ", ".join(self.flag(n) for n in given)
-            raise ValueError(f"{flags} {'does' if len(given) == 1 else 'do'} not apply to --mode {self.mode}: "
-                             f"leave {'it' if len(given) == 1 else 'them'} out")
-
-    def _given(self, name: str) -> bool:
-        value, default = getattr(self, name), type(self).model_fields[name].default
-        return value != default and not (value in ((), None) and default in ((), None))
+        self.refuse_given([n for n in type(self).model_fields if n not in GENERATE_READS]
+                          if self.mode == "generate" else GENERATE_ONLY, self.mode)
 
     @property
     def profile_steps(self) -> int:
