@@ -49,6 +49,8 @@ FAMILIES = {  # family: (what it checks, the default tolerance of its cases)
     "serve-speed": ("decode tokens a second of a weight format over bfloat16's", 0.15),
     "serve-peak": ("serving peak memory", 0.15),
     "kv-bytes": ("KV cache bytes", 0.01),
+    "kv-capacity": ("a serving engine's KV cache pool at start-up (vLLM's log)", 0.03),
+    "engine-speed": ("an engine's tokens a second of a weight format over bfloat16's at 32 or more requests", 0.20),
     "energy": ("joules per generated token, and one format's over another's", 0.25),
 }
 UNITS = {"B": 1.0, "KiB": 2.0**-10, "MB": 1e-6, "GB": 1e-9, "GiB": 2.0**-30}

@@ -7,11 +7,14 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from dtypelab.core.objectives import for_mode, objective
-from dtypelab.core.options import MemorySize, ModeOptions, batch_size_field, json_field
+from dtypelab.core.options import PANEL_SERVE, MemorySize, ModeOptions, batch_size_field, json_field
 
 # what each mode reads; a field of the other mode given a value of its own is refused, not ignored
 STEP_ONLY = ("nproc", "lora_rank", "lora_alpha", "lora_targets", "kbit_upcast", "seq_len", "baseline", "workers")
-GENERATE_ONLY = ("prompt_len", "gen_len")
+VLLM_ONLY = ("gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs", "block_size", "kv_cache_dtype",
+             "max_model_len", "tensor_parallel_size")
+GENERATE_ONLY = ("prompt_len", "gen_len", "engine", *VLLM_ONLY)
+PANEL_VLLM: dict[str, Any] = {"panel": "The vLLM engine (--engine vllm: its own flags)"}
 OBJECTIVES = {mode: for_mode(mode, forecast=True) for mode in ("step", "generate")}
 
 
@@ -48,6 +51,30 @@ class ForecastOptions(ModeOptions):
                                                       "forecast")
     workers: int | None = Field(None, ge=1, le=64, description="processes tracing at once [default: the CPU cores, "
                                                                 "at most 2]")
+    engine: Literal["static", "vllm"] = Field(
+        "static", description="--mode generate: the serving program: static (one batch decoded in lockstep over a "
+                              "static cache read whole, gpt-fast's and torchao's harness) or vllm (vLLM v0.11's "
+                              "memory accounting, paged KV cache, continuous batching at the concurrency -b)",
+        json_schema_extra=PANEL_SERVE)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="the share of the card vLLM takes "
+                                                 "[default: 0.9]", json_schema_extra=PANEL_VLLM)
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="tokens in one step, prefill chunks "
+                                               "included: the profile run's size [default: vLLM's, 8192 on a card "
+                                               "of 70 GiB or more but an A100, else 2048]",
+                                               json_schema_extra=PANEL_VLLM)
+    max_num_seqs: int | None = Field(None, ge=1, description="requests in one step [default: vLLM's, 1024 on a card "
+                                                             "of 70 GiB or more but an A100, else 256]",
+                                     json_schema_extra=PANEL_VLLM)
+    block_size: int | None = Field(None, ge=1, le=256, description="tokens in a page of the KV cache [default: 16]",
+                                   json_schema_extra=PANEL_VLLM)
+    kv_cache_dtype: Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = Field(
+        None, description="the KV cache's format for every policy [default: auto, the policy's own]",
+        json_schema_extra=PANEL_VLLM)
+    max_model_len: int | None = Field(None, ge=1, description="the longest request, prompt and output [default: "
+                                                              "the model's context]", json_schema_extra=PANEL_VLLM)
+    tensor_parallel_size: int | None = Field(None, ge=1, le=8, description="cards one model is split over "
+                                                                           "[default: 1]",
+                                             json_schema_extra=PANEL_VLLM)
     json_path: str | None = json_field()
     launcher: Any = Field(None, description="process (default) or inline (this process: tests, debugging)",
                           json_schema_extra={"cli": False})
@@ -55,6 +82,10 @@ class ForecastOptions(ModeOptions):
     @model_validator(mode="after")
     def _one_mode(self) -> ForecastOptions:
         self.refuse_given(STEP_ONLY if self.mode == "generate" else GENERATE_ONLY, self.mode)
+        if self.mode == "generate" and self.engine == "static":
+            given = [self.flag(n) for n in VLLM_ONLY if self._given(n)]
+            if given:
+                raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} vLLM's: add --engine vllm")
         if self.objective is not None and self.objective not in OBJECTIVES[self.mode]:
             counted = self.mode == "step" and objective(self.objective).counts_joules
             raise ValueError(f"--objective {self.objective} is not forecast for --mode {self.mode}: use "

@@ -72,6 +72,17 @@ def _fit(g: GenerateFigures) -> list[str]:
             bound or "—"]
 
 
+def _paged(g: GenerateFigures) -> list[str]:
+    """A paged engine's columns: whether it starts, its KV cache's tokens and the requests of --max-model-len they
+    hold, and the concurrency from which it stops beating bfloat16's tokens a second."""
+    fits = "—" if g.fits is None else ("yes" if g.fits else "no")
+    paying = g.stops_paying.get("tok/s", 0) if g.stops_paying else 0
+    stops = "—" if not g.stops_paying else "never" if paying is None else "from 1" if paying == 1 else f"{paying:,}"
+    bound = g.bound if not g.bound or g.bound in BOUNDS else "not timed"
+    return [fits, f"{g.kv_capacity_tokens:,}" if g.kv_capacity_tokens is not None else "—",
+            f"{g.max_concurrency:.1f}x" if g.max_concurrency is not None else "—", stops, bound or "—"]
+
+
 def row_reasons(report: GenerateReport) -> list[str]:
     """Why a policy has no row of figures, or no time, one note each (a reason in a cell wraps a word a line)."""
     out = []
@@ -86,8 +97,8 @@ def row_reasons(report: GenerateReport) -> list[str]:
 
 # the columns a narrow terminal leaves out, first to last; the objective's own go last of all
 NARROW = ("first divergence", "next-token", "activations", "weights", "prefill", "TTFT", "ms/token", "J/token",
-          "decode bound", "largest batch", "longest context", "vs baseline", "KV cache", "fits", "perplexity", "peak",
-          "decode tok/s")
+          "decode bound", "largest batch", "longest context", "stops paying at", "vs baseline", "KV cache",
+          "max concurrency", "fits", "perplexity", "KV tokens", "peak", "decode tok/s")
 OBJECTIVE_COLUMNS = {"decode": ("decode tok/s",), "prefill": ("prefill", "TTFT"), "latency": ("TTFT", "ms/token"),
                      "energy": ("J/token",)}
 
@@ -123,7 +134,9 @@ def generate_doc(report: GenerateReport) -> tuple[str, list[str], list[list[str]
     measured = cfg.source == "measured"
     where = "measured here" if measured else (f"forecast for {cfg.device.label}, traced on fake tensors"
                                               if cfg.device is not None else "forecast")
-    title = (f"dtypelab generate: {cfg.task_name} · batch {cfg.batch_size} · prompt {cfg.prompt_len} + "
+    paged = cfg.engine == "vllm"
+    batch = f"{cfg.batch_size} concurrent requests (vLLM)" if paged else f"batch {cfg.batch_size}"
+    title = (f"dtypelab generate: {cfg.task_name} · {batch} · prompt {cfg.prompt_len} + "
              f"{cfg.gen_len} generated · {where}")
     mem = plus_minus(report.memory_error)
     headers = ["policy", f"weights {unit}", f"KV cache {unit}{mem}", f"activations {unit}", f"peak {unit}{mem}",
@@ -131,6 +144,7 @@ def generate_doc(report: GenerateReport) -> tuple[str, list[str], list[list[str]
     energy = any(p.generate and p.generate.energy for p in report.policies)
     headers += [f"J/token{plus_minus(report.energy_error)}"] if energy else []
     headers += ["perplexity", "vs baseline", "next-token agree", "first divergence", "verdict"] if measured else \
+        ["fits", "KV tokens", "max concurrency", "stops paying at", "decode bound"] if paged else \
         ["fits", "largest batch", "longest context", "decode bound"]
     rows = []
     for p in report.policies:
@@ -138,7 +152,7 @@ def generate_doc(report: GenerateReport) -> tuple[str, list[str], list[list[str]
         if p.status != "ok" or g is None:
             rows.append([p.policy, *(["—"] * (len(headers) - 2)), f"{p.status} (below)"])
             continue
-        tail = [*_quality(p), verdict_text(p, report.decision)] if measured else _fit(g)
+        tail = [*_quality(p), verdict_text(p, report.decision)] if measured else _paged(g) if paged else _fit(g)
         joules = [_joules(g)] if energy else []
         rows.append([p.policy, *_memory(g, scale), *_speed(g), *joules, *tail])
     return title, headers, rows, _notes(report)
@@ -164,6 +178,8 @@ def _notes(report: GenerateReport) -> list[str]:
         notes.append("peak: the most bytes allocated at once, counted tensor by tensor (weights, the KV cache for the "
                      "whole context, and everything else); first divergence: the mean position where a greedy "
                      "continuation first differs from the baseline's (and how many differ)")
+    elif cfg.engine == "vllm":
+        notes += _engine_notes(report)
     else:
         notes.append("peaks as traced (prefill and one decode step at the full context); largest batch at this "
                      "context and longest context at this batch, each traced to confirm; speed from the traced ops "
@@ -177,6 +193,36 @@ def _notes(report: GenerateReport) -> list[str]:
                          if any(p.generate and p.generate.energy for p in report.policies) else report.energy_note)
     notes += [n for p in report.policies for n in (f"{p.policy}: {x}" for x in p.notes)]
     return [*notes, *report.notes]
+
+
+def _paying(at: int | None) -> str:
+    if at is None:
+        return "beats bf16 at every concurrency read"
+    return "never beats bf16" if at == 1 else f"stops beating bf16 from {at:,} requests"
+
+
+def _engine_notes(report: GenerateReport) -> list[str]:
+    """What a paged engine's columns mean, its settings, and where each format stops paying."""
+    cfg = report.config
+    flags = " ".join(f"--{k} {v}" for k, v in cfg.engine_settings.items())
+    out = [f"vLLM, one card's memory as it accounts it: peak = --gpu-memory-utilization of the card; weights, the "
+           f"profile run's activations and the KV cache's pool within it; KV tokens: \"GPU KV cache size\"; max "
+           f"concurrency: requests of --max-model-len it holds at once; settings: {flags}",
+           f"speed in steady state at {cfg.batch_size} concurrent requests (decode tok/s over all of them, ms/token "
+           f"between two tokens of one, TTFT under that load); stops paying at: the concurrency from which a format "
+           f"no longer beats bfloat16's tokens a second (read at 1, 2, 4, ... requests)"
+           + (f": {report.rates}" if report.rates else "")]
+    for p in report.policies:
+        g = p.generate
+        if g is None or not g.stops_paying:
+            continue
+        out.append(f"{p.policy}: {'; '.join(f'{k} {_paying(v)}' for k, v in g.stops_paying.items())}")
+    if report.speed_error or report.memory_error:
+        out.append(f"±: the largest error of the validation set's held-out cases of that figure (docs/validation.md); "
+                   f"one format's speed against another's: ±{report.ratio_error:.0%}, a tie within it")
+    if report.energy_note:
+        out.append(f"J/token: a steady step's (its decode and its prefill chunks) at the {report.energy_note}")
+    return out
 
 
 def generate_energy_note(report: GenerateReport) -> str:

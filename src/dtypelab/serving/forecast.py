@@ -20,7 +20,14 @@ from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.judging.generate import objective_value
 from dtypelab.core.machine.speed import GPU_FLOOR_S
 from dtypelab.core.objectives import objective as objective_of
-from dtypelab.core.results import GenerateConfig, GenerateFigures, GeneratePolicy, GenerateReport, TargetDevice
+from dtypelab.core.results import (
+    Energy,
+    GenerateConfig,
+    GenerateFigures,
+    GeneratePolicy,
+    GenerateReport,
+    TargetDevice,
+)
 from dtypelab.core.tasks.hub import quantized_note
 from dtypelab.forecasting import (
     INTERRUPTED,
@@ -35,8 +42,10 @@ from dtypelab.forecasting import (
     worker_count,
 )
 from dtypelab.run import Outcome
+from dtypelab.serving.engine import VLLM_VERSION, Engine, resolve, stops_paying
 from dtypelab.serving.fake_serve import ServeForecaster, Traced
 from dtypelab.serving.measure import with_speeds
+from dtypelab.serving.paged import paged_figures
 from dtypelab.serving.policies import DEFAULT_FORECAST, DEFAULT_FORECAST_CPU, ServePolicy, serve_policies
 from dtypelab.serving.served import load_served
 from dtypelab.serving.speed import generation_energy, policy_figures, serving_rates
@@ -67,10 +76,12 @@ def serve_forecast(spec: str, options: ForecastOptions | None = None, *, on_prog
     workers = _prestart(opts.launcher or "process") if target.kind == "cuda" else []
     served = load_served(spec)
     check_shape(shape, served.context, served.name, served.config)
+    engine, link = _engine(opts, target, served.context)
     chosen = serve_policies(opts.policies, DEFAULT_FORECAST if target.kind == "cuda" else DEFAULT_FORECAST_CPU)
     rates, no_rates = rates_for(target) if opts.speed else (None, "")  # the source; each part times with its own
     parts = _parts(chosen, target, rates, len(workers))
-    jobs = [ForecastPart(spec, shape, target, part, opts.seed, opts.batch_search, opts.speed) for part in parts]
+    jobs = [ForecastPart(spec, shape, target, part, opts.seed, opts.batch_search, opts.speed, engine, link)
+            for part in parts]
     outcomes, interrupted = _run_parts(jobs, workers, on_progress, len(chosen))
     found = {r.policy: r for job in jobs for r in job.kept}  # the parts run here
     found.update({r.policy: r for out in outcomes for r in _reported(out)})
@@ -82,18 +93,22 @@ def serve_forecast(spec: str, options: ForecastOptions | None = None, *, on_prog
     if opts.check:
         results = _checked(spec, shape, results, chosen, opts.seed)
     results, energy_note = _with_energy(results, target, shape, measured)
+    if engine.paged:
+        results = _stops_paying(results)
     objective = opts.objective or "decode"
-    best, sentence = _answer(results, target, shape, objective)
+    best, sentence = _answer(results, target, shape, objective, engine)
     longest = max((r for r in results if r.generate and r.generate.longest_context),
                   key=lambda r: r.generate.longest_context or 0, default=None)  # type: ignore[union-attr]
-    notes = [n for n in (quantized_note(served.config), no_rates, _notes(shape), _eager(chosen, target)) if n]
+    notes = [n for n in (quantized_note(served.config), no_rates, _notes(shape, engine),
+                         "" if engine.paged else _eager(chosen, target)) if n]
     report = GenerateReport(
         GenerateConfig(spec, served.name, "forecast", shape.prompt_len, shape.gen_len, shape.batch_size, target,
-                       objective=objective, parameters=params, context_limit=served.context),
+                       objective=objective, parameters=params, context_limit=served.context, engine=engine.name,
+                       engine_settings=engine.settings()),
         tuple(results), _environment(), sentence, best, longest.policy if longest else "", tuple(notes),
         time.perf_counter() - start, time.strftime("%Y-%m-%dT%H:%M:%S"), rates=rates.source if rates else "",
         energy_note=energy_note)
-    bands = _bands(target, rates is not None, bool(energy_note))
+    bands = _bands(target, rates is not None, bool(energy_note), engine)
     report = replace(report, speed_error=bands[0], ratio_error=bands[1], memory_error=bands[2], energy_error=bands[3])
     if opts.json_path:
         report.save(opts.json_path)
@@ -121,9 +136,25 @@ def _with_energy(results: list[GeneratePolicy], target: TargetDevice, shape: Sha
         return results, why
     model = calibrate(model, measured, {name: _generation_bounds(g, shape) for name, g in timed.items()
                                         if g is not None})
-    out = [replace(r, generate=replace(g, energy=generation_energy(g, model, shape)))
+    out = [replace(r, generate=_energy_of(g, model, shape))
            if r.policy in timed and (g := r.generate) is not None else r for r in results]
     return out, model.by
+
+
+def _energy_of(g: GenerateFigures, model: Any, shape: Shape) -> GenerateFigures:
+    """A generation's energy (static), or a paged engine's steady step's per generated token, and each point's of
+    its curve."""
+    if not g.curve:
+        return replace(g, energy=generation_energy(g, model, shape))
+    watts = model.watts(g.decode_bounds)
+    step = (g.token_latency_s or 0.0)
+    running = (g.decode_tok_s or 0.0) * step
+    per_token = watts * step / running if running else None
+    energy = Energy(watts * step, watts * step / max(running, 1), "forecast", model.by, joules_per_token=per_token,
+                    watts=watts, idle_watts=model.idle_watts, decode_joules_per_token=per_token)
+    curve = tuple(replace(p, joules_per_token=model.watts(p.step_bounds) / p.tok_s)
+                  for p in g.curve)
+    return replace(g, energy=energy, curve=curve)
 
 
 def _generation_bounds(g: GenerateFigures, shape: Shape) -> dict[str, float]:
@@ -147,6 +178,8 @@ class ForecastPart:
     seed: int
     search: bool
     speed: bool
+    engine: Engine = field(default_factory=Engine)
+    link_gbs: float | None = None  # the card's interconnect, GB/s each way (tensor parallel)
     # its forecasts as they finish, in the process that made it: what a part run here and stopped by Ctrl-C leaves
     kept: list[GeneratePolicy] = field(default_factory=list, compare=False, repr=False)
 
@@ -161,7 +194,7 @@ class ForecastPart:
         cache: dict[tuple[Any, ...], Traced] = {}
         out = []
         for i, name in enumerate(self.names):
-            out.append(_forecast_one(fc, serve_policies(name, ())[0], self.shape, times, cache, self.search))
+            out.append(_forecast_one(fc, serve_policies(name, ())[0], self.shape, times, cache, self))
             report.send(f"policy:{name}", out[-1])  # kept should a worker be stopped before it returns
             self.kept.append(out[-1])
             report.step(i + 1, len(self.names))
@@ -218,10 +251,14 @@ def _run_parts(parts: list[ForecastPart], workers: list[Any], on_progress: Progr
 
 
 def _forecast_one(fc: ServeForecaster, p: ServePolicy, shape: Shape, times: StepTimes | None,
-                  cache: dict[tuple[Any, ...], Traced], search: bool) -> GeneratePolicy:
+                  cache: dict[tuple[Any, ...], Traced], part: ForecastPart) -> GeneratePolicy:
     start = time.perf_counter()
+    notes: tuple[str, ...] = ()
     try:
-        figures, notes = policy_figures(fc, p, shape, times, cache, search)
+        if part.engine.paged:
+            figures = paged_figures(fc, p, shape, times, cache, part.engine, part.link_gbs)
+        else:
+            figures, notes = policy_figures(fc, p, shape, times, cache, part.search)
     except DtypelabError as exc:
         return GeneratePolicy(p.name, p.describe(), "failed", str(exc), seconds=time.perf_counter() - start)
     except Exception as exc:
@@ -231,7 +268,8 @@ def _forecast_one(fc: ServeForecaster, p: ServePolicy, shape: Shape, times: Step
                           seconds=time.perf_counter() - start)
 
 
-def _answer(results: list[GeneratePolicy], target: TargetDevice, shape: Shape, objective: str) -> tuple[str, str]:
+def _answer(results: list[GeneratePolicy], target: TargetDevice, shape: Shape, objective: str,
+            engine: Engine | None = None) -> tuple[str, str]:
     """The policy best at ``objective`` among those that fit (every one, with no memory to fit), in a sentence."""
     ok = [r for r in results if r.status == "ok" and r.generate is not None]
     if not ok:
@@ -241,13 +279,16 @@ def _answer(results: list[GeneratePolicy], target: TargetDevice, shape: Shape, o
     timed = [r for r in fits if r.generate is not None and objective_value(r.generate, objective, shape.gen_len)]
     where = f"that fits {target.label}" if limited else "(no memory to fit: give --device or --memory)"
     if timed:
-        error = band(objective_of(objective).band) if target.kind == "cuda" else 0.0  # the evidence is GPUs'
+        paged = engine is not None and engine.paged
+        error = 0.0 if target.kind != "cuda" else band("engine-speed") if paged else band(
+            objective_of(objective).band)  # the evidence is GPUs'
         best, tied = _tied(timed, objective, shape, error)
         g = best.generate
         assert g is not None
-        said = (f"{best.policy}: {objective_of(objective).best_at} {where} at batch {shape.batch_size}, "
-                f"{shape.context:,} tokens of context: {_figure(g, objective, shape)}, peak "
-                f"{(g.peak_bytes or 0) / 2**30:.3g} GiB")
+        at = (f"{shape.batch_size} concurrent requests of {shape.prompt_len:,} + {shape.gen_len:,} tokens (vLLM)"
+              if paged else f"batch {shape.batch_size}, {shape.context:,} tokens of context")
+        said = (f"{best.policy}: {objective_of(objective).best_at} {where} at {at}: {_figure(g, objective, shape)}, "
+                f"peak {(g.peak_bytes or 0) / 2**30:.3g} GiB")
         if tied:
             said += (f"; within the forecast's error of it (±{error:.0%}, docs/validation.md): "
                      f"{', '.join(r.policy for r in tied)}: a tie, broken by the wider weights (the safer numerics)")
@@ -261,10 +302,15 @@ def _answer(results: list[GeneratePolicy], target: TargetDevice, shape: Shape, o
     return small.policy, f"{len(fits)} of {len(ok)} policies fit {target.label}; the smallest peak: {small.policy}"
 
 
-def _bands(target: TargetDevice, timed: bool, energy: bool) -> tuple[float, float, float, float]:
+def _bands(target: TargetDevice, timed: bool, energy: bool, engine: Engine
+           ) -> tuple[float, float, float, float]:
     """The record's bands (decode tok/s, one format over another, peak, joules): the validation set's, for a GPU (its
-    cases are all GPUs'); none on this CPU, whose kernels are timed here (``--check`` measures the rest)."""
+    cases are all GPUs'); none on this CPU, whose kernels are timed here (``--check`` measures the rest). A paged
+    engine's: its KV pool's and its format-over-bfloat16 ratios' families; none claimed for its absolute tokens a
+    second or joules, which no published case checks."""
     gpu = target.kind == "cuda"
+    if engine.paged:
+        return 0.0, band("engine-speed") if timed else 0.0, band("kv-capacity"), 0.0
     return (band("serve-tok-s") if gpu and timed else 0.0, band("serve-speed") if gpu and timed else 0.0,
             band("serve-peak") if gpu else 0.0, band("energy") if gpu and energy else 0.0)
 
@@ -294,9 +340,63 @@ def _figure(g: GenerateFigures, objective: str, shape: Shape) -> str:
     return f"{g.decode_tok_s:,.0f} tokens/s ({g.bound}-bound)"
 
 
-def _notes(shape: Shape) -> str:
+def _notes(shape: Shape, engine: Engine) -> str:
+    if engine.paged:
+        return (f"{VLLM_VERSION}: memory as its start-up accounts it, the KV cache in pages; steady state at "
+                f"{shape.batch_size} concurrent requests, each half-way through its generation ({shape.prompt_len:,}"
+                f" + {shape.gen_len // 2:,} tokens cached), the prompts of new requests prefilled in chunks inside "
+                "the same steps; each format as vLLM's kernel for it")
     return (f"decode at the full context ({shape.context:,} tokens): a static cache is read whole at every step, so "
             "every step of the generation costs the same; the prefill keeps the last position's logits only")
+
+
+def _engine(opts: ForecastOptions, target: TargetDevice, context: int) -> tuple[Engine, float | None]:
+    """The engine asked for, its settings resolved for the card, and the card's interconnect (tensor parallel)."""
+    if opts.engine == "static":
+        return Engine(), None
+    from dtypelab.core.machine.devices import DEVICES, device_spec
+
+    if target.kind != "cuda" or target.memory_bytes is None:
+        raise DtypelabError("--engine vllm forecasts a GPU: name one with --device (vLLM does not run on this CPU; "
+                            "bench --mode generate measures the static engine here)")
+    engine = resolve(Engine("vllm", opts.gpu_memory_utilization or 0.9, opts.max_num_batched_tokens or 0,
+                            opts.max_num_seqs or 0, opts.block_size or 16, opts.kv_cache_dtype or "auto",
+                            opts.max_model_len or 0, opts.tensor_parallel_size or 1), target, context)
+    if engine.max_model_len > context:
+        raise DtypelabError(f"--max-model-len {engine.max_model_len:,} is longer than the model's context "
+                            f"({context:,} positions)")
+    spec = next((d for d in DEVICES if d.name == target.name), None)
+    if spec is None:
+        try:
+            spec = device_spec(target.label)
+        except DtypelabError:
+            spec = None
+    link = spec.link_gbs if spec is not None else None
+    if engine.tensor_parallel_size > 1 and link is None:
+        raise DtypelabError(f"--tensor-parallel-size {engine.tensor_parallel_size}: no interconnect bandwidth is "
+                            f"known for {target.label}: name a card of the table (--device)")
+    return engine, link
+
+
+def _stops_paying(results: list[GeneratePolicy]) -> list[GeneratePolicy]:
+    """Each format's concurrency from which it no longer beats bfloat16's (the first policy storing bfloat16
+    weights), in tokens a second and in joules per token."""
+    base = next((r for r in results if r.policy.split("+")[0] == "bf16" and r.generate and r.generate.curve), None)
+    if base is None or base.generate is None:
+        return results
+    tok = tuple((p.concurrency, p.tok_s) for p in base.generate.curve)
+    joules = tuple((p.concurrency, p.joules_per_token) for p in base.generate.curve if p.joules_per_token)
+    out = []
+    for r in results:
+        g = r.generate
+        if r is base or g is None or not g.curve:
+            out.append(r)
+            continue
+        mine_j = tuple((p.concurrency, p.joules_per_token) for p in g.curve if p.joules_per_token)
+        paying = {"tok/s": stops_paying(tuple((p.concurrency, p.tok_s) for p in g.curve), tok),
+                  "J/token": stops_paying(mine_j, joules, higher_is_better=False) if mine_j and joules else None}
+        out.append(replace(r, generate=replace(g, stops_paying=paying)))
+    return out
 
 
 def _eager(chosen: list[ServePolicy], target: TargetDevice) -> str:

@@ -39,6 +39,10 @@ class Kernel:
     share: float  # bandwidth reached in decode, relative to a bfloat16 GEMM's
     source: str
     dequantizes: bool = True  # the weight is dequantized in the kernel (its FLOPs at the activations' rate)
+    # the share of its rate's GEMM FLOP/s the kernel reaches where the batch makes it compute-bound (a weight-only
+    # kernel dequantizing in its inner loop falls behind cuBLAS there)
+    compute: float = 1.0
+    capability: tuple[int, int] = (8, 0)  # the least compute capability it runs on
 
 
 KERNELS: dict[str, Kernel] = {
@@ -69,13 +73,43 @@ def _quantized(config: Quantize, layer: nn.Module) -> str | None:
     return config.kernel(layer)
 
 
+MARLIN_BENCH = ("vllm-project/vllm#2497: IST-DASLab/marlin's bench.py, the int4 GEMM over torch's float16 GEMM: "
+                "3.12x at batch 1 to 16, 1.01x at 128, 0.61x at 4000 (141 TFLOP/s flat from batch 128)")
+TORCHAO_VLLM = ("torchao quantization README, vLLM serving Llama-3.1-8B on an H100 at 128 concurrent requests: "
+                "int8 weight-only 0.65x bfloat16's output tokens/s")
+
+# What vLLM runs for each format (``--engine vllm``): its own kernels, chosen by the checkpoint's scheme. A weight-only
+# kernel's bandwidth share and its compute share (``compute``) are fitted to its bench: at batch 1 it reads its
+# bytes at ``share`` of a float16 GEMM's bandwidth (3.12x from 4.125 bits a weight, groups of 128: 3.88x fewer
+# bytes, so 0.80), where compute-bound it reaches ``compute`` of the GEMM's FLOP/s (0.61). The fp8 and int8 W8A8
+# kernels are CUTLASS's scaled matmuls, their single-stream shares torchao's (``torch._scaled_mm`` is the same
+# CUTLASS kernel family).
+VLLM_KERNELS: dict[str, Kernel] = {
+    "int4-weight-only": Kernel("Marlin W4A16 (GPTQ / AWQ / RTN int4, groups of 128; Machete on Hopper for large "
+                               "batches)", "bfloat16", 0.80, MARLIN_BENCH, compute=0.61),
+    "int8-weight-only": Kernel("torchao int8 weight-only through vLLM's torchao backend (dequantized, then a "
+                               "bfloat16 GEMM)", "bfloat16", 0.8633, TORCHAO_VLLM, compute=0.29),
+    "fp8-weight-only": Kernel("Marlin FP8 W8A16 (weights fp8, activations bfloat16)", "bfloat16", 0.7589,
+                              TORCHAO_H100, compute=0.61),
+    "fp8-dynamic-per-channel": Kernel("CUTLASS scaled_mm fp8 W8A8, per-channel weights, per-token activations",
+                                      "fp8", 0.6144, TORCHAO_H100, dequantizes=False, capability=(8, 9)),
+    "fp8-dynamic-per-tensor": Kernel("CUTLASS scaled_mm fp8 W8A8, per-tensor scales", "fp8", 0.4186, TORCHAO_H100,
+                                     dequantizes=False, capability=(8, 9)),
+    "int8-dynamic": Kernel("CUTLASS scaled_mm int8 W8A8, per-token activations (no published single-stream "
+                           "table: fp8 rowwise's share)", "int8", 0.6144, "", dequantizes=False),
+}
+
+
 AS_BF16 = Kernel("as a bfloat16 GEMM (no published decode table for this format)", "bfloat16", 1.0, "")
 
 
-def kernel_of(key: str) -> Kernel:
-    """A format's kernel; one with no published share here (a format just added) as a bfloat16 GEMM reading its
-    stored bytes, and said so."""
-    return KERNELS.get(key, AS_BF16)
+ENGINES = {"static": KERNELS, "vllm": VLLM_KERNELS}
 
 
-__all__ = ["AS_BF16", "KERNEL", "KERNELS", "Kernel", "kernel_of"]
+def kernel_of(key: str, engine: str = "static") -> Kernel:
+    """A format's kernel in ``engine``; one with no published share here (a format just added) as a bfloat16 GEMM
+    reading its stored bytes, and said so."""
+    return ENGINES[engine].get(key, AS_BF16)
+
+
+__all__ = ["AS_BF16", "ENGINES", "KERNEL", "KERNELS", "VLLM_KERNELS", "Kernel", "kernel_of"]

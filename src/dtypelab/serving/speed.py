@@ -49,10 +49,12 @@ def layer_bytes(model: nn.Module, meta: nn.Module, run: PolicyRun) -> dict[str, 
     return out
 
 
-def gpu_ops(ops: tuple[Op, ...], layers: dict[str, str], stored: dict[str, int]) -> tuple[Op, ...]:
-    """The traced ops with each quantized layer's ops as the one kernel its format runs on a GPU (``KERNELS``): its
-    FLOPs at the kernel's rate, the activations it reads and writes, and its stored weight read at the kernel's
-    share of bandwidth (as more bytes at the bfloat16 GEMM's share)."""
+def gpu_ops(ops: tuple[Op, ...], layers: dict[str, str], stored: dict[str, int], engine: str = "static"
+            ) -> tuple[Op, ...]:
+    """The traced ops with each quantized layer's ops as the one kernel its format runs on a GPU in ``engine``
+    (``kernels.ENGINES``): its FLOPs at the kernel's rate (as more FLOPs where it reaches less of the GEMM's), the
+    activations it reads and writes, and its stored weight read at the kernel's share of bandwidth (as more bytes at
+    the bfloat16 GEMM's share)."""
     out: list[Op] = []
     run: list[Op] = []
     serial = [0]
@@ -61,11 +63,12 @@ def gpu_ops(ops: tuple[Op, ...], layers: dict[str, str], stored: dict[str, int])
         if not run:
             return
         name = run[0].module
-        kernel = kernel_of(layers[name])
+        kernel = kernel_of(layers[name], engine)
         main = max(run, key=lambda o: o.flops)
         weight = max((b for _, b in main.reads), default=0)
         serial[0] -= 1
-        out.append(Op("matmuls", kernel.rate, sum(o.flops for o in run), ((serial[0], main.read - weight),
+        out.append(Op("matmuls", kernel.rate, sum(o.flops for o in run) / kernel.compute, ((serial[0],
+                                                                                             main.read - weight),
                       (serial[0] - 10**9, int(stored[name] / kernel.share))), main.writes, main.work,
                       dtype=main.dtype, module=name,
                       variant="rowwise" if layers[name] == "fp8-dynamic-per-channel" else ""))
@@ -83,15 +86,18 @@ def gpu_ops(ops: tuple[Op, ...], layers: dict[str, str], stored: dict[str, int])
     return tuple(out)
 
 
-def _kernel_words(key: str) -> str:
-    k = kernel_of(key)
-    return f"{key}: {k.name} ({k.share:.2f} of bf16's bandwidth share{', ' + k.source if k.source else ''})"
+def _kernel_words(key: str, engine: str = "static") -> str:
+    k = kernel_of(key, engine)
+    compute = f", {k.compute:.2f} of its FLOP/s" if k.compute != 1.0 else ""
+    return (f"{key}: {k.name} ({k.share:.2f} of bf16's bandwidth share{compute}"
+            f"{', ' + k.source if k.source else ''})")
 
 
-def device_ops(run: PolicyRun, ops: tuple[Op, ...]) -> tuple[Op, ...]:
-    """The ops as the target runs them: on a GPU each quantized layer's as its format's kernel, here as traced."""
+def device_ops(run: PolicyRun, ops: tuple[Op, ...], engine: str = "static") -> tuple[Op, ...]:
+    """The ops as the target runs them: on a GPU each quantized layer's as its format's kernel in ``engine``, here
+    as traced."""
     if run.fc.cuda and run.layers:
-        return gpu_ops(ops, run.layers, layer_bytes(*_models(run), run))
+        return gpu_ops(ops, run.layers, layer_bytes(*_models(run), run), engine)
     return ops
 
 

@@ -33,6 +33,11 @@ A100-SXM4-40GB 50-58 W (six tables), A100-SXM4-80GB 70 W, RTX 3090 61 W (P0), L4
 ``idle_from`` says so: a card holding a CUDA context idles higher. The H100 PCIe and NVL and the L40S have no
 published idle reading here: ``idle_watts`` is None, and the forecast takes a tenth of the limit (as the H100
 SXM's and H200's readings are) and says so.
+
+Interconnect (``link_gbs``, GB/s each way between two cards, what a tensor-parallel all-reduce moves at; ``link``, its
+name): NVIDIA's datasheets: NVLink 4 on H100 and H200 SXM 900 GB/s both ways (450 each way), the H100 NVL's NVLink
+bridge 600 (300), A100 SXM4's NVLink 3 600 (300); the rest talk over PCIe: Gen5 x16 on the H100 PCIe 128 GB/s both
+ways (64), Gen4 x16 on the L40S, L4, A10, RTX 4090 and RTX 3090 64 (32), Gen3 x16 on the T4 32 (16).
 """
 
 from __future__ import annotations
@@ -72,6 +77,8 @@ class DeviceSpec:
     limit_watts: float | None = None  # the datasheet's maximum board power (TDP)
     idle_watts: float | None = None  # published nvidia-smi readings at 0% utilization (see the module's sources)
     idle_from: str = "P0 at 0% utilization"  # the state the idle figure was read in
+    link_gbs: float | None = None  # GB/s each way between two cards (NVLink, else PCIe): tensor parallel's all-reduce
+    link: str = ""  # what carries it
 
     @property
     def peaks(self) -> tuple[str, dict[str, float]]:
@@ -96,46 +103,58 @@ _NVL = {"float64": 60, "float32": 60, "tf32": 417.5, "bfloat16": 835.5, "float16
         "int8": 1670.5}
 DEVICES: tuple[DeviceSpec, ...] = (
     DeviceSpec("H200", "NVIDIA H200", "141 GB HBM3e", (9, 0), r"H200(?!.*NVL)", _HOPPER_SXM, nvml_mib=143771,
-               aliases=("h200-141gb", "gh200"), bandwidth_gbs=4800, limit_watts=700, idle_watts=74),
+               aliases=("h200-141gb", "gh200"), bandwidth_gbs=4800, limit_watts=700, idle_watts=74,
+               link_gbs=450, link="NVLink 4"),
     DeviceSpec("H100", "NVIDIA H100 80GB", "80 GB HBM3", (9, 0), r"H100(?!.*(PCIe|NVL))", _HOPPER_SXM,
                torch_gib=79.11, nvml_mib=81559, aliases=("h100-80gb", "h100-sxm", "h100 80gb hbm3"),
-               bandwidth_gbs=3350, limit_watts=700, idle_watts=70),
+               bandwidth_gbs=3350, limit_watts=700, idle_watts=70,
+               link_gbs=450, link="NVLink 4"),
     DeviceSpec("H100-PCIe", "NVIDIA H100 PCIe", "80 GB HBM2e", (9, 0), r"H100.*PCIe",
                {"float64": 51, "float32": 51, "tf32": 378, "bfloat16": 756, "float16": 756, "fp8": 1513,
                 "int8": 1513}, torch_gib=79.11, nvml_mib=81559, aliases=("h100 pcie",), bandwidth_gbs=2000,
-               limit_watts=350),
+               limit_watts=350,
+               link_gbs=64, link="PCIe Gen5 x16"),
     # the H200 NVL's datasheet gives it the same dense rates; its name matches here for them
     DeviceSpec("H100-NVL", "NVIDIA H100 NVL", "94 GB HBM3", (9, 0), r"H[12]00.*NVL", _NVL, nvml_mib=95830,
-               aliases=("h100 nvl", "h100nvl"), bandwidth_gbs=3900, limit_watts=400),
+               aliases=("h100 nvl", "h100nvl"), bandwidth_gbs=3900, limit_watts=400,
+               link_gbs=300, link="NVLink bridge"),
     DeviceSpec("A100-80GB", "NVIDIA A100 80GB", "80 GB HBM2e", (8, 0), r"A100.*80GB", _AMPERE_A100, torch_gib=79.25,
-               nvml_mib=81920, aliases=("a100-80", "a100 80gb"), bandwidth_gbs=2039, limit_watts=400, idle_watts=70),
+               nvml_mib=81920, aliases=("a100-80", "a100 80gb"), bandwidth_gbs=2039, limit_watts=400, idle_watts=70,
+               link_gbs=300, link="NVLink 3"),
     DeviceSpec("A100-40GB", "NVIDIA A100 40GB", "40 GB HBM2", (8, 0), r"A100(?!.*80GB)", _AMPERE_A100,
                torch_gib=39.50, nvml_mib=40960, aliases=("a100-40", "a100 40gb"), bandwidth_gbs=1555, limit_watts=400,
-               idle_watts=55),
+               idle_watts=55,
+               link_gbs=300, link="NVLink 3"),
     DeviceSpec("L40S", "NVIDIA L40S", "48 GB GDDR6", (8, 9), r"L40S",
                {"float32": 91.6, "tf32": 183, "bfloat16": 362, "float16": 362, "fp8": 733, "int8": 733},
-               torch_gib=44.42, nvml_mib=46068, bandwidth_gbs=864, limit_watts=350),
+               torch_gib=44.42, nvml_mib=46068, bandwidth_gbs=864, limit_watts=350,
+               link_gbs=32, link="PCIe Gen4 x16"),
     DeviceSpec("RTX4090", "NVIDIA GeForce RTX 4090", "24 GB GDDR6X", (8, 9), r"RTX 4090",
                {"float32": 82.6, "tf32": 82.6, "bfloat16": 165.2, "float16": 165.2, "fp8": 330.3, "int8": 660.6},
                "Ada Lovelace whitepaper, FP32 accumulate, dense", torch_gib=23.52, nvml_mib=24564,
                aliases=("4090", "rtx-4090", "geforce rtx 4090"), bandwidth_gbs=1008,
-               limit_watts=450, idle_watts=21, idle_from="P8 (the sleep state) at 0% utilization"),
+               limit_watts=450, idle_watts=21, idle_from="P8 (the sleep state) at 0% utilization",
+               link_gbs=32, link="PCIe Gen4 x16"),
     DeviceSpec("RTX3090", "NVIDIA GeForce RTX 3090", "24 GB GDDR6X", (8, 6), r"RTX 3090",
                {"float32": 35.6, "tf32": 35.6, "bfloat16": 71, "float16": 71, "int8": 284},
                "GA102 whitepaper, FP32 accumulate, dense", torch_gib=23.70,
                aliases=("3090", "rtx-3090", "geforce rtx 3090"), bandwidth_gbs=936, limit_watts=350,
-               idle_watts=61),
+               idle_watts=61,
+               link_gbs=32, link="PCIe Gen4 x16"),
     DeviceSpec("L4", "NVIDIA L4", "24 GB GDDR6", (8, 9), r"\bL4\b",
                {"float32": 30.3, "tf32": 60, "bfloat16": 121, "float16": 121, "fp8": 242.5, "int8": 242.5},
                torch_gib=22.03, nvml_mib=23034, bandwidth_gbs=300, limit_watts=72, idle_watts=27,
-               idle_from="P0 at 4% utilization"),
+               idle_from="P0 at 4% utilization",
+               link_gbs=32, link="PCIe Gen4 x16"),
     DeviceSpec("A10", "NVIDIA A10", "24 GB GDDR6", (8, 6), r"\bA10\b",
                {"float32": 31.2, "tf32": 62.5, "bfloat16": 125, "float16": 125, "int8": 250}, nvml_mib=23028,
                aliases=("a10g",), bandwidth_gbs=600, limit_watts=150, idle_watts=42,
-               idle_from="P0 at 5% utilization"),
+               idle_from="P0 at 5% utilization",
+               link_gbs=32, link="PCIe Gen4 x16"),
     DeviceSpec("T4", "NVIDIA T4", "16 GB GDDR6", (7, 5), r"\bT4\b", {"float32": 8.1, "float16": 65, "int8": 130},
                torch_gib=14.75, nvml_mib=15360, aliases=("tesla-t4",), bandwidth_gbs=320,
-               limit_watts=70, idle_watts=26),
+               limit_watts=70, idle_watts=26,
+               link_gbs=16, link="PCIe Gen3 x16"),
 )
 
 

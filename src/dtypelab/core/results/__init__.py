@@ -45,6 +45,7 @@ from dtypelab.core.results.forecast import (
 )
 from dtypelab.core.results.generate import (
     GENERATE_SCHEMA,
+    CurvePoint,
     GenerateConfig,
     GenerateFigures,
     GeneratePolicy,
@@ -83,6 +84,7 @@ KINDS = Record.KINDS  # every record kind by its "schema" field: each registers 
 __all__ = [
     "GENERATE_SCHEMA",
     "GenerateConfig",
+    "CurvePoint",
     "GenerateFigures",
     "GeneratePolicy",
     "GenerateQuality",

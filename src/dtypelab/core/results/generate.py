@@ -19,8 +19,21 @@ from dtypelab.core.results.store import Record
 
 GENERATE_SCHEMA = "dtypelab.generate"
 # 2: energy (each policy's ``generate.energy``, the record's ``energy_source``); 3: the speed verdicts as codes
-# (``Verdict``) from paired, interleaved rounds (``generate.blocks``, ``gain``), the decision as a code
-GENERATE_VERSION = 3
+# (``Verdict``) from paired, interleaved rounds (``generate.blocks``, ``gain``), the decision as a code; 4: the
+# serving engine (``config.engine``, its settings; a paged engine's KV capacity, concurrency and curve per policy)
+GENERATE_VERSION = 4
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """A paged engine's steady state at one concurrency (forecast): the requests running (at most what the KV cache
+    holds), their generated tokens a second, a step's seconds by what bounds them, and joules per generated token."""
+
+    concurrency: int
+    running: int
+    tok_s: float
+    step_bounds: dict[str, float] = field(default_factory=dict)
+    joules_per_token: float | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,15 @@ class GenerateFigures:
     # measured: the rounds during which other processes took the CPU (core.disturbance): left out of the pairing
     # while enough quiet ones remain
     disturbed_runs: int = 0
+    # a paged engine's (forecast, ``--engine vllm``): its KV cache's tokens on each card ("GPU KV cache size") and
+    # the requests of --max-model-len it holds at once ("Maximum concurrency"); its steady state at each concurrency
+    # read; the concurrency from which it no longer beats the baseline, in tokens a second and in joules per token
+    # (None: it beats it at every one read; 1: at none)
+    kv_capacity_tokens: int | None = None
+    max_concurrency: float | None = None
+    engine_memory: dict[str, int] = field(default_factory=dict)  # one card's budget, weights, activation, ...
+    curve: tuple[CurvePoint, ...] = ()
+    stops_paying: dict[str, int | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -106,6 +128,8 @@ class GenerateConfig:
     baseline: str = ""
     parameters: int = 0
     context_limit: int = 0  # the model's positions
+    engine: str = "static"  # the serving program forecast: static (one batch in lockstep) or vllm (paged)
+    engine_settings: dict[str, Any] = field(default_factory=dict)  # its flags, as vLLM spells them
 
 
 @dataclass(frozen=True)
@@ -135,7 +159,7 @@ class GenerateReport(Record):
     schema = GENERATE_SCHEMA
     version = GENERATE_VERSION
     # version 1 had no energy: nothing to fill
-    migrations: ClassVar[dict[int, Any]] = {1: lambda d: d, 2: lambda d: _migrate_v2(d)}
+    migrations: ClassVar[dict[int, Any]] = {1: lambda d: d, 2: lambda d: _migrate_v2(d), 3: lambda d: d}
 
     def result(self, policy: str) -> GeneratePolicy:
         for p in self.policies:
