@@ -106,7 +106,9 @@ OBJECTIVE_COLUMNS = {"decode": ("decode tok/s",), "prefill": ("prefill", "TTFT")
 def narrow_order(report: GenerateReport) -> tuple[str, ...]:
     """Which columns an 80-column terminal leaves out first: the objective's are kept longest."""
     own = OBJECTIVE_COLUMNS.get(report.config.objective, ())
-    return tuple(c for c in NARROW if c not in own) + own
+    # a paged engine's peak is its budget, the same for every policy, and its pool is in KV tokens: those go first
+    first = ("peak", "KV cache") if report.config.engine == "vllm" else ()
+    return first + tuple(c for c in NARROW if c not in own and c not in first) + own
 
 
 VERDICT_WORDS = {Verdict.RECOMMENDED: "chosen", Verdict.BASELINE: "baseline", Verdict.WITHIN: "within",

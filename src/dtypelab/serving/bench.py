@@ -46,6 +46,11 @@ from dtypelab.sweep import BenchOptions
 Progress = Callable[[str, int, int], None]  # (policy, done, total)
 QUALITY_SEQUENCES = 16
 
+# what bench runs: the static engine, whichever engine a forecast names (--engine vllm forecasts a GPU)
+STATIC_NOTE = ("measured with the static engine (one batch decoded in lockstep over a static cache, as gpt-fast and "
+               "torchao's harness serve): vLLM does not run on this CPU; forecast --engine vllm --device GPU forecasts "
+               "it")
+
 
 def check_shape(shape: Shape, context: int, name: str, config: Any = None) -> None:
     """One line for a workload the model cannot hold (its positions; with its config, its cache's layout)."""
@@ -203,7 +208,8 @@ def _report(setup: Setup, results: list[GeneratePolicy], timings: Timings | str,
     notes = [n for n in (*steadiness_notes(list(judged.policies), setup.objective), longest_sentence,
                          "" if isinstance(timings, Timings) else f"not timed: {timings}",
                          "" if served.trained else
-                         f"{served.name} is untrained here: its quality figures say nothing of a trained model's")
+                         f"{served.name} is untrained here: its quality figures say nothing of a trained model's",
+                         STATIC_NOTE)
              if n]
     report = GenerateReport(
         GenerateConfig(setup.spec, served.name, "measured", shape.prompt_len, shape.gen_len, shape.batch_size,
