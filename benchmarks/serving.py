@@ -3,6 +3,7 @@
     python benchmarks/serving.py --part calibrate   # each kernel's bandwidth share, fitted to its published ratio
     python benchmarks/serving.py --part check       # forecast --check on this CPU (tinylm)
     python benchmarks/serving.py --part speed       # wall time: the 8B forecast of six policies, the measured sweep
+    python benchmarks/serving.py --part engine      # wall time: --engine vllm, 8B on an H100, 70B at tensor parallel 8
 
 The published decode tables (gpt-fast's and torchao's READMEs) are the validation set's serve-speed, serve-tok-s and
 serve-peak cases (benchmarks/validation/decode-single-stream.json; ``python benchmarks/validate.py`` checks them). The
@@ -66,12 +67,30 @@ def timed(argv: list[str]) -> float:
     return time.perf_counter() - start
 
 
+ENGINE_GOALS = {"llama3.1-8b": 30.0, "llama3.1-70b": 60.0}  # seconds (issue #78)
+
+
+def engine() -> None:
+    """The vLLM engine's forecast, four formats at 128 concurrent requests: the 8B on one H100, the 70B at tensor
+    parallel 8; each against its goal."""
+    policies = "bf16,int8-wo,int4-wo,fp8-dyn-row"
+    for name, tp in (("llama3.1-8b", "1"), ("llama3.1-70b", "8")):
+        took = timed(["forecast", f"hf:{os.path.join(CONFIGS, name)}", "--mode", "generate", "--engine", "vllm",
+                      "--device", "H100", "-p", policies, "--tensor-parallel-size", tp, "--prompt-len", "1024",
+                      "--gen-len", "512", "-b", "128", "--max-model-len", "32000", "--json", os.devnull])
+        goal = ENGINE_GOALS[name]
+        print(f"forecast --engine vllm {name}, tensor parallel {tp}, four formats: {took:.1f} s (goal {goal:g} s: "
+              f"{'met' if took <= goal else 'MISSED'})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", choices=["calibrate", "check", "speed"], required=True)
+    ap.add_argument("--part", choices=["calibrate", "check", "speed", "engine"], required=True)
     args = ap.parse_args()
     if args.part == "calibrate":
         calibrate()
+    elif args.part == "engine":
+        engine()
     elif args.part == "check":
         out = subprocess.run([sys.executable, "-m", "dtypelab", "forecast", "tinylm", "--mode", "generate", "--device",
                               "cpu", "--check", "-b", "4", "--prompt-len", "64", "--gen-len", "32",

@@ -59,6 +59,9 @@ COMMANDS: dict[str, tuple[str, int]] = {
     "generate-32k": ("dtypelab forecast hf:benchmarks/configs/llama3.1-8b --mode generate --device RTX4090 "
                      "--prompt-len 30000 --gen-len 2768 -b 16 -p bf16,int8-wo,int4-wo,int4-wo+kv-fp8,int4-wo+kv-int8 "
                      "--no-speed", 0),
+    "generate-vllm": ("dtypelab forecast hf:benchmarks/configs/llama3.1-8b --mode generate --engine vllm "
+                      "--device H100 -p bf16,int8-wo,int4-wo,fp8-dyn-row --prompt-len 256 --gen-len 256 -b 128 "
+                      "--max-model-len 16000", 0),
     "generate-check": ("dtypelab forecast tinylm --mode generate --device cpu --check -b 4 --prompt-len 64 "
                        "--gen-len 32 --no-batch-search", 0),
     "energy-h100": ("dtypelab forecast gpt2 --device H100 -p fp32,amp-bf16,bf16,fp8-rowwise --no-batch-search", 0),

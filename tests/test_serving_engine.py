@@ -239,3 +239,12 @@ def test_bench_says_it_measures_the_static_engine(tmp_path):
                    "--gen-len", "4", "-b", "1", "--rounds", "3", "--json", str(out))
     assert run.returncode == 0, run.stdout + run.stderr
     assert any("vLLM does not run on this CPU" in n for n in json.loads(out.read_text())["notes"])
+
+
+def test_vllm_runs_machete_for_int4_on_hopper_and_marlin_before_it():
+    from dtypelab.serving.kernels import VLLM_HOPPER, VLLM_KERNELS, kernel_of
+
+    assert kernel_of("int4-weight-only", "vllm", (9, 0)) is VLLM_HOPPER["int4-weight-only"]
+    assert kernel_of("int4-weight-only", "vllm", (8, 9)) is VLLM_KERNELS["int4-weight-only"]
+    assert kernel_of("int4-weight-only", "static", (9, 0)).name.startswith("tinygemm")
+    assert "Machete" in VLLM_HOPPER["int4-weight-only"].name and "Marlin" in VLLM_KERNELS["int4-weight-only"].name

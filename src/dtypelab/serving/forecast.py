@@ -93,8 +93,7 @@ def serve_forecast(spec: str, options: ForecastOptions | None = None, *, on_prog
     if opts.check:
         results = _checked(spec, shape, results, chosen, opts.seed)
     results, energy_note = _with_energy(results, target, shape, measured)
-    if engine.paged:
-        results = _stops_paying(results)
+    results = _stops_paying(results)  # a paged engine's curves; nothing without them
     objective = opts.objective or "decode"
     best, sentence = _answer(results, target, shape, objective, engine)
     longest = max((r for r in results if r.generate and r.generate.longest_context),

@@ -100,16 +100,28 @@ VLLM_KERNELS: dict[str, Kernel] = {
 }
 
 
+MACHETE = ("Neural Magic's Machete announcement (October 2024; MarkTechPost, 'Neural Magic Unveils Machete'): on "
+           "Hopper it matches FP16's compute-bound performance and cuts weight memory about 4x where memory-bound")
+# Hopper's own kernels where vLLM picks them over the ones above (compute capability 9.0 and later): Machete for
+# W4A16, its memory-bound share Marlin's (the same bytes, read as fast), its compute-bound share cuBLAS's
+VLLM_HOPPER: dict[str, Kernel] = {
+    "int4-weight-only": Kernel("Machete W4A16 (GPTQ / AWQ / RTN int4, groups of 128; CUTLASS 3, Hopper)", "bfloat16",
+                               0.80, MACHETE, compute=1.0, capability=(9, 0)),
+}
+
+
 AS_BF16 = Kernel("as a bfloat16 GEMM (no published decode table for this format)", "bfloat16", 1.0, "")
 
 
 ENGINES = {"static": KERNELS, "vllm": VLLM_KERNELS}
 
 
-def kernel_of(key: str, engine: str = "static") -> Kernel:
-    """A format's kernel in ``engine``; one with no published share here (a format just added) as a bfloat16 GEMM
-    reading its stored bytes, and said so."""
+def kernel_of(key: str, engine: str = "static", capability: tuple[int, int] | None = None) -> Kernel:
+    """A format's kernel in ``engine`` on a card of ``capability`` (vLLM's Hopper kernels from 9.0); one with no
+    published share here (a format just added) as a bfloat16 GEMM reading its stored bytes, and said so."""
+    if engine == "vllm" and capability is not None and tuple(capability) >= (9, 0) and key in VLLM_HOPPER:
+        return VLLM_HOPPER[key]
     return ENGINES[engine].get(key, AS_BF16)
 
 
-__all__ = ["AS_BF16", "ENGINES", "KERNEL", "KERNELS", "VLLM_KERNELS", "Kernel", "kernel_of"]
+__all__ = ["AS_BF16", "ENGINES", "KERNEL", "KERNELS", "VLLM_HOPPER", "VLLM_KERNELS", "Kernel", "kernel_of"]

@@ -41,7 +41,7 @@ def _no_kernel(run: PolicyRun, engine: Engine) -> str:
     """Why the engine cannot run one of the policy's formats on the card ("" when it can)."""
     cc = run.fc.target.capability
     for key in dict.fromkeys(run.layers.values()):
-        kernel = kernel_of(key, engine.name)
+        kernel = kernel_of(key, engine.name, cc)
         if cc is not None and tuple(cc) < kernel.capability:
             return (f"vLLM has no {kernel.name} on {run.fc.target.label} (compute capability "
                     f"{cc[0]}.{cc[1]}; it needs {kernel.capability[0]}.{kernel.capability[1]})")
@@ -99,7 +99,8 @@ def _speed(figures: GenerateFigures, run: PolicyRun, one: Traced, two: Traced, s
     point = steady.at(shape.batch_size, timer)
     curve = tuple(CurvePoint(p.concurrency, p.running, p.tok_s, dict(p.bounds))
                   for p in (steady.at(c, timer) for c in STEPS if c <= engine.max_num_seqs))
-    kernels = tuple(dict.fromkeys(_kernel_words(k, engine.name) for k in run.layers.values()))
+    cc = run.fc.target.capability
+    kernels = tuple(dict.fromkeys(_kernel_words(k, engine.name, cc) for k in run.layers.values()))
     bound = max(point.bounds, key=lambda k: point.bounds[k]) if point.bounds else ""
     return replace(figures, ttft_s=steady.ttft_s(point), decode_tok_s=point.tok_s, token_latency_s=point.step_s,
                    prefill_tok_s=shape.prompt_len / steady.ttft_s(point), bound=bound, kernels=kernels,

@@ -49,8 +49,8 @@ def layer_bytes(model: nn.Module, meta: nn.Module, run: PolicyRun) -> dict[str, 
     return out
 
 
-def gpu_ops(ops: tuple[Op, ...], layers: dict[str, str], stored: dict[str, int], engine: str = "static"
-            ) -> tuple[Op, ...]:
+def gpu_ops(ops: tuple[Op, ...], layers: dict[str, str], stored: dict[str, int], engine: str = "static",
+            capability: tuple[int, int] | None = None) -> tuple[Op, ...]:
     """The traced ops with each quantized layer's ops as the one kernel its format runs on a GPU in ``engine``
     (``kernels.ENGINES``): its FLOPs at the kernel's rate (as more FLOPs where it reaches less of the GEMM's), the
     activations it reads and writes, and its stored weight read at the kernel's share of bandwidth (as more bytes at
@@ -63,7 +63,7 @@ def gpu_ops(ops: tuple[Op, ...], layers: dict[str, str], stored: dict[str, int],
         if not run:
             return
         name = run[0].module
-        kernel = kernel_of(layers[name], engine)
+        kernel = kernel_of(layers[name], engine, capability)
         main = max(run, key=lambda o: o.flops)
         weight = max((b for _, b in main.reads), default=0)
         serial[0] -= 1
@@ -86,8 +86,8 @@ def gpu_ops(ops: tuple[Op, ...], layers: dict[str, str], stored: dict[str, int],
     return tuple(out)
 
 
-def _kernel_words(key: str, engine: str = "static") -> str:
-    k = kernel_of(key, engine)
+def _kernel_words(key: str, engine: str = "static", capability: tuple[int, int] | None = None) -> str:
+    k = kernel_of(key, engine, capability)
     compute = f", {k.compute:.2f} of its FLOP/s" if k.compute != 1.0 else ""
     return (f"{key}: {k.name} ({k.share:.2f} of bf16's bandwidth share{compute}"
             f"{', ' + k.source if k.source else ''})")
@@ -97,7 +97,7 @@ def device_ops(run: PolicyRun, ops: tuple[Op, ...], engine: str = "static") -> t
     """The ops as the target runs them: on a GPU each quantized layer's as its format's kernel in ``engine``, here
     as traced."""
     if run.fc.cuda and run.layers:
-        return gpu_ops(ops, run.layers, layer_bytes(*_models(run), run), engine)
+        return gpu_ops(ops, run.layers, layer_bytes(*_models(run), run), engine, run.fc.target.capability)
     return ops
 
 
