@@ -193,6 +193,8 @@ def test_an_fp8_kv_cache_doubles_the_tokens_a_pool_holds(tmp_path):
     (["--engine", "vllm", "--memory", "24GiB", "--tensor-parallel-size", "2"], "no interconnect bandwidth"),
     (["--engine", "vllm", "--device", "H100", "--tensor-parallel-size", "9"], "tensor-parallel-size"),
     (["--engine", "vllm", "--device", "H100", "--max-model-len", "100000"], "longer than the model's context"),
+    (["--engine", "vllm", "--device", "H100", "--no-batch-search"], "do not apply to --engine vllm"),
+    (["--engine", "vllm", "--device", "H100", "--reserve", "1GiB"], "do not apply to --engine vllm"),
 ])
 def test_bad_engine_inputs_are_one_line_errors(args, words):
     run = dtypelab("forecast", f"hf:{CONFIGS}/tiny-llama", "--mode", "generate", "-p", "bf16", *args)

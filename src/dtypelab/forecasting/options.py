@@ -86,6 +86,9 @@ class ForecastOptions(ModeOptions):
             given = [self.flag(n) for n in VLLM_ONLY if self._given(n)]
             if given:
                 raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} vLLM's: add --engine vllm")
+        if self.engine == "vllm" and (not self.batch_search or self.reserve is not None):
+            raise ValueError("--no-batch-search and --reserve do not apply to --engine vllm: its KV pool says how "
+                             "many requests fit, within --gpu-memory-utilization of the card")
         if self.objective is not None and self.objective not in OBJECTIVES[self.mode]:
             counted = self.mode == "step" and objective(self.objective).counts_joules
             raise ValueError(f"--objective {self.objective} is not forecast for --mode {self.mode}: use "
