@@ -51,7 +51,7 @@ def _vllm(**kw) -> Engine:
 def test_the_kv_pool_is_the_budget_less_the_rest_in_whole_pages_as_vllm_counts_it(tp, kv_bytes, block):
     """vLLM's arithmetic, written out again here: requested = utilization x total; the pool is what the weights (a
     card's share), the profile run's peak and the memory outside torch leave; num_blocks = pool // page_size //
-    layers; tokens = blocks x block size; concurrency = tokens / max_model_len."""
+    layers; tokens = blocks x block size; concurrency = blocks / cdiv(max_model_len, block size)."""
     cfg = _config("llama3.1-8b")
     eng = _vllm(tensor_parallel_size=tp, block_size=block)
     total, weights = int(79.18 * GIB), 16_060_000_000
@@ -62,8 +62,11 @@ def test_the_kv_pool_is_the_budget_less_the_rest_in_whole_pages_as_vllm_counts_i
     per_layer_page = block * 2 * (8 // tp if tp <= 8 else 1) * 128 * kv_bytes
     blocks = pool // per_layer_page // 32
     assert (mem.kv_pool, mem.blocks, mem.tokens) == (pool, blocks, blocks * block)
-    assert mem.concurrency == pytest.approx(blocks * block / 16000)
+    assert mem.concurrency == pytest.approx(blocks / math.ceil(16000 / block))
     assert not mem.why
+    odd = engine_memory(cfg, weights, kv_bytes, _vllm(tensor_parallel_size=tp, block_size=block, max_model_len=16001),
+                        total)
+    assert odd.concurrency == pytest.approx(blocks / (16000 // block + 1))  # a request's last page is whole
 
 
 def test_the_published_start_up_failures_are_forecast_to_fail():
@@ -160,7 +163,7 @@ def test_the_engine_forecast_records_kv_capacity_concurrency_settings_and_where_
     for name, g in by.items():
         mem = g["engine_memory"]
         assert g["kv_capacity_tokens"] == mem["blocks"] * 16 and g["max_concurrency"] == pytest.approx(
-            g["kv_capacity_tokens"] / 256)
+            mem["blocks"] / 16)  # 256 tokens a request: 16 pages
         assert g["decode_tok_s"] and g["token_latency_s"] and g["ttft_s"]
         assert [p["concurrency"] for p in g["curve"]] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
         if name != "bf16":

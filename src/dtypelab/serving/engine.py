@@ -1,8 +1,10 @@
 """``forecast --mode generate --engine vllm``: serving as vLLM serves, nothing run.
 
 It follows **vLLM v0.11** (its V1 engine): ``vllm/v1/worker/gpu_worker.py`` (``determine_available_memory``),
-``vllm/v1/core/kv_cache_utils.py`` (pages, "GPU KV cache size", "Maximum concurrency") and the batch defaults of
-``vllm/engine/arg_utils.py`` (``get_batch_defaults``). Flags are vLLM's, so a launch command's are copied as they are.
+``vllm/v1/core/kv_cache_utils.py`` (pages; "GPU KV cache size", blocks x block size; "Maximum concurrency", blocks
+over a request's whole pages at ``--max-model-len``, ``get_max_concurrency_for_kv_cache_config``) and the batch
+defaults of ``vllm/engine/arg_utils.py`` (``get_batch_defaults``). Flags are vLLM's, so a launch command's are copied
+as they are.
 
 Memory, per card: ``--gpu-memory-utilization`` of the card's total is the budget; from it come the weights (each
 card's share at ``--tensor-parallel-size``), the profile run's activation peak and what lies outside torch's
@@ -138,15 +140,16 @@ def engine_memory(config: Any, weights_bytes: int, kv_element_bytes: float, engi
                * attention_layers(config))
     blocks = max(pool, 0) // page
     tokens = blocks * engine.block_size
+    per_request = -(-engine.max_model_len // engine.block_size)  # whole pages of one request of --max-model-len
     why = ""
     if pool <= 0:
         why = ("no available memory for the cache blocks: the weights and the profile run take more than "
                f"--gpu-memory-utilization {engine.gpu_memory_utilization:g} of the card")
-    elif tokens < engine.max_model_len:
+    elif blocks < per_request:
         why = (f"the model's max seq len ({engine.max_model_len:,}) is larger than the KV cache holds "
                f"({tokens:,} tokens): lower --max-model-len or raise --gpu-memory-utilization")
     return EngineMemory(requested, weights, activation, non_torch, pool, page, blocks, tokens,
-                        tokens / engine.max_model_len if engine.max_model_len else 0.0, why)
+                        blocks / per_request if per_request else 0.0, why)
 
 
 def ops_at(one: tuple[Op, ...], two: tuple[Op, ...], batch: float) -> tuple[Op, ...]:
