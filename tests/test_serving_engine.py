@@ -123,11 +123,17 @@ def test_tensor_parallel_splits_each_op_and_adds_two_all_reduces_a_layer():
         all_reduce_s(100, 8192, 80, 2, None)
 
 
-def _brute_stops(curve, base, higher):
-    """The least concurrency c read such that at c and every one after it the format is no better."""
+def _brute_stops(curve, base, higher, error=0.0):
+    """The least concurrency c read such that at c and every one after it the format is no better, or within
+    ``error`` of the baseline (their bands [x(1-e), x(1+e)] overlap)."""
     theirs = dict(base)
     points = [c for c, _ in curve if c in theirs]
-    better = {c: (v > theirs[c]) if higher else (v < theirs[c]) for c, v in curve if c in theirs}
+
+    def tie(a, b):
+        return not (a * (1 + error) < b * (1 - error) or b * (1 + error) < a * (1 - error))
+
+    better = {c: ((v > theirs[c]) if higher else (v < theirs[c])) and not tie(v, theirs[c])
+              for c, v in curve if c in theirs}
     for c in points:
         if all(not better[d] for d in points if d >= c):
             return c
@@ -141,10 +147,12 @@ def test_where_a_format_stops_paying_is_what_brute_force_finds():
         base = tuple((c, rng.uniform(1, 2)) for c in steps)
         curve = tuple((c, rng.uniform(1, 2)) for c in steps)
         higher = rng.random() < 0.5
-        assert stops_paying(curve, base, higher) == _brute_stops(curve, base, higher)
+        error = rng.choice((0.0, 0.03, 0.2))
+        assert stops_paying(curve, base, higher, error) == _brute_stops(curve, base, higher, error)
     assert stops_paying(((1, 2.0), (2, 1.0)), ((1, 1.0), (2, 1.5))) == 2
     assert stops_paying(((1, 0.5), (2, 0.5)), ((1, 1.0), (2, 1.0))) == 1  # never pays
     assert stops_paying(((1, 2.0), (2, 2.0)), ((1, 1.0), (2, 1.0))) is None  # pays throughout
+    assert stops_paying(((1, 2.0), (2, 1.05)), ((1, 1.0), (2, 1.0)), error=0.03) == 2  # 5% ahead: a tie at ±3%
 
 
 def test_the_engine_forecast_records_kv_capacity_concurrency_settings_and_where_formats_stop_paying(tmp_path):

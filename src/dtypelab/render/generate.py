@@ -212,7 +212,8 @@ def _engine_notes(report: GenerateReport) -> list[str]:
            f"concurrency: requests of --max-model-len it holds at once; settings: {flags}",
            f"speed in steady state at {cfg.batch_size} concurrent requests (decode tok/s over all of them, ms/token "
            f"between two tokens of one, TTFT under that load); stops paying at: the concurrency from which a format "
-           f"no longer beats bfloat16's tokens a second (read at 1, 2, 4, ... requests)"
+           f"no longer beats bfloat16's tokens a second beyond the forecast's error (±{report.ratio_error:.0%}: a tie "
+           f"does not pay; read at 1, 2, 4, ... requests)"
            + (f": {report.rates}" if report.rates else "")]
     for p in report.policies:
         g = p.generate

@@ -251,12 +251,18 @@ class Steady:
 
 
 def stops_paying(curve: tuple[tuple[int, float], ...], base: tuple[tuple[int, float], ...],
-                 higher_is_better: bool = True) -> int | None:
-    """The least concurrency from which a format no longer beats the baseline (its value no better than the
-    baseline's at every concurrency read from there on); None when it beats it at every one read; 1 when it never
-    does."""
+                 higher_is_better: bool = True, error: float = 0.0) -> int | None:
+    """The least concurrency from which a format no longer beats the baseline (at every concurrency read from there
+    on its value is no better, or within the forecast's error of the baseline's: a tie, ``core.bands.overlaps``, the
+    rule every forecast comparison uses); None when it beats it at every one read; 1 when it never does."""
+    from dtypelab.core.bands import overlaps
+
     theirs = dict(base)
-    wins = [(c, (v > theirs[c]) if higher_is_better else (v < theirs[c])) for c, v in curve if c in theirs]
+
+    def beats(mine: float, other: float) -> bool:
+        return (mine > other if higher_is_better else mine < other) and not overlaps(mine, other, error)
+
+    wins = [(c, beats(v, theirs[c])) for c, v in curve if c in theirs]
     if not wins:
         return None
     for i, (c, _) in enumerate(wins):

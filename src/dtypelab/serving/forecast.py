@@ -93,7 +93,7 @@ def serve_forecast(spec: str, options: ForecastOptions | None = None, *, on_prog
     if opts.check:
         results = _checked(spec, shape, results, chosen, opts.seed)
     results, energy_note = _with_energy(results, target, shape, measured)
-    results = _stops_paying(results)  # a paged engine's curves; nothing without them
+    results = _stops_paying(results, band("engine-speed"))  # a paged engine's curves; nothing without them
     objective = opts.objective or "decode"
     best, sentence = _answer(results, target, shape, objective, engine)
     longest = max((r for r in results if r.generate and r.generate.longest_context),
@@ -377,9 +377,10 @@ def _engine(opts: ForecastOptions, target: TargetDevice, context: int) -> tuple[
     return engine, link
 
 
-def _stops_paying(results: list[GeneratePolicy]) -> list[GeneratePolicy]:
+def _stops_paying(results: list[GeneratePolicy], error: float) -> list[GeneratePolicy]:
     """Each format's concurrency from which it no longer beats bfloat16's (the first policy storing bfloat16
-    weights), in tokens a second and in joules per token."""
+    weights) by more than the forecast's ``error`` (a tie within it does not pay), in tokens a second and in joules
+    per token."""
     base = next((r for r in results if r.policy.split("+")[0] == "bf16" and r.generate and r.generate.curve), None)
     if base is None or base.generate is None:
         return results
@@ -392,8 +393,8 @@ def _stops_paying(results: list[GeneratePolicy]) -> list[GeneratePolicy]:
             out.append(r)
             continue
         mine_j = tuple((p.concurrency, p.joules_per_token) for p in g.curve if p.joules_per_token)
-        paying = {"tok/s": stops_paying(tuple((p.concurrency, p.tok_s) for p in g.curve), tok),
-                  "J/token": stops_paying(mine_j, joules, higher_is_better=False) if mine_j and joules else None}
+        paying = {"tok/s": stops_paying(tuple((p.concurrency, p.tok_s) for p in g.curve), tok, error=error),
+                  "J/token": stops_paying(mine_j, joules, False, error) if mine_j and joules else None}
         out.append(replace(r, generate=replace(g, stops_paying=paying)))
     return out
 
