@@ -764,3 +764,28 @@ def test_a_hugging_face_language_models_forecast_gives_joules_per_token() -> Non
                                policies="fp32", device="H100", batch_size=2, batch_search=False, launcher="inline")
     e = report.policies[0].energy
     assert e is not None and e.joules_per_token == pytest.approx(e.joules_per_step / 32)
+
+
+def test_a_block_its_warm_up_sized_too_short_still_lasts_the_counters_window(tmp_path, counted_40w, monkeypatch):
+    """A block of one step (warm-up slowed by a neighbour sizes it so) is stepped on until its window lasts the
+    counter's shortest: every policy still gets its windows (CI's 2 cores once left a sweep with none)."""
+    from conftest import TINY, fake_hardware
+
+    from dtypelab import bench
+    from dtypelab.core.disturbance import Disturbance
+    from dtypelab.sweep import rounds as sweep_rounds
+
+    monkeypatch.setattr(Disturbance, "disturbed", property(lambda self: False))
+
+    def one_step(self, warm_s) -> None:
+        self.block_steps = 1
+
+    monkeypatch.setattr(sweep_rounds._Stepper, "size_blocks", one_step)
+    report = bench(f"{TINY}:make_task", "bf16", steps=20, rounds=3, isolate=False, hardware=fake_hardware(),
+                   json_path=str(tmp_path / "r.json"), objective="energy")
+    assert report.energy_source is not None and report.energy_source.why == ""
+    for r in report.results:
+        measured = [b for b in r.rounds if b.joules is not None]
+        assert r.energy is not None and len(measured) >= 3, r.policy
+        assert all(b.window_s >= report.energy_source.min_window_s for b in measured)
+        assert all(b.n > 1 for b in measured)  # stepped on past its one step

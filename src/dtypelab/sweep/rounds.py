@@ -165,6 +165,12 @@ class _Stepper:
             window = self.meter.begin() if self.meter else None
             for k in range(self.block_steps):  # the same batches for every policy of a round: paired blocks
                 self.step(precision, model, optimizer, r * self.block_steps + k, timer)
+            # a block its warm-up sized may still run shorter than the counter's window (warm-up slowed by a
+            # neighbour, a round's steps faster): more steps until it lasts it, as serving's blocks are timed
+            k = 0
+            while window is not None and window.elapsed_s < WINDOW_MARGIN * window.meter.min_window_s:
+                self.step(precision, model, optimizer, (r + 1) * self.block_steps + k, timer)  # time moves on
+                k += 1
             reading = window.end()[0] if window else None
             d = cpu.stop()
         return RoundBlock(round=r, median_s=statistics.median(timer.samples), n=len(timer.samples),
