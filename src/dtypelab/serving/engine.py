@@ -109,14 +109,12 @@ class EngineMemory:
     why: str = ""  # why vLLM would not start ("" when it would)
 
 
-def _text(config: Any) -> Any:
-    return getattr(config, "text_config", None) or config
-
-
 def activation_peak(config: Any, engine: Engine) -> int:
     """The profile run's peak over the weights: the sampler's logits and temporaries, or a block's widest
     activations at ``--max-num-batched-tokens`` tokens (split over the cards), whichever is larger."""
-    text = _text(config)
+    from dtypelab.serving.kv import text_config
+
+    text = text_config(config)
     sampler = SAMPLER_BYTES * engine.max_num_seqs * int(text.vocab_size)
     hidden, inner = int(text.hidden_size), int(getattr(text, "intermediate_size", 0) or 4 * text.hidden_size)
     # the gate and up projections' output, the activation's, and the hidden states in and out: bfloat16

@@ -20,14 +20,7 @@ from dtypelab.core.errors import DtypelabError, describe_exception
 from dtypelab.core.judging.generate import objective_value
 from dtypelab.core.machine.speed import GPU_FLOOR_S
 from dtypelab.core.objectives import objective as objective_of
-from dtypelab.core.results import (
-    Energy,
-    GenerateConfig,
-    GenerateFigures,
-    GeneratePolicy,
-    GenerateReport,
-    TargetDevice,
-)
+from dtypelab.core.results import GenerateConfig, GenerateFigures, GeneratePolicy, GenerateReport, TargetDevice
 from dtypelab.core.tasks.hub import quantized_note
 from dtypelab.forecasting import (
     INTERRUPTED,
@@ -42,10 +35,10 @@ from dtypelab.forecasting import (
     worker_count,
 )
 from dtypelab.run import Outcome
-from dtypelab.serving.engine import VLLM_VERSION, Engine, resolve, stops_paying
+from dtypelab.serving.engine import VLLM_VERSION, Engine
 from dtypelab.serving.fake_serve import ServeForecaster, Traced
 from dtypelab.serving.measure import with_speeds
-from dtypelab.serving.paged import paged_figures
+from dtypelab.serving.paged import engine_of, paged_energy, paged_figures, with_stops_paying
 from dtypelab.serving.policies import DEFAULT_FORECAST, DEFAULT_FORECAST_CPU, ServePolicy, serve_policies
 from dtypelab.serving.served import load_served
 from dtypelab.serving.speed import generation_energy, policy_figures, serving_rates
@@ -76,7 +69,7 @@ def serve_forecast(spec: str, options: ForecastOptions | None = None, *, on_prog
     workers = _prestart(opts.launcher or "process") if target.kind == "cuda" else []
     served = load_served(spec)
     check_shape(shape, served.context, served.name, served.config)
-    engine, link = _engine(opts, target, served.context)
+    engine, link = engine_of(opts, target, served.context)
     chosen = serve_policies(opts.policies, DEFAULT_FORECAST if target.kind == "cuda" else DEFAULT_FORECAST_CPU)
     rates, no_rates = rates_for(target) if opts.speed else (None, "")  # the source; each part times with its own
     parts = _parts(chosen, target, rates, len(workers))
@@ -93,7 +86,7 @@ def serve_forecast(spec: str, options: ForecastOptions | None = None, *, on_prog
     if opts.check:
         results = _checked(spec, shape, results, chosen, opts.seed)
     results, energy_note = _with_energy(results, target, shape, measured)
-    results = _stops_paying(results, band("engine-speed"))  # a paged engine's curves; nothing without them
+    results = with_stops_paying(results, band("engine-speed"))  # a paged engine's curves; nothing without them
     objective = opts.objective or "decode"
     best, sentence = _answer(results, target, shape, objective, engine)
     longest = max((r for r in results if r.generate and r.generate.longest_context),
@@ -143,17 +136,7 @@ def _with_energy(results: list[GeneratePolicy], target: TargetDevice, shape: Sha
 def _energy_of(g: GenerateFigures, model: Any, shape: Shape) -> GenerateFigures:
     """A generation's energy (static), or a paged engine's steady step's per generated token, and each point's of
     its curve."""
-    if not g.curve:
-        return replace(g, energy=generation_energy(g, model, shape))
-    watts = model.watts(g.decode_bounds)
-    step = (g.token_latency_s or 0.0)
-    running = (g.decode_tok_s or 0.0) * step
-    per_token = watts * step / running if running else None
-    energy = Energy(watts * step, watts * step / max(running, 1), "forecast", model.by, joules_per_token=per_token,
-                    watts=watts, idle_watts=model.idle_watts, decode_joules_per_token=per_token)
-    curve = tuple(replace(p, joules_per_token=model.watts(p.step_bounds) / p.tok_s)
-                  for p in g.curve)
-    return replace(g, energy=energy, curve=curve)
+    return paged_energy(g, model) if g.curve else replace(g, energy=generation_energy(g, model, shape))
 
 
 def _generation_bounds(g: GenerateFigures, shape: Shape) -> dict[str, float]:
@@ -347,56 +330,6 @@ def _notes(shape: Shape, engine: Engine) -> str:
                 "the same steps; each format as vLLM's kernel for it")
     return (f"decode at the full context ({shape.context:,} tokens): a static cache is read whole at every step, so "
             "every step of the generation costs the same; the prefill keeps the last position's logits only")
-
-
-def _engine(opts: ForecastOptions, target: TargetDevice, context: int) -> tuple[Engine, float | None]:
-    """The engine asked for, its settings resolved for the card, and the card's interconnect (tensor parallel)."""
-    if opts.engine == "static":
-        return Engine(), None
-    from dtypelab.core.machine.devices import DEVICES, device_spec
-
-    if target.kind != "cuda" or target.memory_bytes is None:
-        raise DtypelabError("--engine vllm forecasts a GPU: name one with --device (vLLM does not run on this CPU; "
-                            "bench --mode generate measures the static engine here)")
-    engine = resolve(Engine("vllm", opts.gpu_memory_utilization or 0.9, opts.max_num_batched_tokens or 0,
-                            opts.max_num_seqs or 0, opts.block_size or 16, opts.kv_cache_dtype or "auto",
-                            opts.max_model_len or 0, opts.tensor_parallel_size or 1), target, context)
-    if engine.max_model_len > context:
-        raise DtypelabError(f"--max-model-len {engine.max_model_len:,} is longer than the model's context "
-                            f"({context:,} positions)")
-    spec = next((d for d in DEVICES if d.name == target.name), None)
-    if spec is None:
-        try:
-            spec = device_spec(target.label)
-        except DtypelabError:
-            spec = None
-    link = spec.link_gbs if spec is not None else None
-    if engine.tensor_parallel_size > 1 and link is None:
-        raise DtypelabError(f"--tensor-parallel-size {engine.tensor_parallel_size}: no interconnect bandwidth is "
-                            f"known for {target.label}: name a card of the table (--device)")
-    return engine, link
-
-
-def _stops_paying(results: list[GeneratePolicy], error: float) -> list[GeneratePolicy]:
-    """Each format's concurrency from which it no longer beats bfloat16's (the first policy storing bfloat16
-    weights) by more than the forecast's ``error`` (a tie within it does not pay), in tokens a second and in joules
-    per token."""
-    base = next((r for r in results if r.policy.split("+")[0] == "bf16" and r.generate and r.generate.curve), None)
-    if base is None or base.generate is None:
-        return results
-    tok = tuple((p.concurrency, p.tok_s) for p in base.generate.curve)
-    joules = tuple((p.concurrency, p.joules_per_token) for p in base.generate.curve if p.joules_per_token)
-    out = []
-    for r in results:
-        g = r.generate
-        if r is base or g is None or not g.curve:
-            out.append(r)
-            continue
-        mine_j = tuple((p.concurrency, p.joules_per_token) for p in g.curve if p.joules_per_token)
-        paying = {"tok/s": stops_paying(tuple((p.concurrency, p.tok_s) for p in g.curve), tok, error=error),
-                  "J/token": stops_paying(mine_j, joules, False, error) if mine_j and joules else None}
-        out.append(replace(r, generate=replace(g, stops_paying=paying)))
-    return out
 
 
 def _eager(chosen: list[ServePolicy], target: TargetDevice) -> str:

@@ -176,7 +176,8 @@ def _rows(scale: torch.Tensor | None, order: torch.Tensor) -> torch.Tensor | Non
     return scale.index_select(2, order)
 
 
-def _text(config: Any) -> Any:
+def text_config(config: Any) -> Any:
+    """The decoder's config of a model's (a multimodal one's text part)."""
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
@@ -187,7 +188,7 @@ def windows(config: Any) -> list[int | None]:
     """Each attention layer's sliding window (None: full attention), as transformers lays out its cache: the
     config's ``layer_types`` where it has them, else every layer sliding when it names a window (Mistral, Phi-3);
     one line for a layout these layers cannot hold (linear or chunked attention, compressed keys and values)."""
-    text = _text(config)
+    text = text_config(config)
     n = int(text.num_hidden_layers)
     window = getattr(text, "sliding_window", None)
     if getattr(text, "use_sliding_window", True) is False:
@@ -248,7 +249,7 @@ def cache_bytes(cache: Any) -> int:
 def geometry(config: Any) -> tuple[int, int]:
     """(key/value heads, head dim) of a decoder's attention: grouped-query attention stores ``num_key_value_heads``
     heads, not ``num_attention_heads``."""
-    text = _text(config)
+    text = text_config(config)
     heads = text.num_attention_heads
     return getattr(text, "num_key_value_heads", None) or heads, getattr(text, "head_dim", None) or \
         text.hidden_size // heads
@@ -289,5 +290,6 @@ __all__ = [
     "kv_format",
     "layer_bytes_per_token",
     "make_cache",
+    "text_config",
     "windows",
 ]

@@ -86,7 +86,7 @@ def gpu_ops(ops: tuple[Op, ...], layers: dict[str, str], stored: dict[str, int],
     return tuple(out)
 
 
-def _kernel_words(key: str, engine: str = "static", capability: tuple[int, int] | None = None) -> str:
+def kernel_words(key: str, engine: str = "static", capability: tuple[int, int] | None = None) -> str:
     k = kernel_of(key, engine, capability)
     compute = f", {k.compute:.2f} of its FLOP/s" if k.compute != 1.0 else ""
     return (f"{key}: {k.name} ({k.share:.2f} of bf16's bandwidth share{compute}"
@@ -163,7 +163,7 @@ def _speed_figures(figures: GenerateFigures, run: PolicyRun, t: Traced, shape: S
     dec = times.of(plan, decode_ops, "traced")
     if pre.step_s is None or dec.step_s is None:
         return replace(figures, bound=dec.reason or pre.reason)
-    kernels = tuple(dict.fromkeys(_kernel_words(k) for k in run.layers.values())) if run.fc.cuda else ()
+    kernels = tuple(dict.fromkeys(kernel_words(k) for k in run.layers.values())) if run.fc.cuda else ()
     bw, fl = _shares(decode_ops, dec.step_s, times.rates)
     return replace(figures, ttft_s=pre.step_s, prefill_tok_s=shape.batch_size * shape.prompt_len / pre.step_s,
                    decode_tok_s=shape.batch_size / dec.step_s, token_latency_s=dec.step_s, bound=dec.bound,
