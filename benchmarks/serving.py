@@ -4,6 +4,7 @@
     python benchmarks/serving.py --part check       # forecast --check on this CPU (tinylm)
     python benchmarks/serving.py --part speed       # wall time: the 8B forecast of six policies, the measured sweep
     python benchmarks/serving.py --part engine      # wall time: --engine vllm, 8B on an H100, 70B at tensor parallel 8
+    python benchmarks/serving.py --part quality     # the default measured sweep's time and its 4-bit methods' KL
 
 The published decode tables (gpt-fast's and torchao's READMEs) are the validation set's serve-speed, serve-tok-s and
 serve-peak cases (benchmarks/validation/decode-single-stream.json; ``python benchmarks/validate.py`` checks them). The
@@ -83,11 +84,45 @@ def engine() -> None:
               f"{'met' if took <= goal else 'MISSED'})")
 
 
+SWEEP_GOAL_S = 120.0  # the default bench tinylm --mode generate here (issue #79)
+FOUR_BIT = ("int4-wo", "w4a16-rtn", "w4a16-gptq", "w4a16-awq")
+
+
+def quality() -> None:
+    """The default measured sweep (every default policy, int4 emulated, GPTQ and AWQ calibrated) against its goal,
+    each 4-bit policy's KL from fp32 with its interval, and tune --mode generate's time."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "g.json")
+        took = timed(["bench", "tinylm", "--mode", "generate", "--json", path])
+        with open(path) as f:
+            record = json.load(f)
+    print(f"bench tinylm --mode generate ({len(record['policies'])} policies): {took:.1f} s (goal {SWEEP_GOAL_S:g} s: "
+          f"{'met' if took <= SWEEP_GOAL_S else 'MISSED'})")
+    kl = {}
+    for p in record["policies"]:
+        q = p.get("quality") or {}
+        if p["policy"] in FOUR_BIT and q.get("kl"):
+            kl[p["policy"]] = q["kl"]
+            print(f"  {p['policy']}: KL {q['kl']['value']:.4g} [{q['kl']['low']:.4g}, {q['kl']['high']:.4g}], "
+                  f"perplexity {q['change']['value']:+.2%} [{q['change']['low']:+.2%}, {q['change']['high']:+.2%}]")
+    if "w4a16-gptq" in kl and "w4a16-rtn" in kl:
+        below = kl["w4a16-gptq"]["high"] < kl["w4a16-rtn"]["low"]
+        print(f"GPTQ's KL below round-to-nearest's beyond their intervals: {'yes' if below else 'NO'}")
+    took = timed(["tune", "tinylm", "--mode", "generate", "--gpu", "H100", "--kl-budget", "0.004", "--json",
+                  os.devnull])
+    print(f"tune tinylm --mode generate (16 units x 2 formats): {took:.1f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", choices=["calibrate", "check", "speed", "engine"], required=True)
+    ap.add_argument("--part", choices=["calibrate", "check", "speed", "engine", "quality"], required=True)
     args = ap.parse_args()
-    if args.part == "calibrate":
+    if args.part == "quality":
+        quality()
+    elif args.part == "calibrate":
         calibrate()
     elif args.part == "engine":
         engine()
@@ -107,7 +142,7 @@ def main() -> None:
               f"{timed(['forecast', config, '--device', 'RTX4090', '--no-batch-search', *common]):.1f} s")
         took = timed(["bench", "tinylm", "--mode", "generate", "-b", "4", "--prompt-len", "64", "--gen-len", "32",
                       "--json", os.devnull])
-        print(f"bench tinylm --mode generate (nine policies): {took:.1f} s")
+        print(f"bench tinylm --mode generate (the default policies): {took:.1f} s")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ COMMANDS: dict[str, tuple[str, int]] = {
     "forecast-check": ("dtypelab forecast gpt2 --device cpu --check -p fp32,amp-bf16,bf16-kahan,bf16-sr+adam8bit "
                        "--no-batch-search", 0),
     "generate-tinylm": ("dtypelab bench tinylm --mode generate -b 4 --prompt-len 64 --gen-len 32", 0),
+    "tune-generate": ("dtypelab tune tinylm --mode generate --gpu h100 --kl-budget 0.004", 0),
     "generate-h100": ("dtypelab forecast hf:benchmarks/configs/llama3-8b --mode generate --device H100 "
                       "--prompt-len 512 --gen-len 128 -b 16", 0),
     "generate-4090": ("dtypelab forecast hf:benchmarks/configs/llama3-8b --mode generate --device RTX4090 "

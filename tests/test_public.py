@@ -16,7 +16,7 @@ def test_every_record_kind_is_registered_by_its_schema_and_drawn():
 
     assert {cls.__name__ for cls in KINDS.values()} == {
         "Report", "AuditReport", "TraceReport", "LintReport", "TuneReport", "AutopilotReport", "ForecastReport",
-        "GenerateReport"}
+        "GenerateReport", "GeneratePlanReport"}
     for schema, cls in KINDS.items():
         assert cls.schema == schema and issubclass(cls, Record)
         section_of(object.__new__(cls))  # a page section for every kind

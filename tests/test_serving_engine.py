@@ -162,7 +162,7 @@ def test_the_engine_forecast_records_kv_capacity_concurrency_settings_and_where_
                    "--max-model-len", "256", "--json", str(out))
     assert run.returncode == 0, run.stderr + run.stdout
     d = json.loads(out.read_text())
-    assert d["schema_version"] == 4
+    assert d["schema_version"] == 5
     assert d["config"]["engine"] == "vllm"
     assert d["config"]["engine_settings"] == {
         "gpu-memory-utilization": 0.9, "max-num-batched-tokens": 8192, "max-num-seqs": 1024, "block-size": 16,

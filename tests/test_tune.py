@@ -113,7 +113,8 @@ def test_apply_plan_converts_my_model_and_names_missing_modules():
 
 
 def test_tune_refuses_what_it_cannot_do_in_one_line():
-    with pytest.raises(dtypelab.DtypelabError, match=r"mode: must be one of 'infer' or 'train', got 'fit' \(--mode\)"):
+    with pytest.raises(dtypelab.DtypelabError,
+                       match=r"mode: must be one of 'infer', 'train' or 'generate', got 'fit' \(--mode\)"):
         dtypelab.tune("digits", mode="fit")
     with pytest.raises(dtypelab.DtypelabError, match="whole-model cast, autocast or float8"):
         dtypelab.tune("digits", mode="train", candidates="int8-dyn")

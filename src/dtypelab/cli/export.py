@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import typer
@@ -12,8 +13,49 @@ from dtypelab.core.text import size_text
 from dtypelab.inference import ExportOptions
 
 
+def _plan(spec: str) -> Any:
+    import os
+
+    from dtypelab.core.policies import get_policy, load_plan
+
+    return load_plan(spec) if spec.endswith(".json") or os.path.isfile(spec) else get_policy(spec)
+
+
+def _compressed(opts: ExportOptions, task: str) -> None:
+    from dtypelab.serving import export_compressed
+
+    with guarded(), err.status(f"quantizing {task} with {opts.policy}"):
+        done = export_compressed(task, _plan(opts.policy), opts.output, opts.seed, opts.calibration)
+    layouts = ", ".join(f"{n} {lay}" for lay, n in sorted(Counter(done.layers.values()).items()))
+    same = "identical" if done.max_abs_diff == 0 else f"max abs difference {done.max_abs_diff:.3g}"
+    for line in (f"wrote {done.path} (compressed-tensors, pack-quantized): {size_text(done.file_bytes)}; layers: "
+                 f"{layouts}; left unquantized: {len(done.ignored)}",
+                 f"reloaded by transformers: logits {same} to the plan's weights",
+                 *([f"calibration: {done.calibration}"] if done.calibration else [])):
+        out.print(line, highlight=False, markup=False)
+    if done.max_abs_diff != 0:
+        raise typer.Exit(1)
+
+
+def _wants_compressed(opts: ExportOptions) -> bool:
+    if opts.format != "auto":
+        return opts.format == "compressed-tensors"
+    from dtypelab.core.policies import WeightQuant
+
+    with guarded():
+        plan = _plan(opts.policy)
+    return any(isinstance(c, WeightQuant) and c.layout in ("w4a16", "w8a16") for c in plan.configs)
+
+
 def _export(opts: ExportOptions, cli: dict[str, Any]) -> None:
     from dtypelab.inference import export
+
+    if _wants_compressed(opts):
+        _compressed(opts, cli["task"])
+        return
+    if opts.calibration:
+        err.print("error: --calibration is read by a compressed-tensors export (w4a16-gptq, w4a16-awq) only")
+        raise typer.Exit(2)
 
     with guarded(), err.status(f"converting {cli['task']} with {opts.policy}"):
         info = export(cli["task"], opts.policy, opts.output, weights=opts.weights, seed=opts.seed)

@@ -36,7 +36,10 @@ def _tune(opts: TuneOptions, cli: dict[str, Any]) -> None:
     with guarded(), _said(f"tuning {cli['task']}") as say:
         report = tune(cli["task"], opts, progress=say)
     emit(report, "table")
-    if opts.output:
+    if opts.output and opts.mode == "generate":
+        out.print(f"plan written to {opts.output}: dtypelab export {cli['task']} -p {opts.output} -o DIR writes it as "
+                  "a compressed-tensors checkpoint (transformers and vLLM load it)", highlight=False, markup=False)
+    elif opts.output:
         out.print(f"plan written to {opts.output}: dtypelab bench {report.config.task} --mode {opts.mode} -p "
                   f"fp32,{opts.output}", highlight=False, markup=False)
 

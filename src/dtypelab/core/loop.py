@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dtypelab.core.calibration import calibrating, task_feed
 from dtypelab.core.errors import DtypelabError, TaskError, Unsupported, describe_exception
 from dtypelab.core.footprint import leaves, part_records, saved_activations, state_memory
 from dtypelab.core.machine.hardware import HardwareInfo, hardware_for, resolve_device
@@ -258,12 +259,13 @@ def prime(task: Task, plan: Plan, device: torch.device, batch_size: int, train: 
     """Two throwaway steps on a separate model under a separate precision, so PyTorch creates its lazy
     runtime state (thread pools, kernel and optimizer caches) before a memory baseline is taken."""
     precision = Precision(plan, device)
-    model, optimizer = build_trainable(task, precision, device, model=task.make_model(), train=train)
     if train:
         inputs, target = to_device(task.batch(0, batch_size), device)
     else:
         # thread pools and kernels exist after any batch; a small one costs 0.35 s on minilm instead of 2.7 s
         inputs = to_device(task.inference_inputs(min(batch_size, 2)), device)
+    with calibrating(task_feed(inputs)):  # a calibrated format (GPTQ) reads the inputs
+        model, optimizer = build_trainable(task, precision, device, model=task.make_model(), train=train)
     with precision.session():
         for _ in range(2):
             if optimizer is None:

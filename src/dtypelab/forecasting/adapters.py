@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from dtypelab.core.policies import TF32, Autocast, Cast, Quantize
+from dtypelab.core.policies import TF32, Autocast, Cast, Quantize, WeightQuant
 from dtypelab.core.policies.adapters import Adapter, constant
 from dtypelab.core.policies.kinds.training_state import BF16Update
 
@@ -16,8 +16,8 @@ STORED_WEIGHT_BYTES: Adapter[int | None] = Adapter("the bytes a module's weight 
                                                    constant(None))
 
 
-@STORED_WEIGHT_BYTES.register(Quantize)
-def _quantized(config: Quantize, module: nn.Module) -> int | None:
+@STORED_WEIGHT_BYTES.register(Quantize, WeightQuant)
+def _quantized(config: Quantize | WeightQuant, module: nn.Module) -> int | None:
     """The kind's own answer (``Quantize.stored_bytes``: each scheme's layout is said in its file)."""
     return config.stored_bytes(module)
 

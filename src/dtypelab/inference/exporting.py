@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from dtypelab.core.backends import torchao_module
+from dtypelab.core.calibration import calibrating, task_feed
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.loop import build_model, build_trainable, fit, forward
 from dtypelab.core.machine.hardware import probe
@@ -92,7 +93,8 @@ def export(task: str, policy: str | Plan, path: str, *, weights: str | None = No
     model, origin = _fp32_model(loaded_task, task, weights, seed)
     model.eval()
     fp32_bytes, fp32_linear = len(serialize(model)[0]), linear_weight_bytes(model)
-    converted = pol.convert_module(model).eval()
+    with calibrating(task_feed(loaded_task.inference_inputs(loaded_task.batch_size))):  # for GPTQ and AWQ
+        converted = pol.convert_module(model).eval()
     blob, fmt = serialize(_eager(converted), {"task": task, "policy": policy, "plan": plan.to_dict(), "weights": origin,
                                                "dtypelab": __version__, "torch": torch.__version__})
     if not path.endswith(EXTENSIONS[fmt]):
@@ -164,7 +166,8 @@ def load_exported(path: str, task: str | Task | None = None) -> tuple[nn.Module,
         raise DtypelabError(f"{path}: {exc}") from None
     pol = Precision(plan, "cpu")
     torch.manual_seed(0)
-    target = _eager(pol.convert_module(task_obj.make_model()))
+    with calibrating(task_feed(task_obj.inference_inputs(task_obj.batch_size))):  # the stored values replace these
+        target = _eager(pol.convert_module(task_obj.make_model()))
     state = tensors
     if "tensor_names" in raw:  # torchao subclasses flattened by sizes.flatten_state
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from dtypelab.core.options import Options
@@ -14,3 +16,9 @@ class ExportOptions(Options):
     weights: str | None = Field(None, description="fp32 state dict to convert [default: pretrained, or train the "
                                                   "task's fp32 model here]")
     seed: int = Field(0, description="seed of the model's initial weights (and its fp32 training)")
+    format: Literal["auto", "safetensors", "compressed-tensors"] = Field(
+        "auto", description="safetensors (dtypelab's own, any policy) or compressed-tensors (a folder transformers and "
+                            "vLLM load: w4a16-*/w8a16-* policies and tune --mode generate plans) [default: "
+                            "compressed-tensors for those, safetensors otherwise]")
+    calibration: str | None = Field(None, description="compressed-tensors: calibration text for GPTQ and AWQ "
+                                                      "[default: held-out windows]")

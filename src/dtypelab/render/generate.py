@@ -10,9 +10,18 @@ from dtypelab.core.machine.speed import (
     BOUNDS,  # what bounds a timed step; a record's other "bound" is why it was not timed
 )
 from dtypelab.core.objectives import objective
-from dtypelab.core.results import Decision, GenerateFigures, GeneratePolicy, GenerateReport, Verdict
+from dtypelab.core.results import (
+    Decision,
+    Estimate,
+    GenerateFigures,
+    GeneratePlanReport,
+    GeneratePolicy,
+    GenerateReport,
+    Verdict,
+)
 from dtypelab.core.stats import MIN_GAIN
 from dtypelab.core.text import GIB, MIB
+from dtypelab.core.tolerance import Tolerance
 from dtypelab.render import plots
 from dtypelab.render.html import details, figure, record_section
 from dtypelab.render.tables import html_fragment, plus_minus
@@ -48,14 +57,46 @@ def _speed(g: GenerateFigures) -> list[str]:
     return [_ms(g.ttft_s), _rate(g.prefill_tok_s), _rate(g.decode_tok_s), _ms(g.token_latency_s)]
 
 
+def _interval(e: Estimate | None, fmt: str) -> str:
+    return "" if e is None else f" [{e.low:{fmt}}, {e.high:{fmt}}]"
+
+
 def _quality(p: GeneratePolicy) -> list[str]:
     q = p.quality
     if q is None:
-        return ["—"] * 4
-    change = "—" if q.perplexity_change is None else f"{q.perplexity_change:+.2%}"
-    agree = "—" if q.agreement is None else f"{q.agreement:.1%}"
+        return ["—"] * 5
+    change = "—" if q.perplexity_change is None else f"{q.perplexity_change:+.2%}{_interval(q.change, '+.2%')}"
+    kl = "—" if q.kl is None else f"{q.kl.value:.3g}{_interval(q.kl, '.3g')}"
+    top1 = q.top1.value if q.top1 is not None else q.agreement
+    agree = "—" if top1 is None else f"{top1:.1%}{_interval(q.top1, '.1%')}"
     first = "—" if q.first_divergence is None else f"{q.first_divergence:.1f} ({q.diverged}/{q.sequences})"
-    return [f"{q.perplexity:.4g}", change, agree, first]
+    return [f"{q.perplexity:.4g}", change, kl, agree, first]
+
+
+def bucket_notes(report: GenerateReport) -> list[str]:
+    """Each judged policy's quality by context length: KL and the perplexity change, each with its interval."""
+    out = []
+    for p in report.policies:
+        q = p.quality
+        if q is None or not q.buckets:
+            continue
+        parts = [f"{b.start}–{b.end}: KL {b.kl.value:.3g}{_interval(b.kl, '.3g')}, perplexity "
+                 f"{b.perplexity_change.value:+.2%}{_interval(b.perplexity_change, '+.2%')}"
+                 for b in q.buckets if b.kl is not None and b.perplexity_change is not None]
+        out.append(f"{p.policy} by context length (tokens): " + "; ".join(parts))
+    return out
+
+
+def detectable_note(report: GenerateReport) -> str:
+    """The smallest perplexity change the held-out text resolves: the narrowest interval's half-width."""
+    widths = [(q.change.high - q.change.low) / 2 for p in report.policies if (q := p.quality) and q.change]
+    if not widths:
+        return ""
+    return (f"[95%]: bootstrap intervals over the held-out documents; a perplexity change under ±{min(widths):.2%} "
+            "(the narrowest interval's half-width) cannot be told from noise on this text, and a policy is within "
+            "tolerance only when its whole interval is; KL: the mean KL divergence (nats) of its next-token "
+            "distribution from the baseline's; top-1: the share of positions whose likeliest next token is the "
+            "baseline's")
 
 
 def _joules(g: GenerateFigures) -> str:
@@ -96,9 +137,9 @@ def row_reasons(report: GenerateReport) -> list[str]:
 
 
 # the columns a narrow terminal leaves out, first to last; the objective's own go last of all
-NARROW = ("first divergence", "next-token", "activations", "weights", "prefill", "TTFT", "ms/token", "J/token",
+NARROW = ("first divergence", "top-1", "activations", "weights", "prefill", "TTFT", "ms/token", "J/token",
           "decode bound", "largest batch", "longest context", "stops paying at", "vs baseline", "KV cache",
-          "max concurrency", "fits", "perplexity", "KV tokens", "peak", "decode tok/s")
+          "max concurrency", "fits", "perplexity", "KV tokens", "peak", "KL", "decode tok/s")
 OBJECTIVE_COLUMNS = {"decode": ("decode tok/s",), "prefill": ("prefill", "TTFT"), "latency": ("TTFT", "ms/token"),
                      "energy": ("J/token",)}
 
@@ -115,11 +156,19 @@ VERDICT_WORDS = {Verdict.RECOMMENDED: "chosen", Verdict.BASELINE: "baseline", Ve
                  Verdict.NO_GAIN: "within, no gain", Verdict.OUTSIDE: "worse", Verdict.UNTIMED: "within, not timed"}
 
 
-def verdict_text(p: GeneratePolicy, decision: Decision | None) -> str:
-    """A measured policy's verdict in words, with its paired gain; a gain resting on a disturbed round says so."""
+def verdict_text(p: GeneratePolicy, decision: Decision | None, tolerance: str = "") -> str:
+    """A measured policy's verdict in words, with its paired gain; a gain resting on a disturbed round says so, and a
+    policy outside only by its interval's upper end says how far that reaches."""
     if p.verdict is None:
         return "—"
     words = VERDICT_WORDS.get(p.verdict, p.verdict.value)
+    q = p.quality
+    if p.verdict == Verdict.OUTSIDE and q is not None and q.change is not None and q.perplexity_change is not None \
+            and tolerance:
+        tol = Tolerance.parse(tolerance)
+        base = q.perplexity / (1 + q.perplexity_change)
+        if q.perplexity - base <= tol.allowed(base):
+            words += f": its interval reaches {q.change.high:+.2%}"
     if p.verdict == Verdict.BASELINE and decision == Decision.KEEP_BASELINE:
         words += ", kept"
     ci = p.gain
@@ -145,7 +194,8 @@ def generate_doc(report: GenerateReport) -> tuple[str, list[str], list[list[str]
                "TTFT ms", "prefill tok/s", f"decode tok/s{plus_minus(report.speed_error)}", "ms/token"]
     energy = any(p.generate and p.generate.energy for p in report.policies)
     headers += [f"J/token{plus_minus(report.energy_error)}"] if energy else []
-    headers += ["perplexity", "vs baseline", "next-token agree", "first divergence", "verdict"] if measured else \
+    headers += ["perplexity", "vs baseline [95%]", "KL [95%]", "top-1 [95%]", "first divergence", "verdict"] \
+        if measured else \
         ["fits", "KV tokens", "max concurrency", "stops paying at", "decode bound"] if paged else \
         ["fits", "largest batch", "longest context", "decode bound"]
     rows = []
@@ -154,7 +204,8 @@ def generate_doc(report: GenerateReport) -> tuple[str, list[str], list[list[str]
         if p.status != "ok" or g is None:
             rows.append([p.policy, *(["—"] * (len(headers) - 2)), f"{p.status} (below)"])
             continue
-        tail = [*_quality(p), verdict_text(p, report.decision)] if measured else _paged(g) if paged else _fit(g)
+        tail = [*_quality(p), verdict_text(p, report.decision, cfg.tolerance)] if measured else _paged(g) if paged \
+            else _fit(g)
         joules = [_joules(g)] if energy else []
         rows.append([p.policy, *_memory(g, scale), *_speed(g), *joules, *tail])
     return title, headers, rows, _notes(report)
@@ -180,6 +231,8 @@ def _notes(report: GenerateReport) -> list[str]:
         notes.append("peak: the most bytes allocated at once, counted tensor by tensor (weights, the KV cache for the "
                      "whole context, and everything else); first divergence: the mean position where a greedy "
                      "continuation first differs from the baseline's (and how many differ)")
+        notes += [n for n in (detectable_note(report), *bucket_notes(report)) if n]
+        notes += [f"calibration (GPTQ, AWQ, kv-fp8-cal): {cfg.calibration}"] if cfg.calibration else []
     elif cfg.engine == "vllm":
         notes += _engine_notes(report)
     else:
@@ -293,3 +346,51 @@ def _energy_figure(report: GenerateReport, key: str) -> str:
     return figure(plots.bars(names, [("joules per generated token", jpt), ("decode tokens/s", tok)]),
                   f"Energy per generated token ({how}; the prefill included) beside decode speed: a faster format "
                   "is not always the one that spends less.", f"{key}-energy")
+
+
+FRONTIER_SHOWN = 8
+
+
+@document(GeneratePlanReport, wrap=set())
+def generate_plan_doc(report: GeneratePlanReport) -> tuple[str, list[str], list[list[str]], list[str]]:
+    """tune --mode generate: each unit's choice and what each choice costs (KL measured, seconds and bytes
+    forecast), then the trade-off frontier in the notes."""
+    title = (f"dtypelab tune --mode generate: {report.task_name} served on {report.device} · KL budget "
+             f"{report.budget:g} nats · most {'decode speed' if report.objective == 'speed' else 'memory saved'}")
+    choices = list(dict.fromkeys(c.choice for u in report.units for c in u.choices))
+    headers = ["unit", "chosen", "bf16 µs/token"]
+    for c in choices[1:]:
+        headers += [f"{c} KL", f"{c} µs/token"]
+    rows = []
+    for u in report.units:
+        by = {c.choice: c for c in u.choices}
+        row = [u.name.removeprefix("model."), u.chosen, f"{by['bf16'].seconds * 1e6:.3g}" if "bf16" in by else "—"]
+        for c in choices[1:]:
+            row += [f"{by[c].kl:.3g}", f"{by[c].seconds * 1e6:.3g}"] if c in by else ["—", "—"]
+        rows.append(row)
+    notes = []
+    if report.measured_kl is not None:
+        notes.append(f"chosen plan: KL {report.measured_kl:.3g} nats measured with every chosen unit converted "
+                     f"(budget {report.budget:g})")
+    else:
+        notes.append(f"no plan within the budget held it when measured whole: bfloat16 everywhere ({report.budget:g})")
+    notes += [f"measured whole: {formats or 'bf16'}, KL {kl:.3g}" for formats, kl in report.tried]
+    points = report.frontier
+    step = max(1, len(points) // FRONTIER_SHOWN)
+    shown = [p for i, p in enumerate(points) if i % step == 0 or p.chosen or i == len(points) - 1]
+    front = " · ".join(f"KL {p.kl:.3g}: {p.speedup:.2f}x speed, {p.memory:.0%} memory{' (chosen)' if p.chosen else ''}"
+                       for p in shown) + (f" ({len(shown)} of its {len(points)} plans; the record holds all)"
+                                          if len(shown) < len(points) else "")
+    notes.append(f"trade-off (the frontier: no plan beats one on both KL and {report.objective}; KL the sum of its "
+                 f"units', the weights' decode speed and bytes against all-bfloat16's): {front}")
+    notes.append("a unit: layers vLLM fuses (q/k/v, gate/up) or one linear layer; its KL measured here with it alone "
+                 "converted; µs/token: reading its weights per decode token at batch 1, forecast (stored bytes over "
+                 "the card's bandwidth times the kernel's share); the output head stays bfloat16")
+    notes += [f"calibration: {report.calibration}"] if report.calibration else []
+    return title, headers, rows, notes
+
+
+@section(GeneratePlanReport)
+def _generate_plan(report: GeneratePlanReport, key: str, layers: str | None = None) -> str:
+    title, headers, rows, notes = generate_plan_doc(report)
+    return record_section(title, html_fragment(headers, rows, notes, classes=True), {}, report.created, key)

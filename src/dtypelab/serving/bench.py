@@ -12,7 +12,9 @@ chosen for ``--objective`` (decode tokens/s, prefill tokens/s, latency, or energ
 from __future__ import annotations
 
 import math
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -27,6 +29,7 @@ from dtypelab.core.machine.hardware import environment, hardware_for
 from dtypelab.core.objectives import for_mode
 from dtypelab.core.objectives import objective as objective_of
 from dtypelab.core.options import parse_size
+from dtypelab.core.policies import numerics_twin
 from dtypelab.core.results import (
     GenerateConfig,
     GeneratePolicy,
@@ -38,8 +41,9 @@ from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher
 from dtypelab.serving.kv import attention_layers
 from dtypelab.serving.measure import GenerateJob, Measured, with_speeds
 from dtypelab.serving.policies import DEFAULT_MEASURED, ServePolicy, serve_policies, serve_policy
+from dtypelab.serving.quality import judge
 from dtypelab.serving.rounds import ROUNDS, GenerateRounds, Timings
-from dtypelab.serving.served import Served, load_served
+from dtypelab.serving.served import Served, encode, load_served
 from dtypelab.serving.workload import Shape, first_divergence
 from dtypelab.sweep import BenchOptions
 
@@ -70,8 +74,10 @@ def _quality(value: Measured, base: Measured | None) -> GenerateQuality:
     base_ppl = math.exp(min(base.nats, 50.0))
     mine, theirs = torch.tensor(value.argmax), torch.tensor(base.argmax)
     first, diverged = first_divergence(torch.tensor(value.tokens), torch.tensor(base.tokens))
+    judged = judge(value.positions, base.positions, value.split) if value.positions and base.positions else None
     return GenerateQuality(ppl, ppl / base_ppl - 1.0, float((mine == theirs).float().mean()), first, diverged,
-                           value.sequences)
+                           value.sequences, *((judged.kl, judged.top1, judged.change, judged.buckets) if judged
+                                              else ()))
 
 
 def _longest(policies: list[GeneratePolicy], budget: int | None, shape: Shape, context: int) -> tuple[str, str]:
@@ -80,7 +86,8 @@ def _longest(policies: list[GeneratePolicy], budget: int | None, shape: Shape, c
     best, best_len, best_room = "", -1, -1.0
     for p in policies:
         g = p.generate
-        if p.status != "ok" or g is None or g.peak_bytes is None or not g.kv_bytes_per_token or budget is None:
+        if p.status != "ok" or g is None or g.peak_bytes is None or not g.kv_bytes_per_token or budget is None or \
+                _emulated(p):  # an emulation's memory is not its format's
             continue
         per_token = g.kv_bytes_per_token * shape.batch_size
         room = shape.context + (budget - g.peak_bytes) / per_token  # the longest before the model's positions cap it
@@ -107,6 +114,9 @@ class Setup:
     plans: tuple[ServePolicy, ...]  # the baseline first
     launcher: Launcher
     hw: Any
+    calibration: torch.Tensor | None = None  # token ids, when a calibrated method is measured
+    calibration_words: str = ""
+    reference: str = ""  # where the baseline's log-probabilities are written (a temporary folder)
 
     @property
     def base(self) -> str:
@@ -129,9 +139,17 @@ class Setup:
         base = serve_policy(opts.baseline or "fp32")
         given = opts.launcher
         launcher = LAUNCHERS[given] if isinstance(given, str) else (given or ProcessLauncher())
-        return cls(spec, opts, served, shape, tol, dev, objective,
-                   (base, *(p for p in chosen if p.name != base.name)), launcher,
-                   hardware_for(torch.device(dev), None, budget_s=0.02))
+        plans = (base, *(p for p in chosen if p.name != base.name))
+        calibrated = any(getattr(p.kv, "calibrated_by_text", False) or any(
+            c.facts.emulated and getattr(c, "calibrated", False) for c in p.plan.configs) for p in plans)
+        if not calibrated and (opts.calibration or opts.calibration_samples != CALIBRATION_SAMPLES):
+            raise DtypelabError("--calibration and --calibration-samples are read by calibrated policies only "
+                                "(w4a16-gptq, w4a16-awq, w8a16-gptq, w8a16-awq, POLICY+kv-fp8-cal): none is named")
+        ids, words = calibration_windows(served, opts.calibration, opts.calibration_samples,
+                                         quality_len(shape, served.context)) if calibrated else \
+            (None, "")
+        return cls(spec, opts, served, shape, tol, dev, objective, plans, launcher,
+                   hardware_for(torch.device(dev), None, budget_s=0.02), ids, words)
 
 
 def _names(policies: Any) -> str | None:
@@ -152,11 +170,13 @@ def serve_bench(spec: str, options: BenchOptions | None = None, *, on_progress: 
     total = len(setup.plans) + 1
     results: list[GeneratePolicy] = []
     base: Measured | None = None
-    for i, p in enumerate(setup.plans):
-        result, measured = _one(setup, p, base)
-        base = measured if i == 0 else base
-        results.append(result)
-        step(p.name, i + 1, total)
+    with tempfile.TemporaryDirectory(prefix="dtypelab-reference-") as folder:
+        setup = replace(setup, reference=folder)
+        for i, p in enumerate(setup.plans):
+            result, measured = _one(setup, p, base, first=i == 0)
+            base = measured if i == 0 else base
+            results.append(result)
+            step(p.name, i + 1, total)
     timings = _rounds(setup, results)
     step("rounds", total, total)
     return _report(setup, _timed(setup, results, timings), timings, time.perf_counter() - start)
@@ -164,7 +184,8 @@ def serve_bench(spec: str, options: BenchOptions | None = None, *, on_progress: 
 
 def _rounds(setup: Setup, results: list[GeneratePolicy]) -> Timings | str:
     """Every completed policy timed beside the others in interleaved rounds (its own process); why not, if not."""
-    ran = [p for p in setup.plans if any(r.policy == p.name and r.status == "ok" for r in results)]
+    ran = [p for p in setup.plans if not p.plan.numerics_only
+           and any(r.policy == p.name and r.status == "ok" and not _emulated(r) for r in results)]
     rounds = ROUNDS if setup.opts.rounds is None else setup.opts.rounds
     if not ran or rounds == 0:
         return "--rounds 0: no timing rounds" if ran else "no policy completed"
@@ -214,7 +235,7 @@ def _report(setup: Setup, results: list[GeneratePolicy], timings: Timings | str,
     report = GenerateReport(
         GenerateConfig(setup.spec, served.name, "measured", shape.prompt_len, shape.gen_len, shape.batch_size,
                        objective=setup.objective, tolerance=str(setup.tolerance), baseline=setup.base,
-                       context_limit=served.context),
+                       context_limit=served.context, calibration=setup.calibration_words),
         judged.policies, environment(setup.hw), sentence, best, longest, tuple(notes), seconds,
         time.strftime("%Y-%m-%dT%H:%M:%S"), energy_source=source, decision=judged.decision)
     if opts.json_path:
@@ -225,29 +246,99 @@ def _report(setup: Setup, results: list[GeneratePolicy], timings: Timings | str,
 def _memory_here(device: str) -> int | None:
     if device.startswith("cuda"):
         return torch.cuda.get_device_properties(torch.device(device)).total_memory
-    import os
 
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def _one(setup: Setup, p: ServePolicy, base: Measured | None) -> tuple[GeneratePolicy, Measured | None]:
-    """One policy's memory and quality, in a process of its own."""
+def _emulated(result: GeneratePolicy) -> bool:
+    return any(n.startswith(EMULATED) for n in result.notes)
+
+
+EMULATED = "measured as its emulation"
+
+
+def _stand_in(setup: Setup, p: ServePolicy) -> tuple[ServePolicy, str] | str:
+    """The policy as measured here: itself, or where its kernels are missing its emulation (numerics only, never
+    timed), said in a note; why neither, if neither."""
     avail = p.plan.availability(setup.hw)
-    if not avail.ok:
-        return GeneratePolicy(p.name, p.describe(), "skipped", f"{avail.reason} (forecast it: dtypelab forecast "
-                                                                f"--mode generate --device GPU)"), None
+    if avail.ok:
+        return p, ("slow here: " + avail.reason) if avail.slow else ""
+    twin = numerics_twin(p.plan)
+    if twin is None or not twin.availability(setup.hw).ok:
+        return f"{avail.reason} (forecast it: dtypelab forecast --mode generate --device GPU)"
+    return (ServePolicy(p.name, twin, p.kv),
+            f"{EMULATED} {twin.name} ({avail.reason}): its numerics only, not timed, its memory the emulation's "
+            "(forecast its speed and bytes: dtypelab forecast --mode generate --device GPU)")
+
+
+def _one(setup: Setup, p: ServePolicy, base: Measured | None, first: bool = False) -> tuple[GeneratePolicy,
+                                                                                         Measured | None]:
+    """One policy's memory and quality, in a process of its own (the baseline's first: it writes the log-probabilities
+    the others are judged against)."""
+    here = _stand_in(setup, p)
+    if isinstance(here, str):
+        return GeneratePolicy(p.name, p.describe(), "skipped", here), None
+    runs, note = here
     shape = setup.shape
-    job = GenerateJob(setup.spec, p.plan, p.kv.label, p.name, shape, QUALITY_SEQUENCES,
-                      min(setup.served.context, max(2 * shape.prompt_len, shape.context)), setup.opts.seed,
-                      setup.device, setup.opts.threads)
+    job = GenerateJob(setup.spec, runs.plan, p.kv.label, p.name, shape, QUALITY_SEQUENCES,
+                      quality_len(shape, setup.served.context), setup.opts.seed, setup.device, setup.opts.threads,
+                      setup.reference, first, None if setup.calibration is None else setup.calibration.tolist())
     outcome = setup.launcher.run(job, setup.opts.timeout_s, lambda done, total: None)
     if outcome.status != "ok":
-        return GeneratePolicy(p.name, p.describe(), "failed", outcome.reason, seconds=outcome.wall_s), None
+        return GeneratePolicy(p.name, runs.describe(), "failed", outcome.reason, seconds=outcome.wall_s), None
     value = outcome.value
     assert isinstance(value, Measured)
-    notes = ("slow here: " + avail.reason,) if avail.slow else ()
-    return GeneratePolicy(p.name, p.describe(), "ok", generate=value.figures, quality=_quality(value, base),
+    notes = tuple(n for n in (note, _scales_note(p.kv, value.kv_scales)) if n)
+    return GeneratePolicy(p.name, runs.describe(), "ok", generate=value.figures, quality=_quality(value, base),
                           notes=notes, seconds=outcome.wall_s), value
 
 
-__all__ = ["check_shape", "serve_bench"]
+def _scales_note(fmt: Any, scales: list[tuple[float, float]] | None) -> str:
+    """A calibrated KV format's scales, layer by layer, as the largest magnitudes they map to the format's largest
+    value: where they sit far from it, scale 1.0 saturates (above) or loses precision (far below)."""
+    if not scales:
+        return ""
+    top = float(torch.finfo(fmt.storage).max)
+    layers = "; ".join(f"{i}: keys {k * top:.3g}, values {v * top:.3g}" for i, (k, v) in enumerate(scales))
+    return (f"{fmt.label}'s calibrated scales map these largest magnitudes to {top:g} (scale 1.0 saturates above "
+            f"{top:g}), by layer: {layers}")
+
+
+def quality_len(shape: Shape, context: int) -> int:
+    """The held-out windows' length: the workload's context, at least twice the prompt, within the positions."""
+    return min(context, max(2 * shape.prompt_len, shape.context))
+
+
+CALIBRATION_LEN = 512  # tokens per calibration window (llm-compressor's examples use 512 to 2048)
+CALIBRATION_SAMPLES = 32  # --calibration-samples' default
+
+
+def calibration_windows(served: Served, file: str | None, n: int, length: int) -> tuple[torch.Tensor, str]:
+    """``n`` calibration windows, and in words: ``--calibration FILE`` in the model's tokens, or held-out windows
+    none of which is one of the windows (of ``length``) quality is judged on."""
+    size = min(CALIBRATION_LEN, served.context)
+    if file:
+        try:
+            with open(file, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DtypelabError(f"--calibration {file}: {exc}") from None
+        ids = encode(served, text)
+        if len(ids) < size:
+            raise DtypelabError(f"--calibration {file}: {len(ids)} tokens, fewer than one window of {size}")
+        count = min(n, len(ids) // size)
+        return ids[:count * size].reshape(count, size), f"{file}: {count} windows of {size} tokens"
+    judged = served.text(QUALITY_SEQUENCES, length)
+    # where the text spreads its windows evenly, the odd ones of 2m (m a multiple of the judged count) start halfway
+    # between judged ones: apart from them while a window is shorter than that gap
+    m = QUALITY_SEQUENCES * -(-n // QUALITY_SEQUENCES)
+    spread = served.text(2 * m, size)[1::2][:n]
+    kept = [w for w in spread if not any(torch.equal(w[:min(size, length)], j[:min(size, length)]) for j in judged)]
+    if not kept:
+        raise DtypelabError(f"{served.name}'s held-out text has no window apart from those quality is judged on: "
+                            "give --calibration FILE")
+    return torch.stack(kept), (f"{len(kept)} held-out windows of {size} tokens apart from the {len(judged)} quality "
+                               "is judged on")
+
+
+__all__ = ["calibration_windows", "check_shape", "quality_len", "serve_bench"]

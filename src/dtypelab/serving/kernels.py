@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dtypelab.core.policies import Quantize
+from dtypelab.core.policies import Quantize, WeightQuant
 from dtypelab.core.policies.adapters import Adapter, constant
 
 GPT_FAST = "gpt-fast README (Llama-2-7B, A100-80GB at 330 W, batch 1, compiled)"
@@ -67,8 +67,8 @@ KERNEL: Adapter[str | None] = Adapter("the GPU kernel a layer the kind converts 
                                       constant(None))
 
 
-@KERNEL.register(Quantize)
-def _quantized(config: Quantize, layer: nn.Module) -> str | None:
+@KERNEL.register(Quantize, WeightQuant)
+def _quantized(config: Quantize | WeightQuant, layer: nn.Module) -> str | None:
     """The kind's own answer (``Quantize.kernel``)."""
     return config.kernel(layer)
 

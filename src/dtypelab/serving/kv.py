@@ -43,8 +43,10 @@ class KVLayer:
     is_sliding = False
     is_initialized = False
 
-    def __init__(self, max_len: int, fmt: KVFormat, window: int | None = None) -> None:
+    def __init__(self, max_len: int, fmt: KVFormat, window: int | None = None,
+                 preset: tuple[float, float] | None = None) -> None:
         self.is_initialized = self.calibrated = False
+        self.preset = preset  # the (key, value) scales calibration text set, kept through resets
         self.is_sliding = window is not None and window < max_len
         self.max_cache_len, self.fmt = (window if self.is_sliding and window else max_len), fmt
         self.cumulative_length = torch.tensor(0, dtype=torch.long)
@@ -76,8 +78,12 @@ class KVLayer:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[-2]
         if not self.calibrated and hasattr(self, "key_scale"):  # a format that fixes its scales from the prompt
-            self.fmt.calibrate(self.key_scale, key_states)
-            self.fmt.calibrate(self.value_scale, value_states)
+            if self.preset is not None:
+                self.key_scale.fill_(self.preset[0])
+                self.value_scale.fill_(self.preset[1])
+            else:
+                self.fmt.calibrate(self.key_scale, key_states)
+                self.fmt.calibrate(self.value_scale, value_states)
             self.calibrated = True
         if self.is_sliding and self.seen + n > self.max_cache_len:
             return self._slide(key_states, value_states)
@@ -220,13 +226,36 @@ def attention_layers(config: Any) -> int:
     return len(windows(config))
 
 
-def make_cache(config: Any, fmt: KVFormat, max_len: int) -> Any:
+def make_cache(config: Any, fmt: KVFormat, max_len: int, scales: list[tuple[float, float]] | None = None) -> Any:
     """A transformers ``Cache`` of ``KVLayer`` s for ``config``'s model: what its forward takes as
-    ``past_key_values`` (a sliding-window layer holds its window only)."""
+    ``past_key_values`` (a sliding-window layer holds its window only); ``scales``: each layer's calibrated (key,
+    value) scales."""
     from transformers.cache_utils import Cache
 
     layer = _layer_class()
-    return Cache(layers=[layer(max_len, fmt, w) for w in windows(config)])
+    found = windows(config)
+    presets = scales if scales is not None else [None] * len(found)
+    return Cache(layers=[layer(max_len, fmt, w, p) for w, p in zip(found, presets, strict=True)])
+
+
+def kv_scales(model: Any, config: Any, fmt: KVFormat, ids: torch.Tensor) -> list[tuple[float, float]]:
+    """Each layer's (key, value) scale for ``fmt`` from the largest magnitude the calibration windows ``ids`` give
+    its keys and values (as llm-compressor calibrates a checkpoint's KV scales)."""
+    from transformers.cache_utils import DynamicCache
+
+    assert fmt.storage is not None
+    top = float(torch.finfo(fmt.storage).max)
+    amax = [[0.0, 0.0] for _ in windows(config)]
+    with torch.no_grad():
+        for i in range(0, len(ids), 8):
+            cache = DynamicCache(config=config)
+            model(input_ids=ids[i:i + 8], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            for j, layer in enumerate(cache.layers):
+                keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+                assert keys is not None and values is not None  # every attention layer was written
+                amax[j][0] = max(amax[j][0], float(keys.abs().amax()))
+                amax[j][1] = max(amax[j][1], float(values.abs().amax()))
+    return [(max(k / top, 1e-12), max(v / top, 1e-12)) for k, v in amax]
 
 
 _LAYER: list[type] = []
@@ -288,6 +317,7 @@ __all__ = [
     "geometry",
     "held_tokens",
     "kv_format",
+    "kv_scales",
     "layer_bytes_per_token",
     "make_cache",
     "text_config",

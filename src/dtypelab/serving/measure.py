@@ -14,13 +14,15 @@ from typing import Any
 
 import torch
 
+from dtypelab.core.calibration import calibrating
 from dtypelab.core.loop import threads
 from dtypelab.core.measure import device_sync
 from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.results import GenerateFigures
 from dtypelab.forecasting import Ledger, Peak
 from dtypelab.run import Reporter
-from dtypelab.serving.kv import cache_bytes, kv_format
+from dtypelab.serving.kv import cache_bytes, kv_format, kv_scales
+from dtypelab.serving.quality import PerPosition, chunk_path, joined, per_position, write_reference
 from dtypelab.serving.served import config_of, load_served
 from dtypelab.serving.workload import Shape, compute_dtype, decode, generate, new_cache, prefill, score
 
@@ -41,6 +43,11 @@ class GenerateJob:
     seed: int
     device: str
     threads: int | None = None
+    reference: str = ""  # a folder for the baseline's log-probabilities (safetensors files): the baseline writes them
+    writes_reference: bool = False
+    calibration: list[list[int]] | None = None  # token ids calibrated methods read (GPTQ, AWQ): plain lists, since
+    # a tensor crosses to the child through torch's shared-memory reducer, which a spawned child cannot always reach
+    scales: list[tuple[float, float]] | None = None  # a calibrated KV format's per-layer scales, once calibrated
 
     @property
     def name(self) -> str:
@@ -54,13 +61,17 @@ class GenerateJob:
 @dataclass(frozen=True)
 class Measured:
     """What a policy's process measured (typed, across the process boundary): its memory (the figures' bytes), its
-    greedy continuation, and the held-out text's mean nats and argmax through its cache."""
+    greedy continuation, and the held-out text's mean nats and argmax through its cache, and its figures at every
+    position (against the baseline's log-probabilities)."""
 
     figures: GenerateFigures
     tokens: list[list[int]]
     nats: float
     argmax: list[list[int]]
     sequences: int
+    positions: PerPosition | None = None
+    split: int = 0  # the first continuation position's context length
+    kv_scales: list[tuple[float, float]] | None = None  # a calibrated KV format's per-layer (key, value) scales
 
 
 def prompts(text: Any, shape: Shape) -> torch.Tensor:
@@ -80,7 +91,7 @@ def counted(model: Any, config: Any, job: GenerateJob, ids: torch.Tensor, dtype:
         ledger.claim(model.parameters(), "parameters")
         ledger.claim(model.buffers(), "parameters")
         with ledger.phase_of("cache", default="buffers"):
-            cache = new_cache(config, fmt, job.shape, dtype, device)
+            cache = new_cache(config, fmt, job.shape, dtype, device, job.scales)
         with ledger.phase_of("prefill"):
             token = prefill(model, ids, cache)
         with ledger.phase_of("decode"):
@@ -88,6 +99,16 @@ def counted(model: Any, config: Any, job: GenerateJob, ids: torch.Tensor, dtype:
         weights = sum(ledger.current[k] for k in WEIGHTS)
         return {"weights": weights, "kv": cache_bytes(cache), "prefill": ledger.phases["prefill"],
                 "decode": ledger.phases["decode"]}
+
+
+def calibrated_scales(model: Any, config: Any, job: GenerateJob, device: torch.device
+                      ) -> list[tuple[float, float]] | None:
+    """A KV format calibrated on text: each layer's scales from the job's calibration windows (None otherwise, or
+    without text: the format then takes them from the prompt)."""
+    fmt = kv_format(job.kv)
+    if not getattr(fmt, "calibrated_by_text", False) or job.calibration is None:
+        return None
+    return kv_scales(model, config, fmt, torch.tensor(job.calibration, device=device))
 
 
 def with_speeds(figures: GenerateFigures, shape: Shape, ttft_s: float, decode_s: float) -> GenerateFigures:
@@ -111,19 +132,22 @@ def memory_figures(memory: dict[str, Any], shape: Shape) -> GenerateFigures:
 def measure(job: GenerateJob, report: Reporter) -> Measured:
     served = load_served(job.spec)
     device = torch.device(job.device)
-    model, config, precision = built(served, job.plan, job.seed, device)
+    with calibrating(None if job.calibration is None else torch.tensor(job.calibration, device=device)):
+        model, config, precision = built(served, job.plan, job.seed, device)
     sync = device_sync(device) or (lambda: None)
     with precision.session(), torch.inference_mode():
         dtype = compute_dtype(model, config, device)
+        scales = calibrated_scales(model, config, job, device)
+        job = replace(job, scales=scales)
         ids = prompts(served.text, job.shape).to(device)
         memory = counted(model, config, job, ids, dtype, device)
         report.step(1, 3)
-        cache = new_cache(config, kv_format(job.kv), job.shape, dtype, device)
+        cache = new_cache(config, kv_format(job.kv), job.shape, dtype, device, job.scales)
         tokens = generate(model, ids, job.shape.gen_len, cache, sync).tokens
         report.step(2, 3)
         scored = quality(model, config, job, served, dtype, device)
         report.step(3, 3)
-    return Measured(memory_figures(memory, job.shape), tokens.tolist(), scored[0], scored[1], scored[2])
+    return Measured(memory_figures(memory, job.shape), tokens.tolist(), *scored, kv_scales=job.scales)
 
 
 def built(served: Any, plan: Plan, seed: int, device: torch.device) -> tuple[Any, Any, Precision]:
@@ -136,19 +160,25 @@ def built(served: Any, plan: Plan, seed: int, device: torch.device) -> tuple[Any
 
 
 def quality(model: Any, config: Any, job: GenerateJob, served: Any, dtype: torch.dtype,
-            device: torch.device) -> tuple[float, list[list[int]], int]:
+            device: torch.device) -> tuple[float, list[list[int]], int, PerPosition, int]:
     """The held-out windows read through the cache in batches of the job's size: mean nats per continuation token,
-    each position's argmax, and how many windows."""
+    each position's argmax, how many windows, every position's figures (the baseline writes its log-probabilities,
+    batch by batch, for the others to read), and where the continuation starts."""
     windows = served.text(job.quality_sequences, job.quality_len)
     split = min(job.shape.prompt_len, job.quality_len // 2)
-    nats, argmax = 0.0, []
-    for i in range(0, len(windows), job.shape.batch_size):
-        chunk = windows[i:i + job.shape.batch_size].to(device)
-        cache = new_cache(config, kv_format(job.kv), Shape(split, job.quality_len - split, len(chunk)), dtype, device)
-        got = score(model, chunk, split, cache)
+    nats, argmax, parts = 0.0, [], []
+    for k, i in enumerate(range(0, len(windows), job.shape.batch_size)):
+        chunk = windows[i:i + job.shape.batch_size]
+        cache = new_cache(config, kv_format(job.kv), Shape(split, job.quality_len - split, len(chunk)), dtype, device,
+                          job.scales)
+        got = score(model, chunk.to(device), split, cache)
         nats += got.nats * len(chunk)
         argmax += got.argmax.tolist()
-    return nats / len(windows), argmax, len(windows)
+        path = chunk_path(job.reference, k) if job.reference else None
+        if job.writes_reference and path:
+            write_reference(path, got.logprobs)
+        parts.append(per_position(got.logprobs, chunk, None if job.writes_reference else path))
+    return nats / len(windows), argmax, len(windows), joined(parts), split
 
 
 __all__ = ["GenerateJob", "Measured", "built", "measure", "memory_figures", "prompts", "with_speeds"]

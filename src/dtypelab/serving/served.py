@@ -35,6 +35,7 @@ class Served:
     description: str
     task: Task | None = None  # the task it came from
     config: Any = None  # a transformers model's config, when known without building it (a forecast builds at depth)
+    folder: str | None = None  # tinylm's or an hf: model's folder (its tokenizer, for calibration text)
 
 
 def _shape(name: str) -> Served:
@@ -60,7 +61,7 @@ def load_served(spec: str) -> Served:
     """The model ``spec`` names, ready to serve; a one-line error for one that cannot generate."""
     if spec in SHAPES:
         return _shape(spec)
-    config, weights = None, False
+    config, weights, path = None, False, None
     if spec.startswith(HF_PREFIX) or spec == "tinylm":
         from dtypelab.core.tasks.hub import causal, has_weights, locate
         from dtypelab.core.tasks.hub import config_of as hub_config
@@ -78,7 +79,24 @@ def load_served(spec: str) -> Served:
                         "one (tinylm, hf:MODEL, decoder, llama2-7b, or a task file whose Task gives text= and "
                         "context=)")
     return Served(task.name, task.make_model, task.text, task.context, task.pretrained or weights,
-                  task.description, task, config)
+                  task.description, task, config, None if path is None else str(path))
+
+
+def encode(served: Served, text: str) -> torch.Tensor:
+    """``text`` in the served model's tokens: tinylm's are UTF-8 bytes; an hf: model's, its tokenizer's (read from
+    its folder: no code runs)."""
+    if served.name == "tinylm":
+        return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
+    from pathlib import Path
+
+    if served.folder is None or not any((Path(served.folder) / f).exists()
+                                        for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise TaskError(f"{served.name} has no tokenizer here to read --calibration text with (tinylm, or an hf: "
+                        "model whose folder holds one)")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(served.folder, trust_remote_code=False)
+    return torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)
 
 
 def config_of(model: nn.Module) -> Any:
@@ -90,4 +108,4 @@ def config_of(model: nn.Module) -> Any:
     return config
 
 
-__all__ = ["SHAPES", "Served", "config_of", "load_served"]
+__all__ = ["SHAPES", "Served", "config_of", "encode", "load_served"]

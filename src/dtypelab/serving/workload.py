@@ -62,9 +62,11 @@ def compute_dtype(model: Any, config: Any, device: torch.device) -> torch.dtype:
                         "cache interface?")
 
 
-def new_cache(config: Any, fmt: KVFormat, shape: Shape, dtype: torch.dtype, device: torch.device) -> Any:
-    """A cache for ``shape``'s whole context, allocated now (as a server reserves it before the first request)."""
-    cache = make_cache(config, fmt, shape.context)
+def new_cache(config: Any, fmt: KVFormat, shape: Shape, dtype: torch.dtype, device: torch.device,
+              scales: list[tuple[float, float]] | None = None) -> Any:
+    """A cache for ``shape``'s whole context, allocated now (as a server reserves it before the first request);
+    ``scales``: each layer's calibrated (key, value) scales, where the format takes them."""
+    cache = make_cache(config, fmt, shape.context, scales)
     kv_heads, head_dim = geometry(config)
     for layer in cache.layers:
         layer.allocate(shape.batch_size, kv_heads, head_dim, dtype, device)
@@ -108,18 +110,20 @@ def generate(model: Any, ids: torch.Tensor, gen_len: int, cache: Any, sync: Call
 class Scored:
     nats: float  # mean negative log-likelihood of the continuation's tokens
     argmax: torch.Tensor  # (n, continuation): the predicted next token at each position
+    logprobs: torch.Tensor  # (n, length - 1, vocab): every position's next-token log-probabilities, float32
 
 
 def score(model: Any, windows: torch.Tensor, prompt_len: int, cache: Any) -> Scored:
     """Held-out ``windows`` (n, length) read through the cache: the first ``prompt_len`` tokens prefilled, the rest
     fed as one more chunk, so that every continuation position attends to keys and values the cache stored (in its
-    format). The continuation's tokens are scored from the prefill's last logits and the chunk's."""
-    first = _call(model, windows[:, :prompt_len], cache, 1)[:, -1:]
+    format). Every position is scored (the prefill's logits kept whole); the continuation's make the perplexity."""
+    first = _call(model, windows[:, :prompt_len], cache, 0)
     rest = _call(model, windows[:, prompt_len:-1], cache, None) if windows.shape[1] > prompt_len + 1 else first[:, :0]
-    logits = torch.cat([first, rest], dim=1).float()
+    logprobs = F.log_softmax(torch.cat([first, rest], dim=1).float(), dim=-1)[:, :windows.shape[1] - 1]
+    cont = logprobs[:, prompt_len - 1:]
     target = windows[:, prompt_len:]
-    nats = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1)).item()
-    return Scored(nats, logits.argmax(-1).cpu())
+    nats = F.nll_loss(cont.reshape(-1, cont.shape[-1]), target.reshape(-1)).item()
+    return Scored(nats, cont.argmax(-1).cpu(), logprobs.cpu())
 
 
 def first_divergence(tokens: torch.Tensor, reference: torch.Tensor) -> tuple[float, int]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from dtypelab.core.calibration import calibrating, task_feed
 from dtypelab.core.disturbance import CpuMeter
 from dtypelab.core.errors import Unsupported, describe_exception
 from dtypelab.core.loop import (
@@ -218,8 +219,9 @@ def infer(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
     meter.start()
     model = build_model(task, job.seed, weights)
     init = fingerprint(model)
-    model = precision.convert_module(model.to(device)).eval()
     inputs = to_device(task.inference_inputs(job.batch_size), device)
+    with calibrating(task_feed(inputs)):  # what GPTQ and AWQ read: the task's own inputs
+        model = precision.convert_module(model.to(device)).eval()
     timer = StepTimer(sync=device_sync(device))
     timing = _InferTiming(job, timer, meter, progress, inputs)
     first_call_s = None

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from dtypelab.core.options import (
+    PANEL_SERVE,
     Budget,
     MemorySize,
     ModeOptions,
@@ -29,8 +30,8 @@ DIST = {"panel": "Distributed"}
 # them); any other field given a value of its own under it is refused, not ignored, and its own fields elsewhere too
 GENERATE_READS = frozenset({"policies", "mode", "batch_size", "tolerance", "baseline", "device", "seed", "timeout_s",
                             "threads", "json_path", "memory_budget", "rounds", "launcher", "prompt_len", "gen_len",
-                            "objective"})
-GENERATE_ONLY = ("prompt_len", "gen_len")
+                            "objective", "calibration", "calibration_samples"})
+GENERATE_ONLY = ("prompt_len", "gen_len", "calibration", "calibration_samples")
 FAN = {"panel": "Fan-out (--launcher local-gpus or slurm)"}
 
 
@@ -65,6 +66,12 @@ class BenchOptions(ModeOptions):
     threads: int | None = threads_field("torch threads per run [default: torch's]")
     json_path: str | None = json_field()
     per_layer: bool = Field(False, description="infer: SQNR of every layer's output vs fp32")
+    calibration: str | None = Field(
+        None, description="--mode generate: a text file the calibrated methods (w4a16-gptq, w4a16-awq) read, in the "
+                          "model's tokens [default: held-out windows apart from those quality is judged on]",
+        json_schema_extra=PANEL_SERVE)
+    calibration_samples: int = Field(32, ge=1, description="--mode generate: calibration windows (of 512 tokens, or "
+                                                           "the model's positions)", json_schema_extra=PANEL_SERVE)
     min_cosine: float = Field(0.99, ge=0, le=1, description="infer: lowest worst-sample output cosine vs fp32 to "
                                                             "accept")
     emulate: bool = Field(False, description="run the formats this hardware cannot (float8 training) with emulated "

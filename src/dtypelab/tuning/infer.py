@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dtypelab.core.calibration import calibrating, task_feed
 from dtypelab.core.loop import forward, to_device
 from dtypelab.core.policies import Cast, Plan, Precision, get_policy
 from dtypelab.core.task import call_model, map_tensors
@@ -66,7 +67,8 @@ class InferenceBench:
     def converted(self, plan: Plan) -> tuple[nn.Module, Precision]:
         precision = Precision(plan, self.device)
         model = copy.deepcopy(self.base_model)
-        return precision.convert_module(model).eval(), precision
+        with calibrating(task_feed(self.inputs)):  # GPTQ and AWQ read the inputs the plan is judged on
+            return precision.convert_module(model).eval(), precision
 
     def evaluate(self, plan: Plan) -> tuple[Paired, float]:
         """(its timing against fp32's end to end, output cosine vs fp32: see ``output_cosine``)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from dtypelab.core.options import (
     Budget,
@@ -17,12 +17,23 @@ from dtypelab.core.options import (
 )
 from dtypelab.core.tolerance import Tolerance
 
-DEFAULT_CANDIDATES = {"infer": "int8-dyn", "train": "bf16,amp-bf16"}
+DEFAULT_CANDIDATES = {"infer": "int8-dyn", "train": "bf16,amp-bf16", "generate": "w4a16-gptq,w8a16-gptq"}
 
 
 class TuneOptions(Options):
-    mode: Literal["infer", "train"] = Field("infer", description="infer (per-layer fp32 or a candidate) or train (a "
-                                                                 "candidate with fp32 islands)")
+    mode: Literal["infer", "train", "generate"] = Field(
+        "infer", description="infer (per-layer fp32 or a candidate), train (a candidate with fp32 islands) or generate "
+                             "(a served language model: per layer bf16 or a weight format, within --kl-budget, for "
+                             "--gpu)")
+    gpu: str | None = Field(None, description="generate: the GPU the plan is served on (its bandwidth and kernels) "
+                                              "[default: H100]")
+    kl_budget: float = Field(0.01, gt=0, description="generate: the most KL divergence (nats, mean per token) from "
+                                                      "the bfloat16 model the plan may cost")
+    goal: Literal["speed", "memory"] = Field("speed", description="generate: the most forecast decode tokens/s, or "
+                                                                  "the least weight memory, within the budget")
+    calibration: str | None = Field(None, description="generate: calibration text for GPTQ and AWQ [default: "
+                                                      "held-out windows apart from those KL is judged on]")
+    calibration_samples: int = Field(32, ge=1, description="generate: calibration windows")
     candidates: str | None = Field(None, description="configs to choose from, comma-separated (names or your own "
                                                      "kinds' FILE.py:NAME) [default: int8-dyn for infer, "
                                                      "bf16,amp-bf16 for train]")
@@ -42,6 +53,19 @@ class TuneOptions(Options):
                                          "starts no full evaluation expected to end past it, and the plan is the "
                                          "best measured by then")
     hardware: Any = hardware_field()
+
+    @model_validator(mode="after")
+    def _generate_fields(self) -> TuneOptions:
+        """A field of one mode given to another is refused, not ignored."""
+        only = {"gpu", "kl_budget", "goal", "calibration", "calibration_samples"}
+        fields = type(self).model_fields
+        given = {n for n in self.model_fields_set if getattr(self, n) != fields[n].default}
+        wrong = sorted(only & given) if self.mode != "generate" else sorted(
+            given & {"min_cosine", "tolerance", "steps", "probe_steps", "weights", "batch_size", "budget"})
+        if wrong:
+            flags = ", ".join("--" + w.replace("_", "-") for w in wrong)
+            raise ValueError(f"{flags}: not read by --mode {self.mode}")
+        return self
 
     @field_validator("tolerance")
     @classmethod

@@ -133,6 +133,8 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
     pathologically slow here is left out unless ``force`` (every candidate slow: a record that keeps fp32).
     ``options`` is a ``TuneOptions`` (or its fields as keywords)."""
     opts = TuneOptions.build(options, **settings)
+    if opts.mode == "generate":
+        return _tune_generate(task, opts, progress or (lambda text: None))
     mode, candidates, min_cosine, force = opts.mode, opts.candidates, opts.min_cosine, opts.force
     steps, batch_size, seed = opts.steps, opts.batch_size, opts.seed
     output, json_path = opts.output, opts.json_path
@@ -169,6 +171,23 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
         save_text(output, Plan.from_dict(report.plan).to_json() + "\n")
     if json_path:
         report.save(json_path)
+    return report
+
+
+def _tune_generate(task: str | Task, opts: TuneOptions, progress: Progress) -> Any:
+    """tune --mode generate (``tuning.generate``): its record, the plan written and the record saved as asked."""
+    from dtypelab.tuning.generate import tune_generate
+
+    if not isinstance(task, str):
+        raise DtypelabError("tune --mode generate serves a model by name (tinylm, hf:MODEL, a task file)")
+    check_writable(opts.output, opts.json_path)
+    report = tune_generate(task, opts.candidates or DEFAULT_CANDIDATES["generate"], opts.gpu or "h100",
+                           opts.kl_budget,
+                           opts.goal, opts.seed, progress, opts.calibration, opts.calibration_samples)
+    if opts.output:
+        save_text(opts.output, Plan.from_dict(report.plan).to_json() + "\n")
+    if opts.json_path:
+        report.save(opts.json_path)
     return report
 
 

@@ -95,11 +95,20 @@ def _verdict(p: GeneratePolicy, baseline: GeneratePolicy, tol: Tolerance, object
     if p.policy == baseline.policy:
         return replace(p, verdict=Verdict.BASELINE)
     assert baseline.quality is not None and baseline.generate is not None
-    ok, _ = judge(p.quality.perplexity, baseline.quality.perplexity, tol, False, baseline.policy)
+    ok, _ = judge(worst_perplexity(p, baseline), baseline.quality.perplexity, tol, False, baseline.policy)
     ci = gain(p.generate, baseline.generate, objective)
     verdict = Verdict.OUTSIDE if not ok else Verdict.UNTIMED if ci is None else \
         Verdict.WITHIN if trusted_gain(ci) else Verdict.NO_GAIN
     return replace(p, verdict=verdict, gain=ci)
+
+
+def worst_perplexity(p: GeneratePolicy, baseline: GeneratePolicy) -> float:
+    """The perplexity a policy is judged by: its interval's upper end where it has one (within tolerance only when
+    the interval says so), its own where not."""
+    assert p.quality is not None and baseline.quality is not None
+    change = p.quality.change
+    return p.quality.perplexity if change is None else baseline.quality.perplexity * (1.0 + max(change.high,
+                                                                                                change.value))
 
 
 def gain_text(ci: SpeedupInterval) -> str:
@@ -111,8 +120,11 @@ def _chosen_sentence(best: GeneratePolicy, base: str, tol: Tolerance, objective:
     what = "the least energy per generated token" if objective_of(objective).counts_joules else \
         f"the fastest for {objective}"
     change = best.quality.perplexity_change if best.quality is not None else None
+    interval = best.quality.change if best.quality is not None else None
+    said = "" if change is None else f" ({change:+.2%}" + (
+        f", 95% interval {interval.low:+.2%} to {interval.high:+.2%})" if interval is not None else ")")
     return (f"{best.policy}: {what} ({gain_text(best.gain)} {base}'s, {best.gain.rounds} paired rounds) with "
-            f"perplexity within {tol} of {base}" + (f" ({change:+.2%})" if change is not None else ""))
+            f"perplexity within {tol} of {base}" + said)
 
 
 def _kept_sentence(base: str, tol: Tolerance, objective: str, judged: list[GeneratePolicy]) -> str:

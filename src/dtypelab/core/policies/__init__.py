@@ -15,7 +15,7 @@ from dtypelab.core.policies.configs import (
 )
 from dtypelab.core.policies.distributed import Distributed
 from dtypelab.core.policies.finetuning import tuned
-from dtypelab.core.policies.kinds import TF32, Autocast, Cast, Float8Train, LoRA, Quantize, import_all
+from dtypelab.core.policies.kinds import TF32, Autocast, Cast, Float8Train, LoRA, Quantize, WeightQuant, import_all
 from dtypelab.core.policies.plan import PLAN_SCHEMA, Availability, Plan, single
 from dtypelab.core.policies.precision import Precision
 from dtypelab.core.policies.regions import regions
@@ -30,6 +30,7 @@ from dtypelab.core.policies.registry import (
     get_policy,
     gpu_only_policies,
     load_plan,
+    numerics_twin,
     order_builtins,
     parse_policies,
     plan_from_dict,
@@ -59,7 +60,7 @@ order_builtins()
 
 __all__ = ["BASELINE", "COMPILED_BASELINE", "KINDS", "KV_FORMATS", "PLAN_SCHEMA", "REGISTRY", "SOURCES",
            "STATE_MODIFIERS", "TF32", "ActivationPart", "Autocast", "Availability", "Cast", "Config", "Distributed",
-           "Facts", "Float8Train", "LoRA", "Plan", "Precision", "Quantize", "baseline_policy", "config_from_dict",
-           "config_to_dict", "default_policies", "defaults", "split_kv", "emulated_version", "get_policy",
-           "gpu_only_policies", "load_plan", "parse_policies", "plan_from_dict", "policies_for", "policy_info",
-           "regions", "register", "single", "tuned"]
+           "Facts", "Float8Train", "LoRA", "Plan", "Precision", "Quantize", "WeightQuant", "baseline_policy",
+           "config_from_dict", "config_to_dict", "default_policies", "defaults", "emulated_version", "get_policy",
+           "gpu_only_policies", "load_plan", "numerics_twin", "parse_policies", "plan_from_dict", "policies_for",
+           "policy_info", "regions", "register", "single", "split_kv", "tuned"]

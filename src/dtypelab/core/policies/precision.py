@@ -36,7 +36,7 @@ from dtypelab.core.scaler import ScalerLog
 def _merge(conversion: dict[str, Any], report: dict[str, Any]) -> None:
     if "format" in report:
         conversion["format"] = ", ".join(dict.fromkeys(filter(None, [conversion.get("format"), report["format"]])))
-    for key in ("converted", "left_out"):
+    for key in ("converted", "left_out", "notes"):
         if key in report:
             conversion.setdefault(key, []).extend(report[key])
 

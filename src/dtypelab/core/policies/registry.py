@@ -36,6 +36,7 @@ DEFAULTS: dict[str, list[tuple[float, str]]] = {}
 _RANKS: dict[str, float] = {}  # a built-in's place in the listings (its kind's module says), whatever imports first
 STATE_MODIFIERS: dict[str, Config] = {}  # POLICY+adam8bit: the optimizer-state kinds by label
 KV_FORMATS: dict[str, Any] = {}  # POLICY+kv-fp8 (--mode generate): the KV-cache formats by label
+EMULATED_BY: dict[str, str] = {}  # a GPU format's policy -> the policy that emulates its numerics (int4-wo-emu)
 
 
 def register(name: str, policy: Config | Plan, summary: str = "", *, replace: bool = False,
@@ -67,6 +68,11 @@ def defaults(listing: str) -> tuple[str, ...]:
 def register_state_modifier(config: Config) -> None:
     """An optimizer-state kind, named as a modifier: POLICY+LABEL."""
     STATE_MODIFIERS[config.label] = config
+
+
+def register_emulation(real: str, emulated: str) -> None:
+    """``emulated`` (a registered policy) runs the numerics of ``real`` where ``real``'s kernels are missing."""
+    EMULATED_BY[real] = emulated
 
 
 def register_kv(fmt: Any) -> None:
@@ -124,6 +130,14 @@ def emulated_version(plan: Plan) -> Plan | None:
     base = base.with_checkpoint() if plan.checkpoint else base
     base = base.with_loss(plan.loss) if plan.loss else base
     return base.with_state(plan.state) if plan.state is not None else base
+
+
+def numerics_twin(plan: Plan) -> Plan | None:
+    """What runs a GPU format's numerics here: the policy registered as its emulation (``int4-wo-emu``: the format's
+    values, dequantized; not its stored layout, which ``emulated_version`` keeps), else its emulated version."""
+    if plan.name in EMULATED_BY and not plan.rules and plan.distributed is None:
+        return REGISTRY[EMULATED_BY[plan.name]]
+    return emulated_version(plan)
 
 
 def gpu_only_policies(mode: str) -> list[str]:

@@ -46,12 +46,15 @@ from dtypelab.core.results.forecast import (
 from dtypelab.core.results.generate import (
     GENERATE_SCHEMA,
     CurvePoint,
+    Estimate,
     GenerateConfig,
     GenerateFigures,
     GeneratePolicy,
     GenerateQuality,
     GenerateReport,
+    QualityBucket,
 )
+from dtypelab.core.results.generate_plan import FrontierPoint, GeneratePlanReport, PlanChoice, PlanUnit
 from dtypelab.core.results.lint import LINT_SCHEMA, LintFinding, LintReport
 from dtypelab.core.results.memory import COUNTED, MEMORY_CATEGORIES, MEMORY_LABELS
 from dtypelab.core.results.profile import CATEGORIES, CATEGORY_LABELS, PHASES, OpStat, ProfileSummary, SourceOp
@@ -87,7 +90,13 @@ __all__ = [
     "CurvePoint",
     "GenerateFigures",
     "GeneratePolicy",
+    "Estimate",
+    "FrontierPoint",
+    "GeneratePlanReport",
     "GenerateQuality",
+    "PlanChoice",
+    "PlanUnit",
+    "QualityBucket",
     "GenerateReport",
     "MemoryBreakdown",
     "MemoryPart",

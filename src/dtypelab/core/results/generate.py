@@ -20,8 +20,10 @@ from dtypelab.core.results.store import Record
 GENERATE_SCHEMA = "dtypelab.generate"
 # 2: energy (each policy's ``generate.energy``, the record's ``energy_source``); 3: the speed verdicts as codes
 # (``Verdict``) from paired, interleaved rounds (``generate.blocks``, ``gain``), the decision as a code; 4: the
-# serving engine (``config.engine``, its settings; a paged engine's KV capacity, concurrency and curve per policy)
-GENERATE_VERSION = 4
+# serving engine (``config.engine``, its settings; a paged engine's KV capacity, concurrency and curve per policy);
+# 5: quality as users judge it (KL divergence, top-1 agreement and the perplexity change, each with a bootstrap
+# interval over documents, whole and by context bucket), a policy measured as its emulation, the calibration text
+GENERATE_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,27 @@ class GenerateFigures:
 
 
 @dataclass(frozen=True)
+class Estimate:
+    """A figure over the held-out documents with its bootstrap 95% interval (documents resampled)."""
+
+    value: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class QualityBucket:
+    """Quality at the positions whose context holds ``start`` to ``end`` tokens (the token predicted is the next)."""
+
+    start: int
+    end: int
+    tokens: int  # positions scored in the bucket, over every document
+    kl: Estimate | None = None  # mean KL divergence (nats) from the baseline's next-token distribution
+    top1: Estimate | None = None  # share of positions whose most likely next token is the baseline's
+    perplexity_change: Estimate | None = None  # relative to the baseline's perplexity at the same positions
+
+
+@dataclass(frozen=True)
 class GenerateQuality:
     """Against the baseline, on held-out text the prompt comes from."""
 
@@ -95,6 +118,11 @@ class GenerateQuality:
     first_divergence: float | None = None  # mean position where greedy continuations first differ (gen_len: none)
     diverged: int = 0  # sequences whose greedy continuation differs anywhere
     sequences: int = 0
+    # over the continuation's positions (the perplexity's), with bootstrap 95% intervals over the documents
+    kl: Estimate | None = None
+    top1: Estimate | None = None
+    change: Estimate | None = None  # the perplexity change's interval
+    buckets: tuple[QualityBucket, ...] = ()  # every position of the held-out text, by context length
 
 
 @dataclass(frozen=True)
@@ -130,6 +158,7 @@ class GenerateConfig:
     context_limit: int = 0  # the model's positions
     engine: str = "static"  # the serving program forecast: static (one batch in lockstep) or vllm (paged)
     engine_settings: dict[str, Any] = field(default_factory=dict)  # its flags, as vLLM spells them
+    calibration: str = ""  # measured: the text calibrated methods (GPTQ, AWQ) read, in words
 
 
 @dataclass(frozen=True)
@@ -159,7 +188,8 @@ class GenerateReport(Record):
     schema = GENERATE_SCHEMA
     version = GENERATE_VERSION
     # version 1 had no energy: nothing to fill
-    migrations: ClassVar[dict[int, Any]] = {1: lambda d: d, 2: lambda d: _migrate_v2(d), 3: lambda d: d}
+    migrations: ClassVar[dict[int, Any]] = {1: lambda d: d, 2: lambda d: _migrate_v2(d), 3: lambda d: d,
+                                            4: lambda d: d}
 
     def result(self, policy: str) -> GeneratePolicy:
         for p in self.policies:

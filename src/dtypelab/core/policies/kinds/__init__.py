@@ -16,9 +16,10 @@ from dtypelab.core.policies.kinds.mx import MXInfer, MXTrain
 from dtypelab.core.policies.kinds.quantize import Quantize
 from dtypelab.core.policies.kinds.tf32 import TF32
 from dtypelab.core.policies.kinds.training_state import BF16Update, LowBitState
+from dtypelab.core.policies.kinds.weight_quant import WeightQuant
 
 __all__ = ["NATIVE", "TF32", "Autocast", "BF16Update", "Cast", "Float8Train", "KVFormat", "LoRA", "LowBitState",
-           "MXInfer", "MXTrain", "Quantize"]
+           "MXInfer", "MXTrain", "Quantize", "WeightQuant"]
 
 
 def import_all() -> list[str]:

@@ -114,6 +114,35 @@ class PerToken(PerHead):
         return (x.float() / here).round().clamp(-top, top).to(storage)
 
 
+@dataclass(frozen=True)
+class UnitScale(KVFormat):
+    """Cast as they are, saturating at the format's largest value: scale 1.0, what an engine uses for an fp8 cache
+    when the checkpoint carries no scales (vLLM's ``k_scale = v_scale = 1.0``)."""
+
+    def encode(self, x: torch.Tensor, scale: torch.Tensor | None, at: torch.Tensor, storage: torch.dtype
+               ) -> torch.Tensor:
+        assert self.storage is not None
+        top = largest(self.storage)
+        return x.float().clamp(-top, top).to(storage)
+
+
+@dataclass(frozen=True)
+class PerTensor(PerHead):
+    """One scale per layer for its keys and one for its values, calibrated on calibration text before serving (as
+    llm-compressor's ``kv_cache_scheme`` writes them into a checkpoint and vLLM reads them); the serving measurement
+    sets them (``calibrated_by_text``). Without text, from the prompt's largest magnitude (vLLM's
+    ``--calculate-kv-scales``)."""
+
+    calibrated_by_text = True
+
+    def scale_shape(self, batch: int, kv_heads: int, length: int) -> tuple[int, ...] | None:
+        return (1, 1, 1, 1)
+
+    def calibrate(self, scale: torch.Tensor, x: torch.Tensor) -> None:
+        assert self.storage is not None
+        scale.fill_(max(float(x.detach().abs().amax()) / largest(self.storage), TINY))
+
+
 NATIVE = Stored("kv-native", None, "keys and values in the model's compute dtype")
 for _fmt in (Stored("kv-bf16", torch.bfloat16, "keys and values stored in bfloat16"),
              Stored("kv-fp16", torch.float16, "keys and values stored in float16"),
@@ -121,7 +150,11 @@ for _fmt in (Stored("kv-bf16", torch.bfloat16, "keys and values stored in bfloat
                      "prompt)"),
              PerHead("kv-fp8-e5m2", torch.float8_e5m2, "keys and values stored in fp8 e5m2, one scale per head (from "
                      "the prompt)"),
-             PerToken("kv-int8", torch.int8, "keys and values stored in int8, one float32 scale per token and head")):
+             PerToken("kv-int8", torch.int8, "keys and values stored in int8, one float32 scale per token and head"),
+             UnitScale("kv-fp8-s1", torch.float8_e4m3fn, "keys and values stored in fp8 e4m3 at scale 1.0 (an engine's "
+                       "default for a checkpoint without KV scales)"),
+             PerTensor("kv-fp8-cal", torch.float8_e4m3fn, "keys and values stored in fp8 e4m3, one scale per layer "
+                       "for keys and one for values, calibrated on calibration text")):
     register_kv(_fmt)
 for _listing, _entries in (("serve-measured", (("fp32+kv-bf16", 6), ("fp32+kv-fp8", 7), ("fp32+kv-int8", 8),
                                                ("int8-wo+kv-int8", 9))),
@@ -130,4 +163,4 @@ for _listing, _entries in (("serve-measured", (("fp32+kv-bf16", 6), ("fp32+kv-fp
     for _name, _rank in _entries:
         in_default(_listing, _name, _rank)
 
-__all__ = ["NATIVE", "KVFormat", "PerHead", "PerToken", "Stored", "largest"]
+__all__ = ["NATIVE", "KVFormat", "PerHead", "PerTensor", "PerToken", "Stored", "UnitScale", "largest"]
