@@ -425,7 +425,7 @@ def test_the_measured_sweep_of_the_small_model(tmp_path):
     assert len(g.decode_runs_s) == len(g.blocks) == 5 and 0 < small.quality.agreement <= 1
     assert abs(small.quality.perplexity_change) < 0.05
     # int4-wo's kernel is CUDA's: measured as its emulation, numerics only, never timed
-    assert gpu.status == "ok" and any(n.startswith("measured as its emulation int4-wo-emu") for n in gpu.notes)
+    assert gpu.status == "ok" and gpu.measured_as == "int4-wo-emu" and "numerics only" in gpu.notes[0]
     assert gpu.generate.decode_runs_s == () and gpu.quality.kl is not None and gpu.quality.kl.low <= gpu.quality.kl.high
     data = json.loads((tmp_path / "g.json").read_text())
     assert data["schema"] == "dtypelab.generate"

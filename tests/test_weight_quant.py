@@ -232,3 +232,15 @@ def test_bench_calibrates_the_fp8_cache_and_says_its_scales(tmp_path):
     assert cal.status == "ok" and any("calibrated scales" in n and "by layer: 0:" in n for n in cal.notes)
     assert report.config.calibration.startswith("32 held-out windows")
     assert all(b.kl is not None for b in cal.quality.buckets)
+
+
+def test_a_gpu_forecast_counts_the_formats_layout_and_times_its_kernel():
+    """Emulated here, a weight format is forecast for a GPU as its kernel runs it (Marlin/Machete in vLLM, tinygemm's
+    key in the static engine) from its stored bytes, not the emulation's bfloat16 weights."""
+    from dtypelab.serving import serve_forecast
+
+    report = serve_forecast("tinylm", policies="bf16,w4a16-gptq", device="H100", prompt_len=32, gen_len=8,
+                            batch_size=2, batch_search=False)
+    bf16, w4 = report.result("bf16").generate, report.result("w4a16-gptq").generate
+    # a quarter of bf16's, and a bit: the scales, the embeddings and output head left in bfloat16
+    assert 0.25 < w4.weights_bytes / bf16.weights_bytes < 0.35 and w4.decode_tok_s is not None

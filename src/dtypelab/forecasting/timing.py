@@ -189,7 +189,7 @@ class StepTimes:
         return self.disturbed
 
     def of(self, plan: Plan, ops: Sequence[Op], method: str) -> TimeForecast:
-        if plan.numerics_only:
+        if plan.numerics_only and not all(c.facts.gpu_kernel for c in plan.configs if c.facts.numerics_only):
             return TimeForecast(None, reason="emulated numerics: its kernels are not the real ones (the policy "
                                              "without -emu is timed)")
         if not ops:

@@ -80,14 +80,15 @@ def _quality(value: Measured, base: Measured | None) -> GenerateQuality:
                                               else ()))
 
 
-def _longest(policies: list[GeneratePolicy], budget: int | None, shape: Shape, context: int) -> tuple[str, str]:
+def _longest(policies: list[GeneratePolicy], budget: int | None, shape: Shape, context: int,
+             numerics: set[str]) -> tuple[str, str]:
     """The policy that fits the longest context in ``budget`` bytes (this machine's memory when not given): the
     measured peak plus the cache's bytes per token for each token more, up to the model's positions."""
     best, best_len, best_room = "", -1, -1.0
     for p in policies:
         g = p.generate
         if p.status != "ok" or g is None or g.peak_bytes is None or not g.kv_bytes_per_token or budget is None or \
-                _emulated(p):  # an emulation's memory is not its format's
+                p.policy in numerics:  # an emulation's memory is not its format's
             continue
         per_token = g.kv_bytes_per_token * shape.batch_size
         room = shape.context + (budget - g.peak_bytes) / per_token  # the longest before the model's positions cap it
@@ -121,6 +122,11 @@ class Setup:
     @property
     def base(self) -> str:
         return self.plans[0].name
+
+    @property
+    def numerics_only(self) -> set[str]:
+        """The policies measured for their numerics only (an emulation, named or standing in): never timed."""
+        return {p.name for p in self.plans if p.plan.numerics_only or not p.plan.availability(self.hw).ok}
 
     @classmethod
     def of(cls, spec: str, opts: BenchOptions) -> Setup:
@@ -184,8 +190,8 @@ def serve_bench(spec: str, options: BenchOptions | None = None, *, on_progress: 
 
 def _rounds(setup: Setup, results: list[GeneratePolicy]) -> Timings | str:
     """Every completed policy timed beside the others in interleaved rounds (its own process); why not, if not."""
-    ran = [p for p in setup.plans if not p.plan.numerics_only
-           and any(r.policy == p.name and r.status == "ok" and not _emulated(r) for r in results)]
+    ran = [p for p in setup.plans if p.name not in setup.numerics_only
+           and any(r.policy == p.name and r.status == "ok" for r in results)]
     rounds = ROUNDS if setup.opts.rounds is None else setup.opts.rounds
     if not ran or rounds == 0:
         return "--rounds 0: no timing rounds" if ran else "no policy completed"
@@ -225,7 +231,7 @@ def _report(setup: Setup, results: list[GeneratePolicy], timings: Timings | str,
         best, sentence = "", ("no recommendation: --objective energy needs measured energy, and none was measured"
                               f" ({source.why if source else 'no policy completed'})")
     budget = parse_size(opts.memory_budget, "--memory-budget") or _memory_here(setup.device)
-    longest, longest_sentence = _longest(list(judged.policies), budget, shape, served.context)
+    longest, longest_sentence = _longest(list(judged.policies), budget, shape, served.context, setup.numerics_only)
     notes = [n for n in (*steadiness_notes(list(judged.policies), setup.objective), longest_sentence,
                          "" if isinstance(timings, Timings) else f"not timed: {timings}",
                          "" if served.trained else
@@ -250,13 +256,6 @@ def _memory_here(device: str) -> int | None:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def _emulated(result: GeneratePolicy) -> bool:
-    return any(n.startswith(EMULATED) for n in result.notes)
-
-
-EMULATED = "measured as its emulation"
-
-
 def _stand_in(setup: Setup, p: ServePolicy) -> tuple[ServePolicy, str] | str:
     """The policy as measured here: itself, or where its kernels are missing its emulation (numerics only, never
     timed), said in a note; why neither, if neither."""
@@ -267,7 +266,8 @@ def _stand_in(setup: Setup, p: ServePolicy) -> tuple[ServePolicy, str] | str:
     if twin is None or not twin.availability(setup.hw).ok:
         return f"{avail.reason} (forecast it: dtypelab forecast --mode generate --device GPU)"
     return (ServePolicy(p.name, twin, p.kv),
-            f"{EMULATED} {twin.name} ({avail.reason}): its numerics only, not timed, its memory the emulation's "
+            f"measured as its emulation {twin.name} ({avail.reason}): its numerics only, not timed, its memory the "
+            "emulation's "
             "(forecast its speed and bytes: dtypelab forecast --mode generate --device GPU)")
 
 
@@ -289,8 +289,9 @@ def _one(setup: Setup, p: ServePolicy, base: Measured | None, first: bool = Fals
     value = outcome.value
     assert isinstance(value, Measured)
     notes = tuple(n for n in (note, _scales_note(p.kv, value.kv_scales)) if n)
+    stand_in = runs.plan.name if runs is not p else ""
     return GeneratePolicy(p.name, runs.describe(), "ok", generate=value.figures, quality=_quality(value, base),
-                          notes=notes, seconds=outcome.wall_s), value
+                          notes=notes, seconds=outcome.wall_s, measured_as=stand_in), value
 
 
 def _scales_note(fmt: Any, scales: list[tuple[float, float]] | None) -> str:

@@ -88,6 +88,9 @@ class Facts:
     # for speed, only said to keep the metric or not
     numerics_only: bool = False
     speed_needs: str = ""  # numerics_only: the hardware its speed needs, in words
+    # numerics_only here, but its GPU kernel is the forecasts' (a weight format emulated in float: w4a16-gptq runs
+    # vLLM's Marlin there): a forecast times it by that kernel
+    gpu_kernel: bool = False
     compiles: bool = False
     always_compiles: bool = False  # compiling is part of the kind (torchao's float8), not a plan's choice
     # a GPU format with no CPU path at all: a CPU run's default sweep leaves it out (tf32 stays in: it is the

@@ -140,6 +140,8 @@ class GeneratePolicy:
     notes: tuple[str, ...] = ()
     check: GenerateFigures | None = None  # --check: the same workload measured here
     seconds: float = 0.0
+    # measured: what ran for it where its kernels are missing here (int4-wo-emu for int4-wo), numerics only
+    measured_as: str = ""
 
 
 @dataclass(frozen=True)

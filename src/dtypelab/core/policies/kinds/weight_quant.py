@@ -68,6 +68,7 @@ class WeightQuant(Config):
     def facts(self) -> Facts:
         wide = "float32" if self.layout == "int8-wo" else "bfloat16"
         return Facts(modes=("infer",), compute_dtype=wide, storage_dtype=wide, emulated=True, numerics_only=True,
+                     gpu_kernel=True,
                      speed_needs="a GPU's int4/int8 weight-only kernel (tinygemm; vLLM's Marlin or Machete)",
                      backend="torchao" if self.layout in TORCHAO_LAYOUTS else "dtypelab (compressed-tensors' format)",
                      arithmetic=f"emulated: {self.describe()}, dequantized to {wide} for every matmul")
@@ -103,8 +104,10 @@ class WeightQuant(Config):
         chosen = [n for n in linears if n not in unfit]
         report: dict[str, Any] = {"format": self.label, "converted": chosen,
                                   "left_out": [{"layer": n, "why": why} for n, why in unfit.items()]}
-        if not chosen or modules[chosen[0]].weight.is_meta:
-            return model, report  # a forecast's trace: the layout is what counts
+        if not chosen:
+            return model, report
+        if modules[chosen[0]].weight.is_meta:  # a forecast's trace: its stand-in counts the layout (stored_bytes)
+            raise NotImplementedError(f"{self.label} is emulated in float: its stored layout is counted instead")
         if self.layout in TORCHAO_LAYOUTS:
             for n in chosen:
                 _torchao_roundtrip(modules[n], self.layout)
