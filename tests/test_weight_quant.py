@@ -244,3 +244,18 @@ def test_a_gpu_forecast_counts_the_formats_layout_and_times_its_kernel():
     bf16, w4 = report.result("bf16").generate, report.result("w4a16-gptq").generate
     # a quarter of bf16's, and a bit: the scales, the embeddings and output head left in bfloat16
     assert 0.25 < w4.weights_bytes / bf16.weights_bytes < 0.35 and w4.decode_tok_s is not None
+
+
+def test_the_forecasts_leave_the_head_as_the_conversion_leaves_it():
+    """The output head a compressed-tensors format leaves in bfloat16 is counted and timed unconverted; torchao's
+    int4 converts it, and its forecast says so."""
+    from dtypelab.forecasting.layouts import layout_bytes
+    from dtypelab.serving.fake_serve import quantized_layers
+
+    served = load_served("tinylm")
+    with torch.device("meta"):
+        model = served.make_model()
+    assert "lm_head" not in quantized_layers(get_policy("w4a16-gptq"), model)
+    assert "lm_head" not in layout_bytes(get_policy("w4a16-gptq"), model, 1)
+    assert "model.layers.0.mlp.down_proj" in layout_bytes(get_policy("w4a16-gptq"), model, 1)
+    assert "lm_head" in quantized_layers(get_policy("int4-wo"), model)

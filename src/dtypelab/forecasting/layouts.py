@@ -52,8 +52,11 @@ def layout_bytes(plan: Plan, meta: nn.Module, round_to: int) -> dict[str, int]:
     training and serving forecasts share): the bytes that layout takes beyond the weight in its stored dtype (each
     of the layout's tensors a block of its own where the allocator rounds to ``round_to``)."""
     modules = dict(meta.named_modules(remove_duplicate=False))
+    kept = set().union(*(c.leaves(meta) for c in plan.configs))
     out = {}
     for name, config in plan.assign(meta).items():
+        if name in kept:  # left as it is (a weight format's output head)
+            continue
         stored = STORED_WEIGHT_BYTES(config, modules[name])  # None: the kind's tensors are traced as they are
         if stored is not None:
             weight = modules[name].weight

@@ -155,7 +155,9 @@ class ServeForecaster:
 def quantized_layers(plan: Plan, model: nn.Module) -> dict[str, str]:
     """Each layer a kind converts to a GPU kernel of its own (``kernels.KERNEL``), with its kernel key."""
     modules = dict(model.named_modules(remove_duplicate=False))
-    return {name: key for name, config in plan.assign(model).items() if (key := KERNEL(config, modules[name]))}
+    kept = set().union(*(c.leaves(model) for c in plan.configs))  # a weight format's output head stays bfloat16
+    return {name: key for name, config in plan.assign(model).items()
+            if name not in kept and (key := KERNEL(config, modules[name]))}
 
 
 def convert(plan: Plan, meta: nn.Module, cuda: bool) -> tuple[nn.Module, int, dict[str, str]]:

@@ -53,7 +53,10 @@ class Unit:
 
 def units(model: nn.Module) -> list[tuple[str, tuple[str, ...]]]:
     """The model's linear layers as vLLM fuses them, in module order (the output head left out)."""
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] not in KEPT]
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and m is not head
+             and n.rsplit(".", 1)[-1] not in KEPT]
     out: list[tuple[str, tuple[str, ...]]] = []
     done: set[str] = set()
     for n in names:

@@ -172,6 +172,11 @@ class Config:
         should say of it (``format``, ``converted``, ``left_out``), after the casts and regions."""
         return model, {}
 
+    def leaves(self, model: nn.Module) -> set[str]:
+        """The modules it covers but leaves as they are whatever their shape (a weight format's output head, as
+        llm-compressor's recipes leave it): the forecasts count and time them unconverted."""
+        return set()
+
     def forward_context(self, device_type: str) -> contextlib.AbstractContextManager[Any]:
         """The context of the forward pass and the loss, when this config is the plan's default."""
         dtype = self.facts.autocast_dtype

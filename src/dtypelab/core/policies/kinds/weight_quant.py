@@ -99,8 +99,8 @@ class WeightQuant(Config):
     def convert_module(self, model: nn.Module, names: list[str]) -> tuple[nn.Module, dict[str, Any]]:
         modules = dict(model.named_modules())
         linears = [n for n in names if isinstance(modules[n], nn.Linear)]
-        head = _head(model) if self.layout not in TORCHAO_LAYOUTS else None  # torchao's policies convert it too
-        unfit = {n: why for n in linears if (why := HEAD if modules[n] is head else self.unfit(modules[n]))}
+        kept = self.leaves(model)
+        unfit = {n: why for n in linears if (why := HEAD if n in kept else self.unfit(modules[n]))}
         chosen = [n for n in linears if n not in unfit]
         report: dict[str, Any] = {"format": self.label, "converted": chosen,
                                   "left_out": [{"layer": n, "why": why} for n, why in unfit.items()]}
@@ -121,6 +121,14 @@ class WeightQuant(Config):
             report["notes"] = [f"rounded to nearest, not balanced by AWQ: {', '.join(plain)} (AWQ knows the Llama "
                                "family's mappings: a norm or linear layer that feeds these layers alone)"]
         return model, report
+
+    def leaves(self, model: nn.Module) -> set[str]:
+        """The output head (compressed-tensors' layouts: llm-compressor ignores it, vLLM serves it unquantized;
+        torchao's policies convert it too)."""
+        if self.layout in TORCHAO_LAYOUTS:
+            return set()
+        head = _head(model)
+        return {n for n, m in model.named_modules(remove_duplicate=False) if head is not None and m is head and n}
 
     # --- what it stores and runs on a GPU (the forecasts' adapters read these) ---
     def stored_bytes(self, layer: nn.Module) -> int | None:
