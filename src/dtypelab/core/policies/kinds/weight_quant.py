@@ -36,7 +36,9 @@ METHODS = {"rtn": "round-to-nearest", "gptq": "GPTQ (calibrated: each column's r
 LAYOUTS = {"w4a16": IntFormat(4, 128), "w8a16": IntFormat(8, None), "tinygemm": IntFormat(4, 128),
            "int8-wo": IntFormat(8, None)}
 TORCHAO_LAYOUTS = ("tinygemm", "int8-wo")  # torchao's own formats: round-to-nearest only
-GPU_KERNEL = {"w4a16": "int4-weight-only", "tinygemm": "int4-weight-only", "w8a16": "int8-weight-only",
+# the kernel key a GPU serves each with (serving.kernels): int4 by Marlin/Machete (vLLM) or tinygemm; compressed-
+# tensors' int8 by vLLM's Marlin, whose 8-bit decode no published table gives (a bfloat16 GEMM reading its bytes)
+GPU_KERNEL = {"w4a16": "int4-weight-only", "tinygemm": "int4-weight-only", "w8a16": "w8a16-marlin",
               "int8-wo": "int8-weight-only"}
 
 
