@@ -163,6 +163,22 @@ def batch_size_field(what: str = "samples per step") -> Any:
     return Field(None, ge=1, description=f"{what} [default: the task's]", json_schema_extra={"short": "-b"})
 
 
+CALIBRATION_SAMPLES = 32  # calibration windows GPTQ, AWQ and kv-fp8-cal read unless told
+
+
+def calibration_field(when: str, panel: dict[str, Any] | None = None) -> Any:
+    """``--calibration``: the text calibrated methods read (``serving.calibration_windows``)."""
+    return Field(None, description=f"{when}: a text file the calibrated methods (w4a16-gptq, w4a16-awq, "
+                                   "POLICY+kv-fp8-cal) read, in the model's tokens [default: held-out windows apart "
+                                   "from those quality is judged on]", json_schema_extra=panel)
+
+
+def calibration_samples_field(when: str, panel: dict[str, Any] | None = None) -> Any:
+    """``--calibration-samples``: how many calibration windows."""
+    return Field(CALIBRATION_SAMPLES, ge=1, description=f"{when}: calibration windows (of 512 tokens, or the "
+                                                         "model's positions)", json_schema_extra=panel)
+
+
 def device_field(what: str = "cpu, cuda, cuda:N [default: cuda if present]") -> Any:
     """``--device``: where to run (or whose support to show)."""
     return Field(None, description=what)

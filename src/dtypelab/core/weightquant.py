@@ -158,16 +158,11 @@ def _set(layer: nn.Linear, weight: torch.Tensor, scale: torch.Tensor) -> None:
         layer.register_buffer("weight_scale", scale, persistent=False)
 
 
+@torch.no_grad()
 def quantize_layers(model: nn.Module, formats: dict[str, IntFormat], method: str,
                     calibration: Feed | None) -> list[str]:
     """Every layer in ``formats`` quantized by ``method`` (rtn, gptq, awq), group by group; the layers AWQ found no
     mapping for (not a Llama-family decoder layer: rounded to nearest)."""
-    with torch.no_grad():
-        return _quantize_layers(model, formats, method, calibration)
-
-
-def _quantize_layers(model: nn.Module, formats: dict[str, IntFormat], method: str,
-                     calibration: Feed | None) -> list[str]:
     modules: dict[str, Any] = dict(model.named_modules())
     plain: list[str] = []
     for group in groups(model, list(formats)):

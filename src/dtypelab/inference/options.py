@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from dtypelab.core.options import Options
+from dtypelab.core.options import Options, calibration_field
 
 
 class ExportOptions(Options):
@@ -20,5 +20,4 @@ class ExportOptions(Options):
         "auto", description="safetensors (dtypelab's own, any policy) or compressed-tensors (a folder transformers and "
                             "vLLM load: w4a16-*/w8a16-* policies and tune --mode generate plans) [default: "
                             "compressed-tensors for those, safetensors otherwise]")
-    calibration: str | None = Field(None, description="compressed-tensors: calibration text for GPTQ and AWQ "
-                                                      "[default: held-out windows]")
+    calibration: str | None = calibration_field("compressed-tensors")

@@ -28,7 +28,7 @@ from dtypelab.core.judging.generate import judge_generation, steadiness_notes
 from dtypelab.core.machine.hardware import environment, hardware_for
 from dtypelab.core.objectives import for_mode
 from dtypelab.core.objectives import objective as objective_of
-from dtypelab.core.options import parse_size
+from dtypelab.core.options import CALIBRATION_SAMPLES, parse_size
 from dtypelab.core.policies import numerics_twin
 from dtypelab.core.results import (
     GenerateConfig,
@@ -311,7 +311,6 @@ def quality_len(shape: Shape, context: int) -> int:
 
 
 CALIBRATION_LEN = 512  # tokens per calibration window (llm-compressor's examples use 512 to 2048)
-CALIBRATION_SAMPLES = 32  # --calibration-samples' default
 
 
 def calibration_windows(served: Served, file: str | None, n: int, length: int) -> tuple[torch.Tensor, str]:

@@ -21,8 +21,9 @@ from torch import nn
 from dtypelab.core.backends import quiet
 from dtypelab.core.calibration import calibrating
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.policies import Plan, Precision, WeightQuant
+from dtypelab.core.policies import Plan, WeightQuant
 from dtypelab.serving.bench import calibration_windows
+from dtypelab.serving.measure import built
 from dtypelab.serving.served import load_served
 
 COMPRESSED_TENSORS = "compressed-tensors>=0.20 (pip install 'dtypelab[quantize]')"
@@ -135,11 +136,10 @@ def export_compressed(spec: str, plan: Plan, path: str, seed: int = 0, calibrati
     return Compressed(path, layers, ignored, size, diff, words)
 
 
-def _converted(served: Any, plan: Plan, seed: int, ids: torch.Tensor | None) -> nn.Module:
-    torch.manual_seed(seed)
-    model = served.make_model().eval()
+def _converted(served: Any, plan: Plan, seed: int, ids: torch.Tensor | None) -> Any:
     with calibrating(ids):
-        return Precision(plan, torch.device("cpu")).convert_module(model)
+        model, _, _ = built(served, plan, seed, torch.device("cpu"))
+    return model
 
 
 def _plain_copy(model: Any, layers: dict[str, str], path: str) -> None:

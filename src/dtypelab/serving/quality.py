@@ -54,6 +54,12 @@ def write_reference(path: str, logprobs: torch.Tensor) -> None:
     save_file({"logprobs": logprobs.contiguous()}, path)
 
 
+def kl_divergence(base: torch.Tensor, mine: torch.Tensor) -> torch.Tensor:
+    """KL(base ‖ mine) of next-token distributions given as log-probabilities, per position (rounding can leave
+    -1e-9 where they agree: floored at 0)."""
+    return (base.exp() * (base - mine)).sum(-1).clamp(min=0.0)
+
+
 def per_position(logprobs: torch.Tensor, windows: torch.Tensor, reference: str | None) -> PerPosition:
     """``logprobs`` (n, length - 1, vocab) of ``windows`` (n, length) against the reference file's (the baseline's),
     when given."""
@@ -63,7 +69,7 @@ def per_position(logprobs: torch.Tensor, windows: torch.Tensor, reference: str |
     from safetensors.torch import load_file
 
     base = load_file(reference)["logprobs"]
-    kl = (base.exp() * (base - logprobs)).sum(-1).clamp(min=0.0)  # rounding can leave -1e-9 where they agree
+    kl = kl_divergence(base, logprobs)
     return PerPosition(nll.tolist(), kl.tolist(), (base.argmax(-1) == logprobs.argmax(-1)).tolist())
 
 
@@ -128,4 +134,4 @@ def judge(value: PerPosition, base: PerPosition, split: int, seed: int = 0) -> J
     return Judged(kl, top1, change, tuple(buckets))
 
 
-__all__ = ["PerPosition", "chunk_path", "edges", "joined", "judge", "per_position", "write_reference"]
+__all__ = ["PerPosition", "chunk_path", "edges", "joined", "judge", "kl_divergence", "per_position", "write_reference"]

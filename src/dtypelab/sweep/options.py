@@ -15,6 +15,8 @@ from dtypelab.core.options import (
     ModeOptions,
     batch_size_field,
     budget_field,
+    calibration_field,
+    calibration_samples_field,
     device_field,
     hardware_field,
     json_field,
@@ -66,12 +68,8 @@ class BenchOptions(ModeOptions):
     threads: int | None = threads_field("torch threads per run [default: torch's]")
     json_path: str | None = json_field()
     per_layer: bool = Field(False, description="infer: SQNR of every layer's output vs fp32")
-    calibration: str | None = Field(
-        None, description="--mode generate: a text file the calibrated methods (w4a16-gptq, w4a16-awq) read, in the "
-                          "model's tokens [default: held-out windows apart from those quality is judged on]",
-        json_schema_extra=PANEL_SERVE)
-    calibration_samples: int = Field(32, ge=1, description="--mode generate: calibration windows (of 512 tokens, or "
-                                                           "the model's positions)", json_schema_extra=PANEL_SERVE)
+    calibration: str | None = calibration_field("--mode generate", PANEL_SERVE)
+    calibration_samples: int = calibration_samples_field("--mode generate", PANEL_SERVE)
     min_cosine: float = Field(0.99, ge=0, le=1, description="infer: lowest worst-sample output cosine vs fp32 to "
                                                             "accept")
     emulate: bool = Field(False, description="run the formats this hardware cannot (float8 training) with emulated "

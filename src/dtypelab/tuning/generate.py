@@ -30,14 +30,20 @@ from torch.nn import functional as F
 from dtypelab.core.calibration import calibrating
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.machine.devices import device_spec
-from dtypelab.core.policies import Cast, Plan, Precision, get_policy
+from dtypelab.core.policies import Cast, Plan, WeightQuant, get_policy
 from dtypelab.core.results import FrontierPoint, GeneratePlanReport, PlanChoice, PlanUnit
 from dtypelab.forecasting import STORED_WEIGHT_BYTES as stored_bytes
-from dtypelab.serving import QUALITY_SEQUENCES, calibration_windows, kernel_of, load_served
+from dtypelab.serving import (
+    QUALITY_SEQUENCES,
+    VLLM_FUSED,
+    built,
+    calibration_windows,
+    kernel_of,
+    kl_divergence,
+    load_served,
+)
 
 BF16 = Cast("bfloat16")
-FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # vLLM's qkv_proj and gate_up_proj
-KEPT = ("lm_head",)
 VERIFY = 4  # plans down the frontier measured when the chosen one's measured KL exceeds the budget
 EVAL_LEN = 256
 
@@ -51,19 +57,18 @@ class Unit:
     costs: dict[str, tuple[float, float, int]]
 
 
-def units(model: nn.Module) -> list[tuple[str, tuple[str, ...]]]:
-    """The model's linear layers as vLLM fuses them, in module order (the output head left out)."""
-    get = getattr(model, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and m is not head
-             and n.rsplit(".", 1)[-1] not in KEPT]
+def units(model: nn.Module, kept: set[str] | None = None) -> list[tuple[str, tuple[str, ...]]]:
+    """The model's linear layers as vLLM fuses them, in module order, less those the formats leave as they are
+    (``kept``; by default the output head, as compressed-tensors' formats leave it)."""
+    kept = WeightQuant().leaves(model) if kept is None else kept
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in kept]
     out: list[tuple[str, tuple[str, ...]]] = []
     done: set[str] = set()
     for n in names:
         if n in done:
             continue
         parent, leaf = n.rsplit(".", 1) if "." in n else ("", n)
-        group = next((g for g in FUSED if leaf in g), (leaf,))
+        group = next((g for g in VLLM_FUSED if leaf in g), (leaf,))
         layers = tuple(f"{parent}.{g}" if parent else g for g in group if f"{parent}.{g}" in names or g == leaf)
         done.update(layers)
         out.append((f"{parent}.{'+'.join(g.rsplit('.', 1)[-1] for g in layers)}" if parent else n, layers))
@@ -125,19 +130,15 @@ class _Judge:
     base: torch.Tensor | None = None
 
     def logprobs(self, plan: Plan) -> torch.Tensor:
-        served = load_served(self.spec)
-        torch.manual_seed(self.seed)
-        model = served.make_model().eval()
         with calibrating(self.calibration):
-            model = Precision(plan, torch.device("cpu")).convert_module(model)
+            model, _, _ = built(load_served(self.spec), plan, self.seed, torch.device("cpu"))
         with torch.no_grad():
             return F.log_softmax(model(self.windows).logits.float(), -1)
 
     def kl(self, plan: Plan) -> float:
         if self.base is None:
             self.base = self.logprobs(Plan(BF16, name="bf16"))
-        mine = self.logprobs(plan)
-        return float((self.base.exp() * (self.base - mine)).sum(-1).clamp(min=0).mean())
+        return float(kl_divergence(self.base, self.logprobs(plan)).mean())
 
 
 def plan_of(table: Sequence[Unit], picks: Sequence[str], name: str = "") -> Plan:
@@ -191,7 +192,7 @@ def tune_generate(spec: str, candidates: str, gpu: str, budget: float, objective
     cal, cal_words = calibration_windows(served, calibration, samples, length)
     judge = _Judge(spec, seed, cal, served.text(QUALITY_SEQUENCES, length))
     model = served.make_model()
-    groups = units(model)
+    groups = units(model, set().union(*(p.default.leaves(model) for p in cands)))
     table = []
     for i, (name, layers) in enumerate(groups):
         progress(f"measuring unit {i + 1}/{len(groups)}: {name}")

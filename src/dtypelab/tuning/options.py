@@ -11,6 +11,8 @@ from dtypelab.core.options import (
     Options,
     batch_size_field,
     budget_field,
+    calibration_field,
+    calibration_samples_field,
     device_field,
     hardware_field,
     json_field,
@@ -31,9 +33,8 @@ class TuneOptions(Options):
                                                       "the bfloat16 model the plan may cost")
     goal: Literal["speed", "memory"] = Field("speed", description="generate: the most forecast decode tokens/s, or "
                                                                   "the least weight memory, within the budget")
-    calibration: str | None = Field(None, description="generate: calibration text for GPTQ and AWQ [default: "
-                                                      "held-out windows apart from those KL is judged on]")
-    calibration_samples: int = Field(32, ge=1, description="generate: calibration windows")
+    calibration: str | None = calibration_field("generate")
+    calibration_samples: int = calibration_samples_field("generate")
     candidates: str | None = Field(None, description="configs to choose from, comma-separated (names or your own "
                                                      "kinds' FILE.py:NAME) [default: int8-dyn for infer, "
                                                      "bf16,amp-bf16 for train]")

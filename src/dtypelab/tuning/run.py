@@ -133,12 +133,12 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
     pathologically slow here is left out unless ``force`` (every candidate slow: a record that keeps fp32).
     ``options`` is a ``TuneOptions`` (or its fields as keywords)."""
     opts = TuneOptions.build(options, **settings)
-    if opts.mode == "generate":
-        return _tune_generate(task, opts, progress or (lambda text: None))
-    mode, candidates, min_cosine, force = opts.mode, opts.candidates, opts.min_cosine, opts.force
-    steps, batch_size, seed = opts.steps, opts.batch_size, opts.seed
     output, json_path = opts.output, opts.json_path
     check_writable(output, json_path)  # before a search that may take many minutes
+    if opts.mode == "generate":
+        return _saved(_tune_generate(task, opts, progress or (lambda text: None)), output, json_path)
+    mode, candidates, min_cosine, force = opts.mode, opts.candidates, opts.min_cosine, opts.force
+    steps, batch_size, seed = opts.steps, opts.batch_size, opts.seed
     tol = Tolerance.parse(opts.tolerance)
     progress = progress or (lambda text: None)
     start = time.perf_counter()
@@ -167,6 +167,11 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
     else:
         report = _tune_infer(spec, task_obj, cands, hw, min_cosine, batch_size, opts.weights, seed, progress, limit)
     report = finish(replace(report, notes=tuple(notes) + report.notes), time.perf_counter() - start, bool(cands))
+    return _saved(report, output, json_path)
+
+
+def _saved(report: Any, output: str | None, json_path: str | None) -> Any:
+    """The record, its chosen plan written as a plan file and the record saved, as asked."""
     if output:
         save_text(output, Plan.from_dict(report.plan).to_json() + "\n")
     if json_path:
@@ -175,20 +180,13 @@ def tune(task: str | Task, options: TuneOptions | None = None, *, progress: Prog
 
 
 def _tune_generate(task: str | Task, opts: TuneOptions, progress: Progress) -> Any:
-    """tune --mode generate (``tuning.generate``): its record, the plan written and the record saved as asked."""
+    """tune --mode generate (``tuning.generate``): its record."""
     from dtypelab.tuning.generate import tune_generate
 
     if not isinstance(task, str):
         raise DtypelabError("tune --mode generate serves a model by name (tinylm, hf:MODEL, a task file)")
-    check_writable(opts.output, opts.json_path)
-    report = tune_generate(task, opts.candidates or DEFAULT_CANDIDATES["generate"], opts.gpu or "h100",
-                           opts.kl_budget,
-                           opts.goal, opts.seed, progress, opts.calibration, opts.calibration_samples)
-    if opts.output:
-        save_text(opts.output, Plan.from_dict(report.plan).to_json() + "\n")
-    if opts.json_path:
-        report.save(opts.json_path)
-    return report
+    return tune_generate(task, opts.candidates or DEFAULT_CANDIDATES["generate"], opts.gpu or "h100", opts.kl_budget,
+                         opts.goal, opts.seed, progress, opts.calibration, opts.calibration_samples)
 
 
 def _infer_layers(scored: list[tuple[LayerScore, Any]], configs: dict[str, Plan], found: bool) -> list[LayerChoice]:
