@@ -351,7 +351,13 @@ def _energy_figure(report: GenerateReport, key: str) -> str:
 FRONTIER_SHOWN = 8
 
 
-@document(GeneratePlanReport, wrap=set())
+def plan_narrow_order(report: GeneratePlanReport) -> tuple[str, ...]:
+    """A narrow terminal leaves out the forecast seconds first (the notes give the plan's speed), the KL last."""
+    choices = list(dict.fromkeys(c.choice for u in report.units for c in u.choices))
+    return (*(f"{c} µs/token" for c in choices), *(f"{c} KL" for c in reversed(choices[1:])))
+
+
+@document(GeneratePlanReport, wrap=set(), drop=plan_narrow_order)
 def generate_plan_doc(report: GeneratePlanReport) -> tuple[str, list[str], list[list[str]], list[str]]:
     """tune --mode generate: each unit's choice and what each choice costs (KL measured, seconds and bytes
     forecast), then the trade-off frontier in the notes."""
