@@ -122,6 +122,13 @@ def test_each_check_starts_with_what_no_earlier_loan_measured(tmp_path):
     assert check.done_before("train.json", str(tmp_path)) == {"fp32", "amp-bf16"}
     assert check.done_before("cuda-tests.xml", str(tmp_path)) == {"tests/test_cuda.py::test_a[x]"}
     assert check.done_before("infer.json", str(tmp_path)) == set()
+    # a rerun filed beside the part's record counts; a log of the same stem does not
+    (h100 / "cuda-tests-rerun.xml").write_text(
+        '<testsuites><testsuite tests="1"><testcase classname="tests.test_weight_quant" name="test_d"/>'
+        '</testsuite></testsuites>')
+    (h100 / "cuda-tests-rerun.log").write_text("not a record")
+    assert check.done_before("cuda-tests.xml", str(tmp_path)) == {"tests/test_cuda.py::test_a[x]",
+                                                                  "tests/test_weight_quant.py::test_d"}
     # the baseline stays first; what no loan measured (skipped and failed ones too) comes before what one did
     assert check.fresh_first("fp32,amp-bf16,fp8-tensorwise,fp8-rowwise", {"fp32", "amp-bf16"}) == \
         "fp32,fp8-tensorwise,fp8-rowwise,amp-bf16"

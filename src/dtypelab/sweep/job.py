@@ -7,7 +7,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -69,6 +69,8 @@ class Job:
     peaks: dict[str, float] | None = None  # the hardware probe's GFLOP/s, for the profile's utilisation
     rated: dict[str, float] | None = None  # the device's rated peak TFLOP/s, for the profile's MFU
     trace_dir: str | None = None  # --trace-dir: the profiled steps' raw Chrome trace goes here
+    # a Task object the caller passed (inline runs only: the sweep refuses a child process for one), used as it is
+    given: Task | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "plan", get_policy(self.plan))
@@ -275,7 +277,7 @@ def run_job(job: Job, progress: Progress | None = None, task: Task | None = None
     progress = progress or (lambda done, total: None)
     start = time.perf_counter()
     try:
-        task = task or load_task(job.task_spec)
+        task = task or job.given or load_task(job.task_spec)
         precision = Precision(job.plan, job.device)
         with threads(job.threads), young_heap():
             result = (infer if job.mode == "infer" else train)(task, job, precision, progress)

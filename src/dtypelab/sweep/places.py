@@ -31,8 +31,17 @@ from dtypelab.sweep.plans import policy_result
 FAN_OUT = ("local-gpus", "slurm")
 
 
-def launcher_for(opts: BenchOptions) -> Launcher:
+def launcher_for(opts: BenchOptions, task_object: bool = False) -> Launcher:
+    """The launcher the options name; a Task object (``task_object``) runs inline: its closures live in this
+    process and cannot travel to a child, so a launcher that would need them to is refused in one line."""
     given = opts.launcher
+    if task_object:
+        inline = given is None or given == "inline" or given is LAUNCHERS["inline"]
+        if not inline or opts.nproc is not None:
+            raise DtypelabError(f"a Task object runs in this process only (launcher 'inline'): for "
+                                f"{'torchrun' if opts.nproc is not None else f'launcher {given!r}'} give its spec, "
+                                "'file.py:make_task' or 'pkg.module:make_task'")
+        return LAUNCHERS["inline"]
     if given is None:
         return LAUNCHERS["process"]
     if isinstance(given, str):

@@ -13,7 +13,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ from dtypelab.core.pairing import paired_speedup
 from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.results import COMPILED_BASELINE, EnergySource, Report, RoundBlock
 from dtypelab.core.stats import CLEARLY_SLOWER, MIN_GAIN
-from dtypelab.core.task import load_task
+from dtypelab.core.task import Task, load_task
 
 WINDOW_MARGIN = 1.25  # blocks sized for the energy counter span this much more than its shortest window
 
@@ -54,6 +54,7 @@ class RoundsJob:
     # ``rounds``.
     max_rounds: int = 0
     baseline: str = "fp32"
+    given: Task | None = field(default=None, repr=False, compare=False)  # a Task object (inline runs only)
 
     @property
     def name(self) -> str:  # for a launcher's messages about it
@@ -97,7 +98,7 @@ class _Stepper:
     """One job's policies, built, and a step (or inference pass) of any of them, timed or not."""
 
     def __init__(self, job: RoundsJob) -> None:
-        self.job, self.task = job, load_task(job.task_spec)
+        self.job, self.task = job, job.given or load_task(job.task_spec)
         self.device = torch.device(job.device)
         self.sync = device_sync(self.device)
         self.train = job.mode == "train"

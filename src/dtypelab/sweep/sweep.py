@@ -116,7 +116,8 @@ class _Sweep:
             opts.nproc, opts.nnodes, opts.rdzv_endpoint, opts.torchrun_args, opts.link_gbps, mode=opts.mode,
             per_layer=opts.per_layer, profile=bool(opts.profile_steps), rounds=opts.rounds, launcher=opts.launcher)
             if opts.nproc is not None else (None, ()))
-        self.launcher = TorchrunLauncher(self.torchrun) if self.torchrun else launcher_for(opts)
+        self.launcher = launcher_for(opts, task_object=True) if self.target.given is not None else (
+            TorchrunLauncher(self.torchrun) if self.torchrun else launcher_for(opts))
         self.fans_out = bool(getattr(self.launcher, "parallel", False))
         self.remote = getattr(self.launcher, "kind", "") == "slurm"  # the runs' device is on the cluster's nodes
         self.budget_s = parse_budget(opts.budget)
@@ -215,7 +216,8 @@ class _Sweep:
                 weights = None if opts.mode == "infer" and self.task.pretrained else os.path.join(
                     workdir, "reference.pt" if opts.mode == "infer" else "init.pt")
                 job = RoundsJob(self.target.spec, (), opts.mode, rounds, block, batch_size, opts.seed, str(self.dev),
-                                weights, opts.threads, workdir=workdir, max_rounds=MORE_ROUNDS * rounds)
+                                weights, opts.threads, workdir=workdir, max_rounds=MORE_ROUNDS * rounds,
+                                given=self.target.given)
                 report = interleaved(self.launcher, self.plans, opts, self.on_event, report, job)
             else:  # energy is read in the rounds' windows: the record says why it holds none
                 report = save_judged(replace(report, energy_source=EnergySource(why=(
@@ -253,7 +255,7 @@ class _Sweep:
         watch = mode == opts.mode and plan.name != BASELINE and base_step is not None and not opts.force
         step, span = base_step if base_step is not None else (None, 0.0)
         return Job(self.target.spec, plan, mode, steps, batch_size, warmup, opts.seed, str(self.dev), workdir,
-                   opts.threads, per_layer=opts.per_layer and mode == "infer",
+                   opts.threads, given=self.target.given, per_layer=opts.per_layer and mode == "infer",
                    time_box_s=time_box if mode == "infer" else None, min_timed=MIN_TIMED,
                    slow_step_s=step / SLOW_RATIO if watch and step else None, baseline_step_s=step,
                    slow_span_s=span,
