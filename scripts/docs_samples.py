@@ -53,6 +53,9 @@ COMMANDS: dict[str, tuple[str, int]] = {
                        "--no-batch-search", 0),
     "generate-tinylm": ("dtypelab bench tinylm --mode generate -b 4 --prompt-len 64 --gen-len 32", 0),
     "tune-generate": ("dtypelab tune tinylm --mode generate --gpu h100 --kl-budget 0.004", 0),
+    "device-minilm": ("dtypelab bench minilm --mode infer -p et-fp32,et-fp16,et-int8-dyn,et-int8,et-8da4w "
+                      "--baseline et-fp32", 0),
+    "device-export": ("dtypelab export minilm -p et-int8-dyn -o /tmp/dtypelab-minilm-et-int8-dyn.pte", 0),
     "generate-h100": ("dtypelab forecast hf:benchmarks/configs/llama3-8b --mode generate --device H100 "
                       "--prompt-len 512 --gen-len 128 -b 16", 0),
     "generate-4090": ("dtypelab forecast hf:benchmarks/configs/llama3-8b --mode generate --device RTX4090 "

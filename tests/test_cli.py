@@ -218,7 +218,7 @@ def test_readme_commands_are_what_ci_runs():
     # CI runs these paths
     # the suite in a worker per CPU (tests/conftest.py)
     parallel = "pytest -n auto"
-    assert commands[1].endswith(parallel) and ".[test,docs,minilm,lightning,hf,finetune,quantize]" in commands[1]
+    assert commands[1].endswith(parallel) and ".[test,docs,minilm,lightning,hf,finetune,quantize,device]" in commands[1]
     assert "lint-imports" in commands[1] and "mkdocs build --strict" in commands[1]  # layering and docs, checked
     with open(os.path.join(root, ".ci", "run")) as f:
         ci = f.read()

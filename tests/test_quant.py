@@ -22,7 +22,8 @@ from dtypelab.inference.sizes import linear_weight_bytes, serialize, tensor_byte
 from dtypelab.render.bench import render
 from dtypelab.sweep.listing import policy_table
 
-QUANT = [n for n, c in REGISTRY.items() if c.modes == ("infer",) and not c.gpu_only]  # GPU ones: test_cuda.py
+# GPU ones: test_cuda.py; whole-model programs (ExecuTorch's et-*): test_executorch.py
+QUANT = [n for n, c in REGISTRY.items() if c.modes == ("infer",) and not c.gpu_only and not c.program]
 # Lowest acceptable output SQNR on the MLP below. Expected from the formats: int8 with a scale per row has
 # ~7 significant bits (~40 dB per matmul, less once activations are quantized too); e4m3 has 4 (~28 dB).
 MIN_SQNR_DB = {"int8-dyn": 32, "int8-dyn-compile": 32, "int8-wo": 40, "fp8-wo": 24,

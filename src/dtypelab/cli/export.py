@@ -61,9 +61,12 @@ def _export(opts: ExportOptions, cli: dict[str, Any]) -> None:
         info = export(cli["task"], opts.policy, opts.output, weights=opts.weights, seed=opts.seed)
     lines = [f"wrote {info.path} ({info.format}): {size_text(info.file_bytes)}, "
              f"{info.file_bytes / info.fp32_file_bytes:.2f}x fp32's {size_text(info.fp32_file_bytes)}"]
-    if info.fp32_linear_weight_bytes:
+    if info.fp32_linear_weight_bytes and info.linear_weight_bytes:  # a .pte: its weights are inside the program
         lines.append(f"linear-layer weights: {size_text(info.linear_weight_bytes)}, "
                      f"{info.linear_weight_bytes / info.fp32_linear_weight_bytes:.2f}x fp32")
+    if info.planned_bytes is not None:
+        lines.append(f"activations planned by ExecuTorch's memory planning: {size_text(info.planned_bytes)} (known "
+                     "before the device runs it; XNNPACK's own workspace comes on top)")
     same = "identical" if info.roundtrip_max_abs_diff == 0 else f"max abs difference {info.roundtrip_max_abs_diff:.3g}"
     lines.append(f"weights: {info.weights}; reloaded from the file: outputs {same}")
     for line in lines:  # paths are the user's: never parsed as markup

@@ -127,6 +127,13 @@ def choose_policies(spec: str | None, task: Task, nproc: int, fine_tuning: bool 
         plans = [get_policy(n) for n in names]
     else:
         plans = parse_policies(spec)
+    programs = [p for p in plans if p.program]
+    if programs and spec is not None and spec.strip().lower() == "all":
+        plans = [p for p in plans if not p.program]  # measured where they run, never traced
+    elif programs:
+        raise DtypelabError(f"{', '.join(p.name for p in programs)}: a whole-model {programs[0].program} program is "
+                            "measured by bench --mode infer on this CPU (its size and planned memory: export); "
+                            "forecast traces eager PyTorch, and a device's latency is not forecast")
     if infer_only:
         trained = [p.name for p in plans if "infer" not in p.modes]
         if trained:

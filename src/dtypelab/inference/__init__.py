@@ -11,7 +11,7 @@ __getattr__, __dir__, __all__ = exports(__name__, {
     "export": "exporting", "load_exported": "exporting", "read_metadata": "exporting", "ExportInfo": "exporting",
     "ExportOptions": "options", "compare": "fidelity", "compare_outputs": "fidelity", "flat": "fidelity",
     "per_sample": "fidelity", "sqnr_db": "fidelity", "layer_fidelity": "perlayer", "linear_weight_bytes": "sizes",
-    "serialize": "sizes",
+    "serialize": "sizes", "PTE": "sizes",
 })
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
@@ -19,4 +19,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on 
     from dtypelab.inference.fidelity import compare, compare_outputs, flat, per_sample, sqnr_db
     from dtypelab.inference.options import ExportOptions
     from dtypelab.inference.perlayer import layer_fidelity
-    from dtypelab.inference.sizes import linear_weight_bytes, serialize
+    from dtypelab.inference.sizes import PTE, linear_weight_bytes, serialize

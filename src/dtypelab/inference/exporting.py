@@ -20,6 +20,7 @@ from torch import nn
 from dtypelab.core.backends import torchao_module
 from dtypelab.core.calibration import calibrating, task_feed
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.executorch import PteModule
 from dtypelab.core.loop import build_model, build_trainable, fit, forward
 from dtypelab.core.machine.hardware import probe
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy
@@ -27,9 +28,10 @@ from dtypelab.core.results.store import save_bytes
 from dtypelab.core.task import BUILTIN, Task, load_task
 from dtypelab.core.version import __version__
 from dtypelab.inference.fidelity import flat
-from dtypelab.inference.sizes import SAFETENSORS, TORCH, dedupe_state, linear_weight_bytes, serialize
+from dtypelab.inference.sizes import PTE, SAFETENSORS, TORCH, dedupe_state, linear_weight_bytes, serialize
 
-EXTENSIONS = {SAFETENSORS: (".safetensors",), TORCH: (".pt", ".pth")}
+EXTENSIONS = {SAFETENSORS: (".safetensors",), TORCH: (".pt", ".pth"), PTE: (".pte",)}
+SIDECAR = ".json"  # beside a .pte (a program a device loads as it is): dtypelab's metadata, as model.pte.json
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class ExportInfo:
     fp32_linear_weight_bytes: int
     roundtrip_max_abs_diff: float  # reloaded file vs the converted model in memory, same inputs
     weights: str  # where the fp32 weights came from
+    planned_bytes: int | None = None  # a .pte: the activations' arena ExecuTorch's memory planning gives it
 
 
 def _eager(model: nn.Module) -> nn.Module:
@@ -101,11 +104,17 @@ def export(task: str, policy: str | Plan, path: str, *, weights: str | None = No
         raise DtypelabError(f"policy {policy} is written with {fmt}: give a path ending in "
                             f"{' or '.join(EXTENSIONS[fmt])}, not {os.path.basename(path)!r}")
     save_bytes(path, blob)
+    program = _eager(converted)
+    lowered = program.lowered if isinstance(program, PteModule) else None
+    if lowered is not None:
+        meta = {"task": task, "policy": policy, "plan": plan.to_dict(), "weights": origin, "dtypelab": __version__,
+                "torch": torch.__version__, "program": lowered.metadata()}
+        save_bytes(path + SIDECAR, json.dumps(meta, indent=1, sort_keys=True).encode())
     inputs = loaded_task.inference_inputs(min(loaded_task.batch_size, 8))
     reloaded, _ = load_exported(path, task=loaded_task)
     diff = (_outputs(converted, pol, inputs) - _outputs(reloaded, pol, inputs)).abs().max().item()
     return ExportInfo(path, task, policy, fmt, len(blob), fp32_bytes, linear_weight_bytes(converted), fp32_linear,
-                      diff, origin)
+                      diff, origin, lowered.planned_bytes if lowered is not None else None)
 
 
 def read_metadata(path: str) -> dict[str, Any]:
@@ -117,6 +126,8 @@ def _read(path: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
     """(tensors or state dict, dtypelab metadata, raw safetensors metadata)."""
     if not os.path.isfile(path):
         raise DtypelabError(f"no such file: {path}")
+    if path.endswith(EXTENSIONS[PTE]):
+        return {}, _pte_metadata(path), {}
     try:
         if path.endswith(EXTENSIONS[SAFETENSORS]):
             from safetensors import safe_open
@@ -132,6 +143,37 @@ def _read(path: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
         return tensors, json.loads(raw["dtypelab"]), raw
     except Exception as exc:  # safetensors' own error type, pickle errors, missing keys: all mean "not ours"
         raise DtypelabError(f"{path} is not a file written by dtypelab export ({type(exc).__name__}: {exc})") from None
+
+
+def _pte_metadata(path: str) -> dict[str, Any]:
+    """A .pte's metadata, from the JSON written beside it (read as data: nothing in either file is run here)."""
+    try:
+        with open(path + SIDECAR) as f:
+            meta = json.load(f)
+        if not isinstance(meta, dict) or not isinstance(meta.get("program"), dict):
+            raise ValueError("no 'program' entry")
+        return meta
+    except (OSError, ValueError) as exc:
+        raise DtypelabError(f"{path}: its dtypelab metadata {os.path.basename(path) + SIDECAR} is missing or broken "
+                            f"({type(exc).__name__}: {exc}); re-export it with dtypelab export") from None
+
+
+def _load_pte(path: str, meta: dict[str, Any]) -> nn.Module:
+    """The program as written, run by ExecuTorch's runtime: no task, no policy, no Python of anyone's."""
+    from dtypelab.core.executorch import Lowered, PteModule, missing
+
+    why = missing()
+    if why:
+        raise DtypelabError(f"{path}: {why}")
+    with open(path, "rb") as f:
+        program = f.read()
+    try:
+        return PteModule(Lowered.from_metadata(program, meta["program"]))
+    except DtypelabError:
+        raise
+    except Exception as exc:  # the runtime's own error for a file that is no program
+        raise DtypelabError(f"{path} is not a program ExecuTorch's runtime loads ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
 def _named_task(path: str, meta: dict[str, Any]) -> str:
@@ -159,6 +201,8 @@ def load_exported(path: str, task: str | Task | None = None) -> tuple[nn.Module,
     the task named in the file (when its file has moved); a task the file names that is not a built-in must be given
     here, since reading a file never imports code it names."""
     tensors, meta, raw = _read(path)
+    if path.endswith(EXTENSIONS[PTE]):
+        return _load_pte(path, meta).eval(), meta
     task_obj = task if isinstance(task, Task) else load_task(task or _named_task(path, meta))
     try:  # files from before plans were stored name a registered policy only
         plan = Plan.from_dict(meta["plan"]) if "plan" in meta else get_policy(_named_policy(path, meta))

@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from dtypelab.core.backends import torchao_module
+from dtypelab.core.executorch import PteModule
 
-SAFETENSORS, TORCH = "safetensors", "torch.save"
+SAFETENSORS, TORCH, PTE = "safetensors", "torch.save", "executorch .pte"
 
 
 def _is_plain(t: Any) -> bool:
@@ -71,6 +72,8 @@ def _inner(state: dict[str, torch.Tensor]) -> Any:
 def serialize(model: nn.Module, metadata: dict[str, Any] | None = None) -> tuple[bytes, str]:
     """(file bytes, format) of the model's state; ``metadata`` (JSON-able) is stored alongside."""
     extra = {"dtypelab": json.dumps(metadata or {})}
+    if isinstance(model, PteModule):  # the program as a device loads it (export writes the metadata beside it)
+        return model.program, PTE
     if state_format(model) == TORCH:
         buf = io.BytesIO()
         torch.save({"state_dict": model.state_dict(), "metadata": extra}, buf)

@@ -79,7 +79,7 @@ def _infer_figures(report: Report, key: str, ran: list[PolicyResult]) -> list[st
     points = [(r.policy, (r.timing.median * 1e3) if r.timing else math.nan, r.fidelity.get("cos_min"),
                r.fidelity.get("sqnr_db")) for r in ran if r.policy != report.baseline]
     sizes = [r.size["file_bytes"] / mb if r.size else (r.model_bytes or 0) / mb or None for r in ran]
-    linear = [r.size["linear_weight_bytes"] / mb if r.size else None for r in ran]
+    linear = [None if (n := r.size["linear_weight_bytes"] if r.size else None) is None else n / mb for r in ran]
     series = [(r.policy, [x["layer"] for x in r.per_layer], [x["sqnr_db"] for x in r.per_layer],
                [x["own_sqnr_db"] for x in r.per_layer]) for r in ran if r.per_layer and r.policy != report.baseline]
     return [figure(plots.latency_vs_fidelity(points, report.config.min_cosine),

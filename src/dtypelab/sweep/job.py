@@ -35,7 +35,7 @@ from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy, policy
 from dtypelab.core.results import PolicyResult
 from dtypelab.core.stats import summarize
 from dtypelab.core.task import Task, load_task, plain, tensors
-from dtypelab.inference import compare, layer_fidelity, linear_weight_bytes, serialize
+from dtypelab.inference import PTE, compare, layer_fidelity, linear_weight_bytes, serialize
 from dtypelab.profiling import Profiler, profile_inference, profile_training, trace_path
 from dtypelab.sweep.measures import counted_state, emulated_layers, model_bytes
 
@@ -265,7 +265,8 @@ def infer(task: Task, job: Job, precision: Precision, progress: Progress) -> Pol
         step_times_s=tuple(timer.samples), metrics=metrics, fidelity=fidelity, peak_memory_bytes=peak,
         load_peak_memory_bytes=meter.load_peak, memory_method=meter.method, model_bytes=len(blob),
         init_fingerprint=init, size={"format": fmt, "file_bytes": len(blob),
-                                     "linear_weight_bytes": linear_weight_bytes(model)},
+                                     # a .pte holds its weights inside the program: no linear layer to count
+                                     "linear_weight_bytes": None if fmt == PTE else linear_weight_bytes(model)},
         first_call_s=first_call_s if first_call_s is not None else (timer.samples[0] if timer.samples else None),
         per_layer=layers, disturbance=disturbance.to_dict() if disturbance else {}, profile=profile,
         conversion=precision.conversion(),

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from dtypelab.core.calibration import calibrating, task_feed
 from dtypelab.core.disturbance import CpuMeter, was_disturbed
 from dtypelab.core.energy import Meter, measuring
 from dtypelab.core.errors import describe_exception
@@ -103,12 +104,14 @@ class _Stepper:
         self.sync = device_sync(self.device)
         self.train = job.mode == "train"
         self.runs: list[tuple[str, Precision, Any, Any]] = []
-        for plan in job.plans:
-            precision = Precision(plan, job.device)
-            model, optimizer = build_trainable(self.task, precision, self.device,
-                                               model=build_model(self.task, job.seed, job.weights), train=self.train)
-            self.runs.append((plan.name, precision, model, optimizer))
         self.inputs = None if self.train else to_device(self.task.inference_inputs(job.batch_size), self.device)
+        # what a calibrated or exported format reads as it converts (GPTQ, an ExecuTorch program): as its own run did
+        with calibrating(None if self.inputs is None else task_feed(self.inputs)):
+            for plan in job.plans:
+                precision = Precision(plan, job.device)
+                model, optimizer = build_trainable(self.task, precision, self.device, train=self.train,
+                                                   model=build_model(self.task, job.seed, job.weights))
+                self.runs.append((plan.name, precision, model, optimizer))
         self.block_steps = job.block
         self.meter: Meter | None = None
         self.energy: EnergySource | None = None

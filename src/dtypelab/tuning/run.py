@@ -89,6 +89,9 @@ def _candidate_error(plan: Plan, mode: str) -> str | None:
     if plan.numerics_only:  # tune chooses for speed; an emulation has none of its format's
         return (f"candidate {plan.name}: emulated numerics only, no speed to tune for; bench it (bench --emulate) to "
                 "see whether the model keeps its metric in that format")
+    if plan.program:  # one program for the whole model: no layer can be chosen into it
+        return (f"candidate {plan.name}: a whole-model {plan.program} program, not a config for layers; bench it "
+                "(bench --mode infer) beside the others")
     if plan.state is not None:
         return (f"candidate {plan.name}: a candidate is a config for layers; the optimizer's state "
                 f"(+{plan.state.label}) is the whole optimizer's (bench it as a policy)")

@@ -8,6 +8,7 @@ from dtypelab.core.judging.prefer import keeps_updates
 from dtypelab.core.machine.hardware import HardwareInfo, kernel_path_text
 from dtypelab.core.objectives import objective
 from dtypelab.core.results import COMPILED_BASELINE, PolicyResult, PolicyVerdict, Report, Verdict
+from dtypelab.core.results.parts import Conversion
 from dtypelab.core.stats import CLEARLY_SLOWER, MIN_GAIN
 
 KEPT = (Verdict.BETTER, Verdict.EQUAL, Verdict.WITHIN, Verdict.NO_GAIN, Verdict.RECOMMENDED, Verdict.OVER_MEMORY)
@@ -54,6 +55,8 @@ def _conversion_text(r: PolicyResult, report: Report | None = None) -> str:
     c = r.conversion
     if not c:
         return ""
+    if "fallback" in c:
+        return _program_text(r.policy, c)
     done, out = c.get("converted", []), c.get("left_out", [])
     text = f"{r.policy}: {c.get('format', 'converted')} in {len(done)} of {len(done) + len(out)} Linear layers"
     if not done:
@@ -68,6 +71,36 @@ def _conversion_text(r: PolicyResult, report: Report | None = None) -> str:
         text += (f"; {ratio:.2f}x the speed of {FLOAT8_BASELINE}, its fair baseline (compiled, bfloat16 elsewhere; "
                  "each run's own median step)")
     return text + "."
+
+
+FALLBACK_SHOWN = 6  # operators named outside a delegate
+
+
+def _program_text(policy: str, c: Conversion) -> str:
+    """A whole-model program (an ExecuTorch .pte): its delegated subgraphs, and the operators left outside the
+    delegate, most called first."""
+    text = f"{policy}: the whole model as one {c.get('format', 'program')} program, {c.get('delegated', 0)} " \
+        f"subgraph(s) delegated to {c.get('delegate', 'its backend')}"
+    if c.get("planned_bytes"):
+        text += f", {int(c['planned_bytes']) / 2**20:.1f} MiB of activations planned ahead of time"
+    ops = sorted(dict(c.get("fallback", {})).items(), key=lambda kv: (-int(kv[1]), kv[0]))
+    if not ops:
+        return text + "; every operator inside the delegate."
+    shown = ", ".join(f"{_op_name(op)} ×{n}" for op, n in ops[:FALLBACK_SHOWN])
+    more = f" and {len(ops) - FALLBACK_SHOWN} more" if len(ops) > FALLBACK_SHOWN else ""
+    return text + f"; outside it ({sum(int(n) for _, n in ops)} calls on the runtime's portable kernels): " \
+        f"{shown}{more}."
+
+
+def _op_name(op: str) -> str:
+    """ExecuTorch's operator key as aten's name: aten_native_layer_norm_default -> native_layer_norm."""
+    for prefix in ("aten_", "dim_order_ops_"):
+        if op.startswith(prefix):  # an overload's name follows: drop it (scalar_tensor, no prefix, is an op's name)
+            op = op.removeprefix(prefix)
+            for suffix in ("_default", "_tensor", "_scalar", "_self", "_int_list", "_start_step", "_dim"):
+                if op.endswith(suffix) and len(op) > len(suffix):
+                    return op.removesuffix(suffix)
+    return op
 
 
 LOST_SHOWN = 3  # parameters named in a lost-updates note
@@ -152,8 +185,10 @@ def _format_notes(ran: list[PolicyResult]) -> list[str]:
         notes.append("† emulated format: stored in it but computed in a wider type; its speed is not the "
                      "format's native speed.")
     if any(_linear_bytes(r) for r in ran):
+        pte = any(r.size and r.size["format"] == "executorch .pte" for r in ran)
         notes.append("size MiB: the converted model's file (safetensors, or torch.save for torch.ao's packed "
-                     "modules); linear W: bytes of linear-layer weights incl. scales, vs fp32.")
+                     f"modules{'; an ExecuTorch policy: its .pte program' if pte else ''}); linear W: bytes of "
+                     "linear-layer weights incl. scales, vs fp32.")
     return notes
 
 

@@ -27,7 +27,7 @@ from dtypelab.core.results import (
 from dtypelab.core.scaler import scaler_notes
 from dtypelab.core.stats import CONFIDENCE, MIN_GAIN, MIN_QUIET, unpaired_faster
 from dtypelab.core.text import size_text
-from dtypelab.core.tolerance import delta_text, judge, tolerance_sentence
+from dtypelab.core.tolerance import BASELINE, delta_text, judge, tolerance_sentence
 
 MEMORY_GAP = 0.95  # a lower peak is worth a sentence below this ratio (smaller gaps are measurement noise)
 
@@ -46,9 +46,10 @@ def _details(report: Report, speedups: dict[str, float | None]) -> list[str]:
     out, baseline = [], report.baseline
     for r in report.results:
         out += [n if n.endswith(".") else n + "." for n in scaler_notes(r.scaler, len(r.losses), r.policy)]
-        if report.config.mode == "infer" and r.policy != baseline and "sqnr_db" in r.fidelity:
+        # fidelity is against the fp32 reference run's outputs, whichever policy --baseline names
+        if report.config.mode == "infer" and r.policy != BASELINE and "sqnr_db" in r.fidelity:
             cos = r.fidelity.get("cos_min")
-            out.append(f"{r.policy}: outputs {r.fidelity['sqnr_db']:.1f} dB SQNR vs {baseline}, "
+            out.append(f"{r.policy}: outputs {r.fidelity['sqnr_db']:.1f} dB SQNR vs {BASELINE}, "
                        f"max abs error {r.fidelity['max_abs_err']:.3g}"
                        + (f", worst cosine {cos:.4f}." if cos is not None else "."))
     base = report.result(baseline)

@@ -11,7 +11,7 @@ from typing import Any
 from dtypelab.core.judging.memory import over
 from dtypelab.core.judging.speed import speed_text, speedup
 from dtypelab.core.results import PolicyResult, PolicyVerdict, Report, Verdict
-from dtypelab.core.tolerance import Tolerance, delta_text, judge
+from dtypelab.core.tolerance import BASELINE, Tolerance, delta_text, judge
 
 
 def metric_text(x: float) -> str:
@@ -68,13 +68,13 @@ def _vetoed(r: PolicyResult, j: _Judging, value: float, speed: str, where: str, 
             common: dict[str, Any]) -> tuple[PolicyVerdict, str] | None:
     """A policy within the tolerance that is still not accepted: its outputs drift (cosine), it is emulated (numerics
     only) or it does not fit the memory budget; None when nothing vetoes it."""
-    cfg, baseline = j.report.config, j.report.baseline
+    cfg = j.report.config
     metric, delta = cfg.metric, delta_text(value, j.base_metric, j.tol)
     cos = r.fidelity.get("cos_min") if cfg.mode == "infer" else None
     if cos is not None and cos < cfg.min_cosine:  # the metric can hide drift the outputs show
         return (PolicyVerdict(r.policy, Verdict.COSINE, f"cosine {cos:.4f} < {cfg.min_cosine:g}", **common),
                 f"{r.policy}: {speed}, {metric} {metric_text(value)} ({delta}) but its worst output cosine vs "
-                f"{baseline} is {cos:.4f}, below {cfg.min_cosine:g}.")
+                f"{BASELINE} is {cos:.4f}, below {cfg.min_cosine:g}.")  # the fp32 reference run's outputs
     if numerics:  # its metric, never its speed
         if r.conversion and not r.conversion.get("converted"):  # the filter took nothing: say so
             return (PolicyVerdict(r.policy, Verdict.NUMERICS_ONLY, "numerics only: no layer converted", **common),

@@ -100,6 +100,9 @@ class Facts:
     # rounding): a bench run does not count the updates its weights lose
     keeps_updates: bool = False
     process_wide: bool = False  # a process-wide setting (tf32): only a plan's default, alone
+    # a whole-model program run by its own runtime (ExecuTorch's .pte): measured by bench --mode infer and written by
+    # export; the capabilities that trace eager PyTorch or serve a language model through its cache refuse it
+    program: str = ""
 
     @property
     def probe_key(self) -> str:

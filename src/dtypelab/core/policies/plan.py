@@ -150,6 +150,11 @@ class Plan:
         return any(c.facts.numerics_only for c in self.configs)
 
     @property
+    def program(self) -> str:
+        """The runtime of a whole-model program this plan is (an ExecuTorch .pte), or "" for a PyTorch model."""
+        return next((c.facts.program for c in self.configs if c.facts.program), "")
+
+    @property
     def compute_dtype(self) -> str:
         return self.default.facts.compute_dtype
 

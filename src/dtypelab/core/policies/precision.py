@@ -39,6 +39,10 @@ def _merge(conversion: dict[str, Any], report: dict[str, Any]) -> None:
     for key in ("converted", "left_out", "notes"):
         if key in report:
             conversion.setdefault(key, []).extend(report[key])
+    # a whole-model program's (ExecuTorch): one per plan
+    for key in ("delegate", "delegated", "fallback", "planned_bytes"):
+        if key in report:
+            conversion[key] = report[key]
 
 
 class Precision:

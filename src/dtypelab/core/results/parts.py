@@ -28,9 +28,9 @@ class ScalerStats(TypedDict, total=False):
 
 
 class SizeInfo(TypedDict):
-    format: str  # "safetensors" or "torch.save"
+    format: str  # "safetensors", "torch.save" or "executorch .pte"
     file_bytes: int
-    linear_weight_bytes: int
+    linear_weight_bytes: int | None  # None for a .pte: its weights are inside the program
 
 
 class LeftOut(TypedDict):
@@ -45,6 +45,12 @@ class Conversion(TypedDict, total=False):
     format: str
     converted: list[str]
     left_out: list[LeftOut]
+    # a whole-model program (ExecuTorch): its delegate, the subgraphs delegated, the operators left outside the
+    # delegate with their call counts, and the activations' arena its memory planning gives it
+    delegate: str
+    delegated: int
+    fallback: dict[str, int]
+    planned_bytes: int
 
 
 class LayerFidelity(TypedDict):
