@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import json
 import os
 import sys
 import tempfile
@@ -161,9 +160,9 @@ def _integer_scalars_kept(gm: torch.fx.GraphModule) -> None:
     """ExecuTorch 1.5's XNNPACKQuantizer turns the scalar of every ``add``/``mul`` into a float tensor, those of
     integer index arithmetic too (transformers' attention masks: ``arange + 0``), which then fails as an index; as
     ``add.Scalar``/``mul.Scalar`` the integer ones are out of its reach and compute the same."""
+    ops = {getattr(torch.ops.aten, op).Tensor: getattr(torch.ops.aten, op).Scalar for op in _INT_SCALAR_OPS}
     for node in gm.graph.nodes:
         val = node.meta.get("val")
-        ops = {getattr(torch.ops.aten, op).Tensor: getattr(torch.ops.aten, op).Scalar for op in _INT_SCALAR_OPS}
         if (node.op == "call_function" and node.target in ops and isinstance(val, torch.Tensor)
                 and not val.dtype.is_floating_point and not isinstance(node.args[1], torch.fx.Node)):
             node.target = ops[node.target]
@@ -275,9 +274,4 @@ class PteModule(nn.Module):
                 else o[:end - start] if isinstance(o, torch.Tensor) and o.dim() else o for o in got]
 
 
-def metadata_json(lowered: Lowered) -> str:
-    return json.dumps(lowered.metadata(), sort_keys=True)
-
-
-__all__ = ["GROUP", "SCHEMES", "SETUP", "Lowered", "PteModule", "example_calls", "lower", "metadata_json",
-           "missing"]
+__all__ = ["GROUP", "SCHEMES", "SETUP", "Lowered", "PteModule", "example_calls", "lower", "missing"]
