@@ -20,7 +20,7 @@ from torch import nn
 from dtypelab.core.backends import torchao_module
 from dtypelab.core.calibration import calibrating, task_feed
 from dtypelab.core.errors import DtypelabError
-from dtypelab.core.executorch import PteModule
+from dtypelab.core.executorch import Lowered, PteModule, missing
 from dtypelab.core.loop import build_model, build_trainable, fit, forward
 from dtypelab.core.machine.hardware import probe
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy
@@ -98,18 +98,18 @@ def export(task: str, policy: str | Plan, path: str, *, weights: str | None = No
     fp32_bytes, fp32_linear = len(serialize(model)[0]), linear_weight_bytes(model)
     with calibrating(task_feed(loaded_task.inference_inputs(loaded_task.batch_size))):  # for GPTQ and AWQ
         converted = pol.convert_module(model).eval()
-    blob, fmt = serialize(_eager(converted), {"task": task, "policy": policy, "plan": plan.to_dict(), "weights": origin,
-                                               "dtypelab": __version__, "torch": torch.__version__})
+    meta = {"task": task, "policy": policy, "plan": plan.to_dict(), "weights": origin, "dtypelab": __version__,
+            "torch": torch.__version__}
+    blob, fmt = serialize(_eager(converted), meta)
     if not path.endswith(EXTENSIONS[fmt]):
         raise DtypelabError(f"policy {policy} is written with {fmt}: give a path ending in "
                             f"{' or '.join(EXTENSIONS[fmt])}, not {os.path.basename(path)!r}")
     save_bytes(path, blob)
     program = _eager(converted)
     lowered = program.lowered if isinstance(program, PteModule) else None
-    if lowered is not None:
-        meta = {"task": task, "policy": policy, "plan": plan.to_dict(), "weights": origin, "dtypelab": __version__,
-                "torch": torch.__version__, "program": lowered.metadata()}
-        save_bytes(path + SIDECAR, json.dumps(meta, indent=1, sort_keys=True).encode())
+    if lowered is not None:  # a .pte holds no metadata of ours: the same, and the program's calling shape, beside it
+        save_bytes(path + SIDECAR, json.dumps({**meta, "program": lowered.metadata()}, indent=1,
+                                              sort_keys=True).encode())
     inputs = loaded_task.inference_inputs(min(loaded_task.batch_size, 8))
     reloaded, _ = load_exported(path, task=loaded_task)
     diff = (_outputs(converted, pol, inputs) - _outputs(reloaded, pol, inputs)).abs().max().item()
@@ -160,8 +160,6 @@ def _pte_metadata(path: str) -> dict[str, Any]:
 
 def _load_pte(path: str, meta: dict[str, Any]) -> nn.Module:
     """The program as written, run by ExecuTorch's runtime: no task, no policy, no Python of anyone's."""
-    from dtypelab.core.executorch import Lowered, PteModule, missing
-
     why = missing()
     if why:
         raise DtypelabError(f"{path}: {why}")
