@@ -56,6 +56,7 @@ COMMANDS: dict[str, tuple[str, int]] = {
     "device-minilm": ("dtypelab bench minilm --mode infer -p et-fp32,et-fp16,et-int8-dyn,et-int8,et-8da4w "
                       "--baseline et-fp32", 0),
     "device-export": ("dtypelab export minilm -p et-int8-dyn -o /tmp/dtypelab-minilm-et-int8-dyn.pte", 0),
+    "device-generate": ("dtypelab bench tinylm --mode generate -p et-fp32,et-fp16,et-int8-dyn,et-int8,et-8da4w", 0),
     "generate-h100": ("dtypelab forecast hf:benchmarks/configs/llama3-8b --mode generate --device H100 "
                       "--prompt-len 512 --gen-len 128 -b 16", 0),
     "generate-4090": ("dtypelab forecast hf:benchmarks/configs/llama3-8b --mode generate --device RTX4090 "

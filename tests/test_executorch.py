@@ -154,13 +154,136 @@ def test_a_pte_without_its_metadata_or_not_a_program_is_one_line(tmp_path):
 def test_the_commands_that_trace_or_serve_refuse_a_program_in_one_line():
     from dtypelab.core.task import load_task
     from dtypelab.forecasting.run import choose_policies
-    from dtypelab.serving import serve_policy
+    from dtypelab.serving import serve_forecast, serve_policy
     from dtypelab.tuning.run import _candidate_error
 
-    with pytest.raises(DtypelabError, match=r"whole-model ExecuTorch program.*not built yet"):
-        serve_policy("et-int8")
+    with pytest.raises(DtypelabError, match=r"et-int8: a ExecuTorch generation program.*latency is not forecast"):
+        serve_forecast("tinylm", device="H100", policies="bf16,et-int8", launcher="inline")
+    assert serve_policy("et-int8").name == "et-int8"  # bench --mode generate measures it
     assert "not a config for layers" in (_candidate_error(get_policy("et-int8-dyn"), "infer") or "")
     task = load_task(f"{TINY}:make_task")
     with pytest.raises(DtypelabError, match="a device's latency is not forecast"):
         choose_policies("fp32,et-int8", task, 1)
     assert not any(p.program for p in choose_policies("all", task, 1))  # "all" leaves them out
+
+
+# --- a language model as a generation program (its cache inside) --------------------------------------------------
+def _tiny_lm(layers: int = 1):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def lm_program():
+    from dtypelab.core.executorch_lm import Generation, PteLM, lower_lm
+
+    return PteLM(lower_lm(_tiny_lm(), "fp32", Generation(2, 24), None))
+
+
+def test_a_generation_program_prefills_and_decodes_through_its_own_cache_as_the_eager_model(lm_program):
+    """Prefill 10 tokens, decode 5 one at a time, through the program's cache: every logit as the eager model's
+    over the whole sequence; a call with fewer rows than the program's batch is padded."""
+    ids = torch.randint(0, 97, (2, 15), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = _tiny_lm()(ids).logits
+    for rows in (2, 1):
+        cache = lm_program.new_cache(rows, 15)
+        parts = [lm_program(ids[:rows, :10], past_key_values=cache, use_cache=True, logits_to_keep=0).logits]
+        parts += [lm_program(ids[:rows, i:i + 1], past_key_values=cache, logits_to_keep=1).logits
+                  for i in range(10, 15)]
+        got = torch.cat(parts, dim=1)
+        assert got.shape == (rows, 15, 97) and cache.position == 15
+        assert torch.allclose(got, ref[:rows], atol=1e-4), (rows, (got - ref[:rows]).abs().max())
+    # the cache's bytes: keys, values (1 layer x 2 x batch 2 x 2 heads x 24 positions x 16 dims, float32) and the
+    # cache's length counters
+    assert lm_program.lowered.cache_bytes == 2 * 2 * 2 * 24 * 16 * 4 + 8
+    assert lm_program.lowered.planned_bytes > lm_program.lowered.cache_bytes
+
+
+def test_a_generation_program_refuses_what_it_was_not_exported_for_in_one_line(lm_program):
+    with pytest.raises(DtypelabError, match="exported for 2 sequences of 24 positions, not 3 of 10"):
+        lm_program.new_cache(3, 10)
+    cache = lm_program.new_cache(2, 24)
+    lm_program(torch.zeros((2, 20), dtype=torch.long), past_key_values=cache)
+    with pytest.raises(DtypelabError, match=r"holds 24 positions: 20 \+ 5 tokens do not fit"):
+        lm_program(torch.zeros((2, 5), dtype=torch.long), past_key_values=cache)
+    lm_program.new_cache(2, 24)  # starts the program's cache over: the old one is stale
+    with pytest.raises(DtypelabError, match="holds one cache"):
+        lm_program(torch.zeros((2, 1), dtype=torch.long), past_key_values=cache)
+    # without a cache (a task's calls): each batch of rows from position 0, as the eager model reads them
+    ids = torch.randint(0, 97, (5, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(lm_program(input_ids=ids).logits, _tiny_lm()(ids).logits, atol=1e-4)
+
+
+def test_a_generation_program_read_back_from_its_file_takes_transformers_call(lm_program, tmp_path):
+    """What export writes for a language model (its metadata says the cache's shape) loads back as a program that
+    holds its cache, as data: nothing named in it is imported."""
+    from dtypelab.core.executorch_lm import Generation, PteLM, generates, shape_of
+
+    path = tmp_path / "lm.pte"
+    path.write_bytes(lm_program.program)
+    (tmp_path / "lm.pte.json").write_text(json.dumps({"task": str(tmp_path / "evil.py") + ":make_task",
+                                                      "policy": "et-fp32", "program": lm_program.lowered.metadata()}))
+    model, _ = load_exported(str(path))
+    assert isinstance(model, PteLM) and model.lowered == lm_program.lowered
+    ids = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(model(input_ids=ids).logits, lm_program(input_ids=ids).logits)
+    # a task's calls give the program's shape: their batch, their longest length (the dynamic dimension's bound)
+    assert generates(_tiny_lm()) and not generates(_mlp())
+    assert shape_of([((), {"input_ids": torch.zeros(4, 10)}), ((torch.zeros(4, 12),), {})]) == Generation(4, 13)
+
+
+def test_serving_measures_a_program_by_its_own_bytes():
+    """The runtime allocates outside torch: the memory figures come from the program (its bytes, its arena with
+    the cache inside), and the KV modifier that changes a PyTorch cache is refused for it."""
+    from dtypelab.core.executorch_lm import Generation, PteLM, lower_lm
+    from dtypelab.serving import serve_policy
+    from dtypelab.serving.measure import memory_figures, program_memory
+    from dtypelab.serving.workload import Shape
+
+    program = PteLM(lower_lm(_tiny_lm(), "int8-dyn", Generation(1, 16), None))
+    figures = memory_figures(program_memory(program), Shape(8, 4, 1))
+    low = program.lowered
+    assert figures.weights_bytes == len(low.program) and figures.kv_cache_bytes == low.cache_bytes
+    assert figures.peak_bytes == len(low.program) + low.planned_bytes
+    assert figures.kv_bytes_per_token == low.cache_bytes // 16  # its cache holds 16 positions, not the shape's 12
+    assert serve_policy("et-int8").plan.program == "ExecuTorch"
+    with pytest.raises(DtypelabError, match=r"holds its own cache.*drop \+kv-fp8"):
+        serve_policy("et-int8+kv-fp8")
+
+
+def test_a_calibrated_program_gets_calibration_windows_in_generate_mode():
+    from dtypelab.serving.bench import Setup
+    from dtypelab.sweep import BenchOptions
+
+    setup = Setup.of("tinylm", BenchOptions.build(None, mode="generate", policies="et-int8", prompt_len=16, gen_len=8))
+    assert setup.calibration is not None and len(setup.calibration) > 0
+    assert Setup.of("tinylm", BenchOptions.build(None, mode="generate", policies="et-int8-dyn")).calibration is None
+
+
+@pytest.mark.e2e
+def test_bench_generate_measures_a_program_beside_the_eager_model(tmp_path):
+    """tinylm served as a static-int8 ExecuTorch program, calibrated on text where it is measured and again where it
+    is timed: its quality against fp32's log-probabilities, its memory from the program, timed in the interleaved
+    rounds, its delegation in the record and in a note."""
+    from dtypelab.core.results import GenerateReport
+    from dtypelab.serving import serve_bench
+
+    path = tmp_path / "g.json"
+    report = serve_bench("tinylm", prompt_len=16, gen_len=8, batch_size=2, policies="fp32,et-int8",
+                         launcher="inline", rounds=2, json_path=str(path))
+    base, program = report.policies
+    assert program.status == "ok", program.reason
+    assert 0 < program.quality.kl.value < 0.05 and program.quality.agreement > 0.8
+    g, c = program.generate, program.conversion
+    assert g.weights_bytes < base.generate.weights_bytes / 2  # int8 linear layers inside the program
+    assert g.kv_cache_bytes == c["cache_bytes"] and len(g.decode_runs_s) == 2  # timed: calibrated there too
+    assert c["batch"] == 2 and c["max_len"] == 32 and c["delegated"] >= 1  # tinylm's held-out windows: 32
+    assert any("ExecuTorch .pte program" in n and "a cache of 32 positions" in n for n in program.notes)
+    assert GenerateReport.from_json(path.read_text()).result("et-int8").conversion == c

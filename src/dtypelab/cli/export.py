@@ -67,6 +67,10 @@ def _export(opts: ExportOptions, cli: dict[str, Any]) -> None:
     if info.planned_bytes is not None:
         lines.append(f"activations planned by ExecuTorch's memory planning: {size_text(info.planned_bytes)} (known "
                      "before the device runs it; XNNPACK's own workspace comes on top)")
+    if info.cache is not None:
+        batch, positions, cache = info.cache
+        lines.append(f"a generation program: {batch} sequence(s) of up to {positions} positions, its key/value cache "
+                     f"({size_text(cache)}) inside the planned memory; call it with input_ids and cache_position")
     same = "identical" if info.roundtrip_max_abs_diff == 0 else f"max abs difference {info.roundtrip_max_abs_diff:.3g}"
     lines.append(f"weights: {info.weights}; reloaded from the file: outputs {same}")
     for line in lines:  # paths are the user's: never parsed as markup

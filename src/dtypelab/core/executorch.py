@@ -78,6 +78,12 @@ def _native_log_held() -> Iterator[None]:
             os.close(saved)
 
 
+def load_forward(program: bytes) -> Any:
+    """The program's ``forward`` method, loaded by ExecuTorch's runtime."""
+    with _native_log_held():
+        return _runtime().load_program(program).load_method("forward")
+
+
 def _module(name: str) -> Any:
     with quiet():
         return importlib.import_module(name)
@@ -128,11 +134,15 @@ class Lowered:
     # the arena ExecuTorch's memory planning gives the program's activations (its non-constant buffers), known
     # without the device; the delegate's own scratch (XNNPACK's workspace) is not in it
     planned_bytes: int = 0
+    # a language model's program (``executorch_lm``): the positions its key/value cache holds (0: not one), and the
+    # cache's bytes, part of the planned arena (its mutable buffers)
+    max_len: int = 0
+    cache_bytes: int = 0
 
     def metadata(self) -> dict[str, Any]:
         return {"in_spec": self.in_spec, "out_spec": self.out_spec, "batch": self.batch,
                 "float_dtype": self.float_dtype, "delegated": self.delegated, "fallback": self.fallback,
-                "planned_bytes": self.planned_bytes}
+                "planned_bytes": self.planned_bytes, "max_len": self.max_len, "cache_bytes": self.cache_bytes}
 
     @classmethod
     def from_metadata(cls, program: bytes, meta: dict[str, Any]) -> Lowered:
@@ -140,7 +150,8 @@ class Lowered:
             return cls(program, str(meta["in_spec"]), str(meta["out_spec"]), int(meta["batch"]),
                        str(meta["float_dtype"]), int(meta.get("delegated", 0)),
                        {str(k): int(v) for k, v in dict(meta.get("fallback", {})).items()},
-                       int(meta.get("planned_bytes", 0)))
+                       int(meta.get("planned_bytes", 0)), int(meta.get("max_len", 0)),
+                       int(meta.get("cache_bytes", 0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise DtypelabError(f"the .pte's dtypelab metadata is incomplete ({type(exc).__name__}: {exc})") from None
 
@@ -169,20 +180,40 @@ def _integer_scalars_kept(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-def _pt2e(model: nn.Module, scheme: str, calls: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> nn.Module:
+@dataclass(frozen=True)
+class Exporter:
+    """How the model is exported: its example call, the dimensions left dynamic, and whether through Dynamo
+    (``strict``: transformers' static-cache recipe exports that way; a plain model, non-strict)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    dynamic: dict[str, Any] | None = None
+    strict: bool = False
+
+    def __call__(self, model: nn.Module, strict: bool | None = None) -> Any:
+        return torch.export.export(model, self.args, self.kwargs, dynamic_shapes=self.dynamic,
+                                   strict=self.strict if strict is None else strict)
+
+
+Calibrate = Callable[[nn.Module], None]  # runs calibration inputs through a prepared (observed) model
+
+
+def _pt2e(model: nn.Module, scheme: str, export: Exporter, calibrate: Calibrate) -> nn.Module:
     """int8 through PT2E: XNNPACKQuantizer on the linear layers (weights per channel; activations per call, or
-    calibrated on every recorded call)."""
+    calibrated by ``calibrate``)."""
     xq = _module("executorch.backends.xnnpack.quantizer.xnnpack_quantizer")
     pt2e = _module("torchao.quantization.pt2e.quantize_pt2e")
     config = xq.get_symmetric_quantization_config(is_per_channel=True, is_dynamic=scheme == "int8-dyn")
     quantizer = xq.XNNPACKQuantizer().set_module_type(nn.Linear, config)
-    args, kwargs = calls[0]
-    gm = torch.export.export(model, args, kwargs, strict=False).module()
+    with quiet():
+        gm = export(model).module()
     _integer_scalars_kept(gm)
     prepared = pt2e.prepare_pt2e(gm, quantizer)
     with torch.no_grad():
-        for a, k in calls if scheme == "int8" else calls[:1]:
-            prepared(*a, **k)
+        if scheme == "int8":
+            calibrate(prepared)
+        else:  # dynamic: one call gives the graph its observers' shapes
+            prepared(*export.args, **export.kwargs)
     converted: nn.Module = pt2e.convert_pt2e(prepared)
     return converted
 
@@ -198,33 +229,73 @@ def _8da4w(model: nn.Module) -> nn.Module:
     return model
 
 
-def lower(model: nn.Module, scheme: str, calls: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> Lowered:
-    """``model`` (float32, eval) as a ``.pte`` under ``scheme``, exported at the first call's shapes."""
+def float_dtype(scheme: str) -> torch.dtype:
     if scheme not in SCHEMES:
         raise DtypelabError(f"executorch: unknown scheme {scheme!r}; use one of {', '.join(SCHEMES)}")
-    dtype = torch.float16 if scheme == "fp16" else torch.float32
-    calls = [_cast(c, dtype) for c in calls]
-    model = model.to(dtype).eval()
+    return torch.float16 if scheme == "fp16" else torch.float32
+
+
+DYNAMIC = ("int8-dyn", "8da4w")  # activations quantized per call
+
+
+def _partitioners(scheme: str, llm: bool) -> list[Any]:
+    """XNNPACK's partitioners as ExecuTorch's recipes use them: one pass for a model (its XNNPACK examples'); for a
+    language model with dynamically quantized linears, those first, then everything else it takes (its LLM
+    export's order: in one pass XNNPACK 1.5 can cut the quantization chain Q, K and V share into partitions that
+    depend on each other, and the lowering fails)."""
+    xp = _module("executorch.backends.xnnpack.partition.xnnpack_partitioner")
+    first = [xp.XnnpackDynamicallyQuantizedPartitioner()] if llm and scheme in DYNAMIC else []
+    return [*first, xp.XnnpackPartitioner()]
+
+
+@dataclass(frozen=True)
+class Program:
+    """A lowered program's bytes and how it was delegated (``Lowered``'s fields from ``to_program``)."""
+
+    ep: Any  # the exported program before lowering: its call spec
+    buffer: bytes
+    delegated: int
+    fallback: dict[str, int]
+    planned_bytes: int
+    state_bytes: int = 0  # the buffers the program writes (a language model's cache), part of the planned arena
+
+
+def to_program(model: nn.Module, scheme: str, export: Exporter, calibrate: Calibrate, llm: bool = False) -> Program:
+    """``model`` (in ``scheme``'s float dtype, eval) quantized as ``scheme`` asks, exported by ``export`` and lowered
+    to XNNPACK as a .pte program (``llm``: partitioned as ExecuTorch's LLM export partitions)."""
     if scheme in ("int8", "int8-dyn"):
-        model = _pt2e(model, scheme, calls)
+        model = _pt2e(model, scheme, export, calibrate)
     elif scheme == "8da4w":
         model = _8da4w(model)
-    args, kwargs = calls[0]
     with quiet(), torch.no_grad():
-        ep = torch.export.export(model, args, kwargs, strict=False)
-        partitioner = _module("executorch.backends.xnnpack.partition.xnnpack_partitioner").XnnpackPartitioner()
-        edge = _module("executorch.exir").to_edge_transform_and_lower(ep, partitioner=[partitioner])
+        # a PT2E-converted model is a graph module already: exported as it is, without Dynamo
+        ep = export(model, strict=False) if isinstance(model, torch.fx.GraphModule) else export(model)
+        edge = _module("executorch.exir").to_edge_transform_and_lower(ep, partitioner=_partitioners(scheme, llm))
         info = _module("executorch.devtools.backend_debug").get_delegation_info(
             edge.exported_program().graph_module)
+        mutated = set(edge.exported_program().graph_signature.buffers_to_mutate.values())
         manager = edge.to_executorch()
-        program = manager.buffer
         # buffer 0 is reserved (the constants'): the rest are the arenas the runtime allocates for activations
         planned = sum(sum(plan.non_const_buffer_sizes[1:]) for plan in manager.executorch_program.execution_plan)
     fallback = {op: n.non_delegated for op, n in sorted(info.delegation_by_operator.items())
                 if n.non_delegated and op not in ("getitem", "sym_size")}
-    return Lowered(bytes(program), pytree.treespec_dumps(ep.call_spec.in_spec),
-                   pytree.treespec_dumps(ep.call_spec.out_spec), _batch_of(calls[0]), str(dtype).split(".")[-1],
-                   int(info.num_delegated_subgraphs), fallback, int(planned))
+    state = sum(t.untyped_storage().nbytes() for name, t in ep.named_buffers() if name in mutated)
+    return Program(ep, bytes(manager.buffer), int(info.num_delegated_subgraphs), fallback, int(planned), state)
+
+
+def lower(model: nn.Module, scheme: str, calls: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> Lowered:
+    """``model`` (float32, eval) as a ``.pte`` under ``scheme``, exported at the first call's shapes."""
+    dtype = float_dtype(scheme)
+    calls = [_cast(c, dtype) for c in calls]
+
+    def calibrate(prepared: nn.Module) -> None:
+        for a, k in calls:
+            prepared(*a, **k)
+
+    p = to_program(model.to(dtype).eval(), scheme, Exporter(*calls[0]), calibrate)
+    return Lowered(p.buffer, pytree.treespec_dumps(p.ep.call_spec.in_spec),
+                   pytree.treespec_dumps(p.ep.call_spec.out_spec), _batch_of(calls[0]), str(dtype).split(".")[-1],
+                   p.delegated, p.fallback, p.planned_bytes)
 
 
 # --- the program as a module -----------------------------------------------------------------------------------
@@ -239,8 +310,7 @@ class PteModule(nn.Module):
         self._in_spec = pytree.treespec_loads(lowered.in_spec)
         self._out_spec = pytree.treespec_loads(lowered.out_spec)
         self._dtype = getattr(torch, lowered.float_dtype)
-        with _native_log_held():
-            self._method = _runtime().load_program(lowered.program).load_method("forward")
+        self._method = load_forward(lowered.program)
 
     @property
     def program(self) -> bytes:
@@ -274,4 +344,5 @@ class PteModule(nn.Module):
                 else o[:end - start] if isinstance(o, torch.Tensor) and o.dim() else o for o in got]
 
 
-__all__ = ["GROUP", "SCHEMES", "SETUP", "Lowered", "PteModule", "example_calls", "lower", "missing"]
+__all__ = ["GROUP", "SCHEMES", "SETUP", "Calibrate", "Exporter", "Lowered", "Program", "PteModule", "example_calls",
+           "float_dtype", "load_forward", "lower", "missing", "to_program"]

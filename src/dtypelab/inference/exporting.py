@@ -21,6 +21,7 @@ from dtypelab.core.backends import torchao_module
 from dtypelab.core.calibration import calibrating, task_feed
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.executorch import Lowered, PteModule, missing
+from dtypelab.core.executorch_lm import program_module
 from dtypelab.core.loop import build_model, build_trainable, fit, forward
 from dtypelab.core.machine.hardware import probe
 from dtypelab.core.policies import BASELINE, Plan, Precision, get_policy
@@ -47,6 +48,8 @@ class ExportInfo:
     roundtrip_max_abs_diff: float  # reloaded file vs the converted model in memory, same inputs
     weights: str  # where the fp32 weights came from
     planned_bytes: int | None = None  # a .pte: the activations' arena ExecuTorch's memory planning gives it
+    # a language model's .pte (a generation program): the sequences and positions its cache holds, and its bytes
+    cache: tuple[int, int, int] | None = None
 
 
 def _eager(model: nn.Module) -> nn.Module:
@@ -114,7 +117,8 @@ def export(task: str, policy: str | Plan, path: str, *, weights: str | None = No
     reloaded, _ = load_exported(path, task=loaded_task)
     diff = (_outputs(converted, pol, inputs) - _outputs(reloaded, pol, inputs)).abs().max().item()
     return ExportInfo(path, task, policy, fmt, len(blob), fp32_bytes, linear_weight_bytes(converted), fp32_linear,
-                      diff, origin, lowered.planned_bytes if lowered is not None else None)
+                      diff, origin, lowered.planned_bytes if lowered is not None else None,
+                      (lowered.batch, lowered.max_len, lowered.cache_bytes) if lowered and lowered.max_len else None)
 
 
 def read_metadata(path: str) -> dict[str, Any]:
@@ -166,7 +170,7 @@ def _load_pte(path: str, meta: dict[str, Any]) -> nn.Module:
     with open(path, "rb") as f:
         program = f.read()
     try:
-        return PteModule(Lowered.from_metadata(program, meta["program"]))
+        return program_module(Lowered.from_metadata(program, meta["program"]))
     except DtypelabError:
         raise
     except Exception as exc:  # the runtime's own error for a file that is no program

@@ -232,7 +232,7 @@ def _notes(report: GenerateReport) -> list[str]:
                      "whole context, and everything else); first divergence: the mean position where a greedy "
                      "continuation first differs from the baseline's (and how many differ)")
         notes += [n for n in (detectable_note(report), *bucket_notes(report)) if n]
-        notes += [f"calibration (GPTQ, AWQ, kv-fp8-cal): {cfg.calibration}"] if cfg.calibration else []
+        notes += [f"calibration (GPTQ, AWQ, et-int8, kv-fp8-cal): {cfg.calibration}"] if cfg.calibration else []
     elif cfg.engine == "vllm":
         notes += _engine_notes(report)
     else:

@@ -18,13 +18,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from dtypelab.core.energy import require_counter
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.judging.generate import judge_generation, steadiness_notes
+from dtypelab.core.judging.notes import program_text
 from dtypelab.core.machine.hardware import environment, hardware_for
 from dtypelab.core.objectives import for_mode
 from dtypelab.core.objectives import objective as objective_of
@@ -36,10 +37,11 @@ from dtypelab.core.results import (
     GenerateQuality,
     GenerateReport,
 )
+from dtypelab.core.results.parts import Conversion
 from dtypelab.core.tolerance import Tolerance
 from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher
 from dtypelab.serving.kv import attention_layers
-from dtypelab.serving.measure import GenerateJob, Measured, with_speeds
+from dtypelab.serving.measure import GenerateJob, Measured, program_shape, with_speeds
 from dtypelab.serving.policies import DEFAULT_MEASURED, ServePolicy, serve_policies, serve_policy
 from dtypelab.serving.quality import judge
 from dtypelab.serving.rounds import ROUNDS, GenerateRounds, Timings
@@ -147,10 +149,11 @@ class Setup:
         launcher = LAUNCHERS[given] if isinstance(given, str) else (given or ProcessLauncher())
         plans = (base, *(p for p in chosen if p.name != base.name))
         calibrated = any(getattr(p.kv, "calibrated_by_text", False) or any(
-            c.facts.emulated and getattr(c, "calibrated", False) for c in p.plan.configs) for p in plans)
+            getattr(c, "calibrated", False) for c in p.plan.configs) for p in plans)
         if not calibrated and (opts.calibration or opts.calibration_samples != CALIBRATION_SAMPLES):
             raise DtypelabError("--calibration and --calibration-samples are read by calibrated policies only "
-                                "(w4a16-gptq, w4a16-awq, w8a16-gptq, w8a16-awq, POLICY+kv-fp8-cal): none is named")
+                                "(w4a16-gptq, w4a16-awq, w8a16-gptq, w8a16-awq, et-int8, POLICY+kv-fp8-cal): none is "
+                                "named")
         ids, words = calibration_windows(served, opts.calibration, opts.calibration_samples,
                                          quality_len(shape, served.context)) if calibrated else \
             (None, "")
@@ -196,7 +199,9 @@ def _rounds(setup: Setup, results: list[GeneratePolicy]) -> Timings | str:
     if not ran or rounds == 0:
         return "--rounds 0: no timing rounds" if ran else "no policy completed"
     job = GenerateRounds(setup.spec, tuple((p.name, p.plan, p.kv.label) for p in ran), setup.shape, rounds,
-                         setup.opts.seed, setup.device, setup.opts.threads)
+                         setup.opts.seed, setup.device, setup.opts.threads,
+                         program_shape(setup.shape, quality_len(setup.shape, setup.served.context)),
+                         None if setup.calibration is None else setup.calibration.tolist())
     outcome: Outcome = setup.launcher.run(job, setup.opts.timeout_s * len(ran), lambda done, total: None)
     if outcome.status != "ok":
         return f"the timing rounds {outcome.status}: {outcome.reason}"
@@ -288,10 +293,23 @@ def _one(setup: Setup, p: ServePolicy, base: Measured | None, first: bool = Fals
         return GeneratePolicy(p.name, runs.describe(), "failed", outcome.reason, seconds=outcome.wall_s), None
     value = outcome.value
     assert isinstance(value, Measured)
-    notes = tuple(n for n in (note, _scales_note(p.kv, value.kv_scales)) if n)
+    conversion = cast(Conversion, value.conversion)
+    notes = tuple(n for n in (note, _scales_note(p.kv, value.kv_scales), _program_note(p.name, conversion, shape))
+                  if n)
     stand_in = runs.plan.name if runs is not p else ""
     return GeneratePolicy(p.name, runs.describe(), "ok", generate=value.figures, quality=_quality(value, base),
-                          notes=notes, seconds=outcome.wall_s, measured_as=stand_in), value
+                          notes=notes, seconds=outcome.wall_s, measured_as=stand_in, conversion=conversion), value
+
+
+def _program_note(policy: str, conversion: Conversion, shape: Shape) -> str:
+    """A generation program's delegation, and the shape it was exported for where it differs from the others'."""
+    if not conversion.get("max_len"):
+        return ""
+    text = program_text(policy, conversion).removeprefix(f"{policy}: ").removesuffix(".")  # its row names it
+    longer = conversion["max_len"] > shape.context
+    return text + (f"; exported for {conversion.get('batch')} sequences and a cache of {conversion['max_len']} "
+                   "positions" + (f" (the held-out windows' length; the others' caches hold {shape.context})"
+                                  if longer else "") + ", its keys and values inside the program.")
 
 
 def _scales_note(fmt: Any, scales: list[tuple[float, float]] | None) -> str:

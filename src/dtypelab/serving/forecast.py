@@ -60,17 +60,15 @@ def serve_forecast(spec: str, options: ForecastOptions | None = None, *, on_prog
     target = target_device(opts.device, opts.memory, opts.reserve)
     shape = Shape(opts.prompt_len, opts.gen_len, opts.batch_size or 1)
     measured = read_measured(opts.energy_from, target) if opts.energy_from else None  # its errors come first
-    here = "cuda" if torch.cuda.is_available() else "cpu"
-    if opts.check and target.kind != here:
-        raise DtypelabError(f"--check runs the workload here ({here}): forecast for --device {here}, or leave out "
-                            "--check")
+    _check_here(opts.check, target.kind)
+    chosen = _no_programs(serve_policies(opts.policies, DEFAULT_FORECAST if target.kind == "cuda" else
+                                         DEFAULT_FORECAST_CPU))
     # a worker's imports run while this process reads the model; none for this CPU, whose kernels are timed here with
     # nothing beside them
     workers = _prestart(opts.launcher or "process") if target.kind == "cuda" else []
     served = load_served(spec)
     check_shape(shape, served.context, served.name, served.config)
     engine, link = engine_of(opts, target, served.context)
-    chosen = serve_policies(opts.policies, DEFAULT_FORECAST if target.kind == "cuda" else DEFAULT_FORECAST_CPU)
     rates, no_rates = rates_for(target) if opts.speed else (None, "")  # the source; each part times with its own
     parts = _parts(chosen, target, rates, len(workers))
     jobs = [ForecastPart(spec, shape, target, part, opts.seed, opts.batch_search, opts.speed, engine, link)
@@ -181,6 +179,23 @@ class ForecastPart:
             self.kept.append(out[-1])
             report.step(i + 1, len(self.names))
         return out, fc.parameters()
+
+
+def _check_here(check: bool, kind: str) -> None:
+    here = "cuda" if torch.cuda.is_available() else "cpu"
+    if check and kind != here:
+        raise DtypelabError(f"--check runs the workload here ({here}): forecast for --device {here}, or leave out "
+                            "--check")
+
+
+def _no_programs(chosen: list[ServePolicy]) -> list[ServePolicy]:
+    """``chosen``, none of them a device program (refused in one line)."""
+    programs = [p for p in chosen if p.plan.program]
+    if programs:
+        raise DtypelabError(f"{', '.join(p.name for p in programs)}: a {programs[0].plan.program} generation program "
+                            "is measured by bench --mode generate on this CPU (its .pte, its cache and its planned "
+                            "memory); forecast traces eager PyTorch, and a device's latency is not forecast")
+    return chosen
 
 
 def _parts(chosen: list[ServePolicy], target: TargetDevice, rates: Any, workers: int) -> list[tuple[str, ...]]:

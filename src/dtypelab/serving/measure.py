@@ -9,12 +9,13 @@ read through the cache. Its speed and energy are timed beside every other policy
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from dtypelab.core.calibration import calibrating
+from dtypelab.core.executorch_lm import Generation, PteLM, generating
 from dtypelab.core.loop import threads
 from dtypelab.core.measure import device_sync
 from dtypelab.core.policies import Plan, Precision
@@ -72,6 +73,7 @@ class Measured:
     positions: PerPosition | None = None
     split: int = 0  # the first continuation position's context length
     kv_scales: list[tuple[float, float]] | None = None  # a calibrated KV format's per-layer (key, value) scales
+    conversion: dict[str, Any] = field(default_factory=dict)  # a generation program's: its delegation, its shape
 
 
 def prompts(text: Any, shape: Shape) -> torch.Tensor:
@@ -86,12 +88,14 @@ def counted(model: Any, config: Any, job: GenerateJob, ids: torch.Tensor, dtype:
             device: torch.device) -> dict[str, Any]:
     """The prefill's and one decode step's peaks, by what holds them (a static cache: every decode step holds the
     same), counted on real tensors."""
+    if isinstance(model, PteLM):
+        return program_memory(model)
     fmt = kv_format(job.kv)
     with Ledger() as ledger:
         ledger.claim(model.parameters(), "parameters")
         ledger.claim(model.buffers(), "parameters")
         with ledger.phase_of("cache", default="buffers"):
-            cache = new_cache(config, fmt, job.shape, dtype, device, job.scales)
+            cache = new_cache(config, fmt, job.shape, dtype, device, job.scales, model)
         with ledger.phase_of("prefill"):
             token = prefill(model, ids, cache)
         with ledger.phase_of("decode"):
@@ -99,6 +103,17 @@ def counted(model: Any, config: Any, job: GenerateJob, ids: torch.Tensor, dtype:
         weights = sum(ledger.current[k] for k in WEIGHTS)
         return {"weights": weights, "kv": cache_bytes(cache), "prefill": ledger.phases["prefill"],
                 "decode": ledger.phases["decode"]}
+
+
+def program_memory(model: PteLM) -> dict[str, Any]:
+    """A generation program's memory, known from the program (the runtime allocates outside torch, where the
+    ledger cannot see): its bytes (weights and their packing), and the arena its memory planning sizes for the
+    longest call, the cache inside it; every call holds the same arena."""
+    lowered = model.lowered
+    weights, arena = len(lowered.program), lowered.planned_bytes
+    peak = Peak(weights + arena, phase="program")
+    return {"weights": weights, "kv": lowered.cache_bytes, "prefill": peak, "decode": peak,
+            "kv_per_token": lowered.cache_bytes // (lowered.batch * lowered.max_len)}
 
 
 def calibrated_scales(model: Any, config: Any, job: GenerateJob, device: torch.device
@@ -126,14 +141,16 @@ def memory_figures(memory: dict[str, Any], shape: Shape) -> GenerateFigures:
     return GenerateFigures(
         peak_bytes=top.total, weights_bytes=memory["weights"], kv_cache_bytes=memory["kv"],
         activations_bytes=top.total - memory["weights"] - memory["kv"], prefill_peak_bytes=prefill_peak.total,
-        decode_peak_bytes=decode_peak.total, kv_bytes_per_token=memory["kv"] // (shape.batch_size * shape.context))
+        decode_peak_bytes=decode_peak.total,
+        kv_bytes_per_token=memory.get("kv_per_token", memory["kv"] // (shape.batch_size * shape.context)))
 
 
 def measure(job: GenerateJob, report: Reporter) -> Measured:
     served = load_served(job.spec)
     device = torch.device(job.device)
     with calibrating(None if job.calibration is None else torch.tensor(job.calibration, device=device)):
-        model, config, precision = built(served, job.plan, job.seed, device)
+        model, config, precision = built(served, job.plan, job.seed, device, program_shape(job.shape,
+                                                                                              job.quality_len))
     sync = device_sync(device) or (lambda: None)
     with precision.session(), torch.inference_mode():
         dtype = compute_dtype(model, config, device)
@@ -142,21 +159,33 @@ def measure(job: GenerateJob, report: Reporter) -> Measured:
         ids = prompts(served.text, job.shape).to(device)
         memory = counted(model, config, job, ids, dtype, device)
         report.step(1, 3)
-        cache = new_cache(config, kv_format(job.kv), job.shape, dtype, device, job.scales)
+        cache = new_cache(config, kv_format(job.kv), job.shape, dtype, device, job.scales, model)
         tokens = generate(model, ids, job.shape.gen_len, cache, sync).tokens
         report.step(2, 3)
         scored = quality(model, config, job, served, dtype, device)
         report.step(3, 3)
-    return Measured(memory_figures(memory, job.shape), tokens.tolist(), *scored, kv_scales=job.scales)
+    return Measured(memory_figures(memory, job.shape), tokens.tolist(), *scored, kv_scales=job.scales,
+                    conversion=precision.conversion() if isinstance(model, PteLM) else {})
 
 
-def built(served: Any, plan: Plan, seed: int, device: torch.device) -> tuple[Any, Any, Precision]:
-    """The served model, seeded, converted by the plan's kinds on ``device``: (model, its config, the precision)."""
+def program_shape(shape: Shape, quality_len: int) -> Generation:
+    """What a generation program is exported for: the batch, and the longest context the bench reads through one
+    cache (the generation's, or the held-out windows')."""
+    return Generation(shape.batch_size, max(shape.context, quality_len))
+
+
+def built(served: Any, plan: Plan, seed: int, device: torch.device,
+          program: Generation | None = None) -> tuple[Any, Any, Precision]:
+    """The served model, seeded, converted by the plan's kinds on ``device`` (a program kind exports it for
+    ``program``): (model, its config, the precision)."""
     torch.manual_seed(seed)
     model = served.make_model().eval()
     config = config_of(model)
     precision = Precision(plan, device)
-    return precision.convert_module(model.to(device)), config, precision
+    if program is None:
+        return precision.convert_module(model.to(device)), config, precision
+    with generating(program.batch, program.max_len):
+        return precision.convert_module(model.to(device)), config, precision
 
 
 def quality(model: Any, config: Any, job: GenerateJob, served: Any, dtype: torch.dtype,
@@ -170,7 +199,7 @@ def quality(model: Any, config: Any, job: GenerateJob, served: Any, dtype: torch
     for k, i in enumerate(range(0, len(windows), job.shape.batch_size)):
         chunk = windows[i:i + job.shape.batch_size]
         cache = new_cache(config, kv_format(job.kv), Shape(split, job.quality_len - split, len(chunk)), dtype, device,
-                          job.scales)
+                          job.scales, model)
         got = score(model, chunk.to(device), split, cache)
         nats += got.nats * len(chunk)
         argmax += got.argmax.tolist()
@@ -181,4 +210,5 @@ def quality(model: Any, config: Any, job: GenerateJob, served: Any, dtype: torch
     return nats / len(windows), argmax, len(windows), joined(parts), split
 
 
-__all__ = ["GenerateJob", "Measured", "built", "measure", "memory_figures", "prompts", "with_speeds"]
+__all__ = ["GenerateJob", "Measured", "built", "measure", "memory_figures", "program_memory", "program_shape",
+           "prompts", "with_speeds"]

@@ -37,10 +37,9 @@ def serve_policy(spec: str) -> ServePolicy:
     if not head:
         raise DtypelabError(f"policy {spec}: a KV format modifies a weight format: NAME+{kv.label} (fp32+{kv.label})")
     plan = get_policy(head)
-    if plan.program:
-        raise DtypelabError(f"policy {head} is a whole-model {plan.program} program: bench --mode infer and export "
-                            "measure it; --mode generate serves a PyTorch model through its KV cache, and a language "
-                            f"model as a {plan.program} program with its own cache is not built yet")
+    if plan.program and kv is not NATIVE:
+        raise DtypelabError(f"policy {spec}: a {plan.program} program holds its own cache, in its compute dtype; "
+                            f"{kv.label} modifies a PyTorch model's (drop +{kv.label})")
     if "infer" not in plan.modes:
         raise DtypelabError(f"policy {head} is a training policy; --mode generate serves weight formats (fp32, bf16, "
                             "int8-wo, int4-wo, fp8-wo, int8-dyn, fp8-dyn-row ...)")

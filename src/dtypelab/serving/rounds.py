@@ -17,8 +17,10 @@ from typing import Any
 
 import torch
 
+from dtypelab.core.calibration import calibrating
 from dtypelab.core.disturbance import CpuMeter
 from dtypelab.core.energy import Meter, measuring
+from dtypelab.core.executorch_lm import Generation
 from dtypelab.core.loop import threads
 from dtypelab.core.measure import ROUND_BLOCK_S, device_sync
 from dtypelab.core.pairing import block_energy
@@ -66,14 +68,18 @@ class GenerateRounds:
     seed: int
     device: str
     threads: int | None = None
+    program: Generation | None = None  # what a program policy is exported for (as its measuring job's)
+    calibration: list[list[int]] | None = None  # the token ids a calibrated policy read there, read again here
 
     @property
     def name(self) -> str:
         return "generation rounds"
 
     def __call__(self, report: Reporter) -> Timings:
-        with threads(self.threads), torch.inference_mode():
-            return _Rounds(self).run(report)
+        with threads(self.threads):
+            rounds = _Rounds(self)  # built as the measuring job builds them: a conversion may set parameters
+            with torch.inference_mode():
+                return rounds.run(report)
 
 
 @dataclass
@@ -92,11 +98,13 @@ class _Rounds:
         self.runs: list[_Policy] = []
         self.ids: torch.Tensor | None = None
         for name, plan, kv in job.policies:
-            model, config, precision = built(served, plan, job.seed, self.device)
+            with calibrating(None if job.calibration is None else torch.tensor(job.calibration)):
+                model, config, precision = built(served, plan, job.seed, self.device,
+                                                 job.program or Generation(job.shape.batch_size, job.shape.context))
             with precision.session():
                 dtype = compute_dtype(model, config, self.device)
             self.runs.append(_Policy(name, model, precision, new_cache(config, kv_format(kv), job.shape, dtype,
-                                                                       self.device)))
+                                                                       self.device, model=model)))
             if self.ids is None:
                 self.ids = prompts(served.text, job.shape).to(self.device)
         self.meter, self.source = measuring(self.device)

@@ -18,6 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from dtypelab.core.errors import DtypelabError
+from dtypelab.core.executorch_lm import PteLM
 from dtypelab.serving.kv import KVFormat, geometry, make_cache
 
 
@@ -47,8 +48,12 @@ def _call(model: Any, ids: torch.Tensor, cache: Any, keep: int | None) -> torch.
 
 
 def compute_dtype(model: Any, config: Any, device: torch.device) -> torch.dtype:
-    """The dtype the model's attention hands its cache (its keys and values): found by running one token."""
+    """The dtype the model's attention hands its cache (its keys and values): found by running one token (a
+    program that holds its cache says)."""
     from transformers.cache_utils import DynamicCache
+
+    if isinstance(model, PteLM):
+        return model.dtype
 
     cache = DynamicCache(config=config)
     with torch.no_grad():
@@ -63,9 +68,12 @@ def compute_dtype(model: Any, config: Any, device: torch.device) -> torch.dtype:
 
 
 def new_cache(config: Any, fmt: KVFormat, shape: Shape, dtype: torch.dtype, device: torch.device,
-              scales: list[tuple[float, float]] | None = None) -> Any:
+              scales: list[tuple[float, float]] | None = None, model: Any = None) -> Any:
     """A cache for ``shape``'s whole context, allocated now (as a server reserves it before the first request);
-    ``scales``: each layer's calibrated (key, value) scales, where the format takes them."""
+    ``scales``: each layer's calibrated (key, value) scales, where the format takes them. A program that holds its
+    cache (``model``) gives its own, started over."""
+    if isinstance(model, PteLM):
+        return model.new_cache(shape.batch_size, shape.context)
     cache = make_cache(config, fmt, shape.context, scales)
     kv_heads, head_dim = geometry(config)
     for layer in cache.layers:

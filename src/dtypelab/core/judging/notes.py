@@ -56,7 +56,7 @@ def _conversion_text(r: PolicyResult, report: Report | None = None) -> str:
     if not c:
         return ""
     if "fallback" in c:
-        return _program_text(r.policy, c)
+        return program_text(r.policy, c)
     done, out = c.get("converted", []), c.get("left_out", [])
     text = f"{r.policy}: {c.get('format', 'converted')} in {len(done)} of {len(done) + len(out)} Linear layers"
     if not done:
@@ -76,7 +76,7 @@ def _conversion_text(r: PolicyResult, report: Report | None = None) -> str:
 FALLBACK_SHOWN = 6  # operators named outside a delegate
 
 
-def _program_text(policy: str, c: Conversion) -> str:
+def program_text(policy: str, c: Conversion) -> str:
     """A whole-model program (an ExecuTorch .pte): its delegated subgraphs, and the operators left outside the
     delegate, most called first."""
     text = f"{policy}: the whole model as one {c.get('format', 'program')} program, {c.get('delegated', 0)} " \

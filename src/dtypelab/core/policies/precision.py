@@ -40,7 +40,7 @@ def _merge(conversion: dict[str, Any], report: dict[str, Any]) -> None:
         if key in report:
             conversion.setdefault(key, []).extend(report[key])
     # a whole-model program's (ExecuTorch): one per plan
-    for key in ("delegate", "delegated", "fallback", "planned_bytes"):
+    for key in ("delegate", "delegated", "fallback", "planned_bytes", "batch", "max_len", "cache_bytes"):
         if key in report:
             conversion[key] = report[key]
 

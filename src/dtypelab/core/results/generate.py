@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from dtypelab.core.results.decision import Decision, Verdict
 from dtypelab.core.results.energy import Energy, EnergySource
 from dtypelab.core.results.forecast import TargetDevice
-from dtypelab.core.results.parts import RoundBlock, SpeedupInterval
+from dtypelab.core.results.parts import Conversion, RoundBlock, SpeedupInterval
 from dtypelab.core.results.store import Record
 
 GENERATE_SCHEMA = "dtypelab.generate"
@@ -142,6 +142,8 @@ class GeneratePolicy:
     seconds: float = 0.0
     # measured: what ran for it where its kernels are missing here (int4-wo-emu for int4-wo), numerics only
     measured_as: str = ""
+    # a generation program's (ExecuTorch): as a bench record's, with the shape it was exported for
+    conversion: Conversion = field(default_factory=lambda: Conversion())
 
 
 @dataclass(frozen=True)

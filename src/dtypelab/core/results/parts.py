@@ -51,6 +51,10 @@ class Conversion(TypedDict, total=False):
     delegated: int
     fallback: dict[str, int]
     planned_bytes: int
+    # a generation program's: the batch and positions it was exported for, and its cache's bytes (in the arena)
+    batch: int
+    max_len: int
+    cache_bytes: int
 
 
 class LayerFidelity(TypedDict):

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from torch import nn
 
 from dtypelab.core import executorch as et
+from dtypelab.core import executorch_lm as et_lm
 from dtypelab.core.calibration import calibration
 from dtypelab.core.errors import DtypelabError
 from dtypelab.core.machine.hardware import HardwareInfo
@@ -57,19 +58,33 @@ class ExecuTorch(Config):
             return "ExecuTorch's XNNPACK delegate runs on CPUs (a phone's, a board's, this one's): use --device cpu"
         return et.missing()
 
+    @property
+    def calibrated(self) -> bool:
+        """Its activations' scales are calibrated on the task's inputs (a language model's: calibration text)."""
+        return self.scheme == "int8"
+
     def plan_error(self, plan: Any) -> str | None:
         if plan.default != self or plan.rules:
             return f"{self.label} exports the whole model to one .pte: use it alone, as the plan's default"
         return None
 
     def convert_module(self, model: nn.Module, names: list[str]) -> tuple[nn.Module, dict[str, Any]]:
-        """The whole model exported at the calibration feed's first call (bench and export give the task's inputs),
-        lowered and loaded by ExecuTorch's runtime."""
-        calls = et.example_calls(model, calibration())
-        lowered = et.lower(model.float().eval(), self.scheme, calls)
+        """A language model: a generation program with its cache inside, of the shape serving asks for
+        (``et_lm.generating``) or of the task's calls. Any other model: exported whole at the calibration feed's
+        first call (bench and export give the task's inputs). Either lowered and loaded by ExecuTorch's runtime."""
+        shape, feed = et_lm.generation(), calibration()
+        if shape is None and et_lm.generates(model):  # a language model is a generation program on the device
+            shape = et_lm.shape_of(et.example_calls(model, feed))
+        if shape is not None:
+            lowered = et_lm.lower_lm(model.float(), self.scheme, shape, feed)
+        else:
+            lowered = et.lower(model.float().eval(), self.scheme, et.example_calls(model, feed))
+        module = et_lm.program_module(lowered)
         report = {"format": "ExecuTorch .pte", "delegate": "XNNPACK", "delegated": lowered.delegated,
                   "fallback": dict(lowered.fallback), "planned_bytes": lowered.planned_bytes}
-        return et.PteModule(lowered), report
+        if lowered.max_len:
+            report.update(batch=lowered.batch, max_len=lowered.max_len, cache_bytes=lowered.cache_bytes)
+        return module, report
 
 
 for _rank, _scheme in enumerate(et.SCHEMES):
