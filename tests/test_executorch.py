@@ -224,7 +224,7 @@ def test_a_generation_program_refuses_what_it_was_not_exported_for_in_one_line(l
 def test_a_generation_program_read_back_from_its_file_takes_transformers_call(lm_program, tmp_path):
     """What export writes for a language model (its metadata says the cache's shape) loads back as a program that
     holds its cache, as data: nothing named in it is imported."""
-    from dtypelab.core.executorch_lm import Generation, PteLM, generates, shape_of
+    from dtypelab.core.executorch_lm import Generation, PteLM, generates, read_program, shape_of, write_program
 
     path = tmp_path / "lm.pte"
     path.write_bytes(lm_program.program)
@@ -232,6 +232,8 @@ def test_a_generation_program_read_back_from_its_file_takes_transformers_call(lm
                                                       "policy": "et-fp32", "program": lm_program.lowered.metadata()}))
     model, _ = load_exported(str(path))
     assert isinstance(model, PteLM) and model.lowered == lm_program.lowered
+    write_program(lm_program.lowered, str(tmp_path / "again.pte"))  # serving's hand-over to its timing rounds
+    assert read_program(str(tmp_path / "again.pte")) == lm_program.lowered
     ids = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(2))
     assert torch.equal(model(input_ids=ids).logits, lm_program(input_ids=ids).logits)
     # a task's calls give the program's shape: their batch, their longest length (the dynamic dimension's bound)
@@ -268,22 +270,27 @@ def test_a_calibrated_program_gets_calibration_windows_in_generate_mode():
 
 
 @pytest.mark.e2e
-def test_bench_generate_measures_a_program_beside_the_eager_model(tmp_path):
-    """tinylm served as a static-int8 ExecuTorch program, calibrated on text where it is measured and again where it
-    is timed: its quality against fp32's log-probabilities, its memory from the program, timed in the interleaved
+def test_bench_generate_measures_a_program_beside_the_eager_model(tmp_path, monkeypatch):
+    """tinylm served as a static-int8 ExecuTorch program, calibrated on text and lowered where it is measured, the same
+    program timed: its quality against fp32's log-probabilities, its memory from the program, timed in the interleaved
     rounds, its delegation in the record and in a note."""
+    from dtypelab.core import executorch_lm
     from dtypelab.core.results import GenerateReport
     from dtypelab.serving import serve_bench
 
+    lowered = []
+    lower = executorch_lm.lower_lm
+    monkeypatch.setattr(executorch_lm, "lower_lm", lambda *a, **k: lowered.append(a[1]) or lower(*a, **k))
     path = tmp_path / "g.json"
     report = serve_bench("tinylm", prompt_len=16, gen_len=8, batch_size=2, policies="fp32,et-int8",
                          launcher="inline", rounds=2, json_path=str(path))
+    assert lowered == ["int8"]  # once, where it is measured: the rounds time the very program written there
     base, program = report.policies
     assert program.status == "ok", program.reason
     assert 0 < program.quality.kl.value < 0.05 and program.quality.agreement > 0.8
     g, c = program.generate, program.conversion
     assert g.weights_bytes < base.generate.weights_bytes / 2  # int8 linear layers inside the program
-    assert g.kv_cache_bytes == c["cache_bytes"] and len(g.decode_runs_s) == 2  # timed: calibrated there too
+    assert g.kv_cache_bytes == c["cache_bytes"] and len(g.decode_runs_s) == 2  # timed in the rounds
     assert c["batch"] == 2 and c["max_len"] == 32 and c["delegated"] >= 1  # tinylm's held-out windows: 32
     assert any("ExecuTorch .pte program" in n and "a cache of 32 positions" in n for n in program.notes)
     assert GenerateReport.from_json(path.read_text()).result("et-int8").conversion == c

@@ -12,6 +12,7 @@ padded) and the positions its cache holds.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -209,10 +210,27 @@ class PteLM(PteModule):
         return LMOutput(logits[:, -logits_to_keep:] if logits_to_keep else logits)
 
 
+def write_program(lowered: Lowered, path: str) -> None:
+    """The program at ``path`` and what calling it needs beside it (``path``.json): for another process of this run
+    to load the very program measured here."""
+    with open(path, "wb") as f:
+        f.write(lowered.program)
+    with open(path + ".json", "w") as f:
+        json.dump(lowered.metadata(), f)
+
+
+def read_program(path: str) -> Lowered:
+    """What ``write_program`` wrote (the JSON read as data: nothing in either file runs)."""
+    with open(path, "rb") as f:
+        program = f.read()
+    with open(path + ".json") as f:
+        return Lowered.from_metadata(program, json.load(f))
+
+
 def program_module(lowered: Lowered) -> PteModule:
     """The program as a module: a generation program's (it holds a cache) takes transformers' call."""
     return PteLM(lowered) if lowered.max_len else PteModule(lowered)
 
 
 __all__ = ["Generation", "LMOutput", "ProgramCache", "PteLM", "generates", "generating", "generation", "lower_lm",
-           "program_module", "shape_of"]
+           "program_module", "read_program", "shape_of", "write_program"]

@@ -41,7 +41,7 @@ from dtypelab.core.results.parts import Conversion
 from dtypelab.core.tolerance import Tolerance
 from dtypelab.run import LAUNCHERS, Launcher, Outcome, ProcessLauncher
 from dtypelab.serving.kv import attention_layers
-from dtypelab.serving.measure import GenerateJob, Measured, program_shape, with_speeds
+from dtypelab.serving.measure import GenerateJob, Measured, program_path, program_shape, with_speeds
 from dtypelab.serving.policies import DEFAULT_MEASURED, ServePolicy, serve_policies, serve_policy
 from dtypelab.serving.quality import judge
 from dtypelab.serving.rounds import ROUNDS, GenerateRounds, Timings
@@ -186,7 +186,7 @@ def serve_bench(spec: str, options: BenchOptions | None = None, *, on_progress: 
             base = measured if i == 0 else base
             results.append(result)
             step(p.name, i + 1, total)
-    timings = _rounds(setup, results)
+        timings = _rounds(setup, results)  # in the folder's time: a program measured there is timed as written
     step("rounds", total, total)
     return _report(setup, _timed(setup, results, timings), timings, time.perf_counter() - start)
 
@@ -201,7 +201,9 @@ def _rounds(setup: Setup, results: list[GeneratePolicy]) -> Timings | str:
     job = GenerateRounds(setup.spec, tuple((p.name, p.plan, p.kv.label) for p in ran), setup.shape, rounds,
                          setup.opts.seed, setup.device, setup.opts.threads,
                          program_shape(setup.shape, quality_len(setup.shape, setup.served.context)),
-                         None if setup.calibration is None else setup.calibration.tolist())
+                         None if setup.calibration is None else setup.calibration.tolist(),
+                         tuple((p.name, path) for p in ran
+                               if os.path.exists(path := program_path(setup.reference, p.name))))
     outcome: Outcome = setup.launcher.run(job, setup.opts.timeout_s * len(ran), lambda done, total: None)
     if outcome.status != "ok":
         return f"the timing rounds {outcome.status}: {outcome.reason}"
@@ -307,7 +309,7 @@ def _program_note(policy: str, conversion: Conversion, shape: Shape) -> str:
         return ""
     text = program_text(policy, conversion).removeprefix(f"{policy}: ").removesuffix(".")  # its row names it
     longer = conversion["max_len"] > shape.context
-    return text + (f"; exported for {conversion.get('batch')} sequences and a cache of {conversion['max_len']} "
+    return text + (f"; exported for {conversion.get('batch')} sequence(s) and a cache of {conversion['max_len']} "
                    "positions" + (f" (the held-out windows' length; the others' caches hold {shape.context})"
                                   if longer else "") + ", its keys and values inside the program.")
 

@@ -9,13 +9,14 @@ read through the cache. Its speed and energy are timed beside every other policy
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from dtypelab.core.calibration import calibrating
-from dtypelab.core.executorch_lm import Generation, PteLM, generating
+from dtypelab.core.executorch_lm import Generation, PteLM, generating, write_program
 from dtypelab.core.loop import threads
 from dtypelab.core.measure import device_sync
 from dtypelab.core.policies import Plan, Precision
@@ -151,6 +152,8 @@ def measure(job: GenerateJob, report: Reporter) -> Measured:
     with calibrating(None if job.calibration is None else torch.tensor(job.calibration, device=device)):
         model, config, precision = built(served, job.plan, job.seed, device, program_shape(job.shape,
                                                                                               job.quality_len))
+    if isinstance(model, PteLM) and job.reference:  # the rounds time this very program
+        write_program(model.lowered, program_path(job.reference, job.label))
     sync = device_sync(device) or (lambda: None)
     with precision.session(), torch.inference_mode():
         dtype = compute_dtype(model, config, device)
@@ -166,6 +169,11 @@ def measure(job: GenerateJob, report: Reporter) -> Measured:
         report.step(3, 3)
     return Measured(memory_figures(memory, job.shape), tokens.tolist(), *scored, kv_scales=job.scales,
                     conversion=precision.conversion() if isinstance(model, PteLM) else {})
+
+
+def program_path(folder: str, policy: str) -> str:
+    """Where a policy's measured program waits for the timing rounds."""
+    return os.path.join(folder, f"program-{policy}.pte")
 
 
 def program_shape(shape: Shape, quality_len: int) -> Generation:
@@ -210,5 +218,5 @@ def quality(model: Any, config: Any, job: GenerateJob, served: Any, dtype: torch
     return nats / len(windows), argmax, len(windows), joined(parts), split
 
 
-__all__ = ["GenerateJob", "Measured", "built", "measure", "memory_figures", "program_memory", "program_shape",
-           "prompts", "with_speeds"]
+__all__ = ["GenerateJob", "Measured", "built", "measure", "memory_figures", "program_memory", "program_path",
+           "program_shape", "prompts", "with_speeds"]

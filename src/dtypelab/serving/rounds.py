@@ -20,11 +20,11 @@ import torch
 from dtypelab.core.calibration import calibrating
 from dtypelab.core.disturbance import CpuMeter
 from dtypelab.core.energy import Meter, measuring
-from dtypelab.core.executorch_lm import Generation
+from dtypelab.core.executorch_lm import Generation, program_module, read_program
 from dtypelab.core.loop import threads
 from dtypelab.core.measure import ROUND_BLOCK_S, device_sync
 from dtypelab.core.pairing import block_energy
-from dtypelab.core.policies import Plan
+from dtypelab.core.policies import Plan, Precision
 from dtypelab.core.results import Energy, EnergySource, RoundBlock
 from dtypelab.run import Reporter
 from dtypelab.serving.kv import kv_format
@@ -70,6 +70,7 @@ class GenerateRounds:
     threads: int | None = None
     program: Generation | None = None  # what a program policy is exported for (as its measuring job's)
     calibration: list[list[int]] | None = None  # the token ids a calibrated policy read there, read again here
+    programs: tuple[tuple[str, str], ...] = ()  # (policy, file): a program its measuring job wrote, timed as it is
 
     @property
     def name(self) -> str:
@@ -98,9 +99,7 @@ class _Rounds:
         self.runs: list[_Policy] = []
         self.ids: torch.Tensor | None = None
         for name, plan, kv in job.policies:
-            with calibrating(None if job.calibration is None else torch.tensor(job.calibration)):
-                model, config, precision = built(served, plan, job.seed, self.device,
-                                                 job.program or Generation(job.shape.batch_size, job.shape.context))
+            model, config, precision = self._built(served, name, plan)
             with precision.session():
                 dtype = compute_dtype(model, config, self.device)
             self.runs.append(_Policy(name, model, precision, new_cache(config, kv_format(kv), job.shape, dtype,
@@ -108,6 +107,17 @@ class _Rounds:
             if self.ids is None:
                 self.ids = prompts(served.text, job.shape).to(self.device)
         self.meter, self.source = measuring(self.device)
+
+    def _built(self, served: Any, name: str, plan: Plan) -> tuple[Any, Any, Precision]:
+        """The policy's model as its measuring job had it: the program it wrote, loaded (not lowered again), or the
+        model converted again (calibrated on the same text)."""
+        job = self.job
+        path = dict(job.programs).get(name)
+        if path is not None:
+            return program_module(read_program(path)), None, Precision(plan, self.device)
+        with calibrating(None if job.calibration is None else torch.tensor(job.calibration)):
+            return built(served, plan, job.seed, self.device,
+                         job.program or Generation(job.shape.batch_size, job.shape.context))
 
     def generation(self, run: _Policy) -> Any:
         assert self.ids is not None

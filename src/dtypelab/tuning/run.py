@@ -91,7 +91,7 @@ def _candidate_error(plan: Plan, mode: str) -> str | None:
                 "see whether the model keeps its metric in that format")
     if plan.program:  # one program for the whole model: no layer can be chosen into it
         return (f"candidate {plan.name}: a whole-model {plan.program} program, not a config for layers; bench it "
-                "(bench --mode infer) beside the others")
+                "(bench --mode infer, or --mode generate for a language model) beside the others")
     if plan.state is not None:
         return (f"candidate {plan.name}: a candidate is a config for layers; the optimizer's state "
                 f"(+{plan.state.label}) is the whole optimizer's (bench it as a policy)")
